@@ -1,0 +1,161 @@
+"""CuPy backend: cuBLAS through ``cupy.cuda.cublas.gemmEx`` on the current stream.
+
+Row-major ``C = A @ B`` is computed as the column-major ``C^T = B^T A^T``; each
+operand is passed without a copy when it is C- or F-ordered (a view with unit
+stride in one dimension), with the matching transpose flag and leading
+dimension. Anything else is copied to C order first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpqr.backends._base import ArrayAPIBackend, EngineRates
+
+from mpqr._errors import LinAlgError
+
+__all__ = ["CupyBackend"]
+
+# Shipped defaults (H100/H200-class, measured; see bench/results). `mpqr.tune()`
+# replaces them with rates measured on the current device.
+_HOPPER_RATES = {"native-fp64": 55e12, "native-fp32": 48e12, "tc-fp16": 600e12,
+                 "int8": 1000e12, "bandwidth": 3.5e12, "launch_s": 8e-6}
+
+
+class CupyBackend(ArrayAPIBackend):
+    name = "cupy"
+    capabilities = frozenset({"fp16", "int8", "tensor-cores"})
+    tc_sgemm_slice_k = 1024
+
+    def __init__(self, xp: Any):
+        super().__init__(xp)
+        import cupy
+
+        self._cp = cupy
+
+    @classmethod
+    def matches(cls, xp: Any) -> bool:
+        from mpqr._array_api import is_cupy_namespace
+
+        return is_cupy_namespace(xp)
+
+    def device_name(self) -> str:
+        cp = self._cp
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def synchronize(self) -> None:
+        self._cp.cuda.get_current_stream().synchronize()
+
+    def rates(self) -> EngineRates:
+        return EngineRates(_HOPPER_RATES)
+
+    def gemm(self, a, b):
+        return self._cp.matmul(a, b)
+
+    def exponent(self, x):
+        # frexp is exact where log2 can round up just below a power of two
+        e = self._cp.frexp(x)[1] - 1
+        return self._cp.where(self._cp.isfinite(x) & (x > 0), e, 0).astype(self._cp.int32)
+
+    def ldexp(self, x, e):
+        return self._cp.ldexp(x, e)
+
+    def to_fp16(self, x):
+        return x.astype(self._cp.float16)
+
+    # --- cuBLAS gemmEx ------------------------------------------------------
+    def _gemm_ex(self, a, b, out, alpha, beta, in_type, out_type, compute_type, scalar_dtype):
+        cp = self._cp
+        from cupy.cuda import cublas
+
+        if a.ndim != 2 or b.ndim != 2:
+            # stacks: one strided-batched call would be better; loop is correct for now
+            for idx in np.ndindex(*out.shape[:-2]):
+                self._gemm_ex(a[idx], b[idx], out[idx], alpha, beta, in_type, out_type,
+                              compute_type, scalar_dtype)
+            return out
+        m, k = a.shape
+        n = b.shape[1]
+        if m == 0 or n == 0:
+            return out
+        if k == 0:
+            out *= beta
+            return out
+        tb, ldb, b = _blas_operand(cp, b)  # B^T as column-major (n x k)
+        ta, lda, a = _blas_operand(cp, a)  # A^T as column-major (k x m)
+        if not out.flags.c_contiguous:
+            raise ValueError("internal: gemm output must be C-contiguous")
+        al = np.array(alpha, dtype=scalar_dtype)
+        be = np.array(beta, dtype=scalar_dtype)
+        handle = cp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.gemmEx(handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb,
+                      a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr, out_type, n,
+                      compute_type, cublas.CUBLAS_GEMM_DEFAULT)
+        return out
+
+    def gemm_fp16(self, a16, b16, out=None, alpha=1.0, beta=0.0):
+        cp = self._cp
+        from cupy.cuda import cublas, runtime
+
+        if out is None:
+            shape = (*a16.shape[:-1], b16.shape[-1])
+            out = cp.empty(shape, dtype=cp.float32)
+            beta = 0.0
+        return self._gemm_ex(a16, b16, out, alpha, beta, runtime.CUDA_R_16F, runtime.CUDA_R_32F,
+                             cublas.CUBLAS_COMPUTE_32F, np.float32)
+
+    def gemm_int8(self, a8, b8):
+        cp = self._cp
+        from cupy.cuda import cublas, runtime
+
+        k = a8.shape[-1]
+        if k * 127 * 128 >= 2**31:
+            raise ValueError(f"int8 GEMM with k={k} can overflow int32; split k first")
+        # cuBLAS int8 GEMM wants leading dimensions that are multiples of 4.
+        a8 = cp.ascontiguousarray(a8)
+        b8 = cp.ascontiguousarray(b8)
+        out = cp.empty((*a8.shape[:-1], b8.shape[-1]), dtype=cp.int32)
+        return self._gemm_ex(a8, b8, out, 1, 0, runtime.CUDA_R_8I, runtime.CUDA_R_32I,
+                             cublas.CUBLAS_COMPUTE_32I, np.int32)
+
+    # --- small dense kernels ------------------------------------------------
+    def solve_triangular(self, a, b, *, lower=False, unit_diagonal=False):
+        if a.ndim == 2 and b.ndim == 2:
+            from cupyx.scipy.linalg import solve_triangular
+
+            return solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal,
+                                    check_finite=False)
+        return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
+
+    def cholesky(self, a, *, upper=False):
+        cp = self._cp
+        # cuSOLVER reports failure through `info`, which CuPy ignores by default.
+        l = cp.linalg.cholesky(a)
+        if not bool(cp.all(cp.isfinite(l))):
+            raise LinAlgError("Cholesky factorization failed: matrix is not positive definite")
+        return cp.swapaxes(l, -1, -2).conj() if upper else l
+
+    def svd(self, a, *, full_matrices=False):
+        return self._cp.linalg.svd(a, full_matrices=full_matrices)
+
+    def qr_panel(self, a):
+        return self._cp.linalg.qr(a)
+
+
+def _blas_operand(cp, x):
+    """(op, ld, array) describing ``x^T`` as a column-major cuBLAS operand."""
+    from cupy.cuda import cublas
+
+    r, c = x.shape
+    it = x.itemsize
+    s0, s1 = x.strides
+    if (s1 == it or c == 1) and (s0 % it == 0) and (s0 // it >= max(c, 1) or r == 1):
+        return cublas.CUBLAS_OP_N, max(s0 // it if r > 1 else c, 1), x
+    if (s0 == it or r == 1) and (s1 % it == 0) and (s1 // it >= max(r, 1) or c == 1):
+        return cublas.CUBLAS_OP_T, max(s1 // it if c > 1 else r, 1), x
+    x = cp.ascontiguousarray(x)
+    return cublas.CUBLAS_OP_N, max(c, 1), x

@@ -1,0 +1,95 @@
+"""NumPy reference backend: emulates each tensor-core engine on the CPU.
+
+* fp16 engine: inputs are rounded to float16 exactly as the GPU's
+  ``__float2half_rn`` does (NumPy's float16 cast is IEEE round-to-nearest-even,
+  subnormals included); fp16 x fp16 products are exact in float32, and the
+  accumulation is float32 (BLAS sgemm). The only difference from the tensor
+  cores is the rounding *inside* one k-slice: BLAS rounds to nearest, tensor
+  cores truncate; across slices both round to nearest.
+* int8 engine: int8 x int8 products are < 2^14 and sums of them stay exact in
+  float64 while below 2^53, so float64 BLAS computes the exact int32 result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+from mpqr.backends._base import ArrayAPIBackend, EngineRates
+
+from mpqr._errors import LinAlgError
+
+__all__ = ["NumpyBackend"]
+
+
+class NumpyBackend(ArrayAPIBackend):
+    name = "numpy"
+    capabilities = frozenset({"fp16", "int8"})  # emulated: correct, not faster
+
+    @classmethod
+    def matches(cls, xp: Any) -> bool:
+        from mpqr._array_api import is_numpy_namespace
+
+        return is_numpy_namespace(xp)
+
+    def device_name(self) -> str:
+        return "cpu"
+
+    def rates(self) -> EngineRates:
+        # Emulated engines run on the same float BLAS as the native ones, so
+        # they can never be faster here; the cost model sees that.
+        return EngineRates({"native-fp64": 5e10, "native-fp32": 1e11, "tc-fp16": 1e11,
+                            "int8": 5e10, "bandwidth": 1e10, "launch_s": 5e-6})
+
+    def gemm(self, a: Any, b: Any) -> Any:
+        return np.matmul(a, b)
+
+    def exponent(self, x):
+        # frexp is exact where log2 can round up just below a power of two
+        e = np.frexp(x)[1] - 1
+        return np.where(np.isfinite(x) & (x > 0), e, 0).astype(np.int32)
+
+    def ldexp(self, x, e):
+        return np.ldexp(x, e)
+
+    def to_fp16(self, x: Any) -> Any:
+        return np.asarray(x).astype(np.float16)
+
+    def gemm_fp16(self, a16, b16, out=None, alpha=1.0, beta=0.0):
+        prod = np.matmul(a16.astype(np.float32), b16.astype(np.float32))
+        if alpha != 1.0:
+            prod *= np.float32(alpha)
+        if out is None:
+            return prod
+        if beta == 0.0:
+            out[...] = prod
+        else:
+            out *= np.float32(beta)
+            out += prod
+        return out
+
+    def gemm_int8(self, a8, b8):
+        k = a8.shape[-1]
+        if k * 127 * 128 >= 2**31:
+            raise ValueError(f"int8 GEMM with k={k} can overflow int32; split k first")
+        return np.matmul(a8.astype(np.float64), b8.astype(np.float64)).astype(np.int32)
+
+    def solve_triangular(self, a, b, *, lower=False, unit_diagonal=False):
+        if a.ndim == 2 and b.ndim == 2:
+            return sla.solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal,
+                                        check_finite=False)
+        return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
+
+    def cholesky(self, a, *, upper=False):
+        try:
+            l = np.linalg.cholesky(a)
+        except np.linalg.LinAlgError as exc:
+            raise LinAlgError(f"Cholesky factorization failed: {exc}") from exc
+        return np.swapaxes(l, -1, -2).conj() if upper else l
+
+    def svd(self, a, *, full_matrices=False):
+        return np.linalg.svd(a, full_matrices=full_matrices)
+
+    def qr_panel(self, a):
+        return np.linalg.qr(a)

@@ -1,0 +1,37 @@
+"""mpqr: mixed-precision QR factorization and least squares on tensor-core GPUs.
+
+The algorithms are written once against the Python Array API standard and run
+on CuPy (GPU) and NumPy (reference, emulating every tensor-core engine).
+Every matrix product goes through the precision policy, which can explain
+what it chose: ``with mpqr.explain() as trace: ...``.
+"""
+
+from mpqr._errors import BreakdownError, LinAlgError
+from mpqr.matmul import matmul
+from mpqr.policy import (
+    PRECISIONS,
+    GemmOptions,
+    Trace,
+    explain,
+    gemm_options,
+    get_precision,
+    precision,
+    set_precision,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRECISIONS",
+    "BreakdownError",
+    "GemmOptions",
+    "LinAlgError",
+    "Trace",
+    "__version__",
+    "explain",
+    "gemm_options",
+    "get_precision",
+    "matmul",
+    "precision",
+    "set_precision",
+]

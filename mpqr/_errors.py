@@ -1,0 +1,27 @@
+"""Exceptions raised by mpqr."""
+
+from __future__ import annotations
+
+__all__ = ["BreakdownError", "LinAlgError"]
+
+
+class LinAlgError(ValueError):
+    """A numerical linear-algebra failure (mirrors ``numpy.linalg.LinAlgError``,
+    which is also a ``ValueError``)."""
+
+
+class BreakdownError(LinAlgError):
+    """A factorization method cannot handle this matrix.
+
+    Attributes
+    ----------
+    method : str
+        The method that broke down (e.g. ``"cholqr"``).
+    cond_estimate : float or None
+        The estimated 2-norm condition number that caused it, when known.
+    """
+
+    def __init__(self, message: str, *, method: str, cond_estimate: float | None = None):
+        super().__init__(message)
+        self.method = method
+        self.cond_estimate = cond_estimate

@@ -1,0 +1,69 @@
+r"""Shared argument validation: one place, one message style.
+
+Messages name the argument, say what was expected and what was got:
+``\`a\` must be 2-D, got ndim=1``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpqr._array_api import array_namespace, device
+
+__all__ = [
+    "check_dtype",
+    "check_finite",
+    "check_ndim",
+    "check_same_device",
+    "namespace_of",
+]
+
+
+def namespace_of(*arrays: Any, names: tuple[str, ...]) -> Any:
+    """Common namespace of the arrays; ``TypeError`` naming them otherwise."""
+    xp = array_namespace(*arrays, names=names)
+    check_same_device(*arrays, names=names)
+    return xp
+
+
+def check_same_device(*arrays: Any, names: tuple[str, ...]) -> None:
+    devs = [(n, device(a)) for n, a in zip(names, arrays) if a is not None]
+    if len({repr(d) for _, d in devs}) > 1:
+        desc = ", ".join(f"`{n}` on {d!r}" for n, d in devs)
+        raise ValueError(f"arrays must be on one device, got {desc}; nothing is moved silently")
+
+
+def check_ndim(x: Any, name: str, *, exact: int | None = None, minimum: int | None = None,
+               what: str | None = None) -> None:
+    if exact is not None and x.ndim != exact:
+        raise ValueError(f"`{name}` must be {what or f'{exact}-D'}, got ndim={x.ndim}")
+    if minimum is not None and x.ndim < minimum:
+        raise ValueError(f"`{name}` must be {what or f'at least {minimum}-D'}, got ndim={x.ndim}")
+
+
+def check_dtype(xp: Any, x: Any, name: str, *, allow_complex: bool = True) -> Any:
+    """Return ``x`` cast to a floating dtype following NumPy's linalg rules.
+
+    Integers become float64; float16 becomes float32; bool and anything
+    non-numeric raise ``TypeError``.
+    """
+    dt = x.dtype
+    if dt == xp.bool:
+        raise TypeError(f"`{name}` must have a floating or integer dtype, got bool")
+    if xp.isdtype(dt, "integral"):
+        return xp.astype(x, xp.float64)
+    if xp.isdtype(dt, "complex floating"):
+        if not allow_complex:
+            raise TypeError(f"`{name}` must be real (float32 or float64), got {dt}")
+        return x
+    if xp.isdtype(dt, "real floating"):
+        if dt not in (xp.float32, xp.float64):  # float16: compute in float32
+            return xp.astype(x, xp.float32)
+        return x
+    raise TypeError(f"`{name}` must have a floating or integer dtype, got {dt}")
+
+
+def check_finite(xp: Any, x: Any, name: str) -> None:
+    """SciPy's rule: ``ValueError`` if ``x`` holds NaN or Inf."""
+    if not bool(xp.all(xp.isfinite(x))):
+        raise ValueError(f"array must not contain infs or NaNs (`{name}`)")

@@ -1,0 +1,100 @@
+"""The GEMM engines and their cost model.
+
+Each engine is a function ``run(backend, a, b, out_dtype=..., **params)`` in the
+core (namespace-agnostic) built on a backend's primitives, plus a predicted
+time used by the precision policy. The registry is open: the INT8 Ozaki engine
+registers itself from :mod:`mpqr.engines.ozaki`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ENGINES", "Engine", "register_engine"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One way of computing a matrix product.
+
+    ``predict(backend, m, n, k, batch, in_bytes, params) -> seconds`` and
+    ``params(backend, m, n, k, dtype, options) -> dict`` are used by the policy.
+    ``bits`` is the significand precision the engine delivers (documentation
+    and the explain trace), ``requires`` the backend capabilities it needs.
+    """
+
+    name: str
+    bits: int
+    requires: frozenset[str]
+    run: Callable[..., Any]
+    predict: Callable[..., float]
+    params: Callable[..., dict[str, Any]]
+
+    def available(self, backend: Any) -> bool:
+        return self.requires <= backend.capabilities
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+def register_engine(engine: Engine) -> Engine:
+    ENGINES[engine.name] = engine
+    return engine
+
+
+def _flops(m: int, n: int, k: int, batch: int) -> float:
+    return 2.0 * m * n * k * batch
+
+
+def _native_predict(rate_key: str) -> Callable[..., float]:
+    def predict(backend, m, n, k, batch, in_bytes, params):
+        r = backend.rates()
+        moved = (m * k + k * n + m * n) * in_bytes * batch
+        return _flops(m, n, k, batch) / r[rate_key] + moved / r["bandwidth"] + r["launch_s"]
+
+    return predict
+
+
+def _tc_fp16_predict(backend, m, n, k, batch, in_bytes, params):
+    r = backend.rates()
+    # scale + convert both operands (read in, write fp16), GEMM, unscale output
+    moved = ((m * k + k * n) * (2 * in_bytes + 2) + m * n * (4 + 2 * in_bytes)) * batch
+    return _flops(m, n, k, batch) / r["tc-fp16"] + moved / r["bandwidth"] + 8 * r["launch_s"]
+
+
+def _tc_sgemm_predict(backend, m, n, k, batch, in_bytes, params):
+    r = backend.rates()
+    slices = -(-k // params["slice_k"])
+    split = (m * k + k * n) * (3 * in_bytes + 4) * batch
+    accum = 3 * slices * m * n * 8 * batch  # each slice GEMM reads and writes C
+    return (3 * _flops(m, n, k, batch) / r["tc-fp16"] + (split + accum) / r["bandwidth"]
+            + (12 + 3 * slices) * r["launch_s"])
+
+
+def _no_params(backend, m, n, k, dtype, options):
+    return {}
+
+
+def _tc_sgemm_params(backend, m, n, k, dtype, options):
+    return {"slice_k": options.slice_k or backend.tc_sgemm_slice_k}
+
+
+def _register_builtin() -> None:
+    from mpqr.engines.native import run_native
+    from mpqr.engines.tc_fp16 import run_tc_fp16
+    from mpqr.engines.tc_sgemm import run_tc_sgemm
+
+    for name, bits, key in [("native-fp64", 53, "native-fp64"), ("native-fp32", 24, "native-fp32"),
+                            ("native-complex128", 53, "native-fp64"),
+                            ("native-complex64", 24, "native-fp32")]:
+        register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key),
+                               _no_params))
+    register_engine(Engine("tc-fp16", 11, frozenset({"fp16"}), run_tc_fp16, _tc_fp16_predict,
+                           _no_params))
+    register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
+                           _tc_sgemm_params))
+
+
+_register_builtin()

@@ -1,0 +1,31 @@
+"""Exact power-of-two scaling of rows of A and columns of B.
+
+Multiplying by a power of two is exact (barring underflow), so scaling row i
+of A by 2^sa_i and column j of B by 2^sb_j before a low-precision product and
+multiplying C_ij by 2^-(sa_i + sb_j) afterwards changes no bits of the result:
+it only moves each row/column into the range where fp16 (or int8) has the most
+precision. NaN and Inf are left where they are: the scale comes from the finite
+entries only, so an Inf stays an Inf and spoils exactly the outputs it touches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["pow2_shift", "unscale"]
+
+
+def pow2_shift(backend: Any, x: Any, *, axis: int, target: int) -> Any:
+    """Int32 shifts ``s`` (keepdims along ``axis``) such that the largest finite
+    ``|x| * 2**s`` along ``axis`` lies in ``[2**target, 2**(target+1))``.
+    Zero (or all non-finite) lines get shift 0."""
+    xp = backend.xp
+    finite_abs = xp.where(xp.isfinite(x), xp.abs(x), xp.zeros_like(x))
+    mx = xp.max(finite_abs, axis=axis, keepdims=True)
+    e = backend.exponent(mx)
+    return xp.where(mx > 0, target - e, xp.zeros_like(e))
+
+
+def unscale(backend: Any, c: Any, row_shift: Any, col_shift: Any) -> Any:
+    """``c * 2**-(row_shift + col_shift)`` in one exact step."""
+    return backend.ldexp(c, -(row_shift + col_shift))

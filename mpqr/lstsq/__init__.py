@@ -1,0 +1,1 @@
+"""Least squares (filled by the lstsq work)."""

@@ -1,0 +1,35 @@
+"""Precision policy: settings, options, engine decisions and the explain trace."""
+
+from mpqr.policy.options import GemmOptions, as_gemm_options
+from mpqr.policy.policy import Decision, decide, gemm, gemm_options, result_dtype
+from mpqr.policy.precision import (
+    PRECISIONS,
+    get_precision,
+    precision,
+    resolve_precision,
+    set_precision,
+    validate_precision,
+)
+from mpqr.policy.trace import Event, GemmDecision, Trace, explain, record_event, record_gemm
+
+__all__ = [
+    "PRECISIONS",
+    "Decision",
+    "Event",
+    "GemmDecision",
+    "GemmOptions",
+    "Trace",
+    "as_gemm_options",
+    "decide",
+    "explain",
+    "gemm",
+    "gemm_options",
+    "get_precision",
+    "precision",
+    "record_event",
+    "record_gemm",
+    "resolve_precision",
+    "result_dtype",
+    "set_precision",
+    "validate_precision",
+]

@@ -1,0 +1,234 @@
+"""The precision policy: the one seam every matrix product of mpqr goes through.
+
+:func:`gemm` resolves the precision setting, asks :func:`decide` for an engine,
+records the decision in the explain trace, and runs the engine. ``decide``
+looks only at the requested precision, the dtype, the shape and the backend's
+capabilities and measured rates.
+
+What each precision computes:
+
+=================  ==========================================================
+``fp64``           native float64 (complex128) GEMM
+``fp32``           native float32 (complex64) GEMM
+``fp16``           ``tc-fp16``: fp16 inputs, fp32 accumulation (opt-in only)
+``fp32-emulated``  ``tc-sgemm``: split-fp16 products, round-to-nearest
+                   accumulation across k-slices, fp32-level accuracy
+``fp64-emulated``  fp64 accuracy the fastest way: the INT8 Ozaki engine where
+                   the cost model predicts it beats native DGEMM, else DGEMM
+``auto``           never less than the input dtype's native accuracy; may use
+                   an emulated engine only where the backend lists it in
+                   ``auto_engines`` (measured to meet the native error bound)
+                   and the cost model predicts it is faster
+=================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mpqr._array_api import array_namespace
+from mpqr.backends import get_backend
+from mpqr.engines import ENGINES
+from mpqr.policy.options import GemmOptions, as_gemm_options
+from mpqr.policy.precision import resolve_precision
+from mpqr.policy.trace import GemmDecision, record_gemm, tracing
+
+__all__ = ["Decision", "decide", "gemm", "gemm_options", "result_dtype"]
+
+_ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
+    "mpqr_gemm_options", default=None
+)
+
+_EMULATED = {"fp16": "tc-fp16", "fp32-emulated": "tc-sgemm"}
+
+
+class gemm_options:
+    """Context manager setting default :class:`GemmOptions` for the GEMMs inside.
+
+    Per-call ``options=`` fields override it field by field. Forcing an engine
+    (``engine="ozaki-int8"``) here applies to every GEMM of the block and is
+    shown in the explain trace.
+    """
+
+    def __init__(self, options: Any = None, **fields: Any):
+        base = as_gemm_options(options)
+        self.options = dataclasses.replace(base, **fields) if fields else base
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> GemmOptions:
+        self._tokens.append(_ctx_options.set(self.options))
+        return self.options
+
+    def __exit__(self, *exc: object) -> None:
+        _ctx_options.reset(self._tokens.pop())
+
+
+def _merged_options(options: Any) -> GemmOptions:
+    call = as_gemm_options(options)
+    ctx = _ctx_options.get()
+    if ctx is None:
+        return call
+    fields = {f.name: getattr(call, f.name) for f in dataclasses.fields(GemmOptions)}
+    return dataclasses.replace(ctx, **{k: v for k, v in fields.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class Decision:
+    engine: str
+    params: dict[str, Any]
+    reason: str
+    predicted_s: dict[str, float]
+
+
+def result_dtype(xp: Any, *dtypes: Any) -> Any:
+    """Output dtype: NumPy-style promotion, integers to float64, float16 to float32."""
+    floats = []
+    for dt in dtypes:
+        if xp.isdtype(dt, "real floating") or xp.isdtype(dt, "complex floating"):
+            floats.append(dt)
+        else:
+            floats.append(xp.float64)
+    out = xp.result_type(*floats)
+    if hasattr(xp, "float16") and out == getattr(xp, "float16", None):
+        out = xp.float32
+    return out
+
+
+def _kind(xp: Any, dtype: Any) -> str:
+    if xp.isdtype(dtype, "complex floating"):
+        return "complex128" if dtype == xp.complex128 else "complex64"
+    return "fp64" if dtype == xp.float64 else "fp32"
+
+
+def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precision: str,
+           source: str, options: GemmOptions) -> Decision:
+    """Pick the engine for one product. Raises for combinations that cannot run."""
+    xp = backend.xp
+    kind = _kind(xp, dtype)
+    is_complex = kind.startswith("complex")
+    in_bytes = 8 if kind in ("fp64", "complex64") else (16 if kind == "complex128" else 4)
+
+    def native(bits: str) -> str:
+        if is_complex:
+            return "native-complex128" if bits == "64" else "native-complex64"
+        return f"native-fp{bits}"
+
+    def params_for(name: str) -> dict[str, Any]:
+        p = ENGINES[name].params(backend, m, n, k, dtype, options)
+        if name.startswith("native"):
+            p = {**p, "compute_dtype": {"native-fp64": xp.float64, "native-fp32": xp.float32,
+                                        "native-complex128": xp.complex128,
+                                        "native-complex64": xp.complex64}[name]}
+        return p
+
+    def predict(name: str, p: dict[str, Any]) -> float:
+        return ENGINES[name].predict(backend, m, n, k, batch, in_bytes, p)
+
+    def pick(cands: list[str], why: str) -> Decision:
+        ps = {c: params_for(c) for c in cands}
+        times = {c: predict(c, ps[c]) for c in cands}
+        best = min(cands, key=lambda c: times[c])
+        if len(cands) > 1:
+            ranked = ", ".join(f"{c} {times[c] * 1e3:.3g} ms" for c in sorted(cands,
+                                                                              key=times.get))
+            why = f"{why}; predicted {ranked}"
+        return Decision(best, ps[best], why, times)
+
+    if options.engine is not None:
+        name = options.engine
+        if name not in ENGINES:
+            raise ValueError(
+                f"options.engine must be one of {sorted(ENGINES)}; got {name!r}"
+            )
+        if not ENGINES[name].available(backend):
+            raise NotImplementedError(
+                f"engine {name!r} is not available on the {backend.name} backend"
+            )
+        if is_complex and not name.startswith("native"):
+            raise NotImplementedError(_complex_msg(kind, precision))
+        p = params_for(name)
+        return Decision(name, p, "forced by options.engine", {name: predict(name, p)})
+
+    if precision == "fp64":
+        return pick([native("64")], "precision='fp64': native float64 arithmetic")
+    if precision == "fp32":
+        return pick([native("32")], "precision='fp32': native float32 arithmetic")
+    if precision in _EMULATED:
+        if is_complex:
+            raise NotImplementedError(_complex_msg(kind, precision))
+        name = _EMULATED[precision]
+        if not ENGINES[name].available(backend):
+            raise NotImplementedError(
+                f"precision={precision!r} needs the {name} engine, which the {backend.name} "
+                f"backend does not provide (it has no float16 GEMM); use 'fp32' or 'fp64'"
+            )
+        return pick([name], f"precision={precision!r} selects {name}")
+    if precision == "fp64-emulated":
+        if is_complex:
+            raise NotImplementedError(_complex_msg(kind, precision))
+        oz = ENGINES.get("ozaki-int8")
+        cands = ["native-fp64"]
+        why = "fp64 accuracy the fastest way"
+        if oz is not None and oz.available(backend):
+            cands.append("ozaki-int8")
+        else:
+            why += "; no INT8 Ozaki engine on this backend"
+        return pick(cands, why)
+    # auto: never below the input dtype's native accuracy
+    if is_complex:
+        return pick([native("64" if kind == "complex128" else "32")],
+                    f"auto for {kind}: emulated engines are real-only")
+    auto_ok = getattr(backend, "auto_engines", frozenset())
+    if kind == "fp64":
+        cands = ["native-fp64"] + [e for e in ("ozaki-int8",) if e in ENGINES and e in auto_ok
+                                   and ENGINES[e].available(backend)]
+    else:
+        cands = ["native-fp32"] + [e for e in ("tc-sgemm",)
+                                   if e in auto_ok and ENGINES[e].available(backend)]
+    why = f"auto for float{'64' if kind == 'fp64' else '32'}"
+    if len(cands) == 1:
+        why += f": no emulated engine validated for auto on the {backend.name} backend"
+    return pick(cands, why)
+
+
+def _complex_msg(kind: str, precision: str) -> str:
+    return (
+        f"precision={precision!r} is not supported for {kind} inputs: the emulated engines "
+        "support float32 and float64; use precision='auto', 'fp32' or 'fp64' for complex"
+    )
+
+
+def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
+         options: Any = None, backend: Any = None) -> Any:
+    """``a @ b`` through the precision policy (2-D or equally stacked operands).
+
+    Internal seam: operands are assumed validated (same namespace and device,
+    matching inner dimensions, floating or integer dtype).
+    """
+    if backend is None:
+        backend = get_backend(array_namespace(a, b))
+    xp = backend.xp
+    opts = _merged_options(options)
+    prec, source = resolve_precision(precision)
+    out_dtype = result_dtype(xp, a.dtype, b.dtype)
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    batch = math.prod(a.shape[:-2]) if a.ndim > 2 else 1
+    d = decide(backend, out_dtype, m, n, k, batch, prec, source, opts)
+    if tracing():
+        record_gemm(GemmDecision(label, (m, n, k), batch, str(out_dtype), prec, source, d.engine,
+                                 {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
+                                 d.reason, d.predicted_s))
+    from mpqr._array_api import device
+
+    if m == 0 or n == 0 or k == 0:
+        return xp.zeros((*a.shape[:-1], n), dtype=out_dtype, device=device(a))
+    if a.dtype != out_dtype and not d.engine.startswith("native"):
+        a = xp.astype(a, out_dtype)
+    if b.dtype != out_dtype and not d.engine.startswith("native"):
+        b = xp.astype(b, out_dtype)
+    return ENGINES[d.engine].run(backend, a, b, out_dtype=out_dtype, **d.params)

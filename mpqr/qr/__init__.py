@@ -1,0 +1,1 @@
+"""QR factorizations (filled by the QR work)."""

@@ -1,0 +1,71 @@
+"""Test fixtures in the array-api-extra style.
+
+``xp`` runs a test over every backend: NumPy, a read-only NumPy (arrays the
+test creates through ``xp`` cannot be written, so accidental writes into
+inputs raise), array-api-strict (only the standard), and CuPy (skipped
+without a GPU). ``@pytest.mark.skip_xp_backend("array_api_strict", reason=...)``
+skips one backend with a reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import numpy as np
+import pytest
+
+BACKENDS = ["numpy", "numpy_readonly", "array_api_strict", "cupy"]
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+GPU = _gpu_available()
+
+
+class _ReadOnlyNumpy(types.ModuleType):
+    """NumPy whose array constructors return read-only arrays."""
+
+    _wrap = frozenset({"asarray", "array", "zeros", "ones", "eye", "arange", "linspace", "full",
+             "empty", "zeros_like", "ones_like", "full_like"})
+
+    def __init__(self):
+        super().__init__("numpy_readonly")
+
+    def __getattr__(self, name):
+        attr = getattr(np, name)
+        if name in self._wrap:
+            def wrapped(*args, **kwargs):
+                out = np.array(attr(*args, **kwargs), copy=True)
+                out.flags.writeable = False
+                return out
+            return wrapped
+        return attr
+
+
+@pytest.fixture(params=BACKENDS)
+def xp(request):
+    name = request.param
+    for marker in request.node.iter_markers("skip_xp_backend"):
+        if marker.args and marker.args[0] == name:
+            pytest.skip(marker.kwargs.get("reason", f"not for {name}"))
+    if name == "cupy":
+        if not GPU:
+            pytest.skip("no CUDA GPU visible")
+        import cupy
+
+        return cupy
+    if name == "numpy_readonly":
+        return _ReadOnlyNumpy()
+    return importlib.import_module(name)
+
+
+def pytest_report_header(config):
+    return f"mpqr test backends: {', '.join(BACKENDS)} (GPU visible: {GPU})"
