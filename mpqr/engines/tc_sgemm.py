@@ -18,9 +18,11 @@ Scheme (after Ootomo & Yokota, and Leng et al.'s TC-SGEMM):
    chosen from measurements on the GPU (``bench/results``).
 5. Convert to the output dtype and undo the scaling exactly.
 
-NaN/Inf: the scale ignores non-finite entries and ``lo`` is set to 0 where
-``hi`` is not finite, so an Inf in A or B gives the same Inf/NaN pattern the
-native GEMM gives in the outputs it touches.
+NaN/Inf: the scale ignores non-finite entries, ``lo`` is 0 where ``hi`` is
+not finite, and the correction products use ``hi`` with non-finite entries
+zeroed (else ``inf * 0`` from an exactly representable partner would turn an
+Inf into NaN). An Inf in A or B then gives the Inf/NaN pattern the native
+GEMM gives, in exactly the outputs it touches.
 """
 
 from __future__ import annotations
@@ -36,32 +38,34 @@ __all__ = ["LO_SHIFT", "run_tc_sgemm", "split_hi_lo"]
 LO_SHIFT = 11
 
 
-def split_hi_lo(backend: Any, x: Any) -> tuple[Any, Any]:
-    """``(hi, lo)`` fp16 parts with ``x ~= hi + lo * 2**-LO_SHIFT``."""
+def split_hi_lo(backend: Any, x: Any) -> tuple[Any, Any, Any]:
+    """``(hi, lo, hi_finite)`` fp16 parts with ``x ~= hi + lo * 2**-LO_SHIFT``;
+    ``hi_finite`` is ``hi`` with non-finite entries set to 0."""
     xp = backend.xp
     hi = backend.to_fp16(x)
-    resid = x - xp.astype(hi, x.dtype)  # exact: hi is x rounded to 11 bits
-    resid = xp.where(xp.isfinite(resid), resid, xp.zeros_like(resid))
+    finite = xp.isfinite(hi)
+    hi_f = xp.where(finite, hi, xp.zeros_like(hi))
+    # exact: hi is x rounded to 11 bits (masking avoids inf - inf)
+    resid = xp.where(finite, x, xp.zeros_like(x)) - xp.astype(hi_f, x.dtype)
     lo = backend.to_fp16(backend.ldexp(resid, xp.asarray(LO_SHIFT, dtype=xp.int32)))
-    return hi, lo
+    return hi, lo, hi_f
 
 
 def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) -> Any:
     xp = backend.xp
     sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a_hi, a_lo = split_hi_lo(backend, backend.ldexp(a, sa))
-    b_hi, b_lo = split_hi_lo(backend, backend.ldexp(b, sb))
+    a_hi, a_lo, a_hf = split_hi_lo(backend, backend.ldexp(a, sa))
+    b_hi, b_lo, b_hf = split_hi_lo(backend, backend.ldexp(b, sb))
     k = a.shape[-1]
     shape = (*a.shape[:-1], b.shape[-1])
     c = xp.zeros(shape, dtype=xp.float32, device=device(a))
     corr = 2.0**-LO_SHIFT
     for s in range(0, k, slice_k):
         e = min(k, s + slice_k)
-        ah, al = a_hi[..., s:e], a_lo[..., s:e]
-        bh, bl = b_hi[..., s:e, :], b_lo[..., s:e, :]
-        backend.gemm_fp16(ah, bh, out=c, alpha=1.0, beta=0.0 if s == 0 else 1.0)
-        backend.gemm_fp16(ah, bl, out=c, alpha=corr, beta=1.0)
-        backend.gemm_fp16(al, bh, out=c, alpha=corr, beta=1.0)
+        backend.gemm_fp16(a_hi[..., s:e], b_hi[..., s:e, :], out=c, alpha=1.0,
+                          beta=0.0 if s == 0 else 1.0)
+        backend.gemm_fp16(a_hf[..., s:e], b_lo[..., s:e, :], out=c, alpha=corr, beta=1.0)
+        backend.gemm_fp16(a_lo[..., s:e], b_hf[..., s:e, :], out=c, alpha=corr, beta=1.0)
     return unscale(backend, xp.astype(c, out_dtype), sa, sb)
 

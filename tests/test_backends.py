@@ -1,0 +1,110 @@
+"""Backend plugins: selection by namespace, registration, portable kernels,
+and the rule that the core never imports numpy or cupy."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import numpy as np
+import pytest
+from mpqr.backends import ArrayAPIBackend, get_backend, register_backend
+
+import mpqr
+from mpqr._array_api import array_namespace
+from tests._support import to_numpy
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_backend_follows_namespace(xp):
+    be = get_backend(array_namespace(xp.ones(2)))
+    expected = {"numpy": "numpy", "numpy_readonly": "numpy", "cupy": "cupy",
+                "array_api_strict": "array-api"}[getattr(xp, "__name__", "numpy")]
+    assert be.name == expected
+
+
+def test_register_backend_plugin():
+    xs = pytest.importorskip("array_api_strict")
+
+    class Custom(ArrayAPIBackend):
+        name = "custom-strict"
+
+        @classmethod
+        def matches(cls, xp):
+            return xp is array_namespace(xs.ones(1))
+
+    try:
+        register_backend(Custom)
+        assert get_backend(array_namespace(xs.ones(1))).name == "custom-strict"
+        with mpqr.explain() as tr:
+            mpqr.matmul(xs.ones((2, 2)), xs.ones((2, 2)))
+        assert tr.gemms[0].engine == "native-fp64"
+    finally:
+        import mpqr.backends as mb
+
+        mb._registered.remove(Custom)
+        mb._cache.clear()
+    with pytest.raises(TypeError, match="a backend must subclass mpqr.backends.ArrayAPIBackend"):
+        register_backend(object)
+
+
+def test_fp16_precision_on_backend_without_fp16():
+    xs = pytest.importorskip("array_api_strict")
+    with pytest.raises(NotImplementedError,
+                       match="precision='fp16' needs the tc-fp16 engine, which the array-api "
+                             "backend does not provide"):
+        mpqr.matmul(xs.ones((2, 2)), xs.ones((2, 2)), precision="fp16")
+
+
+def test_portable_triangular_solve_and_lu(xp):
+    rng = np.random.default_rng(0)
+    n = 37
+    a = rng.standard_normal((n, n)) + n * np.eye(n)
+    b = rng.standard_normal((n, 3))
+    generic = ArrayAPIBackend(array_namespace(xp.ones(1)))
+    for lower in (True, False):
+        t = np.tril(a) if lower else np.triu(a)
+        x = to_numpy(generic.solve_triangular(xp.asarray(t), xp.asarray(b), lower=lower))
+        # backward error of a triangular solve: |b - T x| <= n u |T||x|
+        assert np.all(np.abs(b - t @ x) <= 2 * n * 2.0**-53 * (np.abs(t) @ np.abs(x)))
+    l, u = generic.lu_nopivot(xp.asarray(a))
+    l, u = to_numpy(l), to_numpy(u)
+    assert np.array_equal(np.tril(l), l) and np.allclose(np.diag(l), 1)
+    assert np.array_equal(np.triu(u), u)
+    assert np.all(np.abs(l @ u - a) <= 4 * n * 2.0**-53 * (np.abs(l) @ np.abs(u)))
+
+
+def test_exponent_and_ldexp_exact(xp):
+    be = get_backend(array_namespace(xp.ones(1)))
+    vals = np.array([1.0, 0.75, 2.0**-1074, 2.0**1023 * 1.5, 3.0, 0.0, np.inf, np.nan])
+    e = to_numpy(be.exponent(xp.asarray(vals)))
+    assert e.tolist() == [0, -1, -1074, 1023, 1, 0, 0, 0]
+    x = np.array([1.5, -3.0, 2.0**-1000])
+    out = to_numpy(be.ldexp(xp.asarray(x), xp.asarray(np.array([1000, -1070, 1000],
+                                                                dtype=np.int32))))
+    assert out.tolist() == [1.5 * 2.0**1000, -3.0 * 2.0**-1070, 1.0]
+
+
+def test_core_never_imports_numpy_or_cupy():
+    offenders = []
+    for path in (ROOT / "mpqr").rglob("*.py"):
+        if "tools" in path.relative_to(ROOT / "mpqr").parts:
+            continue  # command-line tooling, not the algorithmic core
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for nm in names:
+                if nm.split(".")[0] in ("numpy", "cupy", "cupyx", "scipy"):
+                    offenders.append(f"{path.relative_to(ROOT)}: {nm}")
+    assert offenders == []
+
+
+def test_array_api_compat_imported_in_one_place():
+    users = [p.relative_to(ROOT).as_posix() for d in ("mpqr", "backends", "compat")
+             for p in (ROOT / d).rglob("*.py") if "array_api_compat" in p.read_text()]
+    assert users == ["mpqr/_array_api.py"]
