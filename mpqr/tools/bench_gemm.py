@@ -1,0 +1,129 @@
+"""``python -m mpqr bench gemm``: TFLOP/s and error of each GEMM engine.
+
+Error is max_ij |C - AB|_ij / (|A||B|)_ij over a random sample of output
+entries, each computed exactly on the host (exact products, ``math.fsum``),
+so the reference is exact even at k = 2^20.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import numpy as np
+
+import mpqr
+from mpqr.tools._timing import default_xp, environment, time_it, to_host, write_json
+
+GPU_SHAPES = [(8192, 8192, 8192), (16384, 16384, 16384), (2**20, 512, 512), (512, 512, 2**20)]
+CPU_SHAPES = [(256, 256, 256), (512, 512, 512), (4096, 64, 64), (64, 64, 4096)]
+
+# (label, precision, input dtype, options)
+ENGINES = [
+    ("cuBLAS/native fp64", "fp64", "float64", None),
+    ("fp64-emulated", "fp64-emulated", "float64", None),
+    ("cuBLAS/native fp32", "fp32", "float32", None),
+    ("fp32-emulated", "fp32-emulated", "float32", None),
+    ("fp16", "fp16", "float32", None),
+]
+
+
+def _exact_entries(a: np.ndarray, b: np.ndarray, rows, cols) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    out = np.empty(len(rows))
+    absd = np.empty(len(rows))
+    for t, (i, j) in enumerate(zip(rows, cols)):
+        x, y = a[i], b[:, j]
+        p = x * y
+        f = 134217729.0
+        xh = f * x - (f * x - x)
+        yh = f * y - (f * y - y)
+        e = ((xh * yh - p) + xh * (y - yh) + (x - xh) * yh) + (x - xh) * (y - yh)
+        out[t] = math.fsum(np.concatenate([p, e]))
+        absd[t] = float(np.abs(x) @ np.abs(y))
+    return out, absd
+
+
+def run(shapes, *, xp, repeat: int, samples: int, slice_sweep: list[int] | None,
+        ozaki_terms: list[int] | None) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    rows_out = []
+    for m, n, k in shapes:
+        a64 = xp.asarray(rng.standard_normal((m, k)))
+        b64 = xp.asarray(rng.standard_normal((k, n)))
+        a32, b32 = a64.astype(xp.float32), b64.astype(xp.float32)
+        ri = rng.integers(0, m, samples)
+        ci = rng.integers(0, n, samples)
+        host = {
+            "float64": (to_host(a64[ri]), to_host(b64[:, ci])),
+            "float32": (to_host(a32[ri]), to_host(b32[:, ci])),
+        }
+        exact = {}
+        for dt, (ha, hb) in host.items():
+            exact[dt] = _exact_entries(ha, hb, range(samples), range(samples))
+        configs = list(ENGINES)
+        for sk in slice_sweep or []:
+            configs.append((f"fp32-emulated slice_k={sk}", "fp32-emulated", "float32",
+                            {"slice_k": sk}))
+        for t in ozaki_terms or []:
+            configs.append((f"fp64-emulated ozaki_terms={t}", "fp64-emulated", "float64",
+                            {"engine": "ozaki-int8", "ozaki_terms": t}))
+        native_err = {}
+        native_t = {}
+        for label, prec, dt, opts in configs:
+            a, b = (a64, b64) if dt == "float64" else (a32, b32)
+            try:
+                with mpqr.explain() as tr:
+                    c = mpqr.matmul(a, b, precision=prec, options=opts)
+                engine = tr.gemms[0].engine
+                t = time_it(xp, lambda a=a, b=b, p=prec, o=opts: mpqr.matmul(a, b, precision=p,
+                                                                           options=o),
+                            repeat=repeat)
+            except (NotImplementedError, ValueError, MemoryError) as exc:
+                rows_out.append({"shape": [m, n, k], "config": label, "error": str(exc)})
+                print(f"{m}x{n}x{k} {label}: skipped ({exc})")
+                continue
+            vals = to_host(c[ri, ci]).astype(np.float64)
+            ex, absd = exact[dt]
+            err = float(np.max(np.abs(vals - ex) / absd))
+            del c
+            if prec in ("fp64", "fp32"):
+                native_err[dt], native_t[dt] = err, t
+            tflops = 2.0 * m * n * k / t / 1e12
+            row = {"shape": [m, n, k], "config": label, "precision": prec, "engine": engine,
+                   "dtype": dt, "time_ms": t * 1e3, "tflops": tflops, "err_vs_absAB": err}
+            if dt in native_t and prec not in ("fp64", "fp32"):
+                row["speedup_vs_native"] = native_t[dt] / t
+                row["err_ratio_vs_native"] = err / native_err[dt] if native_err[dt] else None
+            rows_out.append(row)
+            print(f"{m}x{n}x{k:<8} {label:<34} {engine:<12} {t * 1e3:9.3f} ms "
+                  f"{tflops:8.2f} TFLOP/s  err {err:.2e}"
+                  + (f"  x{row['speedup_vs_native']:.2f} vs native, err ratio "
+                     f"{row['err_ratio_vs_native']:.2f}" if "speedup_vs_native" in row else ""))
+    return {"environment": environment(xp), "results": rows_out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpqr bench gemm", description=__doc__)
+    p.add_argument("--shapes", default=None,
+                   help="comma list of MxNxK (default: the issue's GPU shapes, small on CPU)")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--samples", type=int, default=64, help="output entries checked exactly")
+    p.add_argument("--slice-sweep", default="", help="comma list of tc-sgemm slice_k to try")
+    p.add_argument("--ozaki-terms", default="", help="comma list of Ozaki term counts to try")
+    p.add_argument("--json", default=None, help="write results here")
+    p.add_argument("--cpu", action="store_true", help="force the NumPy backend")
+    args = p.parse_args(argv)
+    xp = np if args.cpu else default_xp()
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    else:
+        shapes = GPU_SHAPES if xp is not np else CPU_SHAPES
+    sweep = [int(v) for v in args.slice_sweep.split(",") if v]
+    terms = [int(v) for v in args.ozaki_terms.split(",") if v]
+    out = run(shapes, xp=xp, repeat=args.repeat, samples=args.samples, slice_sweep=sweep,
+              ozaki_terms=terms)
+    write_json(args.json, out)
+    return 0
