@@ -18,6 +18,7 @@ from mpqr.policy import (
     precision,
     set_precision,
 )
+from mpqr.qr import QRResult, qr  # the function shadows the subpackage name
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "BreakdownError",
     "GemmOptions",
     "LinAlgError",
+    "QRResult",
     "Trace",
     "__version__",
     "explain",
@@ -33,5 +35,6 @@ __all__ = [
     "get_precision",
     "matmul",
     "precision",
+    "qr",
     "set_precision",
 ]

@@ -1,0 +1,210 @@
+"""Building blocks shared by the QR methods (namespace-agnostic).
+
+* :func:`tsqr` — tall-skinny QR: ``backend.qr_panel`` on row blocks (one
+  stacked call) and a reduction tree over the stacked R factors.
+* :func:`householder_from_q` — the compact WY form ``I - W Y^H`` of the
+  Householder reflectors that reproduce an explicit orthonormal ``Q``
+  (Ballard et al. 2014, LAPACK ``orhr_col``): a non-pivoted LU of ``Q1 - S``
+  whose sign matrix ``S`` is chosen on the fly so every pivot has modulus >= 1.
+* :func:`trmm_lower` — ``L @ B`` for lower-triangular ``L`` by recursive
+  halving, so that the off-diagonal products are large square GEMMs
+  (Leng et al., Algorithm 3).
+* :func:`normalize_signs` — the public sign convention: ``diag(R)`` real >= 0.
+
+Every product of more than panel size goes through :func:`mpqr.policy.gemm`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpqr._array_api import device
+from mpqr.policy import gemm
+
+__all__ = [
+    "ct",
+    "eye_like",
+    "householder_from_q",
+    "is_complex",
+    "lu_signed",
+    "normalize_signs",
+    "panel_precision",
+    "phase",
+    "trmm_lower",
+    "tsqr",
+]
+
+#: Rows per block of the TSQR leaves (Leng et al. factor 256 x 32 tiles).
+TSQR_BLOCK_ROWS = 256
+#: Width below which triangular products are done as one GEMM.
+TRMM_CUTOFF = 64
+
+
+def is_complex(xp: Any, x: Any) -> bool:
+    return xp.isdtype(x.dtype, "complex floating")
+
+
+def ct(xp: Any, a: Any) -> Any:
+    """Conjugate transpose of the last two axes (a view for real input)."""
+    t = xp.matrix_transpose(a)
+    return xp.conj(t) if is_complex(xp, a) else t
+
+
+def eye_like(xp: Any, batch: tuple[int, ...], m: int, n: int, dtype: Any, dev: Any) -> Any:
+    """A fresh writable ``(*batch, m, n)`` array holding ``eye(m, n)`` in each matrix."""
+    e = xp.eye(m, n, dtype=dtype, device=dev)
+    if not batch:
+        return e
+    return xp.zeros((*batch, m, n), dtype=dtype, device=dev) + e
+
+
+def panel_precision(prec: str, dtype: Any, xp: Any) -> str:
+    """Precision of the small products inside a panel: the working precision.
+
+    Panels are a few percent of the flops but set the orthogonality of Q, so
+    they never run below the input's native precision; ``auto`` stays ``auto``.
+    """
+    if prec == "auto":
+        return "auto"
+    single = dtype in (xp.float32, xp.complex64)
+    return "fp32" if single else "fp64"
+
+
+def phase(xp: Any, d: Any) -> Any:
+    """``sign(d)`` with ``sign(0) = 1``; ``d/|d|`` for complex (modulus one)."""
+    one = xp.ones_like(d)
+    if xp.isdtype(d.dtype, "complex floating"):
+        ad = xp.abs(d)
+        nz = ad != 0
+        safe = xp.where(nz, ad, xp.ones_like(ad))
+        return xp.where(nz, d / xp.astype(safe, d.dtype), one)
+    return xp.where(d < 0, -one, one)
+
+
+def tsqr(backend: Any, a: Any, *, precision: str, block_rows: int = TSQR_BLOCK_ROWS
+         ) -> tuple[Any, Any]:
+    """Explicit reduced ``(Q, R)`` of a tall-skinny ``(..., m, n)`` panel.
+
+    Row blocks go to ``backend.qr_panel`` as one stacked call; their R factors
+    are stacked and factored again until one block is left; the Q factors are
+    combined with one batched product per tree level.
+    """
+    xp = backend.xp
+    *batch, m, n = a.shape
+    b = max(block_rows, 2 * n)
+    if m < 2 * b or n == 0:
+        return backend.qr_panel(a)
+    q = m // b
+    h = m - (q - 1) * b  # the head block takes the remainder rows: b <= h < 2b
+    qh, rh = backend.qr_panel(a[..., :h, :])
+    rest = xp.reshape(a[..., h:, :], (*batch, q - 1, b, n))
+    qs, rs = backend.qr_panel(rest)
+    rstack = xp.concat([xp.expand_dims(rh, axis=-3), rs], axis=-3)
+    qt, r = tsqr(backend, xp.reshape(rstack, (*batch, q * n, n)), precision=precision,
+                 block_rows=block_rows)
+    out = xp.empty((*batch, m, n), dtype=qh.dtype, device=device(a))
+    out[..., :h, :] = gemm(qh, qt[..., :n, :], precision=precision, label="tsqr-combine",
+                           backend=backend)
+    qts = xp.reshape(qt[..., n:, :], (*batch, q - 1, n, n))
+    prod = gemm(qs, qts, precision=precision, label="tsqr-combine", backend=backend)
+    out[..., h:, :] = xp.reshape(prod, (*batch, (q - 1) * b, n))
+    return out, r
+
+
+def lu_signed(backend: Any, a: Any) -> tuple[Any, Any, Any]:
+    """``L @ U = a - diag(s)`` without pivoting, ``s_i = -phase(pivot_i)``.
+
+    Choosing each sign when its pivot is reached makes ``|u_ii| >= 1``, so the
+    factorization exists and is stable for any ``a`` with orthonormal-column
+    parent (Ballard et al. 2014, Lemma 6.2). Returns ``(L, U, s)``; L is unit
+    lower triangular with explicit zeros above the diagonal.
+    """
+    xp = backend.xp
+    *batch, n, _ = a.shape
+    w = xp.asarray(a, copy=True)
+    s = xp.empty((*batch, n), dtype=a.dtype, device=device(a))
+    for i in range(n):
+        d = w[..., i, i]
+        si = -phase(xp, d)
+        s[..., i] = si
+        piv = d - si
+        w[..., i, i] = piv
+        if i + 1 < n:
+            col = w[..., i + 1:, i] / xp.expand_dims(piv, axis=-1)
+            w[..., i + 1:, i] = col
+            w[..., i + 1:, i + 1:] = (w[..., i + 1:, i + 1:]
+                                      - xp.expand_dims(col, axis=-1) * w[..., i:i + 1, i + 1:])
+    eye = xp.eye(n, dtype=a.dtype, device=device(a))
+    return xp.tril(w, k=-1) + eye, xp.triu(w), s
+
+
+def householder_from_q(backend: Any, q: Any, *, precision: str) -> tuple[Any, Any, Any]:
+    """WY form of the reflectors behind an explicit orthonormal ``Q`` (m >= n).
+
+    Returns ``(W, Y, s)`` with ``H = I - W Y^H`` unitary, ``Y`` unit lower
+    trapezoidal (explicit zeros and ones), and ``H[:, :n] = Q conj(diag(s))``;
+    a panel ``A = Q R`` is thus ``A = H [diag(s) R; 0]``.
+    """
+    xp = backend.xp
+    m, n = q.shape[-2:]
+    l1, u, s = lu_signed(backend, q[..., :n, :])
+    y = xp.empty_like(q) if m > n else l1
+    if m > n:
+        y[..., :n, :] = l1
+        # Y2 = Q2 U^{-1}, solved as U^H Y2^H = Q2^H
+        y[..., n:, :] = ct(xp, backend.solve_triangular(ct(xp, u), ct(xp, q[..., n:, :]),
+                                                        lower=True))
+    # T = -U conj(S) Y1^{-H}, solved as Y1 T^H = -(U conj(S))^H
+    us = -u * xp.expand_dims(xp.conj(s) if is_complex(xp, q) else s, axis=-2)
+    t = ct(xp, backend.solve_triangular(l1, ct(xp, us), lower=True, unit_diagonal=True))
+    w = gemm(y, t, precision=precision, label="panel-wy", backend=backend)
+    return w, y, s
+
+
+def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
+               cutoff: int = TRMM_CUTOFF) -> Any:
+    """``l @ b`` for lower-triangular ``l`` (zeros stored above the diagonal).
+
+    Splitting ``l`` in halves gives ``[l11 b1; l21 b1 + l22 b2]``: the
+    off-diagonal product is a large square GEMM and only the diagonal blocks
+    recurse, which halves the flops of a full GEMM.
+    """
+    xp = backend.xp
+    k = l.shape[-1]
+    if k <= cutoff:
+        return gemm(l, b, precision=precision, label=label, backend=backend)
+    h = k // 2
+    top = trmm_lower(l[..., :h, :h], b[..., :h, :], precision=precision, label=label,
+                     backend=backend, cutoff=cutoff)
+    low = gemm(l[..., h:, :h], b[..., :h, :], precision=precision, label=label + "-gemm",
+               backend=backend)
+    low = low + trmm_lower(l[..., h:, h:], b[..., h:, :], precision=precision, label=label,
+                           backend=backend, cutoff=cutoff)
+    out = xp.empty((*low.shape[:-2], k, b.shape[-1]), dtype=low.dtype, device=device(low))
+    out[..., :h, :] = top
+    out[..., h:, :] = low
+    return out
+
+
+def normalize_signs(xp: Any, q: Any | None, r: Any) -> tuple[Any | None, Any]:
+    """Make ``diag(R)`` real and >= 0 by rescaling rows of R and columns of Q.
+
+    Returns new arrays (the inputs are workspaces the caller owns).
+    """
+    k = min(r.shape[-2], r.shape[-1])
+    if k == 0:
+        return q, r
+    d = xp.linalg.diagonal(r[..., :k, :k])
+    p = phase(xp, d)
+    pc = xp.conj(p) if is_complex(xp, r) else p
+    rk = r[..., :k, :] * xp.expand_dims(pc, axis=-1)
+    if is_complex(xp, r):
+        # the rescaled diagonal is |d| up to rounding: store it exactly real
+        fix = xp.astype(xp.abs(d), r.dtype) - xp.linalg.diagonal(rk[..., :, :k])
+        rk = rk + xp.eye(k, r.shape[-1], dtype=r.dtype, device=device(r)) * \
+            xp.expand_dims(fix, axis=-1)
+    r = xp.concat([rk, r[..., k:, :]], axis=-2) if r.shape[-2] > k else rk
+    if q is not None:
+        qk = q[..., :, :k] * xp.expand_dims(p, axis=-2)
+        q = xp.concat([qk, q[..., :, k:]], axis=-1) if q.shape[-1] > k else qk
+    return q, r

@@ -1,0 +1,243 @@
+"""The public QR entry point: validate, pick a method, dispatch, normalise signs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from mpqr._array_api import device
+from mpqr._validation import check_dtype, check_finite, check_ndim, namespace_of
+from mpqr.backends import get_backend
+from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
+from mpqr.qr._kernels import ct, eye_like, normalize_signs
+
+__all__ = ["METHODS", "MODES", "QRResult", "qr"]
+
+MODES = ("reduced", "complete", "r")
+
+
+class QRResult(NamedTuple):
+    """``Q`` with orthonormal columns and upper-triangular ``R`` with ``A = Q @ R``."""
+
+    Q: Any
+    R: Any
+
+
+def _householder_tiled(backend, a, **kw):
+    from mpqr.qr.householder_tiled import householder_tiled
+
+    return householder_tiled(backend, a, **kw)
+
+
+def _householder_recursive(backend, a, **kw):
+    from mpqr.qr.householder_recursive import householder_recursive
+
+    return householder_recursive(backend, a, **kw)
+
+
+#: method name -> implementation ``f(backend, a, *, precision, prec_name, want_q,
+#: complete, overwrite) -> (Q or None, R)`` for ``m >= n`` (before sign normalisation).
+METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
+    "householder-recursive": _householder_recursive,
+    "householder-tiled": _householder_tiled,
+}
+
+#: methods that build an orthonormal basis of the columns only (no complete Q).
+_THIN_ONLY: set[str] = set()
+
+
+def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
+                    thin_only: bool = False) -> None:
+    """Add a QR method to :data:`METHODS` (used by the method modules)."""
+    METHODS[name] = func
+    if thin_only:
+        _THIN_ONLY.add(name)
+
+
+def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int) -> tuple[str, str]:
+    """``(method, reason)`` for ``method="auto"`` (Leng et al., Algorithm 1).
+
+    Recursive Householder when the GEMM engine for this precision is a
+    tensor-core engine (its speed depends on shape, and the recursion makes
+    the big GEMMs square); tiled otherwise. Both are unconditionally stable;
+    the CholQR/SVQR family is never chosen automatically because its accuracy
+    depends on the condition number, which is unknown before factoring.
+    """
+    tc = "tensor-cores" in backend.capabilities
+    if n <= 32:
+        return "householder-tiled", f"n={n} fits one TSQR panel: tall-skinny QR directly"
+    engine_tc = prec_name in ("fp16", "fp32-emulated") or (
+        prec_name == "fp64-emulated" and "int8" in backend.capabilities)
+    if tc and engine_tc:
+        return ("householder-recursive",
+                f"precision={prec_name!r} runs on tensor-core engines, which are "
+                "shape-sensitive: recursion gives square GEMMs")
+    if tc and prec_name == "auto":
+        return ("householder-recursive",
+                "auto precision may route GEMMs to tensor-core engines: recursion gives "
+                "square GEMMs")
+    why = ("the backend has no tensor-core engines" if not tc
+           else f"precision={prec_name!r} runs native GEMMs, which are not shape-sensitive")
+    return "householder-tiled", f"{why}: fixed-width panels"
+
+
+def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str = "auto", *,
+       check_finite: bool = False, overwrite_a: bool = False) -> Any:
+    """QR factorization ``x = Q @ R`` of a matrix or a stack of matrices.
+
+    Parameters
+    ----------
+    x : array, shape (..., m, n)
+        Input of any Array API library (NumPy, CuPy, ...). Integers are cast to
+        float64, float16 to float32; complex inputs are factored natively.
+        ``x`` is never modified unless ``overwrite_a=True``.
+    mode : {"reduced", "complete", "r"}
+        ``"reduced"``: Q is ``(..., m, k)``, R ``(..., k, n)`` with
+        ``k = min(m, n)``. ``"complete"``: Q is ``(..., m, m)``, R ``(..., m, n)``.
+        ``"r"``: only R ``(..., k, n)`` is computed and returned as an array
+        (NumPy's convention), Q is never formed.
+    precision : str, optional
+        Precision of the matrix products (``"auto"``, ``"fp16"``, ``"fp32"``,
+        ``"fp32-emulated"``, ``"fp64"``, ``"fp64-emulated"``); ``None`` uses the
+        ``mpqr.precision`` context, ``mpqr.set_precision`` or ``MPQR_PRECISION``.
+        Non-GEMM arithmetic (norms, reflector generation, the panels' small
+        products) runs in the input's working dtype.
+    method : str
+        ``"auto"`` (chosen from shape, precision and the backend's engines and
+        recorded in the explain trace), ``"householder-recursive"``,
+        ``"householder-tiled"``, ``"gram-schmidt-recursive"``, ``"cholqr"``,
+        ``"cholqr2"``, ``"shifted-cholqr3"`` or ``"svqr"``.
+    check_finite : bool
+        Raise ``ValueError`` if ``x`` holds NaN or Inf. Otherwise they
+        propagate (IEEE): the result then contains NaN, never a finite answer.
+    overwrite_a : bool
+        Allow the Householder methods to use ``x`` as workspace when it already
+        has the working dtype (its contents are then destroyed).
+
+    Returns
+    -------
+    QRResult or array
+        ``QRResult(Q, R)``; for ``mode="r"`` just ``R``. In the caller's
+        namespace and on its device. Sign convention: ``diag(R)`` is real and
+        >= 0 (this makes Q and R unique for full-rank input; LAPACK/NumPy leave
+        the signs arbitrary).
+
+    Raises
+    ------
+    ValueError
+        ``x`` not at least 2-D, an unknown ``mode``/``method``/``precision``, or
+        NaN/Inf with ``check_finite=True``.
+    TypeError
+        ``x`` boolean or not an array.
+    mpqr.BreakdownError
+        An explicitly requested CholQR-type method cannot factor ``x`` (too
+        ill-conditioned); ``method="auto"`` never raises it.
+    NotImplementedError
+        Complex input with an emulated precision or a real-only method.
+
+    Examples
+    --------
+    >>> import numpy as np, mpqr
+    >>> a = np.arange(12.0).reshape(4, 3) + np.eye(4, 3)
+    >>> q, r = mpqr.qr(a, precision="fp64")
+    >>> bool(np.allclose(q @ r, a)), bool(np.all(np.diag(r) >= 0))
+    (True, True)
+    """
+    xp = namespace_of(x, names=("x",))
+    check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    if method != "auto" and method not in METHODS:
+        names = ", ".join(repr(k) for k in ("auto", *sorted(METHODS)))
+        raise ValueError(f"`method` must be one of {names}; got {method!r}")
+    if precision is not None:
+        validate_precision(precision)
+    prec_name, _ = resolve_precision(precision)
+    a = check_dtype(xp, x, "x")
+    overwrite = bool(overwrite_a) and a is x
+    if check_finite:
+        _check_finite(xp, a)
+    backend = get_backend(xp)
+    *batch, m, n = a.shape
+    complete = mode == "complete"
+    want_q = mode != "r"
+    if xp.isdtype(a.dtype, "complex floating") and prec_name in (
+            "fp16", "fp32-emulated", "fp64-emulated"):
+        raise NotImplementedError(
+            f"precision={prec_name!r} is not supported for complex input ({a.dtype}): the "
+            "emulated engines are real-only; use precision 'auto', 'fp32' or 'fp64'"
+        )
+
+    if method == "auto":
+        method, why = choose_method(backend, prec_name, a.dtype, m, n)
+        record_event("method", f"qr: {method} ({why})", method=method, shape=(m, n),
+                     batch=math.prod(batch), precision=prec_name)
+    else:
+        record_event("method", f"qr: {method} (requested)", method=method, shape=(m, n),
+                     batch=math.prod(batch), precision=prec_name)
+
+    if m == 0 or n == 0 or math.prod(batch) == 0:
+        return _empty(xp, a, mode)
+
+    func = METHODS[method]
+    if m >= n:
+        if complete and method in _THIN_ONLY:
+            q, r = _complete_from_thin(backend, func, a, precision, prec_name)
+        else:
+            q, r = func(backend, a, precision=precision, prec_name=prec_name, want_q=want_q,
+                        complete=complete, overwrite=overwrite)
+        if complete and m > n:
+            r = xp.concat([r, xp.zeros((*batch, m - n, n), dtype=r.dtype,
+                                       device=device(r))], axis=-2)
+        q, r = normalize_signs(xp, q, r)
+    else:
+        # wide: factor the leading m x m block, then R2 = Q^H A2
+        q, r1 = func(backend, a[..., :, :m], precision=precision, prec_name=prec_name,
+                     want_q=True, complete=False, overwrite=False)
+        q, r1 = normalize_signs(xp, q, r1)
+        r2 = gemm(ct(xp, q), a[..., :, m:], precision=precision, label="qr-wide-QhA2",
+                  backend=backend)
+        r = xp.concat([r1, r2], axis=-1)
+    if not want_q:
+        return r
+    return QRResult(q, r)
+
+
+def _check_finite(xp: Any, a: Any) -> None:
+    try:
+        check_finite(xp, a, "x")
+    except ValueError:
+        raise ValueError("`x` must not contain infs or NaNs (check_finite=True)") from None
+
+
+def _empty(xp: Any, a: Any, mode: str) -> Any:
+    *batch, m, n = a.shape
+    k = min(m, n)
+    dev = device(a)
+    if mode == "complete":
+        q = eye_like(xp, tuple(batch), m, m, a.dtype, dev) if math.prod(batch) else \
+            xp.zeros((*batch, m, m), dtype=a.dtype, device=dev)
+        return QRResult(q, xp.zeros((*batch, m, n), dtype=a.dtype, device=dev))
+    r = xp.zeros((*batch, k, n), dtype=a.dtype, device=dev)
+    if mode == "r":
+        return r
+    return QRResult(xp.zeros((*batch, m, k), dtype=a.dtype, device=dev), r)
+
+
+def _complete_from_thin(backend: Any, func: Callable[..., Any], a: Any, precision: Any,
+                        prec_name: str) -> tuple[Any, Any]:
+    """Complete Q for methods that only give an orthonormal basis of the columns.
+
+    Factor ``[Q1 | 0]`` completed by Householder: the complement of ``Q1`` comes
+    from the complete Householder QR of ``Q1`` itself.
+    """
+    from mpqr.qr.householder_tiled import householder_tiled
+
+    xp = backend.xp
+    q1, r = func(backend, a, precision=precision, prec_name=prec_name, want_q=True,
+                 complete=False, overwrite=False)
+    qc, _ = householder_tiled(backend, q1, precision=precision, prec_name=prec_name,
+                              want_q=True, complete=True)
+    n = a.shape[-1]
+    return xp.concat([q1, qc[..., :, n:]], axis=-1), r
