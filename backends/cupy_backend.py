@@ -143,7 +143,28 @@ class CupyBackend(ArrayAPIBackend):
         return self._cp.linalg.svd(a, full_matrices=full_matrices)
 
     def qr_panel(self, a):
-        return self._cp.linalg.qr(a)
+        from mpqr.backends.cupy_tsqr import supports, tsqr
+
+        cp = self._cp
+        if supports(a):  # tall-skinny float32/float64, n <= 64: TSQR tile kernels
+            return tsqr(a)
+        if a.ndim == 2:
+            return cp.linalg.qr(a)
+        *batch, m, n = a.shape
+        if 0 in batch:
+            k = min(m, n)
+            return cp.empty((*batch, m, k), a.dtype), cp.empty((*batch, k, n), a.dtype)
+        # wider stacks: cuSOLVER per matrix
+        qs, rs = zip(*(cp.linalg.qr(a[idx]) for idx in np.ndindex(*a.shape[:-2])))
+        q = cp.stack(qs).reshape(*a.shape[:-2], *qs[0].shape)
+        r = cp.stack(rs).reshape(*a.shape[:-2], *rs[0].shape)
+        return q, r
+
+    def scale_split_fp16(self, x, shift=None):
+        """Fused ``ldexp`` + fp16 hi/lo split for tc-sgemm (one pass; see cupy_kernels)."""
+        from mpqr.backends.cupy_kernels import scale_split_fp16
+
+        return scale_split_fp16(x, shift)
 
 
 def _blas_operand(cp, x):
