@@ -67,6 +67,38 @@ class ArrayAPIBackend:
         two = xp.asarray(2.0, dtype=x.dtype)
         return (x * xp.pow(two, xp.astype(h, x.dtype))) * xp.pow(two, xp.astype(e - h, x.dtype))
 
+    # --- fused conversions for the tensor-core engines (overridden on CuPy) ----
+    def max_abs_finite(self, x: Any, axis: int) -> Any:
+        """Largest finite ``|x|`` along ``axis`` (keepdims; 0 where none)."""
+        xp = self.xp
+        return xp.max(xp.where(xp.isfinite(x), xp.abs(x), xp.zeros_like(x)), axis=axis,
+                      keepdims=True)
+
+    def split_fp16(self, x: Any, shift: Any, hi: Any, hf: Any = None, lo: Any = None,
+                   lo_shift: int = 11) -> None:
+        """Write the fp16 parts of ``y = x * 2**shift`` into the given views:
+        ``hi = fp16(y)``; ``hf = hi`` with non-finite entries 0;
+        ``lo = fp16((y - hi) * 2**lo_shift)`` (0 where ``hi`` is not finite)."""
+        xp = self.xp
+        y = self.ldexp(x, shift)
+        h = self.to_fp16(y)
+        hi[...] = h
+        if hf is None and lo is None:
+            return
+        finite = xp.isfinite(h)
+        h_f = xp.where(finite, h, xp.zeros_like(h))
+        if hf is not None:
+            hf[...] = h_f
+        if lo is not None:
+            # exact: h is y rounded to 11 bits (masking avoids inf - inf)
+            r = xp.where(finite, y, xp.zeros_like(y)) - xp.astype(h_f, y.dtype)
+            lo[...] = self.to_fp16(self.ldexp(r, xp.asarray(lo_shift, dtype=xp.int32)))
+
+    def unscale(self, c: Any, row_shift: Any, col_shift: Any, out_dtype: Any) -> Any:
+        """``c * 2**-(row_shift + col_shift)`` in ``out_dtype``, exactly."""
+        xp = self.xp
+        return self.ldexp(xp.astype(c, out_dtype), -(row_shift + col_shift))
+
     # --- GEMM primitives ------------------------------------------------------
     def gemm(self, a: Any, b: Any) -> Any:
         """Native product in the operands' (common) dtype."""
@@ -154,3 +186,87 @@ def _portable_exponent(xp: Any, x: Any) -> Any:
     pos = xp.isfinite(x) & (x > 0)
     e = xp.floor(xp.log2(xp.where(pos, x, xp.ones_like(x))))
     return xp.astype(xp.where(pos, e, xp.zeros_like(e)), xp.int32)
+
+
+# --- INT8 Ozaki scheme II primitives (generic versions; CuPy fuses them) -----
+# Appended as plain functions bound onto ArrayAPIBackend so the class body above
+# stays as it was; see mpqr/engines/ozaki.py for the algorithm.
+
+def _ozaki_workspace_limit(self: ArrayAPIBackend) -> int:
+    """Default scratch-memory cap (bytes) of the Ozaki engine: 1 GiB on the host."""
+    return 1 << 30
+
+
+def _ozaki_residues(self: ArrayAPIBackend, x: Any, shift: Any, moduli: tuple[int, ...], *,
+                    transpose: bool, rows_p: int, cols_p: int) -> Any:
+    """Symmetric int8 residues of ``round(x' * 2**shift)`` modulo each of ``moduli``.
+
+    ``x' = x.T`` if ``transpose`` else ``x`` (float64, 2-D); ``shift`` is an int32
+    vector with one entry per row of ``x'``; non-finite entries count as 0. The
+    result has shape ``(len(moduli), rows_p, cols_p)``, zero-padded beyond ``x'``.
+    Exact: the scaled integers stay below 2**62 and go through int64.
+    """
+    xp = self.xp
+    from mpqr._array_api import device
+
+    xt = xp.matrix_transpose(x) if transpose else x
+    r, c = xt.shape
+    finite = xp.where(xp.isfinite(xt), xt, xp.zeros_like(xt))
+    scaled = xp.astype(xp.round(self.ldexp(finite, shift[:, None])), xp.int64)
+    planes = []
+    for p in moduli:
+        res = xp.remainder(scaled, xp.asarray(p, dtype=xp.int64))
+        res = xp.where(res > 127, res - p, res)
+        planes.append(xp.astype(res, xp.int8))
+    out = xp.stack(planes, axis=0)
+    dev = device(x)
+    if cols_p > c:
+        out = xp.concat([out, xp.zeros((len(moduli), r, cols_p - c), dtype=xp.int8,
+                                       device=dev)], axis=2)
+    if rows_p > r:
+        out = xp.concat([out, xp.zeros((len(moduli), rows_p - r, cols_p), dtype=xp.int8,
+                                       device=dev)], axis=1)
+    return out
+
+
+def _ozaki_int8_gemms(self: ArrayAPIBackend, ar: Any, brt: Any, k0: int, k1: int) -> Any:
+    """``ar[l][:, k0:k1] @ brt[l][:, k0:k1].T`` for every plane ``l``, exact, int32."""
+    xp = self.xp
+    return xp.stack([self.gemm_int8(ar[l, :, k0:k1], xp.matrix_transpose(brt[l, :, k0:k1]))
+                     for l in range(ar.shape[0])], axis=0)
+
+
+def _ozaki_reconstruct(self: ArrayAPIBackend, prods: Any, consts: Any, row_shift: Any,
+                       col_shift: Any, m: int, n: int) -> Any:
+    """``2**-(row_shift_i + col_shift_j) * C_ij`` from the residue products (float64).
+
+    ``prods[l]`` is congruent to the integer product ``C`` modulo ``consts.moduli[l]``;
+    the CRT sum is done exactly in float64 limbs (see :mod:`mpqr.engines.ozaki_crt`).
+    """
+    xp = self.xp
+    f64 = xp.float64
+    n_limbs = len(consts.shifts)
+    s = [None] * n_limbs
+    for l, p in enumerate(consts.moduli):
+        u = xp.astype(xp.remainder(prods[l, :m, :n], xp.asarray(p, dtype=prods.dtype)), f64)
+        for r in range(n_limbs):
+            term = consts.weights[l][r] * u  # exact: < 2**(beta + 8) units of 2**t_r
+            s[r] = term if s[r] is None else s[r] + term
+    head = s[0] + s[1] if n_limbs > 1 else s[0]
+    q = xp.round(head / consts.p_float)
+    t = [s[r] - q * consts.p_limbs[r] for r in range(n_limbs)]  # exact
+    for r in range(n_limbs - 1, 0, -1):  # move carries up: limbs stop overlapping
+        unit = 2.0 ** consts.shifts[r - 1]
+        carry = xp.round(t[r] / unit) * unit
+        t[r] = t[r] - carry
+        t[r - 1] = t[r - 1] + carry
+    acc = t[-1]
+    for r in range(n_limbs - 2, -1, -1):
+        acc = t[r] + acc
+    return self.ldexp(acc, -(row_shift[:, None] + col_shift[None, :]))
+
+
+ArrayAPIBackend.ozaki_workspace_limit = _ozaki_workspace_limit
+ArrayAPIBackend.ozaki_residues = _ozaki_residues
+ArrayAPIBackend.ozaki_int8_gemms = _ozaki_int8_gemms
+ArrayAPIBackend.ozaki_reconstruct = _ozaki_reconstruct

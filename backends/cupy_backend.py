@@ -63,6 +63,22 @@ class CupyBackend(ArrayAPIBackend):
     def ldexp(self, x, e):
         return self._cp.ldexp(x, e)
 
+    # Fused single-pass versions of the engines' conversion steps.
+    def max_abs_finite(self, x, axis):
+        from mpqr.backends import cupy_engine_kernels as k
+
+        return k.max_abs_finite(x, axis)
+
+    def split_fp16(self, x, shift, hi, hf=None, lo=None, lo_shift=11):
+        from mpqr.backends import cupy_engine_kernels as k
+
+        k.split_fp16(x, shift, hi, hf, lo, lo_shift)
+
+    def unscale(self, c, row_shift, col_shift, out_dtype):
+        from mpqr.backends import cupy_engine_kernels as k
+
+        return k.unscale(c, row_shift, col_shift, out_dtype)
+
     def to_fp16(self, x):
         return x.astype(self._cp.float16)
 
@@ -72,7 +88,10 @@ class CupyBackend(ArrayAPIBackend):
         from cupy.cuda import cublas
 
         if a.ndim != 2 or b.ndim != 2:
-            # stacks: one strided-batched call would be better; loop is correct for now
+            if self._gemm_strided_batched(a, b, out, alpha, beta, in_type, out_type,
+                                          compute_type, scalar_dtype):
+                return out
+            # irregular stacks (rare): one call per matrix
             for idx in np.ndindex(*out.shape[:-2]):
                 self._gemm_ex(a[idx], b[idx], out[idx], alpha, beta, in_type, out_type,
                               compute_type, scalar_dtype)
@@ -96,6 +115,40 @@ class CupyBackend(ArrayAPIBackend):
                       a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr, out_type, n,
                       compute_type, cublas.CUBLAS_GEMM_DEFAULT)
         return out
+
+    def _gemm_strided_batched(self, a, b, out, alpha, beta, in_type, out_type, compute_type,
+                              scalar_dtype) -> bool:
+        """One cublasGemmStridedBatchedEx for 3-D stacks with uniform strides."""
+        cp = self._cp
+        from cupy.cuda import cublas
+
+        if out.ndim != 3 or not out.flags.c_contiguous:
+            return False
+        nb, m, n = out.shape
+        k = a.shape[-1]
+        if a.ndim == 2:
+            a = a[None]
+        if b.ndim == 2:
+            b = b[None]
+        if a.ndim != 3 or b.ndim != 3 or m == 0 or n == 0 or k == 0 or nb == 0:
+            return False
+        opa = _blas_operand(cp, a[0], allow_copy=False)
+        opb = _blas_operand(cp, b[0], allow_copy=False)
+        if opa is None or opb is None:
+            return False
+        sa = a.strides[0] // a.itemsize if a.shape[0] > 1 else 0
+        sb = b.strides[0] // b.itemsize if b.shape[0] > 1 else 0
+        ta, lda, _ = opa
+        tb, ldb, _ = opb
+        al = np.array(alpha, dtype=scalar_dtype)
+        be = np.array(beta, dtype=scalar_dtype)
+        handle = cp.cuda.device.get_cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.gemmStridedBatchedEx(
+            handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb, sb,
+            a.data.ptr, in_type, lda, sa, be.ctypes.data, out.data.ptr, out_type, n, m * n,
+            nb, compute_type, cublas.CUBLAS_GEMM_DEFAULT)
+        return True
 
     def gemm_fp16(self, a16, b16, out=None, alpha=1.0, beta=0.0):
         cp = self._cp
@@ -167,8 +220,9 @@ class CupyBackend(ArrayAPIBackend):
         return scale_split_fp16(x, shift)
 
 
-def _blas_operand(cp, x):
-    """(op, ld, array) describing ``x^T`` as a column-major cuBLAS operand."""
+def _blas_operand(cp, x, allow_copy=True):
+    """(op, ld, array) describing ``x^T`` as a column-major cuBLAS operand
+    (``None`` if that needs a copy and ``allow_copy`` is False)."""
     from cupy.cuda import cublas
 
     r, c = x.shape
@@ -178,5 +232,7 @@ def _blas_operand(cp, x):
         return cublas.CUBLAS_OP_N, max(s0 // it if r > 1 else c, 1), x
     if (s0 == it or r == 1) and (s1 % it == 0) and (s1 // it >= max(r, 1) or c == 1):
         return cublas.CUBLAS_OP_T, max(s1 // it if c > 1 else r, 1), x
+    if not allow_copy:
+        return None
     x = cp.ascontiguousarray(x)
     return cublas.CUBLAS_OP_N, max(c, 1), x

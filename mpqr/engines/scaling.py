@@ -20,12 +20,11 @@ def pow2_shift(backend: Any, x: Any, *, axis: int, target: int) -> Any:
     ``|x| * 2**s`` along ``axis`` lies in ``[2**target, 2**(target+1))``.
     Zero (or all non-finite) lines get shift 0."""
     xp = backend.xp
-    finite_abs = xp.where(xp.isfinite(x), xp.abs(x), xp.zeros_like(x))
-    mx = xp.max(finite_abs, axis=axis, keepdims=True)
+    mx = backend.max_abs_finite(x, axis)
     e = backend.exponent(mx)
     return xp.where(mx > 0, target - e, xp.zeros_like(e))
 
 
-def unscale(backend: Any, c: Any, row_shift: Any, col_shift: Any) -> Any:
-    """``c * 2**-(row_shift + col_shift)`` in one exact step."""
-    return backend.ldexp(c, -(row_shift + col_shift))
+def unscale(backend: Any, c: Any, row_shift: Any, col_shift: Any, out_dtype: Any) -> Any:
+    """``c * 2**-(row_shift + col_shift)`` in ``out_dtype``, in one exact step."""
+    return backend.unscale(c, row_shift, col_shift, out_dtype)

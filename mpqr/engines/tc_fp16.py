@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 
 __all__ = ["FP16_TARGET_EXP", "run_tc_fp16"]
@@ -23,7 +24,8 @@ def run_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any) -> Any:
     xp = backend.xp
     sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a16 = backend.to_fp16(backend.ldexp(a, sa))
-    b16 = backend.to_fp16(backend.ldexp(b, sb))
-    c = backend.gemm_fp16(a16, b16)
-    return unscale(backend, xp.astype(c, out_dtype), sa, sb)
+    a16 = xp.empty(a.shape, dtype=xp.float16, device=device(a))
+    b16 = xp.empty(b.shape, dtype=xp.float16, device=device(b))
+    backend.split_fp16(a, sa, a16)
+    backend.split_fp16(b, sb, b16)
+    return unscale(backend, backend.gemm_fp16(a16, b16), sa, sb, out_dtype)

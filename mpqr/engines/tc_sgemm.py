@@ -11,15 +11,21 @@ Scheme (after Ootomo & Yokota, and Leng et al.'s TC-SGEMM):
 3. ``AB ~= hi_A hi_B + 2^-11 (hi_A lo_B + lo_A hi_B)``; the ``lo lo`` term is
    below fp32's rounding and is dropped.
 4. Tensor cores accumulate inside one GEMM with truncation, not
-   round-to-nearest, and that bias grows with k and defeats the compensation.
-   So k is cut into slices of ``slice_k``; each slice's three products are
-   added into an fp32 accumulator by the GEMM epilogue (``beta = 1``), which
-   rounds to nearest. The slice length trades accuracy for speed and is
-   chosen from measurements on the GPU (``bench/results``).
+   round-to-nearest; for long k the bias defeats the compensation. Only the
+   ``hi hi`` term is large enough for that to matter: the correction terms are
+   2^-11 smaller, so their truncation error is 2^-11 below fp32's rounding.
+   Hence the corrections run as ONE GEMM over the whole k (operands
+   concatenated along k: ``[hi_A | lo_A] @ [lo_B ; hi_B]``), and ``hi hi`` is
+   cut into k-slices of ``slice_k`` whose partial products are added with
+   round-to-nearest in fp32, outside the tensor cores: by the GEMM epilogue
+   (``beta = 1``) one slice at a time, or, when ``m n`` is small, as one
+   strided-batched GEMM into per-slice partials that are then summed.
+   The slice length trades accuracy for speed; its default comes from
+   measurements on the GPU (``bench/results``).
 5. Convert to the output dtype and undo the scaling exactly.
 
 NaN/Inf: the scale ignores non-finite entries, ``lo`` is 0 where ``hi`` is
-not finite, and the correction products use ``hi`` with non-finite entries
+not finite, and the correction product uses ``hi`` with non-finite entries
 zeroed (else ``inf * 0`` from an exactly representable partner would turn an
 Inf into NaN). An Inf in A or B then gives the Inf/NaN pattern the native
 GEMM gives, in exactly the outputs it touches.
@@ -33,39 +39,41 @@ from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 
-__all__ = ["LO_SHIFT", "run_tc_sgemm", "split_hi_lo"]
+__all__ = ["BATCHED_PARTIALS_BYTES", "LO_SHIFT", "run_tc_sgemm"]
 
 LO_SHIFT = 11
-
-
-def split_hi_lo(backend: Any, x: Any) -> tuple[Any, Any, Any]:
-    """``(hi, lo, hi_finite)`` fp16 parts with ``x ~= hi + lo * 2**-LO_SHIFT``;
-    ``hi_finite`` is ``hi`` with non-finite entries set to 0."""
-    xp = backend.xp
-    hi = backend.to_fp16(x)
-    finite = xp.isfinite(hi)
-    hi_f = xp.where(finite, hi, xp.zeros_like(hi))
-    # exact: hi is x rounded to 11 bits (masking avoids inf - inf)
-    resid = xp.where(finite, x, xp.zeros_like(x)) - xp.astype(hi_f, x.dtype)
-    lo = backend.to_fp16(backend.ldexp(resid, xp.asarray(LO_SHIFT, dtype=xp.int32)))
-    return hi, lo, hi_f
+#: per-slice partial products are batched when they fit in this many bytes
+BATCHED_PARTIALS_BYTES = 256 * 2**20
 
 
 def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) -> Any:
     xp = backend.xp
+    dev = device(a)
+    *batch, m, k = a.shape
+    n = b.shape[-1]
     sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a_hi, a_lo, a_hf = split_hi_lo(backend, backend.ldexp(a, sa))
-    b_hi, b_lo, b_hf = split_hi_lo(backend, backend.ldexp(b, sb))
-    k = a.shape[-1]
-    shape = (*a.shape[:-1], b.shape[-1])
-    c = xp.zeros(shape, dtype=xp.float32, device=device(a))
-    corr = 2.0**-LO_SHIFT
-    for s in range(0, k, slice_k):
+    a_hi = xp.empty(a.shape, dtype=xp.float16, device=dev)
+    b_hi = xp.empty(b.shape, dtype=xp.float16, device=dev)
+    a_cat = xp.empty((*batch, m, 2 * k), dtype=xp.float16, device=dev)  # [hi_f | lo]
+    b_cat = xp.empty((*batch, 2 * k, n), dtype=xp.float16, device=dev)  # [lo ; hi_f]
+    backend.split_fp16(a, sa, a_hi, hf=a_cat[..., :k], lo=a_cat[..., k:], lo_shift=LO_SHIFT)
+    backend.split_fp16(b, sb, b_hi, hf=b_cat[..., k:, :], lo=b_cat[..., :k, :],
+                       lo_shift=LO_SHIFT)
+    c = backend.gemm_fp16(a_cat, b_cat, alpha=2.0**-LO_SHIFT)
+    del a_cat, b_cat
+    nfull = k // slice_k
+    if not batch and nfull > 1 and nfull * m * n * 4 <= BATCHED_PARTIALS_BYTES:
+        # few outputs, long k: one batched GEMM over the slices, then an RN sum
+        kk = nfull * slice_k
+        a3 = xp.permute_dims(xp.reshape(a_hi[:, :kk], (m, nfull, slice_k)), (1, 0, 2))
+        b3 = xp.reshape(b_hi[:kk, :], (nfull, slice_k, n))
+        parts = backend.gemm_fp16(a3, b3)
+        c = c + xp.sum(parts, axis=0)
+        start = kk
+    else:
+        start = 0
+    for s in range(start, k, slice_k):
         e = min(k, s + slice_k)
-        backend.gemm_fp16(a_hi[..., s:e], b_hi[..., s:e, :], out=c, alpha=1.0,
-                          beta=0.0 if s == 0 else 1.0)
-        backend.gemm_fp16(a_hf[..., s:e], b_lo[..., s:e, :], out=c, alpha=corr, beta=1.0)
-        backend.gemm_fp16(a_lo[..., s:e], b_hf[..., s:e, :], out=c, alpha=corr, beta=1.0)
-    return unscale(backend, xp.astype(c, out_dtype), sa, sb)
-
+        backend.gemm_fp16(a_hi[..., s:e], b_hi[..., s:e, :], out=c, alpha=1.0, beta=1.0)
+    return unscale(backend, c, sa, sb, out_dtype)
