@@ -21,6 +21,9 @@ __all__ = ["CupyBackend"]
 # replaces them with rates measured on the current device.
 _HOPPER_RATES = {"native-fp64": 55e12, "native-fp32": 48e12, "tc-fp16": 600e12,
                  "int8": 1000e12, "bandwidth": 3.5e12, "launch_s": 8e-6}
+# A100-class (SXM 80 GB; datasheet peaks derated to sustained cuBLAS rates)
+_AMPERE_RATES = {"native-fp64": 18e12, "native-fp32": 18e12, "tc-fp16": 250e12,
+                 "int8": 500e12, "bandwidth": 1.7e12, "launch_s": 8e-6}
 
 
 class CupyBackend(ArrayAPIBackend):
@@ -50,7 +53,13 @@ class CupyBackend(ArrayAPIBackend):
         self._cp.cuda.get_current_stream().synchronize()
 
     def rates(self) -> EngineRates:
-        return EngineRates(_HOPPER_RATES)
+        # measured by mpqr.tune() on this device when cached, else shipped defaults
+        from mpqr.tune import load_cached_rates
+
+        cached = load_cached_rates(self)
+        if cached is not None:
+            return EngineRates(cached)
+        return EngineRates(_AMPERE_RATES if "A100" in self.device_name() else _HOPPER_RATES)
 
     def gemm(self, a, b):
         return self._cp.matmul(a, b)
@@ -236,3 +245,60 @@ def _blas_operand(cp, x, allow_copy=True):
         return None
     x = cp.ascontiguousarray(x)
     return cublas.CUBLAS_OP_N, max(c, 1), x
+
+
+# --- INT8 Ozaki scheme II (mpqr/engines/ozaki.py); kernels in cupy_ozaki_kernels --
+
+def _cupy_ozaki_workspace_limit(self) -> int:
+    """Half of the free device memory (counting CuPy's pooled free blocks)."""
+    cp = self._cp
+    free, _ = cp.cuda.runtime.memGetInfo()
+    return int(0.5 * (free + cp.get_default_memory_pool().free_bytes()))
+
+
+def _cupy_ozaki_residues(self, x, shift, moduli, *, transpose, rows_p, cols_p):
+    from mpqr.backends.cupy_ozaki_kernels import residues
+
+    return residues(x, shift, moduli, transpose=transpose, rows_p=rows_p, cols_p=cols_p)
+
+
+def _cupy_ozaki_int8_gemms(self, ar, brt, k0, k1):
+    """All N planes in one strided-batched int8 GEMM, "TN" (both operands k-major)."""
+    cp = self._cp
+    from cupy.cuda import cublas, runtime
+
+    out = cp.empty((ar.shape[0], ar.shape[1], brt.shape[1]), dtype=cp.int32)
+    a = ar[:, :, k0:k1]
+    b = cp.swapaxes(brt[:, :, k0:k1], 1, 2)  # (N, kc, n) view, unit stride along k
+    if not self._gemm_strided_batched(a, b, out, 1, 0, runtime.CUDA_R_8I, runtime.CUDA_R_32I,
+                                      cublas.CUBLAS_COMPUTE_32I, np.int32):
+        for l in range(ar.shape[0]):  # not expected: the planes are uniform views
+            self._gemm_ex(a[l], b[l], out[l], 1, 0, runtime.CUDA_R_8I, runtime.CUDA_R_32I,
+                          cublas.CUBLAS_COMPUTE_32I, np.int32)
+    return out
+
+
+def _cupy_ozaki_reconstruct(self, prods, consts, row_shift, col_shift, m, n):
+    from mpqr.backends.cupy_ozaki_kernels import reconstruct
+
+    return reconstruct(prods, len(consts.moduli), row_shift, col_shift, m, n)
+
+
+CupyBackend.ozaki_workspace_limit = _cupy_ozaki_workspace_limit
+CupyBackend.ozaki_residues = _cupy_ozaki_residues
+CupyBackend.ozaki_int8_gemms = _cupy_ozaki_int8_gemms
+CupyBackend.ozaki_reconstruct = _cupy_ozaki_reconstruct
+
+
+def gpu_namespace() -> Any:
+    """CuPy's namespace when a CUDA GPU is visible, else ``None`` (``mpqr.tune`` default)."""
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            return None
+        from mpqr._array_api import array_namespace
+
+        return array_namespace(cupy.zeros(1))
+    except Exception:  # no CuPy, no driver or no device: the host is measured instead
+        return None

@@ -94,3 +94,10 @@ class NumpyBackend(ArrayAPIBackend):
 
     def qr_panel(self, a):
         return np.linalg.qr(a)
+
+
+def host_namespace() -> Any:
+    """The NumPy namespace (``mpqr.tune``'s fallback device: the host)."""
+    from mpqr._array_api import array_namespace
+
+    return array_namespace(np.zeros(1))

@@ -95,6 +95,7 @@ def _register_builtin() -> None:
                            _no_params))
     register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
                            _tc_sgemm_params))
+    import mpqr.engines.ozaki  # noqa: F401  (registers "ozaki-int8")
 
 
 _register_builtin()

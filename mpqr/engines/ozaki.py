@@ -1,0 +1,320 @@
+"""``ozaki-int8``: FP64-accurate GEMM on INT8 tensor cores (Ozaki scheme II).
+
+Algorithm (Ozaki, Uchino & Imamura, "Ozaki Scheme II: a GEMM-oriented emulation
+of floating-point matrix multiplication using an integer modular technique";
+GEMMul8):
+
+1. Row ``i`` of A is scaled by ``2**(alpha_A - e_i)`` (``e_i`` the exponent of its
+   largest finite entry) and rounded to an integer, ``A' = round(D A)``; columns
+   of B likewise with ``alpha_B``. Entries within ``alpha - 52`` bits of their
+   line's maximum are kept exactly; smaller ones are rounded at ``2**-alpha``
+   of the maximum.
+2. ``alpha_A + alpha_B`` is as large as the moduli allow: the exact integer
+   product ``C' = A'B'`` must satisfy ``|A'||B'| < P/2`` (``P`` the product of
+   the moduli), bounded cheaply by ``2**(alpha_A+alpha_B+1) * rho`` with
+   ``rho = min(max_i sum_k |a_ik| 2**-e_i, max_j sum_k |b_kj| 2**-f_j) + 1``
+   (no GEMM needed).
+3. For each modulus ``p_l`` (pairwise coprime, <= 256, see
+   :mod:`mpqr.engines.ozaki_crt`) the symmetric residues of ``A'`` and ``B'``
+   are int8, and ``A'_l B'_l`` is one exact int8 x int8 -> int32 GEMM. ``k``
+   is cut into chunks of at most ``(2**31 - 1) // 128**2`` (rounded down to a
+   multiple of 16) so int32 never
+   overflows; chunk results are reduced modulo ``p_l`` and added.
+4. The Chinese remainder theorem gives ``C'`` exactly from its residues; the
+   sum is done in exact float64 limbs and rounded once (faithful), then
+   unscaled by ``2**-(sa_i + sb_j)`` (exact barring under/overflow).
+
+Why scheme II and not scheme I (int8 slices): scheme I needs ``s`` slices of
+~7 bits per operand and ``s(s+1)/2`` int8 GEMMs for the triangle of slice
+products (8 slices, 36 GEMMs for 53 bits), and every slice product must be
+accumulated in floating point. Scheme II needs one GEMM per modulus, each
+adding ~7.9 bits of ``log2 P`` shared by both operands: 16-17 GEMMs for the
+same 56+ bits per operand, and the integer result is exact, so ``k`` does not
+degrade accuracy. Measured on the NumPy backend (same numerics as the GPU):
+``bench/results`` and ``tests/test_ozaki.py``.
+
+Number of moduli. With ``options.ozaki_terms = N`` the caller fixes it (fewer
+moduli: faster, less accurate, error about ``2**-(alpha_A, alpha_B)`` relative
+to the line maxima). Otherwise it is the smallest ``N`` whose ``P`` gives both
+operands ``53 + GUARD_BITS + spread`` bits, ``spread`` (0..MAX_SPREAD) being how
+far below its line's maximum a typical entry lies (``log2(nnz * max / sum|x|)``,
+the worst line, at most ``MAX_SPREAD``). The explain trace records the choice.
+
+Limitation (inherent to per-line scaling, as in GEMMul8's fast mode): the
+error is bounded relative to ``max_k |a_ik| * sum_k |b_kj|`` (and the mirror
+term), not to ``(|A||B|)_ij``. For A graded along k with B graded inversely
+(``A0 D @ D^-1 B0``, D spanning 2^+-20) the small entries that matter are
+rounded away and the result is far less accurate than DGEMM; use
+``precision="fp64"`` for such products. Row scalings of A and column scalings
+of B (any range) cost nothing.
+
+Special values. Non-finite entries are set to 0 for the integer part; every
+output in a row of A or a column of B holding a NaN/Inf is then recomputed by
+the native GEMM of that row/column, so exactly those outputs carry the IEEE
+result native float64 gives (NaN, +-Inf), and the rest are unaffected. Zero
+lines get shift 0 and give exact zeros. Subnormals and huge exponents are
+handled by the exact power-of-two scaling (``backend.ldexp``).
+
+Workspace (bytes) for a block of ``mb`` rows and ``nb`` columns, ``N`` moduli,
+``kp, mbp, nbp`` the dimensions padded to multiples of 16::
+
+    W = N*kp*(mbp + nbp)          int8 residues of both operands
+      + 4*N*mbp*nbp               int32 products, one plane per modulus
+      + 16*k*(mb + nb)            float64/int64 temporaries of the residue pass
+      + 8*(L + 3)*mb*nb           reconstruction limbs (L = CRT limbs, <= 7)
+
+It must stay below ``options.workspace_limit`` (default
+``backend.ozaki_workspace_limit()``: 1 GiB on the host, half the free device
+memory on CuPy); larger products are blocked over m and n. Blocking does not
+change a single bit of the result: the scaling and the number of moduli are
+fixed from the whole operands first, and each output is computed from exact
+integers. Results are bitwise reproducible run to run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mpqr.engines import Engine, register_engine
+from mpqr.engines.ozaki_crt import MAX_TERMS, crt_constants, log2_modulus_product
+from mpqr.policy.trace import record_event, tracing
+
+__all__ = ["GUARD_BITS", "MAX_SPREAD", "ozaki_params", "ozaki_predict", "run_ozaki", "terms_for"]
+
+#: bits beyond float64's 53 kept per operand (before the k credit) when N is automatic
+GUARD_BITS = 4
+#: at most this many extra bits are spent on a line's spread of magnitudes
+MAX_SPREAD = 8
+#: the automatic choice never uses more moduli than this
+MAX_AUTO_TERMS = 22
+#: the largest integer shift alpha (scaled integers below 2**62 for int64)
+_MAX_ALPHA = 60
+_PAD = 16
+#: int8 x int8 products are at most 128**2 = 2**14: k-chunks below 2**17, multiples of 16
+_K_CHUNK = ((2**31 - 1) // (128 * 128)) // _PAD * _PAD
+
+
+def _pad(x: int) -> int:
+    return -(-x // _PAD) * _PAD
+
+
+def _alpha_sum(n_terms: int, log2_rho: float) -> int:
+    """Largest alpha_A + alpha_B with 2**(alpha_A+alpha_B+1) * rho < P/2 (with margin)."""
+    return math.floor(log2_modulus_product(n_terms) - 2.0 - log2_rho - 1e-6)
+
+
+def terms_for(need_bits: int, log2_rho: float) -> int:
+    """Fewest moduli giving ``alpha_A + alpha_B >= need_bits`` (capped at MAX_AUTO_TERMS)."""
+    for n in range(1, MAX_AUTO_TERMS + 1):
+        if _alpha_sum(n, log2_rho) >= need_bits:
+            return n
+    return MAX_AUTO_TERMS
+
+
+def need_bits(k: int, spread: int) -> int:
+    """Bits one operand keeps when N is automatic: ``53 + GUARD_BITS + spread - log2(k)/2``.
+
+    The rounding errors of independent entries of A' (or B') add in quadrature
+    over k terms while |A||B| grows like k, so relative to |A||B| they shrink
+    like ``2**-alpha / sqrt(k)``; float64 GEMM's own error relative to |A||B|
+    does not shrink (measured: 1.5e-16 at k=16, 2e-17 at k=65536), so half a
+    bit per doubling of k is credited.
+    """
+    return 53 + GUARD_BITS + spread - math.floor(0.5 * math.log2(max(k, 1)))
+
+
+def _estimate_terms(k: int) -> int:
+    # typical dense data: sum|x| / max ~ k/3 along a line, spread ~ 1 bit
+    return terms_for(2 * need_bits(k, 1), math.log2(max(k / 3.0, 1.0) + 1.0))
+
+
+def ozaki_params(backend: Any, m: int, n: int, k: int, dtype: Any, options: Any) -> dict:
+    """Policy hook: the number of moduli (fixed by ``options.ozaki_terms`` or estimated)."""
+    if options.ozaki_terms is not None:
+        if options.ozaki_terms > MAX_TERMS:
+            raise ValueError(
+                f"GemmOptions.ozaki_terms must be at most {MAX_TERMS}, got {options.ozaki_terms}"
+            )
+        return {"terms": options.ozaki_terms, "auto_terms": False,
+                "workspace_limit": options.workspace_limit}
+    return {"terms": _estimate_terms(k), "auto_terms": True,
+            "workspace_limit": options.workspace_limit}
+
+
+def ozaki_predict(backend: Any, m: int, n: int, k: int, batch: int, in_bytes: int,
+                  params: dict) -> float:
+    """Predicted seconds: N int8 GEMMs plus the memory passes around them.
+
+    Memory traffic per product: the stats and residue passes read both operands
+    three times (``3 * 8 * (mk + kn)``), the residues are written once and the
+    int8 GEMMs read them (``2N(mk + kn)``, counted once in the GEMM rate and once
+    here), the int32 planes are written and read back (``8N mn``), the output
+    is written (``8 mn``).
+    """
+    r = backend.rates()
+    nt = params["terms"]
+    mp, np_, kp = _pad(m), _pad(n), _pad(k)
+    ops = 2.0 * mp * np_ * kp * nt
+    moved = 24.0 * (m * k + k * n) + 2.0 * nt * kp * (mp + np_) + 8.0 * nt * mp * np_ + 8.0 * m * n
+    launches = 12 + nt * -(-k // _K_CHUNK)
+    return batch * (ops / r["int8"] + moved / r["bandwidth"] + launches * r["launch_s"])
+
+
+# --- the engine ---------------------------------------------------------------
+
+def _line_stats(backend: Any, x: Any, axis: int) -> tuple[Any, Any, Any, Any]:
+    """(exponent of the max finite |x|, any non-finite, sum |x| 2**-e, nonzero count)."""
+    xp = backend.xp
+    fin = xp.isfinite(x)
+    ax = xp.where(fin, xp.abs(x), xp.zeros_like(x))
+    e = backend.exponent(xp.max(ax, axis=axis, keepdims=True))
+    rel_sum = xp.sum(backend.ldexp(ax, -e), axis=axis)
+    nnz = xp.sum(xp.astype(ax > 0, xp.float64), axis=axis)
+    bad = xp.any(xp.logical_not(fin), axis=axis)
+    return xp.reshape(e, (-1,)), bad, rel_sum, nnz
+
+
+def _spread(xp: Any, rel_sum: Any, nnz: Any) -> int:
+    """Bits a typical nonzero entry lies below its line's maximum, worst line."""
+    ok = nnz > 0
+    if not bool(xp.any(ok)):
+        return 0
+    ratio = xp.where(ok, nnz / xp.where(ok, rel_sum, xp.ones_like(rel_sum)),
+                     xp.zeros_like(rel_sum))
+    worst = float(xp.max(ratio))
+    return min(MAX_SPREAD, max(0, math.ceil(math.log2(worst)))) if worst > 1 else 0
+
+
+def _choose_alphas(n_terms: int, log2_rho: float, need_a: int, need_b: int,
+                   k: int) -> tuple[int, int]:
+    total = _alpha_sum(n_terms, log2_rho)
+    extra = total - need_a - need_b
+    alpha_a = need_a + extra // 2
+    alpha_b = total - alpha_a
+    alpha_a, alpha_b = min(alpha_a, _MAX_ALPHA), min(alpha_b, _MAX_ALPHA)
+    if alpha_a < 1 or alpha_b < 1:
+        need = terms_for(2, log2_rho)
+        raise ValueError(
+            f"ozaki_terms={n_terms} moduli cannot hold this product (k={k}): "
+            f"at least {need} are needed"
+        )
+    return alpha_a, alpha_b
+
+
+def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_terms: bool,
+              workspace_limit: int | None = None) -> Any:
+    """``a @ b`` to float64 accuracy with INT8 GEMMs (see the module docstring)."""
+    xp = backend.xp
+    if a.ndim != 2 or b.ndim != 2:
+        raise NotImplementedError(
+            f"the ozaki-int8 engine takes 2-D operands, got ndim {a.ndim} and {b.ndim}"
+        )
+    if a.dtype != xp.float64:
+        a = xp.astype(a, xp.float64)
+    if b.dtype != xp.float64:
+        b = xp.astype(b, xp.float64)
+    m, k = a.shape
+    n = b.shape[1]
+    ea, bad_a, sum_a, nnz_a = _line_stats(backend, a, axis=1)
+    eb, bad_b, sum_b, nnz_b = _line_stats(backend, b, axis=0)
+    rho = min(float(xp.max(sum_a)), float(xp.max(sum_b))) + 1.0
+    log2_rho = math.log2(rho)
+    spread = (_spread(xp, sum_a, nnz_a), _spread(xp, sum_b, nnz_b))
+    need_a = need_bits(k, spread[0])
+    need_b = need_bits(k, spread[1])
+    if auto_terms:
+        terms = terms_for(need_a + need_b, log2_rho)
+    alpha_a, alpha_b = _choose_alphas(terms, log2_rho, need_a, need_b, k)
+    consts = crt_constants(terms)
+    sa = xp.astype(alpha_a - ea, xp.int32)
+    sb = xp.astype(alpha_b - eb, xp.int32)
+    limit = workspace_limit or backend.ozaki_workspace_limit()
+    mb, nb = _block_sizes(m, n, k, terms, len(consts.shifts), limit)
+    if tracing():
+        record_event("ozaki", f"ozaki-int8: {terms} moduli ({'auto' if auto_terms else 'fixed'}),"
+                     f" alpha=({alpha_a}, {alpha_b}) bits, blocks {mb}x{nb}",
+                     terms=terms, alpha=(alpha_a, alpha_b), block=(mb, nb), log2_rho=log2_rho)
+    rows = []
+    for i0 in range(0, m, mb):
+        i1 = min(m, i0 + mb)
+        ar = backend.ozaki_residues(a[i0:i1, :], sa[i0:i1], consts.moduli, transpose=False,
+                                    rows_p=_pad(i1 - i0), cols_p=_pad(k))
+        cols = []
+        for j0 in range(0, n, nb):
+            j1 = min(n, j0 + nb)
+            brt = backend.ozaki_residues(b[:, j0:j1], sb[j0:j1], consts.moduli, transpose=True,
+                                         rows_p=_pad(j1 - j0), cols_p=_pad(k))
+            prods = _int8_products(backend, ar, brt, consts.moduli, _pad(k))
+            cols.append(backend.ozaki_reconstruct(prods, consts, sa[i0:i1], sb[j0:j1],
+                                                  i1 - i0, j1 - j0))
+            del brt, prods
+        rows.append(cols[0] if len(cols) == 1 else xp.concat(cols, axis=1))
+    c = rows[0] if len(rows) == 1 else xp.concat(rows, axis=0)
+    c = _patch_nonfinite(backend, c, a, b, bad_a, bad_b)
+    return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+
+
+def _int8_products(backend: Any, ar: Any, brt: Any, moduli: tuple[int, ...], kp: int) -> Any:
+    xp = backend.xp
+    prods = None
+    for k0 in range(0, kp, _K_CHUNK):
+        part = backend.ozaki_int8_gemms(ar, brt, k0, min(kp, k0 + _K_CHUNK))
+        if prods is None:
+            prods = part
+        else:  # reduce both chunks modulo p_l first so the int32 sum cannot overflow
+            p = xp.reshape(xp.asarray(moduli, dtype=xp.int32, device=_dev(part)), (-1, 1, 1))
+            prods = xp.remainder(prods, p) + xp.remainder(part, p)
+    return prods
+
+
+def _dev(x: Any) -> Any:
+    from mpqr._array_api import device
+
+    return device(x)
+
+
+def workspace_bytes(mb: int, nb: int, k: int, n_terms: int, n_limbs: int) -> int:
+    """The workspace formula of the module docstring."""
+    kp, mbp, nbp = _pad(k), _pad(mb), _pad(nb)
+    return (n_terms * kp * (mbp + nbp) + 4 * n_terms * mbp * nbp + 16 * k * (mb + nb)
+            + 8 * (n_limbs + 3) * mb * nb)
+
+
+def _block_sizes(m: int, n: int, k: int, n_terms: int, n_limbs: int,
+                 limit: int) -> tuple[int, int]:
+    """Largest (mb, nb), halving the larger side, whose workspace fits ``limit``."""
+    mb, nb = m, n
+    while workspace_bytes(mb, nb, k, n_terms, n_limbs) > limit and max(mb, nb) > _PAD:
+        if mb >= nb:
+            mb = max(_PAD, _pad(-(-mb // 2)))
+        else:
+            nb = max(_PAD, _pad(-(-nb // 2)))
+    return min(mb, m), min(nb, n)
+
+
+def _patch_nonfinite(backend: Any, c: Any, a: Any, b: Any, bad_a: Any, bad_b: Any) -> Any:
+    """Recompute natively the rows/columns that see a NaN/Inf (IEEE pattern of native)."""
+    xp = backend.xp
+    if bool(xp.any(bad_a)):
+        idx = xp.nonzero(bad_a)[0]
+        fixed = backend.gemm(xp.take(a, idx, axis=0), b)
+        c = _replace_lines(xp, c, bad_a, fixed, axis=0)
+    if bool(xp.any(bad_b)):
+        idx = xp.nonzero(bad_b)[0]
+        fixed = backend.gemm(a, xp.take(b, idx, axis=1))
+        c = _replace_lines(xp, c, bad_b, fixed, axis=1)
+    return c
+
+
+def _replace_lines(xp: Any, c: Any, mask: Any, new: Any, axis: int) -> Any:
+    """``c`` with the lines where ``mask`` holds replaced by ``new``'s lines, in order."""
+    size = c.shape[axis]
+    pos = xp.cumulative_sum(xp.astype(mask, xp.int64)) - 1
+    ar = xp.arange(size, dtype=xp.int64, device=_dev(c))
+    src = xp.where(mask, size + pos, ar)
+    return xp.take(xp.concat([c, new], axis=axis), src, axis=axis)
+
+
+register_engine(Engine("ozaki-int8", 53, frozenset({"int8"}), run_ozaki, ozaki_predict,
+                       ozaki_params))

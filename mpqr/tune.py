@@ -1,0 +1,174 @@
+"""Measured engine rates for the cost model: :func:`tune` and its cache.
+
+``mpqr.tune()`` times native float64/float32 GEMM, the fp16 and int8
+tensor-core GEMMs, memory bandwidth and launch overhead on the current device
+and stores them in ``$XDG_CACHE_HOME/mpqr/rates.json`` (``~/.cache/mpqr`` when
+unset), keyed by device name and the mpqr/array-library versions. The CuPy
+backend's ``rates()`` returns the cached entry when there is one, else its
+shipped defaults; the policy's predicted times (shown by ``mpqr.explain()``)
+come from these rates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["cache_path", "load_cached_rates", "rates_key", "tune"]
+
+_lock = threading.Lock()
+_memo: dict[tuple[str, str, float], dict[str, float] | None] = {}
+
+
+def cache_path() -> Path:
+    """``$XDG_CACHE_HOME/mpqr/rates.json`` (``~/.cache/mpqr/rates.json`` if unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mpqr" / "rates.json"
+
+
+def rates_key(backend: Any) -> str:
+    """Cache key: device name and the versions that can change the rates."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [backend.device_name(), backend.name]
+    for pkg in ("mpqr", "numpy", "cupy"):
+        try:
+            parts.append(f"{pkg}={version(pkg)}")
+        except PackageNotFoundError:
+            continue
+    return "|".join(parts)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_cached_rates(backend: Any) -> dict[str, float] | None:
+    """The cached rates of this device and versions, or ``None`` (thread-safe)."""
+    path = cache_path()
+    key = rates_key(backend)
+    try:
+        mtime = path.stat().st_mtime_ns
+    except OSError:
+        return None
+    memo_key = (str(path), key, mtime)
+    with _lock:
+        if memo_key in _memo:
+            return _memo[memo_key]
+        entry = _read(path).get(key)
+        ok = isinstance(entry, dict) and all(
+            isinstance(v, (int, float)) and v > 0 for v in entry.values())
+        rates = {k: float(v) for k, v in entry.items()} if ok else None
+        _memo[memo_key] = rates
+        return rates
+
+
+def _time(backend: Any, fn: Any, repeats: int) -> float:
+    fn()  # warm-up (kernel compilation, cuBLAS heuristics)
+    backend.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        backend.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = True) -> dict:
+    """Measure the engine rates of the current device and cache them.
+
+    Parameters
+    ----------
+    xp : array namespace, optional
+        The library whose device is measured (default: CuPy when a GPU is
+        visible, else NumPy).
+    size : int, optional
+        Square GEMM size used for the rates (>= 16; 4096 reaches peak on H100).
+    repeats : int, optional
+        Timed repetitions; the best is kept.
+    save : bool, optional
+        Write the result to the cache file (see :func:`cache_path`).
+
+    Returns
+    -------
+    rates : dict
+        ``native-fp64``, ``native-fp32`` (FLOP/s), ``tc-fp16`` and ``int8``
+        (OP/s, when the backend has those engines), ``bandwidth`` (B/s) and
+        ``launch_s`` (seconds per small kernel).
+
+    Raises
+    ------
+    ValueError
+        ``size`` below 16 or ``repeats`` not positive.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpqr.tune import tune
+    >>> rates = tune(np, size=64, repeats=1, save=False)
+    >>> rates["native-fp64"] > 0
+    True
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 16:
+        raise ValueError(f"`size` must be an int >= 16, got {size!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"`repeats` must be a positive int, got {repeats!r}")
+    from mpqr.backends import get_backend
+
+    if xp is None:
+        xp = _default_namespace()
+    backend = get_backend(xp)
+    from mpqr._array_api import device
+
+    dev = device(xp.zeros(1))
+    flops = 2.0 * size**3
+    rates: dict[str, float] = {}
+    for key, dt in (("native-fp64", xp.float64), ("native-fp32", xp.float32)):
+        a = xp.ones((size, size), dtype=dt, device=dev)
+        rates[key] = flops / _time(backend, lambda a=a: backend.gemm(a, a), repeats)
+    if "fp16" in backend.capabilities:
+        a16 = backend.to_fp16(xp.ones((size, size), dtype=xp.float32, device=dev))
+        rates["tc-fp16"] = flops / _time(backend, lambda: backend.gemm_fp16(a16, a16), repeats)
+    if "int8" in backend.capabilities:
+        a8 = xp.ones((size, size), dtype=xp.int8, device=dev)
+        rates["int8"] = flops / _time(backend, lambda: backend.gemm_int8(a8, a8), repeats)
+    big = xp.ones((size * 64,), dtype=xp.float64, device=dev)
+    rates["bandwidth"] = 2.0 * 8 * size * 64 / _time(backend, lambda: big * 2.0, repeats)
+    tiny = xp.ones((4,), dtype=xp.float64, device=dev)
+    n_launch = 50
+
+    def launches() -> None:
+        for _ in range(n_launch):
+            tiny + 1.0
+    rates["launch_s"] = _time(backend, launches, repeats) / n_launch
+    if save:
+        _store(rates_key(backend), rates)
+    return rates
+
+
+def _default_namespace() -> Any:
+    from mpqr.backends.cupy_backend import gpu_namespace
+    from mpqr.backends.numpy_backend import host_namespace
+
+    return gpu_namespace() or host_namespace()
+
+
+def _store(key: str, rates: dict[str, float]) -> None:
+    path = cache_path()
+    with _lock:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read(path)
+        data[key] = rates
+        tmp = path.with_suffix(f".tmp{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: readers never see a half-written file
+        _memo.clear()
