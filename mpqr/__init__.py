@@ -18,7 +18,7 @@ from mpqr.policy import (
     precision,
     set_precision,
 )
-from mpqr.qr import QRResult, qr  # the function shadows the subpackage name
+from mpqr.qr import QRResult, orth, qr, svd  # the function shadows the subpackage name
 
 __version__ = "0.1.0"
 
@@ -34,7 +34,9 @@ __all__ = [
     "gemm_options",
     "get_precision",
     "matmul",
+    "orth",
     "precision",
     "qr",
     "set_precision",
+    "svd",
 ]

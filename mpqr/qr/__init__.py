@@ -8,5 +8,6 @@ in one module each: ``householder_recursive``, ``householder_tiled``,
 """
 
 from mpqr.qr.api import METHODS, QRResult, qr
+from mpqr.qr.applications import orth, svd
 
-__all__ = ["METHODS", "QRResult", "qr"]
+__all__ = ["METHODS", "QRResult", "orth", "qr", "svd"]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from mpqr._array_api import device
+from mpqr._errors import BreakdownError
 from mpqr._validation import check_dtype, check_finite, check_ndim, namespace_of
 from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
@@ -36,15 +37,43 @@ def _householder_recursive(backend, a, **kw):
     return householder_recursive(backend, a, **kw)
 
 
+def _gram_schmidt_recursive(backend, a, **kw):
+    from mpqr.qr.gram_schmidt_recursive import gram_schmidt_recursive
+
+    return gram_schmidt_recursive(backend, a, **kw)
+
+
+def _cholqr(name):
+    def run(backend, a, **kw):
+        from mpqr.qr import cholqr as c
+
+        return {"cholqr": c.cholqr, "cholqr2": c.cholqr2,
+                "shifted-cholqr3": c.shifted_cholqr3}[name](backend, a, **kw)
+
+    return run
+
+
+def _svqr(backend, a, **kw):
+    from mpqr.qr.svqr import svqr
+
+    return svqr(backend, a, **kw)
+
+
 #: method name -> implementation ``f(backend, a, *, precision, prec_name, want_q,
 #: complete, overwrite) -> (Q or None, R)`` for ``m >= n`` (before sign normalisation).
 METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "householder-recursive": _householder_recursive,
     "householder-tiled": _householder_tiled,
+    "gram-schmidt-recursive": _gram_schmidt_recursive,
+    "cholqr": _cholqr("cholqr"),
+    "cholqr2": _cholqr("cholqr2"),
+    "shifted-cholqr3": _cholqr("shifted-cholqr3"),
+    "svqr": _svqr,
 }
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
-_THIN_ONLY: set[str] = set()
+_THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-cholqr3",
+                        "svqr"}
 
 
 def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
@@ -169,7 +198,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
             "emulated engines are real-only; use precision 'auto', 'fp32' or 'fp64'"
         )
 
-    if method == "auto":
+    auto = method == "auto"
+    if auto:
         method, why = choose_method(backend, prec_name, a.dtype, m, n)
         record_event("method", f"qr: {method} ({why})", method=method, shape=(m, n),
                      batch=math.prod(batch), precision=prec_name)
@@ -180,28 +210,45 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     if m == 0 or n == 0 or math.prod(batch) == 0:
         return _empty(xp, a, mode)
 
+    kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
+              overwrite=overwrite)
+    try:
+        q, r = _factor(backend, method, a, **kw)
+    except BreakdownError as exc:
+        if not auto:
+            raise
+        record_event("fallback", f"qr: {method} broke down (estimated cond(x) >= "
+                     f"{exc.cond_estimate:.2e}); falling back to householder-tiled",
+                     method=method, fallback="householder-tiled", cond_estimate=exc.cond_estimate)
+        q, r = _factor(backend, "householder-tiled", a, **kw)
+    if not want_q:
+        return r
+    return QRResult(q, r)
+
+
+def _factor(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
+            want_q: bool, complete: bool, overwrite: bool) -> tuple[Any, Any]:
+    """Run one method on any shape; returns sign-normalised ``(Q or None, R)``."""
+    xp = backend.xp
     func = METHODS[method]
-    if m >= n:
-        if complete and method in _THIN_ONLY:
-            q, r = _complete_from_thin(backend, func, a, precision, prec_name)
-        else:
-            q, r = func(backend, a, precision=precision, prec_name=prec_name, want_q=want_q,
-                        complete=complete, overwrite=overwrite)
-        if complete and m > n:
-            r = xp.concat([r, xp.zeros((*batch, m - n, n), dtype=r.dtype,
-                                       device=device(r))], axis=-2)
-        q, r = normalize_signs(xp, q, r)
-    else:
+    *batch, m, n = a.shape
+    if m < n:
         # wide: factor the leading m x m block, then R2 = Q^H A2
         q, r1 = func(backend, a[..., :, :m], precision=precision, prec_name=prec_name,
                      want_q=True, complete=False, overwrite=False)
         q, r1 = normalize_signs(xp, q, r1)
         r2 = gemm(ct(xp, q), a[..., :, m:], precision=precision, label="qr-wide-QhA2",
                   backend=backend)
-        r = xp.concat([r1, r2], axis=-1)
-    if not want_q:
-        return r
-    return QRResult(q, r)
+        return q, xp.concat([r1, r2], axis=-1)
+    if complete and method in _THIN_ONLY:
+        q, r = _complete_from_thin(backend, func, a, precision, prec_name)
+    else:
+        q, r = func(backend, a, precision=precision, prec_name=prec_name, want_q=want_q,
+                    complete=complete, overwrite=overwrite)
+    if complete and m > n:
+        r = xp.concat([r, xp.zeros((*batch, m - n, n), dtype=r.dtype, device=device(r))],
+                      axis=-2)
+    return normalize_signs(xp, q, r)
 
 
 def _check_finite(xp: Any, a: Any) -> None:

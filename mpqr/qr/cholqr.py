@@ -1,0 +1,123 @@
+"""Cholesky QR: CholQR, CholQR2 and shifted CholQR3 (Fukaya et al. 2020).
+
+``R = chol(A^H A)``, ``Q = A R^{-1}``: one Gram GEMM (through the precision
+policy) and one triangular solve — the fewest passes over A, but the Gram
+matrix squares the condition number. CholQR's orthogonality error grows like
+``cond(A)^2 u`` and its Cholesky fails once ``cond(A)^2 u`` nears 1; CholQR2
+repeats it once and reaches ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}``;
+shifted CholQR3 first factors ``A^H A + s I`` with
+``s = 11 (m n + n (n + 1)) u ||A||_F^2`` so the Cholesky cannot fail for
+``cond(A) < u^{-1}``, then runs CholQR2 on the result.
+
+A method that cannot factor its input raises :class:`mpqr.BreakdownError`
+naming itself and an estimate of ``cond(A)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mpqr._array_api import device
+from mpqr._errors import BreakdownError, LinAlgError
+from mpqr.policy import gemm
+from mpqr.qr._kernels import ct, panel_precision
+
+__all__ = ["cholqr", "cholqr2", "right_solve_upper", "shifted_cholqr3"]
+
+_REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
+          "shifted-cholqr3": "cond(x) < ~u^(-1)"}
+
+
+def unit_roundoff(xp: Any, dtype: Any) -> float:
+    return 2.0**-24 if dtype in (xp.float32, xp.complex64) else 2.0**-53
+
+
+def right_solve_upper(backend: Any, a: Any, r: Any) -> Any:
+    """``a @ inv(r)`` for upper-triangular ``r`` (solved as ``r^H x^H = a^H``)."""
+    xp = backend.xp
+    return ct(xp, backend.solve_triangular(ct(xp, r), ct(xp, a), lower=True))
+
+
+def _gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
+    xp = backend.xp
+    g = gemm(ct(xp, a), a, precision=precision, label=label, backend=backend)
+    # symmetrise: the engines need not return an exactly Hermitian product
+    return (g + ct(xp, g)) / 2
+
+
+def _cond_from_gram(backend: Any, g: Any) -> float:
+    """``sqrt(cond(G))`` from the singular values of the (small) Gram matrix."""
+    xp = backend.xp
+    s = backend.svd(g)[1]
+    hi = float(xp.max(s))
+    lo = float(xp.min(s))
+    if not math.isfinite(hi):
+        return math.inf
+    return math.sqrt(hi / lo) if lo > 0 else math.inf
+
+
+def _chol_or_breakdown(backend: Any, g: Any, method: str) -> Any:
+    """Upper Cholesky factor of ``g``; :class:`BreakdownError` if it fails or is useless."""
+    xp = backend.xp
+    u = unit_roundoff(xp, g.dtype)
+    try:
+        r = backend.cholesky(g, upper=True)
+        d = xp.abs(xp.linalg.diagonal(r))
+        lo, hi = float(xp.min(d)), float(xp.max(d))  # the one host sync of this step
+        ok = math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u < 1
+    except LinAlgError:
+        ok = False
+    if ok:
+        return r
+    cond = _cond_from_gram(backend, g)
+    raise BreakdownError(
+        f"{method} broke down: the Gram matrix x^H x is not numerically positive definite "
+        f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}, u = {u:.1e}); "
+        "use method='svqr', a Householder method, or method='auto'",
+        method=method, cond_estimate=cond)
+
+
+def _one_pass(backend: Any, a: Any, precision: Any, method: str, shift: bool = False
+              ) -> tuple[Any, Any]:
+    xp = backend.xp
+    g = _gram(backend, a, precision, f"{method}-gram")
+    if shift:
+        m, n = a.shape[-2:]
+        u = unit_roundoff(xp, a.dtype)
+        fro2 = xp.sum(xp.abs(xp.linalg.diagonal(g)), axis=-1)  # ||A||_F^2 per matrix
+        s = 11 * (m * n + n * (n + 1)) * u * fro2
+        eye = xp.eye(n, dtype=g.dtype, device=device(g))
+        g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
+    r = _chol_or_breakdown(backend, g, method)
+    return right_solve_upper(backend, a, r), r
+
+
+def _rr(backend: Any, r2: Any, r1: Any, prec_name: str) -> Any:
+    """Product of two small upper-triangular factors, in the working precision."""
+    xp = backend.xp
+    return xp.triu(gemm(r2, r1, precision=panel_precision(prec_name, r1.dtype, xp),
+                        label="cholqr-RR", backend=backend))
+
+
+def cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
+           ) -> tuple[Any, Any]:
+    """One CholQR pass; ``(Q, R)`` with thin Q."""
+    return _one_pass(backend, a, precision, "cholqr")
+
+
+def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
+            ) -> tuple[Any, Any]:
+    """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}``."""
+    q1, r1 = _one_pass(backend, a, precision, "cholqr2")
+    q, r2 = _one_pass(backend, q1, precision, "cholqr2")
+    return q, _rr(backend, r2, r1, prec_name)
+
+
+def shifted_cholqr3(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
+                    ) -> tuple[Any, Any]:
+    """Shifted CholQR, then CholQR2: ``O(u)`` orthogonality for ``cond(A) < u^{-1}``."""
+    q1, r1 = _one_pass(backend, a, precision, "shifted-cholqr3", shift=True)
+    q2, r2 = _one_pass(backend, q1, precision, "shifted-cholqr3")
+    q, r3 = _one_pass(backend, q2, precision, "shifted-cholqr3")
+    return q, _rr(backend, r3, _rr(backend, r2, r1, prec_name), prec_name)

@@ -1,0 +1,73 @@
+"""mpqr.svd (QR-SVD) and mpqr.orth against float64/extended-precision references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpqr
+from tests._qr_support import geometric, orthogonality, unit_roundoff
+from tests._support import to_numpy
+
+
+@pytest.mark.parametrize("shape", [(200, 30), (30, 200), (2, 90, 12)])
+@pytest.mark.parametrize("full", [False, True])
+def test_svd_float32_vs_float64_reference(xp, shape, full):
+    a = np.random.default_rng(1).standard_normal(shape)
+    a32 = a.astype(np.float32)
+    u, s, vh = mpqr.svd(xp.asarray(a32), full_matrices=full, precision="fp32")
+    m, n = shape[-2:]
+    k = min(m, n)
+    mu, mv = (m, n) if full else (k, k)
+    assert tuple(u.shape)[-2:] == (m, mu) and tuple(vh.shape)[-2:] == (mv, n)
+    assert s.dtype == xp.float32
+    s_ref = np.linalg.svd(a32.astype(np.float64), compute_uv=False)
+    u32 = 2.0**-24
+    sn = to_numpy(s)
+    # singular values are perfectly conditioned: |ds| <= c k u ||A||
+    tol = 4 * k * u32 * s_ref[..., :1]
+    assert np.all(np.abs(sn - s_ref) <= tol)
+    un, vn = to_numpy(u), to_numpy(vh)
+    rec = (un[..., :, :k] * sn[..., None, :]) @ vn[..., :k, :]
+    assert np.linalg.norm(rec - a32) / np.linalg.norm(a32) <= 4 * np.sqrt(k) * u32
+    assert orthogonality(un) <= np.sqrt(max(m, 1)) * u32
+    assert orthogonality(np.swapaxes(vn, -1, -2)) <= np.sqrt(n) * u32
+
+
+def test_svd_low_rank_approximation_is_optimal():
+    """Truncated QR-SVD is the best rank-r approximation: error = sigma_{r+1}."""
+    rng = np.random.default_rng(2)
+    a = geometric(rng, 300, 40, 1e6)
+    u, s, vh = mpqr.svd(a, precision="fp64")
+    r = 10
+    err = np.linalg.norm(a - (u[:, :r] * s[:r]) @ vh[:r], 2)
+    s_ref = np.linalg.svd(a, compute_uv=False)
+    assert abs(err - s_ref[r]) <= 40 * 2.0**-53 * s_ref[0]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32-emulated", "fp32", "fp64"])
+def test_orth_reaches_working_precision(xp, precision):
+    ns = mpqr._array_api.array_namespace(xp.asarray(1.0))
+    if precision in ("fp16", "fp32-emulated") and \
+            "fp16" not in mpqr.backends.get_backend(ns).capabilities:
+        pytest.skip("backend without the fp16 engine")
+    a = geometric(np.random.default_rng(3), 256, 48, 1e5)
+    with mpqr.explain() as trace:
+        q = mpqr.orth(xp.asarray(a), precision=precision)
+    assert tuple(q.shape) == (256, 48)
+    assert orthogonality(q) <= np.sqrt(48) * unit_roundoff("fp64", np.float64)
+    # same column space: the projection of A onto Q recovers A to the QR's accuracy
+    qn = to_numpy(q)
+    res = np.linalg.norm(a - qn @ (qn.T @ a)) / np.linalg.norm(a)
+    assert res <= 2 * np.sqrt(48) * unit_roundoff(precision, np.float64)
+    reorth = [e for e in trace.events if e.kind == "reorth"]
+    assert bool(reorth) == (precision != "fp64")
+
+
+def test_svd_orth_bad_input():
+    with pytest.raises(ValueError, match=r"`x` must be 2-D or a stack of matrices, got ndim=1"):
+        mpqr.svd(np.ones(3))
+    with pytest.raises(ValueError, match=r"`x` must be 2-D or a stack of matrices, got ndim=1"):
+        mpqr.orth(np.ones(3))
+    with pytest.raises(TypeError, match="got bool"):
+        mpqr.svd(np.ones((3, 2), dtype=bool))
