@@ -29,8 +29,17 @@ class ArrayAPIBackend:
     #: capability flags: "fp16" (fp16 GEMM engine), "int8" (exact int8 GEMM),
     #: "tensor-cores" (the fp16/int8 engines are faster than native ones).
     capabilities: frozenset[str] = frozenset()
-    #: k-slice length for tc-sgemm's round-to-nearest accumulation.
-    tc_sgemm_slice_k = 1024
+    #: k-slice lengths of tc-sgemm's round-to-nearest hi*hi accumulation,
+    #: measured on an H200 (bench/results/gemm_*): cuBLAS' kernels for small
+    #: outputs truncate more inside the tensor cores than its large ones.
+    tc_sgemm_slice_small = 128
+    tc_sgemm_slice_large = 1024
+    tc_sgemm_small_mn = 2**24
+
+    def tc_sgemm_slice_k(self, m: int, n: int, k: int) -> int:
+        """Default k-slice length for an (m, n, k) tc-sgemm product."""
+        return self.tc_sgemm_slice_small if m * n < self.tc_sgemm_small_mn \
+            else self.tc_sgemm_slice_large
 
     def __init__(self, xp: Any):
         self.xp = xp

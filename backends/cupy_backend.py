@@ -17,6 +17,10 @@ from mpqr._errors import LinAlgError
 
 __all__ = ["CupyBackend"]
 
+# cudaDataType values; CuPy's runtime module does not export the integer ones.
+_CUDA_R_8I = 3
+_CUDA_R_32I = 10
+
 # Shipped defaults (H100/H200-class, measured; see bench/results). `mpqr.tune()`
 # replaces them with rates measured on the current device.
 _HOPPER_RATES = {"native-fp64": 55e12, "native-fp32": 48e12, "tc-fp16": 600e12,
@@ -29,7 +33,6 @@ _AMPERE_RATES = {"native-fp64": 18e12, "native-fp32": 18e12, "tc-fp16": 250e12,
 class CupyBackend(ArrayAPIBackend):
     name = "cupy"
     capabilities = frozenset({"fp16", "int8", "tensor-cores"})
-    tc_sgemm_slice_k = 1024
 
     def __init__(self, xp: Any):
         super().__init__(xp)
@@ -172,7 +175,7 @@ class CupyBackend(ArrayAPIBackend):
 
     def gemm_int8(self, a8, b8):
         cp = self._cp
-        from cupy.cuda import cublas, runtime
+        from cupy.cuda import cublas
 
         k = a8.shape[-1]
         if k * 127 * 128 >= 2**31:
@@ -181,7 +184,7 @@ class CupyBackend(ArrayAPIBackend):
         a8 = cp.ascontiguousarray(a8)
         b8 = cp.ascontiguousarray(b8)
         out = cp.empty((*a8.shape[:-1], b8.shape[-1]), dtype=cp.int32)
-        return self._gemm_ex(a8, b8, out, 1, 0, runtime.CUDA_R_8I, runtime.CUDA_R_32I,
+        return self._gemm_ex(a8, b8, out, 1, 0, _CUDA_R_8I, _CUDA_R_32I,
                              cublas.CUBLAS_COMPUTE_32I, np.int32)
 
     # --- small dense kernels ------------------------------------------------
@@ -222,11 +225,6 @@ class CupyBackend(ArrayAPIBackend):
         r = cp.stack(rs).reshape(*a.shape[:-2], *rs[0].shape)
         return q, r
 
-    def scale_split_fp16(self, x, shift=None):
-        """Fused ``ldexp`` + fp16 hi/lo split for tc-sgemm (one pass; see cupy_kernels)."""
-        from mpqr.backends.cupy_kernels import scale_split_fp16
-
-        return scale_split_fp16(x, shift)
 
 
 def _blas_operand(cp, x, allow_copy=True):
@@ -265,15 +263,15 @@ def _cupy_ozaki_residues(self, x, shift, moduli, *, transpose, rows_p, cols_p):
 def _cupy_ozaki_int8_gemms(self, ar, brt, k0, k1):
     """All N planes in one strided-batched int8 GEMM, "TN" (both operands k-major)."""
     cp = self._cp
-    from cupy.cuda import cublas, runtime
+    from cupy.cuda import cublas
 
     out = cp.empty((ar.shape[0], ar.shape[1], brt.shape[1]), dtype=cp.int32)
     a = ar[:, :, k0:k1]
     b = cp.swapaxes(brt[:, :, k0:k1], 1, 2)  # (N, kc, n) view, unit stride along k
-    if not self._gemm_strided_batched(a, b, out, 1, 0, runtime.CUDA_R_8I, runtime.CUDA_R_32I,
+    if not self._gemm_strided_batched(a, b, out, 1, 0, _CUDA_R_8I, _CUDA_R_32I,
                                       cublas.CUBLAS_COMPUTE_32I, np.int32):
         for l in range(ar.shape[0]):  # not expected: the planes are uniform views
-            self._gemm_ex(a[l], b[l], out[l], 1, 0, runtime.CUDA_R_8I, runtime.CUDA_R_32I,
+            self._gemm_ex(a[l], b[l], out[l], 1, 0, _CUDA_R_8I, _CUDA_R_32I,
                           cublas.CUBLAS_COMPUTE_32I, np.int32)
     return out
 

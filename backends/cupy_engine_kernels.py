@@ -2,13 +2,20 @@
 
 Conversion passes are memory-bound, so each does one read of its input:
 ``max_abs_finite`` (row/column scale, a reduction), ``split_fp16`` (scale +
-fp16 hi/lo split, writing every part in one pass) and ``unscale`` (fp32
+fp16 hi/hf/lo split, writing every part in one pass) and ``unscale`` (fp32
 accumulator to the output dtype with the exact power-of-two unscaling).
-Arithmetic is done in double so that ``ldexp`` is exact for float32 and
-float64 inputs alike; the hi part of a float64 input is rounded
-double -> float -> half, which differs from a direct rounding only for values
-within 2^-29 relative of a half-way point, and the exactly computed residual
-absorbs that difference.
+
+Exactness details, each because the hardware path would otherwise differ
+from the NumPy reference backend:
+
+* arithmetic is done in double so that ``ldexp`` is exact for float32 and
+  float64 inputs alike;
+* float32 inputs are widened through their bits, and float32 outputs in the
+  subnormal range are rounded explicitly, so a flush-to-zero compilation mode
+  cannot turn a subnormal into zero;
+* doubles are rounded to fp16 correctly through a round-to-odd float32
+  intermediate (a plain double -> float -> half cast rounds twice and can be
+  one fp16 step off on ties).
 """
 
 from __future__ import annotations
@@ -19,12 +26,37 @@ import cupy as cp
 
 __all__ = ["max_abs_finite", "split_fp16", "unscale"]
 
+_PREAMBLE = r"""
+__device__ __forceinline__ double mpqr_f64(double x) { return x; }
+__device__ __forceinline__ double mpqr_f64(float x) {
+  unsigned int u = __float_as_uint(x);
+  if ((u & 0x7f800000u) != 0u) return (double)x;   // normal, inf, nan
+  double m = (double)(u & 0x7fffffu) * 1.401298464324817070923729583289916e-45;  // 2^-149
+  return (u & 0x80000000u) ? -m : m;
+}
+__device__ __forceinline__ double mpqr_narrow(double d, double) { return d; }
+__device__ __forceinline__ float mpqr_narrow(double d, float) {
+  double a = fabs(d);
+  if (a > 0.0 && a < 1.1754943508222875e-38) {      // float subnormal range
+    unsigned int m = (unsigned int)rint(a * 7.1362384635297994e+44);  // a * 2^149, RNE
+    return __uint_as_float((d < 0.0 ? 0x80000000u : 0u) | m);
+  }
+  return (float)d;
+}
+// float whose round-to-nearest fp16 conversion is the correctly rounded fp16 of x
+__device__ __forceinline__ float mpqr_odd_f32(double x) {
+  float f = __double2float_rz(x);
+  if ((double)f != x && x == x) f = __int_as_float(__float_as_int(f) | 1);
+  return f;
+}
+"""
+
 
 @functools.cache
 def _max_abs_finite_kernel():
     return cp.ReductionKernel(
-        "T x", "T y", "isfinite(x) ? abs(x) : T(0)", "max(a, b)", "y = a", "0",
-        "mpqr_max_abs_finite",
+        "T x", "float64 y", "isfinite(mpqr_f64(x)) ? fabs(mpqr_f64(x)) : 0.0", "max(a, b)",
+        "y = a", "0", "mpqr_max_abs_finite", reduce_type="float64", preamble=_PREAMBLE,
     )
 
 
@@ -32,20 +64,20 @@ def _max_abs_finite_kernel():
 def _split_kernels():
     hi_only = cp.ElementwiseKernel(
         "T x, int32 s", "float16 hi",
-        "hi = (float)ldexp((double)x, s);",
-        "mpqr_scale_fp16",
+        "hi = float16(mpqr_odd_f32(ldexp(mpqr_f64(x), s)));",
+        "mpqr_scale_fp16", preamble=_PREAMBLE,
     )
     split3 = cp.ElementwiseKernel(
         "T x, int32 s, int32 lo_shift", "float16 hi, float16 hf, float16 lo",
         """
-        double y = ldexp((double)x, s);
-        hi = (float)y;
+        double y = ldexp(mpqr_f64(x), s);
+        hi = float16(mpqr_odd_f32(y));
         float h = (float)hi;
         bool fin = isfinite(h);
-        hf = fin ? h : 0.0f;
-        lo = fin ? (float)ldexp(y - (double)h, lo_shift) : 0.0f;
+        hf = float16(fin ? h : 0.0f);
+        lo = float16(fin ? mpqr_odd_f32(ldexp(y - (double)h, lo_shift)) : 0.0f);
         """,
-        "mpqr_split_fp16",
+        "mpqr_split_fp16", preamble=_PREAMBLE,
     )
     return hi_only, split3
 
@@ -54,12 +86,13 @@ def _split_kernels():
 def _unscale_kernel():
     return cp.ElementwiseKernel(
         "float32 c, int32 r, int32 s", "T out",
-        "out = (T)ldexp((double)c, -(r + s));",
-        "mpqr_unscale",
+        "out = mpqr_narrow(ldexp(mpqr_f64(c), -(r + s)), (T)0);",
+        "mpqr_unscale", preamble=_PREAMBLE,
     )
 
 
 def max_abs_finite(x, axis):
+    """Largest finite |x| along ``axis`` (keepdims), as float64."""
     return _max_abs_finite_kernel()(x, axis=axis, keepdims=True)
 
 

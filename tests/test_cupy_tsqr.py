@@ -20,8 +20,9 @@ if _NDEV == 0:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
 
 from mpqr.backends.cupy_backend import CupyBackend  # noqa: E402
-from mpqr.backends.cupy_kernels import LO_SHIFT, scale_split_fp16  # noqa: E402
 from mpqr.backends.cupy_tsqr import MAX_N, plan_tree, tsqr, tsqr_reference  # noqa: E402
+
+from mpqr.engines.tc_sgemm import LO_SHIFT  # noqa: E402
 
 DTYPES = [np.float32, np.float64]
 
@@ -182,30 +183,37 @@ def _split_reference(x, s):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def _gpu_split(x, shift):
+    be = CupyBackend(cp)
+    hi = cp.empty(x.shape, cp.float16)
+    hf = cp.empty(x.shape, cp.float16)
+    lo = cp.empty(x.shape, cp.float16)
+    be.split_fp16(cp.asarray(x), cp.asarray(shift), hi, hf=hf, lo=lo, lo_shift=LO_SHIFT)
+    return hi.get(), hf.get(), lo.get()
+
+
+def _same_bits(a, b):
+    """Bitwise equal, with any NaN payload counting as the same NaN."""
+    both_nan = np.isnan(a) & np.isnan(b)
+    np.testing.assert_array_equal(np.where(both_nan, 0, a.view(np.uint16)),
+                                  np.where(both_nan, 0, b.view(np.uint16)))
+
+
 def test_scale_split_fp16_bitwise_vs_numpy(dtype):
+    from mpqr.backends.numpy_backend import NumpyBackend
+
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((300, 70)) * 2.0 ** rng.integers(-30, 30, (300, 70))).astype(dtype)
     x[0, 0], x[1, 1], x[2, 2], x[3, 3] = np.inf, -np.inf, np.nan, 0.0
     if dtype == np.float64:
         # ties after a float32 rounding: double rounding would get these wrong
         x[4, :3] = [1 + 2.0**-11 + 2.0**-40, 1 + 2.0**-11 - 2.0**-40, -(1 + 3 * 2.0**-11 + 2.0**-45)]
-    shift = rng.integers(-5, 15, (300, 1)).astype(np.int32)
-    hi, lo = scale_split_fp16(cp.asarray(x), cp.asarray(shift))
-    hi_r, lo_r = _split_reference(x, shift)
-    assert hi.dtype == lo.dtype == cp.float16 and hi.shape == x.shape
-    np.testing.assert_array_equal(hi.get().view(np.uint16), hi_r.view(np.uint16))
-    np.testing.assert_array_equal(lo.get().view(np.uint16), lo_r.view(np.uint16))
-    # column shifts broadcast the other way; no shift = shift 0
-    cs = rng.integers(-3, 3, (1, 70)).astype(np.int32)
-    hi, lo = scale_split_fp16(cp.asarray(x), cp.asarray(cs))
-    np.testing.assert_array_equal(hi.get().view(np.uint16), _split_reference(x, cs)[0].view(np.uint16))
-    hi, lo = CupyBackend(cp).scale_split_fp16(cp.asarray(x))
-    np.testing.assert_array_equal(lo.get().view(np.uint16),
-                                  _split_reference(x, np.int32(0))[1].view(np.uint16))
-
-
-def test_scale_split_fp16_rejects_bad_dtypes():
-    with pytest.raises(TypeError, match="float32 or float64"):
-        scale_split_fp16(cp.ones(3, dtype=cp.float16))
-    with pytest.raises(TypeError, match="integer shift"):
-        scale_split_fp16(cp.ones(3), cp.ones(3))
+    else:
+        x[5, :2] = [1e-40, -3e-42]  # float32 subnormals must survive (no flush to zero)
+    nb = NumpyBackend(np)
+    for shift in (rng.integers(-5, 15, (300, 1)).astype(np.int32),
+                  rng.integers(-3, 3, (1, 70)).astype(np.int32)):
+        ref = [np.empty(x.shape, np.float16) for _ in range(3)]
+        nb.split_fp16(x, shift, ref[0], hf=ref[1], lo=ref[2], lo_shift=LO_SHIFT)
+        for got, want in zip(_gpu_split(x, shift), ref):
+            _same_bits(got, want)

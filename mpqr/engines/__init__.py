@@ -78,7 +78,7 @@ def _no_params(backend, m, n, k, dtype, options):
 
 
 def _tc_sgemm_params(backend, m, n, k, dtype, options):
-    return {"slice_k": options.slice_k or backend.tc_sgemm_slice_k}
+    return {"slice_k": options.slice_k or backend.tc_sgemm_slice_k(m, n, k)}
 
 
 def _register_builtin() -> None:
