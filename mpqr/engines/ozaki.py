@@ -125,8 +125,8 @@ def need_bits(k: int, spread: int) -> int:
 
 
 def _estimate_terms(k: int) -> int:
-    # typical dense data: sum|x| / max ~ k/3 along a line, spread ~ 1 bit
-    return terms_for(2 * need_bits(k, 1), math.log2(max(k / 3.0, 1.0) + 1.0))
+    # typical dense (normal) data: sum|x| / max ~ k/3 along a line, spread 2 bits
+    return terms_for(2 * need_bits(k, 2), math.log2(max(k / 3.0, 1.0) + 1.0))
 
 
 def ozaki_params(backend: Any, m: int, n: int, k: int, dtype: Any, options: Any) -> dict:
