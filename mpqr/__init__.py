@@ -19,6 +19,7 @@ from mpqr.policy import (
     set_precision,
 )
 from mpqr.qr import QRResult, orth, qr, svd  # the function shadows the subpackage name
+from mpqr.tune import tune  # likewise: mpqr.tune is the function
 
 __version__ = "0.1.0"
 
@@ -39,4 +40,5 @@ __all__ = [
     "qr",
     "set_precision",
     "svd",
+    "tune",
 ]
