@@ -56,7 +56,7 @@ __device__ __forceinline__ float mpqr_odd_f32(double x) {
 def _max_abs_finite_kernel():
     return cp.ReductionKernel(
         "T x", "float64 y", "isfinite(mpqr_f64(x)) ? fabs(mpqr_f64(x)) : 0.0", "max(a, b)",
-        "y = a", "0", "mpqr_max_abs_finite", reduce_type="float64", preamble=_PREAMBLE,
+        "y = a", "0", "mpqr_max_abs_finite", reduce_type="double", preamble=_PREAMBLE,
     )
 
 

@@ -132,17 +132,29 @@ def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = Tru
     dev = device(xp.zeros(1))
     flops = 2.0 * size**3
     rates: dict[str, float] = {}
+    # varied, non-zero data: zeros or constants can run faster than real inputs
+    vals = xp.reshape(xp.sin(xp.arange(size * size, dtype=xp.float64, device=dev) * 0.7071),
+                      (size, size))
     for key, dt in (("native-fp64", xp.float64), ("native-fp32", xp.float32)):
-        a = xp.ones((size, size), dtype=dt, device=dev)
+        a = xp.astype(vals, dt)
         rates[key] = flops / _time(backend, lambda a=a: backend.gemm(a, a), repeats)
     if "fp16" in backend.capabilities:
-        a16 = backend.to_fp16(xp.ones((size, size), dtype=xp.float32, device=dev))
+        a16 = backend.to_fp16(xp.astype(vals, xp.float32))
         rates["tc-fp16"] = flops / _time(backend, lambda: backend.gemm_fp16(a16, a16), repeats)
     if "int8" in backend.capabilities:
-        a8 = xp.ones((size, size), dtype=xp.int8, device=dev)
-        rates["int8"] = flops / _time(backend, lambda: backend.gemm_int8(a8, a8), repeats)
-    big = xp.ones((size * 64,), dtype=xp.float64, device=dev)
-    rates["bandwidth"] = 2.0 * 8 * size * 64 / _time(backend, lambda: big * 2.0, repeats)
+        a8 = xp.astype(vals * 127.0, xp.int8)
+        if hasattr(backend, "ozaki_int8_gemms"):
+            # the layout the Ozaki engine runs (both operands k-contiguous)
+            a3 = xp.reshape(a8, (1, size, size))
+            rates["int8"] = flops / _time(
+                backend, lambda: backend.ozaki_int8_gemms(a3, a3, 0, size), repeats)
+        else:
+            rates["int8"] = flops / _time(backend, lambda: backend.gemm_int8(a8, a8), repeats)
+    del vals
+    # a copy far larger than any cache: 256 MiB read + 256 MiB written
+    big = xp.ones((2**25,), dtype=xp.float64, device=dev)
+    rates["bandwidth"] = 2.0 * 8 * 2**25 / _time(backend, lambda b=big: b * 2.0, repeats)
+    del big
     tiny = xp.ones((4,), dtype=xp.float64, device=dev)
     n_launch = 50
 

@@ -182,7 +182,6 @@ def _split_reference(x, s):
     return hi, lo
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 def _gpu_split(x, shift):
     be = CupyBackend(cp)
     hi = cp.empty(x.shape, cp.float16)
@@ -199,6 +198,7 @@ def _same_bits(a, b):
                                   np.where(both_nan, 0, b.view(np.uint16)))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_scale_split_fp16_bitwise_vs_numpy(dtype):
     from mpqr.backends.numpy_backend import NumpyBackend
 

@@ -31,6 +31,8 @@ class Engine:
     run: Callable[..., Any]
     predict: Callable[..., float]
     params: Callable[..., dict[str, Any]]
+    #: False for engines that only take 2-D operands (stacks are looped over)
+    batched: bool = True
 
     def available(self, backend: Any) -> bool:
         return self.requires <= backend.capabilities

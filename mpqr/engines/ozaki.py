@@ -317,4 +317,4 @@ def _replace_lines(xp: Any, c: Any, mask: Any, new: Any, axis: int) -> Any:
 
 
 register_engine(Engine("ozaki-int8", 53, frozenset({"int8"}), run_ozaki, ozaki_predict,
-                       ozaki_params))
+                       ozaki_params, batched=False))

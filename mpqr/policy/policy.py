@@ -129,6 +129,10 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
         return ENGINES[name].predict(backend, m, n, k, batch, in_bytes, p)
 
     def pick(cands: list[str], why: str) -> Decision:
+        if batch > 1 and any(not ENGINES[c].batched for c in cands):
+            why += "; " + ", ".join(c for c in cands if not ENGINES[c].batched) + \
+                " skipped: 2-D only and this product is a stack"
+            cands = [c for c in cands if ENGINES[c].batched]
         ps = {c: params_for(c) for c in cands}
         times = {c: predict(c, ps[c]) for c in cands}
         best = min(cands, key=lambda c: times[c])
@@ -231,4 +235,11 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
         a = xp.astype(a, out_dtype)
     if b.dtype != out_dtype and not d.engine.startswith("native"):
         b = xp.astype(b, out_dtype)
-    return ENGINES[d.engine].run(backend, a, b, out_dtype=out_dtype, **d.params)
+    engine = ENGINES[d.engine]
+    if batch > 1 and not engine.batched:  # only when forced: one product per matrix
+        a3 = xp.reshape(a, (batch, m, k))
+        b3 = xp.reshape(xp.broadcast_to(b, (*a.shape[:-2], k, n)), (batch, k, n))
+        out = xp.stack([engine.run(backend, a3[i], b3[i], out_dtype=out_dtype, **d.params)
+                        for i in range(batch)])
+        return xp.reshape(out, (*a.shape[:-1], n))
+    return engine.run(backend, a, b, out_dtype=out_dtype, **d.params)
