@@ -1,0 +1,175 @@
+"""``python -m mpqr bench qr``: mpqr.qr against cuSOLVER (``cupy.linalg.qr``).
+
+For every shape and precision: median time over repeats (CUDA events, after a
+warm-up, fresh random normal data), TFLOP/s (LAPACK flop counts), speed-up over
+``cupy.linalg.qr`` of the same dtype in the same process, the fraction of the
+memory floor (read A, write Q and R, once) and of the engine's GEMM rate,
+backward error ||A - QR||_F / ||A||_F and orthogonality ||I - Q^T Q||_F / n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import numpy as np
+
+import mpqr
+from mpqr.tools._timing import default_xp, environment, is_cupy, time_it, write_json
+
+GPU_SHAPES = [(16384, 16384, 1), (65536, 4096, 1), (2**20, 256, 1), (2**22, 64, 1),
+              (2**24, 32, 1), (256, 32, 10000)]
+CPU_SHAPES = [(512, 512, 1), (8192, 64, 1), (64, 16, 200)]
+PRECISIONS = ["fp16", "fp32-emulated", "fp32", "fp64-emulated", "fp64"]
+# engine GEMM rates (FLOP/s) on H200 measured by `bench gemm` (bench/results)
+ENGINE_RATE = {"fp16": 690e12, "fp32-emulated": 230e12, "fp32": 50e12,
+               "fp64-emulated": 62e12, "fp64": 62e12}
+BANDWIDTH = 4.1e12  # device copy, read + write
+
+
+def qr_flops(m: int, n: int, mode: str) -> float:
+    f = 2.0 * m * n * n - 2.0 * n**3 / 3.0  # geqrf
+    if mode == "reduced":
+        f *= 2.0  # + orgqr
+    return f
+
+
+def _errors(xp, a, q, r) -> tuple[float, float]:
+    a64, q64, r64 = (xp.astype(v, xp.float64) for v in (a, q, r))
+    n = r.shape[-1]
+    res = float(xp.linalg.norm(a64 - q64 @ r64) / xp.linalg.norm(a64))
+    eye = xp.eye(n, dtype=xp.float64)
+    orth = float(xp.linalg.norm(xp.matrix_transpose(q64) @ q64 - eye) / n /
+                 math.sqrt(max(1, math.prod(a.shape[:-2]))))
+    return res, orth
+
+
+def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float) -> dict[str, Any]:
+    rng = np.random.default_rng(1)
+    rows = []
+    for m, n, batch in shapes:
+        shape = (m, n) if batch == 1 else (batch, m, n)
+        label = f"{m}x{n}" if batch == 1 else f"{batch}x({m}x{n})"
+        data = {"float64": xp.asarray(rng.standard_normal(shape)),
+                "float32": xp.asarray(rng.standard_normal(shape).astype(np.float32))}
+        base = {}
+        for dt, a in data.items():
+            try:
+                t = time_it(xp, lambda a=a: xp.linalg.qr(a), repeat=repeat,
+                            max_seconds=max_seconds)
+                q, r = xp.linalg.qr(a)
+                res, orth = _errors(xp, a, q, r)
+                del q, r
+            except Exception as exc:  # e.g. cuSOLVER without batched QR
+                base[dt] = None
+                rows.append({"shape": label, "precision": f"cusolver-{dt}", "error": str(exc)})
+                print(f"{label:>18} cusolver {dt}: {exc}")
+                continue
+            base[dt] = t
+            flops = qr_flops(m, n, "reduced") * batch
+            rows.append({"shape": label, "precision": f"cusolver-{dt}", "mode": "reduced",
+                         "time_ms": t * 1e3, "tflops": flops / t / 1e12,
+                         "backward_error": res, "orthogonality": orth})
+            print(f"{label:>18} {'cupy.linalg.qr ' + dt:<28} {t * 1e3:10.3f} ms  "
+                  f"err {res:.1e} orth {orth:.1e}")
+        for prec in precisions:
+            dt = "float64" if prec.startswith("fp64") else "float32"
+            a = data[dt]
+            for mode in modes:
+                try:
+                    with mpqr.explain() as tr:
+                        out = mpqr.qr(a, mode=mode, precision=prec)
+                    method = next((e.message for e in tr.events if e.kind == "method"), "")
+                    engines = tr.engines()
+                    if mode == "reduced":
+                        res, orth = _errors(xp, a, out.Q, out.R)
+                    else:
+                        res = orth = None
+                    del out
+                    t = time_it(xp, lambda a=a, p=prec, md=mode: mpqr.qr(a, mode=md, precision=p),
+                                repeat=repeat, max_seconds=max_seconds)
+                except Exception as exc:
+                    rows.append({"shape": label, "precision": prec, "mode": mode,
+                                 "error": f"{type(exc).__name__}: {exc}"})
+                    print(f"{label:>18} {prec} {mode}: {type(exc).__name__}: {exc}")
+                    continue
+                flops = qr_flops(m, n, mode) * batch
+                itemsize = 8 if dt == "float64" else 4
+                floor_bytes = (2 if mode == "reduced" else 1) * m * n * batch * itemsize
+                floor_t = floor_bytes / BANDWIDTH
+                row = {"shape": label, "precision": prec, "mode": mode, "dtype": dt,
+                       "time_ms": t * 1e3, "tflops": flops / t / 1e12,
+                       "memory_floor_ms": floor_t * 1e3, "floor_fraction": floor_t / t,
+                       "engine_rate_fraction": flops / t / ENGINE_RATE[prec],
+                       "backward_error": res, "orthogonality": orth,
+                       "method": method, "engines": engines}
+                if base.get(dt):
+                    row["speedup_vs_cusolver"] = base[dt] / t
+                rows.append(row)
+                sp = f"x{row['speedup_vs_cusolver']:.2f}" if "speedup_vs_cusolver" in row else ""
+                er = f"err {res:.1e} orth {orth:.1e}" if res is not None else ""
+                print(f"{label:>18} {prec + ' ' + mode:<28} {t * 1e3:10.3f} ms {sp:>8} "
+                      f"{row['tflops']:8.2f} TFLOP/s floor {100 * row['floor_fraction']:5.1f}% "
+                      f"{er}")
+        del data
+    return {"environment": environment(xp), "results": rows}
+
+
+def plot(payload: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no chart")
+        return
+    rows = [r for r in payload["results"] if r.get("mode") == "reduced"
+            and "speedup_vs_cusolver" in r]
+    shapes = sorted({r["shape"] for r in rows}, key=lambda s: [r["shape"] for r in rows].index(s))
+    precs = [p for p in PRECISIONS if any(r["precision"] == p for r in rows)]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    w = 0.8 / max(1, len(precs))
+    for i, p in enumerate(precs):
+        vals = [next((r["speedup_vs_cusolver"] for r in rows if r["shape"] == s
+                      and r["precision"] == p), 0.0) for s in shapes]
+        ax.bar(np.arange(len(shapes)) + i * w, vals, w, label=p)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(shapes)) + w * (len(precs) - 1) / 2, shapes, rotation=15)
+    ax.set_ylabel("speed-up over cupy.linalg.qr (same dtype)")
+    env = payload["environment"]
+    ax.set_title(f"mpqr.qr, mode=reduced — {env.get('device')} {env.get('date')}")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpqr bench qr", description=__doc__)
+    p.add_argument("--shapes", default=None,
+                   help="comma list of MxN or BxMxN (default: the issue's GPU shapes)")
+    p.add_argument("--precisions", default=",".join(PRECISIONS))
+    p.add_argument("--modes", default="reduced,r")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--max-seconds", type=float, default=20.0, help="time cap per config")
+    p.add_argument("--json", default=None)
+    p.add_argument("--png", default=None)
+    p.add_argument("--cpu", action="store_true")
+    args = p.parse_args(argv)
+    xp = np if args.cpu else default_xp()
+    if args.shapes:
+        shapes = []
+        for s in args.shapes.split(","):
+            v = [int(t) for t in s.split("x")]
+            shapes.append((v[0], v[1], 1) if len(v) == 2 else (v[1], v[2], v[0]))
+    else:
+        shapes = GPU_SHAPES if is_cupy(xp) else CPU_SHAPES
+    payload = run(shapes, args.precisions.split(","), args.modes.split(","), xp=xp,
+                  repeat=args.repeat, max_seconds=args.max_seconds)
+    write_json(args.json, payload)
+    if args.png:
+        plot(payload, args.png)
+    return 0
