@@ -1,3 +1,7 @@
-"""Drop-in front ends that follow SciPy's and NumPy's conventions."""
+"""Drop-in front ends that follow SciPy's and NumPy's conventions.
 
-__all__: list[str] = []
+``mpqr.compat.scipy`` (``lstsq``, ``qr``, ``patch``) and ``mpqr.compat.numpy``
+(``lstsq``, ``qr``); import the submodules explicitly.
+"""
+
+__all__ = ["numpy", "scipy"]

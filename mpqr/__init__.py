@@ -6,7 +6,8 @@ Every matrix product goes through the precision policy, which can explain
 what it chose: ``with mpqr.explain() as trace: ...``.
 """
 
-from mpqr._errors import BreakdownError, LinAlgError
+from mpqr._errors import BreakdownError, LinAlgError, RefinementWarning
+from mpqr.lstsq import lstsq
 from mpqr.matmul import matmul
 from mpqr.policy import (
     PRECISIONS,
@@ -29,11 +30,13 @@ __all__ = [
     "GemmOptions",
     "LinAlgError",
     "QRResult",
+    "RefinementWarning",
     "Trace",
     "__version__",
     "explain",
     "gemm_options",
     "get_precision",
+    "lstsq",
     "matmul",
     "orth",
     "precision",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BreakdownError", "LinAlgError"]
+__all__ = ["BreakdownError", "LinAlgError", "RefinementWarning"]
 
 
 class LinAlgError(ValueError):
@@ -25,3 +25,11 @@ class BreakdownError(LinAlgError):
         super().__init__(message)
         self.method = method
         self.cond_estimate = cond_estimate
+
+
+class RefinementWarning(UserWarning):
+    """An iterative refinement stopped before meeting its tolerance.
+
+    The result returned alongside is the best iterate found (smallest
+    normal-equation residual), never a silently wrong "converged" answer.
+    """

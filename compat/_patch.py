@@ -1,0 +1,156 @@
+"""Routing ``scipy.linalg.lstsq`` / ``scipy.linalg.qr`` to mpqr for existing code.
+
+:class:`patch` swaps the function objects wherever they are bound: the
+attributes of ``scipy.linalg``, ``scipy.linalg._basic`` and
+``scipy.linalg._decomp_qr``, and every module global in ``sys.modules`` that is
+bound to the original object (``from scipy.linalg import lstsq`` done before
+the patch). Entering is counted under a lock, so nested and concurrent
+``with patch():`` blocks install once and restore once, when the last exits.
+The precision of the routed calls is per thread/task (a ContextVar).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import sys
+import threading
+import warnings
+from typing import Any
+
+from mpqr.policy import validate_precision
+
+__all__ = ["current_precision", "original", "patch", "warn_once"]
+
+_LOCK = threading.RLock()
+_depth = 0
+_swapped: list[tuple[Any, str, Any]] = []  # (namespace dict, name, original object)
+_precision: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mpqr_compat_precision", default=None)
+_ORIGINALS: dict[str, Any] = {}
+_WARNED: set[str] = set()
+_WARN_LOCK = threading.Lock()
+
+#: (module holding the definition, public name)
+_TARGETS = (("scipy.linalg._basic", "lstsq"), ("scipy.linalg._decomp_qr", "qr"))
+
+
+def original(name: str) -> Any:
+    """SciPy's own function (never the patched one)."""
+    with _LOCK:
+        if name not in _ORIGINALS:
+            import importlib
+
+            mod = dict(_TARGETS_BY_NAME)[name]
+            _ORIGINALS[name] = getattr(importlib.import_module(mod), name)
+        return _ORIGINALS[name]
+
+
+_TARGETS_BY_NAME = tuple((n, m) for m, n in _TARGETS)
+
+
+def current_precision() -> str | None:
+    """The precision of the innermost :class:`patch` of this thread/task (None: default)."""
+    return _precision.get()
+
+
+def warn_once(key: str, message: str) -> None:
+    """A ``UserWarning`` the first time ``key`` is seen in this process."""
+    with _WARN_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    warnings.warn(message, UserWarning, stacklevel=3)
+
+
+def _replacements() -> dict[int, tuple[str, Any]]:
+    from mpqr.compat import scipy as cs
+
+    return {id(original("lstsq")): ("lstsq", cs.lstsq), id(original("qr")): ("qr", cs.qr)}
+
+
+def _install() -> None:
+    repl = _replacements()
+    originals = {id(original(n)): original(n) for n in ("lstsq", "qr")}
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or modname.startswith(("mpqr", "compat")):
+            continue  # our own modules keep SciPy's originals for delegation
+        try:
+            ns = vars(mod)
+        except TypeError:
+            continue
+        for key, val in list(ns.items()):
+            if id(val) in repl and val is originals[id(val)]:
+                ns[key] = repl[id(val)][1]
+                _swapped.append((ns, key, val))
+
+
+def _restore() -> None:
+    while _swapped:
+        ns, key, val = _swapped.pop()
+        ns[key] = val
+
+
+class patch:
+    """Route ``scipy.linalg.lstsq`` and ``scipy.linalg.qr`` to mpqr inside a block.
+
+    Usable as a context manager or a decorator; thread-safe and re-entrant.
+    Everything is restored when the outermost block exits, exceptions included.
+
+    Parameters
+    ----------
+    precision : str, optional
+        Precision of the routed calls (see :func:`mpqr.lstsq`); ``None`` uses
+        the ``mpqr.precision`` setting (``"auto"`` by default: SciPy's accuracy).
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.linalg, mpqr, mpqr.compat.scipy as mcs
+    >>> with mpqr.explain() as trace, mcs.patch():
+    ...     x = scipy.linalg.lstsq(np.eye(3), np.ones(3))[0]
+    >>> any("lstsq" in e.message for e in trace.events)
+    True
+    """
+
+    def __init__(self, precision: str | None = None):
+        if precision is not None:
+            validate_precision(precision)
+        self.precision = precision
+        self._tokens: list[contextvars.Token] = []
+
+    def __enter__(self) -> patch:
+        global _depth
+        import scipy.linalg  # noqa: F401  (the modules to patch must be loaded)
+
+        with _LOCK:
+            if _depth == 0:
+                try:
+                    _install()
+                except BaseException:
+                    _restore()
+                    raise
+            _depth += 1
+        self._tokens.append(_precision.set(self.precision))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _depth
+        _precision.reset(self._tokens.pop())
+        with _LOCK:
+            _depth -= 1
+            if _depth == 0:
+                _restore()
+
+    def __call__(self, func: Any) -> Any:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with patch(self.precision):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+def is_patched() -> bool:
+    """True while some :class:`patch` block is active."""
+    with _LOCK:
+        return _depth > 0

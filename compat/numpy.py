@@ -1,0 +1,172 @@
+"""``numpy.linalg`` front ends: ``lstsq`` and ``qr`` following NumPy's rules.
+
+Differences from SciPy that NumPy users rely on, and that these keep: the
+default ``rcond`` is ``eps * max(M, N)``; single-precision input is computed
+in double precision and returned in single; ``residuals`` is ``(1,)``-shaped
+for 1-D ``b`` and empty unless ``rank == N < M`` (real dtype); errors are
+:class:`numpy.linalg.LinAlgError` with NumPy's messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpqr.compat._patch import current_precision, warn_once
+
+import mpqr
+from mpqr._array_api import array_namespace, device
+from mpqr.qr import QRResult
+
+__all__ = ["lstsq", "qr"]
+
+
+def _as_array(x: Any) -> Any:
+    from mpqr._array_api import _compat
+
+    if _compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):
+        return x
+    return np.asarray(x)
+
+
+def _types(xp: Any, *arrays: Any) -> tuple[Any, Any]:
+    """NumPy's ``_commonType``: (computation dtype, result dtype)."""
+    is_c = False
+    single = True
+    for a in arrays:
+        dt = a.dtype
+        if hasattr(xp, "float16") and dt == xp.float16:
+            raise TypeError("array type float16 is unsupported in linalg")
+        if xp.isdtype(dt, "complex floating"):
+            is_c = True
+            single &= dt == xp.complex64
+        elif xp.isdtype(dt, "real floating"):
+            single &= dt == xp.float32
+        else:
+            single = False
+    t = xp.complex128 if is_c else xp.float64
+    r = (xp.complex64 if is_c else xp.float32) if single else t
+    return t, r
+
+
+def _real(xp: Any, dt: Any) -> Any:
+    return {xp.complex128: xp.float64, xp.complex64: xp.float32}.get(dt, dt)
+
+
+def lstsq(a, b, rcond=None):
+    """:func:`numpy.linalg.lstsq` computed by :func:`mpqr.lstsq`.
+
+    Parameters
+    ----------
+    a : (M, N) array_like
+    b : (M,) or (M, K) array_like
+    rcond : float, optional
+        Cutoff ratio for small singular values (default ``eps * max(M, N)``).
+
+    Returns
+    -------
+    x, residuals, rank, s
+        As :func:`numpy.linalg.lstsq`.
+
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        Non-2-D input, incompatible dimensions, NaN/Inf in ``a``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpqr.compat.numpy import lstsq
+    >>> x, res, rank, s = lstsq(np.array([[1.0, 0], [0, 1], [1, 1]]), np.array([1.0, 1, 2]))
+    >>> np.round(x, 12).tolist(), res.shape, int(rank)
+    ([1.0, 1.0], (1,), 2)
+    """
+    a1, b1 = _as_array(a), _as_array(b)
+    xp = array_namespace(a1, b1, names=("a", "b"))
+    is_1d = b1.ndim == 1
+    b2 = xp.reshape(b1, (b1.shape[0], 1)) if is_1d else b1
+    for v in (a1, b2):
+        if v.ndim != 2:
+            raise np.linalg.LinAlgError(
+                f"{v.ndim}-dimensional array given. Array must be two-dimensional")
+    m, n = a1.shape
+    if m != b2.shape[0]:
+        raise np.linalg.LinAlgError("Incompatible dimensions")
+    t, result_t = _types(xp, a1, b2)
+    real_t = _real(xp, result_t)
+    if rcond is None:
+        rcond = float(xp.finfo(t).eps) * max(n, m)
+    dev = device(a1)
+    k = b2.shape[1]
+    if m == 0 or n == 0:
+        x = xp.zeros((n, k), dtype=result_t, device=dev)
+        s = xp.zeros((0,), dtype=real_t, device=dev)
+        if m > n:  # rank 0 == n < m: NumPy reports the residuals ||b||^2
+            bt = xp.astype(b2, t)
+            res = xp.astype(xp.sum(xp.real(bt * xp.conj(bt)), axis=0), real_t)
+        else:
+            res = xp.zeros((0,), dtype=real_t, device=dev)
+        return (x[:, 0] if is_1d else x), res, 0, s
+    try:
+        x, _, rank, s = mpqr.lstsq(xp.astype(a1, t), xp.astype(b2, t), rcond,
+                                   check_finite=False, precision=current_precision())
+    except mpqr.LinAlgError as exc:
+        raise np.linalg.LinAlgError("SVD did not converge in Linear Least Squares") from exc
+    if rank == n and m > n:
+        r = xp.astype(b2, t) - mpqr.matmul(xp.astype(a1, t), x, precision="fp64")
+        res = xp.astype(xp.linalg.vector_norm(r, axis=0) ** 2, real_t)
+    else:
+        res = xp.zeros((0,), dtype=real_t, device=dev)
+    x = xp.astype(x, result_t)
+    return (x[:, 0] if is_1d else x), res, rank, xp.astype(s, real_t)
+
+
+_MODES = ("reduced", "complete", "r", "raw")
+
+
+def qr(a, mode="reduced"):
+    """:func:`numpy.linalg.qr` computed by :func:`mpqr.qr` (stacks supported).
+
+    ``mode="raw"`` (Householder reflectors in LAPACK's layout) is delegated to
+    NumPy with a one-time warning. Signs follow mpqr's ``diag(R) >= 0``.
+
+    Parameters
+    ----------
+    a : (..., M, N) array_like
+    mode : {"reduced", "complete", "r", "raw"}
+
+    Returns
+    -------
+    QRResult(Q, R), or R for ``mode="r"``, or ``(h, tau)`` for ``"raw"``.
+
+    Raises
+    ------
+    ValueError
+        Unknown mode.
+    numpy.linalg.LinAlgError
+        Input with fewer than two dimensions.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpqr.compat.numpy import qr
+    >>> q, r = qr(np.array([[3.0, 1.0], [4.0, 2.0]]))
+    >>> bool(np.allclose(q @ r, [[3, 1], [4, 2]]))
+    True
+    """
+    if mode not in _MODES:
+        raise ValueError(f"Unrecognized mode '{mode}'")
+    if mode == "raw":
+        warn_once("np-qr-raw", "mpqr.compat.numpy.qr: mode='raw' is not supported by mpqr; "
+                  "delegating to numpy.linalg.qr (warned once)")
+        return np.linalg.qr(a, mode="raw")
+    a1 = _as_array(a)
+    xp = array_namespace(a1, names=("a",))
+    if a1.ndim < 2:
+        raise np.linalg.LinAlgError(
+            f"{a1.ndim}-dimensional array given. Array must be at least two-dimensional")
+    t, result_t = _types(xp, a1)
+    out = mpqr.qr(xp.astype(a1, t), mode=mode, precision=current_precision())
+    if mode == "r":
+        return xp.astype(out, result_t)
+    return QRResult(xp.astype(out.Q, result_t), xp.astype(out.R, result_t))

@@ -1,0 +1,163 @@
+"""SciPy's ``scipy.linalg.lstsq`` conventions, written once for any namespace.
+
+Everything here is bookkeeping copied from SciPy 1.17 (``scipy/linalg/_basic.py``
+and ``scipy/linalg/blas.py``): which dtype LAPACK would compute in, the exact
+error messages, the empty-input answers and the shapes of ``residues``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+from mpqr._array_api import device
+
+__all__ = [
+    "DRIVERS",
+    "apply_over_batch",
+    "check_driver",
+    "check_shapes",
+    "common_type",
+    "empty_result",
+    "lapack_dtype",
+    "real_dtype",
+    "residues_empty",
+]
+
+#: The LAPACK drivers SciPy accepts (``gelsd`` is its default).
+DRIVERS = ("gelsd", "gelsy", "gelss")
+
+
+def _score(xp: Any, dt: Any) -> int:
+    # scipy.linalg.blas._type_score: small ints, bool and float16 go to float32
+    if dt == xp.complex128:
+        return 4
+    if dt == xp.complex64:
+        return 3
+    small = [xp.bool, xp.int8, xp.uint8, xp.int16, xp.uint16, xp.float32]
+    if hasattr(xp, "float16"):
+        small.append(xp.float16)
+    if any(dt == s for s in small):
+        return 1
+    return 2
+
+
+def lapack_dtype(xp: Any, *dtypes: Any) -> Any:
+    """The dtype ``get_lapack_funcs`` picks for arrays of these dtypes."""
+    scores = [_score(xp, dt) for dt in dtypes]
+    best = max(scores)
+    if best == 3 and 2 in scores:  # float64 with complex64 -> complex128
+        best = 4
+    return {1: xp.float32, 2: xp.float64, 3: xp.complex64, 4: xp.complex128}[best]
+
+
+def common_type(xp: Any, *dtypes: Any) -> Any:
+    """``numpy.common_type`` (used by SciPy for empty problems): float16 stays float16."""
+    is_c = any(xp.isdtype(dt, "complex floating") for dt in dtypes)
+    bits = 0
+    for dt in dtypes:
+        if dt == xp.bool:
+            raise TypeError("can't get common type for non-numeric array")
+        if xp.isdtype(dt, "integral") or dt in (xp.float64, xp.complex128):
+            bits = max(bits, 64)
+        elif dt in (xp.float32, xp.complex64):
+            bits = max(bits, 32)
+        else:  # float16
+            bits = max(bits, 16)
+    if is_c:
+        return xp.complex128 if bits == 64 else xp.complex64
+    if bits == 16:
+        return xp.float16
+    return xp.float64 if bits == 64 else xp.float32
+
+
+def real_dtype(xp: Any, dt: Any) -> Any:
+    if dt == xp.complex128:
+        return xp.float64
+    if dt == xp.complex64:
+        return xp.float32
+    return dt
+
+
+def check_driver(driver: Any) -> str:
+    """SciPy's validation of ``lapack_driver`` (``None`` is ``'gelsd'``)."""
+    if driver is None:
+        driver = "gelsd"
+    if driver not in DRIVERS:
+        raise ValueError(f'LAPACK driver "{driver}" is not found')
+    return driver
+
+
+def check_shapes(a: Any, b: Any) -> None:
+    """SciPy's shape checks for one (unbatched) problem, with its messages."""
+    if a.ndim != 2:
+        raise ValueError("Input array a should be 2D")
+    if b.ndim == 0:
+        raise ValueError("`b` must be 1-D or 2-D with as many rows as `a`, got a 0-D array")
+    if a.shape[0] != b.shape[0]:
+        raise ValueError("Shape mismatch: a and b should have the same number"
+                         f" of rows ({a.shape[0]} != {b.shape[0]}).")
+
+
+def empty_result(xp: Any, a: Any, b: Any) -> tuple[Any, Any, int, Any]:
+    """SciPy's answer when ``M == 0`` or ``N == 0`` (LAPACK is not called)."""
+    n = a.shape[1]
+    dev = device(a)
+    dt = common_type(xp, a.dtype, b.dtype)
+    x = xp.zeros((n, *b.shape[1:]), dtype=dt, device=dev)
+    if n == 0:
+        bf = b if xp.isdtype(b.dtype, ("real floating", "complex floating")) else \
+            xp.astype(b, xp.float64)
+        res = xp.asarray(xp.linalg.vector_norm(bf, axis=0) ** 2)  # 0-D array, not a scalar
+    else:
+        res = xp.empty((0,), dtype=xp.float64, device=dev)
+    return x, res, 0, xp.empty((0,), dtype=xp.float64, device=dev)
+
+
+def residues_empty(xp: Any, dtype: Any, dev: Any) -> Any:
+    """SciPy's empty ``residues``: shape (0,), the dtype of ``x`` (complex stays complex)."""
+    return xp.empty((0,), dtype=dtype, device=dev)
+
+
+def apply_over_batch(xp: Any, a: Any, b: Any, func: Any, name: str = "lstsq") -> Any:
+    """SciPy's ``_apply_over_batch(('a', 2), ('b', '1|2'))`` decorator, for any namespace.
+
+    Unbatched calls go straight to ``func(a, b)``; otherwise the batch shapes
+    broadcast, ``func`` runs on each problem and the outputs are stacked
+    (``rank`` as an integer array; ``s`` stays ``None`` when ``func`` gives None).
+    """
+    b_core = 2 if b.ndim >= 2 else 1
+    a_batch = tuple(a.shape[:-2]) if a.ndim >= 2 else ()
+    b_batch = tuple(b.shape[:-b_core])
+    if a.ndim < 2 or not (a_batch or b_batch):
+        return func(a, b)
+    batch = _broadcast_shapes(a_batch, b_batch)
+    if math.prod(batch) == 0:
+        raise ValueError(f"`{name}` does not support zero-size batches.")
+    a = xp.broadcast_to(a, (*batch, *a.shape[-2:]))
+    b = xp.broadcast_to(b, (*batch, *b.shape[-b_core:]))
+    outs = []
+    for idx in itertools.product(*(range(d) for d in batch)):
+        outs.append(func(a[idx], b[idx]))
+    dev = device(outs[0][0])
+    x = xp.reshape(xp.stack([o[0] for o in outs]), (*batch, *outs[0][0].shape))
+    res = xp.reshape(xp.stack([o[1] for o in outs]), (*batch, *outs[0][1].shape))
+    rank = xp.reshape(xp.asarray([o[2] for o in outs], dtype=xp.int64, device=dev), batch)
+    if any(o[3] is None for o in outs):
+        s = None
+    else:
+        s = xp.reshape(xp.stack([o[3] for o in outs]), (*batch, *outs[0][3].shape))
+    return x, res, rank, s
+
+
+def _broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    nd = max(len(s) for s in shapes)
+    out = []
+    for i in range(nd):
+        dims = {s[len(s) - nd + i] for s in shapes if len(s) - nd + i >= 0}
+        dims.discard(1)
+        if len(dims) > 1:
+            raise ValueError(f"shape mismatch: batch shapes {shapes} cannot be broadcast")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)

@@ -1,0 +1,348 @@
+"""``mpqr.lstsq``: SciPy's ``lstsq`` contract on a (mixed-precision) QR factorization.
+
+Route for one ``M x N`` problem (``M >= N``; ``M < N`` works on ``A^H``):
+
+1. ``R`` from :func:`mpqr.qr` at the requested precision; with refinement
+   ``mode="r"`` (Q is never formed), without it ``mode="reduced"``.
+2. The singular values of ``R`` are those of ``A`` (the QR-SVD route); they
+   give ``s`` and the rank for the cutoff ``cond * s[0]``. A factorization
+   below the working precision resolves singular values only to about
+   ``sqrt(N) u_f ||A||``: when a singular value falls in that uncertainty
+   band the rank is not decided from ``R`` (see below).
+3. Full rank: ``refine`` runs preconditioned CGLS or iterative refinement
+   (:mod:`mpqr.lstsq.refine`) with residuals in working precision, or, with
+   ``refine=None``, the direct ``x = R^-1 Q^H b``.
+4. Rank deficient: the minimum-norm solution of the truncated problem,
+   ``x = V_k S_k^-1 U_k^H Q^H b`` from the SVD ``R = U S V^H``.
+
+``refine="auto"`` never returns an answer less accurate than SciPy's: when the
+rank is uncertain at the factorization precision, or the refinement does not
+converge, it refactors at the working precision (``precision="auto"``) and
+solves directly; every path is recorded in the explain trace.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from mpqr._array_api import device
+from mpqr._errors import LinAlgError, RefinementWarning
+from mpqr._validation import check_finite as _check_finite
+from mpqr._validation import namespace_of
+from mpqr.backends import get_backend
+from mpqr.lstsq import _scipy_rules as rules
+from mpqr.lstsq.refine import cgls, iterative_refinement
+from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
+from mpqr.qr import qr
+from mpqr.qr._kernels import ct
+
+__all__ = ["REFINE", "lstsq"]
+
+#: Accepted values of ``refine``.
+REFINE = ("auto", "cgls", "ir", None)
+
+#: Unit roundoff of the factorization for each precision setting ("auto": working).
+_UNIT = {"fp16": 2.0**-11, "fp32": 2.0**-24, "fp32-emulated": 2.0**-24, "fp64": 2.0**-53,
+         "fp64-emulated": 2.0**-53, "auto": 0.0}
+
+#: Singular values of a factorization in precision u_f are trusted down to
+#: ``RESOLUTION * sqrt(N) * u_f * s[0]`` (backward error of Householder QR).
+RESOLUTION = 10.0
+
+_LOW_COMPLEX = ("fp16", "fp32-emulated", "fp64-emulated")
+
+
+def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
+          overwrite_b: bool = False, check_finite: bool = True,
+          lapack_driver: str | None = None, *, precision: str | None = None,
+          refine: str | None = "auto", tol: float | None = None,
+          maxiter: int | None = None) -> tuple[Any, Any, Any, Any]:
+    """Least-squares solution of ``a @ x = b`` with SciPy's signature and results.
+
+    Parameters
+    ----------
+    a : array, shape (M, N) or (..., M, N)
+        Array of any Array API library (NumPy, CuPy, ...). Dtypes are cast as
+        SciPy's LAPACK wrappers do (int32+ to float64; bool, small ints and
+        float16 to float32; float64 with complex64 to complex128).
+    b : array, shape (M,) or (M, K) (or batched, as in SciPy)
+    cond : float, optional
+        Singular values ``<= cond * s[0]`` count as zero (default and
+        negative values: the machine epsilon of the computation dtype).
+    overwrite_a, overwrite_b : bool
+        Accepted for compatibility; the inputs are never modified (the
+        refinement and the residues need them).
+    check_finite : bool
+        Raise ``ValueError("array must not contain infs or NaNs ...")`` for
+        NaN/Inf input. With False, NaN/Inf in ``b`` give NaN in ``x``; NaN/Inf
+        in ``a`` raise :class:`mpqr.LinAlgError`.
+    lapack_driver : {"gelsd", "gelsy", "gelss"}, optional
+        Validated as SciPy does. ``"gelsy"`` gives ``s = None`` and empty
+        ``residues`` (as in SciPy); the computation is the same for all three.
+    precision : str, optional
+        Precision of the QR factorization's matrix products (``"auto"``,
+        ``"fp16"``, ``"fp32"``, ``"fp32-emulated"``, ``"fp64"``,
+        ``"fp64-emulated"``); ``None`` uses the ``mpqr.precision`` context.
+        Residuals and refinement products always run in the working precision.
+        Complex input supports ``"auto"``, ``"fp32"`` and ``"fp64"``.
+    refine : {"auto", "cgls", "ir", None}
+        ``"cgls"``: CGLS preconditioned by ``R``; ``"ir"``: iterative
+        refinement on the semi-normal equations; ``"auto"``: CGLS, with a
+        working-precision refactorization when the rank is uncertain at the
+        factorization precision or CGLS stalls; ``None``: the direct solution
+        at the factorization precision (the fast answer; with a low
+        ``precision`` the rank cutoff cannot go below that precision's
+        resolution, ``10 sqrt(N) u_f``, which is recorded in the trace).
+    tol : float, optional
+        Refinement tolerance on the normal-equation backward error
+        ``||A^H r|| / (||A|| (||A|| ||x|| + ||r||))``; default
+        ``sqrt(max(M, N)) * u`` of the working precision.
+    maxiter : int, optional
+        Iteration cap of the refinement (default 50).
+
+    Returns
+    -------
+    x : array, shape (N,) or (N, K)
+        Least-squares solution (minimum norm when rank deficient or M < N).
+    residues : array, shape (K,), () or (0,)
+        Squared 2-norm of each column of ``b - a @ x`` when ``M > N`` and
+        ``rank == N`` (0-D for 1-D ``b``); otherwise empty with the dtype of
+        ``x``; always empty for ``"gelsy"``.
+    rank : int
+        Effective rank of ``a`` (an integer array for batched input).
+    s : array, shape (min(M, N),) or None
+        Singular values of ``a`` (descending), ``None`` for ``"gelsy"``.
+
+    Raises
+    ------
+    ValueError
+        SciPy's errors: ``a`` not 2-D, row-count mismatch, unknown driver,
+        NaN/Inf with ``check_finite``; also an unknown ``refine``/``precision``.
+    TypeError
+        ``a`` or ``b`` not an array, or arrays of different libraries.
+    NotImplementedError
+        Complex input with an emulated precision.
+    mpqr.LinAlgError
+        ``a`` holds NaN/Inf with ``check_finite=False``.
+
+    Warns
+    -----
+    mpqr.RefinementWarning
+        ``refine="cgls"`` or ``"ir"`` stopped before meeting ``tol``; the best
+        iterate is returned.
+
+    Examples
+    --------
+    >>> import numpy as np, mpqr
+    >>> a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    >>> x, res, rank, s = mpqr.lstsq(a, np.array([1.0, 2.0, 2.0]))
+    >>> np.round(x, 6).tolist(), rank
+    ([0.666667, 0.5], 2)
+    """
+    xp = namespace_of(a, b, names=("a", "b"))
+    if refine not in REFINE:
+        raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")
+    if precision is not None:
+        validate_precision(precision)
+    prec_name, _ = resolve_precision(precision)
+    if tol is not None and not (isinstance(tol, (int, float)) and tol > 0):
+        raise ValueError(f"`tol` must be a positive number, got {tol!r}")
+    if maxiter is not None and not (isinstance(maxiter, int) and maxiter >= 1):
+        raise ValueError(f"`maxiter` must be a positive integer, got {maxiter!r}")
+    if check_finite:
+        for name, v in (("a", a), ("b", b)):
+            fv = v if xp.isdtype(v.dtype, ("real floating", "complex floating")) else \
+                xp.astype(v, xp.float64)
+            _check_finite(xp, fv, name)
+    backend = get_backend(xp)
+
+    def one(a2: Any, b2: Any) -> tuple[Any, Any, Any, Any]:
+        rules.check_shapes(a2, b2)
+        return _lstsq_2d(backend, a2, b2, cond, lapack_driver, prec_name, refine, tol,
+                         maxiter)
+
+    if a.ndim < 2:
+        raise ValueError("Input array a should be 2D")
+    return rules.apply_over_batch(xp, a, b, one)
+
+
+def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
+              refine: str | None, tol: float | None, maxiter: int | None
+              ) -> tuple[Any, Any, int, Any]:
+    xp = backend.xp
+    m, n = a.shape
+    if m == 0 or n == 0:  # SciPy answers before validating the driver
+        return rules.empty_result(xp, a, b)
+    driver = rules.check_driver(driver)
+    wdt = rules.lapack_dtype(xp, a.dtype, b.dtype)
+    is_c = xp.isdtype(wdt, "complex floating")
+    if is_c and prec in _LOW_COMPLEX:
+        raise NotImplementedError(
+            f"`precision`={prec!r} is not supported for complex input ({wdt}): the emulated "
+            "engines are real-only; use precision 'auto', 'fp32' or 'fp64'")
+    aw = a if a.dtype == wdt else xp.astype(a, wdt)
+    bw = b if b.dtype == wdt else xp.astype(b, wdt)
+    vec = bw.ndim == 1
+    b2 = xp.reshape(bw, (m, 1)) if vec else bw
+    eps = float(xp.finfo(wdt).eps)
+    if cond is None or cond < 0:
+        cond = eps
+    solver = _Solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter)
+    x, rank, s, rsq = solver.run()
+    dev = device(x)
+    if m > n and rank == n and driver != "gelsy" and rsq is not None:
+        res = xp.reshape(rsq, ()) if vec else rsq  # 0-D array for 1-D b
+    else:
+        res = rules.residues_empty(xp, x.dtype, dev)
+    if vec:
+        x = x[:, 0]
+    return x, res, rank, (None if driver == "gelsy" else s)
+
+
+class _Solver:
+    """One 2-D problem in the working dtype; ``b`` is 2-D."""
+
+    def __init__(self, backend: Any, a: Any, b: Any, cond: float, prec: str,
+                 refine: str | None, eps: float, tol: float | None, maxiter: int | None):
+        self.backend, self.xp = backend, backend.xp
+        self.a, self.b, self.cond, self.prec, self.refine = a, b, cond, prec, refine
+        m, n = a.shape
+        self.m, self.n = m, n
+        self.u = eps / 2
+        self.u_f = max(_UNIT[prec], self.u)
+        self.wprec = "fp64" if a.dtype in (self.xp.float64, self.xp.complex128) else "fp32"
+        self.tol = tol if tol is not None else math.sqrt(max(m, n)) * self.u
+        self.maxiter = maxiter if maxiter is not None else 50
+        self.under = m < n
+        # the tall matrix that is factored: A, or A^H for M < N
+        self.f = ct(self.xp, a) if self.under else a
+
+    # --- helpers ---------------------------------------------------------------
+    def _gemm(self, x: Any, y: Any, what: str) -> Any:
+        return gemm(x, y, precision=self.wprec, label=f"lstsq:{what}", backend=self.backend)
+
+    def _svdvals(self, r: Any) -> Any:
+        xp = self.xp
+        if not bool(xp.all(xp.isfinite(r))):
+            raise LinAlgError("lstsq: `a` contains NaN or Inf (check_finite=False): its "
+                              "singular values, rank and solution are undefined")
+        return xp.linalg.svdvals(r)
+
+    def _ranks(self, s: Any, u_f: float) -> tuple[int, int, float]:
+        """(rank by cond, rank certain at the factorization precision, s[0])."""
+        xp = self.xp
+        s1 = float(s[0])
+        cut = self.cond * s1
+        delta = RESOLUTION * math.sqrt(s.shape[0]) * u_f * s1 if u_f > self.u else 0.0
+        return int(xp.sum(xp.astype(s > cut, xp.int32))), \
+            int(xp.sum(xp.astype(s > cut + delta, xp.int32))), s1
+
+    def _factor(self, prec: str, mode: str) -> Any:
+        return qr(self.f, mode=mode, precision=prec)
+
+    def _resid_sq(self, x: Any) -> Any:
+        xp = self.xp
+        r = self.b - self._gemm(self.a, x, "residual-Ax")
+        return xp.linalg.vector_norm(r, axis=0) ** 2
+
+    # --- paths ---------------------------------------------------------------
+    def run(self) -> tuple[Any, int, Any, Any]:
+        xp = self.xp
+        if not bool(xp.all(xp.isfinite(self.b))):
+            # NaN/Inf in b (check_finite=False): x is NaN, never a finite-looking answer
+            r = self._factor(self.prec, "r")
+            s = self._svdvals(r)
+            rank_cond, _, s1 = self._ranks(s, self.u)
+            nan = xp.full((self.n, self.b.shape[1]), float("nan"), dtype=self.a.dtype,
+                          device=device(self.a))
+            rsq = xp.full((self.b.shape[1],), float("nan"), dtype=s.dtype, device=device(s))
+            record_event("method", "lstsq: `b` holds NaN/Inf: the solution is NaN",
+                         path="nonfinite")
+            return nan, (rank_cond if s1 > 0 else 0), s, rsq
+        if self.refine is None:
+            return self.direct(self.prec)
+        k = min(self.m, self.n)
+        r = self._factor(self.prec, "r")
+        s = self._svdvals(r)
+        rank_cond, rank_sure, s1 = self._ranks(s, self.u_f)
+        if s1 == 0.0 or rank_sure < k:
+            low = self.u_f > self.u
+            why = (f"rank uncertain at precision {self.prec!r}: a singular value of R lies "
+                   f"within {RESOLUTION:g} sqrt(n) u_f ||A|| of the cutoff"
+                   if low and rank_cond > rank_sure else "rank deficient")
+            record_event("fallback", f"lstsq: {why}; minimum-norm solution from the QR-SVD at "
+                         "the working precision" + (" (refactoring)" if low else ""),
+                         rank=rank_cond, path="svd")
+            return self.direct("auto" if low else self.prec)
+        side = "left" if self.under else "right"
+        method = "ir" if self.refine == "ir" else "cgls"
+        run = iterative_refinement if method == "ir" else cgls
+        out = run(self.backend, self.a, self.b, r, side=side, anorm=s1, tol=self.tol,
+                  maxiter=self.maxiter, wprec=self.wprec)
+        record_event("refine", f"lstsq: {method} ({side}-preconditioned by the "
+                     f"{self.prec} R) {'converged' if out.converged else 'stopped'} after "
+                     f"{out.iterations} iterations, normal-equation residual "
+                     f"{out.ratio * self.tol:.2e} (tol {self.tol:.2e})", method=method,
+                     iterations=out.iterations, residual=out.ratio * self.tol,
+                     converged=out.converged, precision=self.prec)
+        if not out.converged and not out.nonfinite:
+            if self.refine == "auto":
+                record_event("fallback", "lstsq: refinement did not converge; refactoring at "
+                             "the working precision and solving directly", path="direct")
+                return self.direct("auto")
+            warnings.warn(
+                f"lstsq: {method} did not reach tol={self.tol:.2e} in {out.iterations} "
+                f"iterations (normal-equation residual {out.ratio * self.tol:.2e}); returning "
+                "the best iterate. Use refine='auto' or a higher `precision`.",
+                RefinementWarning, stacklevel=4)
+        rsq = None
+        if out.residual is not None:
+            rsq = xp.linalg.vector_norm(out.residual, axis=0) ** 2
+        return out.x, k, s, rsq
+
+    def direct(self, prec: str) -> tuple[Any, int, Any, Any]:
+        """QR (with Q) at ``prec``, then ``R^-1 Q^H b`` or the truncated SVD solution."""
+        xp = self.xp
+        u_f = max(_UNIT[prec], self.u)
+        q, r = self._factor(prec, "reduced")
+        s = self._svdvals(r)
+        k = s.shape[0]
+        rank_cond, rank, s1 = self._ranks(s, u_f)
+        if s1 == 0.0:
+            rank = 0
+        if rank < rank_cond:
+            record_event("rank", f"lstsq: rank {rank} (not {rank_cond}): singular values "
+                         f"below {RESOLUTION:g} sqrt(n) u_f ||A|| are not resolved by a "
+                         f"{prec} factorization", rank=rank, rank_cond=rank_cond)
+        b = self.b
+        if rank == k:
+            record_event("method", f"lstsq: direct QR solve at precision {prec!r}",
+                         path="direct", precision=prec)
+            if self.under:  # A = R^H Q^H: x = Q R^-H b
+                y = self.backend.solve_triangular(xp.asarray(ct(xp, r), copy=True), b,
+                                                  lower=True)
+                x = self._gemm(q, y, "Qy")
+            else:
+                x = self.backend.solve_triangular(r, self._gemm(ct(xp, q), b, "QHb"))
+        else:
+            record_event("method", f"lstsq: rank {rank} < {k}: minimum-norm solution from "
+                         "the SVD of R", path="svd", rank=rank, precision=prec)
+            x = self._svd_solve(q, r, rank)
+        rsq = self._resid_sq(x) if (self.m > self.n and rank == k) else None
+        return x, rank, s, rsq
+
+    def _svd_solve(self, q: Any, r: Any, rank: int) -> Any:
+        xp = self.xp
+        u, sv, vh = self.backend.svd(r, full_matrices=False)
+        b = self.b
+        if rank == 0:
+            return xp.zeros((self.n, b.shape[1]), dtype=b.dtype, device=device(b))
+        inv = xp.astype(1.0 / sv[:rank], b.dtype)[:, None]
+        if self.under:  # A = V S U^H Q^H  (R = U S V^H): x = Q U_k S_k^-1 V_k^H b
+            y = inv * self._gemm(vh[:rank, :], b, "svd-Vhb")
+            return self._gemm(q, self._gemm(u[:, :rank], y, "svd-Uy"), "svd-Qy")
+        c = self._gemm(ct(xp, q), b, "QHb")
+        y = inv * self._gemm(ct(xp, u[:, :rank]), c, "svd-UHc")
+        return self._gemm(ct(xp, vh[:rank, :]), y, "svd-Vy")

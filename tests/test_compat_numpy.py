@@ -1,0 +1,86 @@
+"""mpqr.compat.numpy follows numpy.linalg's rules (rcond, residuals, dtypes, errors)."""
+
+from __future__ import annotations
+
+import mpqr.compat.numpy as mcn
+import numpy as np
+import pytest
+from mpqr.compat import _patch
+
+
+@pytest.mark.parametrize("shape", [(12, 4), (4, 12), (6, 6)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.int32])
+@pytest.mark.parametrize("k", [None, 2])
+def test_lstsq_like_numpy(shape, dtype, k):
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal(shape) * 4).astype(dtype)
+    b = (rng.standard_normal((shape[0],) if k is None else (shape[0], k)) * 4).astype(dtype)
+    ref = np.linalg.lstsq(a, b)
+    out = mcn.lstsq(a, b)
+    for got, want in zip(out, ref):
+        assert np.shape(got) == np.shape(want) and np.asarray(got).dtype.kind == np.asarray(want).dtype.kind
+    assert out[0].dtype == ref[0].dtype and out[1].dtype == ref[1].dtype
+    assert out[2] == ref[2]
+    kappa = ref[3][0] / ref[3][-1]
+    tol = 25 * np.finfo(ref[0].dtype).eps * kappa
+    np.testing.assert_allclose(out[0], ref[0], rtol=tol, atol=tol * np.abs(ref[0]).max())
+    np.testing.assert_allclose(out[1], ref[1], rtol=tol * kappa)
+    np.testing.assert_allclose(out[3], ref[3], rtol=tol)
+
+
+def test_default_rcond_is_eps_max_mn():
+    # singular value 1e-14: above SciPy's eps cutoff, below NumPy's eps * max(M, N)
+    rng = np.random.default_rng(1)
+    u, _ = np.linalg.qr(rng.standard_normal((200, 3)))
+    a = (u * np.array([1.0, 1.0, 1e-14])) @ np.eye(3)
+    b = rng.standard_normal(200)
+    assert mcn.lstsq(a, b)[2] == np.linalg.lstsq(a, b)[2] == 2
+    assert mcn.lstsq(a, b, rcond=1e-16)[2] == np.linalg.lstsq(a, b, rcond=1e-16)[2] == 3
+
+
+@pytest.mark.parametrize("shape,bshape", [((0, 3), (0,)), ((3, 0), (3,)), ((0, 0), (0,)),
+                                          ((3, 0), (3, 2)), ((0, 3), (0, 2))])
+def test_lstsq_empty_like_numpy(shape, bshape):
+    a, b = np.ones(shape), np.ones(bshape)
+    ref, out = np.linalg.lstsq(a, b), mcn.lstsq(a, b)
+    for got, want in zip(out, ref):
+        np.testing.assert_array_equal(got, want)
+        assert np.shape(got) == np.shape(want)
+
+
+def test_lstsq_errors_like_numpy():
+    with pytest.raises(np.linalg.LinAlgError, match="Incompatible dimensions"):
+        mcn.lstsq(np.eye(3, 4), np.ones(4))
+    with pytest.raises(np.linalg.LinAlgError, match="1-dimensional array given. Array must be two-dimensional"):
+        mcn.lstsq(np.ones(3), np.ones(3))
+    with pytest.raises(np.linalg.LinAlgError, match="SVD did not converge in Linear Least Squares"):
+        mcn.lstsq(np.full((3, 3), np.nan), np.ones(3))
+    with pytest.raises(TypeError, match="array type float16 is unsupported in linalg"):
+        mcn.lstsq(np.eye(3, dtype=np.float16), np.ones(3))
+
+
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+@pytest.mark.parametrize("shape", [(6, 3), (3, 6), (2, 5, 4), (0, 3)])
+def test_qr_like_numpy(mode, shape):
+    a = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    ref, out = np.linalg.qr(a, mode=mode), mcn.qr(a, mode=mode)
+    if mode == "r":
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        np.testing.assert_allclose(np.abs(out), np.abs(ref), atol=1e-5)
+        return
+    assert type(out).__name__ == "QRResult" and out.Q.dtype == ref.Q.dtype
+    assert out.Q.shape == ref.Q.shape and out.R.shape == ref.R.shape
+    np.testing.assert_allclose(np.abs(out.R), np.abs(ref.R), atol=1e-5)
+    np.testing.assert_allclose(out.Q @ out.R, a, atol=1e-5)
+
+
+def test_qr_errors_and_raw():
+    with pytest.raises(ValueError, match="Unrecognized mode 'x'"):
+        mcn.qr(np.eye(2), mode="x")
+    with pytest.raises(np.linalg.LinAlgError, match="1-dimensional array given"):
+        mcn.qr(np.ones(3))
+    _patch._WARNED.discard("np-qr-raw")
+    a = np.random.default_rng(3).standard_normal((5, 3))
+    with pytest.warns(UserWarning, match="mode='raw' is not supported by mpqr"):
+        h, _tau = mcn.qr(a, mode="raw")
+    np.testing.assert_array_equal(h, np.linalg.qr(a, mode="raw")[0])

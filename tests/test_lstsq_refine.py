@@ -1,0 +1,144 @@
+"""Refinement: low-precision R as a preconditioner, accuracy restored in working precision.
+
+The measure is the normal-equation backward error
+``||A^T (b - A x)|| / (||A||^2 ||x||)``, compared with SciPy's gelsd on the
+same float64 problem (within 10x, as the issue asks).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.linalg as sla
+
+import mpqr
+from tests._support import to_numpy
+
+
+def _problem(m, n, kappa, seed):
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
+    return a, rng.standard_normal(m)
+
+
+def _metric(a, b, x):
+    r = b - a @ x
+    return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))
+
+
+def _events(trace, kind):
+    return [e for e in trace.events if e.kind == kind]
+
+
+@pytest.mark.parametrize("precision", ["fp32-emulated", "fp16"])
+@pytest.mark.parametrize("kappa", [1e1, 1e2, 1e4, 1e6, 1e8])
+def test_auto_refine_matches_scipy_accuracy(xp, precision, kappa):
+    a, b = _problem(160, 24, kappa, seed=int(np.log10(kappa)))
+    xs = sla.lstsq(a, b)[0]
+    with mpqr.explain() as trace, warnings.catch_warnings():
+        warnings.simplefilter("error", mpqr.RefinementWarning)
+        x = to_numpy(mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision=precision)[0])
+    assert _metric(a, b, x) <= 10 * _metric(a, b, xs)
+    # the path: CGLS where the factorization resolves the spectrum, else a traced fallback
+    resolved = 10 * np.sqrt(24) * {"fp16": 2.0**-11, "fp32-emulated": 2.0**-24}[precision]
+    if 1 / kappa > 2 * resolved:
+        ev = _events(trace, "refine")
+        assert ev and ev[0].data["converged"] and ev[0].data["iterations"] <= 12
+        assert not _events(trace, "fallback")
+        # every refinement product is a working-precision (fp64) GEMM
+        assert {g.engine for g in trace.gemms if g.label.startswith("lstsq:")} == {"native-fp64"}
+    elif 1 / kappa < resolved:
+        assert _events(trace, "fallback")
+
+
+@pytest.mark.parametrize("method", ["cgls", "ir"])
+@pytest.mark.parametrize("shape", [(200, 20), (20, 60)])
+def test_explicit_methods_converge(xp, method, shape):
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal(shape)
+    b = rng.standard_normal((shape[0], 2))
+    ref = sla.lstsq(a, b)
+    with mpqr.explain() as trace:
+        x, res, rank, _s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision="fp32-emulated",
+                                     refine=method)
+    ev = _events(trace, "refine")[0]
+    assert ev.data["method"] == method and ev.data["converged"]
+    kappa = ref[3][0] / ref[3][-1]
+    tol = 25 * np.finfo(np.float64).eps * kappa**2
+    np.testing.assert_allclose(to_numpy(x), ref[0], rtol=tol, atol=tol * np.abs(ref[0]).max())
+    assert rank == ref[2]
+    if shape[0] > shape[1]:
+        np.testing.assert_allclose(to_numpy(res), ref[1], rtol=tol)
+    else:  # minimum-norm solution of the underdetermined system
+        assert to_numpy(res).shape == (0,)
+
+
+def test_warning_with_best_iterate():
+    a, b = _problem(200, 20, 1e4, seed=3)
+    with pytest.warns(mpqr.RefinementWarning, match=r"lstsq: cgls did not reach tol=1\.00e-30 in \d+ iterations"):
+        x = mpqr.lstsq(a, b, precision="fp32-emulated", refine="cgls", tol=1e-30, maxiter=4)[0]
+    xs = sla.lstsq(a, b)[0]
+    # the best iterate is a good answer, not garbage
+    assert _metric(a, b, x) <= 10 * _metric(a, b, xs)
+    # refine="auto" does not warn: it falls back and says so
+    with mpqr.explain() as trace, warnings.catch_warnings():
+        warnings.simplefilter("error", mpqr.RefinementWarning)
+        mpqr.lstsq(a, b, precision="fp32-emulated", tol=1e-30, maxiter=4)
+    assert _events(trace, "fallback")
+
+
+def test_direct_low_precision_is_fast_path():
+    a, b = _problem(200, 16, 10.0, seed=5)
+    with mpqr.explain() as trace:
+        x = mpqr.lstsq(a, b, precision="fp16", refine=None)[0]
+    assert not _events(trace, "refine")
+    xs = sla.lstsq(a, b)[0]
+    err = np.linalg.norm(x - xs) / np.linalg.norm(xs)
+    # fp16-level accuracy: bounded by u16 * kappa^2 (LS sensitivity), and visibly above fp64's
+    assert err <= 50 * 2.0**-11 * 10.0**2
+    assert err > 1e3 * np.finfo(np.float64).eps
+
+
+def test_direct_low_precision_rank_is_limited_and_traced():
+    a, b = _problem(100, 8, 1e6, seed=8)
+    with mpqr.explain() as trace:
+        rank = mpqr.lstsq(a, b, precision="fp16", refine=None)[2]
+    assert rank < 8
+    assert _events(trace, "rank")
+
+
+def test_rank_deficient_never_refined_silently():
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((50, 3)) @ rng.standard_normal((3, 8))
+    b = rng.standard_normal(50)
+    ref = sla.lstsq(a, b, cond=1e-10)
+    with mpqr.explain() as trace:
+        x, _, rank, _ = mpqr.lstsq(a, b, cond=1e-10, precision="fp16")
+    assert rank == ref[2] == 3
+    assert _events(trace, "fallback")
+    np.testing.assert_allclose(x, ref[0], rtol=1e-9, atol=1e-9 * np.abs(ref[0]).max())
+
+
+def test_float32_refinement():
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((120, 10)).astype(np.float32)
+    b = rng.standard_normal(120).astype(np.float32)
+    ref = sla.lstsq(a, b)
+    x = mpqr.lstsq(a, b, precision="fp16")[0]
+    assert x.dtype == np.float32
+    kappa = ref[3][0] / ref[3][-1]
+    tol = 25 * np.finfo(np.float32).eps * kappa
+    np.testing.assert_allclose(x, ref[0], rtol=tol, atol=tol * np.abs(ref[0]).max())
+
+
+def test_zero_rhs_column():
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((30, 5))
+    b = np.stack([rng.standard_normal(30), np.zeros(30)], axis=1)
+    x = mpqr.lstsq(a, b, precision="fp32-emulated")[0]
+    assert np.all(x[:, 1] == 0)
+    np.testing.assert_allclose(x[:, 0], sla.lstsq(a, b[:, 0])[0], rtol=1e-12)
