@@ -42,7 +42,7 @@ from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 __all__ = ["BATCHED_PARTIALS_BYTES", "LO_SHIFT", "run_tc_sgemm"]
 
 LO_SHIFT = 11
-#: per-slice partial products are batched when they fit in this many bytes
+#: per-slice partial products are batched in groups of at most this many bytes
 BATCHED_PARTIALS_BYTES = 256 * 2**20
 
 
@@ -63,16 +63,18 @@ def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) 
     c = backend.gemm_fp16(a_cat, b_cat, alpha=2.0**-LO_SHIFT)
     del a_cat, b_cat
     nfull = k // slice_k
-    if not batch and nfull > 1 and nfull * m * n * 4 <= BATCHED_PARTIALS_BYTES:
-        # few outputs, long k: one batched GEMM over the slices, then an RN sum
-        kk = nfull * slice_k
-        a3 = xp.permute_dims(xp.reshape(a_hi[:, :kk], (m, nfull, slice_k)), (1, 0, 2))
-        b3 = xp.reshape(b_hi[:kk, :], (nfull, slice_k, n))
-        parts = backend.gemm_fp16(a3, b3)
-        c = c + xp.sum(parts, axis=0)
-        start = kk
-    else:
-        start = 0
+    group = BATCHED_PARTIALS_BYTES // max(1, m * n * 4)
+    start = 0
+    if not batch and nfull > 1 and group > 1:
+        # few outputs, long k: the slices run as strided-batched GEMMs into
+        # partials (at most `group` at a time), each group summed with RN
+        for g0 in range(0, nfull, group):
+            g = min(group, nfull - g0)
+            k0, k1 = g0 * slice_k, (g0 + g) * slice_k
+            a3 = xp.permute_dims(xp.reshape(a_hi[:, k0:k1], (m, g, slice_k)), (1, 0, 2))
+            b3 = xp.reshape(b_hi[k0:k1, :], (g, slice_k, n))
+            c = c + xp.sum(backend.gemm_fp16(a3, b3), axis=0)
+        start = nfull * slice_k
     for s in range(start, k, slice_k):
         e = min(k, s + slice_k)
         backend.gemm_fp16(a_hi[..., s:e], b_hi[..., s:e, :], out=c, alpha=1.0, beta=1.0)
