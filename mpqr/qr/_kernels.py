@@ -30,6 +30,8 @@ __all__ = [
     "normalize_signs",
     "panel_precision",
     "phase",
+    "pow2_scale",
+    "scale_columns",
     "trmm_lower",
     "tsqr",
 ]
@@ -79,6 +81,34 @@ def phase(xp: Any, d: Any) -> Any:
         safe = xp.where(nz, ad, xp.ones_like(ad))
         return xp.where(nz, d / xp.astype(safe, d.dtype), one)
     return xp.where(d < 0, -one, one)
+
+
+def pow2_scale(backend: Any, x: Any, e: Any) -> Any:
+    """``x * 2**e`` exactly (``e`` int32, broadcasting against ``x``), complex too."""
+    xp = backend.xp
+    if not is_complex(xp, x):
+        return backend.ldexp(x, e)
+    # ldexp is real-only: multiply by real powers of two, in two halves so each stays finite
+    rdt = xp.float64 if x.dtype == xp.complex128 else xp.float32
+    two = xp.asarray(2.0, dtype=rdt, device=device(x))
+    h = e // 2
+    f1 = xp.astype(xp.pow(two, xp.astype(h, rdt)), x.dtype)
+    f2 = xp.astype(xp.pow(two, xp.astype(e - h, rdt)), x.dtype)
+    return x * f1 * f2
+
+
+def scale_columns(backend: Any, a: Any) -> tuple[Any, Any]:
+    """``(a * 2**-e, e)`` with the largest ``|entry|`` of each column in ``[1, 2)``.
+
+    ``e`` is int32 of shape ``(..., 1, n)``; zero and non-finite columns get 0.
+    Powers of two are exact, so ``a D = Q R_s`` gives ``a = Q (R_s D^-1)``: every
+    method then sees unit-order columns, whatever the input's range (no overflow
+    of a Gram matrix or of an fp16/fp32 cast, no underflow of tiny columns).
+    """
+    xp = backend.xp
+    mx = xp.max(xp.abs(a), axis=-2, keepdims=True)
+    e = backend.exponent(mx)
+    return pow2_scale(backend, a, -e), e
 
 
 def tsqr(backend: Any, a: Any, *, precision: str, block_rows: int = TSQR_BLOCK_ROWS

@@ -11,7 +11,7 @@ from mpqr._errors import BreakdownError
 from mpqr._validation import check_dtype, check_finite, check_ndim, namespace_of
 from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
-from mpqr.qr._kernels import ct, eye_like, normalize_signs
+from mpqr.qr._kernels import ct, eye_like, normalize_signs, pow2_scale, scale_columns
 
 __all__ = ["METHODS", "MODES", "QRResult", "qr"]
 
@@ -228,7 +228,19 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
 def _factor(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
             want_q: bool, complete: bool, overwrite: bool) -> tuple[Any, Any]:
-    """Run one method on any shape; returns sign-normalised ``(Q or None, R)``."""
+    """Run one method on any shape; returns sign-normalised ``(Q or None, R)``.
+
+    Columns are first scaled by exact powers of two (see
+    :func:`~mpqr.qr._kernels.scale_columns`) and R's columns unscaled at the end.
+    """
+    a, e = scale_columns(backend, a)
+    q, r = _factor_scaled(backend, method, a, precision=precision, prec_name=prec_name,
+                          want_q=want_q, complete=complete, overwrite=True)  # `a` is ours now
+    return q, pow2_scale(backend, r, e)
+
+
+def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
+                   want_q: bool, complete: bool, overwrite: bool) -> tuple[Any, Any]:
     xp = backend.xp
     func = METHODS[method]
     *batch, m, n = a.shape
