@@ -142,3 +142,41 @@ def test_zero_rhs_column():
     x = mpqr.lstsq(a, b, precision="fp32-emulated")[0]
     assert np.all(x[:, 1] == 0)
     np.testing.assert_allclose(x[:, 0], sla.lstsq(a, b[:, 0])[0], rtol=1e-12)
+
+
+def test_gelsy_certifies_full_rank_without_svd(xp):
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((300, 20)), rng.standard_normal(300)
+    with mpqr.explain() as trace:
+        x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision="fp16",
+                                     lapack_driver="gelsy")
+    assert s is None and rank == 20 and to_numpy(res).shape == (0,)
+    assert any("certified" in e.message for e in _events(trace, "rank"))
+    xs = sla.lstsq(a, b, lapack_driver="gelsy")[0]
+    np.testing.assert_allclose(to_numpy(x), xs, rtol=1e-13, atol=1e-13 * np.abs(xs).max())
+
+
+def test_gelsy_rank_deficient_is_not_certified():
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((80, 6))
+    a[:, 4] = a[:, 1] + a[:, 2]
+    b = rng.standard_normal(80)
+    ref = sla.lstsq(a, b, cond=1e-10, lapack_driver="gelsy")
+    for precision in ("fp16", "auto"):
+        with mpqr.explain() as trace:
+            x, _, rank, s = mpqr.lstsq(a, b, cond=1e-10, lapack_driver="gelsy",
+                                       precision=precision)
+        assert rank == ref[2] == 5 and s is None
+        assert not any("certified" in e.message for e in trace.events)
+        np.testing.assert_allclose(x, ref[0], rtol=1e-10, atol=1e-10 * np.abs(ref[0]).max())
+
+
+def test_default_tol_as_accurate_as_householder_qr():
+    # the benchmark's criterion: normal-equation residual no worse than the QR route's
+    rng = np.random.default_rng(14)
+    a, b = rng.standard_normal((8192, 48)), rng.standard_normal(8192)
+    q, r = np.linalg.qr(a)
+    x_qr = sla.solve_triangular(r, q.T @ b)
+    for precision in ("fp16", "fp32-emulated"):
+        x = mpqr.lstsq(a, b, precision=precision, lapack_driver="gelsy")[0]
+        assert _metric(a, b, x) <= 2 * _metric(a, b, x_qr)

@@ -97,8 +97,11 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         resolution, ``10 sqrt(N) u_f``, which is recorded in the trace).
     tol : float, optional
         Refinement tolerance on the normal-equation backward error
-        ``||A^H r|| / (||A|| (||A|| ||x|| + ||r||))``; default
-        ``sqrt(max(M, N)) * u`` of the working precision.
+        ``||A^H r|| / (||A|| (||A|| ||x|| + ||r||))`` (underdetermined:
+        ``||R^-H r|| / ||x||``). Default: the unit roundoff ``u`` of the
+        working precision, where a refinement that stalls below
+        ``sqrt(max(M, N)) u`` (the rounding floor of the products with ``A``)
+        also counts as converged; an explicit ``tol`` is strict.
     maxiter : int, optional
         Iteration cap of the refinement (default 50).
 
@@ -189,7 +192,8 @@ def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     eps = float(xp.finfo(wdt).eps)
     if cond is None or cond < 0:
         cond = eps
-    solver = _Solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter)
+    solver = _Solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter,
+                     need_s=driver != "gelsy")
     x, rank, s, rsq = solver.run()
     dev = device(x)
     if m > n and rank == n and driver != "gelsy" and rsq is not None:
@@ -205,15 +209,20 @@ class _Solver:
     """One 2-D problem in the working dtype; ``b`` is 2-D."""
 
     def __init__(self, backend: Any, a: Any, b: Any, cond: float, prec: str,
-                 refine: str | None, eps: float, tol: float | None, maxiter: int | None):
+                 refine: str | None, eps: float, tol: float | None, maxiter: int | None,
+                 need_s: bool = True):
         self.backend, self.xp = backend, backend.xp
+        self.need_s = need_s
         self.a, self.b, self.cond, self.prec, self.refine = a, b, cond, prec, refine
         m, n = a.shape
         self.m, self.n = m, n
         self.u = eps / 2
         self.u_f = max(_UNIT[prec], self.u)
         self.wprec = "fp64" if a.dtype in (self.xp.float64, self.xp.complex128) else "fp32"
-        self.tol = tol if tol is not None else math.sqrt(max(m, n)) * self.u
+        # default: the unit roundoff, accepting a stall at the rounding floor of the
+        # products with A (about sqrt(max(M, N)) u); an explicit tol is strict
+        self.tol = tol if tol is not None else self.u
+        self.floor_tol = None if tol is not None else math.sqrt(max(m, n)) * self.u
         self.maxiter = maxiter if maxiter is not None else 50
         self.under = m < n
         # the tall matrix that is factored: A, or A^H for M < N
@@ -265,8 +274,12 @@ class _Solver:
             return self.direct(self.prec)
         k = min(self.m, self.n)
         r = self._factor(self.prec, "r")
-        s = self._svdvals(r)
-        rank_cond, rank_sure, s1 = self._ranks(s, self.u_f)
+        s, s1 = None, self._full_rank_certificate(r)
+        if s1 is None:  # no certificate (or singular values wanted): the SVD of R decides
+            s = self._svdvals(r)
+            rank_cond, rank_sure, s1 = self._ranks(s, self.u_f)
+        else:
+            rank_cond = rank_sure = k
         if s1 == 0.0 or rank_sure < k:
             low = self.u_f > self.u
             why = (f"rank uncertain at precision {self.prec!r}: a singular value of R lies "
@@ -280,7 +293,7 @@ class _Solver:
         method = "ir" if self.refine == "ir" else "cgls"
         run = iterative_refinement if method == "ir" else cgls
         out = run(self.backend, self.a, self.b, r, side=side, anorm=s1, tol=self.tol,
-                  maxiter=self.maxiter, wprec=self.wprec)
+                  maxiter=self.maxiter, wprec=self.wprec, floor_tol=self.floor_tol)
         record_event("refine", f"lstsq: {method} ({side}-preconditioned by the "
                      f"{self.prec} R) {'converged' if out.converged else 'stopped'} after "
                      f"{out.iterations} iterations, normal-equation residual "
@@ -301,6 +314,45 @@ class _Solver:
         if out.residual is not None:
             rsq = xp.linalg.vector_norm(out.residual, axis=0) ** 2
         return out.x, k, s, rsq
+
+    def _full_rank_certificate(self, r: Any) -> float | None:
+        """``||A||_2`` estimate if ``sigma_min(R) > cutoff + resolution`` is proven, else None.
+
+        Only for ``lapack_driver="gelsy"`` (no singular values to return): the SVD
+        of R is replaced by a Cholesky test, ``R^H R - tau^2 I`` positive definite
+        iff ``sigma_min(R) > tau``, with ``tau`` at least ``10 sqrt(n u) ||R||`` so
+        the rounding of the Gram matrix cannot fake it; ``||R||_2`` is bounded
+        by twice a power-iteration estimate (and by ``||R||_F``).
+        """
+        if self.need_s:
+            return None
+        xp, backend = self.xp, self.backend
+        k = r.shape[-1]
+        if not bool(xp.all(xp.isfinite(r))):
+            return None
+        rh = ct(xp, r)
+        v = xp.astype(xp.linspace(1.0, 2.0, k, device=device(r)), r.dtype)[:, None]
+        est = 0.0
+        for _ in range(8):  # power iteration on R^H R (n^2 per step)
+            w = self._gemm(rh, self._gemm(r, v, "rank-power"), "rank-power")
+            nw = float(xp.linalg.vector_norm(w))
+            if nw == 0.0:
+                return None
+            est = math.sqrt(nw / float(xp.linalg.vector_norm(v)))
+            v = w / nw
+        s1_up = min(2.0 * est, float(xp.linalg.matrix_norm(r)))
+        u_f = self.u_f if self.u_f > self.u else 0.0
+        tau = s1_up * max(self.cond + RESOLUTION * math.sqrt(k) * u_f,
+                          10.0 * math.sqrt(k * self.u))
+        g = self._gemm(rh, r, "rank-gram")
+        g = g - (tau * tau) * xp.eye(k, dtype=g.dtype, device=device(g))
+        try:
+            backend.cholesky(g, upper=True)
+        except LinAlgError:
+            return None
+        record_event("rank", f"lstsq: full rank certified without an SVD (sigma_min(R) > "
+                     f"{tau:.2e}, Cholesky test)", rank=k, tau=tau)
+        return est
 
     def direct(self, prec: str) -> tuple[Any, int, Any, Any]:
         """QR (with Q) at ``prec``, then ``R^-1 Q^H b`` or the truncated SVD solution."""

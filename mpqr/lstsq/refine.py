@@ -20,7 +20,9 @@ Stopping rule (per right-hand side, all columns must pass): overdetermined,
 backward error a backward-stable solver attains; underdetermined,
 ``||R^-H r|| <= tol ||x||``. The iteration also stops when the measure has not
 halved for ``patience`` steps (the rounding floor) or after ``maxiter`` steps;
-the best iterate seen is returned in every case.
+the best iterate seen is returned in every case. A run that stalls counts as
+converged when its measure is below ``floor_tol`` (the rounding floor of the
+products with ``A``, about ``sqrt(M) u``).
 """
 
 from __future__ import annotations
@@ -96,7 +98,8 @@ def _ratio(xp: Any, meas: Any, target: Any) -> tuple[float, bool]:
 
 
 def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: float,
-         maxiter: int, patience: int = 3, wprec: str, label: str = "lstsq") -> RefineResult:
+         maxiter: int, patience: int = 3, wprec: str, label: str = "lstsq",
+         floor_tol: float | None = None) -> RefineResult:
     """Preconditioned CGLS from ``x = 0`` for ``min ||b - A x||`` (``b`` 2-D).
 
     ``side="right"`` (``M >= N``, ``A = Q R``) or ``"left"`` (``M < N``,
@@ -161,12 +164,13 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
         gamma = gamma_new
     if nonfinite:
         return RefineResult(x, it, False, float("nan"), res if right else None, True)
-    return RefineResult(best_x, it, best_ratio <= 1.0, best_ratio, best_res if right else None)
+    return RefineResult(best_x, it, _accept(best_ratio, tol, floor_tol), best_ratio,
+                        best_res if right else None)
 
 
 def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float,
                          tol: float, maxiter: int, patience: int = 3, wprec: str,
-                         label: str = "lstsq") -> RefineResult:
+                         label: str = "lstsq", floor_tol: float | None = None) -> RefineResult:
     """Classical refinement on the semi-normal equations from ``x = 0``.
 
     Each step recomputes the residual ``b - A x`` in working precision and
@@ -210,4 +214,10 @@ def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, ano
             d = ops.ahv(ops.rinv(w), "ir")
         x = x + d
     assert best is not None
-    return RefineResult(best[1], it, best[0] <= 1.0, best[0], best[2] if right else None, False)
+    return RefineResult(best[1], it, _accept(best[0], tol, floor_tol), best[0],
+                        best[2] if right else None, False)
+
+
+def _accept(ratio: float, tol: float, floor_tol: float | None) -> bool:
+    """Converged: met ``tol``, or stalled at the rounding floor below ``floor_tol``."""
+    return ratio <= 1.0 or (floor_tol is not None and ratio * tol <= floor_tol)
