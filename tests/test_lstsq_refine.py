@@ -180,3 +180,25 @@ def test_default_tol_as_accurate_as_householder_qr():
     for precision in ("fp16", "fp32-emulated"):
         x = mpqr.lstsq(a, b, precision=precision, lapack_driver="gelsy")[0]
         assert _metric(a, b, x) <= 2 * _metric(a, b, x_qr)
+
+
+def test_certificate_not_fooled_by_silent_cholesky_failure(monkeypatch):
+    # cuSOLVER's potrf reports a non-positive-definite matrix only through devInfo and
+    # leaves the unfactored part in place; emulate that and check nothing is certified
+    from mpqr.backends.numpy_backend import NumpyBackend
+
+    def silent(self, a, *, upper=False):
+        try:
+            return np.linalg.cholesky(a).T.conj()
+        except np.linalg.LinAlgError:
+            return np.triu(a)
+
+    monkeypatch.setattr(NumpyBackend, "cholesky", silent)
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((60, 5))
+    a[:, 3] = a[:, 0]
+    b = rng.standard_normal(60)
+    with mpqr.explain() as trace:
+        rank = mpqr.lstsq(a, b, cond=1e-10, lapack_driver="gelsy", precision="fp16")[2]
+    assert rank == 4
+    assert not any("certified" in e.message for e in trace.events)

@@ -347,8 +347,15 @@ class _Solver:
         g = self._gemm(rh, r, "rank-gram")
         g = g - (tau * tau) * xp.eye(k, dtype=g.dtype, device=device(g))
         try:
-            backend.cholesky(g, upper=True)
+            c = backend.cholesky(g, upper=True)
         except LinAlgError:
+            return None
+        # a factorization that stopped early (cuSOLVER's potrf reports it only through
+        # devInfo) leaves columns whose squared norms do not reproduce diag(g)
+        d = xp.real(xp.linalg.diagonal(g))
+        cn = xp.sum(xp.real(c * xp.conj(c)), axis=0)
+        ok = xp.all(xp.isfinite(cn)) & xp.all(xp.abs(cn - d) <= 1e-6 * xp.max(xp.abs(d)))
+        if not bool(ok):
             return None
         record_event("rank", f"lstsq: full rank certified without an SVD (sigma_min(R) > "
                      f"{tau:.2e}, Cholesky test)", rank=k, tau=tau)
