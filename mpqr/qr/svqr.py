@@ -28,7 +28,7 @@ from mpqr._array_api import device
 from mpqr._errors import BreakdownError
 from mpqr.policy import record_event
 from mpqr.qr._kernels import ct
-from mpqr.qr.cholqr import _gram, _rr, right_solve_upper, unit_roundoff
+from mpqr.qr.cholqr import _gram, _rr, gram_roundoff, right_solve_upper, unit_roundoff
 
 __all__ = ["MAX_PASSES", "svqr"]
 
@@ -40,6 +40,9 @@ def _one_pass(backend: Any, v: Any, g: Any, mixed: bool, it: int, eps: float
               ) -> tuple[Any, Any]:
     """One SVQR pass on ``v`` whose Gram matrix ``g`` (accurate to ``eps``) the caller made."""
     xp = backend.xp
+    if not bool(xp.all(xp.isfinite(g))):  # the SVD below would fail or return garbage
+        raise BreakdownError("svqr broke down: the Gram matrix x^H x is not finite "
+                             "(x holds NaN or Inf)", method="svqr", cond_estimate=math.inf)
     dg = xp.real(xp.linalg.diagonal(g)) if xp.isdtype(g.dtype, "complex floating") \
         else xp.linalg.diagonal(g)
     # zero columns: leave them unscaled (they contribute a zero column of R)
@@ -54,6 +57,9 @@ def _one_pass(backend: Any, v: Any, g: Any, mixed: bool, it: int, eps: float
     smin = s[..., -1:]
     tiny = xp.full_like(smin, xp.finfo(smin.dtype).smallest_normal)
     cond_g = float(xp.max(s1 / xp.where(smin > 0, smin, tiny)))  # one host sync per pass
+    if not float(xp.min(s1)) > 0:  # a zero matrix has no column space to orthonormalise
+        raise BreakdownError("svqr broke down: x (or a matrix of the stack) is zero",
+                             method="svqr", cond_estimate=math.inf)
     b = xp.expand_dims(xp.astype(xp.sqrt(lifted), u.dtype), axis=-1) * ct(xp, u)
     _, rs = backend.qr_panel(b)
     r = rs / xp.expand_dims(dc, axis=-2)  # V D = Q Rs  =>  V = Q (Rs D^{-1})
@@ -66,6 +72,21 @@ def _one_pass(backend: Any, v: Any, g: Any, mixed: bool, it: int, eps: float
     else:
         q = right_solve_upper(backend, v, r)
     return q, r
+
+
+def _checked(q: Any, r: Any, err: float, n: int, u_gram: float) -> tuple[Any, Any]:
+    """``(q, r)`` if ``||I - Q^H Q||_F`` stalled at the rounding floor, else BreakdownError.
+
+    Past ``cond(x) ~ 1/eps`` the passes stall far above it (``||I - Q^H Q||_F``
+    of order 1): that Q is no orthonormal basis and must not be returned.
+    """
+    limit = min(32 * n * u_gram, 0.5)
+    if err <= limit:
+        return q, r
+    raise BreakdownError(
+        f"svqr broke down: the passes stalled at ||I - Q^H Q||_F = {err:.2e} > {limit:.2e} "
+        "(x is numerically rank deficient at this precision); use a Householder method or "
+        "method='auto'", method="svqr", cond_estimate=math.inf)
 
 
 def svqr(backend: Any, a: Any, *, precision: Any, prec_name: str, mixed: bool | None = None,
@@ -86,8 +107,10 @@ def svqr(backend: Any, a: Any, *, precision: Any, prec_name: str, mixed: bool | 
         err = float(xp.max(xp.linalg.matrix_norm(g - eye, ord="fro")))  # one sync per pass
         # done at n u, or once a pass stops paying (passes converge quadratically
         # until the rounding floor of the Gram matrix itself)
-        if err <= n * u or err > prev / 4:
+        if err <= n * u:
             return q, r
+        if err > prev / 4:
+            return _checked(q, r, err, n, gram_roundoff(xp, a.dtype, prec_name))
         prev = err
         if not math.isfinite(err):
             break
@@ -96,6 +119,6 @@ def svqr(backend: Any, a: Any, *, precision: Any, prec_name: str, mixed: bool | 
     else:
         record_event("svqr", f"svqr stopped after {MAX_PASSES} passes with "
                      f"||I - Q^H Q||_F = {err:.2e}", passes=MAX_PASSES)
-        return q, r
+        return _checked(q, r, err, n, gram_roundoff(xp, a.dtype, prec_name))
     raise BreakdownError(f"svqr did not reach orthogonality in {MAX_PASSES} passes "
                          "(non-finite input?)", method="svqr", cond_estimate=math.inf)
