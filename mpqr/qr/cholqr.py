@@ -33,6 +33,16 @@ def unit_roundoff(xp: Any, dtype: Any) -> float:
     return 2.0**-24 if dtype in (xp.float32, xp.complex64) else 2.0**-53
 
 
+#: unit roundoff of each precision's GEMM inputs (fp16 rounds its inputs to 11 bits)
+_GEMM_U = {"fp32": 2.0**-24, "fp32-emulated": 2.0**-24, "fp16": 2.0**-11}
+
+
+def gram_roundoff(xp: Any, dtype: Any, prec_name: str) -> float:
+    """Unit roundoff of a Gram matrix made at ``prec_name``: the larger of the GEMM's and
+    the dtype's (a float64 Gram from fp16 products is only fp16-accurate)."""
+    return max(unit_roundoff(xp, dtype), _GEMM_U.get(prec_name, 0.0))
+
+
 def right_solve_upper(backend: Any, a: Any, r: Any) -> Any:
     """``a @ inv(r)`` for upper-triangular ``r`` (solved as ``r^H x^H = a^H``)."""
     xp = backend.xp
@@ -57,15 +67,17 @@ def _cond_from_gram(backend: Any, g: Any) -> float:
     return math.sqrt(hi / lo) if lo > 0 else math.inf
 
 
-def _chol_or_breakdown(backend: Any, g: Any, method: str) -> Any:
-    """Upper Cholesky factor of ``g``; :class:`BreakdownError` if it fails or is useless."""
+def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
+    """Upper Cholesky factor of ``g`` (accurate to ``u``); :class:`BreakdownError` if it
+    fails or is useless."""
     xp = backend.xp
-    u = unit_roundoff(xp, g.dtype)
     try:
         r = backend.cholesky(g, upper=True)
         d = xp.abs(xp.linalg.diagonal(r))
         lo, hi = float(xp.min(d)), float(xp.max(d))  # the one host sync of this step
-        ok = math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u < 1
+        # diag(R) only bounds cond(x) from below: the factor n keeps a margin (without it
+        # fp32-emulated CholQR returned ||I - Q^T Q||_F = 21 at cond(x) = 1e4, n = 70)
+        ok = math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u * g.shape[-1] < 1
     except LinAlgError:
         ok = False
     if ok:
@@ -78,18 +90,22 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str) -> Any:
         method=method, cond_estimate=cond)
 
 
-def _one_pass(backend: Any, a: Any, precision: Any, method: str, shift: bool = False
-              ) -> tuple[Any, Any]:
+def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
+              shift: bool = False) -> tuple[Any, Any]:
     xp = backend.xp
     g = _gram(backend, a, precision, f"{method}-gram")
+    u = gram_roundoff(xp, a.dtype, prec_name)
+    if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
+        raise BreakdownError(
+            f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
+            method=method, cond_estimate=math.inf)
     if shift:
         m, n = a.shape[-2:]
-        u = unit_roundoff(xp, a.dtype)
         fro2 = xp.sum(xp.abs(xp.linalg.diagonal(g)), axis=-1)  # ||A||_F^2 per matrix
         s = 11 * (m * n + n * (n + 1)) * u * fro2
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
-    r = _chol_or_breakdown(backend, g, method)
+    r = _chol_or_breakdown(backend, g, method, u)
     return right_solve_upper(backend, a, r), r
 
 
@@ -103,21 +119,22 @@ def _rr(backend: Any, r2: Any, r1: Any, prec_name: str) -> Any:
 def cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
            ) -> tuple[Any, Any]:
     """One CholQR pass; ``(Q, R)`` with thin Q."""
-    return _one_pass(backend, a, precision, "cholqr")
+    return _one_pass(backend, a, precision, "cholqr", prec_name)
 
 
 def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
             ) -> tuple[Any, Any]:
     """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}``."""
-    q1, r1 = _one_pass(backend, a, precision, "cholqr2")
-    q, r2 = _one_pass(backend, q1, precision, "cholqr2")
+    q1, r1 = _one_pass(backend, a, precision, "cholqr2", prec_name)
+    q, r2 = _one_pass(backend, q1, precision, "cholqr2", prec_name)
     return q, _rr(backend, r2, r1, prec_name)
 
 
 def shifted_cholqr3(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
                     ) -> tuple[Any, Any]:
     """Shifted CholQR, then CholQR2: ``O(u)`` orthogonality for ``cond(A) < u^{-1}``."""
-    q1, r1 = _one_pass(backend, a, precision, "shifted-cholqr3", shift=True)
-    q2, r2 = _one_pass(backend, q1, precision, "shifted-cholqr3")
-    q, r3 = _one_pass(backend, q2, precision, "shifted-cholqr3")
+    q1, r1 = _one_pass(backend, a, precision, "shifted-cholqr3", prec_name,
+                       shift=True)
+    q2, r2 = _one_pass(backend, q1, precision, "shifted-cholqr3", prec_name)
+    q, r3 = _one_pass(backend, q2, precision, "shifted-cholqr3", prec_name)
     return q, _rr(backend, r3, _rr(backend, r2, r1, prec_name), prec_name)
