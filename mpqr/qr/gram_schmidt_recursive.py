@@ -17,11 +17,14 @@ gives ``A = Q (R_s D^{-1})``, only the columns of R are rescaled (exactly).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mpqr._array_api import device
+from mpqr._errors import BreakdownError
 from mpqr.policy import gemm
-from mpqr.qr._kernels import ct, panel_precision, tsqr
+from mpqr.qr._kernels import ct, panel_precision, pow2_scale, tsqr
+from mpqr.qr.cholqr import gram_roundoff
 
 __all__ = ["RECURSION_CUTOFF", "gram_schmidt_recursive"]
 
@@ -43,7 +46,7 @@ def gram_schmidt_recursive(backend: Any, a: Any, *, precision: Any, prec_name: s
     dev = device(a)
     pp = panel_precision(prec_name, a.dtype, xp)
     e = _column_scale(backend, a)
-    q = backend.ldexp(a, xp.expand_dims(-e, axis=-2))  # fresh array: the workspace
+    q = pow2_scale(backend, a, xp.expand_dims(-e, axis=-2))  # fresh array: the workspace
     r = xp.zeros((*batch, n, n), dtype=a.dtype, device=dev)
 
     def project(c0: int, cm: int, c1: int, label: str) -> Any:
@@ -71,5 +74,30 @@ def gram_schmidt_recursive(backend: Any, a: Any, *, precision: Any, prec_name: s
         rec(cm, c1)
 
     rec(0, n)
-    r = backend.ldexp(r, xp.expand_dims(e, axis=-2))
+    if n > nb:
+        _check_reach(backend, r, gram_roundoff(xp, a.dtype, prec_name))
+    r = pow2_scale(backend, r, xp.expand_dims(e, axis=-2))
     return q, r
+
+
+def _check_reach(backend: Any, r: Any, u: float) -> None:
+    """BreakdownError once ``cond(x) u n >= 1``, estimated from ``diag(R)``.
+
+    The projections lose orthogonality like ``cond(x) u`` of the GEMM precision;
+    past ``1/u`` Q is no orthonormal basis (fp16 at cond(x) = 1e8 gave
+    ``||I - Q^T Q||_F = 2.8``). The panels alone (n <= the cutoff) are TSQR, which
+    is stable for any x, so only the recursion is checked.
+    """
+    xp = backend.xp
+    d = xp.abs(xp.linalg.diagonal(r))
+    lo, hi = float(xp.min(d)), float(xp.max(d))  # one host sync
+    n = r.shape[-1]
+    if math.isfinite(hi) and hi > 0 and lo > 0 and hi / lo * u * n < 1:
+        return
+    if not math.isfinite(hi):
+        return  # NaN/Inf input: it propagates to Q and R (IEEE)
+    cond = hi / lo if lo > 0 else math.inf
+    raise BreakdownError(
+        f"gram-schmidt-recursive broke down: estimated cond(x) >= {cond:.2e} is beyond its "
+        f"reach cond(x) < 1/(n u) with u = {u:.1e}; use a Householder method or method='auto'",
+        method="gram-schmidt-recursive", cond_estimate=cond)
