@@ -11,6 +11,7 @@ from typing import Any
 from mpqr._array_api import array_namespace, device
 
 __all__ = [
+    "check_choice",
     "check_dtype",
     "check_finite",
     "check_ndim",
@@ -21,6 +22,13 @@ __all__ = [
 
 def namespace_of(*arrays: Any, names: tuple[str, ...]) -> Any:
     """Common namespace of the arrays; ``TypeError`` naming them otherwise."""
+    for name, a in zip(names, arrays):
+        # NumPy scalars are Python floats too; the array-only rule must name them here
+        if isinstance(a, (bool, int, float, complex)):
+            raise TypeError(
+                f"`{name}` must be an array of an Array API library (NumPy, CuPy, ...), "
+                f"got scalar {type(a).__module__}.{type(a).__qualname__}"
+            )
     xp = array_namespace(*arrays, names=names)
     check_same_device(*arrays, names=names)
     return xp
@@ -67,3 +75,15 @@ def check_finite(xp: Any, x: Any, name: str) -> None:
     """SciPy's rule: ``ValueError`` if ``x`` holds NaN or Inf."""
     if not bool(xp.all(xp.isfinite(x))):
         raise ValueError(f"array must not contain infs or NaNs (`{name}`)")
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise
+    (``TypeError`` for a non-string)."""
+    listed = ", ".join(map(repr, choices))
+    if not isinstance(value, str):
+        raise TypeError(f"`{name}` must be a string, one of {listed}; "
+                        f"got {type(value).__name__} {value!r}")
+    if value not in choices:
+        raise ValueError(f"`{name}` must be one of {listed}; got {value!r}")
+    return value

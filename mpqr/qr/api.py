@@ -8,7 +8,14 @@ from typing import Any, NamedTuple
 
 from mpqr._array_api import device
 from mpqr._errors import BreakdownError
-from mpqr._validation import check_dtype, check_finite, check_ndim, namespace_of
+from mpqr._gpu_errors import device_errors
+from mpqr._validation import (
+    check_choice,
+    check_dtype,
+    check_finite,
+    check_ndim,
+    namespace_of,
+)
 from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import ct, eye_like, normalize_signs, pow2_scale, scale_columns
@@ -175,11 +182,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     """
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
-    if mode not in MODES:
-        raise ValueError(f"`mode` must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
-    if method != "auto" and method not in METHODS:
-        names = ", ".join(repr(k) for k in ("auto", *sorted(METHODS)))
-        raise ValueError(f"`method` must be one of {names}; got {method!r}")
+    check_choice(mode, "mode", MODES)
+    check_choice(method, "method", ("auto", *sorted(METHODS)))
     if precision is not None:
         validate_precision(precision)
     prec_name, _ = resolve_precision(precision)
@@ -212,15 +216,17 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
     kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
               overwrite=overwrite)
-    try:
-        q, r = _factor(backend, method, a, **kw)
-    except BreakdownError as exc:
-        if not auto:
-            raise
-        record_event("fallback", f"qr: {method} broke down (estimated cond(x) >= "
-                     f"{exc.cond_estimate:.2e}); falling back to householder-tiled",
-                     method=method, fallback="householder-tiled", cond_estimate=exc.cond_estimate)
-        q, r = _factor(backend, "householder-tiled", a, **kw)
+    with device_errors(backend, "mpqr.qr"):
+        try:
+            q, r = _factor(backend, method, a, **kw)
+        except BreakdownError as exc:
+            if not auto:
+                raise
+            record_event("fallback", f"qr: {method} broke down (estimated cond(x) >= "
+                         f"{exc.cond_estimate:.2e}); falling back to householder-tiled",
+                         method=method, fallback="householder-tiled",
+                         cond_estimate=exc.cond_estimate)
+            q, r = _factor(backend, "householder-tiled", a, **kw)
     if not want_q:
         return r
     return QRResult(q, r)
