@@ -279,3 +279,13 @@ ArrayAPIBackend.ozaki_workspace_limit = _ozaki_workspace_limit
 ArrayAPIBackend.ozaki_residues = _ozaki_residues
 ArrayAPIBackend.ozaki_int8_gemms = _ozaki_int8_gemms
 ArrayAPIBackend.ozaki_reconstruct = _ozaki_reconstruct
+
+
+# --- device fault translation (used by mpqr._gpu_errors.device_errors) --------
+
+def _translate_error(self: ArrayAPIBackend, exc: BaseException, what: str) -> Exception | None:
+    """A clearer replacement for a library-specific device fault, or ``None``."""
+    return None
+
+
+ArrayAPIBackend.translate_error = _translate_error

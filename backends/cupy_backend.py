@@ -8,6 +8,7 @@ dimension. Anything else is copied to C order first.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -300,3 +301,59 @@ def gpu_namespace() -> Any:
         return array_namespace(cupy.zeros(1))
     except Exception:  # no CuPy, no driver or no device: the host is measured instead
         return None
+
+
+# --- device faults -> clear errors (mpqr._gpu_errors); CuPy-specific exception types ---
+
+_OOM_HINT = (
+    "lower the workspace with mpqr.gemm_options(workspace_limit=...) (or "
+    "options=mpqr.GemmOptions(workspace_limit=...)), factor fewer or smaller matrices per "
+    "call, or free cached blocks with cupy.get_default_memory_pool().free_all_blocks()"
+)
+
+
+def _cupy_translate_error(self, exc, what):
+    import re
+
+    cp = self._cp
+    from cupy.cuda import compiler, memory, runtime
+
+    if isinstance(exc, _oom_class()):  # already translated by an inner mpqr call
+        return None
+    if isinstance(exc, memory.OutOfMemoryError) or (
+            isinstance(exc, runtime.CUDARuntimeError) and getattr(exc, "status", None) == 2):
+        pool = cp.get_default_memory_pool()
+        m = re.search(r"allocating ([\d,]+) bytes", str(exc))
+        need = f"{int(m.group(1).replace(',', '')):,} bytes more" if m else "more memory"
+        limit = pool.get_limit()
+        cap = f", pool limit {limit:,} bytes" if limit else ""
+        return _oom_class()(
+            f"{what} ran out of device memory: its workspace needed {need} "
+            f"({pool.used_bytes():,} bytes in use{cap}); {_OOM_HINT}. Device said: {exc}")
+    if isinstance(exc, compiler.CompileException):
+        src = getattr(exc, "source", "") or ""
+        names = sorted(set(re.findall(r"__global__\s+void\s+(\w+)", src))) or \
+            [str(getattr(exc, "name", "?"))]
+        dev = cp.cuda.Device()
+        log = str(exc).strip().splitlines()
+        return RuntimeError(
+            f"{what}: NVRTC could not compile the mpqr kernel {', '.join(names)} for "
+            f"sm_{dev.compute_capability} ({self.device_name()}); compiler log: "
+            f"{' | '.join(log[:8])}")
+    return None
+
+
+@functools.cache
+def _oom_class():
+    """CuPy's OutOfMemoryError (a MemoryError) with mpqr's message; made lazily (no CuPy
+    import at module load)."""
+    from cupy.cuda.memory import OutOfMemoryError
+
+    class MpqrOutOfMemoryError(OutOfMemoryError):
+        def __init__(self, message: str):
+            MemoryError.__init__(self, message)  # CuPy's __init__ wants (size, total, limit)
+
+    return MpqrOutOfMemoryError
+
+
+CupyBackend.translate_error = _cupy_translate_error

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_dtype, check_ndim, namespace_of
 from mpqr.backends import get_backend
 from mpqr.policy.policy import gemm
@@ -65,5 +66,6 @@ def matmul(a: Any, b: Any, precision: str | None = None, *, options: Any = None)
         )
     a = check_dtype(xp, a, "a")
     b = check_dtype(xp, b, "b")
-    return gemm(a, b, precision=precision, label="matmul", options=options,
-                backend=get_backend(xp))
+    backend = get_backend(xp)
+    with device_errors(backend, "mpqr.matmul"):
+        return gemm(a, b, precision=precision, label="matmul", options=options, backend=backend)

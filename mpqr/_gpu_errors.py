@@ -1,0 +1,35 @@
+"""Device faults turned into clear errors, in one place.
+
+The public entry points run their work inside :func:`device_errors`. A backend
+may translate library-specific failures through its ``translate_error`` hook
+(the CuPy backend turns device out-of-memory into a ``MemoryError`` saying how
+much was needed and how to need less, and NVRTC compilation failures into a
+``RuntimeError`` naming the kernel and the GPU architecture). The original
+exception's frames are cleared so the device memory its locals held returns
+to the pool before the caller sees the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["device_errors"]
+
+
+@contextlib.contextmanager
+def device_errors(backend: Any, what: str) -> Iterator[None]:
+    """Run a block, translating the backend's device faults for the call ``what``."""
+    try:
+        yield
+    except Exception as exc:
+        translate = getattr(backend, "translate_error", None)
+        new = translate(exc, what) if translate is not None else None
+        if new is None:
+            raise
+        # the failed call's temporaries live in the traceback's frames: free them now
+        traceback.clear_frames(exc.__traceback__)
+        exc.__traceback__ = None
+        raise new from None
