@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
+from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_dtype, check_ndim, namespace_of
 from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
@@ -61,7 +62,16 @@ def svd(x: Any, full_matrices: bool = False, precision: str | None = None) -> tu
         return ct(xp, vh), s, ct(xp, u)
     backend = get_backend(xp)
     q, r = qr(a, mode="complete" if full_matrices else "reduced", precision=precision)
-    ur, s, vh = backend.svd(r[..., :n, :], full_matrices=False)
+    with device_errors(backend, "mpqr.svd"):
+        r = r[..., :n, :]
+        if not bool(xp.all(xp.isfinite(r))):
+            # LAPACK refuses non-finite input (NumPy raises): propagate NaN instead (IEEE)
+            nan = float("nan")
+            sdt = xp.float32 if r.dtype in (xp.float32, xp.complex64) else xp.float64
+            return (xp.full_like(q if full_matrices else q[..., :, :n], nan),
+                    xp.full(r.shape[:-1], nan, dtype=sdt, device=device(r)),
+                    xp.full_like(r, nan))
+        ur, s, vh = backend.svd(r, full_matrices=False)
     u1 = gemm(q[..., :, :n], ur, precision=precision, label="qrsvd-QU", backend=backend)
     if full_matrices and m > n:
         u1 = xp.concat([u1, q[..., :, n:]], axis=-1)
@@ -105,6 +115,12 @@ def orth(x: Any, precision: str | None = None) -> Any:
     if k == 0 or q.shape[-2] == 0:
         return q
     backend = get_backend(xp)
+    with device_errors(backend, "mpqr.orth"):
+        return _reorthogonalize(backend, q, prec_name, k)
+
+
+def _reorthogonalize(backend: Any, q: Any, prec_name: str, k: int) -> Any:
+    xp = backend.xp
     wp = panel_precision(prec_name, q.dtype, xp)
     if wp == "auto":
         return q
