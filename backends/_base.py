@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr._array_api import namespace_name
+from mpqr._array_api import device, namespace_name
 from mpqr._errors import LinAlgError
 
 __all__ = ["ArrayAPIBackend", "EngineRates"]
@@ -73,7 +73,7 @@ class ArrayAPIBackend:
         xp = self.xp
         # two factors so that 2**h stays representable for any shift we produce
         h = e // 2
-        two = xp.asarray(2.0, dtype=x.dtype)
+        two = xp.asarray(2.0, dtype=x.dtype, device=device(x))
         return (x * xp.pow(two, xp.astype(h, x.dtype))) * xp.pow(two, xp.astype(e - h, x.dtype))
 
     # --- fused conversions for the tensor-core engines (overridden on CuPy) ----
