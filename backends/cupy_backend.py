@@ -181,9 +181,16 @@ class CupyBackend(ArrayAPIBackend):
         k = a8.shape[-1]
         if k * 128 * 128 >= 2**31:  # worst case: every entry -128
             raise ValueError(f"int8 GEMM with k={k} can overflow int32; split k first")
-        # cuBLAS int8 GEMM wants leading dimensions that are multiples of 4.
+        # cuBLAS int8 tensor-core GEMMs support only the "TN" layout with
+        # k-contiguous operands and leading dimensions that are multiples of 4:
+        # pad k with zeros (exact) and pass B as the transpose of a C-ordered B^T.
+        kp = -(-k // 16) * 16
+        if kp != k:
+            a8 = cp.concatenate([a8, cp.zeros((*a8.shape[:-1], kp - k), cp.int8)], axis=-1)
+            b8 = cp.concatenate([b8, cp.zeros((*b8.shape[:-2], kp - k, b8.shape[-1]),
+                                              cp.int8)], axis=-2)
         a8 = cp.ascontiguousarray(a8)
-        b8 = cp.ascontiguousarray(b8)
+        b8 = cp.swapaxes(cp.ascontiguousarray(cp.swapaxes(b8, -1, -2)), -1, -2)
         out = cp.empty((*a8.shape[:-1], b8.shape[-1]), dtype=cp.int32)
         return self._gemm_ex(a8, b8, out, 1, 0, _CUDA_R_8I, _CUDA_R_32I,
                              cublas.CUBLAS_COMPUTE_32I, np.int32)

@@ -29,7 +29,9 @@ def test_svd_float32_vs_float64_reference(xp, shape, full):
     assert np.all(np.abs(sn - s_ref) <= tol)
     un, vn = to_numpy(u), to_numpy(vh)
     rec = (un[..., :, :k] * sn[..., None, :]) @ vn[..., :k, :]
-    assert np.linalg.norm(rec - a32) / np.linalg.norm(a32) <= 4 * np.sqrt(k) * u32
+    # normwise backward error of Householder QR + SVD grows like m n u (Higham,
+    # Thm. 19.4); sqrt(m) k u keeps the test tight for random data
+    assert np.linalg.norm(rec - a32) / np.linalg.norm(a32) <= np.sqrt(m) * k * u32
     assert orthogonality(un) <= np.sqrt(max(m, 1)) * u32
     assert orthogonality(np.swapaxes(vn, -1, -2)) <= np.sqrt(n) * u32
 

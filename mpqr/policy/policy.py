@@ -236,7 +236,7 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
     if b.dtype != out_dtype and not d.engine.startswith("native"):
         b = xp.astype(b, out_dtype)
     engine = ENGINES[d.engine]
-    if batch > 1 and not engine.batched:  # only when forced: one product per matrix
+    if a.ndim > 2 and not engine.batched:  # only when forced: one product per matrix
         a3 = xp.reshape(a, (batch, m, k))
         b3 = xp.reshape(xp.broadcast_to(b, (*a.shape[:-2], k, n)), (batch, k, n))
         out = xp.stack([engine.run(backend, a3[i], b3[i], out_dtype=out_dtype, **d.params)
