@@ -166,6 +166,38 @@ class ArrayAPIBackend:
         """Reduced Householder QR of a (small or tall-skinny) panel, native precision."""
         return self.xp.linalg.qr(a)
 
+    def lu_signed(self, a: Any) -> tuple[Any, Any, Any]:
+        """``L @ U = a - diag(s)`` without pivoting, ``s_i = -phase(pivot_i)``,
+        for the Householder reconstruction of an explicit Q (LAPACK's
+        ``orhr_col``); see :func:`mpqr.qr._kernels.lu_signed`."""
+        from mpqr._array_api import device
+
+        xp = self.xp
+        *batch, n, _ = a.shape
+        w = xp.asarray(a, copy=True)
+        s = xp.empty((*batch, n), dtype=a.dtype, device=device(a))
+        cplx = xp.isdtype(a.dtype, "complex floating")
+        for i in range(n):
+            d = w[..., i, i]
+            one = xp.ones_like(d)
+            if cplx:
+                ad = xp.abs(d)
+                nz = ad != 0
+                ph = xp.where(nz, d / xp.astype(xp.where(nz, ad, xp.ones_like(ad)), d.dtype), one)
+            else:
+                ph = xp.where(d < 0, -one, one)
+            si = -ph
+            s[..., i] = si
+            piv = d - si
+            w[..., i, i] = piv
+            if i + 1 < n:
+                col = w[..., i + 1:, i] / xp.expand_dims(piv, axis=-1)
+                w[..., i + 1:, i] = col
+                w[..., i + 1:, i + 1:] = (w[..., i + 1:, i + 1:]
+                                          - xp.expand_dims(col, axis=-1) * w[..., i:i + 1, i + 1:])
+        eye = xp.eye(n, dtype=a.dtype, device=device(a))
+        return xp.tril(w, k=-1) + eye, xp.triu(w), s
+
     def lu_nopivot(self, a: Any) -> tuple[Any, Any]:
         """``a = L @ U`` without pivoting (L unit lower); for Householder reconstruction."""
         xp = self.xp

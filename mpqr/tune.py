@@ -11,6 +11,7 @@ come from these rates.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -30,17 +31,27 @@ def cache_path() -> Path:
     return Path(base) / "mpqr" / "rates.json"
 
 
-def rates_key(backend: Any) -> str:
-    """Cache key: device name and the versions that can change the rates."""
+@functools.cache
+def _versions() -> tuple[str, ...]:
+    # package metadata parsing is slow: once per process
     from importlib.metadata import PackageNotFoundError, version
 
-    parts = [backend.device_name(), backend.name]
+    out = []
     for pkg in ("mpqr", "numpy", "cupy"):
         try:
-            parts.append(f"{pkg}={version(pkg)}")
+            out.append(f"{pkg}={version(pkg)}")
         except PackageNotFoundError:
             continue
-    return "|".join(parts)
+    return tuple(out)
+
+
+#: bumped whenever this process writes new rates; backends memoize per generation
+generation = 0
+
+
+def rates_key(backend: Any) -> str:
+    """Cache key: device name and the versions that can change the rates."""
+    return "|".join([backend.device_name(), backend.name, *_versions()])
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -184,3 +195,5 @@ def _store(key: str, rates: dict[str, float]) -> None:
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, path)  # atomic: readers never see a half-written file
         _memo.clear()
+        global generation
+        generation += 1

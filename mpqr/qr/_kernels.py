@@ -147,25 +147,10 @@ def lu_signed(backend: Any, a: Any) -> tuple[Any, Any, Any]:
     Choosing each sign when its pivot is reached makes ``|u_ii| >= 1``, so the
     factorization exists and is stable for any ``a`` with orthonormal-column
     parent (Ballard et al. 2014, Lemma 6.2). Returns ``(L, U, s)``; L is unit
-    lower triangular with explicit zeros above the diagonal.
+    lower triangular with explicit zeros above the diagonal. A small dense
+    kernel of the backend (:meth:`ArrayAPIBackend.lu_signed`).
     """
-    xp = backend.xp
-    *batch, n, _ = a.shape
-    w = xp.asarray(a, copy=True)
-    s = xp.empty((*batch, n), dtype=a.dtype, device=device(a))
-    for i in range(n):
-        d = w[..., i, i]
-        si = -phase(xp, d)
-        s[..., i] = si
-        piv = d - si
-        w[..., i, i] = piv
-        if i + 1 < n:
-            col = w[..., i + 1:, i] / xp.expand_dims(piv, axis=-1)
-            w[..., i + 1:, i] = col
-            w[..., i + 1:, i + 1:] = (w[..., i + 1:, i + 1:]
-                                      - xp.expand_dims(col, axis=-1) * w[..., i:i + 1, i + 1:])
-    eye = xp.eye(n, dtype=a.dtype, device=device(a))
-    return xp.tril(w, k=-1) + eye, xp.triu(w), s
+    return backend.lu_signed(a)
 
 
 def householder_from_q(backend: Any, q: Any, *, precision: str) -> tuple[Any, Any, Any]:
