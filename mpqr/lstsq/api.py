@@ -197,6 +197,8 @@ def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     x, rank, s, rsq = solver.run()
     dev = device(x)
     if m > n and rank == n and driver != "gelsy" and rsq is not None:
+        if rsq.dtype != x.dtype:  # SciPy's residues have x's dtype (complex stays complex)
+            rsq = xp.astype(rsq, x.dtype)
         res = xp.reshape(rsq, ()) if vec else rsq  # 0-D array for 1-D b
     else:
         res = rules.residues_empty(xp, x.dtype, dev)
