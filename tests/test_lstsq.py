@@ -38,9 +38,11 @@ def _check_against_scipy(out, ref, a, *, factor=25.0):
     tol = factor * _eps(xs.dtype) * kappa
     np.testing.assert_allclose(x, xs, rtol=tol, atol=tol * np.abs(xs).max())
     assert rank == ranks and isinstance(rank, int)
-    assert res.shape == np.shape(ress) and res.dtype == np.asarray(ress).dtype
+    # SciPy < 1.17 returns complex residues for complex input, 1.17 real ones:
+    # mpqr follows 1.17; compare the precision and the (real) values
+    assert res.shape == np.shape(ress) and res.real.dtype == np.asarray(ress).real.dtype
     if np.size(ress):
-        np.testing.assert_allclose(res, ress, rtol=tol * kappa)
+        np.testing.assert_allclose(res.real, np.real(ress), rtol=tol * kappa)
     assert s.dtype == ss.dtype and s.shape == ss.shape
     np.testing.assert_allclose(s, ss, rtol=0, atol=factor * _eps(ss.dtype) * ss[0])
 
