@@ -242,3 +242,34 @@ def test_tiny_shapes(xp, shape, method):
     assert backward_error(a, q, r) <= 8 * U64
     assert orthogonality(q) <= 8 * U64
     assert np.all(np.diag(to_numpy(r)) >= 0)
+
+
+# --- the guarantees page names real tests -------------------------------------------
+
+def test_guarantees_page_names_real_tests():
+    """Every ``tests/<file>.py::<test>`` in docs/guarantees.md (and the bare
+    ``test_*`` names following one in the same cell) is a test function."""
+    import fnmatch
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "guarantees.md").read_text()
+    checked = 0
+    for line in text.splitlines():
+        for cell in line.split("|"):
+            current = None
+            for tok in re.findall(r"`([^`]+)`", cell):
+                m = re.fullmatch(r"(tests/[\w/]+\.py)(?:::([\w*]+))?", tok)
+                if m:
+                    current = root / m.group(1)
+                    assert current.is_file(), tok
+                    names = [m.group(2)] if m.group(2) else []
+                elif current is not None and re.fullmatch(r"test_[\w*]+", tok):
+                    names = [tok]
+                else:
+                    continue
+                defs = re.findall(r"^def (test_\w+)", current.read_text(), flags=re.M)
+                for name in names:
+                    assert fnmatch.filter(defs, name), f"{current.name}::{name} does not exist"
+                    checked += 1
+    assert checked > 60
