@@ -188,8 +188,8 @@ def _valid_or_breakdown(a, method, precision, cond):
     assert be <= C * n * u, (be, C * n * u)
     # the orthogonality each method documents: O(u), cond(x) u (Gram-Schmidt), cond^2 u
     # (CholQR); the last two are what their breakdown checks keep below 1
-    limit = {"gram-schmidt-recursive": C * n * u * cond,
-             "cholqr": C * n * u * cond**2}.get(method, C * n * u)
+    limit = {"gram-schmidt-recursive": C * n * u * cond, "cholqr": C * n * u * cond**2,
+             "svqr": 32 * n * u}.get(method, C * n * u)
     assert orth <= min(limit, 1.0) if method in ("gram-schmidt-recursive", "cholqr") \
         else orth <= limit, (orth, limit)
     return True
