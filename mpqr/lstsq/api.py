@@ -29,6 +29,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr._errors import LinAlgError, RefinementWarning
+from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_finite as _check_finite
 from mpqr._validation import namespace_of
 from mpqr.backends import get_backend
@@ -154,6 +155,14 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         raise ValueError(f"`tol` must be a positive number, got {tol!r}")
     if maxiter is not None and not (isinstance(maxiter, int) and maxiter >= 1):
         raise ValueError(f"`maxiter` must be a positive integer, got {maxiter!r}")
+    if cond is not None and (isinstance(cond, bool) or (not isinstance(cond, (int, float))
+                             and not hasattr(cond, "__float__"))):
+        raise TypeError(f"`cond` must be a real number or None, got {type(cond).__name__} "
+                        f"{cond!r}")
+    for name, v in (("a", a), ("b", b)):
+        # SciPy casts bool and integers to float64; anything non-numeric is refused
+        if not (v.dtype == xp.bool or xp.isdtype(v.dtype, "numeric")):
+            raise TypeError(f"`{name}` must have a numeric dtype, got {v.dtype}")
     if check_finite:
         for name, v in (("a", a), ("b", b)):
             fv = v if xp.isdtype(v.dtype, ("real floating", "complex floating")) else \
@@ -168,7 +177,8 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
 
     if a.ndim < 2:
         raise ValueError("Input array a should be 2D")
-    return rules.apply_over_batch(xp, a, b, one)
+    with device_errors(backend, "mpqr.lstsq"):
+        return rules.apply_over_batch(xp, a, b, one)
 
 
 def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
