@@ -64,7 +64,10 @@ class CupyBackend(ArrayAPIBackend):
     def rates(self) -> EngineRates:
         # measured by mpqr.tune() on this device when cached, else shipped
         # defaults; memoized: the policy asks for every GEMM it plans
-        import mpqr.tune as tune
+        import importlib
+
+        # the module (``mpqr.tune`` the attribute is the exported function)
+        tune = importlib.import_module("mpqr.tune")
 
         memo = self._rates_memo
         if memo is not None and memo[0] == tune.generation:
@@ -235,6 +238,17 @@ class CupyBackend(ArrayAPIBackend):
 
     def svd(self, a, *, full_matrices=False):
         return self._cp.linalg.svd(a, full_matrices=full_matrices)
+
+    def householder_panel(self, a):
+        # one cuSOLVER geqrf instead of qr_panel + a host-side signed LU and two solves;
+        # stacks keep the portable path (raw mode of stacks is not cuSOLVER-batched)
+        from mpqr.backends._base import compact_wy_from_raw
+
+        if a.ndim != 2:
+            return super().householder_panel(a)
+        h, tau = self._cp.linalg.qr(a, mode="raw")  # h: (k, m), transposed like NumPy's
+        h, tau = h.astype(a.dtype, copy=False), tau.astype(a.dtype, copy=False)
+        return compact_wy_from_raw(self, h, tau, *a.shape)
 
     def qr_panel(self, a):
         from mpqr.backends.cupy_tsqr import supports, tsqr
