@@ -24,6 +24,12 @@ Scheme (after Ootomo & Yokota, and Leng et al.'s TC-SGEMM):
    measurements on the GPU (``bench/results``).
 5. Convert to the output dtype and undo the scaling exactly.
 
+Range: each entry keeps ~23 bits relative to itself while it lies within
+2^-28 of its row's (A) or column's (B) largest entry; smaller entries fall into
+fp16's subnormals. A product of a matrix graded along k by more than that with
+an inversely graded one is therefore less accurate than native SGEMM, which is
+why ``precision="auto"`` never picks this engine.
+
 NaN/Inf: the scale ignores non-finite entries, ``lo`` is 0 where ``hi`` is
 not finite, and the correction product uses ``hi`` with non-finite entries
 zeroed (else ``inf * 0`` from an exactly representable partner would turn an
