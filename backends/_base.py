@@ -321,3 +321,78 @@ def _translate_error(self: ArrayAPIBackend, exc: BaseException, what: str) -> Ex
 
 
 ArrayAPIBackend.translate_error = _translate_error
+
+
+# --- compact-WY Householder panel (the recursive/tiled QR leaves) ---------------
+
+def _householder_panel(self: ArrayAPIBackend, a: Any) -> tuple[Any, Any, Any]:
+    """Householder QR of a panel ``a`` (``(..., m, k)``, ``m >= k``) in compact WY form.
+
+    Returns ``(Y, T, R)`` with ``a = (I - Y T Y^H)[:, :k] R``: ``Y`` unit lower
+    trapezoidal ``(..., m, k)`` (explicit zeros and ones), ``T`` upper
+    triangular and ``R`` upper triangular ``(..., k, k)`` (signs arbitrary).
+    Portable version: explicit QR of the panel, then the reflectors that
+    reproduce it (:meth:`lu_signed`, LAPACK ``orhr_col``); NumPy and CuPy call
+    ``geqrf`` instead (:func:`compact_wy_t`).
+    """
+    from mpqr._array_api import device
+
+    xp = self.xp
+    m, k = a.shape[-2:]
+    q, r = self.qr_panel(a)
+    l1, u, s = self.lu_signed(q[..., :k, :])
+
+    def ct(x):
+        t = xp.matrix_transpose(x)
+        return xp.conj(t) if xp.isdtype(x.dtype, "complex floating") else t
+
+    if m > k:
+        y = xp.empty((*a.shape[:-2], m, k), dtype=q.dtype, device=device(a))
+        y[..., :k, :] = l1
+        # Y2 = Q2 U^{-1}, solved as U^H Y2^H = Q2^H
+        y[..., k:, :] = ct(self.solve_triangular(ct(u), ct(q[..., k:, :]), lower=True))
+    else:
+        y = l1
+    # T = -U conj(S) Y1^{-H}, solved as Y1 T^H = -(U conj(S))^H; H[:, :k] = Q conj(S)
+    sc = xp.conj(s) if xp.isdtype(s.dtype, "complex floating") else s
+    t = ct(self.solve_triangular(l1, ct(-u * xp.expand_dims(sc, axis=-2)), lower=True,
+                                 unit_diagonal=True))
+    return y, t, xp.expand_dims(s, axis=-1) * r
+
+
+def compact_wy_t(backend: ArrayAPIBackend, y: Any, tau: Any) -> Any:
+    """Upper-triangular ``T`` with ``H_1 H_2 ... H_k = I - Y T Y^H`` (``H_i = I - tau_i
+    y_i y_i^H``, LAPACK's forward column-wise convention).
+
+    UT transform (Joffrain et al. 2006): ``T^-1 = diag(1/tau) + striu(Y^H Y)``,
+    evaluated as ``T = (I + diag(tau) striu(Y^H Y))^-1 diag(tau)`` — a unit
+    upper-triangular solve, so ``tau_i = 0`` (``H_i = I``) needs no special case.
+    """
+    from mpqr._array_api import device
+
+    xp = backend.xp
+    k = y.shape[-1]
+    yh = xp.matrix_transpose(y)
+    if xp.isdtype(y.dtype, "complex floating"):
+        yh = xp.conj(yh)
+    tau = xp.astype(tau, y.dtype)
+    eye = xp.eye(k, dtype=y.dtype, device=device(y))
+    lhs = eye + xp.expand_dims(tau, axis=-1) * xp.triu(backend.gemm(yh, y), k=1)
+    return backend.solve_triangular(lhs, eye * xp.expand_dims(tau, axis=-2), lower=False,
+                                    unit_diagonal=True)
+
+
+def compact_wy_from_raw(backend: ArrayAPIBackend, h: Any, tau: Any, m: int, k: int
+                        ) -> tuple[Any, Any, Any]:
+    """``(Y, T, R)`` from ``numpy.linalg.qr(a, mode="raw")``-style output (``h`` is the
+    transpose, ``(..., k, m)``, of LAPACK's ``geqrf`` array)."""
+    from mpqr._array_api import device
+
+    xp = backend.xp
+    f = xp.matrix_transpose(h)
+    y = xp.tril(f, k=-1) + xp.eye(m, k, dtype=f.dtype, device=device(f))
+    r = xp.triu(f[..., :k, :])
+    return y, compact_wy_t(backend, y, tau), r
+
+
+ArrayAPIBackend.householder_panel = _householder_panel

@@ -96,6 +96,13 @@ class NumpyBackend(ArrayAPIBackend):
     def qr_panel(self, a):
         return np.linalg.qr(a)
 
+    def householder_panel(self, a):
+        # LAPACK geqrf (stacks too) gives the reflectors directly: no reconstruction
+        from mpqr.backends._base import compact_wy_from_raw
+
+        h, tau = np.linalg.qr(a, mode="raw")
+        return compact_wy_from_raw(self, h, tau, *a.shape[-2:])
+
 
 def host_namespace() -> Any:
     """The NumPy namespace (``mpqr.tune``'s fallback device: the host)."""

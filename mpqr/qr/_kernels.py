@@ -6,6 +6,9 @@
   Householder reflectors that reproduce an explicit orthonormal ``Q``
   (Ballard et al. 2014, LAPACK ``orhr_col``): a non-pivoted LU of ``Q1 - S``
   whose sign matrix ``S`` is chosen on the fly so every pivot has modulus >= 1.
+* :func:`householder_panel` — the leaf of the Householder methods: LAPACK
+  ``geqrf`` of the panel in compact WY form (``backend.householder_panel``),
+  or TSQR + reconstruction for very tall-skinny panels.
 * :func:`trmm_lower` — ``L @ B`` for lower-triangular ``L`` by recursive
   halving, so that the off-diagonal products are large square GEMMs
   (Leng et al., Algorithm 3).
@@ -25,6 +28,7 @@ __all__ = [
     "ct",
     "eye_like",
     "householder_from_q",
+    "householder_panel",
     "is_complex",
     "lu_signed",
     "normalize_signs",
@@ -40,6 +44,11 @@ __all__ = [
 TSQR_BLOCK_ROWS = 256
 #: Width below which triangular products are done as one GEMM.
 TRMM_CUTOFF = 64
+#: A panel with at least this many rows per column is "tall-skinny": TSQR (one
+#: pass over the rows, a reduction tree) beats a column-by-column ``geqrf`` there.
+TSQR_ASPECT = 64
+#: Widest panel that goes to TSQR (the CuPy tile kernel's limit, ``cupy_tsqr.MAX_N``).
+TSQR_MAX_WIDTH = 64
 
 
 def is_complex(xp: Any, x: Any) -> bool:
@@ -174,6 +183,28 @@ def householder_from_q(backend: Any, q: Any, *, precision: str) -> tuple[Any, An
     t = ct(xp, backend.solve_triangular(l1, ct(xp, us), lower=True, unit_diagonal=True))
     w = gemm(y, t, precision=precision, label="panel-wy", backend=backend)
     return w, y, s
+
+
+def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = True
+                      ) -> tuple[Any | None, Any, Any]:
+    """Householder QR of a panel ``(..., m, k)``, ``m >= k``, as ``(W, Y, R)``.
+
+    ``a = (I - W Y^H)[:, :k] R`` with ``Y`` unit lower trapezoidal (explicit
+    zeros and ones) and ``R`` upper triangular (signs arbitrary). Panels with
+    ``m >= TSQR_ASPECT * k`` and ``k <= TSQR_MAX_WIDTH`` go through
+    :func:`tsqr` and :func:`householder_from_q`; all others through one
+    ``backend.householder_panel`` call (``geqrf`` + the UT-transform ``T``) and
+    ``W = Y T``. ``W`` is None unless ``need_w``.
+    """
+    xp = backend.xp
+    m, k = a.shape[-2:]
+    if m >= TSQR_ASPECT * k and k <= TSQR_MAX_WIDTH:
+        qp, rp = tsqr(backend, a, precision=precision)
+        w, y, s = householder_from_q(backend, qp, precision=precision)
+        return w, y, xp.expand_dims(s, axis=-1) * rp
+    y, t, r = backend.householder_panel(a)
+    w = gemm(y, t, precision=precision, label="panel-wy", backend=backend) if need_w else None
+    return w, y, r
 
 
 def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,

@@ -94,28 +94,35 @@ def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
 def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int) -> tuple[str, str]:
     """``(method, reason)`` for ``method="auto"`` (Leng et al., Algorithm 1).
 
-    Recursive Householder when the GEMM engine for this precision is a
-    tensor-core engine (its speed depends on shape, and the recursion makes
-    the big GEMMs square); tiled otherwise. Both are unconditionally stable;
+    Recursive Householder when the backend has tensor-core engines and the
+    policy would run this factorization's largest product — the top-level
+    update, ``(n/2) x (n/2)`` with inner dimension ``m`` — on one of them
+    (``fp16``, ``fp32-emulated``, and ``fp64-emulated`` or ``auto`` where the
+    cost model picks the INT8 Ozaki / tc-sgemm engine): their speed depends on
+    shape and the recursion makes the big GEMMs square. Tiled otherwise
+    (native GEMMs are not shape-sensitive). Both are unconditionally stable;
     the CholQR/SVQR family is never chosen automatically because its accuracy
     depends on the condition number, which is unknown before factoring.
     """
-    tc = "tensor-cores" in backend.capabilities
+    from mpqr.policy import as_gemm_options, decide
+
     if n <= 32:
-        return "householder-tiled", f"n={n} fits one TSQR panel: tall-skinny QR directly"
-    engine_tc = prec_name in ("fp16", "fp32-emulated") or (
-        prec_name == "fp64-emulated" and "int8" in backend.capabilities)
-    if tc and engine_tc:
+        return "householder-tiled", f"n={n} fits one panel: Householder panel QR directly"
+    if "tensor-cores" not in backend.capabilities:
+        return "householder-tiled", "the backend has no tensor-core engines: fixed-width panels"
+    h = n // 2
+    try:
+        engine = decide(backend, dtype, h, n - h, m, 1, prec_name, "qr",
+                        as_gemm_options(None)).engine
+    except NotImplementedError:  # e.g. complex with an emulated precision: qr() reports it
+        engine = "native"
+    if not engine.startswith("native"):
         return ("householder-recursive",
-                f"precision={prec_name!r} runs on tensor-core engines, which are "
-                "shape-sensitive: recursion gives square GEMMs")
-    if tc and prec_name == "auto":
-        return ("householder-recursive",
-                "auto precision may route GEMMs to tensor-core engines: recursion gives "
-                "square GEMMs")
-    why = ("the backend has no tensor-core engines" if not tc
-           else f"precision={prec_name!r} runs native GEMMs, which are not shape-sensitive")
-    return "householder-tiled", f"{why}: fixed-width panels"
+                f"precision={prec_name!r} runs the {h}x{n - h}x{m} update on {engine}, a "
+                "tensor-core engine, which is shape-sensitive: recursion gives square GEMMs")
+    return ("householder-tiled",
+            f"precision={prec_name!r} runs native GEMMs ({engine}), which are not "
+            "shape-sensitive: fixed-width panels")
 
 
 def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str = "auto", *,

@@ -16,32 +16,38 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.policy import gemm
-from mpqr.qr._kernels import ct, eye_like, householder_from_q, panel_precision, tsqr
+from mpqr.qr._kernels import ct, eye_like, householder_panel, panel_precision
 
 __all__ = ["PANEL_WIDTH", "householder_tiled"]
 
-#: Panel width: LAPACK's default block size for geqrf on CPUs.
+#: Narrowest panel: LAPACK's default block size for geqrf on CPUs. Large
+#: matrices use wider panels (:func:`~mpqr.qr.householder_recursive.leaf_width`:
+#: at most 128 panels, up to 256 wide) so the panel count, and with it the
+#: launch count, stays bounded; the updates then have inner dimension ``nb``.
 PANEL_WIDTH = 32
 
 
 def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
-                      want_q: bool = True, complete: bool = False, nb: int = PANEL_WIDTH,
+                      want_q: bool = True, complete: bool = False, nb: int | None = None,
                       overwrite: bool = False) -> tuple[Any | None, Any]:
     """Householder QR of ``(..., m, n)`` with ``m >= n``.
 
     Returns ``(Q, R)`` before the sign normalisation: ``R`` is ``(..., n, n)``,
     Q ``(..., m, n)`` (``(..., m, m)`` if ``complete``) or None.
     """
+    from mpqr.qr.householder_recursive import leaf_width
+
     xp = backend.xp
     *batch, m, n = a.shape
+    if nb is None:
+        nb = max(PANEL_WIDTH, leaf_width(n))
     pp = panel_precision(prec_name, a.dtype, xp)
     work = a if overwrite else xp.asarray(a, copy=True)
     blocks = []
     for j in range(0, n, nb):
         k = min(nb, n - j)
-        qp, rp = tsqr(backend, work[..., j:, j:j + k], precision=pp)
-        w, y, s = householder_from_q(backend, qp, precision=pp)
-        work[..., j:j + k, j:j + k] = xp.expand_dims(s, axis=-1) * rp
+        w, y, rp = householder_panel(backend, work[..., j:, j:j + k], precision=pp)
+        work[..., j:j + k, j:j + k] = rp
         if j + k < n:
             b = work[..., j:, j + k:]
             c = gemm(ct(xp, w), b, precision=precision, label="tiled-update-WhB", backend=backend)

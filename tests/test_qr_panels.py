@@ -1,0 +1,190 @@
+"""The Householder leaves and the shape of the recursion: ``backend.householder_panel``
+(geqrf in compact WY form, T by the UT transform) against explicit products of
+reflectors in extended precision, the TSQR/geqrf leaf switch, the leaf width, and
+the automatic method choice."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+from mpqr.backends import get_backend
+from mpqr.backends._base import ArrayAPIBackend, compact_wy_t
+
+import mpqr
+from mpqr._array_api import array_namespace
+from tests._qr_support import backward_error, hp_matmul, orthogonality
+from tests._support import from_numpy, to_numpy
+
+api = sys.modules["mpqr.qr.api"]
+kernels = importlib.import_module("mpqr.qr._kernels")
+recursive = importlib.import_module("mpqr.qr.householder_recursive")
+
+
+def _u(dtype) -> float:
+    return 2.0**-24 if np.dtype(dtype) in (np.float32, np.complex64) else 2.0**-53
+
+
+def _rand(rng, shape, dtype):
+    a = rng.standard_normal(shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        a = a + 1j * rng.standard_normal(shape)
+    return a.astype(dtype)
+
+
+def _check_panel(a, y, t, r):
+    """``a = (I - Y T Y^H)[:, :k] R`` with the structure the recursion relies on."""
+    a, y, t, r = (to_numpy(v) for v in (a, y, t, r))
+    m, k = a.shape[-2:]
+    u = _u(a.dtype)
+    eye_mk = np.eye(m, k)
+    assert np.array_equal(np.triu(y), np.broadcast_to(np.triu(eye_mk), y.shape))  # unit, zeros
+    assert np.array_equal(t, np.triu(t)) and np.array_equal(r, np.triu(r))
+    yh = np.conj(np.swapaxes(y, -1, -2))
+    h = np.eye(m) - hp_matmul(hp_matmul(y, t), yh)  # I - Y T Y^H, extended precision
+    h = np.asarray(h, dtype=np.complex128 if np.iscomplexobj(h) else np.float64)
+    assert orthogonality(h) <= 10 * m * u, orthogonality(h)
+    assert backward_error(a, h[..., :, :k], r) <= 10 * np.sqrt(m * k) * u
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize("shape", [(40, 8), (8, 8), (9, 8), (2, 3, 30, 6)])
+def test_householder_panel_is_a_compact_wy_factorization(xp, shape, dtype):
+    a = _rand(np.random.default_rng(sum(shape)), shape, dtype)
+    backend = get_backend(array_namespace(from_numpy(xp, a)))
+    if "complex" in np.dtype(dtype).name and not hasattr(xp, "complex128"):
+        pytest.skip("namespace without complex dtypes")
+    y, t, r = backend.householder_panel(from_numpy(xp, a))
+    assert y.dtype == from_numpy(xp, a).dtype and t.shape == (*shape[:-2], shape[-1], shape[-1])
+    _check_panel(a, y, t, r)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_ut_transform_matches_the_product_of_reflectors(dtype):
+    """T from ``T^-1 = striu(Y^H Y) + diag(1/tau)`` equals I - H_1 ... H_k in Y, T form."""
+    rng = np.random.default_rng(3)
+    m, k = 12, 5
+    a = _rand(rng, (m, k), dtype)
+    h, tau = np.linalg.qr(a, mode="raw")
+    f = h.T
+    y = np.tril(f, -1) + np.eye(m, k)
+    prod = np.eye(m, dtype=dtype)
+    for i in range(k):
+        v = y[:, i:i + 1]
+        prod = prod @ (np.eye(m) - tau[i] * v @ v.conj().T)
+    backend = get_backend(array_namespace(a))
+    t = compact_wy_t(backend, y, tau)
+    np.testing.assert_allclose(np.eye(m) - y @ t @ y.conj().T, prod, rtol=0, atol=20 * m * 2.0**-53)
+
+
+def test_zero_tau_needs_no_special_case():
+    """Columns already upper triangular give tau = 0 (H_i = I): T stays finite and exact."""
+    a = np.array([[2.0, 1.0, 3.0], [0.0, 1.0, 4.0], [0.0, 0.0, 5.0], [0.0, 0.0, 0.0]])
+    y, t, r = get_backend(array_namespace(a)).householder_panel(a)
+    assert np.all(np.isfinite(t))
+    _check_panel(a, y, t, r)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_portable_and_lapack_panels_agree(dtype):
+    """The Array-API path (explicit QR + signed LU) and geqrf give the same R up to signs."""
+    a = _rand(np.random.default_rng(5), (50, 10), dtype)
+    ns = array_namespace(a)
+    *_, r1 = get_backend(ns).householder_panel(a)
+    y2, t2, r2 = ArrayAPIBackend(ns).householder_panel(a)
+    _check_panel(a, y2, t2, r2)
+    tol = 50 * 10 * _u(dtype) * np.abs(r1).max()
+    np.testing.assert_allclose(np.abs(r1), np.abs(r2), rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("aspect, tsqr", [(64, True), (10**9, False)])
+def test_leaf_kind_follows_the_aspect_threshold(monkeypatch, aspect, tsqr):
+    """Panels with m >= TSQR_ASPECT * k go through TSQR, the others through geqrf;
+    both give Householder-quality factors."""
+    monkeypatch.setattr(kernels, "TSQR_ASPECT", aspect)
+    a = np.random.default_rng(7).standard_normal((4096, 32))
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64", method="householder-tiled")
+    labels = {g.label for g in trace.gemms}
+    assert ("tsqr-combine" in labels) is tsqr
+    assert backward_error(a, q, r) <= 2 * np.sqrt(32) * 2.0**-53
+    assert orthogonality(q) <= np.sqrt(32) * 2.0**-53 / 4
+
+
+def test_leaf_width_bounds_the_number_of_leaves():
+    lw = recursive.leaf_width
+    assert [lw(n) for n in (64, 2048, 4096, 4097, 8192, 16384, 65536)] == \
+        [32, 32, 32, 64, 64, 128, 256]
+    assert lw(2**20) == recursive.MAX_LEAF_WIDTH
+
+
+@pytest.mark.parametrize("method", ["householder-recursive", "householder-tiled"])
+def test_wide_leaves_keep_householder_accuracy(monkeypatch, method):
+    """Leaves 128 wide (as for n = 16384) on a CI-sized matrix: 2 leaves, same accuracy."""
+    monkeypatch.setattr(recursive, "MAX_LEAVES", 2)
+    a = np.random.default_rng(9).standard_normal((384, 256))
+    for precision in ("fp64", "fp16"):
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision=precision, method=method)
+        panels = [g for g in trace.gemms if g.label == "panel-wy"]
+        assert len(panels) == 2 and {g.shape[1] for g in panels} == {128}
+        u = max(2.0**-53, {"fp64": 0, "fp16": 2.0**-11}[precision])
+        assert backward_error(a, q, r) <= 2 * np.sqrt(256) * u
+        assert orthogonality(q) <= np.sqrt(256) * u / 4
+
+
+def test_mode_r_skips_the_merges_and_gives_the_same_r(xp):
+    a = np.random.default_rng(11).standard_normal((200, 160))
+    with mpqr.explain() as tr_r:
+        r_only = mpqr.qr(from_numpy(xp, a), mode="r", precision="fp64",
+                         method="householder-recursive")
+    with mpqr.explain() as tr_q:
+        _, r = mpqr.qr(from_numpy(xp, a), precision="fp64", method="householder-recursive")
+    assert np.array_equal(to_numpy(r_only), to_numpy(r))
+    merges_r = sum(g.label.startswith("rec-merge") for g in tr_r.gemms)
+    merges_q = sum(g.label.startswith("rec-merge") for g in tr_q.gemms)
+    assert merges_r < merges_q
+
+
+class _TensorCoreNumpy(type(get_backend(array_namespace(np.zeros(1))))):
+    """The NumPy reference with H200-like rates: the policy then prices engines like CuPy."""
+
+    capabilities = frozenset({"fp16", "int8", "tensor-cores"})
+
+    def rates(self):
+        return {"native-fp64": 55e12, "native-fp32": 48e12, "tc-fp16": 600e12, "int8": 1000e12,
+                "bandwidth": 3.5e12, "launch_s": 8e-6}
+
+
+@pytest.mark.parametrize("precision, want", [
+    ("fp16", "householder-recursive"), ("fp32-emulated", "householder-recursive"),
+    ("fp32", "householder-tiled"), ("fp64", "householder-tiled"),
+    ("auto", "householder-tiled")])
+def test_choose_method_follows_the_update_gemms_engine(precision, want):
+    ns = array_namespace(np.zeros(1))
+    dtype = ns.float64 if precision in ("fp64", "auto") else ns.float32
+    method, why = api.choose_method(_TensorCoreNumpy(ns), precision, dtype, 16384, 16384)
+    assert method == want, why
+    assert precision in why
+    # without tensor cores (the NumPy reference itself) nothing is shape-sensitive
+    assert api.choose_method(get_backend(ns), precision, dtype, 16384, 16384)[0] == \
+        "householder-tiled"
+
+
+def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):
+    """fp64-emulated is recursive exactly when the policy would run the update on Ozaki."""
+    ns = array_namespace(np.zeros(1))
+    tc = _TensorCoreNumpy(ns)
+    engine = mpqr.policy.decide(tc, ns.float64, 8192, 8192, 16384, 1, "fp64-emulated", "t",
+                                mpqr.policy.as_gemm_options(None)).engine
+    method, _ = api.choose_method(tc, "fp64-emulated", ns.float64, 16384, 16384)
+    assert method == ("householder-tiled" if engine == "native-fp64" else
+                      "householder-recursive")
+    monkeypatch.setattr(_TensorCoreNumpy, "rates", lambda self: {
+        "native-fp64": 1e12, "native-fp32": 48e12, "tc-fp16": 600e12, "int8": 2000e12,
+        "bandwidth": 3.5e12, "launch_s": 8e-6})  # a GPU with slow FP64
+    assert api.choose_method(tc, "fp64-emulated", ns.float64, 16384, 16384)[0] == \
+        "householder-recursive"
+    assert api.choose_method(tc, "fp16", ns.float32, 4096, 32)[0] == "householder-tiled"
