@@ -83,6 +83,13 @@ class ArrayAPIBackend:
         return xp.max(xp.where(xp.isfinite(x), xp.abs(x), xp.zeros_like(x)), axis=axis,
                       keepdims=True)
 
+    def empty_for(self, like: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+        """Uninitialized work array for converted copies of ``like`` (the CuPy
+        backend matches ``like``'s memory order so conversions stay coalesced)."""
+        from mpqr._array_api import device
+
+        return self.xp.empty(shape, dtype=dtype, device=device(like))
+
     def split_fp16(self, x: Any, shift: Any, hi: Any, hf: Any = None, lo: Any = None,
                    lo_shift: int = 11) -> None:
         """Write the fp16 parts of ``y = x * 2**shift`` into the given views:

@@ -100,9 +100,21 @@ class CupyBackend(ArrayAPIBackend):
 
         return k.max_abs_finite(x, axis)
 
+    def empty_for(self, like, shape, dtype):
+        # a transposed operand (F-order) gets F-order parts: the split pass then
+        # reads and writes consecutive addresses, and cuBLAS takes either order
+        f = like.ndim == 2 and like.flags.f_contiguous and not like.flags.c_contiguous
+        return self._cp.empty(shape, dtype=dtype, order="F" if f else "C")
+
     def split_fp16(self, x, shift, hi, hf=None, lo=None, lo_shift=11):
         from mpqr.backends import cupy_engine_kernels as k
 
+        if x.ndim == 2 and not x.flags.c_contiguous and x.T.flags.c_contiguous \
+                and hi.T.flags.c_contiguous:
+            # run the elementwise pass in memory order (C order of the transposes)
+            k.split_fp16(x.T, shift.T, hi.T, None if hf is None else hf.T,
+                         None if lo is None else lo.T, lo_shift)
+            return
         k.split_fp16(x, shift, hi, hf, lo, lo_shift)
 
     def unscale(self, c, row_shift, col_shift, out_dtype):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 
 __all__ = ["FP16_TARGET_EXP", "run_tc_fp16"]
@@ -24,8 +23,8 @@ def run_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any) -> Any:
     xp = backend.xp
     sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a16 = xp.empty(a.shape, dtype=xp.float16, device=device(a))
-    b16 = xp.empty(b.shape, dtype=xp.float16, device=device(b))
+    a16 = backend.empty_for(a, a.shape, xp.float16)
+    b16 = backend.empty_for(b, b.shape, xp.float16)
     backend.split_fp16(a, sa, a16)
     backend.split_fp16(b, sb, b16)
     return unscale(backend, backend.gemm_fp16(a16, b16), sa, sb, out_dtype)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 
@@ -54,15 +53,14 @@ BATCHED_PARTIALS_BYTES = 256 * 2**20
 
 def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) -> Any:
     xp = backend.xp
-    dev = device(a)
     *batch, m, k = a.shape
     n = b.shape[-1]
     sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a_hi = xp.empty(a.shape, dtype=xp.float16, device=dev)
-    b_hi = xp.empty(b.shape, dtype=xp.float16, device=dev)
-    a_cat = xp.empty((*batch, m, 2 * k), dtype=xp.float16, device=dev)  # [hi_f | lo]
-    b_cat = xp.empty((*batch, 2 * k, n), dtype=xp.float16, device=dev)  # [lo ; hi_f]
+    a_hi = backend.empty_for(a, a.shape, xp.float16)
+    b_hi = backend.empty_for(b, b.shape, xp.float16)
+    a_cat = backend.empty_for(a, (*batch, m, 2 * k), xp.float16)  # [hi_f | lo]
+    b_cat = backend.empty_for(b, (*batch, 2 * k, n), xp.float16)  # [lo ; hi_f]
     backend.split_fp16(a, sa, a_hi, hf=a_cat[..., :k], lo=a_cat[..., k:], lo_shift=LO_SHIFT)
     backend.split_fp16(b, sb, b_hi, hf=b_cat[..., k:, :], lo=b_cat[..., :k, :],
                        lo_shift=LO_SHIFT)
