@@ -109,13 +109,17 @@ def pow2_scale(backend: Any, x: Any, e: Any) -> Any:
 def scale_columns(backend: Any, a: Any) -> tuple[Any, Any]:
     """``(a * 2**-e, e)`` with the largest ``|entry|`` of each column in ``[1, 2)``.
 
-    ``e`` is int32 of shape ``(..., 1, n)``; zero and non-finite columns get 0.
+    ``e`` is int32 of shape ``(..., 1, n)``, from the finite entries; columns
+    with no finite nonzero entry get 0 (Inf and NaN stay where they are).
     Powers of two are exact, so ``a D = Q R_s`` gives ``a = Q (R_s D^-1)``: every
     method then sees unit-order columns, whatever the input's range (no overflow
     of a Gram matrix or of an fp16/fp32 cast, no underflow of tiny columns).
     """
     xp = backend.xp
-    mx = xp.max(xp.abs(a), axis=-2, keepdims=True)
+    if is_complex(xp, a):
+        mx = xp.max(xp.abs(a), axis=-2, keepdims=True)
+    else:  # the backend's reduction (coalesced on CuPy for this strided axis)
+        mx = backend.max_abs_finite(a, -2)
     e = backend.exponent(mx)
     return pow2_scale(backend, a, -e), e
 
