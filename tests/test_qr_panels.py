@@ -104,13 +104,14 @@ def test_leaf_kind_follows_the_aspect_threshold(monkeypatch, aspect, tsqr):
     """Panels with m >= TSQR_ASPECT * k go through TSQR, the others through geqrf;
     both give Householder-quality factors."""
     monkeypatch.setattr(kernels, "TSQR_ASPECT", aspect)
-    a = np.random.default_rng(7).standard_normal((4096, 32))
+    # two 32-wide panels (a single panel goes straight to the backend's panel QR)
+    a = np.random.default_rng(7).standard_normal((4096, 64))
     with mpqr.explain() as trace:
         q, r = mpqr.qr(a, precision="fp64", method="householder-tiled")
     labels = {g.label for g in trace.gemms}
     assert ("tsqr-combine" in labels) is tsqr
-    assert backward_error(a, q, r) <= 2 * np.sqrt(32) * 2.0**-53
-    assert orthogonality(q) <= np.sqrt(32) * 2.0**-53 / 4
+    assert backward_error(a, q, r) <= 2 * np.sqrt(64) * 2.0**-53
+    assert orthogonality(q) <= np.sqrt(64) * 2.0**-53 / 4
 
 
 def test_leaf_width_bounds_the_number_of_leaves():
@@ -188,3 +189,19 @@ def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):
     assert api.choose_method(tc, "fp64-emulated", ns.float64, 16384, 16384)[0] == \
         "householder-recursive"
     assert api.choose_method(tc, "fp16", ns.float32, 4096, 32)[0] == "householder-tiled"
+
+
+@pytest.mark.parametrize("shape", [(4096, 32), (50, 256, 32), (40, 7)])
+def test_single_panel_uses_the_backends_panel_qr_directly(xp, shape):
+    """n <= one panel: the backend's panel QR gives Q and R; nothing is rebuilt
+    from reflectors, so no policy GEMM runs at all."""
+    a = np.random.default_rng(11).standard_normal(shape)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a), method="householder-tiled", precision="fp64")
+    assert trace.gemms == []
+    qn, rn = to_numpy(q), to_numpy(r)
+    n = shape[-1]
+    assert np.all(np.diagonal(rn, axis1=-2, axis2=-1) >= 0)
+    assert np.array_equal(np.triu(rn), rn)
+    assert backward_error(a, qn, rn) <= 2 * np.sqrt(n) * 2.0**-53
+    assert orthogonality(qn) <= np.sqrt(n) * 2.0**-53

@@ -208,6 +208,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
             f"precision={prec_name!r} is not supported for complex input ({a.dtype}): the "
             "emulated engines are real-only; use precision 'auto', 'fp32' or 'fp64'"
         )
+    if prec_name in ("fp16", "fp32-emulated") and "fp16" not in backend.capabilities:
+        # checked up front: a single-panel QR would run no GEMM to notice it
+        raise NotImplementedError(
+            f"precision={prec_name!r} needs a float16 GEMM engine, which the {backend.name} "
+            "backend does not provide (it has no float16 GEMM); use 'fp32' or 'fp64'")
 
     auto = method == "auto"
     if auto:

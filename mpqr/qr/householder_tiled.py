@@ -41,6 +41,12 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     *batch, m, n = a.shape
     if nb is None:
         nb = max(PANEL_WIDTH, leaf_width(n))
+    if n <= nb and m >= n and not complete:
+        # one panel: the backend's panel QR (LAPACK, cuSOLVER or the CuPy TSQR
+        # kernel, at working precision) already gives the explicit reduced Q,
+        # so no reflectors are rebuilt and Q is not formed again from them
+        q, r = backend.qr_panel(a)
+        return (q if want_q else None), xp.triu(r)
     pp = panel_precision(prec_name, a.dtype, xp)
     work = a if overwrite else xp.asarray(a, copy=True)
     blocks = []
