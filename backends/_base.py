@@ -183,17 +183,9 @@ class ArrayAPIBackend:
         *batch, n, _ = a.shape
         w = xp.asarray(a, copy=True)
         s = xp.empty((*batch, n), dtype=a.dtype, device=device(a))
-        cplx = xp.isdtype(a.dtype, "complex floating")
         for i in range(n):
             d = w[..., i, i]
-            one = xp.ones_like(d)
-            if cplx:
-                ad = xp.abs(d)
-                nz = ad != 0
-                ph = xp.where(nz, d / xp.astype(xp.where(nz, ad, xp.ones_like(ad)), d.dtype), one)
-            else:
-                ph = xp.where(d < 0, -one, one)
-            si = -ph
+            si = -phase(xp, d)
             s[..., i] = si
             piv = d - si
             w[..., i, i] = piv
@@ -403,3 +395,14 @@ def compact_wy_from_raw(backend: ArrayAPIBackend, h: Any, tau: Any, m: int, k: i
 
 
 ArrayAPIBackend.householder_panel = _householder_panel
+
+
+def phase(xp: Any, d: Any) -> Any:
+    """``sign(d)`` with ``sign(0) = 1``; ``d/|d|`` for complex (modulus one)."""
+    one = xp.ones_like(d)
+    if xp.isdtype(d.dtype, "complex floating"):
+        ad = xp.abs(d)
+        nz = ad != 0
+        safe = xp.where(nz, ad, xp.ones_like(ad))
+        return xp.where(nz, d / xp.astype(safe, d.dtype), one)
+    return xp.where(d < 0, -one, one)

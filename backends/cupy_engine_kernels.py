@@ -26,7 +26,8 @@ import cupy as cp
 
 __all__ = ["max_abs_finite", "split_fp16", "unscale"]
 
-_PREAMBLE = r"""
+# float32 widened through its bits: exact for subnormals in any FTZ mode
+_WIDEN = r"""
 __device__ __forceinline__ double mpqr_f64(double x) { return x; }
 __device__ __forceinline__ double mpqr_f64(float x) {
   unsigned int u = __float_as_uint(x);
@@ -34,6 +35,9 @@ __device__ __forceinline__ double mpqr_f64(float x) {
   double m = (double)(u & 0x7fffffu) * 1.401298464324817070923729583289916e-45;  // 2^-149
   return (u & 0x80000000u) ? -m : m;
 }
+"""
+
+_PREAMBLE = _WIDEN + r"""
 __device__ __forceinline__ double mpqr_narrow(double d, double) { return d; }
 __device__ __forceinline__ float mpqr_narrow(double d, float) {
   double a = fabs(d);
@@ -91,14 +95,7 @@ def _unscale_kernel():
     )
 
 
-_STRIDED_MAX_SRC = r"""
-__device__ __forceinline__ double mpqr_f64(double x) { return x; }
-__device__ __forceinline__ double mpqr_f64(float x) {
-  unsigned int u = __float_as_uint(x);
-  if ((u & 0x7f800000u) != 0u) return (double)x;
-  double m = (double)(u & 0x7fffffu) * 1.401298464324817070923729583289916e-45;
-  return (u & 0x80000000u) ? -m : m;
-}
+_STRIDED_MAX_SRC = _WIDEN + r"""
 template <typename T>
 __device__ void strided_max(const T* x, long long nred, long long nkeep, long long sred,
                             long long skeep, long long chunk, double* out) {

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from mpqr._array_api import array_namespace
+from mpqr._array_api import array_namespace, device
 from mpqr.backends import get_backend
 from mpqr.engines import ENGINES
 from mpqr.policy.options import GemmOptions, as_gemm_options
@@ -227,8 +227,6 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
         record_gemm(GemmDecision(label, (m, n, k), batch, str(out_dtype), prec, source, d.engine,
                                  {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
                                  d.reason, d.predicted_s))
-    from mpqr._array_api import device
-
     if m == 0 or n == 0 or k == 0:
         return xp.zeros((*a.shape[:-1], n), dtype=out_dtype, device=device(a))
     if a.dtype != out_dtype and not d.engine.startswith("native"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
+from mpqr.backends._base import phase  # one definition, shared with the backends
 from mpqr.policy import gemm
 
 __all__ = [
@@ -79,17 +80,6 @@ def panel_precision(prec: str, dtype: Any, xp: Any) -> str:
         return "auto"
     single = dtype in (xp.float32, xp.complex64)
     return "fp32" if single else "fp64"
-
-
-def phase(xp: Any, d: Any) -> Any:
-    """``sign(d)`` with ``sign(0) = 1``; ``d/|d|`` for complex (modulus one)."""
-    one = xp.ones_like(d)
-    if xp.isdtype(d.dtype, "complex floating"):
-        ad = xp.abs(d)
-        nz = ad != 0
-        safe = xp.where(nz, ad, xp.ones_like(ad))
-        return xp.where(nz, d / xp.astype(safe, d.dtype), one)
-    return xp.where(d < 0, -one, one)
 
 
 def pow2_scale(backend: Any, x: Any, e: Any) -> Any:
