@@ -77,6 +77,11 @@ class ArrayAPIBackend:
         return (x * xp.pow(two, xp.astype(h, x.dtype))) * xp.pow(two, xp.astype(e - h, x.dtype))
 
     # --- fused conversions for the tensor-core engines (overridden on CuPy) ----
+    def all_finite(self, x: Any) -> bool:
+        """Whether every entry of ``x`` is finite (one host sync)."""
+        xp = self.xp
+        return bool(xp.all(xp.isfinite(x)))
+
     def max_abs_finite(self, x: Any, axis: int) -> Any:
         """Largest finite ``|x|`` along ``axis`` (keepdims; 0 where none)."""
         xp = self.xp
@@ -154,6 +159,20 @@ class ArrayAPIBackend:
             x1 = self.solve_triangular(a[..., :h, :h], b[..., :h, :] - a[..., :h, h:] @ x2,
                                        lower=False, unit_diagonal=unit_diagonal)
         return xp.concat([x1, x2], axis=-2)
+
+    #: widest ``r`` that :meth:`right_solve_upper` takes in one call; ``None``: any width
+    #: (callers block wider solves and do the off-diagonal products through the policy)
+    right_solve_block: int | None = None
+
+    def right_solve_upper(self, a: Any, r: Any) -> Any:
+        """``a @ inv(r)`` for upper-triangular ``r`` (solved as ``r^H x^H = a^H``)."""
+        xp = self.xp
+
+        def ct(x):
+            t = xp.matrix_transpose(x)
+            return xp.conj(t) if xp.isdtype(x.dtype, "complex floating") else t
+
+        return ct(self.solve_triangular(ct(r), ct(a), lower=True))
 
     def cholesky(self, a: Any, *, upper: bool = False) -> Any:
         """Cholesky factor; raises :class:`mpqr.LinAlgError` if not positive definite."""

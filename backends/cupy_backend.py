@@ -95,6 +95,11 @@ class CupyBackend(ArrayAPIBackend):
         return self._cp.ldexp(x, e)
 
     # Fused single-pass versions of the engines' conversion steps.
+    def all_finite(self, x):
+        from mpqr.backends.cupy_engine_kernels import all_finite
+
+        return all_finite(x)
+
     def max_abs_finite(self, x, axis):
         from mpqr.backends import cupy_engine_kernels as k
 
@@ -233,6 +238,15 @@ class CupyBackend(ArrayAPIBackend):
             return solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal,
                                     check_finite=False)
         return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
+
+    right_solve_block = 64  # cupy_right_solve.MAX_N
+
+    def right_solve_upper(self, a, r):
+        from mpqr.backends import cupy_right_solve
+
+        if cupy_right_solve.supports(a, r):  # tall 2-D real: a row-per-thread kernel
+            return cupy_right_solve.right_solve_upper(a, r)
+        return super().right_solve_upper(a, r)
 
     def cholesky(self, a, *, upper=False):
         cp = self._cp

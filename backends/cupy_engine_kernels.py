@@ -24,7 +24,7 @@ import functools
 
 import cupy as cp
 
-__all__ = ["max_abs_finite", "split_fp16", "unscale"]
+__all__ = ["all_finite", "max_abs_finite", "split_fp16", "unscale"]
 
 # float32 widened through its bits: exact for subnormals in any FTZ mode
 _WIDEN = r"""
@@ -172,3 +172,17 @@ def unscale(c, row_shift, col_shift, out_dtype):
     out = cp.empty(c.shape, dtype=out_dtype)
     _unscale_kernel()(c, row_shift, col_shift, out)
     return out
+
+
+@functools.cache
+def _all_finite_kernel():
+    # one pass, no boolean temporary (xp.all(xp.isfinite(x)) reads x and writes a mask)
+    return cp.ReductionKernel("T x", "bool y", "isfinite(x)", "a && b", "y = a", "true",
+                              "mpqr_all_finite")
+
+
+def all_finite(x):
+    """Whether every entry of ``x`` is finite."""
+    if x.dtype.kind == "c":
+        return bool(_all_finite_kernel()(x.real)) and bool(_all_finite_kernel()(x.imag))
+    return bool(_all_finite_kernel()(x))

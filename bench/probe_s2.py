@@ -1,3 +1,4 @@
+# ruff: noqa: B023, F821  (device diagnostics: lambdas are called inside the loop)
 """Session-2 diagnostics on the GPU: where the missed targets lose their time.
 
 Prints one line per measurement (median of CUDA-event timings) and writes JSON to
@@ -9,9 +10,9 @@ import traceback
 
 import cupy as cp
 import numpy as np
+from mpqr.backends import get_backend
 
 import mpqr
-from mpqr.backends import get_backend
 
 OUT = sys.argv[1]
 SECTIONS = sys.argv[2].split(",") if len(sys.argv) > 2 else ["int8", "tall", "square", "ozaki"]
@@ -51,12 +52,14 @@ def section(name):
 
 
 be = get_backend(cp)
+METHODS = ("auto",) if "tall-auto" in SECTIONS else ("auto", "cholqr2", "shifted-cholqr3")
+if "tall-auto" in SECTIONS:
+    SECTIONS.append("tall")
 
 
 @section("int8")
 def _int8():
     from cupy.cuda import cublas
-
     from mpqr.backends.cupy_backend import _CUDA_R_8I, _CUDA_R_32I
     for n in (8192, 16384):
         a = cp.random.randint(-128, 128, (n, n), dtype=cp.int8)
@@ -95,11 +98,11 @@ def _ozaki():
         a = cp.random.standard_normal((n, n))
         b = cp.random.standard_normal((n, n))
         for terms in (13, 14, 15):
-            opt = {"engine": "ozaki", "ozaki_terms": terms}
+            opt = {"engine": "ozaki-int8", "ozaki_terms": terms}
             ms = timeit(lambda: mpqr.matmul(a, b, precision="fp64-emulated", options=opt), rep=3)
             rec(f"ozaki {n}^3 terms={terms}", ms, tflops=2 * n**3 / ms / 1e9)
         with mpqr.explain() as tr:
-            mpqr.matmul(a, b, precision="fp64-emulated", options={"engine": "ozaki"})
+            mpqr.matmul(a, b, precision="fp64-emulated", options={"engine": "ozaki-int8"})
         print(str(tr)[:600])
 
 
@@ -116,7 +119,7 @@ def _tall():
         else:
             rec(f"cusolver qr loop {tag} (first 100)",
                 timeit(lambda: [cp.linalg.qr(a[i]) for i in range(100)], rep=1) * 100)
-        for meth in ("auto", "cholqr2", "shifted-cholqr3"):
+        for meth in METHODS:
             try:
                 ms = timeit(lambda: mpqr.qr(a, method=meth), rep=3)
                 q, r = mpqr.qr(a, method=meth)
@@ -163,6 +166,33 @@ def _square():
     rec("  geqrf raw 16384x128", timeit(lambda: cp.linalg.qr(p, mode="raw")))
     p2 = a[8192:, :128]
     rec("  geqrf raw 8192x128", timeit(lambda: cp.linalg.qr(p2, mode="raw")))
+    import time
+
+    from mpqr.backends.cupy_backend import CupyBackend
+    spent = {"panel": 0.0, "n": 0}
+    orig = CupyBackend.householder_panel
+
+    def timed(self, x):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = orig(self, x)
+        cp.cuda.Device().synchronize()
+        spent["panel"] += time.perf_counter() - t0
+        spent["n"] += 1
+        return out
+
+    CupyBackend.householder_panel = timed
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    with mpqr.explain() as tr:
+        mpqr.qr(a, precision="fp16")
+    cp.cuda.Device().synchronize()
+    tot = time.perf_counter() - t0
+    CupyBackend.householder_panel = orig
+    rec("16384^2 fp16 panels (synced)", spent["panel"] * 1e3, total_ms=tot * 1e3,
+        panels=spent["n"], gemms=len(tr.gemms))
+    from collections import Counter
+    print(Counter(g.engine for g in tr.gemms), Counter(g.label for g in tr.gemms).most_common(8))
     pr = cProfile.Profile()
     pr.enable()
     mpqr.qr(a, precision="fp16")

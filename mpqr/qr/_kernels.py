@@ -96,8 +96,20 @@ def pow2_scale(backend: Any, x: Any, e: Any) -> Any:
     return x * f1 * f2
 
 
-def scale_columns(backend: Any, a: Any) -> tuple[Any, Any]:
+#: ``scale_columns(only_if_needed=True)`` leaves columns whose largest entry is within
+#: ``2**±SAFE_EXPONENT`` alone: their squares, times any row count below 2**64, stay
+#: normal and finite (float32: 2**±(2*40 + 64) vs 2**±126; float64: 2**±(2*400+64) vs 2**±1022)
+SAFE_EXPONENT = {"float32": 40, "float64": 400}
+
+
+def scale_columns(backend: Any, a: Any, *, only_if_needed: bool = False,
+                  single: bool = False) -> tuple[Any, Any | None]:
     """``(a * 2**-e, e)`` with the largest ``|entry|`` of each column in ``[1, 2)``.
+
+    With ``only_if_needed``, ``(a, None)`` when every column is within
+    :data:`SAFE_EXPONENT` of the dtype, or of float32 if ``single`` (the products
+    run in float32: precision "fp32" on float64 input); one host sync, saving a
+    pass over ``a``.
 
     ``e`` is int32 of shape ``(..., 1, n)``, from the finite entries; columns
     with no finite nonzero entry get 0 (Inf and NaN stay where they are).
@@ -111,6 +123,12 @@ def scale_columns(backend: Any, a: Any) -> tuple[Any, Any]:
     else:  # the backend's reduction (coalesced on CuPy for this strided axis)
         mx = backend.max_abs_finite(a, -2)
     e = backend.exponent(mx)
+    if only_if_needed and e.size:
+        xp_ = backend.xp
+        rdt = xp_.float32 if a.dtype in (xp_.float32, xp_.complex64) else xp_.float64
+        safe = SAFE_EXPONENT["float32" if single or rdt == xp_.float32 else "float64"]
+        if int(xp_.max(xp_.abs(e))) <= safe:
+            return a, None
     return pow2_scale(backend, a, -e), e
 
 

@@ -12,7 +12,6 @@ from mpqr._gpu_errors import device_errors
 from mpqr._validation import (
     check_choice,
     check_dtype,
-    check_finite,
     check_ndim,
     namespace_of,
 )
@@ -91,8 +90,27 @@ def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
         _THIN_ONLY.add(name)
 
 
-def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int) -> tuple[str, str]:
-    """``(method, reason)`` for ``method="auto"`` (Leng et al., Algorithm 1).
+#: ``method="auto"`` takes CholQR2 for single matrices with ``m >= TALL_RATIO * n``
+TALL_RATIO = 16
+#: precisions whose Gram matrix is formed in the working precision (the certificate's
+#: threshold assumes it); fp16 and fp32-emulated keep Householder
+_CHOLQR_PRECISIONS = ("auto", "fp32", "fp64", "fp64-emulated")
+#: precisions computed in the input's own arithmetic (no fp16 range to respect)
+_NATIVE_PRECISIONS = ("auto", "fp32", "fp64")
+
+
+def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
+                  batch: int = 1) -> tuple[str, str]:
+    """``(method, reason)`` for ``method="auto"``.
+
+    A single tall-skinny matrix (``m >= 16 n``) at a working-precision setting
+    takes CholQR2 when the policy runs its Gram product natively: four passes
+    over ``x`` that are all memory-bound GEMM-like sweeps, versus Householder's
+    ``n`` dependent column steps. CholQR2's reach depends on ``cond(x)``, so its
+    second Gram matrix certifies the result (``||Q1^H Q1 - I||_F <= 1/2``) and
+    ``qr`` falls back to ``householder-tiled`` when it does not (explain shows it).
+
+    Otherwise Leng et al., Algorithm 1:
 
     Recursive Householder when the backend has tensor-core engines and the
     policy would run this factorization's largest product — the top-level
@@ -101,11 +119,18 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int) -> t
     cost model picks the INT8 Ozaki / tc-sgemm engine): their speed depends on
     shape and the recursion makes the big GEMMs square. Tiled otherwise
     (native GEMMs are not shape-sensitive). Both are unconditionally stable;
-    the CholQR/SVQR family is never chosen automatically because its accuracy
-    depends on the condition number, which is unknown before factoring.
+    SVQR is never chosen automatically.
     """
     from mpqr.policy import as_gemm_options, decide
 
+    if batch == 1 and m >= TALL_RATIO * n and prec_name in _CHOLQR_PRECISIONS:
+        engine = decide(backend, dtype, n, n, m, 1, prec_name, "qr",
+                        as_gemm_options(None)).engine
+        if engine.startswith("native"):
+            return ("cholqr2",
+                    f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2, "
+                    "four memory-bound passes over x, certified orthonormal by its second "
+                    "Gram matrix; falls back to householder-tiled if the certificate fails")
     if n <= 32:
         return "householder-tiled", f"n={n} fits one panel: Householder panel QR directly"
     if "tensor-cores" not in backend.capabilities:
@@ -196,9 +221,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     prec_name, _ = resolve_precision(precision)
     a = check_dtype(xp, x, "x")
     overwrite = bool(overwrite_a) and a is x
-    if check_finite:
-        _check_finite(xp, a)
     backend = get_backend(xp)
+    if check_finite and not backend.all_finite(a):
+        raise ValueError("`x` must not contain infs or NaNs (check_finite=True)")
     *batch, m, n = a.shape
     complete = mode == "complete"
     want_q = mode != "r"
@@ -216,7 +241,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
     auto = method == "auto"
     if auto:
-        method, why = choose_method(backend, prec_name, a.dtype, m, n)
+        method, why = choose_method(backend, prec_name, a.dtype, m, n, batch=math.prod(batch))
         record_event("method", f"qr: {method} ({why})", method=method, shape=(m, n),
                      batch=math.prod(batch), precision=prec_name)
     else:
@@ -249,12 +274,17 @@ def _factor(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str
     """Run one method on any shape; returns sign-normalised ``(Q or None, R)``.
 
     Columns are first scaled by exact powers of two (see
-    :func:`~mpqr.qr._kernels.scale_columns`) and R's columns unscaled at the end.
+    :func:`~mpqr.qr._kernels.scale_columns`) and R's columns unscaled at the end;
+    at native precisions only when some column's magnitude could over- or
+    underflow a Gram matrix or a norm (the scaling pass costs a read and a write
+    of ``x``).
     """
-    a, e = scale_columns(backend, a)
-    q, r = _factor_scaled(backend, method, a, precision=precision, prec_name=prec_name,
-                          want_q=want_q, complete=complete, overwrite=True)  # `a` is ours now
-    return q, pow2_scale(backend, r, e)
+    a2, e = scale_columns(backend, a, only_if_needed=prec_name in _NATIVE_PRECISIONS,
+                          single=prec_name == "fp32")
+    q, r = _factor_scaled(backend, method, a2, precision=precision, prec_name=prec_name,
+                          want_q=want_q, complete=complete,
+                          overwrite=overwrite or a2 is not a)  # a scaled copy is ours
+    return q, (r if e is None else pow2_scale(backend, r, e))
 
 
 def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
@@ -279,13 +309,6 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
         r = xp.concat([r, xp.zeros((*batch, m - n, n), dtype=r.dtype, device=device(r))],
                       axis=-2)
     return normalize_signs(xp, q, r)
-
-
-def _check_finite(xp: Any, a: Any) -> None:
-    try:
-        check_finite(xp, a, "x")
-    except ValueError:
-        raise ValueError("`x` must not contain infs or NaNs (check_finite=True)") from None
 
 
 def _empty(xp: Any, a: Any, mode: str) -> Any:

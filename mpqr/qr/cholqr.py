@@ -43,10 +43,24 @@ def gram_roundoff(xp: Any, dtype: Any, prec_name: str) -> float:
     return max(unit_roundoff(xp, dtype), _GEMM_U.get(prec_name, 0.0))
 
 
-def right_solve_upper(backend: Any, a: Any, r: Any) -> Any:
-    """``a @ inv(r)`` for upper-triangular ``r`` (solved as ``r^H x^H = a^H``)."""
+def right_solve_upper(backend: Any, a: Any, r: Any, prec_name: str = "auto") -> Any:
+    """``a @ inv(r)`` for upper-triangular ``r``, by row-wise substitution.
+
+    Solves wider than the backend's ``right_solve_block`` are split in column
+    halves, ``Q1 = A1 R11^-1``, ``Q2 = (A2 - Q1 R12) R22^-1``, the product in
+    the working precision through the policy.
+    """
     xp = backend.xp
-    return ct(xp, backend.solve_triangular(ct(xp, r), ct(xp, a), lower=True))
+    n = r.shape[-1]
+    blk = backend.right_solve_block
+    if blk is None or n <= blk:
+        return backend.right_solve_upper(a, r)
+    h = n // 2
+    q1 = right_solve_upper(backend, a[..., :, :h], r[..., :h, :h], prec_name)
+    c = a[..., :, h:] - gemm(q1, r[..., :h, h:], precision=panel_precision(prec_name, a.dtype, xp),
+                             label="trsm-update", backend=backend)
+    q2 = right_solve_upper(backend, c, r[..., h:, h:], prec_name)
+    return xp.concat([q1, q2], axis=-1)
 
 
 def _gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
@@ -91,7 +105,11 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
 
 
 def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
-              shift: bool = False) -> tuple[Any, Any]:
+              shift: bool = False, certify: Any = None, want_q: bool = True
+              ) -> tuple[Any, Any]:
+    """One CholQR pass. ``certify``: the previous pass's R, when ``a`` is that pass's Q —
+    then ``a``'s Gram matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``,
+    which makes this pass's Q orthonormal to working accuracy; else BreakdownError."""
     xp = backend.xp
     g = _gram(backend, a, precision, f"{method}-gram")
     u = gram_roundoff(xp, a.dtype, prec_name)
@@ -99,6 +117,19 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         raise BreakdownError(
             f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
             method=method, cond_estimate=math.inf)
+    if certify is not None:
+        n = g.shape[-1]
+        dist = float(xp.max(xp.linalg.matrix_norm(
+            g - xp.eye(n, dtype=g.dtype, device=device(g)), ord="fro")))
+        if not dist <= 0.5:
+            d = xp.abs(xp.linalg.diagonal(certify))
+            cond = float(xp.max(d)) / float(xp.min(d)) if float(xp.min(d)) > 0 else math.inf
+            raise BreakdownError(
+                f"{method} broke down: after the first pass ||Q1^H Q1 - I||_F = {dist:.2e} > "
+                f"0.5, so the result would not be orthonormal to working accuracy "
+                f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}); use "
+                "method='svqr', a Householder method, or method='auto'",
+                method=method, cond_estimate=cond)
     if shift:
         m, n = a.shape[-2:]
         fro2 = xp.sum(xp.abs(xp.linalg.diagonal(g)), axis=-1)  # ||A||_F^2 per matrix
@@ -106,7 +137,7 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
     r = _chol_or_breakdown(backend, g, method, u)
-    return right_solve_upper(backend, a, r), r
+    return (right_solve_upper(backend, a, r, prec_name) if want_q else None), r
 
 
 def _rr(backend: Any, r2: Any, r1: Any, prec_name: str) -> Any:
@@ -122,19 +153,21 @@ def cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
     return _one_pass(backend, a, precision, "cholqr", prec_name)
 
 
-def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
-            ) -> tuple[Any, Any]:
-    """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}``."""
+def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool = True,
+            **_: Any) -> tuple[Any, Any]:
+    """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}`` (certified: see
+    :func:`_one_pass`). ``want_q=False`` skips the last solve (``Q`` is then None)."""
     q1, r1 = _one_pass(backend, a, precision, "cholqr2", prec_name)
-    q, r2 = _one_pass(backend, q1, precision, "cholqr2", prec_name)
+    q, r2 = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1, want_q=want_q)
     return q, _rr(backend, r2, r1, prec_name)
 
 
-def shifted_cholqr3(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
-                    ) -> tuple[Any, Any]:
+def shifted_cholqr3(backend: Any, a: Any, *, precision: Any, prec_name: str,
+                    want_q: bool = True, **_: Any) -> tuple[Any, Any]:
     """Shifted CholQR, then CholQR2: ``O(u)`` orthogonality for ``cond(A) < u^{-1}``."""
     q1, r1 = _one_pass(backend, a, precision, "shifted-cholqr3", prec_name,
                        shift=True)
     q2, r2 = _one_pass(backend, q1, precision, "shifted-cholqr3", prec_name)
-    q, r3 = _one_pass(backend, q2, precision, "shifted-cholqr3", prec_name)
+    q, r3 = _one_pass(backend, q2, precision, "shifted-cholqr3", prec_name, certify=r2,
+                      want_q=want_q)
     return q, _rr(backend, r3, _rr(backend, r2, r1, prec_name), prec_name)

@@ -1,0 +1,136 @@
+"""Tall-skinny QR: ``method="auto"`` takes certified CholQR2, the blocked row-wise
+right solve, and the column scaling that native precisions skip when it is not needed.
+
+Tolerances: CholQR2's orthogonality and backward error are ``O(u)`` with constants
+growing like ``sqrt(n)`` in practice (Yamamoto et al. 2015 bound them by
+``c (m n + n^2) u``; we use ``8 sqrt(n) u``, far below the bound yet 10-100x above
+what a correct run gives, so a lost pass or a wrong product fails).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from mpqr.backends import get_backend
+
+import mpqr
+from tests._qr_support import backward_error, geometric, orthogonality
+from tests._support import to_numpy
+
+api = sys.modules["mpqr.qr.api"]
+cholqr_mod = sys.modules["mpqr.qr.cholqr"]
+U64 = 2.0**-53
+
+
+def _events(trace, kind):
+    return [e for e in trace.events if e.kind == kind]
+
+
+@pytest.mark.parametrize("shape", [(2000, 20), (1600, 100)])
+def test_auto_takes_cholqr2_for_tall_skinny_and_it_is_fp64_accurate(xp, shape):
+    m, n = shape
+    a = geometric(np.random.default_rng(1), m, n, 1e4)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a), precision="fp64")
+    (ev,) = _events(trace, "method")
+    assert ev.data["method"] == "cholqr2" and "certified" in ev.message
+    assert not _events(trace, "fallback")
+    assert orthogonality(to_numpy(q)) <= 8 * np.sqrt(n) * U64 / n
+    assert backward_error(a, to_numpy(q), to_numpy(r)) <= 8 * np.sqrt(n) * U64
+    assert np.all(np.diag(to_numpy(r)) >= 0)  # the documented sign convention holds
+
+
+def test_auto_keeps_householder_below_the_ratio_for_stacks_and_fp16():
+    be = get_backend(sys.modules["mpqr._array_api"].array_namespace(np.zeros(1)))
+    f64 = np.float64
+    assert api.choose_method(be, "fp64", f64, 15 * 20, 20)[0] != "cholqr2"
+    assert api.choose_method(be, "fp64", f64, 16 * 20, 20)[0] == "cholqr2"
+    assert api.choose_method(be, "fp64", f64, 16 * 20, 20, batch=7)[0] != "cholqr2"
+    assert api.choose_method(be, "fp16", f64, 16 * 20, 20)[0] != "cholqr2"
+
+
+def test_ill_conditioned_tall_falls_back_with_a_traced_reason(xp):
+    n = 30
+    a = geometric(np.random.default_rng(2), 1000, n, 1e12)  # cond^2 u >> 1: CholQR2 cannot
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a), precision="fp64")
+    (fb,) = _events(trace, "fallback")
+    assert fb.data["method"] == "cholqr2" and fb.data["fallback"] == "householder-tiled"
+    assert orthogonality(to_numpy(q)) <= 8 * np.sqrt(n) * U64 / n
+    assert backward_error(a, to_numpy(q), to_numpy(r)) <= 8 * np.sqrt(n) * U64
+
+
+def test_cholqr2_certificate_refuses_an_uncertified_result():
+    # cond = 2e7: the first Cholesky succeeds (cond^2 u n ~ 0.9e0 is borderline) but
+    # Q1 is far from orthonormal; the certificate must turn this into a BreakdownError
+    rng = np.random.default_rng(3)
+    raised = 0
+    for cond in (3e7, 1e8, 1e9):
+        a = geometric(rng, 400, 12, cond)
+        try:
+            q, r = mpqr.qr(a, method="cholqr2", precision="fp64")
+        except mpqr.BreakdownError as exc:
+            assert str(exc).startswith("cholqr2 broke down")
+            raised += 1
+        else:  # whatever is returned must be a valid factorization
+            assert orthogonality(q) <= 8 * np.sqrt(12) * U64 / 12
+            assert backward_error(a, q, r) <= 8 * np.sqrt(12) * U64
+    assert raised >= 1
+
+
+def test_certificate_message_names_the_distance_and_the_method(monkeypatch):
+    a = geometric(np.random.default_rng(4), 300, 10, 10.0)
+    real_gram = cholqr_mod._gram
+    calls = []
+
+    def bad_second_gram(backend, x, precision, label):
+        g = real_gram(backend, x, precision, label)
+        calls.append(label)
+        return g * 3.0 if len(calls) == 2 else g  # ||G2 - I||_F = 2 sqrt(n) > 1/2
+
+    monkeypatch.setattr(cholqr_mod, "_gram", bad_second_gram)
+    with pytest.raises(mpqr.BreakdownError,
+                       match=r"^cholqr2 broke down: after the first pass \|\|Q1\^H Q1 - I\|\|_F "
+                             r"= 6\.3\de\+00 > 0\.5, so the result would not be orthonormal "
+                             r"to working accuracy \(estimated cond\(x\) >= "):
+        mpqr.qr(a, method="cholqr2", precision="fp64")
+
+
+def test_mode_r_skips_the_last_solve_and_gives_the_same_r(xp):
+    a = geometric(np.random.default_rng(6), 800, 16, 1e3)
+    r_only = mpqr.qr(xp.asarray(a), mode="r", precision="fp64")
+    _, r = mpqr.qr(xp.asarray(a), precision="fp64")
+    np.testing.assert_array_equal(to_numpy(r_only), to_numpy(r))
+
+
+@pytest.mark.parametrize("block", [1, 3, 8])
+def test_blocked_right_solve_is_rowwise_backward_stable(monkeypatch, block):
+    xp_np = sys.modules["mpqr._array_api"].array_namespace(np.zeros(1))
+    be = get_backend(xp_np)
+    monkeypatch.setattr(type(be), "right_solve_block", block)
+    rng = np.random.default_rng(7)
+    n = 21
+    r = np.triu(rng.standard_normal((n, n))) + 4 * np.eye(n)
+    a = rng.standard_normal((300, n))
+    with mpqr.explain() as trace:
+        q = cholqr_mod.right_solve_upper(be, a, r, "fp64")
+    assert len(trace.gemms) >= 1 and all(g.label == "trsm-update" for g in trace.gemms)
+    # row-wise backward error |a - q r| <= c n u |q| |r|
+    res = np.abs(a - q @ r)
+    bound = 4 * n * U64 * (np.abs(q) @ np.abs(r))
+    assert np.all(res <= bound)
+
+
+def test_native_precisions_scale_only_extreme_columns(xp):
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((640, 8))
+    big = a * np.array([2.0**500, 1, 2.0**-520, 1, 1, 2.0**300, 1, 1])
+    q, r = mpqr.qr(xp.asarray(big), precision="fp64")  # the Gram of `big` would overflow
+    q0, r0 = mpqr.qr(xp.asarray(a), precision="fp64")
+    scale = np.array([2.0**500, 1, 2.0**-520, 1, 1, 2.0**300, 1, 1])
+    assert np.all(np.isfinite(to_numpy(r)))
+    np.testing.assert_allclose(to_numpy(q), to_numpy(q0), atol=64 * U64, rtol=0)
+    rel = np.abs(to_numpy(r) - to_numpy(r0) * scale) / (np.abs(to_numpy(r0)).max() * scale)
+    assert rel.max() <= 64 * U64
