@@ -23,9 +23,9 @@ from mpqr.backends.cupy_right_solve import MAX_N, right_solve_upper, supports  #
 
 
 def _check(a, r, q):
+    u = 2.0**-24 if q.dtype == cp.float32 else 2.0**-53
     a, r, q = (np.asarray(v.get(), dtype=np.longdouble) for v in (a, r, q))
     n = r.shape[0]
-    u = 2.0**-24 if q.dtype == np.float32 else 2.0**-53
     gamma = n * u / (1 - n * u)
     res = np.abs(a - q @ r)
     bound = 2 * gamma * (np.abs(q) @ np.abs(r)) + np.finfo(np.float64).tiny

@@ -247,12 +247,15 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
 def normalize_signs(xp: Any, q: Any | None, r: Any) -> tuple[Any | None, Any]:
     """Make ``diag(R)`` real and >= 0 by rescaling rows of R and columns of Q.
 
-    Returns new arrays (the inputs are workspaces the caller owns).
+    Returns new arrays, or the inputs themselves when every diagonal entry is already
+    real and >= 0 (the inputs are workspaces the caller owns).
     """
     k = min(r.shape[-2], r.shape[-1])
     if k == 0:
         return q, r
     d = xp.linalg.diagonal(r[..., :k, :k])
+    if not is_complex(xp, r) and bool(xp.all(d >= 0)):
+        return q, r  # already normalised (CholQR's R): skip a pass over Q (one host sync)
     p = phase(xp, d)
     pc = xp.conj(p) if is_complex(xp, r) else p
     rk = r[..., :k, :] * xp.expand_dims(pc, axis=-1)
