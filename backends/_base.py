@@ -77,6 +77,13 @@ class ArrayAPIBackend:
         return (x * xp.pow(two, xp.astype(h, x.dtype))) * xp.pow(two, xp.astype(e - h, x.dtype))
 
     # --- fused conversions for the tensor-core engines (overridden on CuPy) ----
+    def ignore_fp_warnings(self) -> Any:
+        """Context in which IEEE overflow/underflow give inf/0 silently (an expected probe,
+        e.g. auto's unscaled CholQR2, which checks its Gram matrix afterwards)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def all_finite(self, x: Any) -> bool:
         """Whether every entry of ``x`` is finite (one host sync)."""
         xp = self.xp
@@ -164,15 +171,20 @@ class ArrayAPIBackend:
     #: (callers block wider solves and do the off-diagonal products through the policy)
     right_solve_block: int | None = None
 
-    def right_solve_upper(self, a: Any, r: Any) -> Any:
-        """``a @ inv(r)`` for upper-triangular ``r`` (solved as ``r^H x^H = a^H``)."""
+    def right_solve_upper(self, a: Any, r: Any, out: Any = None) -> Any:
+        """``a @ inv(r)`` for upper-triangular ``r`` (solved as ``r^H x^H = a^H``);
+        written into ``out`` (a view the caller owns) when given."""
         xp = self.xp
 
         def ct(x):
             t = xp.matrix_transpose(x)
             return xp.conj(t) if xp.isdtype(x.dtype, "complex floating") else t
 
-        return ct(self.solve_triangular(ct(r), ct(a), lower=True))
+        q = ct(self.solve_triangular(ct(r), ct(a), lower=True))
+        if out is None:
+            return q
+        out[...] = q
+        return out
 
     def cholesky(self, a: Any, *, upper: bool = False) -> Any:
         """Cholesky factor; raises :class:`mpqr.LinAlgError` if not positive definite."""

@@ -241,12 +241,12 @@ class CupyBackend(ArrayAPIBackend):
 
     right_solve_block = 64  # cupy_right_solve.MAX_N
 
-    def right_solve_upper(self, a, r):
+    def right_solve_upper(self, a, r, out=None):
         from mpqr.backends import cupy_right_solve
 
         if cupy_right_solve.supports(a, r):  # tall 2-D real: a row-per-thread kernel
-            return cupy_right_solve.right_solve_upper(a, r)
-        return super().right_solve_upper(a, r)
+            return cupy_right_solve.right_solve_upper(a, r, out=out)
+        return super().right_solve_upper(a, r, out=out)
 
     def cholesky(self, a, *, upper=False):
         cp = self._cp

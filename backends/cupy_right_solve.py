@@ -41,17 +41,30 @@ def _kernel(dtype_name: str, n: int, rows: int):
     return mod.get_function(name)
 
 
-def right_solve_upper(a, r):
-    """``a @ inv(r)`` for 2-D float32/float64 ``a`` (m x n, n <= 64); a new C-ordered array."""
+def right_solve_upper(a, r, out=None):
+    """``a @ inv(r)`` for 2-D float32/float64 ``a`` (m x n, n <= 64).
+
+    Written into ``out`` (m x n, unit stride along rows, e.g. a column slice of a
+    wider array) when given, else into a new C-ordered array, which is returned.
+    """
     m, n = a.shape
-    if a.strides[1] != a.itemsize or a.strides[0] % a.itemsize or a.strides[0] < 0:
+    if not _rows_unit_stride(a):
         a = cp.ascontiguousarray(a)  # the kernel wants unit stride along rows
     r = cp.ascontiguousarray(r)
-    q = cp.empty((m, n), dtype=a.dtype)
+    if out is None:
+        out = cp.empty((m, n), dtype=a.dtype)
+    elif out.shape != (m, n) or out.dtype != a.dtype or not _rows_unit_stride(out):
+        raise ValueError("internal: right_solve_upper `out` must be (m, n), a's dtype, "
+                         "unit stride along rows")
     if m == 0:
-        return q
+        return out
     rows = _rows(n, a.dtype)
-    lda = a.strides[0] // a.itemsize if m > 1 else n
+    ld = [x.strides[0] // x.itemsize if m > 1 else n for x in (a, out)]
     _kernel(np.dtype(a.dtype).name, n, rows)(
-        (-(-m // rows),), (rows,), (a, np.int64(lda), r, q, np.int64(n), np.int64(m)))
-    return q
+        (-(-m // rows),), (rows,), (a, np.int64(ld[0]), r, out, np.int64(ld[1]), np.int64(m)))
+    return out
+
+
+def _rows_unit_stride(x) -> bool:
+    return (x.shape[1] == 1 or x.strides[1] == x.itemsize) and x.strides[0] > 0 and \
+        x.strides[0] % x.itemsize == 0

@@ -36,6 +36,10 @@ class NumpyBackend(ArrayAPIBackend):
     def device_name(self) -> str:
         return "cpu"
 
+    def ignore_fp_warnings(self) -> Any:
+        # NumPy warns where the GPU silently gives IEEE inf/0; the caller checks the result
+        return np.errstate(over="ignore", under="ignore", invalid="ignore")
+
     def rates(self) -> EngineRates:
         # Emulated engines run on the same float BLAS as the native ones, so
         # they can never be faster here; the cost model sees that.

@@ -134,3 +134,23 @@ def test_native_precisions_scale_only_extreme_columns(xp):
     np.testing.assert_allclose(to_numpy(q), to_numpy(q0), atol=64 * U64, rtol=0)
     rel = np.abs(to_numpy(r) - to_numpy(r0) * scale) / (np.abs(to_numpy(r0)).max() * scale)
     assert rel.max() <= 64 * U64
+
+
+@pytest.mark.parametrize("col_scale,why", [(2.0**-700, "squared column norm"),
+                                           (2.0**600, "not finite")])
+def test_auto_cholqr2_runs_unscaled_and_falls_back_on_range(xp, col_scale, why):
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((640, 8))
+    scale = np.ones(8)
+    scale[3] = col_scale
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a * scale), precision="fp64")
+    (fb,) = _events(trace, "fallback")
+    assert fb.data["method"] == "cholqr2" and why in fb.data["reason"]
+    q0, r0 = mpqr.qr(xp.asarray(a), precision="fp64")
+    np.testing.assert_allclose(to_numpy(q), to_numpy(q0), atol=64 * U64, rtol=0)
+    rel = np.abs(to_numpy(r) - to_numpy(r0) * scale) / (np.abs(to_numpy(r0)).max() * scale)
+    assert rel.max() <= 64 * U64
+    # an explicit method gets its columns scaled first, so it does not break down
+    _, r2 = mpqr.qr(xp.asarray(a * scale), method="cholqr2", precision="fp64")
+    assert np.all(np.isfinite(to_numpy(r2)))

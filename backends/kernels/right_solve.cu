@@ -12,9 +12,19 @@ right_solve_upper_rows(const T* __restrict__ a, long long lda, const T* __restri
   __shared__ T tile[ROWS][N + 1];  // +1: rows of the tile fall in different banks
   const long long row0 = (long long)blockIdx.x * ROWS;
   const int rows = (int)min((long long)ROWS, m - row0);
-  for (int idx = threadIdx.x; idx < rows * N; idx += ROWS) {
-    const int i = idx / N, j = idx - (idx / N) * N;
-    tile[i][j] = a[(row0 + i) * lda + j];
+  if (rows == ROWS) {
+    // full tile: a compile-time trip count, so the loads unroll and are all in flight
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      const int idx = threadIdx.x + t * ROWS;
+      const int i = idx / N, j = idx - (idx / N) * N;
+      tile[i][j] = a[(row0 + i) * lda + j];
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < rows * N; idx += ROWS) {
+      const int i = idx / N, j = idx - (idx / N) * N;
+      tile[i][j] = a[(row0 + i) * lda + j];
+    }
   }
   __syncthreads();
   if (threadIdx.x < rows) {
@@ -32,8 +42,17 @@ right_solve_upper_rows(const T* __restrict__ a, long long lda, const T* __restri
     for (int j = 0; j < N; ++j) tile[threadIdx.x][j] = x[j];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < rows * N; idx += ROWS) {
-    const int i = idx / N, j = idx - (idx / N) * N;
-    q[(row0 + i) * ldq + j] = tile[i][j];
+  if (rows == ROWS) {
+#pragma unroll
+    for (int t = 0; t < N; ++t) {
+      const int idx = threadIdx.x + t * ROWS;
+      const int i = idx / N, j = idx - (idx / N) * N;
+      q[(row0 + i) * ldq + j] = tile[i][j];
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < rows * N; idx += ROWS) {
+      const int i = idx / N, j = idx - (idx / N) * N;
+      q[(row0 + i) * ldq + j] = tile[i][j];
+    }
   }
 }

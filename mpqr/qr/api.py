@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -253,16 +254,21 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
     kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
               overwrite=overwrite)
+    # auto's CholQR2 checks the range itself (its Gram diagonal holds the squared column
+    # norms: overflow or underflow raise BreakdownError), so the pass computing column
+    # maxima is saved; the fallback below scales as usual
+    unscaled = auto and method == "cholqr2" and prec_name in _NATIVE_PRECISIONS
     with device_errors(backend, "mpqr.qr"):
         try:
-            q, r = _factor(backend, method, a, **kw)
+            with backend.ignore_fp_warnings() if unscaled else contextlib.nullcontext():
+                q, r = _factor(backend, method, a, scale=not unscaled, **kw)
         except BreakdownError as exc:
             if not auto:
                 raise
             record_event("fallback", f"qr: {method} broke down (estimated cond(x) >= "
                          f"{exc.cond_estimate:.2e}); falling back to householder-tiled",
                          method=method, fallback="householder-tiled",
-                         cond_estimate=exc.cond_estimate)
+                         cond_estimate=exc.cond_estimate, reason=str(exc))
             q, r = _factor(backend, "householder-tiled", a, **kw)
     if not want_q:
         return r
@@ -270,7 +276,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
 
 def _factor(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
-            want_q: bool, complete: bool, overwrite: bool) -> tuple[Any, Any]:
+            want_q: bool, complete: bool, overwrite: bool, scale: bool = True
+            ) -> tuple[Any, Any]:
     """Run one method on any shape; returns sign-normalised ``(Q or None, R)``.
 
     Columns are first scaled by exact powers of two (see
@@ -280,7 +287,7 @@ def _factor(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str
     of ``x``).
     """
     a2, e = scale_columns(backend, a, only_if_needed=prec_name in _NATIVE_PRECISIONS,
-                          single=prec_name == "fp32")
+                          single=prec_name == "fp32") if scale else (a, None)
     q, r = _factor_scaled(backend, method, a2, precision=precision, prec_name=prec_name,
                           want_q=want_q, complete=complete,
                           overwrite=overwrite or a2 is not a)  # a scaled copy is ours

@@ -29,6 +29,11 @@ _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
 
 
+#: smallest squared column norm a Gram matrix takes without underflow losses
+#: (2**-(2 SAFE_EXPONENT) of :mod:`mpqr.qr._kernels`)
+_SAFE_GRAM_MIN = {"float32": 2.0**-80, "float64": 2.0**-800}
+
+
 def unit_roundoff(xp: Any, dtype: Any) -> float:
     return 2.0**-24 if dtype in (xp.float32, xp.complex64) else 2.0**-53
 
@@ -48,19 +53,28 @@ def right_solve_upper(backend: Any, a: Any, r: Any, prec_name: str = "auto") -> 
 
     Solves wider than the backend's ``right_solve_block`` are split in column
     halves, ``Q1 = A1 R11^-1``, ``Q2 = (A2 - Q1 R12) R22^-1``, the product in
-    the working precision through the policy.
+    the working precision through the policy; every block is written straight
+    into its columns of the result.
     """
     xp = backend.xp
-    n = r.shape[-1]
     blk = backend.right_solve_block
-    if blk is None or n <= blk:
+    if blk is None or r.shape[-1] <= blk:
         return backend.right_solve_upper(a, r)
+    out = xp.empty(a.shape, dtype=a.dtype, device=device(a))
+    _right_solve_into(backend, a, r, out, blk, panel_precision(prec_name, a.dtype, xp))
+    return out
+
+
+def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: str) -> None:
+    n = r.shape[-1]
+    if n <= blk:
+        backend.right_solve_upper(a, r, out=out)
+        return
     h = n // 2
-    q1 = right_solve_upper(backend, a[..., :, :h], r[..., :h, :h], prec_name)
-    c = a[..., :, h:] - gemm(q1, r[..., :h, h:], precision=panel_precision(prec_name, a.dtype, xp),
+    _right_solve_into(backend, a[..., :, :h], r[..., :h, :h], out[..., :, :h], blk, prec)
+    c = a[..., :, h:] - gemm(out[..., :, :h], r[..., :h, h:], precision=prec,
                              label="trsm-update", backend=backend)
-    q2 = right_solve_upper(backend, c, r[..., h:, h:], prec_name)
-    return xp.concat([q1, q2], axis=-1)
+    _right_solve_into(backend, c, r[..., h:, h:], out[..., :, h:], blk, prec)
 
 
 def _gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
@@ -117,6 +131,16 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         raise BreakdownError(
             f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
             method=method, cond_estimate=math.inf)
+    single = prec_name == "fp32" or g.dtype in (xp.float32, xp.complex64)
+    lo = _SAFE_GRAM_MIN["float32" if single else "float64"]
+    dmin = float(xp.min(xp.real(xp.linalg.diagonal(g))))
+    if dmin < lo:
+        # a zero column, or one so small that its Gram entries underflow; qr(method="auto")
+        # runs CholQR2 on unscaled input and falls back to the scaled Householder path
+        raise BreakdownError(
+            f"{method} broke down: a squared column norm of x is {dmin:.2e}, below {lo:.1e} "
+            "(a zero column, or underflow in the Gram matrix); use a Householder method "
+            "or method='auto'", method=method, cond_estimate=math.inf)
     if certify is not None:
         n = g.shape[-1]
         dist = float(xp.max(xp.linalg.matrix_norm(
