@@ -263,6 +263,12 @@ def _portable_exponent(xp: Any, x: Any) -> Any:
 # Appended as plain functions bound onto ArrayAPIBackend so the class body above
 # stays as it was; see mpqr/engines/ozaki.py for the algorithm.
 
+def _ozaki_line_stats(self: ArrayAPIBackend, x: Any, axis: int) -> tuple[Any, Any, Any, Any]:
+    from mpqr.engines.ozaki import line_stats
+
+    return line_stats(self, x, axis)
+
+
 def _ozaki_workspace_limit(self: ArrayAPIBackend) -> int:
     """Default scratch-memory cap (bytes) of the Ozaki engine: 1 GiB on the host."""
     return 1 << 30
@@ -337,6 +343,7 @@ def _ozaki_reconstruct(self: ArrayAPIBackend, prods: Any, consts: Any, row_shift
     return self.ldexp(acc, -(row_shift[:, None] + col_shift[None, :]))
 
 
+ArrayAPIBackend.ozaki_line_stats = _ozaki_line_stats
 ArrayAPIBackend.ozaki_workspace_limit = _ozaki_workspace_limit
 ArrayAPIBackend.ozaki_residues = _ozaki_residues
 ArrayAPIBackend.ozaki_int8_gemms = _ozaki_int8_gemms

@@ -321,6 +321,12 @@ def _blas_operand(cp, x, allow_copy=True):
 
 # --- INT8 Ozaki scheme II (mpqr/engines/ozaki.py); kernels in cupy_ozaki_kernels --
 
+def _cupy_ozaki_line_stats(self, x, axis):
+    from mpqr.backends.cupy_ozaki_kernels import line_stats
+
+    return line_stats(self, x, axis)
+
+
 def _cupy_ozaki_workspace_limit(self) -> int:
     """Half of the free device memory (counting CuPy's pooled free blocks)."""
     cp = self._cp
@@ -356,6 +362,7 @@ def _cupy_ozaki_reconstruct(self, prods, consts, row_shift, col_shift, m, n):
     return reconstruct(prods, len(consts.moduli), row_shift, col_shift, m, n)
 
 
+CupyBackend.ozaki_line_stats = _cupy_ozaki_line_stats
 CupyBackend.ozaki_workspace_limit = _cupy_ozaki_workspace_limit
 CupyBackend.ozaki_residues = _cupy_ozaki_residues
 CupyBackend.ozaki_int8_gemms = _cupy_ozaki_int8_gemms

@@ -19,7 +19,7 @@ import functools
 
 import cupy as cp
 
-__all__ = ["reconstruct", "residues"]
+__all__ = ["line_stats", "reconstruct", "residues"]
 
 _BLOCK = 256
 
@@ -136,3 +136,33 @@ def reconstruct(prods, n_terms, row_shift, col_shift, m, n):
         (_grid(m * n),), (_BLOCK,),
         (prods, cp.int64(mp * np_), cp.int32(np_), rs, cs, cp.int32(m), cp.int32(n), out))
     return out
+
+
+@functools.cache
+def _stat_kernels():
+    # one pass each, no temporaries (the portable version makes ~10 passes over x)
+    rel = cp.ReductionKernel(
+        "T x, int32 e", "float64 y",
+        "isfinite((double)x) ? ldexp(fabs((double)x), -e) : 0.0", "a + b", "y = a", "0",
+        "mpqr_ozaki_relsum")
+    nnz = cp.ReductionKernel(
+        "T x", "float64 y", "(isfinite((double)x) && x != 0) ? 1.0 : 0.0", "a + b", "y = a",
+        "0", "mpqr_ozaki_nnz")
+    bad = cp.ReductionKernel("T x", "bool y", "!isfinite((double)x)", "a || b", "y = a",
+                             "false", "mpqr_ozaki_bad")
+    return rel, nnz, bad
+
+
+def line_stats(backend, x, axis):
+    """``(e, bad, rel_sum, nnz)`` per line along ``axis`` (see ``ozaki.line_stats``).
+
+    Four reductions along a contiguous axis; a strided axis is first made contiguous
+    by one transposing copy (CuPy reduces strided axes uncoalesced).
+    """
+    axis %= 2
+    if x.strides[axis] != x.itemsize and x.shape[axis] > 1:
+        x = cp.ascontiguousarray(x.T if axis == 0 else x)
+        axis = 1 if x.strides[1] == x.itemsize else axis
+    rel, nnz, bad = _stat_kernels()
+    e = backend.exponent(backend.max_abs_finite(x, axis))  # keepdims
+    return (e.reshape(-1), bad(x, axis=axis), rel(x, e, axis=axis), nnz(x, axis=axis))

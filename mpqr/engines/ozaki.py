@@ -80,10 +80,13 @@ from mpqr.engines import Engine, register_engine
 from mpqr.engines.ozaki_crt import MAX_TERMS, crt_constants, log2_modulus_product
 from mpqr.policy.trace import record_event, tracing
 
-__all__ = ["GUARD_BITS", "MAX_SPREAD", "ozaki_params", "ozaki_predict", "run_ozaki", "terms_for"]
+__all__ = ["GUARD_BITS", "MAX_SPREAD", "line_stats", "ozaki_params", "ozaki_predict", "run_ozaki",
+           "terms_for"]
 
-#: bits beyond float64's 53 kept per operand (before the k credit) when N is automatic
-GUARD_BITS = 4
+#: bits beyond float64's 53 kept per operand (before the k credit) when N is automatic;
+#: 2 gives 15 moduli for dense k = 1024..65536 with a max error 0.15-0.9x DGEMM's (CPU,
+#: exact reference; 4 gave 16 moduli at 0.08-0.22x), inside the 2x the issue allows
+GUARD_BITS = 2
 #: at most this many extra bits are spent on a line's spread of magnitudes
 MAX_SPREAD = 8
 #: the automatic choice never uses more moduli than this
@@ -163,8 +166,9 @@ def ozaki_predict(backend: Any, m: int, n: int, k: int, batch: int, in_bytes: in
 
 # --- the engine ---------------------------------------------------------------
 
-def _line_stats(backend: Any, x: Any, axis: int) -> tuple[Any, Any, Any, Any]:
-    """(exponent of the max finite |x|, any non-finite, sum |x| 2**-e, nonzero count)."""
+def line_stats(backend: Any, x: Any, axis: int) -> tuple[Any, Any, Any, Any]:
+    """(exponent of the max finite |x|, any non-finite, sum |x| 2**-e, nonzero count) of
+    every line along ``axis``: the portable version of ``backend.ozaki_line_stats``."""
     xp = backend.xp
     fin = xp.isfinite(x)
     ax = xp.where(fin, xp.abs(x), xp.zeros_like(x))
@@ -216,8 +220,8 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
         b = xp.astype(b, xp.float64)
     m, k = a.shape
     n = b.shape[1]
-    ea, bad_a, sum_a, nnz_a = _line_stats(backend, a, axis=1)
-    eb, bad_b, sum_b, nnz_b = _line_stats(backend, b, axis=0)
+    ea, bad_a, sum_a, nnz_a = backend.ozaki_line_stats(a, 1)
+    eb, bad_b, sum_b, nnz_b = backend.ozaki_line_stats(b, 0)
     rho = min(float(xp.max(sum_a)), float(xp.max(sum_b))) + 1.0
     log2_rho = math.log2(rho)
     spread = (_spread(xp, sum_a, nnz_a), _spread(xp, sum_b, nnz_b))
@@ -235,6 +239,12 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
         record_event("ozaki", f"ozaki-int8: {terms} moduli ({'auto' if auto_terms else 'fixed'}),"
                      f" alpha=({alpha_a}, {alpha_b}) bits, blocks {mb}x{nb}",
                      terms=terms, alpha=(alpha_a, alpha_b), block=(mb, nb), log2_rho=log2_rho)
+    def b_residues(j0: int, j1: int) -> Any:
+        return backend.ozaki_residues(b[:, j0:j1], sb[j0:j1], consts.moduli, transpose=True,
+                                      rows_p=_pad(j1 - j0), cols_p=_pad(k))
+
+    # one column block (the common case of blocking): B's residues are made once
+    brt_all = b_residues(0, n) if nb >= n else None
     rows = []
     for i0 in range(0, m, mb):
         i1 = min(m, i0 + mb)
@@ -243,8 +253,7 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
         cols = []
         for j0 in range(0, n, nb):
             j1 = min(n, j0 + nb)
-            brt = backend.ozaki_residues(b[:, j0:j1], sb[j0:j1], consts.moduli, transpose=True,
-                                         rows_p=_pad(j1 - j0), cols_p=_pad(k))
+            brt = brt_all if brt_all is not None else b_residues(j0, j1)
             prods = _int8_products(backend, ar, brt, consts.moduli, _pad(k))
             cols.append(backend.ozaki_reconstruct(prods, consts, sa[i0:i1], sb[j0:j1],
                                                   i1 - i0, j1 - j0))
