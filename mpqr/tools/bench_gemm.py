@@ -105,6 +105,30 @@ def run(shapes, *, xp, repeat: int, samples: int, slice_sweep: list[int] | None,
     return {"environment": environment(xp), "results": rows_out}
 
 
+#: square sizes the break-even report checks
+BREAK_EVEN_SIZES = (*(2**e for e in range(8, 17)), 3 * 2**12, 3 * 2**13, 3 * 2**14)
+
+
+def break_even(xp: Any, sizes: tuple[int, ...] = BREAK_EVEN_SIZES) -> dict[str, Any]:
+    """The cost model's choice for ``fp64-emulated`` at square sizes: engine and predicted
+    times, and the smallest size where it picks the INT8 Ozaki engine (None if none)."""
+    from mpqr.backends import get_backend
+    from mpqr.policy import as_gemm_options, decide
+
+    backend = get_backend(xp)
+    rows, first = [], None
+    for n in sorted(sizes):
+        d = decide(backend, xp.float64, n, n, n, 1, "fp64-emulated", "bench",
+                   as_gemm_options(None))
+        rows.append({"n": n, "engine": d.engine, "predicted_s": dict(d.predicted_s or {})})
+        if first is None and d.engine.startswith("ozaki"):
+            first = n
+    print(f"cost model: fp64-emulated picks ozaki-int8 from n = {first} (square n^3) on "
+          f"{backend.device_name()}" if first else "cost model: fp64-emulated keeps native "
+          "DGEMM at every size checked")
+    return {"first_ozaki_n": first, "rates": dict(backend.rates()), "sizes": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench gemm", description=__doc__)
     p.add_argument("--shapes", default=None,
@@ -115,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ozaki-terms", default="", help="comma list of Ozaki term counts to try")
     p.add_argument("--json", default=None, help="write results here")
     p.add_argument("--cpu", action="store_true", help="force the NumPy backend")
+    p.add_argument("--tune", action="store_true",
+                   help="run mpqr.tune() first (measured rates for the cost model) and "
+                        "report the fp64-emulated break-even size it gives")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
     if args.shapes:
@@ -123,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         shapes = GPU_SHAPES if xp is not np else CPU_SHAPES
     sweep = [int(v) for v in args.slice_sweep.split(",") if v]
     terms = [int(v) for v in args.ozaki_terms.split(",") if v]
+    if args.tune:
+        from mpqr.tune import tune
+
+        tune(xp)
     out = run(shapes, xp=xp, repeat=args.repeat, samples=args.samples, slice_sweep=sweep,
               ozaki_terms=terms)
+    out["break_even"] = break_even(xp)
     write_json(args.json, out)
     return 0
