@@ -75,6 +75,14 @@ def _tc_sgemm_predict(backend, m, n, k, batch, in_bytes, params):
             + (12 + 3 * slices) * r["launch_s"])
 
 
+def _tc_fp16_splitb_predict(backend, m, n, k, batch, in_bytes, params):
+    r = backend.rates()
+    # split both operands (read in, write three fp16 parts), two GEMMs (the
+    # second reads and writes C), unscale the output
+    moved = ((m * k + k * n) * (in_bytes + 6) + m * n * (12 + in_bytes)) * batch
+    return 2 * _flops(m, n, k, batch) / r["tc-fp16"] + moved / r["bandwidth"] + 10 * r["launch_s"]
+
+
 def _no_params(backend, m, n, k, dtype, options):
     return {}
 
@@ -86,6 +94,7 @@ def _tc_sgemm_params(backend, m, n, k, dtype, options):
 def _register_builtin() -> None:
     from mpqr.engines.native import run_native
     from mpqr.engines.tc_fp16 import run_tc_fp16
+    from mpqr.engines.tc_fp16_splitb import run_tc_fp16_splitb
     from mpqr.engines.tc_sgemm import run_tc_sgemm
 
     for name, bits, key in [("native-fp64", 53, "native-fp64"), ("native-fp32", 24, "native-fp32"),
@@ -95,6 +104,11 @@ def _register_builtin() -> None:
                                _no_params))
     register_engine(Engine("tc-fp16", 11, frozenset({"fp16"}), run_tc_fp16, _tc_fp16_predict,
                            _no_params))
+    # fp16 A (rounded), B split into two fp16 parts: for products whose A is
+    # already fp16 numbers (the fp16 QR's rounded reflectors); never picked by
+    # a precision setting, only by name (GemmOptions.engine)
+    register_engine(Engine("tc-fp16-splitb", 11, frozenset({"fp16"}), run_tc_fp16_splitb,
+                           _tc_fp16_splitb_predict, _no_params))
     register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
                            _tc_sgemm_params))
     import mpqr.engines.ozaki  # noqa: F401  (registers "ozaki-int8")
