@@ -84,7 +84,24 @@ class CupyBackend(ArrayAPIBackend):
         return rates
 
     def gemm(self, a, b):
-        return self._cp.matmul(a, b)
+        cp = self._cp
+        if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.shape[1] > 0 and \
+                a.dtype in (cp.float32, cp.float64) and not (
+                    a.flags.c_contiguous and b.flags.c_contiguous) and \
+                _blas_operand(cp, a, allow_copy=False) is not None and \
+                _blas_operand(cp, b, allow_copy=False) is not None:
+            # row-strided views (column blocks of a wider matrix): cuBLAS takes their
+            # leading dimension directly, where cupy.matmul first copies them
+            from cupy.cuda import cublas, runtime
+
+            f64 = a.dtype == cp.float64
+            out = cp.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+            return self._gemm_ex(a, b, out, 1.0, 0.0,
+                                 runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F,
+                                 runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F,
+                                 cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F,
+                                 np.float64 if f64 else np.float32)
+        return cp.matmul(a, b)
 
     def exponent(self, x):
         # frexp is exact where log2 can round up just below a power of two

@@ -135,10 +135,13 @@ def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = Tru
         raise ValueError(f"`repeats` must be a positive int, got {repeats!r}")
     from mpqr.backends import get_backend
 
+    from mpqr._array_api import array_namespace, device
+
     if xp is None:
         xp = _default_namespace()
+    # the raw library module (``tune(cupy)``) or its compat namespace: use the latter
+    xp = array_namespace(xp.zeros(1))
     backend = get_backend(xp)
-    from mpqr._array_api import device
 
     dev = device(xp.zeros(1))
     flops = 2.0 * size**3

@@ -65,3 +65,22 @@ def test_support_rules_and_nan_propagation():
     q = right_solve_upper(a, cp.eye(4) * 2)
     qh = q.get()
     assert np.isnan(qh[17, 1:]).all() and np.isfinite(np.delete(qh, 17, axis=0)).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_native_gemm_of_row_strided_views_matches_matmul(dtype):
+    from mpqr.backends.cupy_backend import CupyBackend
+
+    be = CupyBackend(cp)
+    rng = np.random.default_rng(1)
+    big = cp.asarray(rng.standard_normal((300, 90)), dtype=dtype)
+    a, b = big[:, 10:50], big[20:60, 50:87]  # row-strided column blocks: no copy taken
+    c = be.gemm(a, b)
+    ref = np.asarray(a.get(), np.longdouble) @ np.asarray(b.get(), np.longdouble)
+    u = 2.0**-24 if dtype == np.float32 else 2.0**-53
+    bound = 2 * a.shape[1] * u * (np.abs(a.get()) @ np.abs(b.get()))
+    assert c.dtype == dtype and c.flags.c_contiguous
+    assert np.all(np.abs(c.get() - ref) <= bound)
+    at = big[:40, :30].T  # a transposed view also goes straight to cuBLAS
+    np.testing.assert_allclose(be.gemm(at, b[:40, :]).get(), (at @ b[:40, :]).get(),
+                               rtol=64 * u, atol=64 * u * 40)
