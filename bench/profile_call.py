@@ -22,6 +22,11 @@ if what == "qr":
     a = cp.random.standard_normal(shape).astype(dt)
     def call():
         return mpqr.qr(a, precision=prec)
+elif what == "lstsq":
+    a = cp.random.standard_normal(shape).astype(dt)
+    rhs = cp.random.standard_normal(shape[0]).astype(dt)
+    def call():
+        return mpqr.lstsq(a, rhs, precision=prec)
 else:
     m, k, n = shape
     a = cp.random.standard_normal((m, k)).astype(dt)
