@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 import mpqr
+from mpqr.backends import get_backend
 from mpqr.tools._timing import default_xp, environment, time_it, to_host, write_json
 
 GPU_SHAPES = [(8192, 8192, 8192), (16384, 16384, 16384), (2**20, 512, 512), (512, 512, 2**20)]
@@ -67,6 +68,9 @@ def run(shapes, *, xp, repeat: int, samples: int, slice_sweep: list[int] | None,
         for sk in slice_sweep or []:
             configs.append((f"fp32-emulated slice_k={sk}", "fp32-emulated", "float32",
                             {"slice_k": sk}))
+        if "int8" in get_backend(xp).capabilities:  # the emulation itself, whatever the
+            configs.append(("fp64-emulated ozaki-int8 forced", "fp64-emulated",  # policy picks
+                            "float64", {"engine": "ozaki-int8"}))
         for t in ozaki_terms or []:
             configs.append((f"fp64-emulated ozaki_terms={t}", "fp64-emulated", "float64",
                             {"engine": "ozaki-int8", "ozaki_terms": t}))
@@ -112,7 +116,6 @@ BREAK_EVEN_SIZES = (*(2**e for e in range(8, 17)), 3 * 2**12, 3 * 2**13, 3 * 2**
 def break_even(xp: Any, sizes: tuple[int, ...] = BREAK_EVEN_SIZES) -> dict[str, Any]:
     """The cost model's choice for ``fp64-emulated`` at square sizes: engine and predicted
     times, and the smallest size where it picks the INT8 Ozaki engine (None if none)."""
-    from mpqr.backends import get_backend
     from mpqr.policy import as_gemm_options, decide
 
     backend = get_backend(xp)
