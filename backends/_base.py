@@ -197,6 +197,10 @@ class ArrayAPIBackend:
             raise LinAlgError("Cholesky factorization failed: matrix is not positive definite")
         return l
 
+    def svdvals(self, a: Any) -> Any:
+        """Singular values of a small matrix, descending."""
+        return self.xp.linalg.svdvals(a)
+
     def svd(self, a: Any, *, full_matrices: bool = False) -> tuple[Any, Any, Any]:
         return self.xp.linalg.svd(a, full_matrices=full_matrices)
 

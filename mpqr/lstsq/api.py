@@ -248,7 +248,7 @@ class _Solver:
         if not bool(xp.all(xp.isfinite(r))):
             raise LinAlgError("lstsq: `a` contains NaN or Inf (check_finite=False): its "
                               "singular values, rank and solution are undefined")
-        return xp.linalg.svdvals(r)
+        return self.backend.svdvals(r)
 
     def _ranks(self, s: Any, u_f: float) -> tuple[int, int, float]:
         """(rank by cond, rank certain at the factorization precision, s[0])."""
