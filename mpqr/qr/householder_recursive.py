@@ -16,24 +16,42 @@ most :data:`MAX_LEAVES` leaves: each leaf costs a fixed number of launches,
 and a large matrix would otherwise spend its time launching small kernels.
 W's merge is skipped where no later step reads it (``mode="r"``).
 W, Y and the R/work matrix are allocated once and filled in place.
+
+At ``precision="fp16"`` (:func:`fp16_scheme`) rounding every operand of every
+product to fp16 costs about ``1.8 u16`` of backward error at ``n = 1024``
+(each of the updates, the W merges and the formation of Q contributes a
+comparable share, because rounding W makes the applied block reflector
+non-orthogonal and rounding the data loses bits every level). Instead the
+Householder vectors are rounded to fp16 *once*, at the leaf, and ``T`` is rebuilt
+from the rounded vectors (:func:`round_reflectors_fp16`), so ``I - Ŷ T̂ Ŷ^T`` is
+orthogonal in working precision; every product with ``Ŷ`` then keeps its other
+operand to about 22 bits (``tc-fp16-splitb``, 2 FP16 GEMMs), and the products
+of W with data use ``tc-sgemm`` (3 FP16 GEMMs). What is left is the rounding of
+the vectors themselves (about ``0.35 u16``) and fp32-level orthogonality, for
+about 2.4x the tensor-core flops of plain ``tc-fp16`` (docs/precision.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from mpqr._array_api import device
-from mpqr.policy import gemm
+from mpqr.engines.scaling import pow2_shift
+from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
+from mpqr.policy import gemm, gemm_options
 from mpqr.qr._kernels import (
     TRMM_CUTOFF,
     ct,
     householder_panel,
+    is_complex,
     panel_precision,
     trmm_lower,
 )
 
-__all__ = ["MAX_LEAF_WIDTH", "MAX_LEAVES", "RECURSION_CUTOFF", "householder_recursive",
-           "leaf_width"]
+__all__ = ["FP16_SPLIT_B", "FP16_SPLIT_BOTH", "MAX_LEAF_WIDTH", "MAX_LEAVES",
+           "RECURSION_CUTOFF", "fp16_scheme", "householder_recursive", "leaf_width",
+           "round_reflectors_fp16"]
 
 #: Narrowest leaf (Leng et al. use 32-wide tiles).
 RECURSION_CUTOFF = 32
@@ -48,6 +66,60 @@ TRMM_DEPTH_FRACTION = 4
 #: ``Y1 C`` is one GEMM over all rows (the zeros above Y1's diagonal included)
 #: when Y1 has at least this many rows per column: at most 1/16 of its flops wasted.
 TRIANGLE_AS_GEMM = 8
+
+
+#: fp16 QR: engine of the products ``Ŷ X`` / ``Ŷ^T X`` (rounded vectors times
+#: data kept to ~22 bits, 2 FP16 GEMMs)
+FP16_SPLIT_B = {"engine": "tc-fp16-splitb"}
+#: fp16 QR: engine of the products of W (not fp16 numbers) with data (3 FP16 GEMMs)
+FP16_SPLIT_BOTH = {"engine": "tc-sgemm"}
+
+
+def fp16_scheme(prec_name: str, a: Any, xp: Any) -> bool:
+    """Whether a Householder QR runs the fp16 scheme of the module docstring:
+    ``precision="fp16"``, real input, and no engine forced by a
+    :class:`mpqr.gemm_options` block (a forced engine runs every product as before)."""
+    from mpqr.policy.policy import _ctx_options  # the block's options, if any
+
+    forced = _ctx_options.get()
+    return (prec_name == "fp16" and not is_complex(xp, a)
+            and (forced is None or forced.engine is None))
+
+
+def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str
+                          ) -> tuple[Any, Any]:
+    """``(Ŷ, T̂)``: the Householder vectors ``Y`` rounded to fp16 numbers and the
+    upper-triangular ``T̂`` that makes ``I - Ŷ T̂ Ŷ^H`` orthogonal (to working precision).
+
+    Each entry is rounded with the smaller of its row's and its column's fp16
+    scaling (:func:`~mpqr.engines.scaling.pow2_shift`), so the fp16 engines,
+    which scale rows of their left and columns of their right operand (and of
+    any sub-block, whose shifts are at least as large), take ``Ŷ`` and ``Ŷ^T``
+    without rounding them again. ``T̂`` is the UT transform of ``Ŷ``:
+    ``T̂^-1 = diag(1/τ) + striu(Ŷ^H Ŷ)`` with ``τ_i = 2 / ||ŷ_i||^2`` — the
+    only ``τ`` for which the block reflector is orthogonal — except where ``τ_i = 0``
+    (``H_i = I``: LAPACK's reflector of a column that is already zero below the
+    diagonal), recognised by a zero column of ``W = Y T`` (of its top ``k x k``
+    block, which is the unit lower top of ``Y`` times ``T``). ``Ŷ^H Ŷ`` runs at
+    ``precision`` (the panel's working precision).
+    """
+    xp = backend.xp
+    s = xp.minimum(pow2_shift(backend, y, axis=-1, target=FP16_TARGET_EXP),
+                   pow2_shift(backend, y, axis=-2, target=FP16_TARGET_EXP))
+    yh = backend.ldexp(xp.astype(backend.to_fp16(backend.ldexp(y, s)), y.dtype), -s)
+    k = y.shape[-1]
+    g = gemm(ct(xp, yh), yh, precision=precision, label="panel-YhY", backend=backend)
+    d = xp.linalg.diagonal(g)
+    # W = Y T with Y's top k x k block unit lower (nonsingular): column i of T is
+    # zero iff column i of W's top block is (k rows: no reduction over all m rows)
+    nontrivial = xp.any(w[..., :k, :] != 0, axis=-2)
+    tau = xp.where(nontrivial, 2.0 / xp.where(nontrivial, d, xp.ones_like(d)),
+                   xp.zeros_like(d))
+    eye = xp.eye(k, dtype=y.dtype, device=device(y))
+    lhs = eye + xp.expand_dims(tau, axis=-1) * xp.triu(g, k=1)
+    t = backend.solve_triangular(lhs, eye * xp.expand_dims(tau, axis=-2), lower=False,
+                                 unit_diagonal=True)
+    return yh, t
 
 
 def leaf_width(n: int) -> int:
@@ -77,6 +149,14 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     *batch, m, n = a.shape
     dev = device(a)
     pp = panel_precision(prec_name, a.dtype, xp)
+    f16 = fp16_scheme(prec_name, a, xp)
+    # engines of the products with the (rounded) vectors and with W (module docstring)
+    opt_y = FP16_SPLIT_B if f16 else None
+    opt_w = FP16_SPLIT_BOTH if f16 else None
+
+    def y_ctx() -> Any:  # for the TRMMs, whose GEMMs take no options argument
+        return gemm_options(**FP16_SPLIT_B) if f16 else contextlib.nullcontext()
+
     if nb is None:
         nb = leaf_width(n)
     work = a if overwrite else xp.asarray(a, copy=True)
@@ -90,6 +170,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         if k <= nb:
             w, y, r = householder_panel(backend, work[..., c0:, c0:c1], precision=pp,
                                         need_w=need_w)
+            if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
+                y, t = round_reflectors_fp16(backend, w, y, precision=pp)
+                w = gemm(y, t, precision=pp, label="panel-wy-rounded", backend=backend)
             work[..., c0:c1, c0:c1] = r
             y_all[..., c0:, c0:c1] = y
             if need_w:
@@ -102,40 +185,47 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # right half <- (I - W1 Y1^H)^H right half = B - Y1 (W1^H B)
         b = work[..., c0:, cm:c1]
         c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
-                 label="rec-update-WhB", backend=backend)
+                 label="rec-update-WhB", options=opt_w, backend=backend)
         y1 = y_all[..., c0:, c0:cm]
         if TRIANGLE_AS_GEMM * k1 <= m - c0:
             # Y1's triangular top is a small share of its rows: one GEMM beats a split
             work[..., c0:, cm:c1] = b - gemm(y1, c, precision=precision, label="rec-update-YC",
-                                             backend=backend)
+                                             options=opt_y, backend=backend)
         else:
-            work[..., c0:cm, cm:c1] = b[..., :k1, :] - _trmm(
-                y1[..., :k1, :], c, precision=precision, label="rec-update-trmm",
-                backend=backend)
+            with y_ctx():
+                work[..., c0:cm, cm:c1] = b[..., :k1, :] - _trmm(
+                    y1[..., :k1, :], c, precision=precision, label="rec-update-trmm",
+                    backend=backend)
             work[..., cm:, cm:c1] = b[..., k1:, :] - gemm(
-                y1[..., k1:, :], c, precision=precision, label="rec-update-YC", backend=backend)
+                y1[..., k1:, :], c, precision=precision, label="rec-update-YC", options=opt_y,
+                backend=backend)
         rec(cm, c1, need_w)
         if not need_w:
             return
         # merge: W2 <- W2 - W1 (Y1^H W2); Y1 is zero above row cm - c0 of W2's support
         d = gemm(ct(xp, y_all[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
-                 label="rec-merge-YhW", backend=backend)
+                 label="rec-merge-YhW", options=opt_y, backend=backend)
         w_all[..., c0:, cm:c1] = w_all[..., c0:, cm:c1] - gemm(
             w_all[..., c0:, c0:cm], d, precision=precision, label="rec-merge-WD",
-            backend=backend)
+            options=opt_w, backend=backend)
 
     rec(0, n, want_q)
     r = xp.triu(work[..., :n, :])
     if not want_q:
         return None, r
     if complete:
-        # Q = I - W Y^H (m x m)
-        q = xp.eye(m, dtype=a.dtype, device=dev) - gemm(
-            w_all, ct(xp, y_all), precision=precision, label="rec-formq-WYh", backend=backend)
-        return q, r
+        # Q = I - W Y^H (m x m); fp16: as (Y W^H)^H, the rounded vectors on the left
+        if f16:
+            wy = ct(xp, gemm(y_all, ct(xp, w_all), precision=precision, label="rec-formq-WYh",
+                             options=opt_y, backend=backend))
+        else:
+            wy = gemm(w_all, ct(xp, y_all), precision=precision, label="rec-formq-WYh",
+                      backend=backend)
+        return xp.eye(m, dtype=a.dtype, device=dev) - wy, r
     # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower: W Y1^H = (Y1 W^H)^H, a TRMM
-    wy = ct(xp, _trmm(y_all[..., :n, :], ct(xp, w_all), precision=precision,
-                      label="rec-formq-trmm", backend=backend))
+    with y_ctx():
+        wy = ct(xp, _trmm(y_all[..., :n, :], ct(xp, w_all), precision=precision,
+                          label="rec-formq-trmm", backend=backend))
     q = -wy
     q[..., :n, :] = q[..., :n, :] + xp.eye(n, dtype=a.dtype, device=dev)
     return q, r
