@@ -174,7 +174,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         products) runs in the input's working dtype.
     method : str
         ``"auto"`` (chosen from shape, precision and the backend's engines and
-        recorded in the explain trace), ``"householder-recursive"``,
+        recorded in the explain trace; a single tall-skinny matrix at a
+        working-precision setting gets CholQR2, certified, with a Householder
+        fallback — see :func:`choose_method`), ``"householder-recursive"``,
         ``"householder-tiled"``, ``"gram-schmidt-recursive"``, ``"cholqr"``,
         ``"cholqr2"``, ``"shifted-cholqr3"`` or ``"svqr"``.
     check_finite : bool
