@@ -11,15 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _NDEV = cp.cuda.runtime.getDeviceCount()
-except Exception:  # no driver / no device
-    _NDEV = 0
-if _NDEV == 0:
-    pytest.skip("no CUDA GPU visible", allow_module_level=True)
+from tests.conftest import GPU
 
-from mpqr.backends.cupy_right_solve import MAX_N, right_solve_upper, supports  # noqa: E402
+if not GPU:
+    pytest.skip("no CUDA GPU visible", allow_module_level=True)
+import cupy as cp
+from mpqr.backends.cupy_right_solve import MAX_N, right_solve_upper, supports
 
 
 def _check(a, r, q):

@@ -11,18 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-cp = pytest.importorskip("cupy")
-try:
-    _NDEV = cp.cuda.runtime.getDeviceCount()
-except Exception:  # no driver / no device
-    _NDEV = 0
-if _NDEV == 0:
+from tests.conftest import GPU
+
+if not GPU:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
+import cupy as cp
+from mpqr.backends.cupy_backend import CupyBackend
+from mpqr.backends.cupy_tsqr import MAX_N, plan_tree, tsqr, tsqr_reference
 
-from mpqr.backends.cupy_backend import CupyBackend  # noqa: E402
-from mpqr.backends.cupy_tsqr import MAX_N, plan_tree, tsqr, tsqr_reference  # noqa: E402
-
-from mpqr.engines.tc_sgemm import LO_SHIFT  # noqa: E402
+from mpqr.engines.tc_sgemm import LO_SHIFT
 
 DTYPES = [np.float32, np.float64]
 
