@@ -1,7 +1,14 @@
 """Precision policy: settings, options, engine decisions and the explain trace."""
 
 from mpqr.policy.options import GemmOptions, as_gemm_options
-from mpqr.policy.policy import Decision, decide, gemm, gemm_options, result_dtype
+from mpqr.policy.policy import (
+    Decision,
+    active_gemm_options,
+    decide,
+    gemm,
+    gemm_options,
+    result_dtype,
+)
 from mpqr.policy.precision import (
     PRECISIONS,
     get_precision,
@@ -19,6 +26,7 @@ __all__ = [
     "GemmDecision",
     "GemmOptions",
     "Trace",
+    "active_gemm_options",
     "as_gemm_options",
     "decide",
     "explain",

@@ -37,7 +37,7 @@ from mpqr.policy.options import GemmOptions, as_gemm_options
 from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
-__all__ = ["Decision", "decide", "gemm", "gemm_options", "result_dtype"]
+__all__ = ["Decision", "active_gemm_options", "decide", "gemm", "gemm_options", "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
     "mpqr_gemm_options", default=None
@@ -65,6 +65,11 @@ class gemm_options:
 
     def __exit__(self, *exc: object) -> None:
         _ctx_options.reset(self._tokens.pop())
+
+
+def active_gemm_options() -> GemmOptions | None:
+    """The options of the innermost :class:`gemm_options` block, or None outside one."""
+    return _ctx_options.get()
 
 
 def _merged_options(options: Any) -> GemmOptions:

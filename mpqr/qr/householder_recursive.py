@@ -39,7 +39,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
-from mpqr.policy import gemm, gemm_options
+from mpqr.policy import active_gemm_options, gemm, gemm_options
 from mpqr.qr._kernels import (
     TRMM_CUTOFF,
     ct,
@@ -79,9 +79,7 @@ def fp16_scheme(prec_name: str, a: Any, xp: Any) -> bool:
     """Whether a Householder QR runs the fp16 scheme of the module docstring:
     ``precision="fp16"``, real input, and no engine forced by a
     :class:`mpqr.gemm_options` block (a forced engine runs every product as before)."""
-    from mpqr.policy.policy import _ctx_options  # the block's options, if any
-
-    forced = _ctx_options.get()
+    forced = active_gemm_options()
     return (prec_name == "fp16" and not is_complex(xp, a)
             and (forced is None or forced.engine is None))
 
