@@ -71,10 +71,11 @@ def check_dtype(xp: Any, x: Any, name: str, *, allow_complex: bool = True) -> An
     raise TypeError(f"`{name}` must have a floating or integer dtype, got {dt}")
 
 
-def check_finite(xp: Any, x: Any, name: str) -> None:
-    """SciPy's rule: ``ValueError`` if ``x`` holds NaN or Inf."""
-    if not bool(xp.all(xp.isfinite(x))):
-        raise ValueError(f"array must not contain infs or NaNs (`{name}`)")
+def check_finite(backend: Any, x: Any, name: str, *, message: str | None = None) -> None:
+    """SciPy's rule: ``ValueError`` if ``x`` holds NaN or Inf (one pass:
+    ``backend.all_finite``); ``message`` replaces SciPy's wording."""
+    if not backend.all_finite(x):
+        raise ValueError(message or f"array must not contain infs or NaNs (`{name}`)")
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._errors import LinAlgError, RefinementWarning
 from mpqr._gpu_errors import device_errors
+from mpqr._validation import check_finite as _check_finite
 from mpqr._validation import namespace_of
 from mpqr.backends import get_backend
 from mpqr.lstsq import _scipy_rules as rules
@@ -165,9 +166,8 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     backend = get_backend(xp)
     if check_finite:
         for name, v in (("a", a), ("b", b)):
-            if xp.isdtype(v.dtype, ("real floating", "complex floating")) and \
-                    not backend.all_finite(v):  # integers and bools are always finite
-                raise ValueError(f"array must not contain infs or NaNs (`{name}`)")
+            if xp.isdtype(v.dtype, ("real floating", "complex floating")):
+                _check_finite(backend, v, name)  # integers and bools are always finite
 
     def one(a2: Any, b2: Any) -> tuple[Any, Any, Any, Any]:
         rules.check_shapes(a2, b2)

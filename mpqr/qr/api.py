@@ -16,6 +16,7 @@ from mpqr._validation import (
     check_ndim,
     namespace_of,
 )
+from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import ct, eye_like, normalize_signs, pow2_scale, scale_columns
@@ -225,8 +226,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     a = check_dtype(xp, x, "x")
     overwrite = bool(overwrite_a) and a is x
     backend = get_backend(xp)
-    if check_finite and not backend.all_finite(a):
-        raise ValueError("`x` must not contain infs or NaNs (check_finite=True)")
+    if check_finite:
+        _check_finite(backend, a, "x",
+                      message="`x` must not contain infs or NaNs (check_finite=True)")
     *batch, m, n = a.shape
     complete = mode == "complete"
     want_q = mode != "r"
