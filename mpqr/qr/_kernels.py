@@ -124,10 +124,8 @@ def scale_columns(backend: Any, a: Any, *, only_if_needed: bool = False,
         mx = backend.max_abs_finite(a, -2)
     e = backend.exponent(mx)
     if only_if_needed and e.size:
-        xp_ = backend.xp
-        rdt = xp_.float32 if a.dtype in (xp_.float32, xp_.complex64) else xp_.float64
-        safe = SAFE_EXPONENT["float32" if single or rdt == xp_.float32 else "float64"]
-        if int(xp_.max(xp_.abs(e))) <= safe:
+        single = single or a.dtype in (xp.float32, xp.complex64)
+        if int(xp.max(xp.abs(e))) <= SAFE_EXPONENT["float32" if single else "float64"]:
             return a, None
     return pow2_scale(backend, a, -e), e
 

@@ -21,7 +21,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._errors import BreakdownError, LinAlgError
 from mpqr.policy import gemm
-from mpqr.qr._kernels import ct, panel_precision
+from mpqr.qr._kernels import SAFE_EXPONENT, ct, panel_precision
 
 __all__ = ["cholqr", "cholqr2", "right_solve_upper", "shifted_cholqr3"]
 
@@ -29,9 +29,9 @@ _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
 
 
-#: smallest squared column norm a Gram matrix takes without underflow losses
-#: (2**-(2 SAFE_EXPONENT) of :mod:`mpqr.qr._kernels`)
-_SAFE_GRAM_MIN = {"float32": 2.0**-80, "float64": 2.0**-800}
+#: smallest squared column norm a Gram matrix takes without underflow losses: the square
+#: of the smallest column maximum that scale_columns(only_if_needed=True) leaves alone
+_SAFE_GRAM_MIN = {k: 2.0 ** (-2 * v) for k, v in SAFE_EXPONENT.items()}
 
 
 def unit_roundoff(xp: Any, dtype: Any) -> float:
