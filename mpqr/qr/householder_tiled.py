@@ -63,48 +63,32 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     pp = panel_precision(prec_name, a.dtype, xp)
     work = a if overwrite else xp.asarray(a, copy=True)
     if fp16_scheme(prec_name, a, xp):
-        return _tiled_fp16(backend, work, nb=nb, pp=pp, precision=precision, want_q=want_q,
-                           complete=complete, split_b=FP16_SPLIT_B,
-                           round_reflectors=round_reflectors_fp16)
-    blocks = []
-    for j in range(0, n, nb):
-        k = min(nb, n - j)
-        w, y, rp = householder_panel(backend, work[..., j:, j:j + k], precision=pp)
-        work[..., j:j + k, j:j + k] = rp
-        if j + k < n:
-            b = work[..., j:, j + k:]
-            c = gemm(ct(xp, w), b, precision=precision, label="tiled-update-WhB", backend=backend)
-            work[..., j:, j + k:] = b - gemm(y, c, precision=precision, label="tiled-update-YC",
-                                             backend=backend)
-        if want_q:
-            blocks.append((j, w, y))
-    r = xp.triu(work[..., :n, :])
-    if not want_q:
-        return None, r
-    q = eye_like(xp, tuple(batch), m, m if complete else n, a.dtype, device(a))
-    for j, w, y in reversed(blocks):
-        sub = q[..., j:, j:]
-        c = gemm(ct(xp, y), sub, precision=precision, label="tiled-formq-YhQ", backend=backend)
-        q[..., j:, j:] = sub - gemm(w, c, precision=precision, label="tiled-formq-WC",
-                                    backend=backend)
-    return q, r
+        def reflector(w: Any, y: Any) -> tuple[Any, Any]:
+            return round_reflectors_fp16(backend, w, y, precision=pp)  # (Ŷ, T̂)
 
+        def apply(blk: tuple[Any, Any], x: Any, step: str) -> Any:
+            # X - Ŷ T̂ Ŷ^H X ("formq") or its transpose ("update"); no W is formed
+            y, t = blk
+            c = gemm(ct(xp, y), x, precision=precision, label=f"tiled-{step}-YhX",
+                     options=FP16_SPLIT_B, backend=backend)
+            c = gemm(ct(xp, t) if step == "update" else t, c, precision=pp,
+                     label=f"tiled-{step}-TC", backend=backend)
+            return x - gemm(y, c, precision=precision, label=f"tiled-{step}-YC",
+                            options=FP16_SPLIT_B, backend=backend)
+    else:
+        def reflector(w: Any, y: Any) -> tuple[Any, Any]:
+            return w, y
 
-def _tiled_fp16(backend: Any, work: Any, *, nb: int, pp: str, precision: Any, want_q: bool,
-                complete: bool, split_b: dict[str, str], round_reflectors: Any
-                ) -> tuple[Any | None, Any]:
-    """The fp16 scheme of the module docstring on ``work`` (overwritten)."""
-    xp = backend.xp
-    *batch, m, n = work.shape
-
-    def apply(y: Any, t: Any, x: Any, step: str) -> Any:
-        # (I - Y T Y^H) x for step "formq", its transpose for "update"
-        c = gemm(ct(xp, y), x, precision=precision, label=f"tiled-{step}-YhX", options=split_b,
-                 backend=backend)
-        c = gemm(ct(xp, t) if step == "update" else t, c, precision=pp,
-                 label=f"tiled-{step}-TC", backend=backend)
-        return x - gemm(y, c, precision=precision, label=f"tiled-{step}-YC", options=split_b,
-                        backend=backend)
+        def apply(blk: tuple[Any, Any], x: Any, step: str) -> Any:
+            w, y = blk
+            if step == "update":  # (I - W Y^H)^H X = X - Y (W^H X)
+                c = gemm(ct(xp, w), x, precision=precision, label="tiled-update-WhB",
+                         backend=backend)
+                return x - gemm(y, c, precision=precision, label="tiled-update-YC",
+                                backend=backend)
+            c = gemm(ct(xp, y), x, precision=precision, label="tiled-formq-YhQ",  # X - W (Y^H X)
+                     backend=backend)
+            return x - gemm(w, c, precision=precision, label="tiled-formq-WC", backend=backend)
 
     blocks = []
     for j in range(0, n, nb):
@@ -113,15 +97,15 @@ def _tiled_fp16(backend: Any, work: Any, *, nb: int, pp: str, precision: Any, wa
         work[..., j:j + k, j:j + k] = rp
         if j + k >= n and not want_q:
             break
-        y, t = round_reflectors(backend, w, y, precision=pp)
+        blk = reflector(w, y)
         if j + k < n:
-            work[..., j:, j + k:] = apply(y, t, work[..., j:, j + k:], "update")
+            work[..., j:, j + k:] = apply(blk, work[..., j:, j + k:], "update")
         if want_q:
-            blocks.append((j, t, y))
+            blocks.append((j, blk))
     r = xp.triu(work[..., :n, :])
     if not want_q:
         return None, r
-    q = eye_like(xp, tuple(batch), m, m if complete else n, work.dtype, device(work))
-    for j, t, y in reversed(blocks):
-        q[..., j:, j:] = apply(y, t, q[..., j:, j:], "formq")
+    q = eye_like(xp, tuple(batch), m, m if complete else n, a.dtype, device(a))
+    for j, blk in reversed(blocks):
+        q[..., j:, j:] = apply(blk, q[..., j:, j:], "formq")
     return q, r
