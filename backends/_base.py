@@ -89,6 +89,19 @@ class ArrayAPIBackend:
         xp = self.xp
         return bool(xp.all(xp.isfinite(x)))
 
+    def small(self, x: Any) -> tuple[ArrayAPIBackend, Any]:
+        """``(backend, array)`` to run the small n x n steps on ``x`` with (Cholesky of a
+        Gram matrix, its checks): here, this backend and ``x`` itself."""
+        return self, x
+
+    def from_small(self, x: Any, like: Any) -> Any:
+        """An array from :meth:`small`'s namespace back on ``like``'s device."""
+        return x
+
+    def column_norms(self, v: Any) -> Any:
+        """2-norms of the columns of a 2-D ``v`` (shape ``(k,)``, real dtype)."""
+        return self.xp.linalg.vector_norm(v, axis=0)
+
     def max_abs_finite(self, x: Any, axis: int) -> Any:
         """Largest finite ``|x|`` along ``axis`` (keepdims; 0 where none)."""
         xp = self.xp

@@ -186,3 +186,38 @@ def all_finite(x):
     if x.dtype.kind == "c":
         return bool(_all_finite_kernel()(x.real)) and bool(_all_finite_kernel()(x.imag))
     return bool(_all_finite_kernel()(x))
+
+
+@functools.cache
+def _sumsq_kernel():
+    return cp.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "mpqr_sumsq")
+
+
+#: rows per chunk of the two-stage column-norm reduction
+_NORM_CHUNKS = 1024
+
+
+def column_norms(v):
+    """2-norms of the columns of a 2-D ``v``.
+
+    CuPy reduces along axis 0 with one thread block per output column: ~40 GB/s,
+    0.8 ms for one 4M-row residual (H100). Squares are summed over 1024 row
+    chunks first (one block each), then the chunk sums (fixed order: deterministic).
+    """
+    m = v.shape[0]
+    if m < 64 * _NORM_CHUNKS or not v.flags.c_contiguous:
+        return cp.linalg.norm(v, axis=0)
+    if v.dtype.kind == "c":
+        return cp.sqrt(_column_sumsq(v.real) + _column_sumsq(v.imag))
+    return cp.sqrt(_column_sumsq(v))
+
+
+def _column_sumsq(v):
+    m, k = v.shape
+    step = m // _NORM_CHUNKS
+    head = v[: step * _NORM_CHUNKS].reshape(_NORM_CHUNKS, step, k)
+    part = _sumsq_kernel()(head, axis=1)  # (chunks, k)
+    total = cp.sum(part, axis=0)
+    if m > step * _NORM_CHUNKS:
+        total = total + _sumsq_kernel()(v[step * _NORM_CHUNKS:], axis=0)
+    return total

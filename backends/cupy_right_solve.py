@@ -1,7 +1,7 @@
 """``Q = A R^{-1}`` (upper-triangular ``R``) for tall ``A`` on the GPU: one thread per row.
 
 cuBLAS ``trsm`` on a ``2^24 x 32`` right-hand side ran at ~110 GB/s (72 ms, H100);
-this memory-bound kernel reads ``A`` once and writes ``Q`` once. Kernel source:
+this kernel reads ``A`` once and writes ``Q`` once. Kernel source:
 ``kernels/right_solve.cu``; one instantiation per ``(dtype, n)``, compiled on
 first use and cached by CuPy.
 """
@@ -34,8 +34,8 @@ def supports(a, r) -> bool:
 
 @functools.cache
 def _kernel(dtype_name: str, n: int, rows: int):
-    t = "double" if dtype_name == "float64" else "float"
-    name = f"right_solve_upper_rows<{t}, {n}, {rows}>"
+    t, minb = ("double", 3) if dtype_name == "float64" else ("float", 1)
+    name = f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}>"
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
                        name_expressions=[name])
     return mod.get_function(name)
@@ -50,7 +50,10 @@ def right_solve_upper(a, r, out=None):
     m, n = a.shape
     if not _rows_unit_stride(a):
         a = cp.ascontiguousarray(a)  # the kernel wants unit stride along rows
-    r = cp.ascontiguousarray(r)
+    # R transposed with an even row stride (the kernel loads aligned pairs), 1 / diag(R)
+    rt = cp.zeros((n, n + (n & 1)), dtype=a.dtype)
+    rt[:, :n] = r.T
+    dinv = 1 / cp.ascontiguousarray(cp.diagonal(r))
     if out is None:
         out = cp.empty((m, n), dtype=a.dtype)
     elif out.shape != (m, n) or out.dtype != a.dtype or not _rows_unit_stride(out):
@@ -61,7 +64,8 @@ def right_solve_upper(a, r, out=None):
     rows = _rows(n, a.dtype)
     ld = [x.strides[0] // x.itemsize if m > 1 else n for x in (a, out)]
     _kernel(np.dtype(a.dtype).name, n, rows)(
-        (-(-m // rows),), (rows,), (a, np.int64(ld[0]), r, out, np.int64(ld[1]), np.int64(m)))
+        (-(-m // rows),), (rows,),
+        (a, np.int64(ld[0]), rt, dinv, out, np.int64(ld[1]), np.int64(m)))
     return out
 
 

@@ -82,15 +82,15 @@ def test_cholqr2_certificate_refuses_an_uncertified_result():
 
 def test_certificate_message_names_the_distance_and_the_method(monkeypatch):
     a = geometric(np.random.default_rng(4), 300, 10, 10.0)
-    real_gram = cholqr_mod._gram
+    real_gram = cholqr_mod._gram_small
     calls = []
 
     def bad_second_gram(backend, x, precision, label):
-        g = real_gram(backend, x, precision, label)
+        sb, g = real_gram(backend, x, precision, label)
         calls.append(label)
-        return g * 3.0 if len(calls) == 2 else g  # ||G2 - I||_F = 2 sqrt(n) > 1/2
+        return sb, (g * 3.0 if len(calls) == 2 else g)  # ||G2 - I||_F = 2 sqrt(n) > 1/2
 
-    monkeypatch.setattr(cholqr_mod, "_gram", bad_second_gram)
+    monkeypatch.setattr(cholqr_mod, "_gram_small", bad_second_gram)
     with pytest.raises(mpqr.BreakdownError,
                        match=r"^cholqr2 broke down: after the first pass \|\|Q1\^H Q1 - I\|\|_F "
                              r"= 6\.3\de\+00 > 0\.5, so the result would not be orthonormal "
@@ -157,3 +157,29 @@ def test_auto_cholqr2_runs_unscaled_and_falls_back_on_range(xp, col_scale, why):
     # an explicit method gets its columns scaled first, so it does not break down
     _, r2 = mpqr.qr(xp.asarray(a * scale), method="cholqr2", precision="fp64")
     assert np.all(np.isfinite(to_numpy(r2)))
+
+
+def test_small_steps_on_another_namespace_give_the_same_factors(monkeypatch):
+    """The CuPy backend runs CholQR's n x n steps on the host (``backend.small``): the
+    core must move R back (``from_small``) and never mix namespaces. Emulated here with
+    array-api-strict handing its small steps to NumPy: same factors, bit for bit, and
+    the results stay in the caller's namespace."""
+    import array_api_strict as xs
+
+    a = geometric(np.random.default_rng(9), 1500, 24, 1e5)
+    strict = get_backend(xs)
+    host = get_backend(mpqr._array_api.array_namespace(np.zeros(1)))
+    q0, r0 = mpqr.qr(xs.asarray(a), precision="fp64")
+    moved = []
+
+    def small(x):
+        moved.append(x.shape)
+        return host, np.asarray(x)
+
+    monkeypatch.setattr(strict, "small", small)
+    monkeypatch.setattr(strict, "from_small", lambda x, like: xs.asarray(x))
+    q1, r1 = mpqr.qr(xs.asarray(a), precision="fp64")
+    assert moved == [(24, 24), (24, 24)]  # both CholQR2 passes
+    assert type(q1) is type(q0) and type(r1) is type(r0)
+    np.testing.assert_array_equal(to_numpy(r1), to_numpy(r0))
+    np.testing.assert_array_equal(to_numpy(q1), to_numpy(q0))

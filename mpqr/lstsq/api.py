@@ -263,9 +263,8 @@ class _Solver:
         return qr(self.f, mode=mode, precision=prec)
 
     def _resid_sq(self, x: Any) -> Any:
-        xp = self.xp
         r = self.b - self._gemm(self.a, x, "residual-Ax")
-        return xp.linalg.vector_norm(r, axis=0) ** 2
+        return self.backend.column_norms(r) ** 2
 
     # --- paths ---------------------------------------------------------------
     def run(self) -> tuple[Any, int, Any, Any]:
@@ -323,7 +322,7 @@ class _Solver:
                 RefinementWarning, stacklevel=4)
         rsq = None
         if out.residual is not None:
-            rsq = xp.linalg.vector_norm(out.residual, axis=0) ** 2
+            rsq = self.backend.column_norms(out.residual) ** 2
         return out.x, k, s, rsq
 
     def _full_rank_certificate(self, r: Any) -> float | None:

@@ -79,8 +79,8 @@ class _Ops:
         return self.backend.solve_triangular(self.rh, v, lower=True)
 
 
-def _colnorm(xp: Any, v: Any) -> Any:
-    return xp.linalg.vector_norm(v, axis=0)
+def _colnorm(backend: Any, v: Any) -> Any:
+    return backend.column_norms(v)
 
 
 def _safe_div(xp: Any, num: Any, den: Any) -> Any:
@@ -117,14 +117,14 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
         """(s, measure) for the current residual."""
         if right:
             g = ops.ahv(res, "cgls")
-            return ops.rhinv(g), _colnorm(xp, g)
+            return ops.rhinv(g), _colnorm(backend, g)
         s = ops.ahv(ops.rinv(res), "cgls")
-        return s, _colnorm(xp, res)
+        return s, _colnorm(backend, res)
 
     def target(xv: Any, res: Any) -> Any:
         if right:
-            return tol * anorm * (anorm * _colnorm(xp, xv) + _colnorm(xp, res))
-        return tol * _colnorm(xp, xv)
+            return tol * anorm * (anorm * _colnorm(backend, xv) + _colnorm(backend, res))
+        return tol * _colnorm(backend, xv)
 
     res = b if right else ops.rhinv(b)
     s, meas = adjoint(res)
@@ -133,14 +133,14 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
     if nonfinite or best_ratio <= 1.0:
         return RefineResult(x, 0, not nonfinite, best_ratio, res if right else None, nonfinite)
     p = s
-    gamma = _colnorm(xp, s) ** 2
+    gamma = _colnorm(backend, s) ** 2
     stall, mark = 0, best_ratio
     it = 0
     for step in range(1, maxiter + 1):
         it = step
         t = ops.rinv(p) if right else p
         q = ops.av(t, "cgls") if right else ops.rhinv(ops.av(p, "cgls"))
-        delta = _colnorm(xp, q) ** 2
+        delta = _colnorm(backend, q) ** 2
         alpha = xp.astype(_safe_div(xp, gamma, delta), a.dtype)
         x = x + alpha * t
         res = res - alpha * q
@@ -158,7 +158,7 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
             stall += 1
             if stall >= patience:
                 break
-        gamma_new = _colnorm(xp, s) ** 2
+        gamma_new = _colnorm(backend, s) ** 2
         beta = xp.astype(_safe_div(xp, gamma_new, gamma), a.dtype)
         p = s + beta * p
         gamma = gamma_new
@@ -189,12 +189,12 @@ def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, ano
         res = b - ops.av(x, "ir") if it else b
         if right:
             g = ops.ahv(res, "ir")
-            meas = _colnorm(xp, g)
-            tgt = tol * anorm * (anorm * _colnorm(xp, x) + _colnorm(xp, res))
+            meas = _colnorm(backend, g)
+            tgt = tol * anorm * (anorm * _colnorm(backend, x) + _colnorm(backend, res))
         else:
             w = ops.rhinv(res)
-            meas = _colnorm(xp, w)
-            tgt = tol * _colnorm(xp, x)
+            meas = _colnorm(backend, w)
+            tgt = tol * _colnorm(backend, x)
         ratio, nonfinite = _ratio(xp, meas, tgt)
         if nonfinite:
             return RefineResult(x, it, False, float("nan"), res if right else None, True)

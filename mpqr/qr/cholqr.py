@@ -84,6 +84,14 @@ def _gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
     return (g + ct(xp, g)) / 2
 
 
+def _gram_small(backend: Any, a: Any, precision: Any, label: str) -> tuple[Any, Any]:
+    """``(small backend, A^H A)``: :func:`_gram` with its symmetrisation done in the
+    namespace the n x n steps run in (``backend.small``)."""
+    g = gemm(ct(backend.xp, a), a, precision=precision, label=label, backend=backend)
+    sb, g = backend.small(g)
+    return sb, (g + ct(sb.xp, g)) / 2
+
+
 def _cond_from_gram(backend: Any, g: Any) -> float:
     """``sqrt(cond(G))`` from the singular values of the (small) Gram matrix."""
     xp = backend.xp
@@ -120,13 +128,16 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
 
 def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
               shift: bool = False, certify: Any = None, want_q: bool = True
-              ) -> tuple[Any, Any]:
-    """One CholQR pass. ``certify``: the previous pass's R, when ``a`` is that pass's Q —
-    then ``a``'s Gram matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``,
-    which makes this pass's Q orthonormal to working accuracy; else BreakdownError."""
-    xp = backend.xp
-    g = _gram(backend, a, precision, f"{method}-gram")
-    u = gram_roundoff(xp, a.dtype, prec_name)
+              ) -> tuple[Any, Any, Any]:
+    """One CholQR pass: ``(Q, R, small backend)``, R in the small backend's namespace
+    (``backend.small``; the caller moves the final R back with ``backend.from_small``).
+
+    ``certify``: the previous pass's R, when ``a`` is that pass's Q — then ``a``'s Gram
+    matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
+    pass's Q orthonormal to working accuracy; else BreakdownError."""
+    sb, g = _gram_small(backend, a, precision, f"{method}-gram")
+    xp = sb.xp
+    u = gram_roundoff(xp, g.dtype, prec_name)
     if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
         raise BreakdownError(
             f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
@@ -160,8 +171,9 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         s = 11 * (m * n + n * (n + 1)) * u * fro2
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
-    r = _chol_or_breakdown(backend, g, method, u)
-    return (right_solve_upper(backend, a, r, prec_name) if want_q else None), r
+    r = _chol_or_breakdown(sb, g, method, u)
+    q = right_solve_upper(backend, a, backend.from_small(r, a), prec_name) if want_q else None
+    return q, r, sb
 
 
 def _rr(backend: Any, r2: Any, r1: Any, prec_name: str) -> Any:
@@ -174,24 +186,26 @@ def _rr(backend: Any, r2: Any, r1: Any, prec_name: str) -> Any:
 def cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
            ) -> tuple[Any, Any]:
     """One CholQR pass; ``(Q, R)`` with thin Q."""
-    return _one_pass(backend, a, precision, "cholqr", prec_name)
+    q, r, _sb = _one_pass(backend, a, precision, "cholqr", prec_name)
+    return q, backend.from_small(r, a)
 
 
 def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool = True,
             **_: Any) -> tuple[Any, Any]:
     """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}`` (certified: see
     :func:`_one_pass`). ``want_q=False`` skips the last solve (``Q`` is then None)."""
-    q1, r1 = _one_pass(backend, a, precision, "cholqr2", prec_name)
-    q, r2 = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1, want_q=want_q)
-    return q, _rr(backend, r2, r1, prec_name)
+    q1, r1, _sb = _one_pass(backend, a, precision, "cholqr2", prec_name)
+    q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
+                          want_q=want_q)
+    return q, backend.from_small(_rr(sb, r2, r1, prec_name), a)
 
 
 def shifted_cholqr3(backend: Any, a: Any, *, precision: Any, prec_name: str,
                     want_q: bool = True, **_: Any) -> tuple[Any, Any]:
     """Shifted CholQR, then CholQR2: ``O(u)`` orthogonality for ``cond(A) < u^{-1}``."""
-    q1, r1 = _one_pass(backend, a, precision, "shifted-cholqr3", prec_name,
-                       shift=True)
-    q2, r2 = _one_pass(backend, q1, precision, "shifted-cholqr3", prec_name)
-    q, r3 = _one_pass(backend, q2, precision, "shifted-cholqr3", prec_name, certify=r2,
-                      want_q=want_q)
-    return q, _rr(backend, r3, _rr(backend, r2, r1, prec_name), prec_name)
+    q1, r1, _sb = _one_pass(backend, a, precision, "shifted-cholqr3", prec_name,
+                            shift=True)
+    q2, r2, _sb = _one_pass(backend, q1, precision, "shifted-cholqr3", prec_name)
+    q, r3, sb = _one_pass(backend, q2, precision, "shifted-cholqr3", prec_name, certify=r2,
+                          want_q=want_q)
+    return q, backend.from_small(_rr(sb, r3, _rr(sb, r2, r1, prec_name), prec_name), a)
