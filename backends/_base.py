@@ -188,6 +188,12 @@ class ArrayAPIBackend:
     #: never). Measured on an H100 (fp64): 2^22 x 64 GEMM 1.7 ms vs substitution 3.2 ms,
     #: 2^24 x 32 4.0 vs 3.7 ms; every backend uses the GPU's value so CI runs that path.
     inverse_gemm_min_n: int | None = 64
+    #: Gram matrices of 2-D inputs at least twice this wide are built from the products of
+    #: their upper-triangular blocks (mpqr/qr/gram_blocked.py; None: one GEMM). H100 fp64:
+    #: 65536 x 2048 10.6 -> 6.3 ms, 65536 x 4096 45.3 -> 24.6, 2^20 x 512 9.3 -> 8.0,
+    #: 2^20 x 256 split once 2.46 -> 2.31 (noise level: not split); every backend uses
+    #: the GPU's value so CI runs that path.
+    gram_block: int | None = 256
     #: the Ozaki steps are fused kernels without temporaries (see ozaki.workspace_bytes)
     ozaki_fused: bool = False
 

@@ -9,6 +9,7 @@ what a correct run gives, so a lost pass or a wrong product fails).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -71,6 +72,24 @@ def test_auto_keeps_householder_below_the_ratio_for_stacks_and_fp16():
     assert api.choose_method(be, "fp64", f64, 16 * 20, 20)[0] == "cholqr2"
     assert api.choose_method(be, "fp64", f64, 16 * 20, 20, batch=7)[0] != "cholqr2"
     assert api.choose_method(be, "fp16", f64, 16 * 20, 20)[0] != "cholqr2"
+
+
+@pytest.mark.parametrize(("engine", "want"), [("ozaki-int8", True), ("native-fp64", True),
+                                             ("tc-sgemm", False), ("tc-fp16", False)])
+def test_auto_takes_cholqr2_when_the_gram_engine_is_fp64_accurate(monkeypatch, engine, want):
+    # fp64-emulated puts a large Gram product on the INT8 Ozaki engine (error <= 2x
+    # DGEMM's): CholQR2 stays right; the fp16-based engines' Gram matrices are not
+    import mpqr.policy as policy
+
+    real = policy.decide
+
+    def fake(*args, **kw):
+        return dataclasses.replace(real(*args, **kw), engine=engine)
+
+    monkeypatch.setattr(policy, "decide", fake)
+    be = get_backend(sys.modules["mpqr._array_api"].array_namespace(np.zeros(1)))
+    got = api.choose_method(be, "fp64-emulated", np.float64, 16 * 20, 20)[0]
+    assert (got == "cholqr2") == want
 
 
 def test_ill_conditioned_tall_falls_back_with_a_traced_reason(xp):
@@ -205,3 +224,4 @@ def test_small_steps_on_another_namespace_give_the_same_factors(monkeypatch):
     assert type(q1) is type(q0) and type(r1) is type(r0)
     np.testing.assert_array_equal(to_numpy(r1), to_numpy(r0))
     np.testing.assert_array_equal(to_numpy(q1), to_numpy(q0))
+

@@ -2,6 +2,11 @@
 
 Route for one ``M x N`` problem (``M >= N``; ``M < N`` works on ``A^H``):
 
+0. With refinement, at the working precision, and for a tall factored matrix
+   (``M >= 16 N``): the Gram route (:mod:`mpqr.lstsq.gram`) — ``R = chol(A^H A)``
+   and ``s = sqrt(eig(A^H A))`` from one pass over ``A``, taken only when
+   ``cond(A) <= 4`` (then ``s`` is within 2x of the QR route's error bound) and
+   the rank is certainly full; step 3 follows. Otherwise:
 1. ``R`` from :func:`mpqr.qr` at the requested precision; with refinement
    ``mode="r"`` (Q is never formed), without it ``mode="reduced"``.
 2. The singular values of ``R`` are those of ``A`` (the QR-SVD route); they
@@ -34,10 +39,18 @@ from mpqr._validation import check_finite as _check_finite
 from mpqr._validation import namespace_of
 from mpqr.backends import get_backend
 from mpqr.lstsq import _scipy_rules as rules
+from mpqr.lstsq.gram import (
+    GRAM_COND_MAX,
+    GRAM_MIN_ASPECT,
+    GramFactor,
+    certified_cholesky,
+    gram_factor,
+    norm2_estimate,
+)
 from mpqr.lstsq.refine import cgls, iterative_refinement
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr import qr
-from mpqr.qr._kernels import ct
+from mpqr.qr._kernels import ct, pow2_scale
 
 __all__ = ["REFINE", "lstsq"]
 
@@ -283,13 +296,18 @@ class _Solver:
         if self.refine is None:
             return self.direct(self.prec)
         k = min(self.m, self.n)
-        r = self._factor(self.prec, "r")
-        s, s1 = None, self._full_rank_certificate(r)
-        if s1 is None:  # no certificate (or singular values wanted): the SVD of R decides
-            s = self._svdvals(r)
-            rank_cond, rank_sure, s1 = self._ranks(s, self.u_f)
-        else:
+        gf = self._gram_route()
+        if gf is not None:  # full rank and well conditioned: R and s from one pass
+            r, s, s1 = gf.r, gf.s, gf.s1
             rank_cond = rank_sure = k
+        else:
+            r = self._factor(self.prec, "r")
+            s, s1 = None, self._full_rank_certificate(r)
+            if s1 is None:  # no certificate (or singular values wanted): the SVD of R decides
+                s = self._svdvals(r)
+                rank_cond, rank_sure, s1 = self._ranks(s, self.u_f)
+            else:
+                rank_cond = rank_sure = k
         if s1 == 0.0 or rank_sure < k:
             low = self.u_f > self.u
             why = (f"rank uncertain at precision {self.prec!r}: a singular value of R lies "
@@ -302,8 +320,13 @@ class _Solver:
         side = "left" if self.under else "right"
         method = "ir" if self.refine == "ir" else "cgls"
         run = iterative_refinement if method == "ir" else cgls
-        out = run(self.backend, self.a, self.b, r, side=side, anorm=s1, tol=self.tol,
+        a, b, r, s1, ea, eb = self._balanced(r, s1)
+        out = run(self.backend, a, b, r, side=side, anorm=s1, tol=self.tol,
                   maxiter=self.maxiter, wprec=self.wprec, floor_tol=self.floor_tol)
+        if ea or eb:
+            out.x = self._pow2(out.x, eb - ea)
+            if out.residual is not None:
+                out.residual = self._pow2(out.residual, eb)
         record_event("refine", f"lstsq: {method} ({side}-preconditioned by the "
                      f"{self.prec} R) {'converged' if out.converged else 'stopped'} after "
                      f"{out.iterations} iterations, normal-equation residual "
@@ -325,6 +348,39 @@ class _Solver:
             rsq = self.backend.column_norms(out.residual) ** 2
         return out.x, k, s, rsq
 
+    def _pow2(self, x: Any, e: int) -> Any:
+        return pow2_scale(self.backend, x, self.xp.asarray(e, dtype=self.xp.int32,
+                                                            device=device(x)))
+
+    def _balanced(self, r: Any, s1: float) -> tuple[Any, Any, Any, float, int, int]:
+        """``(A, b, R, ||A||, ea, eb)`` for the refinement, ``A`` and ``R`` scaled by
+        ``2**-ea`` and ``b`` by ``2**-eb`` (exactly) when ``||A||`` or ``max |b|`` is so
+        far from 1 that the products with ``A`` could underflow or overflow (at
+        ``2**-700`` every ``A^H r`` underflows to 0 and CGLS would stop at ``x = 0``);
+        then ``x = 2**(eb - ea) x_scaled``. Otherwise no copies and ``ea = eb = 0``."""
+        lim = 250 if self.wprec == "fp64" else 30
+        ea = math.frexp(s1)[1]
+        eb = math.frexp(float(self.xp.max(self.xp.abs(self.b))))[1]
+        if abs(ea) <= lim and abs(eb) <= lim:
+            return self.a, self.b, r, s1, 0, 0
+        record_event("scale", f"lstsq: A scaled by 2^{-ea} and b by 2^{-eb} for the "
+                     "refinement (its products would under- or overflow)", ea=ea, eb=eb)
+        return (self._pow2(self.a, -ea), self._pow2(self.b, -eb), self._pow2(r, -ea),
+                math.ldexp(s1, -ea), ea, eb)
+
+    def _gram_route(self) -> GramFactor | None:
+        """:func:`mpqr.lstsq.gram.gram_factor` where it applies: a tall factored matrix
+        (``M >= 16 N``) and a factorization at the working precision (a low-precision
+        Gram matrix would not give SciPy's singular values)."""
+        mf, nf = self.f.shape
+        if self.u_f > self.u or mf < GRAM_MIN_ASPECT * nf:
+            return None
+        # "auto", or fp64 on float32 input: the working precision's GEMM
+        prec = self.wprec if self.prec == "auto" or _UNIT[self.prec] < self.u else self.prec
+        res = RESOLUTION * math.sqrt(nf) * self.u * GRAM_COND_MAX / 2
+        return gram_factor(self.backend, self.f, precision=prec, need_s=self.need_s,
+                           cutoff=self.cond, resolution=res)
+
     def _full_rank_certificate(self, r: Any) -> float | None:
         """``||A||_2`` estimate if ``sigma_min(R) > cutoff + resolution`` is proven, else None.
 
@@ -336,36 +392,20 @@ class _Solver:
         """
         if self.need_s:
             return None
-        xp, backend = self.xp, self.backend
+        xp = self.xp
         k = r.shape[-1]
         if not bool(xp.all(xp.isfinite(r))):
             return None
-        rh = ct(xp, r)
-        v = xp.astype(xp.linspace(1.0, 2.0, k, device=device(r)), r.dtype)[:, None]
-        est = 0.0
-        for _ in range(8):  # power iteration on R^H R (n^2 per step)
-            w = self._gemm(rh, self._gemm(r, v, "rank-power"), "rank-power")
-            nw = float(xp.linalg.vector_norm(w))
-            if nw == 0.0:
-                return None
-            est = math.sqrt(nw / float(xp.linalg.vector_norm(v)))
-            v = w / nw
+        est = norm2_estimate(lambda x, y: self._gemm(x, y, "rank-power"), xp, r)
+        if est == 0.0:
+            return None
         s1_up = min(2.0 * est, float(xp.linalg.matrix_norm(r)))
         u_f = self.u_f if self.u_f > self.u else 0.0
         tau = s1_up * max(self.cond + RESOLUTION * math.sqrt(k) * u_f,
                           10.0 * math.sqrt(k * self.u))
-        g = self._gemm(rh, r, "rank-gram")
+        g = self._gemm(ct(xp, r), r, "rank-gram")
         g = g - (tau * tau) * xp.eye(k, dtype=g.dtype, device=device(g))
-        try:
-            c = backend.cholesky(g, upper=True)
-        except LinAlgError:
-            return None
-        # a factorization that stopped early (cuSOLVER's potrf reports it only through
-        # devInfo) leaves columns whose squared norms do not reproduce diag(g)
-        d = xp.real(xp.linalg.diagonal(g))
-        cn = xp.sum(xp.real(c * xp.conj(c)), axis=0)
-        ok = xp.all(xp.isfinite(cn)) & xp.all(xp.abs(cn - d) <= 1e-6 * xp.max(xp.abs(d)))
-        if not bool(ok):
+        if certified_cholesky(self.backend, g) is None:
             return None
         record_event("rank", f"lstsq: full rank certified without an SVD (sigma_min(R) > "
                      f"{tau:.2e}, Cholesky test)", rank=k, tau=tau)

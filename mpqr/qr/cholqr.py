@@ -21,7 +21,8 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._errors import BreakdownError, LinAlgError
 from mpqr.policy import gemm, record_event
-from mpqr.qr._kernels import SAFE_EXPONENT, ct, panel_precision
+from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
+from mpqr.qr.gram_blocked import gram
 
 __all__ = ["INVERSE_COND_MAX", "cholqr", "cholqr2", "right_solve_upper", "shifted_cholqr3"]
 
@@ -78,18 +79,13 @@ def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: st
 
 
 def _gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
-    xp = backend.xp
-    g = gemm(ct(xp, a), a, precision=precision, label=label, backend=backend)
-    # symmetrise: the engines need not return an exactly Hermitian product
-    return (g + ct(xp, g)) / 2
+    return gram(backend, a, precision, label)
 
 
 def _gram_small(backend: Any, a: Any, precision: Any, label: str) -> tuple[Any, Any]:
-    """``(small backend, A^H A)``: :func:`_gram` with its symmetrisation done in the
-    namespace the n x n steps run in (``backend.small``)."""
-    g = gemm(ct(backend.xp, a), a, precision=precision, label=label, backend=backend)
-    sb, g = backend.small(g)
-    return sb, (g + ct(sb.xp, g)) / 2
+    """``(small backend, A^H A)``: the Hermitian Gram matrix, moved to the namespace the
+    n x n steps run in (``backend.small``)."""
+    return backend.small(gram(backend, a, precision, label))
 
 
 def _cond_from_gram(backend: Any, g: Any) -> float:

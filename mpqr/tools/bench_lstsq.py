@@ -32,7 +32,7 @@ GPU_SHAPES = [(2**20, 256), (65536, 2048), (2**22, 64)]
 CPU_SHAPES = [(2**14, 64), (4096, 256)]
 #: (precision, refine, lapack_driver); gelsy = no singular values (like the QR route)
 CONFIGS = [("fp16", "cgls", "gelsy"), ("fp32-emulated", "cgls", "gelsy"),
-           ("fp16", "auto", "gelsd"), ("auto", "auto", "gelsd")]
+           ("fp16", "auto", "gelsd"), ("auto", "auto", "gelsy"), ("auto", "auto", "gelsd")]
 
 
 def _parse_shapes(text: str) -> list[tuple[int, int]]:

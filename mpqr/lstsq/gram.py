@@ -1,0 +1,170 @@
+"""The Gram route of :func:`mpqr.lstsq` for well-conditioned tall problems.
+
+CGLS needs from the factorization only a preconditioner ``R`` with
+``cond(A R^-1)`` close to 1, and SciPy's ``s``. For a tall ``A`` with a small
+condition number both come from one pass over ``A``: ``G = A^H A`` through the
+precision policy, ``R = chol(G)`` (one CholQR pass, no ``Q``), and
+``s = sqrt(eig(G))``. CholQR2's ``Q1 = A R1^-1`` and second Gram matrix (two of
+its three GEMMs over ``A``) are not needed when nothing uses ``Q``.
+
+Accuracy. The computed ``G`` is within ``c u ||A||^2`` of ``A^H A`` (``c``:
+the GEMM's and the eigensolver's error constants), so each ``sigma_i`` is
+within ``c u ||A||^2 / (2 sigma_i) <= (cond(A) / 2) c u ||A||``: at most
+``cond(A) / 2`` times the ``c u ||A||`` of the Householder route. The route is
+taken only when ``cond(A) <= GRAM_COND_MAX`` (4), i.e. within 2x of the
+Householder route's bound; ``cond(A R^-1) = 1 + O(u cond(A)^2)`` makes CGLS
+converge in one or two steps. Otherwise (or if ``G`` is not finite, or a column
+is so small that its Gram entries underflow) the caller takes the QR route.
+
+For ``lapack_driver="gelsy"`` (no ``s`` wanted) and ``N > 512`` the eigenvalues are
+replaced by a
+Cholesky test: ``G - tau^2 I`` positive definite iff ``sigma_min(A) > tau``, with
+``tau`` the larger of ``est / 4`` (``est``: a power-iteration estimate of
+``||A||``) and the rank cutoff times an upper bound of ``||A||``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mpqr._array_api import device
+from mpqr._errors import LinAlgError
+from mpqr.policy import gemm, record_event
+from mpqr.qr._kernels import SAFE_EXPONENT, ct
+from mpqr.qr.gram_blocked import gram
+
+__all__ = ["GRAM_COND_MAX", "GRAM_EIG_MAX_N", "GRAM_MIN_ASPECT", "GramFactor", "certified_cholesky",
+           "gram_factor", "norm2_estimate"]
+
+#: largest cond_2(A) the Gram route takes (its singular values are then within
+#: cond/2 = 2x of the Householder route's error bound)
+GRAM_COND_MAX = 4.0
+
+#: the route is for tall-skinny A (M >= 16 N), where qr(method="auto") takes CholQR2
+GRAM_MIN_ASPECT = 16
+
+#: up to this N, ``lapack_driver="gelsy"`` also decides by the eigenvalues (H100, N = 256:
+#: eigvalsh 2.1 ms vs 4 ms for the power iteration's syncs and two Cholesky tests)
+GRAM_EIG_MAX_N = 512
+
+#: smallest squared column norm taken without underflow losses in the Gram matrix (the
+#: bound CholQR uses, from the columns scale_columns(only_if_needed=True) leaves alone)
+_SAFE_GRAM_MIN = {single: 2.0 ** (-2 * SAFE_EXPONENT["float32" if single else "float64"])
+                  for single in (True, False)}
+
+
+@dataclass
+class GramFactor:
+    """Outcome of the Gram route."""
+
+    #: upper-triangular ``R`` with ``R^H R = fl(A^H A)``, on ``A``'s device
+    r: Any
+    #: singular values of A, descending, on A's device (None when not asked for)
+    s: Any
+    #: ``||A||_2`` (gelsy: a power-iteration estimate)
+    s1: float
+    #: cond_2(A) (gelsy: ``est / tau``, where ``sigma_min > tau`` is certified)
+    cond: float
+
+
+def norm2_estimate(gemm2: Any, xp: Any, r: Any, steps: int = 8) -> float:
+    """``||r||_2`` by power iteration on ``r^H r`` (a lower bound, close after a few
+    steps); ``gemm2(x, y)`` is the caller's policy product. 0.0 for a zero ``r``."""
+    k = r.shape[-1]
+    rh = ct(xp, r)
+    v = xp.astype(xp.linspace(1.0, 2.0, k, device=device(r)), r.dtype)[:, None]
+    est = 0.0
+    for _ in range(steps):
+        w = gemm2(rh, gemm2(r, v))
+        nw = float(xp.linalg.vector_norm(w))
+        if nw == 0.0:
+            return 0.0
+        est = math.sqrt(nw / float(xp.linalg.vector_norm(v)))
+        v = w / nw
+    return est
+
+
+def certified_cholesky(backend: Any, g: Any) -> Any:
+    """Upper Cholesky factor of Hermitian ``g``, or None if ``g`` is not (numerically)
+    positive definite.
+
+    A factorization that stopped early (cuSOLVER's potrf reports it only through
+    devInfo, which CuPy does not check) leaves columns whose squared norms do not
+    reproduce ``diag(g)``: that is checked here.
+    """
+    xp = backend.xp
+    try:
+        c = backend.cholesky(g, upper=True)
+    except LinAlgError:
+        return None
+    d = xp.real(xp.linalg.diagonal(g))
+    cn = xp.sum(xp.real(c * xp.conj(c)), axis=0)
+    ok = xp.all(xp.isfinite(cn)) & xp.all(xp.abs(cn - d) <= 1e-6 * xp.max(xp.abs(d)))
+    return c if bool(ok) else None
+
+
+def _decline(why: str) -> None:
+    record_event("method", f"lstsq: Gram route declined ({why}); QR route", path="qr")
+
+
+def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: float,
+                resolution: float) -> GramFactor | None:
+    """The Gram route on the tall ``f`` (``M >= GRAM_MIN_ASPECT * N``), or None when it
+    does not apply (the reason is recorded in the explain trace).
+
+    ``cutoff``: the rank cutoff ``cond`` relative to ``s[0]``; ``resolution``: how far
+    above it (relative to ``s[0]``) the smallest singular value must lie for the rank
+    to be certain. The route returns only full-rank, well-conditioned factors.
+    """
+    n = f.shape[1]
+    with backend.ignore_fp_warnings():  # an over- or underflowing G is declined below
+        sb, g = backend.small(gram(backend, f, precision, "lstsq:gram"))
+    xs = sb.xp
+    if not bool(xs.all(xs.isfinite(g))):
+        _decline("A^H A is not finite")
+        return None
+    single = g.dtype in (xs.float32, xs.complex64)
+    if float(xs.min(xs.real(xs.linalg.diagonal(g)))) < _SAFE_GRAM_MIN[single]:
+        _decline("a column norm of A is small enough for its Gram entries to underflow")
+        return None
+    floor = max(cutoff + resolution, 1.0 / GRAM_COND_MAX)
+    s = None
+    by_eig = need_s or n <= GRAM_EIG_MAX_N
+    if by_eig:
+        lam = xs.linalg.eigvalsh(g)  # ascending
+        lo, hi = float(lam[0]), float(lam[-1])
+        if not (lo > 0 and math.sqrt(lo / hi) > floor):
+            cond = math.sqrt(hi / lo) if lo > 0 else math.inf
+            _decline(f"cond(A) = {cond:.3g} > {GRAM_COND_MAX:g}" if floor * GRAM_COND_MAX
+                     <= 1.0 else f"sigma_min/sigma_max = {1 / cond:.3g} <= the rank cutoff "
+                     f"{floor:.3g}")
+            return None
+        s = xs.sqrt(xs.flip(lam))
+        s1, cond = math.sqrt(hi), math.sqrt(hi / lo)
+    r = certified_cholesky(sb, g)
+    if r is None:
+        _decline("the Cholesky factorization of A^H A failed")
+        return None
+    if not by_eig:
+        def gemm2(x: Any, y: Any) -> Any:
+            return gemm(x, y, precision=precision, label="lstsq:gram-power", backend=sb)
+
+        s1 = norm2_estimate(gemm2, xs, r)  # a lower bound, close after 8 steps
+        # the rank cutoff needs an upper bound: ||A|| <= 2 est (the margin the QR route's
+        # certificate takes), <= ||A||_F exactly
+        s1_up = min(2.0 * s1, math.sqrt(float(xs.sum(xs.real(xs.linalg.diagonal(g))))))
+        tau = max(s1 / GRAM_COND_MAX, (cutoff + resolution) * s1_up)
+        eye = xs.eye(n, dtype=g.dtype, device=device(g))
+        if s1 == 0.0 or certified_cholesky(sb, g - (tau * tau) * eye) is None:
+            _decline(f"sigma_min(A) > {tau:.3g} (cond(A) <~ {GRAM_COND_MAX:g} and above the "
+                     "rank cutoff) not certified by the Cholesky test")
+            return None
+        cond = s1 / tau
+    record_event("method", "lstsq: Gram route: R = chol(A^H A) preconditions CGLS"
+                 + (f", s = sqrt(eig(A^H A)) (cond(A) = {cond:.3g} <= {GRAM_COND_MAX:g})"
+                    if by_eig else f" (cond(A) <= {cond:.3g}, Cholesky test)"),
+                 path="gram", cond=cond)
+    return GramFactor(backend.from_small(r, f),
+                      backend.from_small(s, f) if need_s else None, s1, cond)

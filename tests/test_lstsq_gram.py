@@ -1,0 +1,145 @@
+"""The Gram route of lstsq (mpqr/lstsq/gram.py): taken only for tall, well-conditioned,
+full-rank problems at the working precision, with SciPy's answers and singular values
+within the error bound the route's docstring derives; declined (and traced) otherwise.
+
+Singular values are checked against matrices built with known ones,
+``|s_i - sigma_i| <= 10 (sqrt(M) u cond/2 + N u) sigma_1``: the Gram matrix's
+rounding (``sqrt(M) u ||A||^2``, probabilistic) divided by ``2 sigma_i``, plus the
+rounding of forming A; the factor 10 is margin.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg as sla
+
+import mpqr
+from mpqr.lstsq.gram import GRAM_COND_MAX
+from tests._support import to_numpy
+
+
+def _problem(m, n, sigma, dtype, seed, complex_=False):
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape):
+        z = rng.standard_normal(shape)
+        return z + 1j * rng.standard_normal(shape) if complex_ else z
+    u, _ = np.linalg.qr(rand(m, n))
+    v, _ = np.linalg.qr(rand(n, n))
+    a = ((u * sigma) @ v.conj().T).astype(dtype)
+    return a, rand(m, 2).astype(dtype)
+
+
+def _paths(trace):
+    return [e.data.get("path") for e in trace.events if e.kind == "method"]
+
+
+def _metric(a, b, x):
+    a, b, x = (np.asarray(t, dtype=np.complex128) for t in (a, b, x))
+    r = b - a @ x
+    return np.linalg.norm(a.conj().T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128, np.complex64])
+@pytest.mark.parametrize("driver", [None, "gelsy"])
+def test_gram_route_matches_scipy(xp, dtype, driver):
+    if xp.__name__.startswith("array_api_strict") and np.dtype(dtype).kind == "c":
+        pytest.skip("array-api-strict: complex lstsq runs on the host path elsewhere")
+    m, n = 640, 24
+    sigma = np.linspace(3.0, 1.0, n)  # cond 3 <= GRAM_COND_MAX
+    a, b = _problem(m, n, sigma, dtype, seed=1, complex_=np.dtype(dtype).kind == "c")
+    a0, b0 = a.copy(), b.copy()
+    with mpqr.explain() as trace:
+        x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), lapack_driver=driver)
+    assert "gram" in _paths(trace)
+    np.testing.assert_array_equal(a, a0)
+    np.testing.assert_array_equal(b, b0)
+    ref = sla.lstsq(a, b, lapack_driver=driver)
+    assert rank == ref[2] == n
+    x = to_numpy(x)
+    assert x.dtype == ref[0].dtype
+    for j in range(2):
+        assert _metric(a, b[:, j], x[:, j]) <= 10 * max(_metric(a, b[:, j], ref[0][:, j]),
+                                                        np.finfo(dtype).eps)
+    u = np.finfo(dtype).eps / 2
+    if driver == "gelsy":
+        assert s is None and to_numpy(res).shape == (0,)
+        return
+    s = to_numpy(s)
+    assert s.dtype == ref[3].dtype and s.shape == (n,)
+    tol = 10 * (np.sqrt(m) * u * GRAM_COND_MAX / 2 + n * u) * sigma[0]
+    assert np.max(np.abs(s - sigma)) <= tol
+    rtol = 10 * np.sqrt(m) * u * GRAM_COND_MAX
+    np.testing.assert_allclose(to_numpy(res), ref[1], rtol=rtol)
+
+
+def test_gram_route_underdetermined(xp):
+    n, m = 480, 20  # A is 20 x 480: the route runs on A^H
+    a, _ = _problem(n, m, np.linspace(2.0, 1.0, m), np.float64, seed=2)
+    a = a.T.copy()
+    b = np.random.default_rng(3).standard_normal(m)
+    with mpqr.explain() as trace:
+        x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b))
+    assert "gram" in _paths(trace)
+    ref = sla.lstsq(a, b)
+    u = np.finfo(np.float64).eps / 2
+    # minimum-norm solution: x lies in range(A^T); compare with SciPy's
+    np.testing.assert_allclose(to_numpy(x), ref[0], rtol=0, atol=100 * np.sqrt(n) * u
+                               * np.linalg.norm(ref[0]))
+    assert rank == m and to_numpy(res).shape == (0,)
+    np.testing.assert_allclose(to_numpy(s), ref[3], rtol=0,
+                               atol=10 * np.sqrt(n) * u * GRAM_COND_MAX * ref[3][0])
+
+
+@pytest.mark.parametrize("case", ["ill-conditioned", "cutoff", "wide-aspect", "underflow",
+                                  "overflow"])
+def test_gram_route_declined(xp, case):
+    m, n = 640, 24
+    sigma = np.linspace(3.0, 1.0, n)
+    cond = None
+    if case == "ill-conditioned":
+        sigma = np.logspace(0, -3, n)
+    elif case == "cutoff":  # every sigma_i > 0.35 sigma_1, but the cutoff is 0.5
+        cond = 0.5
+    elif case == "wide-aspect":
+        m = 15 * n
+    a, b = _problem(m, n, sigma, np.float64, seed=4)
+    if case in ("underflow", "overflow"):
+        # squared column norms 2^-1400 (underflow) or 2^1200 (overflow) in the Gram matrix;
+        # unscaled, CGLS's products A^H r underflowed to 0 and x = 0 was returned
+        e = -700 if case == "underflow" else 600
+        a, b = a * 2.0**e, b * 2.0**e
+    with mpqr.explain() as trace:
+        x, _res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), cond=cond)
+    paths = _paths(trace)
+    assert "gram" not in paths
+    if case != "wide-aspect":  # the route was tried and its refusal is traced
+        assert "qr" in paths
+    scaled = [e for e in trace.events if e.kind == "scale"]
+    assert bool(scaled) == (case in ("underflow", "overflow"))
+    ref = sla.lstsq(a, b, cond=cond)
+    assert rank == ref[2]
+    u = np.finfo(np.float64).eps / 2
+    np.testing.assert_allclose(to_numpy(s), ref[3], rtol=0,
+                               atol=10 * np.sqrt(m) * n * u * ref[3][0])
+    kappa = ref[3][0] / ref[3][rank - 1]
+    tol = 25 * np.finfo(np.float64).eps * kappa**2
+    np.testing.assert_allclose(to_numpy(x), ref[0], rtol=0, atol=tol * np.abs(ref[0]).max())
+
+
+def test_gram_route_nonfinite_a_is_never_finite(xp):
+    a, b = _problem(640, 24, np.linspace(3.0, 1.0, 24), np.float64, seed=5)
+    a[7, 3] = np.inf
+    with mpqr.explain() as trace, pytest.raises(mpqr.LinAlgError, match="NaN or Inf"):
+        mpqr.lstsq(xp.asarray(a), xp.asarray(b), check_finite=False)
+    assert "gram" not in _paths(trace)
+
+
+def test_gram_route_only_at_working_precision(xp):
+    if xp.__name__.startswith("array_api_strict"):
+        pytest.skip("array-api-strict has no fp32-emulated engine")
+    a, b = _problem(640, 24, np.linspace(3.0, 1.0, 24), np.float64, seed=6)
+    with mpqr.explain() as trace:
+        mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision="fp32-emulated")
+    assert "gram" not in _paths(trace)
