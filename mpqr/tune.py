@@ -104,6 +104,8 @@ def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = Tru
         visible, else NumPy).
     size : int, optional
         Square GEMM size used for the rates (>= 16; 4096 reaches peak on H100).
+        The INT8 rate on tensor cores is measured at least at 8192 (8 planes), the
+        sizes where the Ozaki engine can pay.
     repeats : int, optional
         Timed repetitions; the best is kept.
     save : bool, optional
@@ -158,12 +160,21 @@ def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = Tru
         a8 = xp.astype(vals * 127.0, xp.int8)
         if hasattr(backend, "ozaki_int8_gemms"):
             # the layout the Ozaki engine runs (both operands k-contiguous), batched over
-            # planes as it runs them: one plane of 4096^3 under-reports a large product's
-            # rate on tensor cores (H200: 837 TOPS measured vs 1170 for 15 planes)
-            planes = 8 if "tensor-cores" in backend.capabilities else 1
+            # planes as it runs them, at the sizes where emulation can pay: on tensor
+            # cores smaller products under-report the rate (H200, one 4096^3 plane: 837
+            # TOPS vs 1170 for 15 planes of 16384^3; H100, 8 planes of 4096^3: 957 TOPS,
+            # which moved the predicted break-even from 16384 to 24576 although the
+            # measured 16384^3 was 1.24x DGEMM)
+            tc = "tensor-cores" in backend.capabilities
+            planes, n8 = (8, max(size, 8192)) if tc else (1, size)
+            if n8 != size:
+                a8 = xp.astype(xp.reshape(xp.sin(xp.arange(
+                    n8 * n8, dtype=xp.float32, device=dev) * 0.7071), (n8, n8)) * 127.0,
+                    xp.int8)
             a3 = xp.stack([a8] * planes)
-            rates["int8"] = planes * flops / _time(
-                backend, lambda: backend.ozaki_int8_gemms(a3, a3, 0, size), repeats)
+            rates["int8"] = planes * 2.0 * n8**3 / _time(
+                backend, lambda: backend.ozaki_int8_gemms(a3, a3, 0, n8), repeats)
+            del a3
         else:
             rates["int8"] = flops / _time(backend, lambda: backend.gemm_int8(a8, a8), repeats)
     del vals

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Device runs: `bash bench/device.sh JOB [JOB ...]` (after the install prefix that
+# ../shared/device/prepare.sh prints); logs, JSON and PNG go to $OUT.
+#   tests           every GPU test, then the GPU-fault tests
+#   demo            python -m mpqr demo, timed
+#   gemm            bench gemm with tuning at 8192^3 and 16384^3 (the cost model's break-even)
+#   qr              bench qr: every shape, precision and mode, against cuSOLVER
+#   lstsq           bench lstsq: against the cuSOLVER routes
+#   probe:SECTIONS  bench/probe_s5.py with comma-separated sections
+set -u
+export PYTHONUNBUFFERED=1
+D=$(date +%F)
+DEV=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oE "H100|H200|A100" || echo GPU)
+L=$OUT/log_${DEV}_$D.txt
+echo "== $(nvidia-smi --query-gpu=name --format=csv,noheader)" >> "$L"
+for job in "$@"; do
+  echo "== job $job" >> "$L"
+  case $job in
+    tests)
+      timeout 360 python3 -m pytest -q -p no:cacheprovider -k "cupy or bitwise or right_solve" \
+        tests/ > "$OUT/pytest.txt" 2>&1
+      timeout 40 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/test_reliability_gpu_faults.py >> "$OUT/pytest.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest.txt" | cut -c1-200 >> "$L" ;;
+    demo) ( time timeout 150 python3 -m mpqr demo ) >> "$L" 2>&1 ;;
+    gemm)
+      timeout 150 python3 -m mpqr bench gemm --tune --repeat 5 \
+        --shapes 8192x8192x8192,16384x16384x16384 --json "$OUT/gemm_${DEV}_$D.json" >> "$L" 2>&1 ;;
+    qr)
+      timeout 280 python3 -m mpqr bench qr --repeat 3 --max-seconds 2 \
+        --json "$OUT/qr_${DEV}_$D.json" --png "$OUT/qr_${DEV}_$D.png" >> "$L" 2>&1 ;;
+    lstsq) timeout 240 python3 -m mpqr bench lstsq --json "$OUT/lstsq_${DEV}_$D.json" >> "$L" 2>&1 ;;
+    probe:*)
+      (cd bench && timeout 500 python3 probe_s5.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
+    *) echo "unknown job $job" >> "$L" ;;
+  esac
+done
+grep -v "^\s\s\s\s" "$L" | cut -c1-220 | tail -100
