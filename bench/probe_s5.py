@@ -187,4 +187,18 @@ def _tri5():
         cp.get_default_memory_pool().free_all_blocks()
 
 
+@section("pool5")
+def _pool5():
+    # the QR bench with and without releasing the memory pool before each configuration
+    import importlib
+    bq = importlib.import_module("mpqr.tools.bench_qr")
+    for keep in (False, True):
+        if keep:
+            bq.release_pool = lambda xp: None
+        out = bq.run([(2**20, 256, 1)], ["fp32", "fp64-emulated", "fp64"], ["reduced"],
+                     xp=cp, repeat=5, max_seconds=3)
+        for r in out["results"]:
+            rec(f"pool {'kept' if keep else 'released'} {r['precision']}", r["time_ms"])
+
+
 write()

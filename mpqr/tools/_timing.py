@@ -34,6 +34,13 @@ def sync(xp) -> None:
         xp.cuda.get_current_stream().synchronize()
 
 
+def release_pool(xp) -> None:
+    """Return the CuPy memory pool's cached blocks to the device, so that each timed
+    configuration starts from the same pool state (not from the previous one's blocks)."""
+    if is_cupy(xp):
+        xp.get_default_memory_pool().free_all_blocks()
+
+
 def time_it(xp, fn, *, repeat: int = 5, warmup: int = 1, max_seconds: float = 20.0) -> float:
     """Median seconds per call; CUDA events on the GPU, perf_counter on the CPU."""
     for _ in range(warmup):

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mpqr.tools._timing import default_xp, environment, is_cupy, time_it, write_json
+from mpqr.tools._timing import default_xp, environment, is_cupy, release_pool, time_it, write_json
 
 __all__ = ["main"]
 
@@ -139,8 +139,7 @@ def bench_shape(xp, m: int, n: int, configs, repeat: int, seed: int = 0) -> dict
             rows[name] = row
         except Exception as exc:  # report and go on (e.g. out of memory for the SVD route)
             rows[name] = {"status": f"failed ({type(exc).__name__}: {exc})"}
-        if is_cupy(xp):
-            xp.get_default_memory_pool().free_all_blocks()
+        release_pool(xp)
     base = rows.get("qr", {}).get("time_s")
     for row in rows.values():
         if base and "time_s" in row:

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 
 import mpqr
-from mpqr.tools._timing import default_xp, environment, is_cupy, time_it, write_json
+from mpqr.tools._timing import (
+    default_xp,
+    environment,
+    is_cupy,
+    release_pool,
+    time_it,
+    write_json,
+)
 
 GPU_SHAPES = [(16384, 16384, 1), (65536, 4096, 1), (2**20, 256, 1), (2**22, 64, 1),
               (2**24, 32, 1), (256, 32, 10000)]
@@ -70,6 +77,7 @@ def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float) -> di
                 "float32": xp.asarray(rng.standard_normal(shape).astype(np.float32))}
         base = {}
         for dt, a in data.items():
+            release_pool(xp)
             try:
                 t = time_it(xp, lambda a=a: xp.linalg.qr(a), repeat=repeat,
                             max_seconds=max_seconds)
@@ -92,6 +100,7 @@ def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float) -> di
             dt = "float64" if prec.startswith("fp64") else "float32"
             a = data[dt]
             for mode in modes:
+                release_pool(xp)
                 try:
                     with mpqr.explain() as tr:
                         out = mpqr.qr(a, mode=mode, precision=prec)
