@@ -157,7 +157,6 @@ def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = Tru
         a16 = backend.to_fp16(xp.astype(vals, xp.float32))
         rates["tc-fp16"] = flops / _time(backend, lambda: backend.gemm_fp16(a16, a16), repeats)
     if "int8" in backend.capabilities:
-        a8 = xp.astype(vals * 127.0, xp.int8)
         if hasattr(backend, "ozaki_int8_gemms"):
             # the layout the Ozaki engine runs (both operands k-contiguous), batched over
             # planes as it runs them, at the sizes where emulation can pay: on tensor
@@ -167,15 +166,14 @@ def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = Tru
             # measured 16384^3 was 1.24x DGEMM)
             tc = "tensor-cores" in backend.capabilities
             planes, n8 = (8, max(size, 8192)) if tc else (1, size)
-            if n8 != size:
-                a8 = xp.astype(xp.reshape(xp.sin(xp.arange(
-                    n8 * n8, dtype=xp.float32, device=dev) * 0.7071), (n8, n8)) * 127.0,
-                    xp.int8)
+            a8 = xp.astype(xp.reshape(xp.sin(xp.arange(
+                n8 * n8, dtype=xp.float32, device=dev) * 0.7071), (n8, n8)) * 127.0, xp.int8)
             a3 = xp.stack([a8] * planes)
             rates["int8"] = planes * 2.0 * n8**3 / _time(
                 backend, lambda: backend.ozaki_int8_gemms(a3, a3, 0, n8), repeats)
             del a3
         else:
+            a8 = xp.astype(vals * 127.0, xp.int8)
             rates["int8"] = flops / _time(backend, lambda: backend.gemm_int8(a8, a8), repeats)
     del vals
     # a copy far larger than any cache: 256 MiB read + 256 MiB written

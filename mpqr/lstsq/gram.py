@@ -32,7 +32,8 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._errors import LinAlgError
 from mpqr.policy import gemm, record_event
-from mpqr.qr._kernels import SAFE_EXPONENT, ct
+from mpqr.qr._kernels import ct
+from mpqr.qr.cholqr import SAFE_GRAM_MIN
 from mpqr.qr.gram_blocked import gram
 
 __all__ = ["GRAM_COND_MAX", "GRAM_EIG_MAX_N", "GRAM_MIN_ASPECT", "GramFactor", "certified_cholesky",
@@ -49,12 +50,6 @@ GRAM_MIN_ASPECT = 16
 #: eigvalsh 2.1 ms vs 4 ms for the power iteration's syncs and two Cholesky tests)
 GRAM_EIG_MAX_N = 512
 
-#: smallest squared column norm taken without underflow losses in the Gram matrix (the
-#: bound CholQR uses, from the columns scale_columns(only_if_needed=True) leaves alone)
-_SAFE_GRAM_MIN = {single: 2.0 ** (-2 * SAFE_EXPONENT["float32" if single else "float64"])
-                  for single in (True, False)}
-
-
 @dataclass
 class GramFactor:
     """Outcome of the Gram route."""
@@ -65,8 +60,6 @@ class GramFactor:
     s: Any
     #: ``||A||_2`` (gelsy: a power-iteration estimate)
     s1: float
-    #: cond_2(A) (gelsy: ``est / tau``, where ``sigma_min > tau`` is certified)
-    cond: float
 
 
 def norm2_estimate(gemm2: Any, xp: Any, r: Any, steps: int = 8) -> float:
@@ -126,7 +119,8 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
         _decline("A^H A is not finite")
         return None
     single = g.dtype in (xs.float32, xs.complex64)
-    if float(xs.min(xs.real(xs.linalg.diagonal(g)))) < _SAFE_GRAM_MIN[single]:
+    if float(xs.min(xs.real(xs.linalg.diagonal(g)))) < \
+            SAFE_GRAM_MIN["float32" if single else "float64"]:
         _decline("a column norm of A is small enough for its Gram entries to underflow")
         return None
     floor = max(cutoff + resolution, 1.0 / GRAM_COND_MAX)
@@ -167,4 +161,4 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
                     if by_eig else f" (cond(A) <= {cond:.3g}, Cholesky test)"),
                  path="gram", cond=cond)
     return GramFactor(backend.from_small(r, f),
-                      backend.from_small(s, f) if need_s else None, s1, cond)
+                      backend.from_small(s, f) if need_s else None, s1)

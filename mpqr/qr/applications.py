@@ -11,7 +11,8 @@ from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import ct, panel_precision
 from mpqr.qr.api import qr
-from mpqr.qr.cholqr import _gram, right_solve_upper, unit_roundoff
+from mpqr.qr.cholqr import right_solve_upper, unit_roundoff
+from mpqr.qr.gram_blocked import gram
 
 __all__ = ["orth", "svd"]
 
@@ -127,7 +128,7 @@ def _reorthogonalize(backend: Any, q: Any, prec_name: str, k: int) -> Any:
     u = unit_roundoff(xp, q.dtype)
     eye = xp.eye(k, dtype=q.dtype, device=device(q))
     for it in range(3):
-        g = _gram(backend, q, wp, "orth-gram")
+        g = gram(backend, q, wp, "orth-gram")
         err = float(xp.max(xp.linalg.matrix_norm(g - eye, ord="fro")))
         if not err > k * u:  # NaN too: nothing to gain
             break

@@ -24,7 +24,8 @@ from mpqr.policy import gemm, record_event
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["INVERSE_COND_MAX", "cholqr", "cholqr2", "right_solve_upper", "shifted_cholqr3"]
+__all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "right_solve_upper",
+           "shifted_cholqr3"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -32,7 +33,7 @@ _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
 
 #: smallest squared column norm a Gram matrix takes without underflow losses: the square
 #: of the smallest column maximum that scale_columns(only_if_needed=True) leaves alone
-_SAFE_GRAM_MIN = {k: 2.0 ** (-2 * v) for k, v in SAFE_EXPONENT.items()}
+SAFE_GRAM_MIN = {k: 2.0 ** (-2 * v) for k, v in SAFE_EXPONENT.items()}
 
 
 def unit_roundoff(xp: Any, dtype: Any) -> float:
@@ -78,16 +79,6 @@ def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: st
     _right_solve_into(backend, c, r[..., h:, h:], out[..., :, h:], blk, prec)
 
 
-def _gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
-    return gram(backend, a, precision, label)
-
-
-def _gram_small(backend: Any, a: Any, precision: Any, label: str) -> tuple[Any, Any]:
-    """``(small backend, A^H A)``: the Hermitian Gram matrix, moved to the namespace the
-    n x n steps run in (``backend.small``)."""
-    return backend.small(gram(backend, a, precision, label))
-
-
 def _cond_from_gram(backend: Any, g: Any) -> float:
     """``sqrt(cond(G))`` from the singular values of the (small) Gram matrix."""
     xp = backend.xp
@@ -131,7 +122,8 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     ``certify``: the previous pass's R, when ``a`` is that pass's Q — then ``a``'s Gram
     matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
     pass's Q orthonormal to working accuracy; else BreakdownError."""
-    sb, g = _gram_small(backend, a, precision, f"{method}-gram")
+    # the n x n steps run in backend.small's namespace
+    sb, g = backend.small(gram(backend, a, precision, f"{method}-gram"))
     xp = sb.xp
     u = gram_roundoff(xp, g.dtype, prec_name)
     if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
@@ -139,7 +131,7 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
             f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
             method=method, cond_estimate=math.inf)
     single = prec_name == "fp32" or g.dtype in (xp.float32, xp.complex64)
-    lo = _SAFE_GRAM_MIN["float32" if single else "float64"]
+    lo = SAFE_GRAM_MIN["float32" if single else "float64"]
     dmin = float(xp.min(xp.real(xp.linalg.diagonal(g))))
     if dmin < lo:
         # a zero column, or one so small that its Gram entries underflow; qr(method="auto")

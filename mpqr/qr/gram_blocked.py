@@ -30,7 +30,7 @@ def gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
     symmetrised (the engines need not return an exactly Hermitian product).
     """
     blk = backend.gram_block
-    if a.ndim != 2 or blk is None or a.shape[-1] < 2 * blk:
+    if a.ndim != 2 or blk is None:
         return _full(backend, a, precision, label)
     return _blocked(backend, a, precision, label, blk)
 

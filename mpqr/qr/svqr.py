@@ -28,7 +28,8 @@ from mpqr._array_api import device
 from mpqr._errors import BreakdownError
 from mpqr.policy import record_event
 from mpqr.qr._kernels import ct
-from mpqr.qr.cholqr import _gram, _rr, gram_roundoff, right_solve_upper, unit_roundoff
+from mpqr.qr.cholqr import _rr, gram_roundoff, right_solve_upper, unit_roundoff
+from mpqr.qr.gram_blocked import gram
 
 __all__ = ["MAX_PASSES", "svqr"]
 
@@ -100,10 +101,10 @@ def svqr(backend: Any, a: Any, *, precision: Any, prec_name: str, mixed: bool | 
     # the Gram matrix is only as accurate as its GEMM engine
     eps = 2 * max(u, _PRECISION_U.get(prec_name, 0.0))
     eye = xp.eye(n, dtype=a.dtype, device=device(a))
-    q, r = _one_pass(backend, a, _gram(backend, a, precision, "svqr-gram"), mixed, 1, eps)
+    q, r = _one_pass(backend, a, gram(backend, a, precision, "svqr-gram"), mixed, 1, eps)
     prev = math.inf
     for it in range(2, MAX_PASSES + 1):
-        g = _gram(backend, q, precision, "svqr-gram")
+        g = gram(backend, q, precision, "svqr-gram")
         err = float(xp.max(xp.linalg.matrix_norm(g - eye, ord="fro")))  # one sync per pass
         # done at n u, or once a pass stops paying (passes converge quadratically
         # until the rounding floor of the Gram matrix itself)
