@@ -132,6 +132,12 @@ class CupyBackend(ArrayAPIBackend):
 
         return get_backend(host_namespace()), x.get()
 
+    def host_blas_scope(self):
+        # Host BLAS on one thread during a call: its host work is the n x n steps of
+        # small() (n <= 128), where OpenBLAS's thread wake-ups cost more than the work
+        # (H100 host, 16 cores: qr of 2048x128 16-20 ms -> 5.4 ms; bench/NOTES.md, session 6).
+        return _host_blas_one_thread()
+
     def from_small(self, x, like):
         cp = self._cp
         if isinstance(x, cp.ndarray):
@@ -434,6 +440,26 @@ CupyBackend.ozaki_workspace_limit = _cupy_ozaki_workspace_limit
 CupyBackend.ozaki_residues = _cupy_ozaki_residues
 CupyBackend.ozaki_int8_gemms = _cupy_ozaki_int8_gemms
 CupyBackend.ozaki_reconstruct = _cupy_ozaki_reconstruct
+
+
+_blas_controller: list[Any] = []
+
+
+def _host_blas_one_thread() -> Any:
+    """threadpoolctl's limit of the host BLAS to one thread (a no-op without threadpoolctl).
+
+    The limit is process-wide while it holds, as threadpoolctl's limits are."""
+    import contextlib
+
+    if not _blas_controller:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _blas_controller.append(ThreadpoolController())
+        except Exception:  # not installed (it is a dependency) or no BLAS found: no limit
+            _blas_controller.append(None)
+    ctl = _blas_controller[0]
+    return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
 
 
 def gpu_namespace() -> Any:

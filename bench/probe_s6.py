@@ -12,7 +12,7 @@ import cupy as cp
 from _probe import rec, section, sections, timeit, write
 from mpqr.backends import get_backend
 
-sections(["lt", "ozlt"])
+sections(["lt", "ozlt", "sq", "panel", "small"])
 be = get_backend(cp)
 
 _CUDA_R_8I, _CUDA_R_32I, _COMPUTE_32I = 3, 10, 72
@@ -148,6 +148,115 @@ def _ozlt():
     for n in (16384, 8192):
         _oz_case(n)
         cp.get_default_memory_pool().free_all_blocks()
+
+
+@section("sq")
+def _sq():
+    import time
+
+    import mpqr
+
+    mpqr.tune(cp, save=True)
+    n = 16384
+    a = cp.random.default_rng(1).standard_normal((n, n))
+    t = timeit(lambda: cp.linalg.qr(a), rep=2)
+    rec(f"cusolver qr {n}^2", t)
+    for prec in ("fp64-emulated", "fp64"):
+        t = timeit(lambda prec=prec: mpqr.qr(a, precision=prec), rep=2)
+        rec(f"mpqr qr {n}^2 {prec}", t)
+        with mpqr.explain() as tr:
+            mpqr.qr(a, precision=prec)
+        by = {}
+        for g in tr.gemms:
+            key = (g.engine, g.label)
+            c, f, ps = by.get(key, (0, 0.0, 0.0))
+            m_, n_, k_ = g.shape
+            by[key] = (c + 1, f + 2.0 * m_ * n_ * k_ * g.batch,
+                       ps + g.predicted_s.get(g.engine, 0.0))
+        for (eng, lab), (c, f, ps) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+            print(f"  {prec:14s} {eng:12s} {lab:22s} {c:5d} gemms {f / 1e12:8.3f} TFLOP "
+                  f"predicted {ps * 1e3:8.1f} ms", flush=True)
+    # the leaf panels alone, synchronised
+    from mpqr.qr import householder_recursive as hr
+
+    orig = hr.householder_panel
+    acc = [0.0, 0]
+
+    def timed(*x, **kw):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = orig(*x, **kw)
+        cp.cuda.Device().synchronize()
+        acc[0] += time.perf_counter() - t0
+        acc[1] += 1
+        return out
+    hr.householder_panel = timed
+    try:
+        t0 = time.perf_counter()
+        mpqr.qr(a, precision="fp64-emulated")
+        cp.cuda.Device().synchronize()
+        total = (time.perf_counter() - t0) * 1e3
+    finally:
+        hr.householder_panel = orig
+    rec(f"mpqr qr {n}^2 fp64-emulated panels (synced)", acc[0] * 1e3, panels=acc[1],
+        total_synced_ms=total)
+
+
+@section("panel")
+def _panel():
+    import mpqr
+    from mpqr._array_api import array_namespace
+    from mpqr.qr import _kernels as K
+    from mpqr.qr.cholqr import cholqr2
+
+    bx = get_backend(array_namespace(cp.zeros(1)))
+    for m in (16384, 8192, 2048, 512):
+        a = cp.random.default_rng(m).standard_normal((m, 128))
+        t1 = timeit(lambda a=a: K.householder_panel(bx, a, precision="fp64"), rep=5)
+        rec(f"panel geqrf {m}x128", t1)
+
+        def alt(a=a):
+            q, r = cholqr2(bx, a, precision="fp64", prec_name="fp64")
+            return K.householder_from_q(bx, q, precision="fp64"), r
+        t2 = timeit(alt, rep=5)
+        with mpqr.explain() as tr:
+            (w, y, sgn), r = alt()
+        rec(f"panel cholqr2+from_q {m}x128", t2, speedup=t1 / t2, events=len(tr.events))
+        tq = timeit(lambda a=a: cholqr2(bx, a, precision="fp64", prec_name="fp64"), rep=5)
+        rec(f"panel cholqr2 alone {m}x128", tq)
+        rr = cp.expand_dims(sgn, -1) * r
+        h = cp.eye(m) - w @ y.T
+        err = float(cp.linalg.norm(a - h[:, :128] @ rr) / cp.linalg.norm(a))
+        orth = float(cp.linalg.norm(h.T @ h - cp.eye(m)) / m)
+        rec(f"panel cholqr2+from_q {m}x128 errors", 0.0, backward=err, orth=orth)
+
+
+@section("small")
+def _small():
+    import cProfile
+    import io
+    import pstats
+
+    import mpqr
+
+    for m, n in ((2048, 128), (2048, 64), (2048, 256), (16384, 128)):
+        a = cp.random.default_rng(m + n).standard_normal((m, n))
+        t = timeit(lambda a=a: mpqr.qr(a), rep=5)
+        tc = timeit(lambda a=a: cp.linalg.qr(a), rep=5)
+        with mpqr.explain() as tr:
+            mpqr.qr(a)
+        meth = [e.message[:80] for e in tr.events if e.kind in ("method", "qr-method")]
+        rec(f"qr auto {m}x{n}", t, cusolver_ms=tc, speedup=tc / t, method=str(meth[:1]))
+    a = cp.random.default_rng(0).standard_normal((2048, 128))
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(5):
+        mpqr.qr(a)
+    cp.cuda.Device().synchronize()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(14)
+    print("\n".join(ln[:150] for ln in buf.getvalue().splitlines() if ln.strip())[-3500:])
 
 
 write()

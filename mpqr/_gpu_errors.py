@@ -7,6 +7,10 @@ much was needed and how to need less, and NVRTC compilation failures into a
 ``RuntimeError`` naming the kernel and the GPU architecture). The original
 exception's frames are cleared so the device memory its locals held returns
 to the pool before the caller sees the error.
+
+The same block runs inside the backend's ``host_blas_scope`` (where it has one): the
+CuPy backend keeps host BLAS on one thread there, for the n x n steps it runs on the
+host (``backend.small``).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ __all__ = ["device_errors"]
 @contextlib.contextmanager
 def device_errors(backend: Any, what: str) -> Iterator[None]:
     """Run a block, translating the backend's device faults for the call ``what``."""
+    scope = getattr(backend, "host_blas_scope", None)
     try:
-        yield
+        with scope() if scope is not None else contextlib.nullcontext():
+            yield
     except Exception as exc:
         translate = getattr(backend, "translate_error", None)
         new = translate(exc, what) if translate is not None else None

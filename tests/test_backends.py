@@ -4,6 +4,7 @@ and the rule that the core never imports numpy or cupy."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import pathlib
 
 import numpy as np
@@ -108,3 +109,36 @@ def test_array_api_compat_imported_in_one_place():
     users = [p.relative_to(ROOT).as_posix() for d in ("mpqr", "backends", "compat")
              for p in (ROOT / d).rglob("*.py") if "array_api_compat" in p.read_text()]
     assert users == ["mpqr/_array_api.py"]
+
+
+def test_gpu_backend_keeps_host_blas_on_one_thread_during_a_call():
+    # the CuPy backend's host work is n x n steps, where BLAS thread wake-ups dominate;
+    # the helper needs no GPU, so this runs in CI
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from mpqr.backends.cupy_backend import _host_blas_one_thread
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    with _host_blas_one_thread():
+        assert blas_threads() and set(blas_threads()) == {1}
+    assert blas_threads() == before
+
+
+def test_device_errors_enters_the_backends_host_blas_scope():
+    from mpqr._gpu_errors import device_errors
+
+    seen = []
+
+    class Fake:
+        @contextlib.contextmanager
+        def host_blas_scope(self):
+            seen.append("in")
+            yield
+            seen.append("out")
+
+    with device_errors(Fake(), "mpqr.qr"):
+        assert seen == ["in"]
+    assert seen == ["in", "out"]
