@@ -230,6 +230,12 @@ class ArrayAPIBackend:
     def svd(self, a: Any, *, full_matrices: bool = False) -> tuple[Any, Any, Any]:
         return self.xp.linalg.svd(a, full_matrices=full_matrices)
 
+    def library_qr(self, a: Any, mode: str) -> tuple[Any | None, Any]:
+        """The array library's own QR of a 2-D ``a`` (``mode``: reduced, complete or r;
+        Q is None for r): ``qr(method="geqrf")``."""
+        q, r = self.xp.linalg.qr(a, mode="complete" if mode == "complete" else "reduced")
+        return (None if mode == "r" else q), r
+
     def qr_panel(self, a: Any) -> tuple[Any, Any]:
         """Reduced Householder QR of a (small or tall-skinny) panel, native precision."""
         return self.xp.linalg.qr(a)

@@ -349,6 +349,12 @@ class CupyBackend(ArrayAPIBackend):
         h, tau = h.astype(a.dtype, copy=False), tau.astype(a.dtype, copy=False)
         return compact_wy_from_raw(self, h, tau, *a.shape)
 
+    def library_qr(self, a, mode):
+        # cuSOLVER geqrf (+ orgqr unless mode "r"), CuPy's own modes
+        if mode == "r":
+            return None, self._cp.linalg.qr(a, mode="r")
+        return tuple(self._cp.linalg.qr(a, mode=mode))
+
     def qr_panel(self, a):
         from mpqr.backends.cupy_tsqr import supports, tsqr
 

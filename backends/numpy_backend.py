@@ -100,6 +100,12 @@ class NumpyBackend(ArrayAPIBackend):
     def qr_panel(self, a):
         return np.linalg.qr(a)
 
+    def library_qr(self, a, mode):
+        # NumPy's own mode "r" skips forming Q (LAPACK orgqr)
+        if mode == "r":
+            return None, np.linalg.qr(a, mode="r")
+        return tuple(np.linalg.qr(a, mode=mode))
+
     def householder_panel(self, a):
         # LAPACK geqrf (stacks too) gives the reflectors directly: no reconstruction
         from mpqr.backends._base import compact_wy_from_raw

@@ -12,7 +12,7 @@ import cupy as cp
 from _probe import rec, section, sections, timeit, write
 from mpqr.backends import get_backend
 
-sections(["lt", "ozlt", "sq", "panel", "small"])
+sections(["lt", "ozlt", "sq", "panel", "small", "blasab"])
 be = get_backend(cp)
 
 _CUDA_R_8I, _CUDA_R_32I, _COMPUTE_32I = 3, 10, 72
@@ -257,6 +257,34 @@ def _small():
     buf = io.StringIO()
     pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(14)
     print("\n".join(ln[:150] for ln in buf.getvalue().splitlines() if ln.strip())[-3500:])
+
+
+@section("blasab")
+def _blasab():
+    import contextlib
+
+    from mpqr.backends.cupy_backend import CupyBackend
+
+    import mpqr
+
+    scoped = CupyBackend.host_blas_scope
+    cases = [((16384, 16384), "fp16"), ((2**20, 256), "fp64"), ((2**20, 256), "fp32-emulated"),
+             ((16384, 16384), "fp64-emulated"), ((2048, 128), "auto"), ((2048, 256), "auto")]
+    for shape, prec in cases:
+        a = cp.random.default_rng(7).standard_normal(shape)
+        if prec in ("fp16", "fp32-emulated"):
+            a = a.astype(cp.float32)
+        res_ = {}
+        for order in ("on", "off", "on", "off"):
+            CupyBackend.host_blas_scope = scoped if order == "on" else (
+                lambda self: contextlib.nullcontext())
+            cp.get_default_memory_pool().free_all_blocks()
+            t = timeit(lambda a=a, prec=prec: mpqr.qr(a, precision=prec), rep=3)
+            res_.setdefault(order, []).append(t)
+        CupyBackend.host_blas_scope = scoped
+        rec(f"qr {shape[0]}x{shape[1]} {prec} blas1", min(res_["on"]), runs=str(res_["on"]))
+        rec(f"qr {shape[0]}x{shape[1]} {prec} blas-default", min(res_["off"]),
+            runs=str(res_["off"]))
 
 
 write()

@@ -227,3 +227,31 @@ def test_explain_shows_every_gemm_engine():
     assert {g.engine for g in trace.gemms if g.label.startswith("rec-")} \
         == {"tc-fp16-splitb", "tc-sgemm"}
     assert "rec-update-trmm" in {g.label for g in trace.gemms}
+
+
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+@pytest.mark.parametrize("shape", [(300, 100), (100, 100), (60, 150)])
+def test_geqrf_method_keeps_the_qr_contract(xp, mode, shape):
+    """The library's own QR behind ``method="geqrf"``: same shapes, signs and accuracy as
+    the other methods, input untouched."""
+    m, n = shape
+    a = np.random.default_rng(m + n).standard_normal(shape)
+    x = xp.asarray(a)
+    with mpqr.explain() as trace:
+        out = mpqr.qr(x, mode=mode, method="geqrf")
+    assert [e.data["method"] for e in trace.events if e.kind == "method"] == ["geqrf"]
+    np.testing.assert_array_equal(to_numpy(x), a)
+    k = min(m, n)
+    u = 2.0**-53
+    r = to_numpy(out if mode == "r" else out[1])
+    assert r.shape == ((m, n) if mode == "complete" else (k, n))
+    assert np.all(np.diag(r) >= 0) and np.allclose(r, np.triu(r), rtol=0, atol=0)
+    if mode == "r":
+        ref = np.linalg.qr(a, mode="r")
+        ref = ref * np.sign(np.diag(ref))[:, None]
+        assert np.max(np.abs(r - ref)) <= 10 * np.sqrt(m) * n * u * np.linalg.norm(a, 2)
+        return
+    q = to_numpy(out[0])
+    assert q.shape == ((m, m) if mode == "complete" else (m, k))
+    assert backward_error(a, q, r) <= 2 * np.sqrt(n) * u
+    assert orthogonality(q) <= np.sqrt(q.shape[1]) * u / 4

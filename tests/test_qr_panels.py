@@ -161,17 +161,32 @@ class _TensorCoreNumpy(type(get_backend(array_namespace(np.zeros(1))))):
 
 @pytest.mark.parametrize("precision, want", [
     ("fp16", "householder-recursive"), ("fp32-emulated", "householder-recursive"),
-    ("fp32", "householder-tiled"), ("fp64", "householder-tiled"),
-    ("auto", "householder-tiled")])
+    ("fp32", "geqrf"), ("fp64", "geqrf"), ("auto", "geqrf")])
 def test_choose_method_follows_the_update_gemms_engine(precision, want):
     ns = array_namespace(np.zeros(1))
     dtype = ns.float64 if precision in ("fp64", "auto") else ns.float32
     method, why = api.choose_method(_TensorCoreNumpy(ns), precision, dtype, 16384, 16384)
     assert method == want, why
     assert precision in why
-    # without tensor cores (the NumPy reference itself) nothing is shape-sensitive
+    # without tensor cores (the NumPy reference itself) nothing is shape-sensitive: the
+    # working precisions take the library's QR, the fp16 engines fixed-width panels
     assert api.choose_method(get_backend(ns), precision, dtype, 16384, 16384)[0] == \
-        "householder-tiled"
+        ("householder-tiled" if want == "householder-recursive" else "geqrf")
+
+
+@pytest.mark.parametrize("precision, dtype, batch, want", [
+    ("fp32", "float64", 1, "householder-tiled"),  # fp32 arithmetic on float64 data: ours
+    ("fp64", "float32", 1, "householder-tiled"),
+    ("fp64-emulated", "float32", 1, "householder-tiled"),
+    ("fp64", "float64", 5, "householder-tiled"),  # stacks: our batched panels
+    ("fp64", "float64", 1, "geqrf"), ("fp32", "float32", 1, "geqrf"),
+    ("fp64-emulated", "float64", 1, "geqrf"), ("auto", "float32", 1, "geqrf")])
+def test_choose_method_takes_the_library_qr_only_in_the_inputs_precision(precision, dtype,
+                                                                         batch, want):
+    ns = array_namespace(np.zeros(1))
+    method, why = api.choose_method(get_backend(ns), precision, getattr(ns, dtype), 300, 100,
+                                    batch=batch)
+    assert method == want, why
 
 
 def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):
@@ -181,8 +196,7 @@ def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):
     engine = mpqr.policy.decide(tc, ns.float64, 8192, 8192, 16384, 1, "fp64-emulated", "t",
                                 mpqr.policy.as_gemm_options(None)).engine
     method, _ = api.choose_method(tc, "fp64-emulated", ns.float64, 16384, 16384)
-    assert method == ("householder-tiled" if engine == "native-fp64" else
-                      "householder-recursive")
+    assert method == ("geqrf" if engine == "native-fp64" else "householder-recursive")
     monkeypatch.setattr(_TensorCoreNumpy, "rates", lambda self: {
         "native-fp64": 1e12, "native-fp32": 48e12, "tc-fp16": 600e12, "int8": 2000e12,
         "bandwidth": 3.5e12, "launch_s": 8e-6})  # a GPU with slow FP64

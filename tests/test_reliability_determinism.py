@@ -26,7 +26,7 @@ from tests._support import to_numpy
 
 tune_mod = sys.modules["mpqr.tune"]  # the attribute mpqr.tune is the function
 METHODS = ["householder-recursive", "householder-tiled", "gram-schmidt-recursive", "cholqr2",
-           "shifted-cholqr3", "svqr"]
+           "shifted-cholqr3", "svqr", "geqrf"]
 
 
 def _precisions(xp):

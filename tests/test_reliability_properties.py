@@ -27,7 +27,7 @@ from tests._qr_support import hp_matmul, with_singular_values
 from tests._support import to_numpy
 
 METHODS = ["auto", "householder-recursive", "householder-tiled", "gram-schmidt-recursive",
-           "cholqr", "cholqr2", "shifted-cholqr3", "svqr"]
+           "cholqr", "cholqr2", "shifted-cholqr3", "svqr", "geqrf"]
 PRECISIONS = ["fp64", "fp64-emulated", "fp32", "fp32-emulated", "fp16", "auto"]
 U = {"fp64": 2.0**-53, "fp64-emulated": 2.0**-53, "auto": 2.0**-53, "fp32": 2.0**-24,
      "fp32-emulated": 2.0**-24, "fp16": 2.0**-11}

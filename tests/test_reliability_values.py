@@ -22,7 +22,7 @@ from tests._qr_support import geometric, hp_matmul
 from tests._support import exact_matmul
 
 METHODS = ["householder-recursive", "householder-tiled", "gram-schmidt-recursive", "cholqr",
-           "cholqr2", "shifted-cholqr3", "svqr"]
+           "cholqr2", "shifted-cholqr3", "svqr", "geqrf"]
 PRECISIONS = ["fp64", "fp64-emulated", "fp32", "fp32-emulated", "fp16"]
 #: unit roundoff of each precision's products (fp16 rounds its inputs to 11 bits)
 U = {"fp64": 2.0**-53, "fp64-emulated": 2.0**-53, "auto": 2.0**-53, "fp32": 2.0**-24,
