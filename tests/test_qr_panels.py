@@ -219,3 +219,27 @@ def test_single_panel_uses_the_backends_panel_qr_directly(xp, shape):
     assert np.array_equal(np.triu(rn), rn)
     assert backward_error(a, qn, rn) <= 2 * np.sqrt(n) * 2.0**-53
     assert orthogonality(qn) <= np.sqrt(n) * 2.0**-53
+
+
+def test_small_tall_skinny_takes_the_library_qr():
+    ns = array_namespace(np.zeros(1))
+    be = get_backend(ns)
+    cap = be.library_qr_tall_max
+    assert api.choose_method(be, "fp64", ns.float64, cap // 64, 64)[0] == "geqrf"
+    assert api.choose_method(be, "auto", ns.float32, cap // 64, 64)[0] == "geqrf"
+    assert api.choose_method(be, "fp64", ns.float64, 2 * cap // 64, 64)[0] == "cholqr2"
+    # not the input's own arithmetic (fp32 products on float64 data): CholQR2 as before
+    assert api.choose_method(be, "fp32", ns.float64, cap // 64, 64)[0] == "cholqr2"
+    # stacks keep the batched methods
+    assert api.choose_method(be, "fp64", ns.float64, 2048, 64, batch=4)[0] != "geqrf"
+
+
+def test_small_tall_skinny_qr_through_the_library_is_accurate(xp):
+    a = np.random.default_rng(5).standard_normal((2048, 64))
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a))
+    assert [e.data["method"] for e in trace.events if e.kind == "method"] == ["geqrf"]
+    u = 2.0**-53
+    assert backward_error(a, q, r) <= 2 * np.sqrt(64) * u
+    assert orthogonality(q) <= np.sqrt(64) * u / 4
+    assert np.all(np.diag(to_numpy(r)) >= 0)

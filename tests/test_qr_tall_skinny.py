@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from mpqr.backends import get_backend
+from mpqr.backends import ArrayAPIBackend, get_backend
 
 import mpqr
 from tests._qr_support import backward_error, geometric, orthogonality
@@ -27,6 +27,12 @@ U64 = 2.0**-53
 
 def _events(trace, kind):
     return [e for e in trace.events if e.kind == kind]
+
+
+@pytest.fixture(autouse=True)
+def _cholqr2_at_every_size(monkeypatch):
+    """These tests are about auto's CholQR2 path: small inputs would take ``geqrf``."""
+    monkeypatch.setattr(ArrayAPIBackend, "library_qr_tall_max", 0)
 
 
 @pytest.mark.parametrize("shape", [(2000, 20), (1600, 100)])
