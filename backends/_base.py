@@ -187,9 +187,11 @@ class ArrayAPIBackend:
     #: ``qr(method="auto")`` gives a single tall-skinny matrix of at most this many
     #: elements to the library's own QR (``geqrf``) instead of CholQR2, whose n x n steps
     #: and host round trips cost ~3 ms on a GPU: H100 fp64, cuSOLVER vs CholQR2:
-    #: 2048 x 64 0.56 vs 3.7 ms, 2048 x 128 0.85 vs 3.5, 16384 x 128 (2^21) 2.7 vs 3.1,
-    #: 2^22 x 64 86 vs 5.8. Every backend uses the GPU's value so CI runs the same choice.
-    library_qr_tall_max: int = 2**21
+    #: 2048 x 64 0.56 vs 3.7 ms, 2048 x 128 0.85 vs 3.5, 2^22 x 64 86 vs 5.8; through
+    #: mpqr (~1.1 ms of its own per call) 16384 x 128 (2^21) took 3.8 ms against
+    #: CholQR2's 3.1, so the cut is 2^20. Every backend uses the GPU's value so CI runs
+    #: the same choice.
+    library_qr_tall_max: int = 2**20
     #: CholQR applies a well-conditioned R^-1 by GEMM from this many columns on (None:
     #: never). Measured on an H100 (fp64): 2^22 x 64 GEMM 1.7 ms vs substitution 3.2 ms,
     #: 2^24 x 32 4.0 vs 3.7 ms; every backend uses the GPU's value so CI runs that path.
