@@ -171,26 +171,24 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                     f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2, "
                     "four memory-bound passes over x, certified orthonormal by its second "
                     "Gram matrix; falls back to householder-tiled if the certificate fails")
-    if batch == 1 and _in_working_precision(backend, prec_name, dtype):
-        h = n // 2
-        engine = decide(backend, dtype, h, n - h, m, 1, prec_name, "qr",
-                        as_gemm_options(None)).engine
-        if engine.startswith("native"):
-            return ("geqrf",
-                    f"precision={prec_name!r} runs every product natively ({engine}) and the "
-                    "matrix is not tall-skinny: the backend library's blocked Householder QR "
-                    "(LAPACK / cuSOLVER geqrf) does the same work in fewer passes (H100, "
-                    "16384^2 fp64: 505 ms against 731 ms for householder-tiled)")
-    if n <= 32:
-        return "householder-tiled", f"n={n} fits one panel: Householder panel QR directly"
-    if "tensor-cores" not in backend.capabilities:
-        return "householder-tiled", "the backend has no tensor-core engines: fixed-width panels"
+    # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
     h = n // 2
     try:
         engine = decide(backend, dtype, h, n - h, m, 1, prec_name, "qr",
                         as_gemm_options(None)).engine
     except NotImplementedError:  # e.g. complex with an emulated precision: qr() reports it
         engine = "native"
+    if (batch == 1 and engine.startswith("native")
+            and _in_working_precision(backend, prec_name, dtype)):
+        return ("geqrf",
+                f"precision={prec_name!r} runs every product natively ({engine}) and the "
+                "matrix is not tall-skinny: the backend library's blocked Householder QR "
+                "(LAPACK / cuSOLVER geqrf) does the same work in fewer passes (H100, "
+                "16384^2 fp64: 505 ms against 731 ms for householder-tiled)")
+    if n <= 32:
+        return "householder-tiled", f"n={n} fits one panel: Householder panel QR directly"
+    if "tensor-cores" not in backend.capabilities:
+        return "householder-tiled", "the backend has no tensor-core engines: fixed-width panels"
     if not engine.startswith("native"):
         return ("householder-recursive",
                 f"precision={prec_name!r} runs the {h}x{n - h}x{m} update on {engine}, a "
