@@ -6,7 +6,7 @@
 #   gemm            bench gemm with tuning at 8192^3 and 16384^3 (the cost model's break-even)
 #   qr              bench qr: every shape, precision and mode, against cuSOLVER
 #   lstsq           bench lstsq: against the cuSOLVER routes
-#   probe:SECTIONS  bench/probe_s6.py with comma-separated sections
+#   probe:SECTIONS  bench/probe_s7.py with comma-separated sections
 set -u
 export PYTHONUNBUFFERED=1
 D=$(date +%F)
@@ -31,7 +31,7 @@ for job in "$@"; do
         --json "$OUT/qr_${DEV}_$D.json" --png "$OUT/qr_${DEV}_$D.png" >> "$L" 2>&1 ;;
     lstsq) timeout 240 python3 -m mpqr bench lstsq --json "$OUT/lstsq_${DEV}_$D.json" >> "$L" 2>&1 ;;
     probe:*)
-      (cd bench && timeout 500 python3 probe_s6.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
+      (cd bench && timeout 500 python3 probe_s7.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
     *) echo "unknown job $job" >> "$L" ;;
   esac
 done

@@ -208,3 +208,19 @@ def test_certificate_not_fooled_by_silent_cholesky_failure(monkeypatch):
         rank = mpqr.lstsq(a, b, cond=1e-10, lapack_driver="gelsy", precision="fp16")[2]
     assert rank == 4
     assert not any("certified" in e.message for e in trace.events)
+
+
+def test_cgls_stops_one_step_after_reaching_the_rounding_floor(xp):
+    # Gaussian 12288x768 (Gram route): the measure sits at 1.2-1.5 tol from step 2 on;
+    # waiting for three steps that do not halve it (the general patience) ran 5
+    # iterations for the same residual, one step at the floor runs 3
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((12288, 768)), rng.standard_normal(12288)
+    with mpqr.explain() as trace:
+        x = to_numpy(mpqr.lstsq(xp.asarray(a), xp.asarray(b), lapack_driver="gelsy")[0])
+    ev = _events(trace, "refine")[0]
+    assert ev.data["converged"] and ev.data["iterations"] <= 3
+    # the Gram route certified cond(R) <= 4: R^-1 is applied as a matrix, not by solves
+    labels = {g.label for g in trace.gemms}
+    assert {"lstsq:Rinv-v", "lstsq:RinvH-v"} <= labels
+    assert _metric(a, b, x) <= _metric(a, b, sla.lstsq(a, b)[0])

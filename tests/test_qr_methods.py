@@ -255,3 +255,38 @@ def test_geqrf_method_keeps_the_qr_contract(xp, mode, shape):
     assert q.shape == ((m, m) if mode == "complete" else (m, k))
     assert backward_error(a, q, r) <= 2 * np.sqrt(n) * u
     assert orthogonality(q) <= np.sqrt(q.shape[1]) * u / 4
+
+
+@pytest.mark.parametrize("exps", [(0, 0, 0), (1000, 0, -1000), (-1060, -1060, -1060),
+                                  (420, 0, 0), (0, -403, 0), (0, -390, 0)],
+                         ids=["unit", "2^1000..2^-1000", "subnormal", "2^420", "2^-403",
+                              "2^-390"])
+@pytest.mark.parametrize("precision", ["auto", "fp64"])
+def test_geqrf_range_is_checked_after_the_factorization(xp, precision, exps):
+    """``geqrf`` runs on the unscaled input and checks the column range after it (one
+    host sync for both); a column beyond 2^+-400 makes it run again on columns scaled by
+    powers of two, traced. Either way the factors are those of the input, to the
+    dtype's accuracy in the units of each column."""
+    m, n = 300, 60
+    a0 = np.random.default_rng(5).standard_normal((m, n))
+    e = np.resize(np.asarray(exps), n)
+    a = np.ldexp(a0, e)
+    x = xp.asarray(a)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(x, precision=precision, method="geqrf")
+    rerun = [ev for ev in trace.events if ev.kind == "scale"]
+    col_exp = np.frexp(np.max(np.abs(a), axis=0))[1] - 1  # max |a_ij| in [2^e, 2^(e+1))
+    assert bool(rerun) == (int(np.max(np.abs(col_exp))) > 400)
+    if rerun:
+        assert rerun[0].message == ("qr: a column's largest entry is above 2^400 or below "
+                                    "2^-400: the library's QR runs again on columns scaled "
+                                    "by powers of two")
+    np.testing.assert_array_equal(to_numpy(x), a)
+    q, r = to_numpy(q), to_numpy(r)
+    assert np.isfinite(q).all() and np.isfinite(r).all() and np.all(np.diag(r) >= 0)
+    u = 2.0**-53
+    # R's columns in the units of A's (exact powers of two); the subnormal case keeps
+    # only the input's own 10-odd significant bits
+    tiny = n * np.ldexp(float(np.finfo(np.float64).smallest_subnormal), -int(e.min()))
+    assert backward_error(a0, q, np.ldexp(r, -e)) <= 2 * np.sqrt(n) * u + 10 * tiny
+    assert orthogonality(q) <= np.sqrt(n) * u / 4 + 10 * tiny * np.sqrt(m)

@@ -64,19 +64,23 @@ class GramFactor:
 
 def norm2_estimate(gemm2: Any, xp: Any, r: Any, steps: int = 8) -> float:
     """``||r||_2`` by power iteration on ``r^H r`` (a lower bound, close after a few
-    steps); ``gemm2(x, y)`` is the caller's policy product. 0.0 for a zero ``r``."""
+    steps); ``gemm2(x, y)`` is the caller's policy product. 0.0 for a zero ``r``.
+
+    The steps stay on ``r``'s device; only the result is read (one host sync, not one
+    per step: 8 syncs cost ~1 ms on a GPU against ~0.2 ms of work at N = 2048).
+    """
     k = r.shape[-1]
     rh = ct(xp, r)
     v = xp.astype(xp.linspace(1.0, 2.0, k, device=device(r)), r.dtype)[:, None]
-    est = 0.0
+    nv = xp.linalg.vector_norm(v)
+    est = xp.zeros_like(nv)
     for _ in range(steps):
         w = gemm2(rh, gemm2(r, v))
-        nw = float(xp.linalg.vector_norm(w))
-        if nw == 0.0:
-            return 0.0
-        est = math.sqrt(nw / float(xp.linalg.vector_norm(v)))
-        v = w / nw
-    return est
+        nw = xp.linalg.vector_norm(w)
+        est = xp.sqrt(nw / xp.where(nv > 0, nv, xp.ones_like(nv)))
+        nv = xp.where(nw > 0, xp.ones_like(nw), xp.zeros_like(nw))  # the norm of v below
+        v = w / xp.astype(xp.where(nw > 0, nw, xp.ones_like(nw)), w.dtype)
+    return float(est)
 
 
 def certified_cholesky(backend: Any, g: Any) -> Any:

@@ -22,7 +22,10 @@ backward error a backward-stable solver attains; underdetermined,
 halved for ``patience`` steps (the rounding floor) or after ``maxiter`` steps;
 the best iterate seen is returned in every case. A run that stalls counts as
 converged when its measure is below ``floor_tol`` (the rounding floor of the
-products with ``A``, about ``sqrt(M) u``).
+products with ``A``, about ``sqrt(M) u``); once below it, one step that does not
+halve the measure ends the run (further steps only move within the floor: on
+Gaussian 32768x1024 the measure went 4.2, 1.7, 1.4, 1.5, 2.0 times ``tol`` after
+steps 1-5, and the patience of 3 cost two more passes over ``A``).
 """
 
 from __future__ import annotations
@@ -55,27 +58,48 @@ class RefineResult:
 
 
 class _Ops:
-    """Products with ``A`` in working precision and solves with ``R``."""
+    """Products with ``A`` in working precision and solves with ``R``.
 
-    def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str):
+    With ``explicit_inverse`` (only for a well-conditioned ``R``: the Gram route
+    certifies ``cond(R) <= 4``), ``R^-1`` is formed once by a triangular solve with
+    ``N`` right-hand sides and each application is a product through the policy: on
+    an H100 at N = 2048 a substitution took 0.39 ms and the product 0.06 ms, against
+    1.3 ms to form the inverse. Both directions then use the same matrix.
+    """
+
+    def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str,
+                 explicit_inverse: bool = False):
         self.backend, self.a, self.wprec, self.label = backend, a, wprec, label
         xp = backend.xp
         self.ah = ct(xp, a)
         self.r = r
-        self.rh = xp.asarray(ct(xp, r), copy=True)  # contiguous copy for the triangular solver
+        self.ri = self.rih = self.rh = None
+        if explicit_inverse:
+            k = r.shape[-1]
+            self.ri = backend.solve_triangular(
+                r, xp.eye(k, dtype=r.dtype, device=device(r)), lower=False)
+            self.rih = ct(xp, self.ri)
+        else:
+            self.rh = xp.asarray(ct(xp, r), copy=True)  # contiguous copy for the solver
+
+    def _gemm(self, x: Any, y: Any, what: str) -> Any:
+        return gemm(x, y, precision=self.wprec, label=f"{self.label}:{what}",
+                    backend=self.backend)
 
     def av(self, v: Any, what: str) -> Any:
-        return gemm(self.a, v, precision=self.wprec, label=f"{self.label}:{what}-Av",
-                    backend=self.backend)
+        return self._gemm(self.a, v, f"{what}-Av")
 
     def ahv(self, v: Any, what: str) -> Any:
-        return gemm(self.ah, v, precision=self.wprec, label=f"{self.label}:{what}-AHv",
-                    backend=self.backend)
+        return self._gemm(self.ah, v, f"{what}-AHv")
 
     def rinv(self, v: Any) -> Any:  # R^-1 v
+        if self.ri is not None:
+            return self._gemm(self.ri, v, "Rinv-v")
         return self.backend.solve_triangular(self.r, v, lower=False)
 
     def rhinv(self, v: Any) -> Any:  # R^-H v
+        if self.rih is not None:
+            return self._gemm(self.rih, v, "RinvH-v")
         return self.backend.solve_triangular(self.rh, v, lower=True)
 
 
@@ -95,16 +119,17 @@ def _ratio(xp: Any, meas: Any, target: Any) -> tuple[float, bool]:
 
 def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: float,
          maxiter: int, patience: int = 3, wprec: str, label: str = "lstsq",
-         floor_tol: float | None = None) -> RefineResult:
+         floor_tol: float | None = None, explicit_inverse: bool = False) -> RefineResult:
     """Preconditioned CGLS from ``x = 0`` for ``min ||b - A x||`` (``b`` 2-D).
 
     ``side="right"`` (``M >= N``, ``A = Q R``) or ``"left"`` (``M < N``,
     ``A^H = Q R``, consistent systems: minimum-norm solution). ``anorm``
     estimates ``||A||_2``. Columns of ``b`` are independent problems sharing
-    the products.
+    the products. ``explicit_inverse``: apply ``R^-1`` as a matrix (for a
+    well-conditioned ``R`` only, see ``_Ops``).
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label)
+    ops = _Ops(backend, a, r, wprec, label, explicit_inverse)
     n = a.shape[1]
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
     right = side == "right"
@@ -152,7 +177,7 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
             mark, stall = best_ratio, 0
         else:
             stall += 1
-            if stall >= patience:
+            if stall >= _patience(patience, best_ratio, tol, floor_tol):
                 break
         gamma_new = backend.column_norms(s) ** 2
         beta = xp.astype(_safe_div(xp, gamma_new, gamma), a.dtype)
@@ -166,14 +191,15 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
 
 def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float,
                          tol: float, maxiter: int, patience: int = 3, wprec: str,
-                         label: str = "lstsq", floor_tol: float | None = None) -> RefineResult:
+                         label: str = "lstsq", floor_tol: float | None = None,
+                         explicit_inverse: bool = False) -> RefineResult:
     """Classical refinement on the semi-normal equations from ``x = 0``.
 
     Each step recomputes the residual ``b - A x`` in working precision and
     applies the correction through ``R`` (see the module docstring).
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label)
+    ops = _Ops(backend, a, r, wprec, label, explicit_inverse)
     n = a.shape[1]
     right = side == "right"
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
@@ -202,7 +228,7 @@ def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, ano
             mark, stall = best[0], 0
         elif it:
             stall += 1
-            if stall >= patience:
+            if stall >= _patience(patience, best[0], tol, floor_tol):
                 break
         if right:
             d = ops.rinv(ops.rhinv(g))
@@ -212,6 +238,11 @@ def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, ano
     assert best is not None
     return RefineResult(best[1], it, _accept(best[0], tol, floor_tol), best[0],
                         best[2] if right else None, False)
+
+
+def _patience(patience: int, ratio: float, tol: float, floor_tol: float | None) -> int:
+    """Steps without halving that end a run: 1 once the measure is at the rounding floor."""
+    return 1 if floor_tol is not None and ratio * tol <= floor_tol else patience
 
 
 def _accept(ratio: float, tol: float, floor_tol: float | None) -> bool:

@@ -26,16 +26,19 @@ from mpqr.backends._base import phase  # one definition, shared with the backend
 from mpqr.policy import gemm
 
 __all__ = [
+    "column_exponents",
     "ct",
     "eye_like",
     "householder_from_q",
     "householder_panel",
+    "in_safe_range",
     "is_complex",
     "lu_signed",
     "normalize_signs",
     "panel_precision",
     "phase",
     "pow2_scale",
+    "safe_exponent",
     "scale_columns",
     "trmm_lower",
     "tsqr",
@@ -102,6 +105,29 @@ def pow2_scale(backend: Any, x: Any, e: Any) -> Any:
 SAFE_EXPONENT = {"float32": 40, "float64": 400}
 
 
+def column_exponents(backend: Any, a: Any) -> Any:
+    """int32 ``e`` of shape ``(..., 1, n)``: the largest finite ``|entry|`` of each column
+    lies in ``[2**e, 2**(e+1))`` (0 for a column with no finite nonzero entry)."""
+    xp = backend.xp
+    if is_complex(xp, a):
+        mx = xp.max(xp.abs(a), axis=-2, keepdims=True)
+    else:  # the backend's reduction (coalesced on CuPy for this strided axis)
+        mx = backend.max_abs_finite(a, -2)
+    return backend.exponent(mx)
+
+
+def safe_exponent(xp: Any, a: Any, single: bool = False) -> int:
+    """:data:`SAFE_EXPONENT` for ``a``'s dtype; ``single``: float32's whatever the dtype."""
+    single = single or a.dtype in (xp.float32, xp.complex64)
+    return SAFE_EXPONENT["float32" if single else "float64"]
+
+
+def in_safe_range(xp: Any, a: Any, e: Any, single: bool = False) -> bool:
+    """Whether every column exponent ``e`` is within :func:`safe_exponent` (one host
+    sync)."""
+    return not e.size or int(xp.max(xp.abs(e))) <= safe_exponent(xp, a, single)
+
+
 def scale_columns(backend: Any, a: Any, *, only_if_needed: bool = False,
                   single: bool = False) -> tuple[Any, Any | None]:
     """``(a * 2**-e, e)`` with the largest ``|entry|`` of each column in ``[1, 2)``.
@@ -117,16 +143,9 @@ def scale_columns(backend: Any, a: Any, *, only_if_needed: bool = False,
     method then sees unit-order columns, whatever the input's range (no overflow
     of a Gram matrix or of an fp16/fp32 cast, no underflow of tiny columns).
     """
-    xp = backend.xp
-    if is_complex(xp, a):
-        mx = xp.max(xp.abs(a), axis=-2, keepdims=True)
-    else:  # the backend's reduction (coalesced on CuPy for this strided axis)
-        mx = backend.max_abs_finite(a, -2)
-    e = backend.exponent(mx)
-    if only_if_needed and e.size:
-        single = single or a.dtype in (xp.float32, xp.complex64)
-        if int(xp.max(xp.abs(e))) <= SAFE_EXPONENT["float32" if single else "float64"]:
-            return a, None
+    e = column_exponents(backend, a)
+    if only_if_needed and in_safe_range(backend.xp, a, e, single):
+        return a, None
     return pow2_scale(backend, a, -e), e
 
 
@@ -242,17 +261,20 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
     return out
 
 
-def normalize_signs(xp: Any, q: Any | None, r: Any) -> tuple[Any | None, Any]:
+def normalize_signs(xp: Any, q: Any | None, r: Any, *, check: bool = True
+                    ) -> tuple[Any | None, Any]:
     """Make ``diag(R)`` real and >= 0 by rescaling rows of R and columns of Q.
 
     Returns new arrays, or the inputs themselves when every diagonal entry is already
-    real and >= 0 (the inputs are workspaces the caller owns).
+    real and >= 0 (the inputs are workspaces the caller owns). ``check=False`` skips
+    that test (a host sync) and always rescales: for factors whose signs are mixed
+    anyway (LAPACK's and cuSOLVER's Householder QR).
     """
     k = min(r.shape[-2], r.shape[-1])
     if k == 0:
         return q, r
     d = xp.linalg.diagonal(r[..., :k, :k])
-    if not is_complex(xp, r) and bool(xp.all(d >= 0)):
+    if check and not is_complex(xp, r) and bool(xp.all(d >= 0)):
         return q, r  # already normalised (CholQR's R): skip a pass over Q (one host sync)
     p = phase(xp, d)
     pc = xp.conj(p) if is_complex(xp, r) else p

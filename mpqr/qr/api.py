@@ -19,7 +19,16 @@ from mpqr._validation import (
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
-from mpqr.qr._kernels import ct, eye_like, normalize_signs, pow2_scale, scale_columns
+from mpqr.qr._kernels import (
+    column_exponents,
+    ct,
+    eye_like,
+    in_safe_range,
+    normalize_signs,
+    pow2_scale,
+    safe_exponent,
+    scale_columns,
+)
 
 __all__ = ["METHODS", "MODES", "QRResult", "qr"]
 
@@ -339,16 +348,38 @@ def _factor(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str
     underflow a Gram matrix or a norm (the scaling pass costs a read and a write
     of ``x``).
     """
-    a2, e = scale_columns(backend, a, only_if_needed=prec_name in _NATIVE_PRECISIONS,
+    only_if_needed = prec_name in _NATIVE_PRECISIONS
+    if scale and only_if_needed and method == "geqrf":
+        # The library's QR is queued first and the range checked after it, so one host
+        # sync serves both (on a GPU the check alone cost ~0.3 ms per call before the
+        # QR could start). Out of range (rare): the unscaled result is dropped and the
+        # scaled path below runs, as it would have at once.
+        with backend.ignore_fp_warnings():
+            q, r = _factor_scaled(backend, method, a, precision=precision,
+                                  prec_name=prec_name, want_q=want_q, complete=complete,
+                                  overwrite=False, check_signs=False)
+            e = column_exponents(backend, a)
+        if in_safe_range(backend.xp, a, e, single=prec_name == "fp32"):
+            return q, r
+        del q, r
+        lim = safe_exponent(backend.xp, a, single=prec_name == "fp32")
+        record_event("scale", f"qr: a column's largest entry is above 2^{lim} or below "
+                     f"2^-{lim}: the library's QR runs again on columns scaled by powers "
+                     "of two", method=method)
+    a2, e = scale_columns(backend, a, only_if_needed=only_if_needed,
                           single=prec_name == "fp32") if scale else (a, None)
     q, r = _factor_scaled(backend, method, a2, precision=precision, prec_name=prec_name,
                           want_q=want_q, complete=complete,
-                          overwrite=overwrite or a2 is not a)  # a scaled copy is ours
+                          overwrite=overwrite or a2 is not a,  # a scaled copy is ours
+                          check_signs=method != "geqrf")
     return q, (r if e is None else pow2_scale(backend, r, e))
 
 
 def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
-                   want_q: bool, complete: bool, overwrite: bool) -> tuple[Any, Any]:
+                   want_q: bool, complete: bool, overwrite: bool, check_signs: bool = True
+                   ) -> tuple[Any, Any]:
+    """One method on the (scaled) input, signs normalised; ``check_signs=False`` for
+    the library's QR, whose diagonal signs are mixed (see ``normalize_signs``)."""
     xp = backend.xp
     func = METHODS[method]
     *batch, m, n = a.shape
@@ -356,7 +387,7 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
         # wide: factor the leading m x m block, then R2 = Q^H A2
         q, r1 = func(backend, a[..., :, :m], precision=precision, prec_name=prec_name,
                      want_q=True, complete=False, overwrite=False)
-        q, r1 = normalize_signs(xp, q, r1)
+        q, r1 = normalize_signs(xp, q, r1, check=check_signs)
         r2 = gemm(ct(xp, q), a[..., :, m:], precision=precision, label="qr-wide-QhA2",
                   backend=backend)
         return q, xp.concat([r1, r2], axis=-1)
@@ -368,7 +399,7 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
     if complete and m > n:
         r = xp.concat([r, xp.zeros((*batch, m - n, n), dtype=r.dtype, device=device(r))],
                       axis=-2)
-    return normalize_signs(xp, q, r)
+    return normalize_signs(xp, q, r, check=check_signs)
 
 
 def _empty(xp: Any, a: Any, mode: str) -> Any:

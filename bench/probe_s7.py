@@ -1,0 +1,202 @@
+"""Session-7 probe: where lstsq's 65536x2048 time goes, whether the eigenvalues for
+``s`` overlap the rest on a side stream, and mpqr's per-call overhead on small QR.
+
+python3 bench/probe_s7.py OUT.json [lsq,ovl,small]
+"""
+import cProfile
+import io
+import pstats
+import threading
+import time
+
+import cupy as cp
+import cupyx.scipy.linalg as cxl
+from _probe import rec, section, sections, timeit, write
+from mpqr.backends import get_backend
+
+import mpqr
+from mpqr._array_api import array_namespace
+from mpqr.lstsq.gram import certified_cholesky, norm2_estimate
+from mpqr.policy import gemm
+from mpqr.qr.gram_blocked import gram
+
+sections(["lsq", "ovl", "small", "scale"])
+be = get_backend(array_namespace(cp.zeros(1)))
+
+
+def _problem(m, n, seed=0):
+    rs = cp.random.default_rng(seed)
+    return rs.standard_normal((m, n)), rs.standard_normal((m, 1))
+
+
+def _trace_summary(f):
+    with mpqr.explain() as tr:
+        f()
+    ev = [str(e)[:150] for e in tr.events]
+    return ev, tr.engines()
+
+
+def _eig_in_thread(g, ready, out):
+    with cp.cuda.Device(g.device):
+        st = cp.cuda.Stream(non_blocking=True)
+        with st:
+            st.wait_event(ready)
+            out.append(cp.linalg.eigvalsh(g))
+            st.synchronize()
+
+
+@section("lsq")
+def _lsq():
+    m, n = 65536, 2048
+    a, b = _problem(m, n)
+    g = gram(be, a, "fp64", "probe")
+    rec("lsq gram fp64 (blocked)", timeit(lambda: gram(be, a, "fp64", "probe")))
+    rec("lsq gram fp64-emulated", timeit(lambda: gram(be, a, "fp64-emulated", "probe")))
+    rec("lsq eigvalsh(G)", timeit(lambda: cp.linalg.eigvalsh(g)))
+    try:
+        import cupyx.cusolver as cxs
+        lam = cp.linalg.eigvalsh(g)
+        lj = cxs.syevj(g, with_eigen_vector=False)
+        rec("lsq syevj(G) values", timeit(lambda: cxs.syevj(g, with_eigen_vector=False), rep=3),
+            diff=float(cp.max(cp.abs(cp.sort(lj) - lam)) / lam[-1]))
+    except Exception as exc:
+        print("syevj:", exc)
+    rec("lsq certified_cholesky(G)", timeit(lambda: certified_cholesky(be, g)))
+    rec("lsq cupy cholesky(G)", timeit(lambda: cp.linalg.cholesky(g)))
+    r = certified_cholesky(be, g)
+    eye = cp.eye(n)
+    rec("lsq R^-1 by solve_triangular(R, I)", timeit(lambda: cxl.solve_triangular(r, eye)))
+    rinv = cxl.solve_triangular(r, eye)
+    v = cp.random.default_rng(1).standard_normal((n, 1))
+    rec("lsq trsv R^-1 v", timeit(lambda: cxl.solve_triangular(r, v)))
+    rh = cp.ascontiguousarray(r.T)
+    rec("lsq trsv R^-H v (lower copy)", timeit(lambda: cxl.solve_triangular(rh, v, lower=True)))
+    rec("lsq gemv Rinv @ v", timeit(lambda: rinv @ v))
+    rec("lsq gemv A @ p", timeit(lambda: a @ v))
+    rec("lsq gemv A^T @ r", timeit(lambda: a.T @ b))
+    rec("lsq column_norms(A^T r)", timeit(lambda: be.column_norms(a.T @ b)))
+    rec("lsq norm2_estimate(R) (8 steps, syncs)",
+        timeit(lambda: norm2_estimate(lambda x, y: gemm(x, y, precision="fp64", backend=be),
+                                      be.xp, r)))
+    for drv in (None, "gelsy"):
+        t = timeit(lambda drv=drv: mpqr.lstsq(a, b, lapack_driver=drv), rep=5)
+        ev, eng = _trace_summary(lambda drv=drv: mpqr.lstsq(a, b, lapack_driver=drv))
+        rec(f"lsq mpqr.lstsq driver={drv}", t, events=" | ".join(ev), engines=str(eng))
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(3):
+            mpqr.lstsq(a, b, lapack_driver=drv)
+        cp.cuda.Device().synchronize()
+        pr.disable()
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
+        print(s.getvalue()[-3500:])
+
+    def route():
+        q, rr = cp.linalg.qr(a)
+        return cxl.solve_triangular(rr, q.T @ b)
+    rec("lsq cuSOLVER QR route", timeit(route, rep=3))
+    for drv in (None, "gelsy"):
+        rec(f"lsq mpqr.lstsq driver={drv} (again)",
+            timeit(lambda drv=drv: mpqr.lstsq(a, b, lapack_driver=drv), rep=5))
+
+
+@section("scale")
+def _scale():
+    # does cuSOLVER's geqrf/orgqr survive columns whose squares over- or underflow?
+    rs = cp.random.default_rng(7)
+    base = rs.standard_normal((2048, 64))
+    for name, e in (("2^1000", 1000), ("2^1020", 1020), ("2^-1000", -1000),
+                    ("2^-1060 (subnormal)", -1060), ("mixed", None)):
+        if e is None:
+            ex = cp.asarray([1020 if j % 3 == 0 else (-1050 if j % 3 == 1 else 0)
+                             for j in range(64)])
+        else:
+            ex = cp.full(64, e)
+        a = cp.ldexp(base, ex[None, :])
+        q, r = cp.linalg.qr(a)
+        fin = bool(cp.all(cp.isfinite(q)) & cp.all(cp.isfinite(r)))
+        # backward error column by column, relative to each column (exact unscaling)
+        res = cp.ldexp(a - q @ r, -ex[None, :])
+        be_col = float(cp.max(cp.linalg.norm(res, axis=0)
+                              / cp.linalg.norm(base, axis=0)))
+        orth = float(cp.linalg.norm(q.T @ q - cp.eye(64)))
+        rec(f"scale cupy qr {name}", 0.0, finite=fin, backward=be_col, orth=orth)
+        mq, mr = mpqr.qr(a)
+        res = cp.ldexp(a - mq @ mr, -ex[None, :])
+        rec(f"scale mpqr qr {name}", 0.0,
+            backward=float(cp.max(cp.linalg.norm(res, axis=0) / cp.linalg.norm(base, axis=0))),
+            orth=float(cp.linalg.norm(mq.T @ mq - cp.eye(64))))
+
+
+@section("ovl")
+def _ovl():
+    m, n = 65536, 2048
+    a, b = _problem(m, n, 2)
+    g = gram(be, a, "fp64", "probe")
+    rec("ovl eigvalsh alone", timeit(lambda: cp.linalg.eigvalsh(g)))
+    rec("ovl gelsy alone", timeit(lambda: mpqr.lstsq(a, b, lapack_driver="gelsy")))
+    rec("ovl default alone", timeit(lambda: mpqr.lstsq(a, b)))
+
+    def both():
+        ready = cp.cuda.Event()
+        ready.record()
+        out = []
+        th = threading.Thread(target=_eig_in_thread, args=(g, ready, out))
+        th.start()
+        mpqr.lstsq(a, b, lapack_driver="gelsy")
+        th.join()
+        return out
+    rec("ovl gelsy + eigvalsh in a side-stream thread", timeit(both))
+    h0 = time.perf_counter()
+    for _ in range(3):
+        both()
+    cp.cuda.Device().synchronize()
+    rec("ovl same, host wall per call", (time.perf_counter() - h0) / 3 * 1e3)
+    # the eigenvalues computed on the side stream equal those on the main stream
+    out = both()
+    ref = cp.linalg.eigvalsh(g)
+    rec("ovl side-stream eigvalsh max diff", 0.0, diff=float(cp.max(cp.abs(out[0] - ref))))
+
+
+@section("small")
+def _small():
+    for m, n in ((2048, 64), (2048, 128), (16384, 128), (512, 512)):
+        a, _ = _problem(m, n, 3)
+        h = {}
+        for name, f in (("mpqr", lambda a=a: mpqr.qr(a)), ("cupy", lambda a=a: cp.linalg.qr(a))):
+            f()
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                f()
+            cp.cuda.Device().synchronize()
+            h[name] = (time.perf_counter() - t0) / 20 * 1e3
+        ev, _ = _trace_summary(lambda a=a: mpqr.qr(a))
+        rec(f"small qr {m}x{n} host wall mpqr", h["mpqr"], cupy=h["cupy"], events=" | ".join(ev))
+    a, _ = _problem(2048, 128, 4)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(50):
+        mpqr.qr(a)
+    cp.cuda.Device().synchronize()
+    pr.disable()
+    for key in ("tottime", "cumtime"):
+        s = io.StringIO()
+        pstats.Stats(pr, stream=s).sort_stats(key).print_stats(30)
+        print(s.getvalue()[-6000:])
+    a = cp.random.default_rng(5).standard_normal((2048, 128))
+    b = cp.random.default_rng(6).standard_normal((2048, 1))
+    for name, f in (("mpqr.lstsq", lambda: mpqr.lstsq(a, b)),
+                    ("mpqr.lstsq gelsy", lambda: mpqr.lstsq(a, b, lapack_driver="gelsy")),
+                    ("cupy.linalg.lstsq", lambda: cp.linalg.lstsq(a, b, rcond=None))):
+        f()
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            f()
+        cp.cuda.Device().synchronize()
+        rec(f"small {name} 2048x128 host wall", (time.perf_counter() - t0) / 20 * 1e3)
+
+
+write()
