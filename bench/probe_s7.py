@@ -20,7 +20,7 @@ from mpqr.lstsq.gram import certified_cholesky, norm2_estimate
 from mpqr.policy import gemm
 from mpqr.qr.gram_blocked import gram
 
-sections(["lsq", "ovl", "small", "scale"])
+sections(["lsq", "ovl", "small", "scale", "gemv", "phases"])
 be = get_backend(array_namespace(cp.zeros(1)))
 
 
@@ -197,6 +197,60 @@ def _small():
             f()
         cp.cuda.Device().synchronize()
         rec(f"small {name} 2048x128 host wall", (time.perf_counter() - t0) / 20 * 1e3)
+
+
+@section("gemv")
+def _gemv():
+    rs = cp.random.default_rng(8)
+    for m, n in ((2048, 2048), (65536, 2048), (1048576, 256)):
+        a = rs.standard_normal((m, n))
+        v, w = rs.standard_normal((n, 1)), rs.standard_normal((m, 1))
+        at = be.xp.linalg.matrix_transpose(a)
+        rec(f"gemv {m}x{n} policy A v", timeit(lambda a=a, v=v: gemm(a, v, precision="fp64",
+                                                                      backend=be)))
+        rec(f"gemv {m}x{n} cupy A v", timeit(lambda a=a, v=v: a @ v))
+        rec(f"gemv {m}x{n} policy A^T w", timeit(lambda at=at, w=w: gemm(at, w, precision="fp64",
+                                                                          backend=be)))
+        rec(f"gemv {m}x{n} cupy A^T w", timeit(lambda a=a, w=w: a.T @ w))
+        rec(f"gemv {m}x{n} backend.gemm A v", timeit(lambda a=a, v=v: be.gemm(a, v)))
+        rec(f"gemv {m}x{n} backend.gemm A^T w", timeit(lambda at=at, w=w: be.gemm(at, w)))
+
+
+@section("phases")
+def _phases():
+    import importlib
+    from collections import defaultdict
+    api = importlib.import_module("mpqr.lstsq.api")
+    gm = importlib.import_module("mpqr.lstsq.gram")
+    acc = defaultdict(float)
+
+    def timed(mod, name):
+        orig = getattr(mod, name)
+
+        def w(*args, **kw):
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            out = orig(*args, **kw)
+            cp.cuda.Device().synchronize()
+            acc[f"{mod.__name__.split('.')[-1]}.{name}"] += time.perf_counter() - t0
+            return out
+        setattr(mod, name, w)
+    for mod, name in ((gm, "gram"), (gm, "certified_cholesky"), (gm, "norm2_estimate"),
+                      (api, "cgls"), (api, "gram_factor")):
+        timed(mod, name)
+    for m, n in ((65536, 2048), (1048576, 256)):
+        a, b = _problem(m, n, 9)
+        for drv in (None, "gelsy"):
+            mpqr.lstsq(a, b, lapack_driver=drv)
+            acc.clear()
+            cp.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            for _ in range(5):
+                mpqr.lstsq(a, b, lapack_driver=drv)
+            cp.cuda.Device().synchronize()
+            tot = (time.perf_counter() - t0) / 5 * 1e3
+            rec(f"phases {m}x{n} driver={drv} total (synced phases)", tot,
+                **{k: v / 5 * 1e3 for k, v in acc.items()})
 
 
 write()

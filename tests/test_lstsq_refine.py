@@ -220,7 +220,4 @@ def test_cgls_stops_one_step_after_reaching_the_rounding_floor(xp):
         x = to_numpy(mpqr.lstsq(xp.asarray(a), xp.asarray(b), lapack_driver="gelsy")[0])
     ev = _events(trace, "refine")[0]
     assert ev.data["converged"] and ev.data["iterations"] <= 3
-    # the Gram route certified cond(R) <= 4: R^-1 is applied as a matrix, not by solves
-    labels = {g.label for g in trace.gemms}
-    assert {"lstsq:Rinv-v", "lstsq:RinvH-v"} <= labels
     assert _metric(a, b, x) <= _metric(a, b, sla.lstsq(a, b)[0])

@@ -322,8 +322,7 @@ class _Solver:
         run = iterative_refinement if method == "ir" else cgls
         a, b, r, s1, ea, eb = self._balanced(r, s1)
         out = run(self.backend, a, b, r, side=side, anorm=s1, tol=self.tol,
-                  maxiter=self.maxiter, wprec=self.wprec, floor_tol=self.floor_tol,
-                  explicit_inverse=gf is not None)  # the Gram route certified cond(R) <= 4
+                  maxiter=self.maxiter, wprec=self.wprec, floor_tol=self.floor_tol)
         if ea or eb:
             out.x = self._pow2(out.x, eb - ea)
             if out.residual is not None:

@@ -25,7 +25,7 @@ converged when its measure is below ``floor_tol`` (the rounding floor of the
 products with ``A``, about ``sqrt(M) u``); once below it, one step that does not
 halve the measure ends the run (further steps only move within the floor: on
 Gaussian 32768x1024 the measure went 4.2, 1.7, 1.4, 1.5, 2.0 times ``tol`` after
-steps 1-5, and the patience of 3 cost two more passes over ``A``).
+steps 1-5, and a patience of 3 cost two more iterations, four passes over ``A``).
 """
 
 from __future__ import annotations
@@ -58,48 +58,27 @@ class RefineResult:
 
 
 class _Ops:
-    """Products with ``A`` in working precision and solves with ``R``.
+    """Products with ``A`` in working precision and solves with ``R``."""
 
-    With ``explicit_inverse`` (only for a well-conditioned ``R``: the Gram route
-    certifies ``cond(R) <= 4``), ``R^-1`` is formed once by a triangular solve with
-    ``N`` right-hand sides and each application is a product through the policy: on
-    an H100 at N = 2048 a substitution took 0.39 ms and the product 0.06 ms, against
-    1.3 ms to form the inverse. Both directions then use the same matrix.
-    """
-
-    def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str,
-                 explicit_inverse: bool = False):
+    def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str):
         self.backend, self.a, self.wprec, self.label = backend, a, wprec, label
         xp = backend.xp
         self.ah = ct(xp, a)
         self.r = r
-        self.ri = self.rih = self.rh = None
-        if explicit_inverse:
-            k = r.shape[-1]
-            self.ri = backend.solve_triangular(
-                r, xp.eye(k, dtype=r.dtype, device=device(r)), lower=False)
-            self.rih = ct(xp, self.ri)
-        else:
-            self.rh = xp.asarray(ct(xp, r), copy=True)  # contiguous copy for the solver
-
-    def _gemm(self, x: Any, y: Any, what: str) -> Any:
-        return gemm(x, y, precision=self.wprec, label=f"{self.label}:{what}",
-                    backend=self.backend)
+        self.rh = xp.asarray(ct(xp, r), copy=True)  # contiguous copy for the triangular solver
 
     def av(self, v: Any, what: str) -> Any:
-        return self._gemm(self.a, v, f"{what}-Av")
+        return gemm(self.a, v, precision=self.wprec, label=f"{self.label}:{what}-Av",
+                    backend=self.backend)
 
     def ahv(self, v: Any, what: str) -> Any:
-        return self._gemm(self.ah, v, f"{what}-AHv")
+        return gemm(self.ah, v, precision=self.wprec, label=f"{self.label}:{what}-AHv",
+                    backend=self.backend)
 
     def rinv(self, v: Any) -> Any:  # R^-1 v
-        if self.ri is not None:
-            return self._gemm(self.ri, v, "Rinv-v")
         return self.backend.solve_triangular(self.r, v, lower=False)
 
     def rhinv(self, v: Any) -> Any:  # R^-H v
-        if self.rih is not None:
-            return self._gemm(self.rih, v, "RinvH-v")
         return self.backend.solve_triangular(self.rh, v, lower=True)
 
 
@@ -119,17 +98,16 @@ def _ratio(xp: Any, meas: Any, target: Any) -> tuple[float, bool]:
 
 def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: float,
          maxiter: int, patience: int = 3, wprec: str, label: str = "lstsq",
-         floor_tol: float | None = None, explicit_inverse: bool = False) -> RefineResult:
+         floor_tol: float | None = None) -> RefineResult:
     """Preconditioned CGLS from ``x = 0`` for ``min ||b - A x||`` (``b`` 2-D).
 
     ``side="right"`` (``M >= N``, ``A = Q R``) or ``"left"`` (``M < N``,
     ``A^H = Q R``, consistent systems: minimum-norm solution). ``anorm``
     estimates ``||A||_2``. Columns of ``b`` are independent problems sharing
-    the products. ``explicit_inverse``: apply ``R^-1`` as a matrix (for a
-    well-conditioned ``R`` only, see ``_Ops``).
+    the products.
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label, explicit_inverse)
+    ops = _Ops(backend, a, r, wprec, label)
     n = a.shape[1]
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
     right = side == "right"
@@ -191,15 +169,14 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
 
 def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float,
                          tol: float, maxiter: int, patience: int = 3, wprec: str,
-                         label: str = "lstsq", floor_tol: float | None = None,
-                         explicit_inverse: bool = False) -> RefineResult:
+                         label: str = "lstsq", floor_tol: float | None = None) -> RefineResult:
     """Classical refinement on the semi-normal equations from ``x = 0``.
 
     Each step recomputes the residual ``b - A x`` in working precision and
     applies the correction through ``R`` (see the module docstring).
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label, explicit_inverse)
+    ops = _Ops(backend, a, r, wprec, label)
     n = a.shape[1]
     right = side == "right"
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
