@@ -15,7 +15,8 @@ import pytest
 import scipy.linalg as sla
 
 import mpqr
-from mpqr.lstsq.gram import GRAM_COND_MAX
+from mpqr._array_api import array_namespace
+from mpqr.lstsq.gram import GRAM_COND_MAX, norm2_estimate
 from tests._support import to_numpy
 
 
@@ -144,3 +145,32 @@ def test_gram_route_only_at_working_precision(xp):
     with mpqr.explain() as trace:
         mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision="fp32-emulated")
     assert "gram" not in _paths(trace)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "geometric", "complex", "rank1", "zero"])
+def test_norm2_estimate_is_a_close_lower_bound(xp, kind):
+    """Power iteration on G = A^H A: never above ||A||_2 (beyond rounding) and within the
+    factor 2 the rank certificates allow (they take 2 est as the upper bound)."""
+    if xp.__name__.startswith("array_api_strict") and kind == "complex":
+        pytest.skip("array-api-strict: complex products run on the host path elsewhere")
+    rng = np.random.default_rng(11)
+    m, n = 400, 60
+    if kind == "gaussian":
+        a = rng.standard_normal((m, n))
+    elif kind == "geometric":
+        a, _ = _problem(m, n, np.logspace(0, -8, n), np.float64, seed=3)
+    elif kind == "complex":
+        a = rng.standard_normal((m, n)) + 1j * rng.standard_normal((m, n))
+    elif kind == "rank1":
+        a = np.outer(rng.standard_normal(m), rng.standard_normal(n))
+    else:
+        a = np.zeros((m, n))
+    g = a.conj().T @ a
+    gx = xp.asarray(g)
+    est = norm2_estimate(lambda x, y: x @ y, array_namespace(gx), gx)
+    true = np.linalg.norm(a, 2)
+    if kind == "zero":
+        assert est == 0.0
+        return
+    u = 2.0**-53
+    assert true / 2 <= est <= true * (1 + 10 * n * u)

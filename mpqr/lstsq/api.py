@@ -396,14 +396,14 @@ class _Solver:
         k = r.shape[-1]
         if not bool(xp.all(xp.isfinite(r))):
             return None
-        est = norm2_estimate(lambda x, y: self._gemm(x, y, "rank-power"), xp, r)
+        g = self._gemm(ct(xp, r), r, "rank-gram")
+        est = norm2_estimate(lambda x, y: self._gemm(x, y, "rank-power"), xp, g)
         if est == 0.0:
             return None
         s1_up = min(2.0 * est, float(xp.linalg.matrix_norm(r)))
         u_f = self.u_f if self.u_f > self.u else 0.0
         tau = s1_up * max(self.cond + RESOLUTION * math.sqrt(k) * u_f,
                           10.0 * math.sqrt(k * self.u))
-        g = self._gemm(ct(xp, r), r, "rank-gram")
         g = g - (tau * tau) * xp.eye(k, dtype=g.dtype, device=device(g))
         if certified_cholesky(self.backend, g) is None:
             return None
