@@ -36,6 +36,31 @@ def _trace_summary(f):
     return ev, tr.engines()
 
 
+def _wall(f, reps=20):
+    """Host wall milliseconds per call (after a warm-up), the GPU drained at both ends."""
+    f()
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        f()
+    cp.cuda.Device().synchronize()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def _profile(f, reps, keys, lines):
+    """Print cProfile's top ``lines`` of ``reps`` calls, sorted by each of ``keys``."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(reps):
+        f()
+    cp.cuda.Device().synchronize()
+    pr.disable()
+    for key in keys:
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats(key).print_stats(lines)
+        print(buf.getvalue()[-6000:])
+
+
 def _eig_in_thread(g, ready, out):
     with cp.cuda.Device(g.device):
         st = cp.cuda.Stream(non_blocking=True)
@@ -82,15 +107,7 @@ def _lsq():
         t = timeit(lambda drv=drv: mpqr.lstsq(a, b, lapack_driver=drv), rep=5)
         ev, eng = _trace_summary(lambda drv=drv: mpqr.lstsq(a, b, lapack_driver=drv))
         rec(f"lsq mpqr.lstsq driver={drv}", t, events=" | ".join(ev), engines=str(eng))
-        pr = cProfile.Profile()
-        pr.enable()
-        for _ in range(3):
-            mpqr.lstsq(a, b, lapack_driver=drv)
-        cp.cuda.Device().synchronize()
-        pr.disable()
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18)
-        print(s.getvalue()[-3500:])
+        _profile(lambda drv=drv: mpqr.lstsq(a, b, lapack_driver=drv), 3, ("tottime",), 18)
 
     def route():
         q, rr = cp.linalg.qr(a)
@@ -165,38 +182,17 @@ def _small():
         a, _ = _problem(m, n, 3)
         h = {}
         for name, f in (("mpqr", lambda a=a: mpqr.qr(a)), ("cupy", lambda a=a: cp.linalg.qr(a))):
-            f()
-            cp.cuda.Device().synchronize()
-            t0 = time.perf_counter()
-            for _ in range(20):
-                f()
-            cp.cuda.Device().synchronize()
-            h[name] = (time.perf_counter() - t0) / 20 * 1e3
+            h[name] = _wall(f)
         ev, _ = _trace_summary(lambda a=a: mpqr.qr(a))
         rec(f"small qr {m}x{n} host wall mpqr", h["mpqr"], cupy=h["cupy"], events=" | ".join(ev))
     a, _ = _problem(2048, 128, 4)
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(50):
-        mpqr.qr(a)
-    cp.cuda.Device().synchronize()
-    pr.disable()
-    for key in ("tottime", "cumtime"):
-        s = io.StringIO()
-        pstats.Stats(pr, stream=s).sort_stats(key).print_stats(30)
-        print(s.getvalue()[-6000:])
+    _profile(lambda: mpqr.qr(a), 50, ("tottime", "cumtime"), 30)
     a = cp.random.default_rng(5).standard_normal((2048, 128))
     b = cp.random.default_rng(6).standard_normal((2048, 1))
     for name, f in (("mpqr.lstsq", lambda: mpqr.lstsq(a, b)),
                     ("mpqr.lstsq gelsy", lambda: mpqr.lstsq(a, b, lapack_driver="gelsy")),
                     ("cupy.linalg.lstsq", lambda: cp.linalg.lstsq(a, b, rcond=None))):
-        f()
-        cp.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        for _ in range(20):
-            f()
-        cp.cuda.Device().synchronize()
-        rec(f"small {name} 2048x128 host wall", (time.perf_counter() - t0) / 20 * 1e3)
+        rec(f"small {name} 2048x128 host wall", _wall(f))
 
 
 @section("gemv")
