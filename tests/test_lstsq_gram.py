@@ -174,3 +174,51 @@ def test_norm2_estimate_is_a_close_lower_bound(xp, kind):
         return
     u = 2.0**-53
     assert true / 2 <= est <= true * (1 + 10 * n * u)
+
+
+@pytest.mark.parametrize("n", [40, 520])  # decided by the eigenvalues / by the Cholesky test
+@pytest.mark.parametrize("kappa", [1e2, 3e3])
+def test_gram_route_without_s_takes_moderate_condition(xp, n, kappa):
+    """gelsy returns no singular values: the route then only needs CGLS to converge
+    (cond(A) <= GRAM_COND_MAX_NO_S) and the rank to be certain; SciPy's accuracy, and a
+    default-driver call on the same A still declines (its s would be inaccurate)."""
+    if n > 40 and not xp.__name__.startswith("numpy"):
+        pytest.skip("one backend for the large Cholesky-test case (the same code path)")
+    m = 16 * n + 160
+    a, b = _problem(m, n, np.logspace(0, -np.log10(kappa), n), np.float64, seed=6)
+    with mpqr.explain() as trace:
+        x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), lapack_driver="gelsy")
+    assert "gram" in _paths(trace) and s is None and rank == n
+    refine = [e for e in trace.events if e.kind == "refine"][0]
+    assert refine.data["converged"] and refine.data["iterations"] <= 4
+    ref = sla.lstsq(a, b, lapack_driver="gelsy")
+    x = to_numpy(x)
+    for j in range(2):
+        assert _metric(a, b[:, j], x[:, j]) <= 10 * max(_metric(a, b[:, j], ref[0][:, j]),
+                                                        np.finfo(np.float64).eps)
+    np.testing.assert_allclose(to_numpy(res), ref[1], rtol=10 * np.sqrt(m) * 2.0**-53)
+    if n == 40:
+        with mpqr.explain() as trace:
+            mpqr.lstsq(xp.asarray(a), xp.asarray(b))
+        assert "gram" not in _paths(trace)
+
+
+def test_gram_route_without_s_declines_beyond_its_bounds(xp):
+    # cond 1e6 > GRAM_COND_MAX_NO_S; float32 at M = 20000: sigma_min/sigma_max = 0.01 is
+    # below sqrt(2 (M + N) u), where G's rounding could hide the rank
+    m, n = 2000, 40
+    a, b = _problem(m, n, np.logspace(0, -6, n), np.float64, seed=7)
+    with mpqr.explain() as trace:
+        x = mpqr.lstsq(xp.asarray(a), xp.asarray(b), lapack_driver="gelsy")[0]
+    msgs = [e.message for e in trace.events if e.kind == "method"]
+    assert any(msg.startswith("lstsq: Gram route declined (cond(A) = 1e+06 > 10000)")
+               for msg in msgs)
+    ref = sla.lstsq(a, b, lapack_driver="gelsy")[0]
+    assert _metric(a, b[:, 0], to_numpy(x)[:, 0]) <= 10 * _metric(a, b[:, 0], ref[:, 0])
+    a32, b32 = _problem(20000, 20, np.logspace(0, -2, 20), np.float32, seed=8)
+    with mpqr.explain() as trace:
+        mpqr.lstsq(xp.asarray(a32), xp.asarray(b32), lapack_driver="gelsy")
+    floor = np.sqrt(2 * 20020 * 2.0**-24)
+    assert (f"lstsq: Gram route declined (sigma_min/sigma_max = 0.01 <= sqrt(2 (M + N) u) = "
+            f"{floor:.3g}, the rounding of A^H A); QR route") in \
+        [e.message for e in trace.events if e.kind == "method"]
