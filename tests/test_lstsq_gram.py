@@ -189,7 +189,7 @@ def test_gram_route_without_s_takes_moderate_condition(xp, n, kappa):
     with mpqr.explain() as trace:
         x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), lapack_driver="gelsy")
     assert "gram" in _paths(trace) and s is None and rank == n
-    refine = [e for e in trace.events if e.kind == "refine"][0]
+    refine = next(e for e in trace.events if e.kind == "refine")
     assert refine.data["converged"] and refine.data["iterations"] <= 4
     ref = sla.lstsq(a, b, lapack_driver="gelsy")
     x = to_numpy(x)
