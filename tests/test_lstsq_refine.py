@@ -162,6 +162,25 @@ def test_gelsy_certifies_full_rank_without_svd(xp):
     np.testing.assert_allclose(to_numpy(x), xs, rtol=1e-13, atol=1e-13 * np.abs(xs).max())
 
 
+@pytest.mark.parametrize("e", [600, -700])
+def test_gelsy_certificate_is_scale_free(xp, e):
+    # R scaled by a power of two before the Cholesky test: at ||A|| = 2^600 its R^H R
+    # overflowed (the test declined, warned, and the SVD of R decided), at 2^-700 it
+    # underflowed; now it certifies as at unit scale, silently, and x is SciPy's
+    rng = np.random.default_rng(15)
+    a, b = rng.standard_normal((300, 20)), rng.standard_normal(300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with mpqr.explain() as trace:
+            x, res, rank, s = mpqr.lstsq(xp.asarray(np.ldexp(a, e)), xp.asarray(np.ldexp(b, e)),
+                                         lapack_driver="gelsy")
+    assert s is None and rank == 20 and to_numpy(res).shape == (0,)
+    cert = [ev for ev in _events(trace, "rank") if "certified" in ev.message]
+    assert cert and 2.0 ** (e - 20) < cert[0].data["tau"] < 2.0 ** e
+    xs = sla.lstsq(a, b, lapack_driver="gelsy")[0]
+    np.testing.assert_allclose(to_numpy(x), xs, rtol=0, atol=1e-13 * np.abs(xs).max())
+
+
 def test_gelsy_rank_deficient_is_not_certified():
     rng = np.random.default_rng(13)
     a = rng.standard_normal((80, 6))

@@ -236,7 +236,7 @@ class _Solver:
                  refine: str | None, eps: float, tol: float | None, maxiter: int | None,
                  need_s: bool = True):
         self.backend, self.xp = backend, backend.xp
-        self.need_s = need_s
+        self.need_s = need_s  # False for gelsy: no singular values and no residues
         self.a, self.b, self.cond, self.prec, self.refine = a, b, cond, prec, refine
         m, n = a.shape
         self.m, self.n = m, n
@@ -344,7 +344,7 @@ class _Solver:
                 "the best iterate. Use refine='auto' or a higher `precision`.",
                 RefinementWarning, stacklevel=4)
         rsq = None
-        if out.residual is not None:
+        if out.residual is not None and self.need_s:  # gelsy returns no residues either
             rsq = self.backend.column_norms(out.residual) ** 2
         return out.x, k, s, rsq
 
@@ -396,20 +396,28 @@ class _Solver:
         k = r.shape[-1]
         if not bool(xp.all(xp.isfinite(r))):
             return None
-        g = self._gemm(ct(xp, r), r, "rank-gram")
+        mx = float(xp.max(xp.abs(r)))
+        if mx == 0.0:
+            return None
+        # the test is scale-free: on R / 2^e (exact), R^H R and the norms cannot overflow
+        # (unscaled, ||A|| = 2^600 made them Inf, declined the test and warned)
+        e = math.frexp(mx)[1]
+        rs = self._pow2(r, -e)
+        g = self._gemm(ct(xp, rs), rs, "rank-gram")
         est = norm2_estimate(lambda x, y: self._gemm(x, y, "rank-power"), xp, g)
         if est == 0.0:
             return None
-        s1_up = min(2.0 * est, float(xp.linalg.matrix_norm(r)))
+        s1_up = min(2.0 * est, float(xp.linalg.matrix_norm(rs)))
         u_f = self.u_f if self.u_f > self.u else 0.0
         tau = s1_up * max(self.cond + RESOLUTION * math.sqrt(k) * u_f,
                           10.0 * math.sqrt(k * self.u))
         g = g - (tau * tau) * xp.eye(k, dtype=g.dtype, device=device(g))
         if certified_cholesky(self.backend, g) is None:
             return None
+        tau = math.ldexp(tau, e)
         record_event("rank", f"lstsq: full rank certified without an SVD (sigma_min(R) > "
                      f"{tau:.2e}, Cholesky test)", rank=k, tau=tau)
-        return est
+        return math.ldexp(est, e)
 
     def direct(self, prec: str) -> tuple[Any, int, Any, Any]:
         """QR (with Q) at ``prec``, then ``R^-1 Q^H b`` or the truncated SVD solution."""
@@ -439,7 +447,7 @@ class _Solver:
             record_event("method", f"lstsq: rank {rank} < {k}: minimum-norm solution from "
                          "the SVD of R", path="svd", rank=rank, precision=prec)
             x = self._svd_solve(q, r, rank)
-        rsq = self._resid_sq(x) if (self.m > self.n and rank == k) else None
+        rsq = self._resid_sq(x) if (self.m > self.n and rank == k and self.need_s) else None
         return x, rank, s, rsq
 
     def _svd_solve(self, q: Any, r: Any, rank: int) -> Any:
