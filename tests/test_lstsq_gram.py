@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.linalg as sla
+from mpqr.backends import get_backend
 
 import mpqr
 from mpqr._array_api import array_namespace
@@ -222,3 +223,43 @@ def test_gram_route_without_s_declines_beyond_its_bounds(xp):
     assert (f"lstsq: Gram route declined (sigma_min/sigma_max = 0.01 <= sqrt(2 (M + N) u) = "
             f"{floor:.3g}, the rounding of A^H A); QR route") in \
         [e.message for e in trace.events if e.kind == "method"]
+
+
+def test_declined_gram_matrix_starts_the_qr_routes_cholqr2(xp):
+    """cond(A) = 100 > 4 with the default driver: the Gram route declines, and its G is
+    CholQR2's first Gram matrix in the QR route (one pass over A fewer, traced); the
+    answer is SciPy's as before."""
+    m, n = 5300, 200  # above 2^20 elements: qr(auto) takes CholQR2, not geqrf
+    a, b = _problem(m, n, np.logspace(0, -2, n), np.float64, seed=9)
+    with mpqr.explain() as trace:
+        x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b))
+    kinds = [e.kind for e in trace.events]
+    assert "gram-reuse" in kinds and "gram" not in _paths(trace)
+    assert sum(g.label == "cholqr2-gram" for g in trace.gemms) == 1  # the second pass only
+    ref = sla.lstsq(a, b)
+    u = 2.0**-53
+    assert rank == ref[2] == n
+    np.testing.assert_allclose(to_numpy(s), ref[3], rtol=0, atol=10 * np.sqrt(m) * n * u
+                               * ref[3][0])
+    np.testing.assert_allclose(to_numpy(res), ref[1], rtol=10 * np.sqrt(m) * u)
+    x = to_numpy(x)
+    for j in range(2):
+        assert _metric(a, b[:, j], x[:, j]) <= 10 * max(_metric(a, b[:, j], ref[0][:, j]), u)
+
+
+def test_gram_reuse_needs_the_same_array_and_precision(xp):
+    from mpqr.qr.cholqr import cholqr2, reuse_first_gram
+
+    a, _ = _problem(3000, 20, np.linspace(2.0, 1.0, 20), np.float64, seed=10)
+    x, other = xp.asarray(a), xp.asarray(a.copy())
+    ns = array_namespace(x)
+    be = get_backend(ns)
+    g = be.small(ns.matmul(ns.matrix_transpose(x), x))
+    with mpqr.explain() as trace, reuse_first_gram(x, *g):
+        cholqr2(be, other, precision="auto", prec_name="auto")
+    assert "gram-reuse" not in [e.kind for e in trace.events]
+    # fp64 products on float32 input: the Gram route ran fp32 products, so no reuse
+    a32, b32 = _problem(60000, 20, np.logspace(0, -1.5, 20), np.float32, seed=11)  # > 2^20
+    with mpqr.explain() as trace:
+        mpqr.lstsq(xp.asarray(a32), xp.asarray(b32), precision="fp64")
+    assert "gram-reuse" not in [e.kind for e in trace.events]

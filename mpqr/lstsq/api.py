@@ -28,6 +28,7 @@ solves directly; every path is recorded in the explain trace.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from typing import Any
@@ -51,6 +52,7 @@ from mpqr.lstsq.refine import cgls, iterative_refinement
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr import qr
 from mpqr.qr._kernels import ct, pow2_scale
+from mpqr.qr.cholqr import reuse_first_gram
 
 __all__ = ["REFINE", "lstsq"]
 
@@ -297,11 +299,15 @@ class _Solver:
             return self.direct(self.prec)
         k = min(self.m, self.n)
         gf = self._gram_route()
-        if gf is not None:  # full rank and well conditioned: R and s from one pass
+        if gf is not None and gf.r is not None:  # full rank, well conditioned: one pass
             r, s, s1 = gf.r, gf.s, gf.s1
             rank_cond = rank_sure = k
         else:
-            r = self._factor(self.prec, "r")
+            # a declined Gram route's G is the first Gram matrix of the QR route's CholQR2
+            # when both run the same precision (one pass over A fewer)
+            reuse = gf is not None and self.prec in ("auto", self._gram_precision())
+            with reuse_first_gram(self.f, *gf.gram) if reuse else contextlib.nullcontext():
+                r = self._factor(self.prec, "r")
             s, s1 = None, self._full_rank_certificate(r)
             if s1 is None:  # no certificate (or singular values wanted): the SVD of R decides
                 s = self._svdvals(r)
@@ -375,11 +381,13 @@ class _Solver:
         mf, nf = self.f.shape
         if self.u_f > self.u or mf < GRAM_MIN_ASPECT * nf:
             return None
-        # "auto", or fp64 on float32 input: the working precision's GEMM
-        prec = self.wprec if self.prec == "auto" or _UNIT[self.prec] < self.u else self.prec
         res = RESOLUTION * math.sqrt(nf) * self.u * GRAM_COND_MAX / 2
-        return gram_factor(self.backend, self.f, precision=prec, need_s=self.need_s,
-                           cutoff=self.cond, resolution=res)
+        return gram_factor(self.backend, self.f, precision=self._gram_precision(),
+                           need_s=self.need_s, cutoff=self.cond, resolution=res)
+
+    def _gram_precision(self) -> str:
+        # "auto", or fp64 on float32 input: the working precision's GEMM
+        return self.wprec if self.prec == "auto" or _UNIT[self.prec] < self.u else self.prec
 
     def _full_rank_certificate(self, r: Any) -> float | None:
         """``||A||_2`` estimate if ``sigma_min(R) > cutoff + resolution`` is proven, else None.

@@ -60,14 +60,17 @@ GRAM_EIG_MAX_N = 512
 
 @dataclass
 class GramFactor:
-    """Outcome of the Gram route."""
+    """Outcome of the Gram route: taken (``r`` set), or declined with a Gram matrix the
+    QR route's CholQR2 can start from (``r`` None, ``gram`` set)."""
 
-    #: upper-triangular ``R`` with ``R^H R = fl(A^H A)``, on ``A``'s device
+    #: upper-triangular ``R`` with ``R^H R = fl(A^H A)``, on ``A``'s device; None: declined
     r: Any
     #: singular values of A, descending, on A's device (None when not asked for)
     s: Any
     #: ``||A||_2`` (gelsy: a power-iteration estimate)
     s1: float
+    #: ``(small backend, G)``: the Gram matrix, in ``backend.small``'s namespace
+    gram: Any = None
 
 
 def norm2_estimate(gemm2: Any, xp: Any, g: Any, steps: int = 8) -> float:
@@ -117,8 +120,10 @@ def _decline(why: str) -> None:
 
 def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: float,
                 resolution: float) -> GramFactor | None:
-    """The Gram route on the tall ``f`` (``M >= GRAM_MIN_ASPECT * N``), or None when it
-    does not apply (the reason is recorded in the explain trace).
+    """The Gram route on the tall ``f`` (``M >= GRAM_MIN_ASPECT * N``). When it does not
+    apply (the reason is recorded in the explain trace): a :class:`GramFactor` with
+    ``r = None`` carrying the finite Gram matrix for the QR route, or None when ``G`` is
+    not finite or a column's entries underflow in it.
 
     ``cutoff``: the rank cutoff ``cond`` relative to ``s[0]``; ``resolution``: how far
     above it (relative to ``s[0]``) the smallest singular value must lie for the rank
@@ -136,6 +141,7 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
             SAFE_GRAM_MIN["float32" if single else "float64"]:
         _decline("a column norm of A is small enough for its Gram entries to underflow")
         return None
+    declined = GramFactor(None, None, math.nan, (sb, g))
     cond_max = GRAM_COND_MAX if need_s else GRAM_COND_MAX_NO_S
     # without s the bound on cond(A) is CGLS's, and G's rounding must not hide the rank
     rounding = 0.0 if need_s else math.sqrt(2.0 * (m + n) * (2.0**-24 if single else 2.0**-53))
@@ -151,13 +157,13 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
                      f"sigma_min/sigma_max = {1 / cond:.3g} <= " + (
                          f"the rank cutoff {floor:.3g}" if floor > rounding else
                          f"sqrt(2 (M + N) u) = {floor:.3g}, the rounding of A^H A"))
-            return None
+            return declined
         s = xs.sqrt(xs.flip(lam))
         s1, cond = math.sqrt(hi), math.sqrt(hi / lo)
     r = certified_cholesky(sb, g)
     if r is None:
         _decline("the Cholesky factorization of A^H A failed")
-        return None
+        return declined
     if not by_eig:
         def gemm2(x: Any, y: Any) -> Any:
             return gemm(x, y, precision=precision, label="lstsq:gram-power", backend=sb)
@@ -171,7 +177,7 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
         if s1 == 0.0 or certified_cholesky(sb, g - (tau * tau) * eye) is None:
             _decline(f"sigma_min(A) > {tau:.3g} (cond(A) <~ {cond_max:g}, above the rank "
                      "cutoff and the rounding of A^H A) not certified by the Cholesky test")
-            return None
+            return declined
         cond = s1 / tau
     record_event("method", "lstsq: Gram route: R = chol(A^H A) preconditions CGLS"
                  + ((", s = sqrt(eig(A^H A))" if need_s else "")
@@ -179,4 +185,4 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
                     if by_eig else f" (cond(A) <= {cond:.3g}, Cholesky test)"),
                  path="gram", cond=cond)
     return GramFactor(backend.from_small(r, f),
-                      backend.from_small(s, f) if need_s else None, s1)
+                      backend.from_small(s, f) if need_s else None, s1, (sb, g))

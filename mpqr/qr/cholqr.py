@@ -15,7 +15,10 @@ naming itself and an estimate of ``cond(A)``.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from typing import Any
 
 from mpqr._array_api import device
@@ -24,8 +27,8 @@ from mpqr.policy import gemm, record_event
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "right_solve_upper",
-           "shifted_cholqr3"]
+__all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "reuse_first_gram",
+           "right_solve_upper", "shifted_cholqr3"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -113,6 +116,35 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
         method=method, cond_estimate=cond)
 
 
+#: ``[a, (small backend, G)]`` set by :func:`reuse_first_gram`
+_FIRST_GRAM: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "mpqr_first_gram", default=None)
+
+
+@contextlib.contextmanager
+def reuse_first_gram(a: Any, sb: Any, g: Any) -> Iterator[None]:
+    """Within the block, the first CholQR pass over exactly the array object ``a`` takes
+    ``g = a^H a`` (already computed, in the small backend ``sb``) instead of a new
+    Gram product, once; traced. ``mpqr.lstsq`` passes the Gram matrix of a declined
+    Gram route to its QR route this way (one pass over ``A`` fewer)."""
+    token = _FIRST_GRAM.set([a, (sb, g)])
+    try:
+        yield
+    finally:
+        _FIRST_GRAM.reset(token)
+
+
+def _first_gram(a: Any, method: str) -> tuple[Any, Any] | None:
+    hint = _FIRST_GRAM.get()
+    if hint is None or hint[0] is not a:
+        return None
+    pair = hint[1]
+    hint[0] = None  # once
+    record_event("gram-reuse", f"{method}: the first Gram matrix x^H x is the one the "
+                 "caller already computed (one pass over x fewer)", method=method)
+    return pair
+
+
 def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
               shift: bool = False, certify: Any = None, want_q: bool = True
               ) -> tuple[Any, Any, Any]:
@@ -123,7 +155,9 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
     pass's Q orthonormal to working accuracy; else BreakdownError."""
     # the n x n steps run in backend.small's namespace
-    sb, g = backend.small(gram(backend, a, precision, f"{method}-gram"))
+    pair = _first_gram(a, method) if certify is None else None
+    sb, g = pair if pair is not None else backend.small(
+        gram(backend, a, precision, f"{method}-gram"))
     xp = sb.xp
     u = gram_roundoff(xp, g.dtype, prec_name)
     if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
