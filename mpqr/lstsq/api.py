@@ -5,8 +5,9 @@ Route for one ``M x N`` problem (``M >= N``; ``M < N`` works on ``A^H``):
 0. With refinement, at the working precision, and for a tall factored matrix
    (``M >= 16 N``): the Gram route (:mod:`mpqr.lstsq.gram`) — ``R = chol(A^H A)``
    and ``s = sqrt(eig(A^H A))`` from one pass over ``A``, taken only when
-   ``cond(A) <= 4`` (then ``s`` is within 2x of the QR route's error bound) and
-   the rank is certainly full; step 3 follows. Otherwise:
+   ``cond(A) <= 4`` (then ``s`` is within 2x of the QR route's error bound; gelsy,
+   which returns no ``s``: ``cond(A) <= 1e4``) and the rank is certainly full;
+   step 3 follows. Otherwise (its ``G`` then starts step 1's CholQR2):
 1. ``R`` from :func:`mpqr.qr` at the requested precision; with refinement
    ``mode="r"`` (Q is never formed), without it ``mode="reduced"``.
 2. The singular values of ``R`` are those of ``A`` (the QR-SVD route); they
@@ -402,10 +403,8 @@ class _Solver:
             return None
         xp = self.xp
         k = r.shape[-1]
-        if not bool(xp.all(xp.isfinite(r))):
-            return None
-        mx = float(xp.max(xp.abs(r)))
-        if mx == 0.0:
+        mx = float(xp.max(xp.abs(r)))  # NaN or Inf when R holds them: one sync for both
+        if not (math.isfinite(mx) and mx > 0.0):
             return None
         # the test is scale-free: on R / 2^e (exact), R^H R and the norms cannot overflow
         # (unscaled, ||A|| = 2^600 made them Inf, declined the test and warned)
