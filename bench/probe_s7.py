@@ -20,7 +20,7 @@ from mpqr.lstsq.gram import certified_cholesky, norm2_estimate
 from mpqr.policy import gemm
 from mpqr.qr.gram_blocked import gram
 
-sections(["lsq", "ovl", "small", "scale", "gemv", "phases"])
+sections(["lsq", "ovl", "small", "scale", "gemv", "phases", "eig"])
 be = get_backend(array_namespace(cp.zeros(1)))
 
 
@@ -247,6 +247,26 @@ def _phases():
             tot = (time.perf_counter() - t0) / 5 * 1e3
             rec(f"phases {m}x{n} driver={drv} total (synced phases)", tot,
                 **{k: v / 5 * 1e3 for k, v in acc.items()})
+
+
+@section("eig")
+def _eig():
+    """What the singular values of a 2048^2 R could cost: cuSOLVER's eigen/SVD routines."""
+    rs = cp.random.default_rng(3)
+    for n in (2048, 1024):
+        r = cp.triu(rs.standard_normal((n, n)))
+        g = r.T @ r
+        for dt in (cp.float64, cp.float32):
+            gd, rd = g.astype(dt), r.astype(dt)
+            nm = cp.dtype(dt).name
+            rec(f"eig {n} {nm} eigvalsh(G)", timeit(lambda gd=gd: cp.linalg.eigvalsh(gd), 3))
+            rec(f"eig {n} {nm} eigh(G)", timeit(lambda gd=gd: cp.linalg.eigh(gd), 3))
+            rec(f"eig {n} {nm} svd(R) values", timeit(
+                lambda rd=rd: cp.linalg.svd(rd, compute_uv=False), 3))
+        t0 = time.perf_counter()
+        import numpy as np
+        np.linalg.eigvalsh(g.get())
+        rec(f"eig {n} host eigvalsh(G) incl copy", (time.perf_counter() - t0) * 1e3)
 
 
 write()
