@@ -220,14 +220,18 @@ class ArrayAPIBackend:
         out[...] = q
         return out
 
-    def cholesky(self, a: Any, *, upper: bool = False) -> Any:
-        """Cholesky factor; raises :class:`mpqr.LinAlgError` if not positive definite."""
+    def cholesky(self, a: Any, *, upper: bool = False, check: bool = True) -> Any:
+        """Cholesky factor; raises :class:`mpqr.LinAlgError` if not positive definite.
+
+        ``check=False``: a library that reports failure only through a non-finite
+        factor (cuSOLVER) returns it unchecked, without a host sync; the caller
+        checks (:func:`mpqr.lstsq.gram.cholesky_flagged`)."""
         xp = self.xp
         try:
             l = xp.linalg.cholesky(a, upper=upper)
         except Exception as exc:  # each library has its own LinAlgError
             raise LinAlgError(f"Cholesky factorization failed: {exc}") from exc
-        if not bool(xp.all(xp.isfinite(l))):
+        if check and not bool(xp.all(xp.isfinite(l))):
             raise LinAlgError("Cholesky factorization failed: matrix is not positive definite")
         return l
 

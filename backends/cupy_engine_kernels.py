@@ -193,6 +193,11 @@ def _sumsq_kernel():
     return cp.ReductionKernel("T x", "T y", "x * x", "a + b", "y = a", "0", "mpqr_sumsq")
 
 
+@functools.cache
+def _norm_kernel():
+    return cp.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "mpqr_norm")
+
+
 #: rows per chunk of the two-stage column-norm reduction
 _NORM_CHUNKS = 1024
 
@@ -205,6 +210,8 @@ def column_norms(v):
     chunks first (one block each), then the chunk sums (fixed order: deterministic).
     """
     m = v.shape[0]
+    if m < 64 * _NORM_CHUNKS and v.dtype.kind == "f":
+        return _norm_kernel()(v, axis=0)  # one launch (cupy.linalg.norm takes three)
     if m < 64 * _NORM_CHUNKS or not v.flags.c_contiguous:
         return cp.linalg.norm(v, axis=0)
     if v.dtype.kind == "c":

@@ -87,7 +87,7 @@ class NumpyBackend(ArrayAPIBackend):
                                         check_finite=False)
         return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
 
-    def cholesky(self, a, *, upper=False):
+    def cholesky(self, a, *, upper=False, check=True):
         try:
             l = np.linalg.cholesky(a)
         except np.linalg.LinAlgError as exc:

@@ -411,7 +411,7 @@ class _Solver:
         e = math.frexp(mx)[1]
         rs = self._pow2(r, -e)
         g = self._gemm(ct(xp, rs), rs, "rank-gram")
-        est = norm2_estimate(lambda x, y: self._gemm(x, y, "rank-power"), xp, g)
+        est = norm2_estimate(lambda x, y: self._gemm(x, y, "rank-power"), self.backend, g)
         if est == 0.0:
             return None
         s1_up = min(2.0 * est, float(xp.linalg.matrix_norm(rs)))
