@@ -232,6 +232,7 @@ def _phases():
             return out
         setattr(mod, name, w)
     for mod, name in ((gm, "gram"), (gm, "certified_cholesky"), (gm, "norm2_estimate"),
+                      (gm, "cholesky_flagged"), (gm, "inverse_certificate"),
                       (api, "cgls"), (api, "gram_factor")):
         timed(mod, name)
     for m, n in ((65536, 2048), (1048576, 256)):

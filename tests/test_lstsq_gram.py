@@ -17,7 +17,13 @@ from mpqr.backends import get_backend
 
 import mpqr
 from mpqr._array_api import array_namespace
-from mpqr.lstsq.gram import GRAM_COND_MAX, norm2_estimate
+from mpqr.lstsq.gram import (
+    GRAM_COND_MAX,
+    GRAM_EIG_MAX_N,
+    INVERSE_MARGIN,
+    inverse_certificate,
+    norm2_estimate,
+)
 from tests._support import to_numpy
 
 
@@ -177,6 +183,29 @@ def test_norm2_estimate_is_a_close_lower_bound(xp, kind):
     assert true / 2 <= est <= true * (1 + 10 * n * u)
 
 
+def test_inverse_certificate_proves_sigma_min_and_returns_the_inverse(xp):
+    """sigma_min(R) >= 1 / ||R^-1||_F: certified exactly when tau is below that (with the
+    1% margin for the computed inverse), and the inverse is R^-1 to within n u cond(R);
+    a NaN in R never certifies."""
+    rng = np.random.default_rng(21)
+    n = 50
+    r = np.linalg.qr(rng.standard_normal((200, n)) @ np.diag(np.logspace(0, -3, n)))[1]
+    exact_inv = sla.solve_triangular(r, np.eye(n))
+    fro = np.linalg.norm(exact_inv)
+    assert 1 / fro <= np.linalg.svd(r, compute_uv=False)[-1]
+    be = get_backend(xp)
+    rinv, got = inverse_certificate(be, xp.asarray(r), 0.99 / (INVERSE_MARGIN * fro))
+    cond = np.linalg.cond(r)
+    assert got == pytest.approx(fro, rel=10 * n * cond * 2.0**-53)
+    np.testing.assert_allclose(to_numpy(rinv), exact_inv,
+                               atol=10 * n * cond * 2.0**-53 * np.abs(exact_inv).max())
+    assert inverse_certificate(be, xp.asarray(r), 1.0 / (INVERSE_MARGIN * fro) * 1.001) == \
+        (None, None)
+    bad = r.copy()
+    bad[3, 7] = np.nan
+    assert inverse_certificate(be, xp.asarray(bad), 0.0) == (None, None)
+
+
 @pytest.mark.parametrize("n", [40, 520])  # decided by the eigenvalues / by the Cholesky test
 @pytest.mark.parametrize("kappa", [1e2, 3e3])
 def test_gram_route_without_s_takes_moderate_condition(xp, n, kappa):
@@ -190,6 +219,12 @@ def test_gram_route_without_s_takes_moderate_condition(xp, n, kappa):
     with mpqr.explain() as trace:
         x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), lapack_driver="gelsy")
     assert "gram" in _paths(trace) and s is None and rank == n
+    if n > GRAM_EIG_MAX_N:
+        # spectrum 1..1/kappa: 1/||R^-1||_F is 1.3e-3 (kappa 100) and 5.8e-5 (kappa 3000)
+        # against tau = ||A|| / 1e4: the explicit inverse certifies only the first
+        how = "||R^-1||_F bound" if kappa < 1e3 else "Cholesky test"
+        msg = next(e.message for e in trace.events if e.kind == "method")
+        assert msg.endswith(f", {how})"), msg
     refine = next(e for e in trace.events if e.kind == "refine")
     assert refine.data["converged"] and refine.data["iterations"] <= 4
     ref = sla.lstsq(a, b, lapack_driver="gelsy")
