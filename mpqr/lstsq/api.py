@@ -300,9 +300,8 @@ class _Solver:
             return self.direct(self.prec)
         k = min(self.m, self.n)
         gf = self._gram_route()
-        rinv = None
         if gf is not None and gf.r is not None:  # full rank, well conditioned: one pass
-            r, s, s1, rinv = gf.r, gf.s, gf.s1, gf.rinv
+            r, s, s1 = gf.r, gf.s, gf.s1
             rank_cond = rank_sure = k
         else:
             # a declined Gram route's G is the first Gram matrix of the QR route's CholQR2
@@ -330,8 +329,7 @@ class _Solver:
         run = iterative_refinement if method == "ir" else cgls
         a, b, r, s1, ea, eb = self._balanced(r, s1)
         out = run(self.backend, a, b, r, side=side, anorm=s1, tol=self.tol,
-                  maxiter=self.maxiter, wprec=self.wprec, floor_tol=self.floor_tol,
-                  rinv=None if ea else rinv)  # a scaled R would need a rescaled inverse
+                  maxiter=self.maxiter, wprec=self.wprec, floor_tol=self.floor_tol)
         if ea or eb:
             out.x = self._pow2(out.x, eb - ea)
             if out.residual is not None:

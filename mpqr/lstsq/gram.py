@@ -21,10 +21,12 @@ CGLS converges: ``cond(A R^-1) = 1 + O(u cond(A)^2)`` with ``R`` from the rounde
 ``G``, a few steps up to ``cond(A) = GRAM_COND_MAX_NO_S`` (1e4). The rank must
 still be certain through the rounding of ``G`` (at most ``(M + N) u ||A||^2``), so
 ``sigma_min(A)`` must also exceed ``sqrt(2 (M + N) u) ||A||``. For ``N > 512`` the
-eigenvalues are replaced by a Cholesky test: ``G - tau^2 I`` positive definite iff
-``sigma_min(A) > tau``, with ``tau`` the largest of ``est / cond_max`` (``est``: a
-power-iteration estimate of ``||A||``), the rank cutoff and that rounding floor
-times an upper bound of ``||A||``.
+eigenvalues are replaced by tests of ``sigma_min(A) > tau``, with ``tau`` the
+largest of ``est / cond_max`` (``est``: a power-iteration estimate of ``||A||``),
+the rank cutoff and that rounding floor times an upper bound of ``||A||``: first
+``1 / ||R^-1||_F > tau`` from the explicit inverse of ``R = chol(G)`` (cheap, loose
+by up to ``sqrt(N)``), else ``G - tau^2 I`` positive definite (a second Cholesky
+factorization).
 """
 
 from __future__ import annotations
@@ -82,9 +84,6 @@ class GramFactor:
     s1: float
     #: ``(small backend, G)``: the Gram matrix, in ``backend.small``'s namespace
     gram: Any = None
-    #: explicit ``R^-1`` on ``A``'s device when the rank certificate computed it (CGLS
-    #: multiplies by it instead of solving with ``R``); None otherwise
-    rinv: Any = None
 
 
 def norm2_estimate(gemm2: Any, backend: Any, g: Any, steps: int = 8) -> float:
@@ -92,24 +91,34 @@ def norm2_estimate(gemm2: Any, backend: Any, g: Any, steps: int = 8) -> float:
     ``G = A^H A`` (or ``R^H R``) by power iteration (a lower bound, close after a few
     steps); ``gemm2(x, y)`` is the caller's policy product. 0.0 for a zero ``G``.
 
-    One product with ``G`` per step (not two with ``R`` and ``R^H``: the transposed
-    operand costs a second pass and a strided GEMM), and the steps stay on ``G``'s
-    device: only the result is read (one host sync, not one per step). Each step is
-    three launches (product, fused column norm, scaling): at N = 2048 the steps are
-    host-bound, and the first version's eleven launches a step took 5 ms on an H100.
+    The iteration runs on ``G^2`` (one GEMM of ``G`` scaled by a power of two so the
+    square cannot overflow): ``steps / 2`` steps there make the iterates of ``steps``
+    steps on ``G``. At N = 2048 a step is host-bound (0.36 ms on an H100, three launches:
+    product, fused column norm, scaling) and the GEMM is 0.35 ms of GPU work. The steps
+    stay on ``G``'s device: only the result is read.
     """
     xp = backend.xp
     k = g.shape[-1]
+    if k == 0:
+        return 0.0
+    # for positive semidefinite G, max |g_ij| is on the diagonal
+    dmax = float(xp.max(xp.real(xp.linalg.diagonal(g))))
+    if not dmax > 0.0:
+        return 0.0 if dmax == 0.0 else math.nan
+    e = math.frexp(dmax)[1]
+    gs = g * math.ldexp(1.0, -e)  # exact; |entries| <= 1, so those of G^2 are <= N
+    g2 = gemm2(gs, gs)
     v = xp.astype(xp.linspace(1.0, 2.0, k, device=device(g)), g.dtype)[:, None]
     # the smallest normal number keeps a zero G's iterates at 0 instead of 0/0
     tiny = xp.finfo(xp.real(v).dtype).smallest_normal
     v = v / xp.astype(backend.column_norms(v) + tiny, v.dtype)
-    nw = xp.zeros((1,), dtype=xp.real(v).dtype, device=device(g))
-    for _ in range(steps):
-        w = gemm2(g, v)  # ||w|| = ||G v|| with ||v|| = 1 (or v = 0)
+    nw = None
+    for _ in range(max(1, (steps + 1) // 2)):
+        w = gemm2(g2, v)  # ||w|| = ||G_s^2 v|| with ||v|| = 1 (or v = 0)
         nw = backend.column_norms(w)
         v = w / xp.astype(nw + tiny, w.dtype)
-    return math.sqrt(max(float(nw[0]), 0.0))
+    lam2 = max(float(nw[0]), 0.0)  # lambda_max(G_s)^2
+    return math.sqrt(math.ldexp(math.sqrt(lam2), e))
 
 
 def cholesky_flagged(backend: Any, g: Any) -> tuple[Any, Any]:
@@ -145,9 +154,9 @@ def certified_cholesky(backend: Any, g: Any) -> Any:
 INVERSE_MARGIN = 1.01
 
 
-def inverse_certificate(backend: Any, r: Any, tau: float) -> tuple[Any, float | None]:
-    """``(R^-1, ||R^-1||_F)`` if ``sigma_min(R) >= 1 / ||R^-1||_F > tau`` is proven by the
-    explicit inverse of the upper-triangular ``r``, else ``(None, None)``.
+def inverse_certificate(backend: Any, r: Any, tau: float) -> float | None:
+    """``||R^-1||_F`` if ``sigma_min(R) >= 1 / ||R^-1||_F > tau`` is proven by the
+    explicit inverse of the upper-triangular ``r``, else None.
 
     One triangular solve with ``N`` right-hand sides (a GEMM-rich trsm) instead of a
     second Cholesky factorization (a latency-bound potrf, 2.3 ms at N = 2048 on an H100).
@@ -160,8 +169,8 @@ def inverse_certificate(backend: Any, r: Any, tau: float) -> tuple[Any, float | 
     x = backend.solve_triangular(r, xp.eye(n, dtype=r.dtype, device=device(r)), lower=False)
     fro = float(xp.linalg.vector_norm(x))  # NaN/Inf fail the test below
     if math.isfinite(fro) and fro > 0.0 and 1.0 / (INVERSE_MARGIN * fro) > tau:
-        return x, fro
-    return None, None
+        return fro
+    return None
 
 
 def _decline(why: str) -> None:
@@ -221,17 +230,15 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
     if r is None or not bool(r_ok):
         _decline("the Cholesky factorization of A^H A failed")
         return declined
-    rinv, how = None, "Cholesky test"
+    how = "Cholesky test"
     if not by_eig:
         # the rank cutoff needs an upper bound: ||A|| <= 2 est (the margin the QR route's
         # certificate takes), <= ||A||_F exactly
         s1_up = min(2.0 * s1, math.sqrt(float(xs.sum(xs.real(xs.linalg.diagonal(g))))))
         tau = max(s1 / cond_max, (cutoff + resolution) * s1_up, rounding * s1_up)
-        # first the explicit inverse (cheap, and CGLS then multiplies by it); where its
-        # Frobenius bound is too loose, the Cholesky test of G - tau^2 I decides
-        fro = None
-        if s1 > 0.0:
-            rinv, fro = inverse_certificate(sb, r, tau)
+        # first the explicit inverse (cheaper); where its Frobenius bound is too loose,
+        # the Cholesky test of G - tau^2 I decides
+        fro = inverse_certificate(sb, r, tau) if s1 > 0.0 else None
         if fro is not None:
             cond, how = INVERSE_MARGIN * s1_up * fro, "||R^-1||_F bound"
         else:
@@ -248,5 +255,4 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
                     if by_eig else f" (cond(A) <= {cond:.3g}, {how})"),
                  path="gram", cond=cond)
     return GramFactor(backend.from_small(r, f),
-                      backend.from_small(s, f) if need_s else None, s1, (sb, g),
-                      None if rinv is None else backend.from_small(rinv, f))
+                      backend.from_small(s, f) if need_s else None, s1, (sb, g))

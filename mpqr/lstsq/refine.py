@@ -58,20 +58,14 @@ class RefineResult:
 
 
 class _Ops:
-    """Products with ``A`` in working precision and solves with ``R`` (or products with
-    an explicit ``R^-1`` when the caller has one: a triangular solve with one vector
-    is latency-bound, 0.2-0.4 ms at N = 2048 on an H100 against 0.05 ms for the GEMV)."""
+    """Products with ``A`` in working precision and solves with ``R``."""
 
-    def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str,
-                 rinv: Any = None):
+    def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str):
         self.backend, self.a, self.wprec, self.label = backend, a, wprec, label
         xp = backend.xp
         self.ah = ct(xp, a)
-        self.r, self.x = r, rinv
-        if rinv is None:  # contiguous copy for the triangular solver
-            self.rh = xp.asarray(ct(xp, r), copy=True)
-        else:
-            self.xh = ct(xp, rinv)
+        self.r = r
+        self.rh = xp.asarray(ct(xp, r), copy=True)  # contiguous copy for the triangular solver
 
     def av(self, v: Any, what: str) -> Any:
         return gemm(self.a, v, precision=self.wprec, label=f"{self.label}:{what}-Av",
@@ -82,15 +76,9 @@ class _Ops:
                     backend=self.backend)
 
     def rinv(self, v: Any) -> Any:  # R^-1 v
-        if self.x is not None:
-            return gemm(self.x, v, precision=self.wprec, label=f"{self.label}:Rinv-v",
-                        backend=self.backend)
         return self.backend.solve_triangular(self.r, v, lower=False)
 
     def rhinv(self, v: Any) -> Any:  # R^-H v
-        if self.x is not None:
-            return gemm(self.xh, v, precision=self.wprec, label=f"{self.label}:RinvH-v",
-                        backend=self.backend)
         return self.backend.solve_triangular(self.rh, v, lower=True)
 
 
@@ -110,18 +98,16 @@ def _ratio(xp: Any, meas: Any, target: Any) -> tuple[float, bool]:
 
 def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: float,
          maxiter: int, patience: int = 3, wprec: str, label: str = "lstsq",
-         floor_tol: float | None = None, rinv: Any = None) -> RefineResult:
+         floor_tol: float | None = None) -> RefineResult:
     """Preconditioned CGLS from ``x = 0`` for ``min ||b - A x||`` (``b`` 2-D).
 
     ``side="right"`` (``M >= N``, ``A = Q R``) or ``"left"`` (``M < N``,
     ``A^H = Q R``, consistent systems: minimum-norm solution). ``anorm``
     estimates ``||A||_2``. Columns of ``b`` are independent problems sharing
-    the products. ``rinv``: an explicit ``R^-1`` to multiply by instead of solving
-    with ``R`` (the preconditioner is then that matrix; CGLS needs only that it
-    makes ``A R^-1`` well conditioned).
+    the products.
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label, rinv)
+    ops = _Ops(backend, a, r, wprec, label)
     n = a.shape[1]
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
     right = side == "right"
@@ -183,15 +169,14 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
 
 def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float,
                          tol: float, maxiter: int, patience: int = 3, wprec: str,
-                         label: str = "lstsq", floor_tol: float | None = None,
-                         rinv: Any = None) -> RefineResult:
+                         label: str = "lstsq", floor_tol: float | None = None) -> RefineResult:
     """Classical refinement on the semi-normal equations from ``x = 0``.
 
     Each step recomputes the residual ``b - A x`` in working precision and
     applies the correction through ``R`` (see the module docstring).
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label, rinv)
+    ops = _Ops(backend, a, r, wprec, label)
     n = a.shape[1]
     right = side == "right"
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
