@@ -187,6 +187,19 @@ def test_norm2_estimate_is_a_close_lower_bound(xp, kind):
     assert true / 2 <= est <= true * (1 + 10 * n * u)
 
 
+def test_norm2_estimate_float32_subnormal_gram(xp):
+    """float32 A at 2^-70: G's diagonal is subnormal (about 2^-131), where scaling by
+    2^-e with e = exponent(max G_ii) would overflow float32; the clamped scale keeps the
+    estimate a lower bound within 2x (up to G's subnormal rounding, 2^-149 absolute)."""
+    a = (np.random.default_rng(12).standard_normal((400, 20)) * 2.0**-70).astype(np.float32)
+    g = a.T @ a
+    assert np.max(np.diag(g)) < np.finfo(np.float32).smallest_normal
+    gx = xp.asarray(g)
+    est = norm2_estimate(lambda x, y: x @ y, get_backend(array_namespace(gx)), gx)
+    true = np.linalg.norm(a.astype(np.float64), 2)
+    assert true / 2 <= est <= true * (1 + 1e-3)
+
+
 def test_inverse_certificate_proves_sigma_min(xp):
     """sigma_min(R) >= 1 / ||R^-1||_F: certified exactly when tau is below that (with the
     1% margin for the computed inverse), the returned norm within n u cond(R) of the

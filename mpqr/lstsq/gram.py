@@ -105,8 +105,11 @@ def norm2_estimate(gemm2: Any, backend: Any, g: Any, steps: int = 8) -> float:
     dmax = float(xp.max(xp.real(xp.linalg.diagonal(g))))
     if not dmax > 0.0:
         return 0.0 if dmax == 0.0 else math.nan
-    e = math.frexp(dmax)[1]
-    gs = g * math.ldexp(1.0, -e)  # exact; |entries| <= 1, so those of G^2 are <= N
+    # |entries| <= 1 after scaling (exact), so those of G^2 are <= N; the exponent is
+    # clamped so that 2^-e stays finite in G's dtype (a subnormal dmax)
+    fmax = float(xp.finfo(xp.real(g).dtype).max)
+    e = max(math.frexp(dmax)[1], 2 - math.frexp(fmax)[1])
+    gs = g * math.ldexp(1.0, -e)
     g2 = gemm2(gs, gs)
     v = xp.astype(xp.linspace(1.0, 2.0, k, device=device(g)), g.dtype)[:, None]
     # the smallest normal number keeps a zero G's iterates at 0 instead of 0/0
