@@ -37,6 +37,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr._errors import LinAlgError
+from mpqr.lstsq._scipy_rules import real_dtype
 from mpqr.policy import gemm, record_event
 from mpqr.qr.cholqr import SAFE_GRAM_MIN
 from mpqr.qr.gram_blocked import gram
@@ -105,15 +106,15 @@ def norm2_estimate(gemm2: Any, backend: Any, g: Any, steps: int = 8) -> float:
     dmax = float(xp.max(xp.real(xp.linalg.diagonal(g))))
     if not dmax > 0.0:
         return 0.0 if dmax == 0.0 else math.nan
+    fi = xp.finfo(real_dtype(xp, g.dtype))
     # |entries| <= 1 after scaling (exact), so those of G^2 are <= N; the exponent is
     # clamped so that 2^-e stays finite in G's dtype (a subnormal dmax)
-    fmax = float(xp.finfo(xp.real(g).dtype).max)
-    e = max(math.frexp(dmax)[1], 2 - math.frexp(fmax)[1])
+    e = max(math.frexp(dmax)[1], 2 - math.frexp(float(fi.max))[1])
     gs = g * math.ldexp(1.0, -e)
     g2 = gemm2(gs, gs)
     v = xp.astype(xp.linspace(1.0, 2.0, k, device=device(g)), g.dtype)[:, None]
     # the smallest normal number keeps a zero G's iterates at 0 instead of 0/0
-    tiny = xp.finfo(xp.real(v).dtype).smallest_normal
+    tiny = fi.smallest_normal
     v = v / xp.astype(backend.column_norms(v) + tiny, v.dtype)
     nw = None
     for _ in range(max(1, (steps + 1) // 2)):
