@@ -7,6 +7,7 @@
 #   qr              bench qr: every shape, precision and mode, against cuSOLVER
 #   lstsq           bench lstsq: against the cuSOLVER routes
 #   probe:SECTIONS  bench/probe_s7.py with comma-separated sections
+#   probe9:SECTIONS bench/probe_s9.py with comma-separated sections
 set -u
 export PYTHONUNBUFFERED=1
 D=$(date +%F)
@@ -32,6 +33,8 @@ for job in "$@"; do
     lstsq) timeout 240 python3 -m mpqr bench lstsq --json "$OUT/lstsq_${DEV}_$D.json" >> "$L" 2>&1 ;;
     probe:*)
       (cd bench && timeout 500 python3 probe_s7.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
+    probe9:*)
+      (cd bench && timeout 500 python3 probe_s9.py "$OUT/probe9_$D.json" "${job#probe9:}") >> "$L" 2>&1 ;;
     *) echo "unknown job $job" >> "$L" ;;
   esac
 done
