@@ -26,3 +26,4 @@ print(f"== {shape} {prec}: {time.perf_counter() - t0:.3f} s; gemms={len(tr.gemms
 print("\n".join(str(e) for e in tr.events[:5]))
 st = pstats.Stats(pr)
 st.sort_stats("tottime").print_stats(18)
+st.sort_stats("cumulative").print_stats(40)
