@@ -109,6 +109,15 @@ class ArrayAPIBackend:
         return xp.max(xp.where(xp.isfinite(x), xp.abs(x), xp.zeros_like(x)), axis=axis,
                       keepdims=True)
 
+    def pow2_shift(self, x: Any, axis: int, target: int) -> Any:
+        """Int32 shifts ``s`` (keepdims along ``axis``) putting the largest finite
+        ``|x| * 2**s`` along ``axis`` in ``[2**target, 2**(target+1))``; 0 for lines
+        with no finite nonzero entry (:func:`mpqr.engines.scaling.pow2_shift`)."""
+        xp = self.xp
+        mx = self.max_abs_finite(x, axis)
+        e = self.exponent(mx)
+        return xp.where(mx > 0, target - e, xp.zeros_like(e))
+
     def empty_for(self, like: Any, shape: tuple[int, ...], dtype: Any) -> Any:
         """Uninitialized work array for converted copies of ``like`` (the CuPy
         backend matches ``like``'s memory order so conversions stay coalesced)."""
@@ -145,6 +154,11 @@ class ArrayAPIBackend:
     def gemm(self, a: Any, b: Any) -> Any:
         """Native product in the operands' (common) dtype."""
         return self.xp.matmul(a, b)
+
+    def round_fp16_scaled(self, x: Any, shift: Any) -> Any:
+        """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype: ``x`` rounded to the
+        fp16 numbers at a power-of-two scaling (``shift`` int32, broadcasting)."""
+        return self.ldexp(self.xp.astype(self.to_fp16(self.ldexp(x, shift)), x.dtype), -shift)
 
     def to_fp16(self, x: Any) -> Any:
         raise NotImplementedError(

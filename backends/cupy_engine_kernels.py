@@ -24,7 +24,8 @@ import functools
 
 import cupy as cp
 
-__all__ = ["all_finite", "max_abs_finite", "split_fp16", "unscale"]
+__all__ = ["all_finite", "max_abs_finite", "round_fp16_scaled", "shift_of_max", "split_fp16",
+           "unscale"]
 
 # float32 widened through its bits: exact for subnormals in any FTZ mode
 _WIDEN = r"""
@@ -156,6 +157,36 @@ def _strided_max(x, ax):
           np.int64(chunk), part))
     mx = cp.max(part, axis=0)
     return mx.reshape((nkeep, 1) if ax == 1 else (1, nkeep))
+
+
+@functools.cache
+def _shift_kernel():
+    return cp.ElementwiseKernel(
+        "float64 mx, int32 target", "int32 s",
+        "int e; frexp(mx, &e); s = (mx > 0.0 && isfinite(mx)) ? target - (e - 1) : 0;",
+        "mpqr_shift_of_max",
+    )
+
+
+def shift_of_max(mx, target):
+    """Int32 ``target - floor(log2(mx))`` where ``mx`` (float64) is finite and
+    positive, else 0: :meth:`ArrayAPIBackend.pow2_shift` from its maxima."""
+    return _shift_kernel()(mx, cp.int32(target))
+
+
+@functools.cache
+def _round_fp16_kernel():
+    return cp.ElementwiseKernel(
+        "T x, int32 s", "T y",
+        "y = mpqr_narrow(ldexp((double)(float)float16(mpqr_odd_f32(ldexp(mpqr_f64(x), s))), -s),"
+        " (T)0);",
+        "mpqr_round_fp16_scaled", preamble=_PREAMBLE,
+    )
+
+
+def round_fp16_scaled(x, shift):
+    """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype, one pass."""
+    return _round_fp16_kernel()(x, shift)
 
 
 def split_fp16(x, shift, hi, hf=None, lo=None, lo_shift=11):

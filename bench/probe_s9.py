@@ -4,19 +4,23 @@
 Every engine call, leaf panel and fp16 reflector rounding is timed synchronised and
 attributed to the policy's label; "other" is the rest of the wall time.
 
-python3 bench/probe_s9.py OUT.json [sqph,sqph8k]
+python3 bench/probe_s9.py OUT.json [sqph,sqph8k,panel,sqleaves]
 """
 import dataclasses
 import time
 
 import cupy as cp
 from _probe import rec, section, sections, timeit, write
+from mpqr.backends import get_backend
 
 import mpqr
+from mpqr._array_api import array_namespace
 from mpqr.engines import ENGINES
+from mpqr.qr import _kernels as qk
 from mpqr.qr import householder_recursive as hr
 
 sections(["sqph"])
+be = get_backend(array_namespace(cp.zeros(1)))
 
 
 def _sync():
@@ -95,6 +99,70 @@ def _sqph():
 @section("sqph8k")
 def _sqph8k():
     _square(8192)
+
+
+class _route:
+    """Force the leaf panel's route: "tsqr" (TSQR + reconstruction) or "geqrf"."""
+
+    def __init__(self, route):
+        self.route = route
+
+    def __enter__(self):
+        self.saved = (qk.TSQR_ASPECT, qk.TSQR_MAX_WIDTH, getattr(qk, "TSQR_MIN_ROWS", None))
+        if self.route == "tsqr":
+            qk.TSQR_ASPECT, qk.TSQR_MAX_WIDTH = 1, 1 << 30
+            if self.saved[2] is not None:
+                qk.TSQR_MIN_ROWS = 0
+        elif self.route == "geqrf":
+            qk.TSQR_ASPECT = 1 << 40
+
+    def __exit__(self, *exc):
+        qk.TSQR_ASPECT, qk.TSQR_MAX_WIDTH = self.saved[:2]
+        if self.saved[2] is not None:
+            qk.TSQR_MIN_ROWS = self.saved[2]
+
+
+@section("panel")
+def _panel():
+    """The leaf panel's two routes, m x k, same process."""
+    rng = cp.random.default_rng(2)
+    for dt in (cp.float32, cp.float64):
+        for k in (32, 64, 128):
+            for m in (4096, 16384, 65536, 262144, 1048576):
+                a = rng.standard_normal((m, k), dtype=dt)
+                out = {}
+                prec = "fp64" if dt == cp.float64 else "fp32"
+                for route in ("geqrf", "tsqr"):
+                    try:
+                        with _route(route):
+                            out[route] = timeit(lambda a=a, prec=prec: qk.householder_panel(
+                                be, a, precision=prec), rep=5)
+                    except Exception as exc:
+                        print(f"panel {m}x{k} {route}: {exc!r}"[:200])
+                        out[route] = float("nan")
+                rec(f"panel {m}x{k} {cp.dtype(dt).name}", out["geqrf"], tsqr_ms=out["tsqr"],
+                    ratio=out["tsqr"] / out["geqrf"])
+
+
+@section("sqleaves")
+def _sqleaves():
+    """Square QR: leaf count and leaf route."""
+    saved = hr.MAX_LEAVES
+    for n in (16384, 8192):
+        a32 = cp.random.default_rng(1).standard_normal((n, n), dtype=cp.float32)
+        a64 = cp.random.default_rng(1).standard_normal((n, n))
+        rec(f"cusolver qr {n}^2 float32", timeit(lambda a32=a32: cp.linalg.qr(a32), rep=2))
+        for prec, a in (("fp16", a32), ("fp32-emulated", a32), ("fp64-emulated", a64)):
+            for leaves, route in ((128, "default"), (128, "geqrf"), (64, "default"),
+                                  (32, "default")):
+                hr.MAX_LEAVES = leaves
+                try:
+                    with _route(route):
+                        t = timeit(lambda prec=prec, a=a: mpqr.qr(a, precision=prec), rep=2)
+                finally:
+                    hr.MAX_LEAVES = saved
+                rec(f"qr {n}^2 {prec} leaves={leaves} route={route}", t)
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 write()

@@ -19,10 +19,7 @@ def pow2_shift(backend: Any, x: Any, *, axis: int, target: int) -> Any:
     """Int32 shifts ``s`` (keepdims along ``axis``) such that the largest finite
     ``|x| * 2**s`` along ``axis`` lies in ``[2**target, 2**(target+1))``.
     Zero (or all non-finite) lines get shift 0."""
-    xp = backend.xp
-    mx = backend.max_abs_finite(x, axis)
-    e = backend.exponent(mx)
-    return xp.where(mx > 0, target - e, xp.zeros_like(e))
+    return backend.pow2_shift(x, axis, target)
 
 
 def unscale(backend: Any, c: Any, row_shift: Any, col_shift: Any, out_dtype: Any) -> Any:

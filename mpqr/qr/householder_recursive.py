@@ -104,7 +104,7 @@ def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str
     xp = backend.xp
     s = xp.minimum(pow2_shift(backend, y, axis=-1, target=FP16_TARGET_EXP),
                    pow2_shift(backend, y, axis=-2, target=FP16_TARGET_EXP))
-    yh = backend.ldexp(xp.astype(backend.to_fp16(backend.ldexp(y, s)), y.dtype), -s)
+    yh = backend.round_fp16_scaled(y, s)
     k = y.shape[-1]
     g = gemm(ct(xp, yh), yh, precision=precision, label="panel-YhY", backend=backend)
     d = xp.linalg.diagonal(g)
