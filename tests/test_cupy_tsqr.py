@@ -214,3 +214,54 @@ def test_scale_split_fp16_bitwise_vs_numpy(dtype):
         nb.split_fp16(x, shift, ref[0], hf=ref[1], lo=ref[2], lo_shift=LO_SHIFT)
         for got, want in zip(_gpu_split(x, shift), ref):
             _same_bits(got, want)
+
+
+def _extremes(rng, dtype):
+    x = (rng.standard_normal((300, 70)) * 2.0 ** rng.integers(-30, 30, (300, 70))).astype(dtype)
+    x[0, 0], x[1, 1], x[2, 2], x[3, 3] = np.inf, -np.inf, np.nan, 0.0
+    x[10, :] = 0.0  # a zero row: shift 0
+    x[:, 11] = np.nan  # no finite entry: shift 0
+    tiny = 1e-310 if dtype == np.float64 else 1e-40  # a subnormal maximum
+    x[12, :], x[:, 13] = 0.0, 0.0
+    x[12, 5], x[20, 13] = tiny, -tiny
+    return x
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pow2_shift_bitwise_vs_numpy(dtype):
+    """The fused shift (one reduction, one elementwise launch) is the NumPy backend's."""
+    from mpqr.backends.numpy_backend import NumpyBackend
+
+    from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
+
+    x = _extremes(np.random.default_rng(5), dtype)
+    nb, gb = NumpyBackend(np), CupyBackend(cp)
+    for axis in (-1, -2, 0, 1):
+        want = nb.pow2_shift(x, axis, FP16_TARGET_EXP)
+        got = gb.pow2_shift(cp.asarray(x), axis, FP16_TARGET_EXP)
+        assert got.dtype == cp.int32 and got.shape == want.shape
+        np.testing.assert_array_equal(got.get(), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_fp16_scaled_bitwise_vs_numpy(dtype):
+    """One-pass rounding to scaled fp16 numbers: bit for bit the NumPy backend's
+    (overflow to inf, fp16 subnormals, float32 subnormal results, NaN and Inf)."""
+    from mpqr.backends.numpy_backend import NumpyBackend
+
+    rng = np.random.default_rng(6)
+    x = _extremes(rng, dtype)
+    if dtype == np.float64:
+        # ties after a float32 rounding: double rounding would get these wrong
+        x[4, :3] = [1 + 2.0**-11 + 2.0**-40, 1 + 2.0**-11 - 2.0**-40, -(1 + 3 * 2.0**-11 + 2.0**-45)]
+    nb, gb = NumpyBackend(np), CupyBackend(cp)
+    for shift in (rng.integers(-40, 40, (300, 1)).astype(np.int32),
+                  rng.integers(-20, 20, (1, 70)).astype(np.int32)):
+        want = nb.round_fp16_scaled(x, shift)
+        got = gb.round_fp16_scaled(cp.asarray(x), cp.asarray(shift)).get()
+        assert got.dtype == want.dtype
+        bits = np.uint64 if dtype == np.float64 else np.uint32
+        both_nan = np.isnan(got) & np.isnan(want)
+        np.testing.assert_array_equal(np.where(both_nan, 0, got.view(bits)),
+                                      np.where(both_nan, 0, want.view(bits)))
+

@@ -114,6 +114,37 @@ def test_leaf_kind_follows_the_aspect_threshold(monkeypatch, aspect, tsqr):
     assert orthogonality(q) <= np.sqrt(64) * 2.0**-53 / 4
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize("n", [1, 7, 9, 40, 64])
+def test_lu_signed_of_an_orthonormal_top_block(xp, n, dtype):
+    """``L U = Q1 - diag(s)`` with unit-lower L, upper U, ``s_i = -phase(pivot_i)``
+    and ``|u_ii| >= 1`` (Ballard et al.): on every backend, and the NumPy backend's
+    recursive halves agree with the column loop to rounding."""
+    rng = np.random.default_rng(n)
+    q = np.linalg.qr(_rand(rng, (3 * n + 5, n), np.complex128 if "complex" in
+                           np.dtype(dtype).name else np.float64))[0][:n].astype(dtype)
+    qx = from_numpy(xp, q)
+    if "complex" in np.dtype(dtype).name and not hasattr(xp, "complex128"):
+        pytest.skip("namespace without complex dtypes")
+    backend = get_backend(array_namespace(qx))
+    l, u, s = (to_numpy(v) for v in backend.lu_signed(qx))
+    tol = 8 * n * _u(dtype)
+    assert np.array_equal(l, np.tril(l)) and np.array_equal(np.diag(l), np.ones(n))
+    assert np.array_equal(u, np.triu(u))
+    assert np.allclose(np.abs(s), 1.0, rtol=0, atol=4 * _u(dtype))
+    assert np.all(np.abs(np.diag(u)) >= 1 - tol)
+    resid = hp_matmul(l, u) - (q.astype(np.complex128 if np.iscomplexobj(q) else np.float64)
+                               - np.diag(s))
+    assert np.max(np.abs(resid)) <= tol
+    l0, u0, s0 = (to_numpy(v) for v in ArrayAPIBackend.lu_signed(backend, qx))
+    # the pivots differ by rounding, so the phases do too (|u_ii| >= 1 bounds that)
+    assert np.max(np.abs(s - s0)) <= tol
+    assert np.max(np.abs(l - l0)) <= tol and np.max(np.abs(u - u0)) <= tol
+    q_before = q.copy()
+    backend.lu_signed(from_numpy(xp, q))
+    assert np.array_equal(q, q_before)
+
+
 def test_leaf_width_bounds_the_number_of_leaves():
     lw = recursive.leaf_width
     assert [lw(n) for n in (64, 2048, 4096, 4097, 8192, 16384, 65536)] == \
