@@ -178,8 +178,11 @@ def shift_of_max(mx, target):
 def _round_fp16_kernel():
     return cp.ElementwiseKernel(
         "T x, int32 s", "T y",
-        "y = mpqr_narrow(ldexp((double)(float)float16(mpqr_odd_f32(ldexp(mpqr_f64(x), s))), -s),"
-        " (T)0);",
+        """
+        float16 h = float16(mpqr_odd_f32(ldexp(mpqr_f64(x), s)));
+        float hf = (float)h;
+        y = mpqr_narrow(ldexp((double)hf, -s), x);
+        """,
         "mpqr_round_fp16_scaled", preamble=_PREAMBLE,
     )
 
