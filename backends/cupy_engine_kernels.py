@@ -175,21 +175,24 @@ def shift_of_max(mx, target):
 
 
 @functools.cache
-def _round_fp16_kernel():
+def _widen_fp16_kernel():
     return cp.ElementwiseKernel(
-        "T x, int32 s", "T y",
-        """
-        float16 h = float16(mpqr_odd_f32(ldexp(mpqr_f64(x), s)));
-        float hf = (float)h;
-        y = mpqr_narrow(ldexp((double)hf, -s), x);
-        """,
-        "mpqr_round_fp16_scaled", preamble=_PREAMBLE,
+        "float16 h, int32 s", "T y",
+        "y = mpqr_narrow(ldexp((double)(float)h, -s), y);",
+        "mpqr_unscale_fp16", preamble=_PREAMBLE,
     )
 
 
 def round_fp16_scaled(x, shift):
-    """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype, one pass."""
-    return _round_fp16_kernel()(x, shift)
+    """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype: the split kernel's
+    correctly rounded fp16, then one exact widening pass (two launches; the
+    float16 type exists in a kernel only through a float16 argument)."""
+    hi_only, _ = _split_kernels()
+    h = cp.empty(x.shape, dtype=cp.float16)
+    hi_only(x, shift, h)
+    out = cp.empty(x.shape, dtype=x.dtype)
+    _widen_fp16_kernel()(h, shift, out)
+    return out
 
 
 def split_fp16(x, shift, hi, hf=None, lo=None, lo_shift=11):
