@@ -165,4 +165,27 @@ def _sqleaves():
         cp.get_default_memory_pool().free_all_blocks()
 
 
+@section("sqwidth")
+def _sqwidth():
+    """Square QR: leaf count and widest leaf (synced phases for fp16 at 16384)."""
+    saved = (hr.MAX_LEAVES, hr.MAX_LEAF_WIDTH)
+    for n in (16384, 8192):
+        a32 = cp.random.default_rng(1).standard_normal((n, n), dtype=cp.float32)
+        a64 = cp.random.default_rng(1).standard_normal((n, n))
+        rec(f"cusolver qr {n}^2 float32", timeit(lambda a32=a32: cp.linalg.qr(a32), rep=3))
+        for prec, a in (("fp16", a32), ("fp32-emulated", a32), ("fp64-emulated", a64)):
+            for leaves, width in ((32, 256), (16, 512), (32, 512), (16, 1024)):
+                hr.MAX_LEAVES, hr.MAX_LEAF_WIDTH = leaves, width
+                try:
+                    with _route("geqrf"):
+                        t = timeit(lambda prec=prec, a=a: mpqr.qr(a, precision=prec), rep=3)
+                        if n == 16384 and prec == "fp16":
+                            _phases(a, prec)
+                finally:
+                    hr.MAX_LEAVES, hr.MAX_LEAF_WIDTH = saved
+                rec(f"qr {n}^2 {prec} leaves<={leaves} width<={width} "
+                    f"nb={hr.leaf_width(n) if False else min(width, max(32, n // leaves))}", t)
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 write()
