@@ -176,6 +176,7 @@ def _sqwidth():
         for prec, a in (("fp16", a32), ("fp32-emulated", a32), ("fp64-emulated", a64)):
             for leaves, width in ((32, 256), (16, 512), (32, 512), (16, 1024)):
                 hr.MAX_LEAVES, hr.MAX_LEAF_WIDTH = leaves, width
+                nb = hr.leaf_width(n)
                 try:
                     with _route("geqrf"):
                         t = timeit(lambda prec=prec, a=a: mpqr.qr(a, precision=prec), rep=3)
@@ -183,8 +184,7 @@ def _sqwidth():
                             _phases(a, prec)
                 finally:
                     hr.MAX_LEAVES, hr.MAX_LEAF_WIDTH = saved
-                rec(f"qr {n}^2 {prec} leaves<={leaves} width<={width} "
-                    f"nb={hr.leaf_width(n) if False else min(width, max(32, n // leaves))}", t)
+                rec(f"qr {n}^2 {prec} leaves<={leaves} width<={width} nb={nb}", t)
         cp.get_default_memory_pool().free_all_blocks()
 
 
