@@ -206,6 +206,10 @@ class ArrayAPIBackend:
     #: CholQR2's 3.1, so the cut is 2^20. Every backend uses the GPU's value so CI runs
     #: the same choice.
     library_qr_tall_max: int = 2**20
+    #: ``qr(method="auto")`` gives a single matrix (not tall-skinny) of at most this many
+    #: elements to the library's own QR in the input's precision where the recursive
+    #: tensor-core QR would run otherwise (0: never; backends with tensor cores set it).
+    library_qr_square_max: int = 0
     #: CholQR applies a well-conditioned R^-1 by GEMM from this many columns on (None:
     #: never). Measured on an H100 (fp64): 2^22 x 64 GEMM 1.7 ms vs substitution 3.2 ms,
     #: 2^24 x 32 4.0 vs 3.7 ms; every backend uses the GPU's value so CI runs that path.

@@ -121,6 +121,12 @@ class CupyBackend(ArrayAPIBackend):
     #: 2 ms slower there than on the GPU on an H100; n <= 64 saves ~0.5 ms per QR)
     small_max = 128 * 128
 
+    #: below ~2^27 elements cuSOLVER's QR in the input's precision beats the tensor-core
+    #: recursion, whose leaf panels and launches do not amortise (H100: 8192^2 fp16 140 ms,
+    #: fp32-emulated 131, fp64-emulated 114 against 98; at 16384^2 371 / 400 / 509
+    #: against 490): a cut between the two measured sizes
+    library_qr_square_max = 2**27
+
     def small(self, x):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,
         # R2 R1) are ~20 tiny launches and ~7 syncs on the GPU: ~0.7 ms per pass (H100).

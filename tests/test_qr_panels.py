@@ -104,6 +104,7 @@ def test_leaf_kind_follows_the_aspect_threshold(monkeypatch, aspect, tsqr):
     """Panels with m >= TSQR_ASPECT * k go through TSQR, the others through geqrf;
     both give Householder-quality factors."""
     monkeypatch.setattr(kernels, "TSQR_ASPECT", aspect)
+    monkeypatch.setattr(kernels, "TSQR_MIN_ROWS", 0)
     # two 32-wide panels (a single panel goes straight to the backend's panel QR)
     a = np.random.default_rng(7).standard_normal((4096, 64))
     with mpqr.explain() as trace:
@@ -147,8 +148,8 @@ def test_lu_signed_of_an_orthonormal_top_block(xp, n, dtype):
 
 def test_leaf_width_bounds_the_number_of_leaves():
     lw = recursive.leaf_width
-    assert [lw(n) for n in (64, 2048, 4096, 4097, 8192, 16384, 65536)] == \
-        [32, 32, 32, 64, 64, 128, 256]
+    assert [lw(n) for n in (64, 512, 1024, 2048, 4096, 4097, 8192, 16384, 65536)] == \
+        [32, 32, 64, 128, 256, 512, 512, 512, 512]
     assert lw(2**20) == recursive.MAX_LEAF_WIDTH
 
 
@@ -218,6 +219,31 @@ def test_choose_method_takes_the_library_qr_only_in_the_inputs_precision(precisi
     method, why = api.choose_method(get_backend(ns), precision, getattr(ns, dtype), 300, 100,
                                     batch=batch)
     assert method == want, why
+
+
+@pytest.mark.parametrize("precision, dtype, shape, batch, want", [
+    ("fp16", "float32", (8192, 8192), 1, "geqrf"),
+    ("fp32-emulated", "float32", (8192, 8192), 1, "geqrf"),
+    ("fp16", "float64", (8192, 8192), 1, "geqrf"),  # float64 arithmetic covers fp16
+    ("fp16", "float32", (16384, 16384), 1, "householder-recursive"),  # above the cut
+    ("fp16", "float32", (8192, 8192), 3, "householder-recursive"),  # stacks: ours
+    ("fp16", "float32", (65536, 2048), 1, "householder-recursive"),  # tall-skinny
+    ("fp64-emulated", "float32", (8192, 8192), 1, "householder-recursive"),  # fp32 < fp64
+])
+def test_small_square_tensor_core_qr_takes_the_library_qr(monkeypatch, precision, dtype,
+                                                          shape, batch, want):
+    """Below ``library_qr_square_max`` elements the library's QR in the input's own
+    precision replaces the recursion, when that precision covers the one asked for."""
+    monkeypatch.setattr(_TensorCoreNumpy, "library_qr_square_max", 2**27, raising=False)
+    monkeypatch.setattr(_TensorCoreNumpy, "rates", lambda self: {
+        "native-fp64": 1e12, "native-fp32": 48e12, "tc-fp16": 600e12, "int8": 2000e12,
+        "bandwidth": 3.5e12, "launch_s": 8e-6})  # slow FP64: fp64-emulated goes to Ozaki
+    ns = array_namespace(np.zeros(1))
+    method, why = api.choose_method(_TensorCoreNumpy(ns), precision, getattr(ns, dtype),
+                                    *shape, batch=batch)
+    assert method == want, why
+    if want == "geqrf":
+        assert f"{shape[0]}x{shape[1]} <= {2**27} elements" in why and precision in why
 
 
 def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):

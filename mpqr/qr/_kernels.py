@@ -53,6 +53,11 @@ TRMM_CUTOFF = 64
 TSQR_ASPECT = 64
 #: Widest panel that goes to TSQR (the CuPy tile kernel's limit, ``cupy_tsqr.MAX_N``).
 TSQR_MAX_WIDTH = 64
+#: Fewest rows of a panel that goes to TSQR. TSQR plus the Householder reconstruction
+#: (a host LU, triangular solves) has a fixed cost of ~5 ms; cuSOLVER's ``geqrf`` was
+#: faster at every measured size (H100, k = 32/64, m = 4096 ... 2^20: 1.04-22x; 1.3x at
+#: 2^20 x 32 and falling), so TSQR leaves start beyond the measured range.
+TSQR_MIN_ROWS = 2**22
 
 
 def is_complex(xp: Any, x: Any) -> bool:
@@ -220,14 +225,14 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
 
     ``a = (I - W Y^H)[:, :k] R`` with ``Y`` unit lower trapezoidal (explicit
     zeros and ones) and ``R`` upper triangular (signs arbitrary). Panels with
-    ``m >= TSQR_ASPECT * k`` and ``k <= TSQR_MAX_WIDTH`` go through
+    ``m >= TSQR_ASPECT * k``, ``m >= TSQR_MIN_ROWS`` and ``k <= TSQR_MAX_WIDTH`` go through
     :func:`tsqr` and :func:`householder_from_q`; all others through one
     ``backend.householder_panel`` call (``geqrf`` + the UT-transform ``T``) and
     ``W = Y T``. ``W`` is None unless ``need_w``.
     """
     xp = backend.xp
     m, k = a.shape[-2:]
-    if m >= TSQR_ASPECT * k and k <= TSQR_MAX_WIDTH:
+    if m >= max(TSQR_ASPECT * k, TSQR_MIN_ROWS) and k <= TSQR_MAX_WIDTH:
         qp, rp = tsqr(backend, a, precision=precision)
         w, y, s = householder_from_q(backend, qp, precision=precision)
         return w, y, xp.expand_dims(s, axis=-1) * rp

@@ -55,11 +55,14 @@ __all__ = ["FP16_SPLIT_B", "FP16_SPLIT_BOTH", "MAX_LEAF_WIDTH", "MAX_LEAVES",
 
 #: Narrowest leaf (Leng et al. use 32-wide tiles).
 RECURSION_CUTOFF = 32
-#: Widest leaf: one ``geqrf`` of an ``m x 256`` panel still runs at a fraction of
-#: GEMM speed, so wider leaves would move too much work off the fast engines.
-MAX_LEAF_WIDTH = 256
-#: The leaf width doubles (up to :data:`MAX_LEAF_WIDTH`) until ``n / nb <= MAX_LEAVES``.
-MAX_LEAVES = 128
+#: Widest leaf. cuSOLVER's ``geqrf`` costs about the same per column at any panel
+#: width (16384^2 on an H100: 177-189 ms for all leaves at widths 128-1024), while
+#: every leaf adds ~10 policy GEMMs of fixed host cost: 16384^2 fp16 took 906/527/371 ms
+#: at widths 128/256/512, and 361 ms at 1024, where fp64-emulated slowed (509 -> 656 ms).
+MAX_LEAF_WIDTH = 512
+#: The leaf width doubles (up to :data:`MAX_LEAF_WIDTH`) until ``n / nb <= MAX_LEAVES``
+#: (8192^2 fp16 on an H100: 988/428/140 ms with 128/32/16 leaves).
+MAX_LEAVES = 16
 #: The TRMM split stops at a quarter of the triangle: 7 GEMMs instead of ``2 k / 64``,
 #: for 12.5 % more flops on the triangular part.
 TRMM_DEPTH_FRACTION = 4
