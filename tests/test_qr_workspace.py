@@ -1,0 +1,43 @@
+"""Workspace of the reduced QR beyond Q and R, measured with ``tracemalloc`` on the
+NumPy backend (the same core code as the GPU; docs/methods.md, "Memory"). The bounds
+are the documented figures: the test fails if a change makes a method allocate more."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import mpqr
+
+#: method -> (shape, precision, documented bound on the workspace beyond Q and R, as a
+#: multiple of the input's bytes)
+CASES = [
+    ("cholqr2", (8192, 128), "fp64", 2.25),
+    ("householder-recursive", (2048, 256), "fp64", 5.1),
+    ("householder-recursive", (8192, 128), "fp32-emulated", 5.5),
+    ("householder-recursive", (1024, 1024), "fp64", 5.1),
+    ("householder-tiled", (2048, 256), "fp64", 5.1),
+]
+
+
+def _workspace(a, method, precision):
+    mpqr.qr(a, method=method, precision=precision)  # warm-up: caches, lazy imports
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        q, r = mpqr.qr(a, method=method, precision=precision)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return (peak - q.nbytes - r.nbytes) / a.nbytes
+
+
+@pytest.mark.parametrize("method, shape, precision, bound", CASES)
+def test_reduced_qr_workspace_stays_within_the_documented_figure(method, shape, precision,
+                                                                 bound):
+    a = np.random.default_rng(0).standard_normal(shape)
+    ws = _workspace(a, method, precision)
+    # at least the working copy of the input (nothing is overwritten without overwrite_a)
+    assert 1.0 <= ws <= bound, ws
