@@ -74,6 +74,7 @@ def gram_schmidt_recursive(backend: Any, a: Any, *, precision: Any, prec_name: s
         rec(cm, c1)
 
     rec(0, n)
+    rec = None  # cut rec's self-reference: q must not outlive the caller's use of it
     if n > nb:
         _check_reach(backend, r, gram_roundoff(xp, a.dtype, prec_name))
     r = pow2_scale(backend, r, xp.expand_dims(e, axis=-2))

@@ -211,6 +211,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             options=opt_w, backend=backend)
 
     rec(0, n, want_q)
+    # rec refers to itself through its closure cell: unless that cycle is cut, the
+    # working arrays outlive the return until a garbage collection (device memory too)
+    rec = None
     r = xp.triu(work[..., :n, :])
     if not want_q:
         return None, r
