@@ -229,6 +229,7 @@ def test_choose_method_takes_the_library_qr_only_in_the_inputs_precision(precisi
     ("fp16", "float32", (8192, 8192), 3, "householder-recursive"),  # stacks: ours
     ("fp16", "float32", (65536, 2048), 1, "householder-recursive"),  # tall-skinny
     ("fp64-emulated", "float32", (8192, 8192), 1, "householder-recursive"),  # fp32 < fp64
+    ("fp32", "float64", (8192, 8192), 1, "householder-tiled"),  # native: no recursion
 ])
 def test_small_square_tensor_core_qr_takes_the_library_qr(monkeypatch, precision, dtype,
                                                           shape, batch, want):
