@@ -147,9 +147,10 @@ def _lu_signed_inplace(w: Any, s: Any) -> None:
     ``U12 = L11^-1 A12``, ``L21 = A21 U11^-1`` is the column loop's factorization."""
     n = w.shape[0]
     if n <= 8:
+        cplx = np.iscomplexobj(w)
         for i in range(n):
             d = w[i, i]
-            if np.iscomplexobj(w):
+            if cplx:
                 si = -(d / abs(d)) if d != 0 else -1.0
             else:
                 si = 1.0 if d < 0 else -1.0
