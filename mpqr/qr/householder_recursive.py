@@ -200,19 +200,26 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
                  label="rec-update-WhB", options=opt_w, backend=backend)
         if TRIANGLE_AS_GEMM * k1 <= m - c0:
-            # Y1's triangular top is a small share of its rows: one GEMM, zeros included
-            top = gemm(_unit_lower(xp, work[..., c0:cm, c0:cm]), c, precision=precision,
-                       label="rec-update-YC", options=opt_y, backend=backend)
+            # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
+            # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
+            # that C is converted once (two GEMMs would split it twice).
+            r1 = xp.triu(work[..., c0:cm, c0:cm])
+            work[..., c0:cm, c0:cm] = _unit_lower(xp, work[..., c0:cm, c0:cm])
+            upd = gemm(work[..., c0:, c0:cm], c, precision=precision, label="rec-update-YC",
+                       options=opt_y, backend=backend)
+            work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
+            r1 = None
+            work[..., c0:, cm:c1] -= upd  # in place (a view where the library has them)
         else:
             with y_ctx():
-                top = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
+                upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
                             label="rec-update-trmm", backend=backend)
-        # in place (a view where the library has them, else one copy)
-        work[..., c0:cm, cm:c1] -= top
-        del top
-        work[..., cm:, cm:c1] -= gemm(work[..., cm:, c0:cm], c, precision=precision,
-                                      label="rec-update-YC", options=opt_y, backend=backend)
-        del c, b
+            work[..., c0:cm, cm:c1] -= upd
+            upd = None
+            work[..., cm:, cm:c1] -= gemm(work[..., cm:, c0:cm], c, precision=precision,
+                                          label="rec-update-YC", options=opt_y,
+                                          backend=backend)
+        upd = c = b = None
         rec(cm, c1, need_w)
         if not need_w:
             return
