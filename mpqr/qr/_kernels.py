@@ -242,27 +242,35 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
 
 
 def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
-               cutoff: int = TRMM_CUTOFF) -> Any:
+               cutoff: int = TRMM_CUTOFF, unit_implicit: bool = False) -> Any:
     """``l @ b`` for lower-triangular ``l`` (zeros stored above the diagonal).
 
     Splitting ``l`` in halves gives ``[l11 b1; l21 b1 + l22 b2]``: the
     off-diagonal product is a large square GEMM and only the diagonal blocks
-    recurse, which halves the flops of a full GEMM.
+    recurse, which halves the flops of a full GEMM. ``unit_implicit``: ``l`` is
+    unit lower with anything stored on and above its diagonal (Householder
+    vectors below R, LAPACK's layout); only the ``cutoff``-sized diagonal blocks
+    are copied out with their unit diagonal. The result is one array filled in
+    place: the temporaries are the recursion's half-size products.
     """
     xp = backend.xp
     k = l.shape[-1]
     if k <= cutoff:
+        if unit_implicit:
+            l = xp.tril(l, k=-1) + xp.eye(k, dtype=l.dtype, device=device(l))
         return gemm(l, b, precision=precision, label=label, backend=backend)
     h = k // 2
-    top = trmm_lower(l[..., :h, :h], b[..., :h, :], precision=precision, label=label,
-                     backend=backend, cutoff=cutoff)
     low = gemm(l[..., h:, :h], b[..., :h, :], precision=precision, label=label + "-gemm",
                backend=backend)
-    low = low + trmm_lower(l[..., h:, h:], b[..., h:, :], precision=precision, label=label,
-                           backend=backend, cutoff=cutoff)
     out = xp.empty((*low.shape[:-2], k, b.shape[-1]), dtype=low.dtype, device=device(low))
-    out[..., :h, :] = top
     out[..., h:, :] = low
+    del low
+    out[..., :h, :] = trmm_lower(l[..., :h, :h], b[..., :h, :], precision=precision,
+                                 label=label, backend=backend, cutoff=cutoff,
+                                 unit_implicit=unit_implicit)
+    out[..., h:, :] += trmm_lower(l[..., h:, h:], b[..., h:, :], precision=precision,
+                                  label=label, backend=backend, cutoff=cutoff,
+                                  unit_implicit=unit_implicit)
     return out
 
 

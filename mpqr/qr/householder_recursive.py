@@ -133,8 +133,16 @@ def leaf_width(n: int) -> int:
 
 
 def _trmm(l: Any, b: Any, *, precision: Any, label: str, backend: Any) -> Any:
+    # l: unit lower, stored below R in the working array (diagonal and above not read)
     cutoff = max(TRMM_CUTOFF, l.shape[-1] // TRMM_DEPTH_FRACTION)
-    return trmm_lower(l, b, precision=precision, label=label, backend=backend, cutoff=cutoff)
+    return trmm_lower(l, b, precision=precision, label=label, backend=backend, cutoff=cutoff,
+                      unit_implicit=True)
+
+
+def _unit_lower(xp: Any, blk: Any) -> Any:
+    """Explicit unit-lower-triangular copy of a square diagonal block of the working
+    array, whose strictly lower part holds Householder vectors (R sits above)."""
+    return xp.tril(blk, k=-1) + xp.eye(blk.shape[-1], dtype=blk.dtype, device=device(blk))
 
 
 def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: str,
@@ -145,6 +153,11 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
 
     ``nb`` is the leaf width (default :func:`leaf_width`). Returns ``(Q, R)``
     before sign normalisation (Q is None unless ``want_q``).
+
+    Storage is LAPACK's: the working copy holds R on and above its diagonal and the
+    Householder vectors Y (unit diagonal implied) below it; W has an array of its own,
+    and the reduced Q is formed in W's storage. Workspace beyond Q and R: the working
+    copy, plus GEMM temporaries of at most half of W.
     """
     xp = backend.xp
     *batch, m, n = a.shape
@@ -162,7 +175,6 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         nb = leaf_width(n)
     work = a if overwrite else xp.asarray(a, copy=True)
     w_all = xp.zeros((*batch, m, n), dtype=a.dtype, device=dev)
-    y_all = xp.zeros((*batch, m, n), dtype=a.dtype, device=dev)
 
     def rec(c0: int, c1: int, need_w: bool) -> None:
         # need_w: a later step reads this block's W (an update of the right
@@ -174,8 +186,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
                 y, t = round_reflectors_fp16(backend, w, y, precision=pp)
                 w = gemm(y, t, precision=pp, label="panel-wy-rounded", backend=backend)
-            work[..., c0:c1, c0:c1] = r
-            y_all[..., c0:, c0:c1] = y
+            work[..., c0:c1, c0:c1] = xp.triu(r) + xp.tril(y[..., :k, :], k=-1)
+            work[..., c1:, c0:c1] = y[..., k:, :]
             if need_w:
                 w_all[..., c0:, c0:c1] = w
             return
@@ -187,28 +199,35 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         b = work[..., c0:, cm:c1]
         c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
                  label="rec-update-WhB", options=opt_w, backend=backend)
-        y1 = y_all[..., c0:, c0:cm]
         if TRIANGLE_AS_GEMM * k1 <= m - c0:
-            # Y1's triangular top is a small share of its rows: one GEMM beats a split
-            work[..., c0:, cm:c1] = b - gemm(y1, c, precision=precision, label="rec-update-YC",
-                                             options=opt_y, backend=backend)
+            # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
+            # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
+            # that C is converted once (two GEMMs would split it twice).
+            r1 = xp.triu(work[..., c0:cm, c0:cm])
+            work[..., c0:cm, c0:cm] = _unit_lower(xp, work[..., c0:cm, c0:cm])
+            upd = gemm(work[..., c0:, c0:cm], c, precision=precision, label="rec-update-YC",
+                       options=opt_y, backend=backend)
+            work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
+            r1 = None
+            work[..., c0:, cm:c1] -= upd  # in place (a view where the library has them)
         else:
             with y_ctx():
-                work[..., c0:cm, cm:c1] = b[..., :k1, :] - _trmm(
-                    y1[..., :k1, :], c, precision=precision, label="rec-update-trmm",
-                    backend=backend)
-            work[..., cm:, cm:c1] = b[..., k1:, :] - gemm(
-                y1[..., k1:, :], c, precision=precision, label="rec-update-YC", options=opt_y,
-                backend=backend)
+                upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
+                            label="rec-update-trmm", backend=backend)
+            work[..., c0:cm, cm:c1] -= upd
+            upd = None
+            work[..., cm:, cm:c1] -= gemm(work[..., cm:, c0:cm], c, precision=precision,
+                                          label="rec-update-YC", options=opt_y,
+                                          backend=backend)
+        upd = c = b = None
         rec(cm, c1, need_w)
         if not need_w:
             return
-        # merge: W2 <- W2 - W1 (Y1^H W2); Y1 is zero above row cm - c0 of W2's support
-        d = gemm(ct(xp, y_all[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
+        # merge: W2 <- W2 - W1 (Y1^H W2); rows cm: of Y1 lie below the diagonal
+        d = gemm(ct(xp, work[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
                  label="rec-merge-YhW", options=opt_y, backend=backend)
-        w_all[..., c0:, cm:c1] = w_all[..., c0:, cm:c1] - gemm(
-            w_all[..., c0:, c0:cm], d, precision=precision, label="rec-merge-WD",
-            options=opt_w, backend=backend)
+        w_all[..., c0:, cm:c1] -= gemm(w_all[..., c0:, c0:cm], d, precision=precision,
+                                       label="rec-merge-WD", options=opt_w, backend=backend)
 
     rec(0, n, want_q)
     # rec refers to itself through its closure cell: unless that cycle is cut, the
@@ -219,6 +238,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         return None, r
     if complete:
         # Q = I - W Y^H (m x m); fp16: as (Y W^H)^H, the rounded vectors on the left
+        y_all = xp.tril(work, k=-1) + xp.eye(m, n, dtype=a.dtype, device=dev)
+        work = None
         if f16:
             wy = ct(xp, gemm(y_all, ct(xp, w_all), precision=precision, label="rec-formq-WYh",
                              options=opt_y, backend=backend))
@@ -226,10 +247,41 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             wy = gemm(w_all, ct(xp, y_all), precision=precision, label="rec-formq-WYh",
                       backend=backend)
         return xp.eye(m, dtype=a.dtype, device=dev) - wy, r
-    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower: W Y1^H = (Y1 W^H)^H, a TRMM
-    with y_ctx():
-        wy = ct(xp, _trmm(y_all[..., :n, :], ct(xp, w_all), precision=precision,
-                          label="rec-formq-trmm", backend=backend))
-    q = -wy
+    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage
+    _times_unit_upper(backend, w_all, work[..., :n, :n], 0, n, precision=precision,
+                      options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION))
+    work = None  # Y1 was its last use: free it before the sign normalisation copies Q
+    q = w_all
+    q *= -1
     q[..., :n, :] = q[..., :n, :] + xp.eye(n, dtype=a.dtype, device=dev)
     return q, r
+
+
+def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
+                      options: Any, cutoff: int) -> None:
+    """``W[:, lo:hi] <- W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
+    with its vectors below the diagonal of ``y1`` (R above is not read).
+
+    With ``Y1^H = [U11 U12; 0 U22]``: ``[W1 W2] Y1^H = [W1 U11, W1 U12 + W2 U22]``, so
+    ``W2`` is done first and ``W1`` last; ``W1 U12`` is one large GEMM (the only
+    temporary, half of the block at most). Products run as ``(Y W^H)^H`` so that the
+    vectors are the left operand, as the fp16 scheme's engines expect.
+    """
+    xp = backend.xp
+    k = hi - lo
+    if k <= cutoff:
+        blk = gemm(_unit_lower(xp, y1[..., lo:hi, lo:hi]), ct(xp, w[..., :, lo:hi]),
+                   precision=precision, label="rec-formq-trmm", options=options,
+                   backend=backend)
+        w[..., :, lo:hi] = ct(xp, blk)
+        return
+    mid = lo + k // 2
+    _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
+                      cutoff=cutoff)
+    g = ct(xp, gemm(y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]), precision=precision,
+                    label="rec-formq-trmm-gemm", options=options, backend=backend))
+    g += w[..., :, mid:hi]
+    w[..., :, mid:hi] = g
+    del g
+    _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
+                      cutoff=cutoff)
