@@ -126,6 +126,9 @@ class CupyBackend(ArrayAPIBackend):
     #: fp32-emulated 131, fp64-emulated 114 against 98; at 16384^2 371 / 400 / 509
     #: against 490): a cut between the two measured sizes
     library_qr_square_max = 2**27
+    #: cuSOLVER's geqrf of a 16384 x 512 float32 leaf takes ~11 ms, latency-bound
+    #: (bench/NOTES.md, session 10)
+    cholqr_panel_min_width = 128
 
     def small(self, x):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,
@@ -332,8 +335,12 @@ class CupyBackend(ArrayAPIBackend):
         return cp.swapaxes(l, -1, -2).conj() if upper else l
 
     def lu_signed(self, a):
-        # n x n with n = panel width: one host round trip (~0.2 ms) beats the
-        # ~10 launches per column of the device loop (~8 ms at n = 32, measured)
+        from mpqr.backends import cupy_lu
+
+        if cupy_lu.supports(a):  # real 2-D: recursive halves on cuBLAS, 64-blocks in one kernel
+            return cupy_lu.lu_signed(a)
+        # complex or stacked: one host round trip (the array-API column loop on the
+        # device costs ~10 launches per column, ~8 ms at n = 32, measured)
         from mpqr.backends import get_backend
 
         from mpqr._array_api import array_namespace

@@ -116,7 +116,7 @@ def test_leaf_kind_follows_the_aspect_threshold(monkeypatch, aspect, tsqr):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
-@pytest.mark.parametrize("n", [1, 7, 9, 40, 64])
+@pytest.mark.parametrize("n", [1, 7, 9, 40, 64, 65, 130, 257])
 def test_lu_signed_of_an_orthonormal_top_block(xp, n, dtype):
     """``L U = Q1 - diag(s)`` with unit-lower L, upper U, ``s_i = -phase(pivot_i)``
     and ``|u_ii| >= 1`` (Ballard et al.): on every backend, and the NumPy backend's
