@@ -220,11 +220,6 @@ class ArrayAPIBackend:
     #: 2^20 x 256 split once 2.46 -> 2.31 (noise level: not split); every backend uses
     #: the GPU's value so CI runs that path.
     gram_block: int | None = 256
-    #: leaf panels of the recursive Householder QR at least this wide (and 4x as tall)
-    #: try certified CholQR2 plus Householder reconstruction before ``geqrf``
-    #: (mpqr/qr/panel_cholqr.py; None: never). Off here: LAPACK's ``geqrf`` is not
-    #: latency-bound on a host, and the host LU of the reconstruction grows as n^3.
-    cholqr_panel_min_width: int | None = None
     #: the Ozaki steps are fused kernels without temporaries (see ozaki.workspace_bytes)
     ozaki_fused: bool = False
 

@@ -126,9 +126,6 @@ class CupyBackend(ArrayAPIBackend):
     #: fp32-emulated 131, fp64-emulated 114 against 98; at 16384^2 371 / 400 / 509
     #: against 490): a cut between the two measured sizes
     library_qr_square_max = 2**27
-    #: cuSOLVER's geqrf of a 16384 x 512 float32 leaf takes ~11 ms, latency-bound
-    #: (bench/NOTES.md, session 10)
-    cholqr_panel_min_width = 128
 
     def small(self, x):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,

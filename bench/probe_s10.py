@@ -1,6 +1,9 @@
 """Session-10 probe: leaf panels by certified CholQR2 + Householder reconstruction
 against cuSOLVER's geqrf, and what that does to square QR.
 
+The route (mpqr/qr/panel_cholqr.py, ``cholqr_panel_min_width``) was measured slower
+and removed again: sections leaf, sq and sqmin need commit 8fa448d; lu runs on main.
+
 python3 bench/probe_s10.py OUT.json [leaf,lu,sq,sqmin]
   leaf   householder_panel of m x k panels, both routes, same process
   lu     the signed LU of the reconstruction: device kernel + cuBLAS vs the host

@@ -23,7 +23,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import phase  # one definition, shared with the backends
-from mpqr.policy import gemm, record_event
+from mpqr.policy import gemm
 
 __all__ = [
     "column_exponents",
@@ -226,12 +226,9 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
     ``a = (I - W Y^H)[:, :k] R`` with ``Y`` unit lower trapezoidal (explicit
     zeros and ones) and ``R`` upper triangular (signs arbitrary). Panels with
     ``m >= TSQR_ASPECT * k``, ``m >= TSQR_MIN_ROWS`` and ``k <= TSQR_MAX_WIDTH`` go through
-    :func:`tsqr` and :func:`householder_from_q`; wide tall panels on backends that ask
-    for it (:func:`~mpqr.qr.panel_cholqr.takes_cholqr_panel`) through certified CholQR2
-    and :func:`householder_from_q`, or ``geqrf`` where CholQR2 declines (traced as
-    ``panel-fallback``); all others through one ``backend.householder_panel`` call
-    (``geqrf`` + the UT-transform ``T``) and ``W = Y T``. ``W`` is None unless ``need_w``
-    (the reconstruction routes form it anyway).
+    :func:`tsqr` and :func:`householder_from_q`; all others through one
+    ``backend.householder_panel`` call (``geqrf`` + the UT-transform ``T``) and
+    ``W = Y T``. ``W`` is None unless ``need_w``.
     """
     xp = backend.xp
     m, k = a.shape[-2:]
@@ -239,16 +236,6 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
         qp, rp = tsqr(backend, a, precision=precision)
         w, y, s = householder_from_q(backend, qp, precision=precision)
         return w, y, xp.expand_dims(s, axis=-1) * rp
-    # here, not at the top: panel_cholqr -> gram_blocked imports this module
-    from mpqr.qr.panel_cholqr import cholqr2_panel, takes_cholqr_panel
-
-    if takes_cholqr_panel(backend, a):
-        qp, rp, why = cholqr2_panel(backend, a, precision=precision)
-        if qp is not None:
-            w, y, s = householder_from_q(backend, qp, precision=precision)
-            return w, y, xp.expand_dims(s, axis=-1) * rp
-        record_event("panel-fallback", f"{m} x {k} leaf panel: CholQR2 declined ({why}); "
-                     "geqrf instead", rows=m, cols=k)
     y, t, r = backend.householder_panel(a)
     w = gemm(y, t, precision=precision, label="panel-wy", backend=backend) if need_w else None
     return w, y, r
