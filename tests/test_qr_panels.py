@@ -227,7 +227,8 @@ def test_choose_method_takes_the_library_qr_only_in_the_inputs_precision(precisi
     ("fp16", "float64", (8192, 8192), 1, "geqrf"),  # float64 arithmetic covers fp16
     ("fp16", "float32", (16384, 16384), 1, "householder-recursive"),  # above the cut
     ("fp16", "float32", (8192, 8192), 3, "householder-recursive"),  # stacks: ours
-    ("fp16", "float32", (65536, 2048), 1, "householder-recursive"),  # tall-skinny
+    ("fp16", "float32", (65536, 2048), 1, "cholqr2"),  # tall-skinny: CholQR2 in fp32
+    ("fp16", "float32", (65535, 4096), 1, "householder-recursive"),  # just under 16 n
     ("fp64-emulated", "float32", (8192, 8192), 1, "householder-recursive"),  # fp32 < fp64
     ("fp32", "float64", (8192, 8192), 1, "householder-tiled"),  # native: no recursion
 ])
@@ -260,7 +261,9 @@ def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):
         "bandwidth": 3.5e12, "launch_s": 8e-6})  # a GPU with slow FP64
     assert api.choose_method(tc, "fp64-emulated", ns.float64, 16384, 16384)[0] == \
         "householder-recursive"
-    assert api.choose_method(tc, "fp16", ns.float32, 4096, 32)[0] == "householder-tiled"
+    # a small tall-skinny matrix at fp16 takes the library's QR in float32 (covers fp16)
+    assert api.choose_method(tc, "fp16", ns.float32, 4096, 32)[0] == "geqrf"
+    assert api.choose_method(tc, "fp16", ns.float32, 300, 32)[0] == "householder-tiled"
 
 
 @pytest.mark.parametrize("shape", [(4096, 32), (50, 256, 32), (40, 7)])

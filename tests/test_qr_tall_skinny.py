@@ -71,13 +71,59 @@ def test_cholqr2_applies_a_well_conditioned_inverse_by_gemm(xp, n, cond, want):
     assert backward_error(a, to_numpy(q), to_numpy(r)) <= 8 * np.sqrt(n) * U64
 
 
-def test_auto_keeps_householder_below_the_ratio_for_stacks_and_fp16():
+def test_auto_keeps_householder_below_the_ratio_and_for_stacks():
     be = get_backend(sys.modules["mpqr._array_api"].array_namespace(np.zeros(1)))
     f64 = np.float64
     assert api.choose_method(be, "fp64", f64, 15 * 20, 20)[0] != "cholqr2"
     assert api.choose_method(be, "fp64", f64, 16 * 20, 20)[0] == "cholqr2"
     assert api.choose_method(be, "fp64", f64, 16 * 20, 20, batch=7)[0] != "cholqr2"
-    assert api.choose_method(be, "fp16", f64, 16 * 20, 20)[0] != "cholqr2"
+    for prec in ("fp16", "fp32-emulated"):
+        assert api.choose_method(be, prec, f64, 15 * 20, 20)[0] != "cholqr2"
+        assert api.choose_method(be, prec, f64, 16 * 20, 20, batch=7)[0] != "cholqr2"
+
+
+@pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine there")
+@pytest.mark.parametrize("precision", ["fp16", "fp32-emulated"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_auto_tall_skinny_at_the_fp16_precisions_runs_cholqr2_in_the_inputs_own(
+        xp, precision, dtype):
+    """At ``fp16``/``fp32-emulated`` a tall-skinny matrix gets CholQR2 with native Gram
+    products in its own precision: at least as accurate as asked (here: to the dtype's
+    own ``u``), and the explain trace says so."""
+    m, n = 3000, 60
+    a = geometric(np.random.default_rng(11), m, n, 100.0).astype(dtype)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a), precision=precision)
+    (ev,) = _events(trace, "method")
+    own = "fp32" if dtype == np.float32 else "fp64"
+    assert ev.message.startswith(f"qr: cholqr2 (tall-skinny (m >= 16 n) at precision="
+                                 f"{precision!r}: CholQR2 in the input's own, at least as "
+                                 f"accurate precision ({own}), ")
+    engines = {g.engine for g in trace.gemms}
+    assert engines and all(e.startswith("native") for e in engines), engines
+    u = 2.0**-24 if dtype == np.float32 else U64
+    assert orthogonality(to_numpy(q)) <= 8 * np.sqrt(n) * u
+    assert backward_error(a, to_numpy(q), to_numpy(r)) <= 8 * np.sqrt(n) * u
+
+
+@pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine there")
+def test_fp16_tall_skinny_beyond_cholqr2_falls_back_to_the_requested_precision(xp):
+    """cond = 1e6 in float32 is beyond CholQR2 (``u^(-1/2)`` ~ 4e3): the QR falls back to
+    the method fp16 runs without the tall-skinny rule (tiled on a backend without tensor
+    cores, the recursion on one), at fp16, and the trace says so."""
+    m, n = 3000, 60
+    a = geometric(np.random.default_rng(12), m, n, 1e6).astype(np.float32)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a), precision="fp16")
+    be = get_backend(sys.modules["mpqr._array_api"].array_namespace(xp.asarray(a)))
+    want = "householder-recursive" if "tensor-cores" in be.capabilities else \
+        "householder-tiled"
+    (fb,) = _events(trace, "fallback")
+    assert fb.message.startswith("qr: cholqr2 broke down (estimated cond(x) >= ")
+    assert fb.message.endswith(f"); falling back to {want} at precision='fp16'")
+    assert any(not g.engine.startswith("native") for g in trace.gemms)  # fp16 engines ran
+    u16 = 2.0**-11
+    assert backward_error(a, to_numpy(q), to_numpy(r)) <= 2 * np.sqrt(n) * u16
 
 
 @pytest.mark.parametrize(("engine", "want"), [("ozaki-int8", True), ("native-fp64", True),
