@@ -111,7 +111,7 @@ def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
 #: ``method="auto"`` takes CholQR2 for single matrices with ``m >= TALL_RATIO * n``
 TALL_RATIO = 16
 #: precisions whose Gram matrix is formed in the working precision (the certificate's
-#: threshold assumes it); fp16 and fp32-emulated keep Householder
+#: threshold assumes it); fp16 and fp32-emulated run CholQR2 in the input's own instead
 _CHOLQR_PRECISIONS = ("auto", "fp32", "fp64", "fp64-emulated")
 #: precisions whose tall-skinny QR runs CholQR2 in the input's own precision instead (its
 #: fp16-based Gram matrices would square the condition number at 11 bits)
@@ -166,9 +166,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     ``qr`` runs what the requested precision would have run otherwise (the recursion
     where the backend has tensor cores).
 
-    Small tall-skinny matrices in their own working precision (at most
-    ``backend.library_qr_tall_max`` elements) take ``geqrf`` first: CholQR2's n x n
-    steps cost more than their data.
+    Small tall-skinny matrices in their own working precision, or at ``fp16`` /
+    ``fp32-emulated`` (at most ``backend.library_qr_tall_max`` elements), take
+    ``geqrf`` first: CholQR2's n x n steps cost more than their data.
 
     Otherwise a single matrix in its own working precision whose top-level update the
     policy runs natively takes ``geqrf``, the array library's QR (LAPACK, cuSOLVER):
@@ -218,8 +218,8 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 f"input's own, at least as accurate precision ({own}), four memory-bound "
                 "passes over x, beats the tensor-core recursion, whose leaf panels are "
                 "geqrf on all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
-                "65536x4096: 145 against 253 ms); if its certificate fails, the recursion at "
-                f"precision={prec_name!r} runs instead")
+                "65536x4096: 145 against 253 ms); if its certificate fails, what "
+                f"precision={prec_name!r} runs otherwise (the fallback event names it)")
     # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
     h = n // 2
     try:
