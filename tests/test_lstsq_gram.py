@@ -146,12 +146,21 @@ def test_gram_route_nonfinite_a_is_never_finite(xp):
 
 
 def test_gram_route_only_at_working_precision(xp):
+    """The Gram route needs a working-precision Gram matrix (SciPy's singular values).
+    At fp32-emulated a tall-skinny problem is factored in the input's own precision
+    anyway (traced), so the route may run, on native fp64 products only."""
     if xp.__name__.startswith("array_api_strict"):
         pytest.skip("array-api-strict has no fp32-emulated engine")
     a, b = _problem(640, 24, np.linspace(3.0, 1.0, 24), np.float64, seed=6)
     with mpqr.explain() as trace:
-        mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision="fp32-emulated")
-    assert "gram" not in _paths(trace)
+        x = mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision="fp32-emulated")[0]
+    (ev,) = [e for e in trace.events if e.kind == "precision"]
+    assert ev.message == ("lstsq: precision='fp32-emulated' on a tall-skinny 640x24 matrix: "
+                          "its QR runs in the input's own, at least as accurate precision "
+                          "(fp64), which sets the resolution of the rank decisions")
+    assert "gram" in _paths(trace)
+    assert {g.engine for g in trace.gemms} == {"native-fp64"}
+    assert _metric(a, b, to_numpy(x)) <= 10 * _metric(a, b, sla.lstsq(a, b)[0])
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "geometric", "complex", "rank1", "zero",

@@ -9,7 +9,11 @@ Route for one ``M x N`` problem (``M >= N``; ``M < N`` works on ``A^H``):
    which returns no ``s``: ``cond(A) <= 1e4``) and the rank is certainly full;
    step 3 follows. Otherwise (its ``G`` then starts step 1's CholQR2):
 1. ``R`` from :func:`mpqr.qr` at the requested precision; with refinement
-   ``mode="r"`` (Q is never formed), without it ``mode="reduced"``.
+   ``mode="r"`` (Q is never formed), without it ``mode="reduced"``. Where ``qr``
+   would factor an ``fp16``/``fp32-emulated`` request in the input's own precision
+   (a tall-skinny factored matrix: :func:`mpqr.qr.api.factor_precision`), lstsq takes
+   that precision from the start, so the Gram route (step 0), the rank resolution and
+   the trace all refer to the R that is really computed.
 2. The singular values of ``R`` are those of ``A`` (the QR-SVD route); they
    give ``s`` and the rank for the cutoff ``cond * s[0]``. A factorization
    below the working precision resolves singular values only to about
@@ -53,6 +57,7 @@ from mpqr.lstsq.refine import cgls, iterative_refinement
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr import qr
 from mpqr.qr._kernels import ct, pow2_scale
+from mpqr.qr.api import factor_precision
 from mpqr.qr.cholqr import reuse_first_gram
 
 __all__ = ["REFINE", "lstsq"]
@@ -240,8 +245,20 @@ class _Solver:
                  need_s: bool = True):
         self.backend, self.xp = backend, backend.xp
         self.need_s = need_s  # False for gelsy: no singular values and no residues
-        self.a, self.b, self.cond, self.prec, self.refine = a, b, cond, prec, refine
         m, n = a.shape
+        self.under = m < n
+        # the tall matrix that is factored: A, or A^H for M < N
+        self.f = ct(backend.xp, a) if self.under else a
+        own = factor_precision(backend, prec, a.dtype, *self.f.shape)
+        if own != prec:
+            # qr would factor in the input's own precision anyway: size the rank decisions,
+            # the Gram route and the refinement by what R really is
+            record_event("precision", f"lstsq: precision={prec!r} on a tall-skinny "
+                         f"{max(m, n)}x{min(m, n)} matrix: its QR runs in the input's own, "
+                         f"at least as accurate precision ({own}), which sets the "
+                         "resolution of the rank decisions", requested=prec, precision=own)
+            prec = own
+        self.a, self.b, self.cond, self.prec, self.refine = a, b, cond, prec, refine
         self.m, self.n = m, n
         self.u = eps / 2
         self.u_f = max(_UNIT[prec], self.u)
@@ -251,9 +268,6 @@ class _Solver:
         self.tol = tol if tol is not None else self.u
         self.floor_tol = None if tol is not None else math.sqrt(max(m, n)) * self.u
         self.maxiter = maxiter if maxiter is not None else 50
-        self.under = m < n
-        # the tall matrix that is factored: A, or A^H for M < N
-        self.f = ct(self.xp, a) if self.under else a
 
     # --- helpers ---------------------------------------------------------------
     def _gemm(self, x: Any, y: Any, what: str) -> Any:

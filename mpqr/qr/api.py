@@ -30,7 +30,7 @@ from mpqr.qr._kernels import (
     scale_columns,
 )
 
-__all__ = ["METHODS", "MODES", "QRResult", "qr"]
+__all__ = ["METHODS", "MODES", "QRResult", "factor_precision", "qr"]
 
 MODES = ("reduced", "complete", "r")
 
@@ -136,6 +136,18 @@ def _own_precision(backend: Any, dtype: Any) -> str:
     """The precision name of the input dtype's own arithmetic (``fp32`` or ``fp64``)."""
     xp = backend.xp
     return "fp32" if dtype in (xp.float32, xp.complex64) else "fp64"
+
+
+def factor_precision(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
+                     batch: int = 1) -> str:
+    """The precision ``qr(method="auto")`` factors an ``m x n`` input at: the input's own
+    (``fp32``/``fp64``) where :func:`choose_method` gives an ``fp16``/``fp32-emulated``
+    request to CholQR2 or the library's QR in it, else ``prec_name``. ``mpqr.lstsq``
+    sizes its rank decisions and Gram route by it."""
+    if prec_name not in _OWN_PRECISION_CHOLQR or 0 in (m, n):
+        return prec_name
+    method, _ = choose_method(backend, prec_name, dtype, m, n, batch=batch)
+    return _own_precision(backend, dtype) if method in ("cholqr2", "geqrf") else prec_name
 
 
 def _covers_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
@@ -366,11 +378,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
               overwrite=overwrite)
     fallback, fallback_kw = "householder-tiled", kw
-    if auto and method in ("cholqr2", "geqrf") and prec_name in _OWN_PRECISION_CHOLQR:
+    own = factor_precision(backend, prec_name, a.dtype, m, n, batch=math.prod(batch))
+    if auto and own != prec_name:
         # the input's own precision (choose_method says why): no scaling pass for an fp16
         # range it will not use; CholQR2's fallback is what the requested precision would
         # have run without the tall-skinny rule
-        own = _own_precision(backend, a.dtype)
         kw = {**kw, "precision": own, "prec_name": own}
         if n > 32 and "tensor-cores" in backend.capabilities:
             fallback = "householder-recursive"
