@@ -1,16 +1,18 @@
 """Polynomial and spline regression with ``mpqr.lstsq``.
 
 Least-squares fits of noisy samples: a degree-``d`` polynomial in the
-Chebyshev basis (well conditioned) and a cubic B-spline on uniform knots. The
-design matrices are tall and skinny, the shape where QR-based least squares
-shines. With ``precision="fp16"`` the QR runs its big products on the FP16
-engine and ``refine="auto"`` (the default) recovers float64 accuracy with a
-few CGLS iterations preconditioned by the fp16 ``R`` (Zhang, Baharlouei & Wu,
-Algorithm 3); ``mpqr.explain()`` shows the iteration count. The monomial
-basis ``1, t, t^2, ...`` is the ill-conditioned counterexample: its smallest
-singular values fall inside fp16's resolution, so ``lstsq`` cannot decide the
-rank from the fp16 factorization and refactors at the working precision; the
-trace says so, and the answer is still float64-accurate.
+Chebyshev basis (well conditioned), a cubic B-spline on uniform knots, and the
+ill-conditioned monomial basis ``1, t, t^2, ...``. The design matrices are tall
+and skinny, the shape where QR-based least squares shines.
+
+The fits ask for ``precision="fp16"``: products at least fp16-accurate. On a
+tall-skinny matrix a QR in the input's own float64 (CholQR2, or the library's QR
+for small ones) is both faster than the fp16 tensor-core QR and more accurate,
+so ``lstsq`` factors in float64 and says so in the trace (a ``precision``
+event); CGLS preconditioned by that ``R`` (Zhang, Baharlouei & Wu, Algorithm 3)
+then converges in one or two iterations, for the monomial basis too.
+The fp16 factorization itself, with its refinement and fallbacks, runs where
+the matrix is not tall-skinny (``tests/test_lstsq_refine.py``).
 
 Run: ``python docs/examples/polynomial_regression.py``
 """
@@ -41,7 +43,9 @@ def fit(a: np.ndarray, y: np.ndarray, precision: str) -> dict:
     ref = np.linalg.lstsq(a, y, rcond=None)[0]
     refine = [e for e in trace.events if e.kind == "refine"]
     path = "fallback" if any(e.kind == "fallback" for e in trace.events) else "refine"
+    chosen = [e.data["precision"] for e in trace.events if e.kind == "precision"]
     return {"x": x, "ref": ref, "rank": rank, "cond": float(s[0] / s[-1]),
+            "factored": chosen[0] if chosen else precision,
             "rel_diff": float(np.linalg.norm(x - ref) / np.linalg.norm(ref)),
             "iterations": refine[0].data["iterations"] if refine else 0,
             "residual": float(np.linalg.norm(a @ x - y)), "path": path}
@@ -61,7 +65,7 @@ def main(samples: int = 5000, degree: int = 12, knots: int = 20, monomial_degree
         if verbose:
             r = out[name]
             print(f"{name:<10} {a.shape[0]}x{a.shape[1]}  cond {r['cond']:.1e}  "
-                  f"precision={precision}: "
+                  f"precision={precision} (factored at {r['factored']}): "
                   + (f"{r['iterations']} CGLS iterations" if r["path"] == "refine"
                      else "refactored at working precision") + ", "
                   f"||x - x_numpy|| / ||x_numpy|| = {r['rel_diff']:.1e}, "
