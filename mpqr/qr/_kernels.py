@@ -241,6 +241,13 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
     return w, y, r
 
 
+def unit_lower(xp: Any, blk: Any) -> Any:
+    """Explicit unit-lower-trapezoidal copy of ``blk`` (``..., m, n``, ``m >= n``) whose
+    strictly lower part holds Householder vectors (LAPACK's layout: R sits above)."""
+    m, n = blk.shape[-2:]
+    return xp.tril(blk, k=-1) + xp.eye(m, n, dtype=blk.dtype, device=device(blk))
+
+
 def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
                cutoff: int = TRMM_CUTOFF, unit_implicit: bool = False) -> Any:
     """``l @ b`` for lower-triangular ``l`` (zeros stored above the diagonal).
@@ -257,7 +264,7 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
     k = l.shape[-1]
     if k <= cutoff:
         if unit_implicit:
-            l = xp.tril(l, k=-1) + xp.eye(k, dtype=l.dtype, device=device(l))
+            l = unit_lower(xp, l)
         return gemm(l, b, precision=precision, label=label, backend=backend)
     h = k // 2
     low = gemm(l[..., h:, :h], b[..., :h, :], precision=precision, label=label + "-gemm",

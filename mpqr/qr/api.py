@@ -146,8 +146,15 @@ def factor_precision(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *
     sizes its rank decisions and Gram route by it."""
     if prec_name not in _OWN_PRECISION_CHOLQR or 0 in (m, n):
         return prec_name
-    method, _ = choose_method(backend, prec_name, dtype, m, n, batch=batch)
-    return _own_precision(backend, dtype) if method in ("cholqr2", "geqrf") else prec_name
+    return _precision_of(backend, prec_name, dtype,
+                         choose_method(backend, prec_name, dtype, m, n, batch=batch)[0])
+
+
+def _precision_of(backend: Any, prec_name: str, dtype: Any, method: str) -> str:
+    """The precision an auto-chosen ``method`` factors a ``prec_name`` request at."""
+    if prec_name in _OWN_PRECISION_CHOLQR and method in ("cholqr2", "geqrf"):
+        return _own_precision(backend, dtype)
+    return prec_name
 
 
 def _covers_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
@@ -378,8 +385,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
               overwrite=overwrite)
     fallback, fallback_kw = "householder-tiled", kw
-    own = factor_precision(backend, prec_name, a.dtype, m, n, batch=math.prod(batch))
-    if auto and own != prec_name:
+    own = _precision_of(backend, prec_name, a.dtype, method) if auto else prec_name
+    if own != prec_name:
         # the input's own precision (choose_method says why): no scaling pass for an fp16
         # range it will not use; CholQR2's fallback is what the requested precision would
         # have run without the tall-skinny rule

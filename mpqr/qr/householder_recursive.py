@@ -47,6 +47,7 @@ from mpqr.qr._kernels import (
     is_complex,
     panel_precision,
     trmm_lower,
+    unit_lower,
 )
 
 __all__ = ["FP16_SPLIT_B", "FP16_SPLIT_BOTH", "MAX_LEAF_WIDTH", "MAX_LEAVES",
@@ -139,12 +140,6 @@ def _trmm(l: Any, b: Any, *, precision: Any, label: str, backend: Any) -> Any:
                       unit_implicit=True)
 
 
-def _unit_lower(xp: Any, blk: Any) -> Any:
-    """Explicit unit-lower-triangular copy of a square diagonal block of the working
-    array, whose strictly lower part holds Householder vectors (R sits above)."""
-    return xp.tril(blk, k=-1) + xp.eye(blk.shape[-1], dtype=blk.dtype, device=device(blk))
-
-
 def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: str,
                           want_q: bool = True, complete: bool = False,
                           nb: int | None = None, overwrite: bool = False
@@ -204,7 +199,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
             # that C is converted once (two GEMMs would split it twice).
             r1 = xp.triu(work[..., c0:cm, c0:cm])
-            work[..., c0:cm, c0:cm] = _unit_lower(xp, work[..., c0:cm, c0:cm])
+            work[..., c0:cm, c0:cm] = unit_lower(xp, work[..., c0:cm, c0:cm])
             upd = gemm(work[..., c0:, c0:cm], c, precision=precision, label="rec-update-YC",
                        options=opt_y, backend=backend)
             work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
@@ -238,7 +233,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         return None, r
     if complete:
         # Q = I - W Y^H (m x m); fp16: as (Y W^H)^H, the rounded vectors on the left
-        y_all = xp.tril(work, k=-1) + xp.eye(m, n, dtype=a.dtype, device=dev)
+        y_all = unit_lower(xp, work)
         work = None
         if f16:
             wy = ct(xp, gemm(y_all, ct(xp, w_all), precision=precision, label="rec-formq-WYh",
@@ -270,7 +265,7 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     xp = backend.xp
     k = hi - lo
     if k <= cutoff:
-        blk = gemm(_unit_lower(xp, y1[..., lo:hi, lo:hi]), ct(xp, w[..., :, lo:hi]),
+        blk = gemm(unit_lower(xp, y1[..., lo:hi, lo:hi]), ct(xp, w[..., :, lo:hi]),
                    precision=precision, label="rec-formq-trmm", options=options,
                    backend=backend)
         w[..., :, lo:hi] = ct(xp, blk)
