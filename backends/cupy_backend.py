@@ -323,6 +323,20 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_right_solve.right_solve_upper(a, r, out=out)
         return super().right_solve_upper(a, r, out=out)
 
+    def right_solve_gram(self, a, r):
+        from mpqr.backends import cupy_right_solve
+
+        if cupy_right_solve.supports_gram(a):  # one read of A: Q1 never goes to memory
+            return cupy_right_solve.right_solve_gram(a, r)
+        return super().right_solve_gram(a, r)
+
+    def right_solve_twice(self, a, r1, r2):
+        from mpqr.backends import cupy_right_solve
+
+        if cupy_right_solve.supports(a, r1):  # A read once, Q written once
+            return cupy_right_solve.right_solve_twice(a, r1, r2)
+        return super().right_solve_twice(a, r1, r2)
+
     def cholesky(self, a, *, upper=False, check=True):
         cp = self._cp
         # cuSOLVER reports failure through `info`, which CuPy ignores by default.

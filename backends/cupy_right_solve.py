@@ -1,9 +1,12 @@
 """``Q = A R^{-1}`` (upper-triangular ``R``) for tall ``A`` on the GPU: one thread per row.
 
 cuBLAS ``trsm`` on a ``2^24 x 32`` right-hand side ran at ~110 GB/s (72 ms, H100);
-this kernel reads ``A`` once and writes ``Q`` once. Kernel source:
-``kernels/right_solve.cu``; one instantiation per ``(dtype, n)``, compiled on
-first use and cached by CuPy.
+this kernel reads ``A`` once and writes ``Q`` once. Two fused variants serve
+CholQR2 on narrow float64 matrices: the Gram matrix of ``A R1^{-1}`` without
+writing it (:func:`right_solve_gram`), and ``(A R1^{-1}) R2^{-1}`` from ``A``
+(:func:`right_solve_twice`), the same rounded intermediate rows in both. Kernel
+source: ``kernels/right_solve.cu``; one instantiation per ``(dtype, n)``,
+compiled on first use and cached by CuPy.
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-__all__ = ["MAX_N", "right_solve_upper", "supports"]
+__all__ = ["GRAM_MAX_N", "MAX_N", "right_solve_gram", "right_solve_twice", "right_solve_upper",
+           "supports", "supports_gram"]
 
 #: widest R the kernel takes (a thread keeps its row in registers)
 MAX_N = 64
+#: widest float64 A of the fused Gram kernel (a warp's share of G's 8 x 8 tiles stays small)
+GRAM_MAX_N = 32
+_GRAM_ROWS = 128
+_GRAM_MINB = 3  # blocks per SM asked of the register allocator
 _SOURCE = Path(__file__).resolve().parent / "kernels" / "right_solve.cu"
 
 
@@ -32,28 +40,39 @@ def supports(a, r) -> bool:
             and r.shape == (a.shape[1], a.shape[1]))
 
 
+def supports_gram(a) -> bool:
+    return a.ndim == 2 and a.dtype == cp.float64 and 0 < a.shape[1] <= GRAM_MAX_N
+
+
 @functools.cache
-def _kernel(dtype_name: str, n: int, rows: int):
+def _module(dtype_name: str, n: int, rows: int):
     t, minb = ("double", 3) if dtype_name == "float64" else ("float", 1)
-    name = f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}>"
+    names = {"one": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, false>",
+             "twice": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, true>"}
+    if dtype_name == "float64" and n <= GRAM_MAX_N:
+        names["gram"] = f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_GRAM_MINB}>"
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=[name])
-    return mod.get_function(name)
+                       name_expressions=list(names.values()))
+    return {k: mod.get_function(v) for k, v in names.items()}
 
 
-def right_solve_upper(a, r, out=None):
-    """``a @ inv(r)`` for 2-D float32/float64 ``a`` (m x n, n <= 64).
-
-    Written into ``out`` (m x n, unit stride along rows, e.g. a column slice of a
-    wider array) when given, else into a new C-ordered array, which is returned.
-    """
-    m, n = a.shape
-    if not _rows_unit_stride(a):
-        a = cp.ascontiguousarray(a)  # the kernel wants unit stride along rows
-    # R transposed with an even row stride (the kernel loads aligned pairs), 1 / diag(R)
-    rt = cp.zeros((n, n + (n & 1)), dtype=a.dtype)
+def _factor(r, dtype):
+    """R transposed with an even row stride (the kernel loads aligned pairs), 1 / diag(R)."""
+    n = r.shape[0]
+    rt = cp.zeros((n, n + (n & 1)), dtype=dtype)
     rt[:, :n] = r.T
-    dinv = 1 / cp.ascontiguousarray(cp.diagonal(r))
+    return rt, 1 / cp.ascontiguousarray(cp.diagonal(r))
+
+
+def _rows_operand(a):
+    if not _rows_unit_stride(a):
+        a = cp.ascontiguousarray(a)  # the kernels want unit stride along rows
+    return a, np.int64(a.strides[0] // a.itemsize if a.shape[0] > 1 else a.shape[1])
+
+
+def _solve(a, rs, out, variant):
+    m, n = a.shape
+    a, lda = _rows_operand(a)
     if out is None:
         out = cp.empty((m, n), dtype=a.dtype)
     elif out.shape != (m, n) or out.dtype != a.dtype or not _rows_unit_stride(out):
@@ -62,11 +81,59 @@ def right_solve_upper(a, r, out=None):
     if m == 0:
         return out
     rows = _rows(n, a.dtype)
-    ld = [x.strides[0] // x.itemsize if m > 1 else n for x in (a, out)]
-    _kernel(np.dtype(a.dtype).name, n, rows)(
-        (-(-m // rows),), (rows,),
-        (a, np.int64(ld[0]), rt, dinv, out, np.int64(ld[1]), np.int64(m)))
+    (rt, dinv), (rt2, dinv2) = _factor(rs[0], a.dtype), _factor(rs[-1], a.dtype)
+    ldq = np.int64(out.strides[0] // out.itemsize if m > 1 else n)
+    _module(np.dtype(a.dtype).name, n, rows)[variant](
+        (-(-m // rows),), (rows,), (a, lda, rt, dinv, out, ldq, np.int64(m), rt2, dinv2))
     return out
+
+
+def right_solve_upper(a, r, out=None):
+    """``a @ inv(r)`` for 2-D float32/float64 ``a`` (m x n, n <= 64).
+
+    Written into ``out`` (m x n, unit stride along rows, e.g. a column slice of a
+    wider array) when given, else into a new C-ordered array, which is returned.
+    """
+    return _solve(a, (r,), out, "one")
+
+
+def right_solve_twice(a, r1, r2, out=None):
+    """``(a @ inv(r1)) @ inv(r2)`` by two substitutions per row, without writing the
+    intermediate (``out`` as in :func:`right_solve_upper`)."""
+    return _solve(a, (r1, r2), out, "twice")
+
+
+def right_solve_gram(a, r):
+    """``Q1^T Q1`` for ``Q1 = a @ inv(r)`` (float64, n <= GRAM_MAX_N) in one read of ``a``:
+    each row solved as :func:`right_solve_upper` solves it, the products on the fp64
+    tensor cores; exactly symmetric."""
+    m, n = a.shape
+    a, lda = _rows_operand(a)
+    rt, dinv = _factor(r, a.dtype)
+    n16 = (n + 15) // 16 * 16
+    tiles = -(-m // _GRAM_ROWS)
+    kernel = _module("float64", n, _rows(n, a.dtype))["gram"]
+    # persistent blocks, one wave of them: few partial Gram matrices, no tail
+    blocks = max(1, min(tiles, _resident_blocks(kernel, _GRAM_ROWS)))
+    partial = cp.zeros((blocks, n16, n16), dtype=cp.float64)
+    if m:
+        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rt, dinv, partial, np.int64(m)))
+    g = cp.triu(partial.sum(axis=0)[:n, :n])
+    return g + cp.triu(g, 1).T
+
+
+@functools.cache
+def _resident_blocks(kernel, threads: int) -> int:
+    """Blocks of ``kernel`` the whole device holds at once (the occupancy query)."""
+    from cupy.cuda import driver
+
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    fn = getattr(kernel, "kernel", kernel)  # RawKernel wraps a driver Function
+    try:
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, 0)
+    except (AttributeError, driver.CUDADriverError):  # no query: the launch bound's count
+        per_sm = _GRAM_MINB
+    return max(1, int(per_sm)) * sms
 
 
 def _rows_unit_stride(x) -> bool:

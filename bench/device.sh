@@ -8,6 +8,8 @@
 #   lstsq           bench lstsq: against the cuSOLVER routes
 #   probe:SECTIONS  bench/probe_s7.py with comma-separated sections
 #   probe9:SECTIONS bench/probe_s9.py with comma-separated sections
+#   probe11:SECTIONS bench/probe_s11.py with comma-separated sections
+#   qrtests         the GPU tests of the QR and right-solve files only
 set -u
 export PYTHONUNBUFFERED=1
 D=$(date +%F)
@@ -33,6 +35,13 @@ for job in "$@"; do
     lstsq) timeout 240 python3 -m mpqr bench lstsq --json "$OUT/lstsq_${DEV}_$D.json" >> "$L" 2>&1 ;;
     probe:*)
       (cd bench && timeout 500 python3 probe_s7.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
+    probe11:*)
+      (cd bench && timeout 500 python3 probe_s11.py "$OUT/probe11_$D.json" "${job#probe11:}") >> "$L" 2>&1 ;;
+    qrtests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_cupy_right_solve.py \
+        tests/test_qr_cholqr_fused.py tests/test_qr_tall_skinny.py tests/test_qr_workspace.py \
+        > "$OUT/pytest_qr.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_qr.txt" | cut -c1-300 >> "$L" ;;
     probe9:*)
       (cd bench && timeout 500 python3 probe_s9.py "$OUT/probe9_$D.json" "${job#probe9:}") >> "$L" 2>&1 ;;
     *) echo "unknown job $job" >> "$L" ;;

@@ -3,7 +3,10 @@
 Each row is a forward substitution, so each row of the result must satisfy the
 textbook backward-error bound ``|a_i - q_i R| <= gamma_n |q_i| |R|`` (Higham,
 Thm. 8.5), checked on the host in extended precision, for every supported width
-and for strided (column-sliced) inputs.
+and for strided (column-sliced) inputs. The fused CholQR2 kernels must round the
+intermediate rows exactly as the plain solve does: the two-solve kernel equals
+two plain solves bitwise, and the Gram kernel's result is the Gram matrix of the
+plain solve's rows within the dot-product bound ``gamma_m |Q1|^T |Q1|``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,15 @@ from tests.conftest import GPU
 if not GPU:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
 import cupy as cp
-from mpqr.backends.cupy_right_solve import MAX_N, right_solve_upper, supports
+from mpqr.backends.cupy_right_solve import (
+    GRAM_MAX_N,
+    MAX_N,
+    right_solve_gram,
+    right_solve_twice,
+    right_solve_upper,
+    supports,
+    supports_gram,
+)
 
 
 def _check(a, r, q):
@@ -81,3 +92,55 @@ def test_native_gemm_of_row_strided_views_matches_matmul(dtype):
     at = big[:40, :30].T  # a transposed view also goes straight to cuBLAS
     np.testing.assert_allclose(be.gemm(at, b[:40, :]).get(), (at @ b[:40, :]).get(),
                                rtol=64 * u, atol=64 * u * 40)
+
+
+def _triu_factor(rng, n):
+    return np.triu(rng.standard_normal((n, n))) + 3 * np.eye(n)
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 20, 32])
+@pytest.mark.parametrize("m", [1037, 140_001])  # one partial tile; more tiles than blocks
+def test_gram_kernel_is_the_gram_matrix_of_the_solved_rows(n, m):
+    rng = np.random.default_rng(n + m)
+    a = cp.asarray(rng.standard_normal((m, n)))
+    r = cp.asarray(_triu_factor(rng, n))
+    before = a.copy()
+    g = right_solve_gram(a, r)
+    q1 = right_solve_upper(a, r).get()
+    ref = q1.T.astype(np.longdouble) @ q1.astype(np.longdouble)
+    gamma = m * 2.0**-53 / (1 - m * 2.0**-53)
+    bound = gamma * (np.abs(q1).T @ np.abs(q1)) + np.finfo(np.float64).tiny
+    gh = g.get()
+    assert g.dtype == cp.float64 and g.shape == (n, n)
+    assert np.array_equal(gh, gh.T)
+    assert np.all(np.abs(gh - ref) <= bound), float((np.abs(gh - ref) / bound).max())
+    assert bool((a == before).all())
+
+
+def test_gram_kernel_takes_column_slices_and_propagates_nan():
+    rng = np.random.default_rng(3)
+    full = cp.asarray(rng.standard_normal((2000, 40)))
+    a = full[:, 5:29]  # row stride 40
+    r = cp.asarray(_triu_factor(rng, 24))
+    q1 = right_solve_upper(a, r).get()
+    ref = q1.T @ q1
+    np.testing.assert_allclose(right_solve_gram(a, r).get(), ref, rtol=1e-12,
+                               atol=1e-12 * np.abs(ref).max())
+    full[777, 10] = cp.nan  # column 5 of a: rows of Q1 from column 5 on are NaN
+    g = right_solve_gram(a, r).get()
+    assert np.isnan(g[5:, 5:]).all() and np.isfinite(g[:5, :5]).all()
+    assert not supports_gram(cp.ones((10, GRAM_MAX_N + 1)))
+    assert not supports_gram(cp.ones((10, 8), cp.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 32, 33, 64])
+def test_two_solve_kernel_equals_two_plain_solves_bitwise(dtype, n):
+    rng = np.random.default_rng(n)
+    a = cp.asarray(rng.standard_normal((1037, n)), dtype=dtype)
+    r1 = cp.asarray(_triu_factor(rng, n), dtype=dtype)
+    r2 = cp.asarray(np.eye(n) + 0.01 * np.triu(rng.standard_normal((n, n))), dtype=dtype)
+    q = right_solve_twice(a, r1, r2)
+    ref = right_solve_upper(right_solve_upper(a, r1), r2)
+    assert q.dtype == dtype and q.shape == (1037, n)
+    assert bool((q == ref).all())

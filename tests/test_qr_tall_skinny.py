@@ -173,8 +173,11 @@ def test_cholqr2_certificate_refuses_an_uncertified_result():
     assert raised >= 1
 
 
-def test_certificate_message_names_the_distance_and_the_method(monkeypatch):
-    a = geometric(np.random.default_rng(4), 300, 10, 10.0)
+# n = 10: the fused second pass (the backend's right_solve_gram); n = 40: Q1 stored
+# (fused_cholqr_max_n = 16)
+@pytest.mark.parametrize(("n", "dist"), [(10, r"6\.3\de\+00"), (40, r"1\.2\de\+01")])
+def test_certificate_message_names_the_distance_and_the_method(monkeypatch, n, dist):
+    a = geometric(np.random.default_rng(4), 300, n, 10.0)
     real_gram = cholqr_mod.gram
     calls = []
 
@@ -183,10 +186,14 @@ def test_certificate_message_names_the_distance_and_the_method(monkeypatch):
         calls.append(label)
         return g * 3.0 if len(calls) == 2 else g  # ||G2 - I||_F = 2 sqrt(n) > 1/2
 
+    be_type = type(get_backend(sys.modules["mpqr._array_api"].array_namespace(a)))
+    real_fused = be_type.right_solve_gram
     monkeypatch.setattr(cholqr_mod, "gram", bad_second_gram)
+    monkeypatch.setattr(be_type, "right_solve_gram",
+                        lambda self, x, r: real_fused(self, x, r) * 3.0)
     with pytest.raises(mpqr.BreakdownError,
                        match=r"^cholqr2 broke down: after the first pass \|\|Q1\^H Q1 - I\|\|_F "
-                             r"= 6\.3\de\+00 > 0\.5, so the result would not be orthonormal "
+                             rf"= {dist} > 0\.5, so the result would not be orthonormal "
                              r"to working accuracy \(estimated cond\(x\) >= "):
         mpqr.qr(a, method="cholqr2", precision="fp64")
 

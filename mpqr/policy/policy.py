@@ -37,7 +37,8 @@ from mpqr.policy.options import GemmOptions, as_gemm_options
 from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
-__all__ = ["Decision", "active_gemm_options", "decide", "gemm", "gemm_options", "result_dtype"]
+__all__ = ["Decision", "active_gemm_options", "decide", "fused_gemm", "gemm", "gemm_options",
+           "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
     "mpqr_gemm_options", default=None
@@ -209,6 +210,28 @@ def _complex_msg(kind: str, precision: str) -> str:
         f"precision={precision!r} is not supported for {kind} inputs: the emulated engines "
         "support float32 and float64; use precision='auto', 'fp32' or 'fp64' for complex"
     )
+
+
+def fused_gemm(backend: Any, dtype: Any, shape: tuple[int, int, int], *, engine: str,
+               precision: str | None = None, label: str = "", options: Any = None) -> bool:
+    """Whether the policy runs the product of ``shape = (m, n, k)`` on ``engine``.
+
+    For a backend kernel that computes a product fused into another pass (the
+    product never reaches :func:`gemm`): the policy decides as it would for
+    :func:`gemm`; when it picks ``engine`` the decision is recorded in the explain
+    trace and True returned (the caller runs the fused kernel), else nothing is
+    recorded and the caller takes :func:`gemm`, which records its own decision.
+    """
+    prec, source = resolve_precision(precision)
+    m, n, k = shape
+    d = decide(backend, dtype, m, n, k, 1, prec, source, _merged_options(options))
+    if d.engine != engine:
+        return False
+    if tracing():
+        record_gemm(GemmDecision(label, (m, n, k), 1, str(dtype), prec, source, d.engine,
+                                 {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
+                                 d.reason, d.predicted_s))
+    return True
 
 
 def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",

@@ -23,7 +23,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr._errors import BreakdownError, LinAlgError
-from mpqr.policy import gemm, record_event
+from mpqr.policy import fused_gemm, gemm, record_event
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.gram_blocked import gram
 
@@ -146,16 +146,19 @@ def _first_gram(a: Any, method: str) -> tuple[Any, Any] | None:
 
 
 def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
-              shift: bool = False, certify: Any = None, want_q: bool = True
-              ) -> tuple[Any, Any, Any]:
+              shift: bool = False, certify: Any = None, want_q: bool = True,
+              g: Any = None) -> tuple[Any, Any, Any]:
     """One CholQR pass: ``(Q, R, small backend)``, R in the small backend's namespace
     (``backend.small``; the caller moves the final R back with ``backend.from_small``).
 
     ``certify``: the previous pass's R, when ``a`` is that pass's Q — then ``a``'s Gram
     matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
-    pass's Q orthonormal to working accuracy; else BreakdownError."""
+    pass's Q orthonormal to working accuracy; else BreakdownError. ``g``: ``a``'s Gram
+    matrix, already formed (``a`` is then only read for its shape)."""
     # the n x n steps run in backend.small's namespace
     pair = _first_gram(a, method) if certify is None else None
+    if pair is None and g is not None:
+        pair = backend.small(g)
     sb, g = pair if pair is not None else backend.small(
         gram(backend, a, precision, f"{method}-gram"))
     xp = sb.xp
@@ -248,11 +251,40 @@ def cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
     return q, backend.from_small(r, a)
 
 
+def _fusable(backend: Any, a: Any) -> bool:
+    """A 2-D float64 ``a`` narrow enough for the backend's fused CholQR2 passes (see
+    ``fused_cholqr_max_n``); the policy then decides on its second Gram product."""
+    max_n = backend.fused_cholqr_max_n
+    return (max_n is not None and a.ndim == 2 and a.dtype == backend.xp.float64
+            and 0 < a.shape[1] <= max_n)
+
+
 def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool = True,
             **_: Any) -> tuple[Any, Any]:
     """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}`` (certified: see
-    :func:`_one_pass`). ``want_q=False`` skips the last solve (``Q`` is then None)."""
-    q1, r1, _sb = _one_pass(backend, a, precision, "cholqr2", prec_name)
+    :func:`_one_pass`). ``want_q=False`` skips the last solve (``Q`` is then None).
+
+    Narrow float64 inputs (:func:`_fusable`) whose second Gram product the policy runs
+    natively keep ``Q1 = A R1^-1`` out of memory: its Gram matrix comes from the
+    solve's pass over A, in float64 arithmetic, and ``Q = (A R1^-1) R2^-1`` is solved
+    from A, rounding the intermediate rows the same way — the arithmetic of storing
+    ``Q1``, in four passes over A's size instead of six (two instead of four without
+    Q). The explain trace says so (``fused-solve``)."""
+    fusable = _fusable(backend, a)
+    q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable)
+    if fusable:
+        m, n = a.shape
+        if fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64", precision=precision,
+                      label="cholqr2-gram"):
+            r1d = backend.from_small(r1, a)
+            record_event("fused-solve", "cholqr2: Q1 = x R1^-1 is not stored: its Gram "
+                         "matrix is formed in the solve's pass over x, and Q = (x R1^-1) "
+                         "R2^-1 is solved from x (two passes over x fewer)", method="cholqr2")
+            _q, r2, sb = _one_pass(backend, a, precision, "cholqr2", prec_name, certify=r1,
+                                   want_q=False, g=backend.right_solve_gram(a, r1d))
+            q = backend.right_solve_twice(a, r1d, backend.from_small(r2, a)) if want_q else None
+            return q, backend.from_small(_rr(sb, r2, r1, prec_name), a)
+        q1 = _apply_inverse(backend, sb1, a, r1, "cholqr2", prec_name)
     q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
                           want_q=want_q)
     return q, backend.from_small(_rr(sb, r2, r1, prec_name), a)
