@@ -226,10 +226,11 @@ class ArrayAPIBackend:
     #: CholQR2 on a 2-D float64 input at most this wide does not store ``Q1 = A R1^-1``:
     #: :meth:`right_solve_gram` gives its Gram matrix in the solve's pass and
     #: :meth:`right_solve_twice` the final Q from A (two passes over A fewer; None: never).
-    #: H100, fp64, fused vs stored, same process: 2^24 x 16 5.1-5.3 vs 5.8-6.8 ms; at
-    #: n = 32 the fused kernels' compute shows (2^24 x 32 13.3 vs 10.7-11.9 ms), so the
-    #: cut is 16. Every backend uses the GPU's value so CI runs that path.
-    fused_cholqr_max_n: int | None = 16
+    #: H100, fp64, fused vs stored, same process: 2^24 x 32 10.7 vs 11.4-11.8 ms (mode
+    #: "r" 5.6-6.1 vs 8.3), 2^24 x 16 5.7 vs 6.2-6.7, 2^22 x 32 4.1-4.6 vs 4.2-4.5 (the
+    #: fused kernels' width limit is 32). Every backend uses the GPU's value so CI runs
+    #: that path.
+    fused_cholqr_max_n: int | None = 32
 
     def right_solve_gram(self, a: Any, r: Any) -> Any:
         """``Q1^T Q1`` (exactly symmetric) for ``Q1 = a @ inv(r)``, real 2-D ``a``, native
@@ -239,8 +240,8 @@ class ArrayAPIBackend:
         return (g + self.xp.matrix_transpose(g)) / 2
 
     def right_solve_twice(self, a: Any, r1: Any, r2: Any) -> Any:
-        """``(a @ inv(r1)) @ inv(r2)``, the intermediate rounded as :meth:`right_solve_upper`
-        and :meth:`right_solve_gram` round it."""
+        """``(a @ inv(r1)) @ inv(r2)``, the intermediate rounded as :meth:`right_solve_gram`
+        rounds it (here both as :meth:`right_solve_upper`)."""
         return self.right_solve_upper(self.right_solve_upper(a, r1), r2)
 
     def right_solve_upper(self, a: Any, r: Any, out: Any = None) -> Any:

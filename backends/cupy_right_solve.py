@@ -1,10 +1,11 @@
 """``Q = A R^{-1}`` (upper-triangular ``R``) for tall ``A`` on the GPU: one thread per row.
 
 cuBLAS ``trsm`` on a ``2^24 x 32`` right-hand side ran at ~110 GB/s (72 ms, H100);
-this kernel reads ``A`` once and writes ``Q`` once. Two fused variants serve
+this kernel reads ``A`` once and writes ``Q`` once. Two fused kernels serve
 CholQR2 on narrow float64 matrices: the Gram matrix of ``A R1^{-1}`` without
 writing it (:func:`right_solve_gram`), and ``(A R1^{-1}) R2^{-1}`` from ``A``
-(:func:`right_solve_twice`), the same rounded intermediate rows in both. Kernel
+(:func:`right_solve_twice`), the same rounded intermediate rows in both; they
+solve a tile by 8-column blocks, the off-diagonal updates on the fp64 MMA. Kernel
 source: ``kernels/right_solve.cu``; one instantiation per ``(dtype, n)``,
 compiled on first use and cached by CuPy.
 """
@@ -25,7 +26,10 @@ MAX_N = 64
 #: widest float64 A of the fused Gram kernel (a warp's share of G's 8 x 8 tiles stays small)
 GRAM_MAX_N = 32
 _GRAM_ROWS = 128
-_GRAM_MINB = 3  # blocks per SM asked of the register allocator
+# blocks per SM asked of the register allocator (H100, 2^24 x 32, bench/NOTES.md session
+# 11): the persistent Gram kernel 2.7 ms at 1, 2.8 at 2, 3.0 at 3; the two-solve kernel 3
+_GRAM_MINB = 1
+_TWICE_MINB = 3
 _SOURCE = Path(__file__).resolve().parent / "kernels" / "right_solve.cu"
 
 
@@ -51,6 +55,7 @@ def _module(dtype_name: str, n: int, rows: int):
              "twice": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, true>"}
     if dtype_name == "float64" and n <= GRAM_MAX_N:
         names["gram"] = f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_GRAM_MINB}>"
+        names["twice_tiles"] = f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>"
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
                        name_expressions=list(names.values()))
     return {k: mod.get_function(v) for k, v in names.items()}
@@ -97,27 +102,56 @@ def right_solve_upper(a, r, out=None):
     return _solve(a, (r,), out, "one")
 
 
+def _padded(r):
+    """``r`` in the top left of an identity of the next multiple of 8, and 1 / its diagonal
+    (the fused kernels' operands: padded columns solve to zero)."""
+    n = r.shape[0]
+    n8 = (n + 7) // 8 * 8
+    rp = cp.eye(n8, dtype=cp.float64)
+    rp[:n, :n] = r
+    return rp, 1 / cp.ascontiguousarray(cp.diagonal(rp))
+
+
 def right_solve_twice(a, r1, r2, out=None):
-    """``(a @ inv(r1)) @ inv(r2)`` by two substitutions per row, without writing the
-    intermediate (``out`` as in :func:`right_solve_upper`)."""
-    return _solve(a, (r1, r2), out, "twice")
+    """``(a @ inv(r1)) @ inv(r2)`` without writing the intermediate (``out`` as in
+    :func:`right_solve_upper`). Float64 ``a`` up to GRAM_MAX_N columns is solved by
+    8-column blocks, rounding the intermediate exactly as :func:`right_solve_gram`
+    does; other inputs by two row-wise substitutions, as two :func:`right_solve_upper`
+    calls round it."""
+    if not supports_gram(a):
+        return _solve(a, (r1, r2), out, "twice")
+    m, n = a.shape
+    a, lda = _rows_operand(a)
+    if out is None:
+        out = cp.empty((m, n), dtype=a.dtype)
+    elif out.shape != (m, n) or out.dtype != a.dtype or not _rows_unit_stride(out):
+        raise ValueError("internal: right_solve_twice `out` must be (m, n), a's dtype, "
+                         "unit stride along rows")
+    if m == 0:
+        return out
+    (rp1, dp1), (rp2, dp2) = _padded(r1), _padded(r2)
+    ldq = np.int64(out.strides[0] // out.itemsize if m > 1 else n)
+    _module("float64", n, _rows(n, a.dtype))["twice_tiles"](
+        (-(-m // _GRAM_ROWS),), (_GRAM_ROWS,),
+        (a, lda, rp1, dp1, rp2, dp2, out, ldq, np.int64(m)))
+    return out
 
 
 def right_solve_gram(a, r):
     """``Q1^T Q1`` for ``Q1 = a @ inv(r)`` (float64, n <= GRAM_MAX_N) in one read of ``a``:
-    each row solved as :func:`right_solve_upper` solves it, the products on the fp64
-    tensor cores; exactly symmetric."""
+    ``Q1`` solved by 8-column blocks as :func:`right_solve_twice` solves it, the Gram
+    products on the fp64 tensor cores; exactly symmetric."""
     m, n = a.shape
     a, lda = _rows_operand(a)
-    rt, dinv = _factor(r, a.dtype)
+    rp, dp = _padded(r)
     n16 = (n + 15) // 16 * 16
     tiles = -(-m // _GRAM_ROWS)
     kernel = _module("float64", n, _rows(n, a.dtype))["gram"]
     # persistent blocks, one wave of them: few partial Gram matrices, no tail
     blocks = max(1, min(tiles, _resident_blocks(kernel, _GRAM_ROWS)))
-    partial = cp.zeros((blocks, n16, n16), dtype=cp.float64)
+    partial = cp.zeros((blocks * (_GRAM_ROWS // 32), n16, n16), dtype=cp.float64)  # per warp
     if m:
-        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rt, dinv, partial, np.int64(m)))
+        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp, dp, partial, np.int64(m)))
     g = cp.triu(partial.sum(axis=0)[:n, :n])
     return g + cp.triu(g, 1).T
 
@@ -132,7 +166,7 @@ def _resident_blocks(kernel, threads: int) -> int:
     try:
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, 0)
     except (AttributeError, driver.CUDADriverError):  # no query: the launch bound's count
-        per_sm = _GRAM_MINB
+        per_sm = 1
     return max(1, int(per_sm)) * sms
 
 

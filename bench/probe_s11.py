@@ -37,7 +37,7 @@ def _tall():
         rec(f"{m}x{n} copy (read + write)", floor)
         rec(f"{m}x{n} cusolver qr", t_cu)
         for rnd in range(2):
-            for fused in (FUSED, None):
+            for fused in (rs.GRAM_MAX_N, None):
                 CLS.fused_cholqr_max_n = fused
                 try:
                     t = timeit(lambda a=a: mpqr.qr(a, precision="fp64"), rep=5)
@@ -71,7 +71,7 @@ def _parts():
     rec("parts plain solve", timeit(lambda: rs.right_solve_upper(a, r)))
     rec("parts two solves", timeit(lambda: rs.right_solve_twice(a, r, r2)))
     saved = rs._GRAM_MINB
-    for minb in (1, 2, 3, 4):
+    for minb in (1, 2, 3):
         rs._GRAM_MINB = minb
         rs._module.cache_clear()
         rs._resident_blocks.cache_clear()

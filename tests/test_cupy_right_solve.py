@@ -3,10 +3,12 @@
 Each row is a forward substitution, so each row of the result must satisfy the
 textbook backward-error bound ``|a_i - q_i R| <= gamma_n |q_i| |R|`` (Higham,
 Thm. 8.5), checked on the host in extended precision, for every supported width
-and for strided (column-sliced) inputs. The fused CholQR2 kernels must round the
-intermediate rows exactly as the plain solve does: the two-solve kernel equals
-two plain solves bitwise, and the Gram kernel's result is the Gram matrix of the
-plain solve's rows within the dot-product bound ``gamma_m |Q1|^T |Q1|``.
+and for strided (column-sliced) inputs. The fused CholQR2 kernels (float64,
+n <= 32) solve by 8-column blocks: their rows must meet the same bound, the
+two-solve kernel must round its intermediate as it rounds a lone solve (solving
+with ``I`` is exact, so ``twice(a, r1, r2) == twice(twice(a, r1, I), r2, I)``
+bitwise), and the Gram kernel's result must be the Gram matrix of those rows
+within the dot-product bound ``gamma_m |Q1|^T |Q1|``.
 """
 
 from __future__ import annotations
@@ -98,15 +100,22 @@ def _triu_factor(rng, n):
     return np.triu(rng.standard_normal((n, n))) + 3 * np.eye(n)
 
 
+def _blocked_q1(a, r):
+    n = r.shape[0]
+    return right_solve_twice(a, r, cp.eye(n))  # solving with I is exact
+
+
 @pytest.mark.parametrize("n", [1, 7, 16, 20, 32])
 @pytest.mark.parametrize("m", [1037, 140_001])  # one partial tile; more tiles than blocks
-def test_gram_kernel_is_the_gram_matrix_of_the_solved_rows(n, m):
+def test_gram_kernel_is_the_gram_matrix_of_backward_stable_rows(n, m):
     rng = np.random.default_rng(n + m)
     a = cp.asarray(rng.standard_normal((m, n)))
     r = cp.asarray(_triu_factor(rng, n))
     before = a.copy()
     g = right_solve_gram(a, r)
-    q1 = right_solve_upper(a, r).get()
+    q1d = _blocked_q1(a, r)
+    _check(a, r, q1d)
+    q1 = q1d.get()
     ref = q1.T.astype(np.longdouble) @ q1.astype(np.longdouble)
     gamma = m * 2.0**-53 / (1 - m * 2.0**-53)
     bound = gamma * (np.abs(q1).T @ np.abs(q1)) + np.finfo(np.float64).tiny
@@ -122,7 +131,7 @@ def test_gram_kernel_takes_column_slices_and_propagates_nan():
     full = cp.asarray(rng.standard_normal((2000, 40)))
     a = full[:, 5:29]  # row stride 40
     r = cp.asarray(_triu_factor(rng, 24))
-    q1 = right_solve_upper(a, r).get()
+    q1 = _blocked_q1(a, r).get()
     ref = q1.T @ q1
     np.testing.assert_allclose(right_solve_gram(a, r).get(), ref, rtol=1e-12,
                                atol=1e-12 * np.abs(ref).max())
@@ -133,9 +142,25 @@ def test_gram_kernel_takes_column_slices_and_propagates_nan():
     assert not supports_gram(cp.ones((10, 8), cp.float32))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n", [1, 7, 32, 33, 64])
-def test_two_solve_kernel_equals_two_plain_solves_bitwise(dtype, n):
+@pytest.mark.parametrize("n", [1, 7, 16, 20, 32])
+def test_blocked_two_solve_kernel_rounds_the_intermediate_as_one_solve(n):
+    rng = np.random.default_rng(n)
+    a = cp.asarray(rng.standard_normal((1037, n)))
+    r1 = cp.asarray(_triu_factor(rng, n))
+    r2 = cp.asarray(np.eye(n) + 0.01 * np.triu(rng.standard_normal((n, n))))
+    q = right_solve_twice(a, r1, r2)
+    q1 = _blocked_q1(a, r1)
+    _check(a, r1, q1)
+    _check(q1, r2, q)
+    assert bool((q == right_solve_twice(q1, r2, cp.eye(n))).all())
+    full = cp.zeros((1037, n + 3))
+    right_solve_twice(a, r1, r2, out=full[:, 2:n + 2])  # a column slice as the output
+    assert bool((full[:, 2:n + 2] == q).all()) and not bool(full[:, :2].any())
+
+
+@pytest.mark.parametrize(("dtype", "n"), [(np.float32, 7), (np.float32, 32), (np.float64, 33),
+                                          (np.float64, 64)])
+def test_row_wise_two_solve_kernel_equals_two_plain_solves_bitwise(dtype, n):
     rng = np.random.default_rng(n)
     a = cp.asarray(rng.standard_normal((1037, n)), dtype=dtype)
     r1 = cp.asarray(_triu_factor(rng, n), dtype=dtype)

@@ -174,7 +174,7 @@ def test_cholqr2_certificate_refuses_an_uncertified_result():
 
 
 # n = 10: the fused second pass (the backend's right_solve_gram); n = 40: Q1 stored
-# (fused_cholqr_max_n = 16)
+# (fused_cholqr_max_n = 32)
 @pytest.mark.parametrize(("n", "dist"), [(10, r"6\.3\de\+00"), (40, r"1\.2\de\+01")])
 def test_certificate_message_names_the_distance_and_the_method(monkeypatch, n, dist):
     a = geometric(np.random.default_rng(4), 300, n, 10.0)

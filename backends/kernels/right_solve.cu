@@ -36,8 +36,8 @@ __device__ __forceinline__ void solve_row(T (&x)[N], const T* __restrict__ rt,
   }
 }
 
-// TWICE: Q = (A R^{-1}) R2^{-1}, CholQR2's last pass from A itself (the intermediate row
-// is the same rounded values right_solve_gram_rows saw), so Q1 never goes to memory.
+// TWICE: Q = (A R^{-1}) R2^{-1} from A, two substitutions per row (the intermediate is
+// rounded as the plain solve rounds it).
 template <typename T, int N, int ROWS, int MINB, bool TWICE = false>
 __global__ void __launch_bounds__(ROWS, MINB)
 right_solve_upper_rows(const T* __restrict__ a, long long lda, const T* __restrict__ rt,
@@ -87,98 +87,185 @@ right_solve_upper_rows(const T* __restrict__ a, long long lda, const T* __restri
   }
 }
 
-// G = (A R^{-1})^T (A R^{-1}) for float64 A (m x N, N <= 32) without writing A R^{-1}:
-// CholQR2's second Gram matrix in one read of A. Persistent blocks walk tiles of ROWS
-// rows; each thread solves its row as right_solve_upper_rows does (the same rounded
-// values), the tile goes to shared memory, and the block's warps accumulate the upper
-// 8 x 8 tiles of G with fp64 tensor-core MMA (m8n8k4, float64 arithmetic).
-// Each block writes its partial G (N16 x N16, upper tiles only) to partial[blockIdx.x];
-// the caller sums the partials. Shared layout: element (r, c) at r * N16 + (c ^ swz(r)),
-// swz(r) = ((r & 3) << 2) | ((r >> 2) & 3): conflict-free both for a thread reading
-// its row and for the MMA fragments (lanes read 4 rows x 4 columns).
+// --- CholQR2's fused passes (float64, N <= 32) -------------------------------------
+// A tile of ROWS rows sits in shared memory as ROWS x N16 doubles, element (r, c) at
+// r * N16 + (c ^ swz(r)), swz(r) = ((r & 3) << 2) | ((r >> 2) & 3): conflict-free both
+// for a thread reading its row and for MMA fragments (lanes read 4 rows x 4 columns).
+// Columns past N and rows past m hold zeros. R comes padded to N8 x N8 with an identity
+// tail (so padded columns solve to zero), row-major in shared memory with a row stride
+// RS = 4 (mod 16) (conflict-free B fragments), with its reciprocal diagonal.
 __device__ __forceinline__ int swz(int r) { return ((r & 3) << 2) | ((r >> 2) & 3); }
 
+template <int N> struct Blk {
+  static constexpr int N16 = (N + 15) & ~15;
+  static constexpr int N8 = (N + 7) & ~7;
+  static constexpr int RS = N8 + ((20 - (N8 & 15)) & 15);
+};
+
+// D = A B + C on the fp64 tensor cores (m8n8k4, float64 arithmetic): A 8 x 4 (lane:
+// row lane / 4, column lane % 4), B 4 x 8 (row lane % 4, column lane / 4), C and D
+// 8 x 8 (row lane / 4, columns 2 (lane % 4) + {0, 1}).
+__device__ __forceinline__ void dmma(double (&c)[2], double av, double bv) {
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%4,%5};"
+      : "=d"(c[0]), "=d"(c[1]) : "d"(av), "d"(bv), "d"(c[0]), "d"(c[1]));
+}
+
+template <int N, int ROWS>
+__device__ __forceinline__ void load_tile_swz(double* tile, const double* __restrict__ a,
+                                              long long lda, long long row0, int rows) {
+  constexpr int N16 = Blk<N>::N16;
+#pragma unroll
+  for (int t = 0; t < N16; ++t) {  // a compile-time trip count: all loads in flight
+    const int idx = threadIdx.x + t * ROWS;
+    const int i = idx / N16, j = idx - (idx / N16) * N16;
+    tile[i * N16 + (j ^ swz(i))] = (i < rows && j < N) ? a[(row0 + i) * lda + j] : 0.0;
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void load_r(double* rsh, double* dsh, const double* __restrict__ rp,
+                                       const double* __restrict__ dp) {
+  constexpr int N8 = Blk<N>::N8, RS = Blk<N>::RS;
+  for (int idx = threadIdx.x; idx < N8 * N8; idx += blockDim.x)
+    rsh[(idx / N8) * RS + idx % N8] = rp[idx];
+  for (int idx = threadIdx.x; idx < N8; idx += blockDim.x) dsh[idx] = dp[idx];
+}
+
+// X R = T in place for the tile's first N8 columns, by column blocks of 8: block jb is
+// first updated by the solved blocks on the MMA (each warp its 8-row slices), then each
+// thread solves its row's 8 x 8 triangle. Every x_j is (t_j - sum_i x_i r_ij) / r_jj with
+// the sum in some order, so each row keeps substitution's backward-error bound. Call
+// with the tile and R in place and synchronized; returns synchronized.
+template <int N, int ROWS>
+__device__ __forceinline__ void solve_tile(double* tile, const double* rsh, const double* dsh) {
+  constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS;
+  constexpr int W = ROWS / 32, MPW = ROWS / 8 / W;  // 8-row slices per warp
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3, r = threadIdx.x;
+#pragma unroll
+  for (int jb = 0; jb < N8 / 8; ++jb) {
+    if (jb > 0) {
+      const int c0 = jb * 8 + 2 * t;
+      double c[MPW][2];
+#pragma unroll
+      for (int u = 0; u < MPW; ++u) {
+        const int rr = (warp * MPW + u) * 8 + g;
+        c[u][0] = tile[rr * N16 + (c0 ^ swz(rr))];
+        c[u][1] = tile[rr * N16 + ((c0 + 1) ^ swz(rr))];
+      }
+#pragma unroll
+      for (int k0 = 0; k0 < jb * 8; k0 += 4) {
+        const double bv = rsh[(k0 + t) * RS + jb * 8 + g];  // one B fragment, MPW products
+#pragma unroll
+        for (int u = 0; u < MPW; ++u) {
+          const int rr = (warp * MPW + u) * 8 + g;
+          dmma(c[u], -tile[rr * N16 + ((k0 + t) ^ swz(rr))], bv);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < MPW; ++u) {
+        const int rr = (warp * MPW + u) * 8 + g;
+        tile[rr * N16 + (c0 ^ swz(rr))] = c[u][0];
+        tile[rr * N16 + ((c0 + 1) ^ swz(rr))] = c[u][1];
+      }
+      __syncthreads();
+    }
+    double x[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = tile[r * N16 + ((jb * 8 + i) ^ swz(r))];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      double s = x[j];
+#pragma unroll
+      for (int i = 0; i < j; ++i) s = fma(-x[i], rsh[(jb * 8 + i) * RS + jb * 8 + j], s);
+      x[j] = s * dsh[jb * 8 + j];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tile[r * N16 + ((jb * 8 + i) ^ swz(r))] = x[i];
+    __syncthreads();
+  }
+}
+
+// G = (A R^{-1})^T (A R^{-1}) without writing A R^{-1}: CholQR2's second Gram matrix in
+// one read of A. Persistent blocks walk the tiles: solve_tile, then each warp adds the
+// upper 8 x 8 tiles of G over its ROWS / W rows of the tile on the MMA (a lane's A and B
+// fragments of column block c are the same values, so TB loads serve TB (TB + 1) / 2
+// products). Each warp writes its partial G (N16 x N16, upper tiles only) to
+// partial[blockIdx.x * W + warp]; the caller sums them (a fixed order: deterministic).
 template <int N, int ROWS, int MINB>
 __global__ void __launch_bounds__(ROWS, MINB)
 right_solve_gram_rows(const double* __restrict__ a, long long lda,
-                      const double* __restrict__ rt, const double* __restrict__ dinv,
+                      const double* __restrict__ rp, const double* __restrict__ dp,
                       double* __restrict__ partial, long long m) {
-  constexpr int N16 = (N + 15) & ~15;
+  constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS;
   constexpr int TB = N16 / 8;             // 8 x 8 tiles per side of G
-  constexpr int NT = TB * (TB + 1) / 2;   // upper tiles
-  constexpr int W = ROWS / 32;
-  constexpr int PER = (NT + W - 1) / W;   // upper tiles per warp
+  constexpr int W = ROWS / 32, KW = ROWS / W;  // warps, tile rows per warp
   __shared__ double tile[ROWS * N16];
+  __shared__ double rsh[N8 * RS];
+  __shared__ double dsh[N8];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
-  int ti[PER], tj[PER];
+  double acc[TB][TB][2];
 #pragma unroll
-  for (int p = 0; p < PER; ++p) {
-    int k = warp + p * W, i = 0;
-    while (k >= TB - i && i < TB) { k -= TB - i; ++i; }
-    ti[p] = i; tj[p] = i + k;  // ti = TB marks "no tile"
-  }
-  double acc[PER][2];
+  for (int i = 0; i < TB; ++i)
 #pragma unroll
-  for (int p = 0; p < PER; ++p) acc[p][0] = acc[p][1] = 0.0;
+    for (int j = 0; j < TB; ++j) acc[i][j][0] = acc[i][j][1] = 0.0;
+  load_r<N>(rsh, dsh, rp, dp);
   const long long ntiles = (m + ROWS - 1) / ROWS;
   for (long long tb = blockIdx.x; tb < ntiles; tb += gridDim.x) {
     const long long row0 = tb * ROWS;
-    const int rows = (int)min((long long)ROWS, m - row0);
     __syncthreads();  // the previous tile's MMA reads are done
-    if (rows == ROWS) {  // unrolled, so every load of the tile is in flight at once
-#pragma unroll
-      for (int t2 = 0; t2 < N; ++t2) {
-        const int idx = threadIdx.x + t2 * ROWS;
-        const int i = idx / N, j = idx - (idx / N) * N;
-        tile[i * N16 + (j ^ swz(i))] = a[(row0 + i) * lda + j];
-      }
-    } else {
-      for (int idx = threadIdx.x; idx < rows * N; idx += ROWS) {
-        const int i = idx / N, j = idx - (idx / N) * N;
-        tile[i * N16 + (j ^ swz(i))] = a[(row0 + i) * lda + j];
-      }
-    }
+    load_tile_swz<N, ROWS>(tile, a, lda, row0, (int)min((long long)ROWS, m - row0));
     __syncthreads();
-    {
-      const int r = threadIdx.x;
-      double x[N];
-      if (r < rows) {
-#pragma unroll
-        for (int j = 0; j < N; ++j) x[j] = tile[r * N16 + (j ^ swz(r))];
-        solve_row<double, N>(x, rt, dinv);
-      } else {
-#pragma unroll
-        for (int j = 0; j < N; ++j) x[j] = 0.0;  // rows past m add nothing to G
-      }
-      __syncthreads();  // every row is read before any is overwritten
-#pragma unroll
-      for (int j = 0; j < N16; ++j) tile[r * N16 + (j ^ swz(r))] = j < N ? x[j] : 0.0;
-    }
-    __syncthreads();
-    // k outer, tiles inner: the warp's PER accumulator chains interleave
-#pragma unroll 4
-    for (int k0 = 0; k0 < ROWS; k0 += 4) {
+    solve_tile<N, ROWS>(tile, rsh, dsh);
+#pragma unroll 2
+    for (int k0 = warp * KW; k0 < (warp + 1) * KW; k0 += 4) {
       const int r = k0 + t;
+      double f[TB];
 #pragma unroll
-      for (int p = 0; p < PER; ++p) {
-        if (ti[p] < TB) {
-          const double av = tile[r * N16 + ((ti[p] * 8 + g) ^ swz(r))];
-          const double bv = tile[r * N16 + ((tj[p] * 8 + g) ^ swz(r))];
-          asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%4,%5};"
-              : "=d"(acc[p][0]), "=d"(acc[p][1])
-              : "d"(av), "d"(bv), "d"(acc[p][0]), "d"(acc[p][1]));
-        }
-      }
+      for (int c = 0; c < TB; ++c) f[c] = tile[r * N16 + ((c * 8 + g) ^ swz(r))];
+#pragma unroll
+      for (int i = 0; i < TB; ++i)
+#pragma unroll
+        for (int j = i; j < TB; ++j) dmma(acc[i][j], f[i], f[j]);
     }
   }
-  double* out = partial + (long long)blockIdx.x * N16 * N16;
+  double* out = partial + ((long long)blockIdx.x * W + warp) * N16 * N16;
 #pragma unroll
-  for (int p = 0; p < PER; ++p) {
-    if (ti[p] < TB) {
-      const int row = ti[p] * 8 + g, col = tj[p] * 8 + 2 * t;
-      out[row * N16 + col] = acc[p][0];
-      out[row * N16 + col + 1] = acc[p][1];
+  for (int i = 0; i < TB; ++i)
+#pragma unroll
+    for (int j = i; j < TB; ++j) {
+      const int row = i * 8 + g, col = j * 8 + 2 * t;
+      out[row * N16 + col] = acc[i][j][0];
+      out[row * N16 + col + 1] = acc[i][j][1];
     }
+}
+
+// Q = (A R1^{-1}) R2^{-1} from A by two solve_tile passes per tile: the intermediate is
+// rounded exactly as right_solve_gram_rows rounds it, so Q1 never goes to memory.
+template <int N, int ROWS, int MINB>
+__global__ void __launch_bounds__(ROWS, MINB)
+right_solve_twice_tiles(const double* __restrict__ a, long long lda,
+                        const double* __restrict__ rp1, const double* __restrict__ dp1,
+                        const double* __restrict__ rp2, const double* __restrict__ dp2,
+                        double* __restrict__ q, long long ldq, long long m) {
+  constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS;
+  __shared__ double tile[ROWS * N16];
+  __shared__ double rsh[N8 * RS];
+  __shared__ double dsh[N8];
+  const long long row0 = (long long)blockIdx.x * ROWS;
+  const int rows = (int)min((long long)ROWS, m - row0);
+  load_r<N>(rsh, dsh, rp1, dp1);
+  load_tile_swz<N, ROWS>(tile, a, lda, row0, rows);
+  __syncthreads();
+  solve_tile<N, ROWS>(tile, rsh, dsh);
+  load_r<N>(rsh, dsh, rp2, dp2);
+  __syncthreads();
+  solve_tile<N, ROWS>(tile, rsh, dsh);
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const int idx = threadIdx.x + t * ROWS;
+    const int i = idx / N, j = idx - (idx / N) * N;
+    if (i < rows) q[(row0 + i) * ldq + j] = tile[i * N16 + (j ^ swz(i))];
   }
 }
