@@ -267,9 +267,9 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     Narrow float64 inputs (:func:`_fusable`) whose second Gram product the policy runs
     natively keep ``Q1 = A R1^-1`` out of memory: its Gram matrix comes from the
     solve's pass over A, in float64 arithmetic, and ``Q = (A R1^-1) R2^-1`` is solved
-    from A, rounding the intermediate rows the same way — the arithmetic of storing
-    ``Q1``, in four passes over A's size instead of six (two instead of four without
-    Q). The explain trace says so (``fused-solve``)."""
+    from A, rounding the intermediate rows exactly as that pass did (the Q1 whose Gram
+    matrix the certificate checked), in four passes over A's size instead of six (two
+    instead of four without Q). The explain trace says so (``fused-solve``)."""
     fusable = _fusable(backend, a)
     q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable)
     if fusable:
