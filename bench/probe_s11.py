@@ -2,9 +2,10 @@
 
 python3 bench/probe_s11.py OUT.json [tall,parts,lsq]
   tall   mpqr.qr fp64 (reduced and r) with the fused passes on and off, alternately,
-         against cupy.linalg.qr, and the copy floor, at 2^24 x 32, 2^22 x 32, 2^20 x 32,
+         against cupy.linalg.qr, and the copy floor, at 2^24 x 32, 2^22 x 32 and
          2^24 x 16; accuracy of both routes
-  parts  the passes alone at 2^24 x 32: cuBLAS Gram, plain solve, fused Gram, two solves
+  parts  the passes alone at 2^24 x 32: cuBLAS Gram, plain solve, two solves, the fused
+         Gram kernel at 1-3 blocks per SM
   lsq    lstsq at 2^20 x 256: fp16 against fp32-emulated, alternately (the bench's 2x gap)
 """
 import cupy as cp
