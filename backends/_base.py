@@ -294,26 +294,53 @@ class ArrayAPIBackend:
     def lu_signed(self, a: Any) -> tuple[Any, Any, Any]:
         """``L @ U = a - diag(s)`` without pivoting, ``s_i = -phase(pivot_i)``,
         for the Householder reconstruction of an explicit Q (LAPACK's
-        ``orhr_col``); see :func:`mpqr.qr._kernels.lu_signed`."""
+        ``orhr_col``); see :func:`mpqr.qr._kernels.lu_signed`. Recursive halves
+        (``U12 = L11^-1 A12``, ``L21 = A21 U11^-1``, ``A22 -= L21 U12``; the signs
+        only touch diagonal blocks, so this is the column loop's factorization) down
+        to blocks of 8, which take the column loop."""
         from mpqr._array_api import device
 
         xp = self.xp
         *batch, n, _ = a.shape
         w = xp.asarray(a, copy=True)
         s = xp.empty((*batch, n), dtype=a.dtype, device=device(a))
-        for i in range(n):
+        self._lu_signed_halves(w, s, 0, n)
+        eye = xp.eye(n, dtype=a.dtype, device=device(a))
+        return xp.tril(w, k=-1) + eye, xp.triu(w), s
+
+    def _lu_signed_halves(self, w: Any, s: Any, lo: int, hi: int) -> None:
+        """``w[lo:hi, lo:hi] <- L\\U`` in place (its Schur complement already formed)."""
+        xp = self.xp
+        if hi - lo <= 8:
+            self._lu_signed_columns(w, s, lo, hi)
+            return
+        h = lo + (hi - lo) // 2
+        self._lu_signed_halves(w, s, lo, h)
+        lu11 = w[..., lo:h, lo:h]
+        w[..., lo:h, h:hi] = self.solve_triangular(lu11, w[..., lo:h, h:hi], lower=True,
+                                                   unit_diagonal=True)
+        # L21 = A21 U11^-1, solved as U11^T L21^T = A21^T
+        u11t = xp.matrix_transpose(xp.triu(lu11))
+        w[..., h:hi, lo:h] = xp.matrix_transpose(self.solve_triangular(
+            u11t, xp.matrix_transpose(w[..., h:hi, lo:h]), lower=True))
+        w[..., h:hi, h:hi] = w[..., h:hi, h:hi] - w[..., h:hi, lo:h] @ w[..., lo:h, h:hi]
+        self._lu_signed_halves(w, s, h, hi)
+
+    def _lu_signed_columns(self, w: Any, s: Any, lo: int, hi: int) -> None:
+        """The column loop of :meth:`lu_signed` on ``w[lo:hi, lo:hi]``, in place."""
+        xp = self.xp
+        for i in range(lo, hi):
             d = w[..., i, i]
             si = -phase(xp, d)
             s[..., i] = si
             piv = d - si
             w[..., i, i] = piv
-            if i + 1 < n:
-                col = w[..., i + 1:, i] / xp.expand_dims(piv, axis=-1)
-                w[..., i + 1:, i] = col
-                w[..., i + 1:, i + 1:] = (w[..., i + 1:, i + 1:]
-                                          - xp.expand_dims(col, axis=-1) * w[..., i:i + 1, i + 1:])
-        eye = xp.eye(n, dtype=a.dtype, device=device(a))
-        return xp.tril(w, k=-1) + eye, xp.triu(w), s
+            if i + 1 < hi:
+                col = w[..., i + 1:hi, i] / xp.expand_dims(piv, axis=-1)
+                w[..., i + 1:hi, i] = col
+                w[..., i + 1:hi, i + 1:hi] = (w[..., i + 1:hi, i + 1:hi]
+                                              - xp.expand_dims(col, axis=-1)
+                                              * w[..., i:i + 1, i + 1:hi])
 
     def lu_nopivot(self, a: Any) -> tuple[Any, Any]:
         """``a = L @ U`` without pivoting (L unit lower); for Householder reconstruction."""

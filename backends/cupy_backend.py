@@ -350,8 +350,8 @@ class CupyBackend(ArrayAPIBackend):
 
         if cupy_lu.supports(a):  # real 2-D: recursive halves on cuBLAS, 64-blocks in one kernel
             return cupy_lu.lu_signed(a)
-        # complex or stacked: one host round trip (the array-API column loop on the
-        # device costs ~10 launches per column, ~8 ms at n = 32, measured)
+        # complex or stacked: one host round trip (the array-API version on the device
+        # costs ~10 launches per column of its blocks, ~8 ms at n = 32, measured)
         from mpqr.backends import get_backend
 
         from mpqr._array_api import array_namespace

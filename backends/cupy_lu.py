@@ -2,11 +2,11 @@
 
 The Householder reconstruction of a panel from an orthonormal Q (LAPACK's
 ``orhr_col``; :func:`mpqr.qr._kernels.householder_from_q`, after TSQR) needs this
-LU of Q's top ``n x n`` block. The recursion by halves of the NumPy backend
+LU of Q's top ``n x n`` block. The base backend's recursion by halves
 (``U12 = L11^-1 A12``, ``L21 = A21 U11^-1``, ``A22 -= L21 U12``) runs on cuBLAS,
 and blocks of at most :data:`BLOCK` run in one thread block (``kernels/lu_signed.cu``),
 compiled on first use and cached by CuPy. H100, float64, against the host round trip
-of the NumPy version (with the host's default BLAS threads): n = 64 0.33 vs 1.9 ms,
+of the NumPy backend (with the host's default BLAS threads): n = 64 0.33 vs 1.9 ms,
 128 0.79 vs 3.3, 512 3.1 vs 33 (bench/NOTES.md, session 10).
 """
 

@@ -75,19 +75,27 @@ def _rows_operand(a):
     return a, np.int64(a.strides[0] // a.itemsize if a.shape[0] > 1 else a.shape[1])
 
 
-def _solve(a, rs, out, variant):
+def _operands(a, out, who):
+    """``(a, lda, out, ldq)``: ``a`` with unit stride along rows and the output (new,
+    or the caller's ``out``, checked), with their leading dimensions."""
     m, n = a.shape
     a, lda = _rows_operand(a)
     if out is None:
         out = cp.empty((m, n), dtype=a.dtype)
     elif out.shape != (m, n) or out.dtype != a.dtype or not _rows_unit_stride(out):
-        raise ValueError("internal: right_solve_upper `out` must be (m, n), a's dtype, "
+        raise ValueError(f"internal: {who} `out` must be (m, n), a's dtype, "
                          "unit stride along rows")
+    return a, lda, out, np.int64(out.strides[0] // out.itemsize if m > 1 else n)
+
+
+def _solve(a, rs, out, variant):
+    m, n = a.shape
+    a, lda, out, ldq = _operands(a, out, "right_solve_upper")
     if m == 0:
         return out
     rows = _rows(n, a.dtype)
-    (rt, dinv), (rt2, dinv2) = _factor(rs[0], a.dtype), _factor(rs[-1], a.dtype)
-    ldq = np.int64(out.strides[0] // out.itemsize if m > 1 else n)
+    rt, dinv = _factor(rs[0], a.dtype)
+    rt2, dinv2 = _factor(rs[1], a.dtype) if len(rs) > 1 else (rt, dinv)  # unused by "one"
     _module(np.dtype(a.dtype).name, n, rows)[variant](
         (-(-m // rows),), (rows,), (a, lda, rt, dinv, out, ldq, np.int64(m), rt2, dinv2))
     return out
@@ -121,16 +129,10 @@ def right_solve_twice(a, r1, r2, out=None):
     if not supports_gram(a):
         return _solve(a, (r1, r2), out, "twice")
     m, n = a.shape
-    a, lda = _rows_operand(a)
-    if out is None:
-        out = cp.empty((m, n), dtype=a.dtype)
-    elif out.shape != (m, n) or out.dtype != a.dtype or not _rows_unit_stride(out):
-        raise ValueError("internal: right_solve_twice `out` must be (m, n), a's dtype, "
-                         "unit stride along rows")
+    a, lda, out, ldq = _operands(a, out, "right_solve_twice")
     if m == 0:
         return out
     (rp1, dp1), (rp2, dp2) = _padded(r1), _padded(r2)
-    ldq = np.int64(out.strides[0] // out.itemsize if m > 1 else n)
     _module("float64", n, _rows(n, a.dtype))["twice_tiles"](
         (-(-m // _GRAM_ROWS),), (_GRAM_ROWS,),
         (a, lda, rp1, dp1, rp2, dp2, out, ldq, np.int64(m)))

@@ -96,16 +96,21 @@ class NumpyBackend(ArrayAPIBackend):
         t[~np.isfinite(t)] = 0
         return np.max(t, axis=axis, keepdims=True)
 
-    def lu_signed(self, a):
-        # recursive halves in raw NumPy/LAPACK: the array-API column loop costs
-        # ~2.5 ms at n = 64, a host step of every TSQR leaf panel on the GPU
-        if a.ndim != 2:
-            return super().lu_signed(a)
-        w = np.array(a, copy=True)
-        s = np.empty(w.shape[0], dtype=w.dtype)
-        _lu_signed_inplace(w, s)
-        n = w.shape[0]
-        return np.tril(w, -1) + np.eye(n, dtype=w.dtype), np.triu(w), s
+    def _lu_signed_columns(self, w, s, lo, hi):
+        # scalar NumPy steps: the array-API loop costs ~4x per column here (phase,
+        # expand_dims), ~2.5x on the whole LU at n = 64
+        if w.ndim != 2:
+            super()._lu_signed_columns(w, s, lo, hi)
+            return
+        cplx = np.iscomplexobj(w)
+        for i in range(lo, hi):
+            d = w[i, i]
+            si = (-(d / abs(d)) if d != 0 else -1.0) if cplx else (1.0 if d < 0 else -1.0)
+            s[i] = si
+            w[i, i] = d - si
+            if i + 1 < hi:
+                w[i + 1:hi, i] /= w[i, i]
+                w[i + 1:hi, i + 1:hi] -= np.outer(w[i + 1:hi, i], w[i, i + 1:hi])
 
     def cholesky(self, a, *, upper=False, check=True):
         try:
@@ -139,33 +144,4 @@ def host_namespace() -> Any:
     from mpqr._array_api import array_namespace
 
     return array_namespace(np.zeros(1))
-
-
-def _lu_signed_inplace(w: Any, s: Any) -> None:
-    """``w <- L\\U`` with ``L U = w - diag(s)``, ``s_i = -phase(pivot_i)`` (2-D,
-    no pivoting). The signs only touch diagonal blocks, so the blocked form
-    ``U12 = L11^-1 A12``, ``L21 = A21 U11^-1`` is the column loop's factorization."""
-    n = w.shape[0]
-    if n <= 8:
-        cplx = np.iscomplexobj(w)
-        for i in range(n):
-            d = w[i, i]
-            if cplx:
-                si = -(d / abs(d)) if d != 0 else -1.0
-            else:
-                si = 1.0 if d < 0 else -1.0
-            s[i] = si
-            w[i, i] = d - si
-            if i + 1 < n:
-                w[i + 1:, i] /= w[i, i]
-                w[i + 1:, i + 1:] -= np.outer(w[i + 1:, i], w[i, i + 1:])
-        return
-    h = n // 2
-    _lu_signed_inplace(w[:h, :h], s[:h])
-    w[:h, h:] = sla.solve_triangular(w[:h, :h], w[:h, h:], lower=True, unit_diagonal=True,
-                                     check_finite=False)
-    w[h:, :h] = sla.solve_triangular(w[:h, :h], w[h:, :h].T, trans="T", lower=False,
-                                     check_finite=False).T
-    w[h:, h:] -= w[h:, :h] @ w[:h, h:]
-    _lu_signed_inplace(w[h:, h:], s[h:])
 

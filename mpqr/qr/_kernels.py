@@ -54,9 +54,10 @@ TSQR_ASPECT = 64
 #: Widest panel that goes to TSQR (the CuPy tile kernel's limit, ``cupy_tsqr.MAX_N``).
 TSQR_MAX_WIDTH = 64
 #: Fewest rows of a panel that goes to TSQR. TSQR plus the Householder reconstruction
-#: (a host LU, triangular solves) has a fixed cost of ~5 ms; cuSOLVER's ``geqrf`` was
-#: faster at every measured size (H100, k = 32/64, m = 4096 ... 2^20: 1.04-22x; 1.3x at
-#: 2^20 x 32 and falling), so TSQR leaves start beyond the measured range.
+#: (then with a host LU, triangular solves) had a fixed cost of ~5 ms; cuSOLVER's
+#: ``geqrf`` was faster at every measured size (H100, k = 32/64, m = 4096 ... 2^20:
+#: 1.04-22x; 1.3x at 2^20 x 32 and falling), so TSQR leaves start beyond the measured
+#: range. The LU has run on the device since (0.33 ms at n = 64); not re-measured.
 TSQR_MIN_ROWS = 2**22
 
 
