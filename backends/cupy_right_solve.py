@@ -27,9 +27,10 @@ MAX_N = 64
 GRAM_MAX_N = 32
 _GRAM_ROWS = 128
 # blocks per SM asked of the register allocator (H100, 2^24 x 32, bench/NOTES.md session
-# 11): the persistent Gram kernel 2.7 ms at 1, 2.8 at 2, 3.0 at 3; the two-solve kernel 3
-_GRAM_MINB = 1
-_TWICE_MINB = 3
+# 12: the Gram kernel 2.54 ms at 3, 2.70 at 1; the two-solve kernel 4.6 ms at 1 or 2); the
+# double-buffered tiles leave room for at most 3 and 2
+_GRAM_MINB = 3
+_TWICE_MINB = 1
 _SOURCE = Path(__file__).resolve().parent / "kernels" / "right_solve.cu"
 
 
@@ -58,7 +59,20 @@ def _module(dtype_name: str, n: int, rows: int):
         names["twice_tiles"] = f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>"
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
                        name_expressions=list(names.values()))
-    return {k: mod.get_function(v) for k, v in names.items()}
+    fns = {k: mod.get_function(v) for k, v in names.items()}
+    for k, nr in (("gram", 1), ("twice_tiles", 2)):
+        if k in fns:  # beyond 48 KiB a kernel has to opt in to dynamic shared memory
+            fns[k].max_dynamic_shared_size_bytes = _fused_smem(n, nr)
+    return fns
+
+
+def _fused_smem(n: int, nr: int) -> int:
+    """Bytes of the fused kernels' shared memory: two ROWS x N16 tiles and ``nr`` copies
+    of R (N8 x RS) with its reciprocal diagonal (``fused_smem`` in the kernel source,
+    which traps when given less)."""
+    n16, n8 = (n + 15) // 16 * 16, (n + 7) // 8 * 8
+    rs_ = n8 + ((20 - (n8 & 15)) & 15)
+    return (2 * _GRAM_ROWS * n16 + nr * (n8 * rs_ + n8)) * 8
 
 
 def _factor(r, dtype):
@@ -133,9 +147,10 @@ def right_solve_twice(a, r1, r2, out=None):
     if m == 0:
         return out
     (rp1, dp1), (rp2, dp2) = _padded(r1), _padded(r2)
-    _module("float64", n, _rows(n, a.dtype))["twice_tiles"](
-        (-(-m // _GRAM_ROWS),), (_GRAM_ROWS,),
-        (a, lda, rp1, dp1, rp2, dp2, out, ldq, np.int64(m)))
+    kernel, smem = _module("float64", n, _rows(n, a.dtype))["twice_tiles"], _fused_smem(n, 2)
+    blocks = max(1, min(-(-m // _GRAM_ROWS), _resident_blocks(kernel, _GRAM_ROWS, smem)))
+    kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp1, dp1, rp2, dp2, out, ldq, np.int64(m)),
+           shared_mem=smem)
     return out
 
 
@@ -148,25 +163,27 @@ def right_solve_gram(a, r):
     rp, dp = _padded(r)
     n16 = (n + 15) // 16 * 16
     tiles = -(-m // _GRAM_ROWS)
-    kernel = _module("float64", n, _rows(n, a.dtype))["gram"]
+    kernel, smem = _module("float64", n, _rows(n, a.dtype))["gram"], _fused_smem(n, 1)
     # persistent blocks, one wave of them: few partial Gram matrices, no tail
-    blocks = max(1, min(tiles, _resident_blocks(kernel, _GRAM_ROWS)))
+    blocks = max(1, min(tiles, _resident_blocks(kernel, _GRAM_ROWS, smem)))
     partial = cp.zeros((blocks * (_GRAM_ROWS // 32), n16, n16), dtype=cp.float64)  # per warp
     if m:
-        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp, dp, partial, np.int64(m)))
+        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp, dp, partial, np.int64(m)),
+               shared_mem=smem)
     g = cp.triu(partial.sum(axis=0)[:n, :n])
     return g + cp.triu(g, 1).T
 
 
 @functools.cache
-def _resident_blocks(kernel, threads: int) -> int:
-    """Blocks of ``kernel`` the whole device holds at once (the occupancy query)."""
+def _resident_blocks(kernel, threads: int, smem: int) -> int:
+    """Blocks of ``kernel`` (``smem`` bytes of dynamic shared memory each) the whole
+    device holds at once (the occupancy query)."""
     from cupy.cuda import driver
 
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     fn = getattr(kernel, "kernel", kernel)  # RawKernel wraps a driver Function
     try:
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, 0)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, smem)
     except (AttributeError, driver.CUDADriverError):  # no query: the launch bound's count
         per_sm = 1
     return max(1, int(per_sm)) * sms

@@ -9,7 +9,11 @@
 #   probe:SECTIONS  bench/probe_s7.py with comma-separated sections
 #   probe9:SECTIONS bench/probe_s9.py with comma-separated sections
 #   probe11:SECTIONS bench/probe_s11.py with comma-separated sections
+#   probe12:SECTIONS bench/probe_s12.py with comma-separated sections
 #   qrtests         the GPU tests of the QR and right-solve files only
+#   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
+#   benchgap        the probe's 2^20x256 / 2^22x64 timing around short bench qr runs (session 12:
+#                   the bench read ~15% slower than the probes on these shapes)
 set -u
 export PYTHONUNBUFFERED=1
 D=$(date +%F)
@@ -37,11 +41,29 @@ for job in "$@"; do
       (cd bench && timeout 500 python3 probe_s7.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
     probe11:*)
       (cd bench && timeout 500 python3 probe_s11.py "$OUT/probe11_$D.json" "${job#probe11:}") >> "$L" 2>&1 ;;
+    probe12:*)
+      (cd bench && timeout 500 python3 probe_s12.py "$OUT/probe12_$D.json" "${job#probe12:}") >> "$L" 2>&1 ;;
     qrtests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_cupy_right_solve.py \
         tests/test_qr_cholqr_fused.py tests/test_qr_tall_skinny.py tests/test_qr_workspace.py \
         > "$OUT/pytest_qr.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_qr.txt" | cut -c1-300 >> "$L" ;;
+    cholqrtests)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_cupy_right_solve.py \
+        tests/test_qr_cholqr_fused.py tests/test_qr_tall_skinny.py tests/test_qr_workspace.py \
+        tests/test_qr_methods.py tests/test_lstsq_gram.py tests/test_reliability_values.py \
+        tests/test_reliability_mutation.py tests/test_gram_blocked.py > "$OUT/pytest_cholqr.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_cholqr.txt" | cut -c1-300 >> "$L" ;;
+    benchgap)
+      smi() { nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv,noheader >> "$L"; }
+      tall="--shapes 1048576x256,4194304x64 --precisions fp64 --modes reduced --repeat 5"
+      smi; (cd bench && timeout 100 python3 probe_s12.py "$OUT/gap1.json" w256) >> "$L" 2>&1
+      smi; timeout 100 python3 -m mpqr bench qr $tall --json "$OUT/gap2.json" >> "$L" 2>&1
+      smi; timeout 100 python3 -m mpqr bench qr --shapes 16384x16384 --precisions fp64,fp16 \
+        --modes reduced --json "$OUT/gap3.json" >> "$L" 2>&1
+      smi; timeout 100 python3 -m mpqr bench qr $tall --json "$OUT/gap4.json" >> "$L" 2>&1
+      smi; (cd bench && timeout 100 python3 probe_s12.py "$OUT/gap5.json" w256) >> "$L" 2>&1
+      smi ;;
     probe9:*)
       (cd bench && timeout 500 python3 probe_s9.py "$OUT/probe9_$D.json" "${job#probe9:}") >> "$L" 2>&1 ;;
     *) echo "unknown job $job" >> "$L" ;;

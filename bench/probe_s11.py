@@ -79,7 +79,8 @@ def _parts():
         try:
             kern = rs._module("float64", n, rs._rows(n, a.dtype))["gram"]
             rec(f"parts fused gram minb={minb}", timeit(lambda: rs.right_solve_gram(a, r)),
-                blocks=rs._resident_blocks(kern, rs._GRAM_ROWS), **_attrs(kern))
+                blocks=rs._resident_blocks(kern, rs._GRAM_ROWS, rs._fused_smem(n, 1)),
+                **_attrs(kern))
         finally:
             rs._GRAM_MINB = saved
             rs._module.cache_clear()

@@ -143,9 +143,10 @@ def test_gram_kernel_takes_column_slices_and_propagates_nan():
 
 
 @pytest.mark.parametrize("n", [1, 7, 16, 20, 32])
-def test_blocked_two_solve_kernel_rounds_the_intermediate_as_one_solve(n):
+@pytest.mark.parametrize("m", [1037, 140_001])  # one partial tile; more tiles than blocks
+def test_blocked_two_solve_kernel_rounds_the_intermediate_as_one_solve(n, m):
     rng = np.random.default_rng(n)
-    a = cp.asarray(rng.standard_normal((1037, n)))
+    a = cp.asarray(rng.standard_normal((m, n)))
     r1 = cp.asarray(_triu_factor(rng, n))
     r2 = cp.asarray(np.eye(n) + 0.01 * np.triu(rng.standard_normal((n, n))))
     q = right_solve_twice(a, r1, r2)
@@ -153,7 +154,7 @@ def test_blocked_two_solve_kernel_rounds_the_intermediate_as_one_solve(n):
     _check(a, r1, q1)
     _check(q1, r2, q)
     assert bool((q == right_solve_twice(q1, r2, cp.eye(n))).all())
-    full = cp.zeros((1037, n + 3))
+    full = cp.zeros((m, n + 3))
     right_solve_twice(a, r1, r2, out=full[:, 2:n + 2])  # a column slice as the output
     assert bool((full[:, 2:n + 2] == q).all()) and not bool(full[:, :2].any())
 

@@ -110,16 +110,50 @@ __device__ __forceinline__ void dmma(double (&c)[2], double av, double bv) {
       : "=d"(c[0]), "=d"(c[1]) : "d"(av), "d"(bv), "d"(c[0]), "d"(c[1]));
 }
 
+// The tile's elements are fetched by cp.async (8 bytes each, so the swizzle above is
+// kept; zero-filled past m and past N): the loads of the next tile fly while the block
+// solves the current one, without holding registers (a register prefetch spilled,
+// bench/NOTES.md session 11). Commit and wait as for any cp.async group.
 template <int N, int ROWS>
-__device__ __forceinline__ void load_tile_swz(double* tile, const double* __restrict__ a,
-                                              long long lda, long long row0, int rows) {
+__device__ __forceinline__ void load_tile_async(double* tile, const double* __restrict__ a,
+                                                long long lda, long long row0, int rows) {
   constexpr int N16 = Blk<N>::N16;
 #pragma unroll
-  for (int t = 0; t < N16; ++t) {  // a compile-time trip count: all loads in flight
+  for (int t = 0; t < N16; ++t) {
     const int idx = threadIdx.x + t * ROWS;
     const int i = idx / N16, j = idx - (idx / N16) * N16;
-    tile[i * N16 + (j ^ swz(i))] = (i < rows && j < N) ? a[(row0 + i) * lda + j] : 0.0;
+    const bool ok = i < rows && j < N;
+    unsigned dst;
+    asm("{ .reg .u64 p; cvta.to.shared.u64 p, %1; cvt.u32.u64 %0, p; }"
+        : "=r"(dst) : "l"(tile + i * N16 + (j ^ swz(i))));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;"
+                 :: "r"(dst), "l"(ok ? a + (row0 + i) * lda + j : a), "r"(ok ? 8 : 0)
+                 : "memory");
   }
+}
+
+__device__ __forceinline__ void async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// all but the most recent committed group have landed (this thread's copies)
+__device__ __forceinline__ void async_wait_prev() {
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+
+// The fused kernels' dynamic shared memory: two tiles, then NR copies of (R, 1/diag R).
+// The launch passes fused_smem_bytes (mirrored by backends/cupy_right_solve.py); a
+// smaller allocation traps rather than writing past it.
+template <int N, int ROWS, int NR>
+__device__ __forceinline__ double* fused_smem(double* base, int which) {
+  constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS;
+  constexpr unsigned need = (2 * ROWS * N16 + NR * (N8 * RS + N8)) * 8;
+  if (which == 0) {
+    unsigned got;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(got));
+    if (got < need) __trap();
+  }
+  return which < 2 ? base + which * ROWS * N16
+                   : base + 2 * ROWS * N16 + (which - 2) * (N8 * RS + N8);
 }
 
 template <int N>
@@ -187,22 +221,24 @@ __device__ __forceinline__ void solve_tile(double* tile, const double* rsh, cons
 }
 
 // G = (A R^{-1})^T (A R^{-1}) without writing A R^{-1}: CholQR2's second Gram matrix in
-// one read of A. Persistent blocks walk the tiles: solve_tile, then each warp adds the
-// upper 8 x 8 tiles of G over its ROWS / W rows of the tile on the MMA (a lane's A and B
-// fragments of column block c are the same values, so TB loads serve TB (TB + 1) / 2
-// products). Each warp writes its partial G (N16 x N16, upper tiles only) to
-// partial[blockIdx.x * W + warp]; the caller sums them (a fixed order: deterministic).
+// one read of A. Persistent blocks walk the tiles, the next one loading while the
+// current one is solved (solve_tile); then each warp adds the upper 8 x 8 tiles of G over
+// its ROWS / W rows of the tile on the MMA (a lane's A and B fragments of column block c
+// are the same values, so TB loads serve TB (TB + 1) / 2 products). Each warp writes its
+// partial G (N16 x N16, upper tiles only) to partial[blockIdx.x * W + warp]; the caller
+// sums them (a fixed order: deterministic).
 template <int N, int ROWS, int MINB>
 __global__ void __launch_bounds__(ROWS, MINB)
 right_solve_gram_rows(const double* __restrict__ a, long long lda,
                       const double* __restrict__ rp, const double* __restrict__ dp,
                       double* __restrict__ partial, long long m) {
   constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS;
-  constexpr int TB = N16 / 8;             // 8 x 8 tiles per side of G
+  constexpr int TB = N16 / 8, TS = ROWS * N16;  // 8 x 8 tiles per side of G; tile size
   constexpr int W = ROWS / 32, KW = ROWS / W;  // warps, tile rows per warp
-  __shared__ double tile[ROWS * N16];
-  __shared__ double rsh[N8 * RS];
-  __shared__ double dsh[N8];
+  extern __shared__ double smem[];
+  double* const buf = fused_smem<N, ROWS, 1>(smem, 0);  // tile k at buf + (k & 1) * TS
+  double* rsh = fused_smem<N, ROWS, 1>(smem, 2);
+  double* dsh = rsh + N8 * RS;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   double acc[TB][TB][2];
@@ -212,11 +248,19 @@ right_solve_gram_rows(const double* __restrict__ a, long long lda,
     for (int j = 0; j < TB; ++j) acc[i][j][0] = acc[i][j][1] = 0.0;
   load_r<N>(rsh, dsh, rp, dp);
   const long long ntiles = (m + ROWS - 1) / ROWS;
-  for (long long tb = blockIdx.x; tb < ntiles; tb += gridDim.x) {
-    const long long row0 = tb * ROWS;
-    __syncthreads();  // the previous tile's MMA reads are done
-    load_tile_swz<N, ROWS>(tile, a, lda, row0, (int)min((long long)ROWS, m - row0));
-    __syncthreads();
+  long long tb = blockIdx.x;
+  if (tb < ntiles)
+    load_tile_async<N, ROWS>(buf, a, lda, tb * ROWS, (int)min((long long)ROWS, m - tb * ROWS));
+  async_commit();
+  for (int k = 0; tb < ntiles; tb += gridDim.x, ++k) {
+    double* tile = buf + (k & 1) * TS;
+    const long long nx = tb + gridDim.x;  // into the buffer the last iteration released
+    if (nx < ntiles)
+      load_tile_async<N, ROWS>(buf + ((k + 1) & 1) * TS, a, lda, nx * ROWS,
+                               (int)min((long long)ROWS, m - nx * ROWS));
+    async_commit();
+    async_wait_prev();
+    __syncthreads();  // every thread's copies of this tile (and R, the first time)
     solve_tile<N, ROWS>(tile, rsh, dsh);
 #pragma unroll 2
     for (int k0 = warp * KW; k0 < (warp + 1) * KW; k0 += 4) {
@@ -229,6 +273,7 @@ right_solve_gram_rows(const double* __restrict__ a, long long lda,
 #pragma unroll
         for (int j = i; j < TB; ++j) dmma(acc[i][j], f[i], f[j]);
     }
+    __syncthreads();  // the tile's reads are done before the next load reuses its buffer
   }
   double* out = partial + ((long long)blockIdx.x * W + warp) * N16 * N16;
 #pragma unroll
@@ -243,29 +288,43 @@ right_solve_gram_rows(const double* __restrict__ a, long long lda,
 
 // Q = (A R1^{-1}) R2^{-1} from A by two solve_tile passes per tile: the intermediate is
 // rounded exactly as right_solve_gram_rows rounds it, so Q1 never goes to memory.
+// Persistent blocks as above, R1 and R2 loaded once per block.
 template <int N, int ROWS, int MINB>
 __global__ void __launch_bounds__(ROWS, MINB)
 right_solve_twice_tiles(const double* __restrict__ a, long long lda,
                         const double* __restrict__ rp1, const double* __restrict__ dp1,
                         const double* __restrict__ rp2, const double* __restrict__ dp2,
                         double* __restrict__ q, long long ldq, long long m) {
-  constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS;
-  __shared__ double tile[ROWS * N16];
-  __shared__ double rsh[N8 * RS];
-  __shared__ double dsh[N8];
-  const long long row0 = (long long)blockIdx.x * ROWS;
-  const int rows = (int)min((long long)ROWS, m - row0);
-  load_r<N>(rsh, dsh, rp1, dp1);
-  load_tile_swz<N, ROWS>(tile, a, lda, row0, rows);
-  __syncthreads();
-  solve_tile<N, ROWS>(tile, rsh, dsh);
-  load_r<N>(rsh, dsh, rp2, dp2);
-  __syncthreads();
-  solve_tile<N, ROWS>(tile, rsh, dsh);
+  constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS, TS = ROWS * N16;
+  extern __shared__ double smem[];
+  double* const buf = fused_smem<N, ROWS, 2>(smem, 0);  // tile k at buf + (k & 1) * TS
+  double* r1sh = fused_smem<N, ROWS, 2>(smem, 2);
+  double* r2sh = fused_smem<N, ROWS, 2>(smem, 3);
+  load_r<N>(r1sh, r1sh + N8 * RS, rp1, dp1);
+  load_r<N>(r2sh, r2sh + N8 * RS, rp2, dp2);
+  const long long ntiles = (m + ROWS - 1) / ROWS;
+  long long tb = blockIdx.x;
+  if (tb < ntiles)
+    load_tile_async<N, ROWS>(buf, a, lda, tb * ROWS, (int)min((long long)ROWS, m - tb * ROWS));
+  async_commit();
+  for (int k = 0; tb < ntiles; tb += gridDim.x, ++k) {
+    double* tile = buf + (k & 1) * TS;
+    const long long row0 = tb * ROWS, nx = tb + gridDim.x;
+    const int rows = (int)min((long long)ROWS, m - row0);
+    if (nx < ntiles)
+      load_tile_async<N, ROWS>(buf + ((k + 1) & 1) * TS, a, lda, nx * ROWS,
+                               (int)min((long long)ROWS, m - nx * ROWS));
+    async_commit();
+    async_wait_prev();
+    __syncthreads();
+    solve_tile<N, ROWS>(tile, r1sh, r1sh + N8 * RS);
+    solve_tile<N, ROWS>(tile, r2sh, r2sh + N8 * RS);
 #pragma unroll
-  for (int t = 0; t < N; ++t) {
-    const int idx = threadIdx.x + t * ROWS;
-    const int i = idx / N, j = idx - (idx / N) * N;
-    if (i < rows) q[(row0 + i) * ldq + j] = tile[i * N16 + (j ^ swz(i))];
+    for (int t = 0; t < N; ++t) {
+      const int idx = threadIdx.x + t * ROWS;
+      const int i = idx / N, j = idx - (idx / N) * N;
+      if (i < rows) q[(row0 + i) * ldq + j] = tile[i * N16 + (j ^ swz(i))];
+    }
+    __syncthreads();  // the tile's reads are done before the next load reuses its buffer
   }
 }
