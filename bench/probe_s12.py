@@ -1,14 +1,19 @@
 """Session-12 probe: the fused CholQR2 kernels as persistent blocks with cp.async tiles.
 
-python3 bench/probe_s12.py OUT.json [parts,tall]
+python3 bench/probe_s12.py OUT.json [parts,tall,pool,syncs,w256]
   parts  at 2^24 x 32: copy, cuBLAS Gram, the fused Gram and two-solve kernels at each
-         blocks-per-SM bound, against session 11's kernels (probe_s12_old_right_solve.cu,
-         when present) in the same process; the two-solve kernels' Q compared bitwise
+         blocks-per-SM bound, against session 11's kernels in the same process when
+         probe_s12_old_right_solve.cu is present (`git show
+         4bbda61:backends/kernels/right_solve.cu`); the two-solve kernels' Q compared
+         bitwise
   tall   mpqr.qr fp64 (reduced and r), fused and stored, alternately, against
          cupy.linalg.qr and the copy floor, at 2^24 x 32, 2^22 x 32, 2^24 x 16
   pool   the bench's sequence (pool released, cuSOLVER, explain call, error check) then
          single timed calls with the memory pool's size before and after each, against
          the same calls without the release: why the bench read slower than the probes
+  syncs  CholQR's n x n checks read back as one transfer per step against one sync per
+         scalar, alternately in one process (needs commit 8d51ecd's cholqr._host_scalars;
+         no gain measured, so that change was reverted)
   w256   where 2^20 x 256 (and 2^22 x 64) fp64 QR spends its time: the whole QR, its
          GEMM-shaped passes alone, host against GPU time, and a cProfile of the host
          (each host sync charges the GPU work before it to the function that waits)
@@ -221,6 +226,30 @@ def _pool():
                 pool_gib=pool.total_bytes() / 2**30, free_blocks=pool.n_free_blocks())
         del a, a32
         release_pool(cp)
+
+
+@section("syncs")
+def _syncs():
+    from mpqr.qr import cholqr as cq
+
+    batched = cq._host_scalars
+
+    def one_by_one(sb, vals):  # a float() per scalar: a host sync each on a GPU
+        return [float(v) for v in vals]
+
+    for m, n in ((2**20, 256), (2**22, 64)):
+        a = cp.random.default_rng(6).standard_normal((m, n))
+        for rnd in range(3):
+            for tag, fn in (("one transfer", batched), ("sync per scalar", one_by_one)):
+                cq._host_scalars = fn
+                try:
+                    t = timeit(lambda a=a: mpqr.qr(a, precision="fp64"), rep=7)
+                    tr_ = timeit(lambda a=a: mpqr.qr(a, precision="fp64", mode="r"), rep=7)
+                finally:
+                    cq._host_scalars = batched
+                rec(f"syncs {m}x{n} {tag} round {rnd}", t, mode_r_ms=tr_)
+        a = None
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 write()

@@ -93,54 +93,21 @@ def _cond_from_gram(backend: Any, g: Any) -> float:
     return math.sqrt(hi / lo) if lo > 0 else math.inf
 
 
-def _host_scalars(sb: Any, vals: list[Any]) -> list[float]:
-    """0-d arrays of ``sb``'s namespace as floats, read with one host transfer (on a GPU
-    each ``float()`` of a device scalar is a sync, and the device idles until the host
-    has queued the next step)."""
-    xp = sb.xp
-    host = sb.small(xp.stack([xp.astype(v, xp.float64) for v in vals]))[1]
-    return [float(v) for v in host]
-
-
-def _wants_inverse(backend: Any, a: Any) -> bool:
-    """Whether :func:`_apply_inverse` may apply ``R^-1`` to ``a`` by GEMM."""
-    min_n = backend.inverse_gemm_min_n
-    return min_n is not None and a.ndim == 2 and a.shape[-1] >= min_n
-
-
-def _inverse(sb: Any, r: Any) -> tuple[Any, list[Any]]:
-    """``X = R^-1`` and the 0-d ``[||R||_1, ||X||_1]``, in ``sb``'s namespace."""
-    xp = sb.xp
-    # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
-    x = sb.right_solve_upper(xp.eye(r.shape[-1], dtype=r.dtype, device=device(r)), r)
-    return x, [xp.max(xp.sum(xp.abs(r), axis=0)), xp.max(xp.sum(xp.abs(x), axis=0))]
-
-
-def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float, inverse: bool = False
-                       ) -> tuple[Any, Any]:
+def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
     """Upper Cholesky factor of ``g`` (accurate to ``u``); :class:`BreakdownError` if it
-    fails or is useless. ``inverse``: also ``(X, cond_1(R))`` for :func:`_apply_inverse`
-    (else None), read back with the factor's checks in the step's one host transfer."""
+    fails or is useless."""
     xp = backend.xp
-    n = g.shape[-1]
-    x = pre = None
     try:
-        r = backend.cholesky(g, upper=True, check=False)  # checked below
+        r = backend.cholesky(g, upper=True)
         d = xp.abs(xp.linalg.diagonal(r))
-        vals = [xp.all(xp.isfinite(r)), xp.min(d), xp.max(d)]
-        if inverse:
-            x, nv = _inverse(backend, r)
-            vals += nv
-        finite, lo, hi, *norms = _host_scalars(backend, vals)  # the one host sync of this step
+        lo, hi = float(xp.min(d)), float(xp.max(d))  # the one host sync of this step
         # diag(R) only bounds cond(x) from below: the factor n keeps a margin (without it
         # fp32-emulated CholQR returned ||I - Q^T Q||_F = 21 at cond(x) = 1e4, n = 70)
-        ok = finite == 1 and math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u * n < 1
-        if inverse:
-            pre = (x, norms[0] * norms[1])
+        ok = math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u * g.shape[-1] < 1
     except LinAlgError:
         ok = False
     if ok:
-        return r, pre
+        return r
     cond = _cond_from_gram(backend, g)
     raise BreakdownError(
         f"{method} broke down: the Gram matrix x^H x is not numerically positive definite "
@@ -196,18 +163,13 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         gram(backend, a, precision, f"{method}-gram"))
     xp = sb.xp
     u = gram_roundoff(xp, g.dtype, prec_name)
-    single = prec_name == "fp32" or g.dtype in (xp.float32, xp.complex64)
-    lo = SAFE_GRAM_MIN["float32" if single else "float64"]
-    n = g.shape[-1]
-    vals = [xp.all(xp.isfinite(g)), xp.min(xp.real(xp.linalg.diagonal(g)))]
-    if certify is not None:
-        vals.append(xp.max(xp.linalg.matrix_norm(
-            g - xp.eye(n, dtype=g.dtype, device=device(g)), ord="fro")))
-    finite, dmin, *dist = _host_scalars(sb, vals)  # one host sync for the three checks
-    if finite != 1:  # nothing to factor; the cond estimate's SVD would fail
+    if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
         raise BreakdownError(
             f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
             method=method, cond_estimate=math.inf)
+    single = prec_name == "fp32" or g.dtype in (xp.float32, xp.complex64)
+    lo = SAFE_GRAM_MIN["float32" if single else "float64"]
+    dmin = float(xp.min(xp.real(xp.linalg.diagonal(g))))
     if dmin < lo:
         # a zero column, or one so small that its Gram entries underflow; qr(method="auto")
         # runs CholQR2 on unscaled input and falls back to the scaled Householder path
@@ -216,7 +178,9 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
             "(a zero column, or underflow in the Gram matrix); use a Householder method "
             "or method='auto'", method=method, cond_estimate=math.inf)
     if certify is not None:
-        dist = dist[0]
+        n = g.shape[-1]
+        dist = float(xp.max(xp.linalg.matrix_norm(
+            g - xp.eye(n, dtype=g.dtype, device=device(g)), ord="fro")))
         if not dist <= 0.5:
             d = xp.abs(xp.linalg.diagonal(certify))
             cond = float(xp.max(d)) / float(xp.min(d)) if float(xp.min(d)) > 0 else math.inf
@@ -232,8 +196,8 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         s = 11 * (m * n + n * (n + 1)) * u * fro2
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
-    r, pre = _chol_or_breakdown(sb, g, method, u, inverse=want_q and _wants_inverse(backend, a))
-    q = _apply_inverse(backend, sb, a, r, method, prec_name, pre) if want_q else None
+    r = _chol_or_breakdown(sb, g, method, u)
+    q = _apply_inverse(backend, sb, a, r, method, prec_name) if want_q else None
     return q, r, sb
 
 
@@ -242,8 +206,7 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
 INVERSE_COND_MAX = 8.0
 
 
-def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str,
-                   pre: tuple[Any, float] | None = None) -> Any:
+def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str) -> Any:
     """``Q = A R^-1`` (``r`` in the small backend ``sb``), by row-wise substitution or, for
     ``n >= backend.inverse_gemm_min_n`` and a well-conditioned ``R``, by one GEMM.
 
@@ -252,15 +215,17 @@ def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name
     ``γ_n ||A||`` of substituting ``A`` itself. CholQR2's second pass has
     ``cond(R) <= sqrt(3)`` (certified by its Gram matrix); the first pass takes the GEMM
     only when ``cond_1(R) <= INVERSE_COND_MAX``. A GEMM streams A once at full
-    bandwidth; the substitution is bound by its dependent FMA chains. ``pre``: ``(X,
-    cond_1(R))`` already made by :func:`_chol_or_breakdown`.
+    bandwidth; the substitution is bound by its dependent FMA chains.
     """
-    if _wants_inverse(backend, a):
-        if pre is None:
-            x, nv = _inverse(sb, r)
-            n1r, n1x = _host_scalars(sb, nv)
-            pre = (x, n1r * n1x)
-        x, kappa = pre
+    n = r.shape[-1]
+    min_n = backend.inverse_gemm_min_n
+    if min_n is not None and a.ndim == 2 and n >= min_n:
+        xs = sb.xp
+        # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
+        x = sb.right_solve_upper(xs.eye(n, dtype=r.dtype, device=device(r)), r)
+        norms = sb.small(xs.stack([xs.max(xs.sum(xs.abs(r), axis=0)),
+                                   xs.max(xs.sum(xs.abs(x), axis=0))]))[1]
+        kappa = float(norms[0]) * float(norms[1])
         if kappa <= INVERSE_COND_MAX:
             record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (cond_1(R) = "
                          f"{kappa:.3g} <= {INVERSE_COND_MAX:g})", cond_1=kappa)
