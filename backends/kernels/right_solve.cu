@@ -141,7 +141,7 @@ __device__ __forceinline__ void async_wait_prev() {
 }
 
 // The fused kernels' dynamic shared memory: two tiles, then NR copies of (R, 1/diag R).
-// The launch passes fused_smem_bytes (mirrored by backends/cupy_right_solve.py); a
+// The launch passes _fused_smem(n, NR) bytes (backends/cupy_right_solve.py); a
 // smaller allocation traps rather than writing past it.
 template <int N, int ROWS, int NR>
 __device__ __forceinline__ double* fused_smem(double* base, int which) {
