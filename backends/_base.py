@@ -198,6 +198,13 @@ class ArrayAPIBackend:
     #: widest ``r`` that :meth:`right_solve_upper` takes in one call; ``None``: any width
     #: (callers block wider solves and do the off-diagonal products through the policy)
     right_solve_block: int | None = None
+    #: Leaf panels wider than this are factored in sub-panels of this width by
+    #: :meth:`reconstruct_panel` with updates in between (:mod:`mpqr.qr.panel_blocked`);
+    #: ``None``: one :meth:`householder_panel` call per leaf (LAPACK's ``geqrf``).
+    panel_block: int | None = None
+    #: ... for leaves of at least this many rows (shorter ones take one
+    #: :meth:`householder_panel` call)
+    panel_block_min_rows: int = 0
     #: ``qr(method="auto")`` gives a single tall-skinny matrix of at most this many
     #: elements to the library's own QR (``geqrf``) instead of CholQR2, whose n x n steps
     #: and host round trips cost ~3 ms on a GPU: H100 fp64, cuSOLVER vs CholQR2:
@@ -488,9 +495,27 @@ def _householder_panel(self: ArrayAPIBackend, a: Any) -> tuple[Any, Any, Any]:
     Returns ``(Y, T, R)`` with ``a = (I - Y T Y^H)[:, :k] R``: ``Y`` unit lower
     trapezoidal ``(..., m, k)`` (explicit zeros and ones), ``T`` upper
     triangular and ``R`` upper triangular ``(..., k, k)`` (signs arbitrary).
-    Portable version: explicit QR of the panel, then the reflectors that
-    reproduce it (:meth:`lu_signed`, LAPACK ``orhr_col``); NumPy and CuPy call
-    ``geqrf`` instead (:func:`compact_wy_t`).
+    Portable version: :meth:`reconstruct_panel`, and ``T = Y1^-1 W1`` from the top
+    blocks of ``Y`` and ``W = Y T``; NumPy and CuPy call ``geqrf`` instead
+    (:func:`compact_wy_t`).
+    """
+    k = a.shape[-1]
+    y, w, _tau, r = self.reconstruct_panel(a)
+    t = self.solve_triangular(y[..., :k, :], w[..., :k, :], lower=True, unit_diagonal=True)
+    return y, self.xp.triu(t), r
+
+
+def _reconstruct_panel(self: ArrayAPIBackend, a: Any) -> tuple[Any, Any, Any, Any]:
+    """Householder reflectors of a panel ``a`` (``(..., m, k)``, ``m >= k``) through its
+    explicit QR: ``(Y, W, tau, R)`` with ``a = (I - W Y^H)[:, :k] R``.
+
+    :meth:`qr_panel` gives ``a = Q R0``; the signed LU of Q's top block,
+    ``L U = Q1 - S`` (:meth:`lu_signed`, LAPACK ``orhr_col``; Ballard et al. 2014), gives
+    ``Y = [L; Q2 U^-1]`` (unit lower trapezoidal, explicit zeros and ones) and
+    ``W = Y T = ([I; 0] - Q conj(S)) L^-H`` with ``T = -U conj(S) L^-H`` upper
+    triangular, ``tau = diag(T)`` and ``R = S R0``. The CuPy backend makes the same
+    factors from its TSQR kernels and one reconstruction kernel
+    (:mod:`mpqr.qr.panel_blocked` factors its leaves in such panels).
     """
     from mpqr._array_api import device
 
@@ -510,11 +535,12 @@ def _householder_panel(self: ArrayAPIBackend, a: Any) -> tuple[Any, Any, Any]:
         y[..., k:, :] = ct(self.solve_triangular(ct(u), ct(q[..., k:, :]), lower=True))
     else:
         y = l1
-    # T = -U conj(S) Y1^{-H}, solved as Y1 T^H = -(U conj(S))^H; H[:, :k] = Q conj(S)
+    # H[:, :k] = Q conj(S) = [I; 0] - W L^H, so W L^H = [I; 0] - Q conj(S)
     sc = xp.conj(s) if xp.isdtype(s.dtype, "complex floating") else s
-    t = ct(self.solve_triangular(l1, ct(-u * xp.expand_dims(sc, axis=-2)), lower=True,
-                                 unit_diagonal=True))
-    return y, t, xp.expand_dims(s, axis=-1) * r
+    z = xp.eye(m, k, dtype=q.dtype, device=device(a)) - q * xp.expand_dims(sc, axis=-2)
+    w = ct(self.solve_triangular(l1, ct(z), lower=True, unit_diagonal=True))
+    tau = -xp.linalg.diagonal(u) * sc
+    return y, w, tau, xp.expand_dims(s, axis=-1) * r
 
 
 def compact_wy_t(backend: ArrayAPIBackend, y: Any, tau: Any) -> Any:
@@ -553,6 +579,7 @@ def compact_wy_from_raw(backend: ArrayAPIBackend, h: Any, tau: Any, m: int, k: i
 
 
 ArrayAPIBackend.householder_panel = _householder_panel
+ArrayAPIBackend.reconstruct_panel = _reconstruct_panel
 
 
 def phase(xp: Any, d: Any) -> Any:

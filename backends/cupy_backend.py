@@ -314,6 +314,13 @@ class CupyBackend(ArrayAPIBackend):
         return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
 
     right_solve_block = 64  # cupy_right_solve.MAX_N
+    #: Leaves of at least 2^15 rows go in 32-column sub-panels (TSQR kernels + one
+    #: reconstruction kernel + two update products each): ~0.5 ms per sub-panel at any
+    #: height, bound by the TSQR tile passes' latency (~0.32 ms), where cuSOLVER's geqrf
+    #: costs ~0.3 ms per 32 columns at 8192 rows, ~0.6 at 16384 and ~0.9 at 65536
+    #: (H100; bench/NOTES.md, session 13)
+    panel_block = 32
+    panel_block_min_rows = 2**15
     ozaki_fused = True  # cupy_ozaki_kernels: one-pass residues, reconstruction into C
 
     def right_solve_upper(self, a, r, out=None):
@@ -386,6 +393,16 @@ class CupyBackend(ArrayAPIBackend):
         h, tau = self._cp.linalg.qr(a, mode="raw")  # h: (k, m), transposed like NumPy's
         h, tau = h.astype(a.dtype, copy=False), tau.astype(a.dtype, copy=False)
         return compact_wy_from_raw(self, h, tau, *a.shape)
+
+    def reconstruct_panel(self, a):
+        from mpqr.backends import cupy_lu, cupy_tsqr
+
+        if a.ndim == 2 and a.shape[-1] <= cupy_lu.PANEL and cupy_tsqr.supports(a):
+            # TSQR tile kernels for (Q, R), then the reconstruction in one launch; the
+            # level-0 reflectors are stored, not recomputed: 0.33 -> 0.29 ms at 16384 x 32
+            q, r = cupy_tsqr.tsqr(a, recompute=False)
+            return cupy_lu.reconstruct(q, r)
+        return super().reconstruct_panel(a)
 
     def library_qr(self, a, mode):
         # cuSOLVER geqrf (+ orgqr unless mode "r"), CuPy's own modes

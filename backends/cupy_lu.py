@@ -8,6 +8,11 @@ and blocks of at most :data:`BLOCK` run in one thread block (``kernels/lu_signed
 compiled on first use and cached by CuPy. H100, float64, against the host round trip
 of the NumPy backend (with the host's default BLAS threads): n = 64 0.33 vs 1.9 ms,
 128 0.79 vs 3.3, 512 3.1 vs 33 (bench/NOTES.md, session 10).
+
+:func:`reconstruct` makes the whole reconstruction of a panel of at most :data:`PANEL`
+columns (``Y``, ``W = Y T``, ``tau``, ``diag(s) R``) in one launch
+(``reconstruct_rows`` in the same file), for the blocked leaf panels of
+:mod:`mpqr.qr.panel_blocked`.
 """
 
 from __future__ import annotations
@@ -17,11 +22,13 @@ from pathlib import Path
 
 import cupy as cp
 
-__all__ = ["BLOCK", "lu_signed", "supports"]
+__all__ = ["BLOCK", "PANEL", "lu_signed", "reconstruct", "supports"]
 
 #: widest diagonal block factored by one thread block (shared memory: 64 x 65 doubles)
 BLOCK = 64
 _THREADS = 256
+#: widest panel :func:`reconstruct` takes (its rows are held in registers)
+PANEL = 32
 _SOURCE = Path(__file__).resolve().parent / "kernels" / "lu_signed.cu"
 
 
@@ -31,12 +38,17 @@ def supports(a) -> bool:
 
 
 @functools.cache
-def _kernel(dtype_name: str):
+def _module(dtype_name: str):
     t = "double" if dtype_name == "float64" else "float"
-    name = f"lu_signed_block<{t}, {BLOCK}>"
+    names = (f"lu_signed_block<{t}, {BLOCK}>", f"reconstruct_rows<{t}, {PANEL}>")
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=[name])
-    return mod.get_function(name)
+                       name_expressions=list(names))
+    return mod, names
+
+
+def _kernel(dtype_name: str, which: int = 0):
+    mod, names = _module(dtype_name)
+    return mod.get_function(names[which])
 
 
 def lu_signed(a):
@@ -70,3 +82,26 @@ def lu_signed(a):
     if n:
         rec(0, n)
     return cp.tril(w, -1) + cp.eye(n, dtype=w.dtype), cp.triu(w), s
+
+
+def reconstruct(q, r):
+    """``(Y, W, tau, R')`` of the reflectors behind the reduced QR ``(q, r)`` of a panel.
+
+    ``q``: ``m x n`` float32/float64 with orthonormal columns, ``m >= n``, ``n <= PANEL``;
+    ``r``: its ``n x n`` upper-triangular factor. ``Y`` is unit lower trapezoidal and
+    ``I - W Y^T`` (``W = Y T``) is orthogonal with ``(I - W Y^T)[:, :n] = Q S``;
+    ``tau = diag(T)``; ``R' = S R``, so that the panel is ``(I - W Y^T)[:, :n] R'``.
+    The same formulas as the base backend's ``reconstruct_panel``, in one launch.
+    """
+    m, n = q.shape
+    q = cp.ascontiguousarray(q)
+    r = cp.ascontiguousarray(r)
+    y = cp.empty((m, n), dtype=q.dtype)
+    w = cp.empty((m, n), dtype=q.dtype)
+    tau = cp.empty(n, dtype=q.dtype)
+    rout = cp.empty((n, n), dtype=q.dtype)
+    if m and n:
+        kern = _kernel(cp.dtype(q.dtype).name, 1)
+        kern((-(-m // _THREADS),), (_THREADS,),
+             (q, r, cp.int64(m), cp.int32(n), y, w, tau, rout))
+    return y, w, tau, rout

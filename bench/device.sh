@@ -10,6 +10,8 @@
 #   probe9:SECTIONS bench/probe_s9.py with comma-separated sections
 #   probe11:SECTIONS bench/probe_s11.py with comma-separated sections
 #   probe12:SECTIONS bench/probe_s12.py with comma-separated sections
+#   probe13:SECTIONS bench/probe_s13.py with comma-separated sections
+#   paneltests      the GPU tests of the leaf panels, TSQR and the recursive QR's methods
 #   qrtests         the GPU tests of the QR and right-solve files only
 #   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
 #   benchgap        the probe's 2^20x256 / 2^22x64 timing around short bench qr runs (session 12:
@@ -41,6 +43,13 @@ for job in "$@"; do
       (cd bench && timeout 500 python3 probe_s7.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
     probe11:*)
       (cd bench && timeout 500 python3 probe_s11.py "$OUT/probe11_$D.json" "${job#probe11:}") >> "$L" 2>&1 ;;
+    probe13:*)
+      (cd bench && timeout 500 python3 probe_s13.py "$OUT/probe13_$D.json" "${job#probe13:}") >> "$L" 2>&1 ;;
+    paneltests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_qr_panels.py \
+        tests/test_cupy_tsqr.py tests/test_qr_methods.py tests/test_qr_accuracy_fp16.py \
+        > "$OUT/pytest_panel.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_panel.txt" | cut -c1-300 >> "$L" ;;
     probe12:*)
       (cd bench && timeout 500 python3 probe_s12.py "$OUT/probe12_$D.json" "${job#probe12:}") >> "$L" 2>&1 ;;
     qrtests)

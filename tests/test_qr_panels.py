@@ -16,7 +16,7 @@ from mpqr.backends._base import ArrayAPIBackend, compact_wy_t
 import mpqr
 from mpqr._array_api import array_namespace
 from mpqr._array_api import device as array_api_device
-from tests._qr_support import backward_error, hp_matmul, orthogonality
+from tests._qr_support import backward_error, hp_matmul, orthogonality, unit_roundoff
 from tests._support import from_numpy, to_numpy
 
 api = sys.modules["mpqr.qr.api"]
@@ -310,3 +310,105 @@ def test_small_tall_skinny_qr_through_the_library_is_accurate(xp):
     assert backward_error(a, q, r) <= 2 * np.sqrt(64) * u
     assert orthogonality(q) <= np.sqrt(64) * u / 4
     assert np.all(np.diag(to_numpy(r)) >= 0)
+
+
+# --- blocked leaves: sub-panels by explicit QR + reconstruction (mpqr.qr.panel_blocked) ---
+blocked = importlib.import_module("mpqr.qr.panel_blocked")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize("shape", [(300, 32), (40, 7), (32, 32), (260, 17)])
+def test_reconstruct_panel_gives_reflectors_that_reproduce_the_panel(xp, shape, dtype):
+    """``(Y, W, tau, R)``: ``I - W Y^H`` orthogonal, ``a = (I - W Y^H)[:, :k] R``,
+    ``W = Y T`` with ``T`` upper triangular and ``diag(T) = tau``; on CuPy (real, k <= 32)
+    the TSQR kernels and the reconstruction kernel."""
+    if "complex" in np.dtype(dtype).name and not hasattr(xp, "complex128"):
+        pytest.skip("namespace without complex dtypes")
+    a = _rand(np.random.default_rng(shape[0]), shape, dtype)
+    ax = from_numpy(xp, a)
+    backend = get_backend(array_namespace(ax))
+    y, w, tau, r = (to_numpy(v) for v in backend.reconstruct_panel(ax))
+    assert np.array_equal(to_numpy(ax), a)
+    m, k = shape
+    u = _u(dtype)
+    assert np.array_equal(np.triu(y), np.triu(np.eye(m, k)))
+    assert np.array_equal(r, np.triu(r))
+    h = np.eye(m) - hp_matmul(w, np.conj(y.T))
+    h = np.asarray(h, dtype=np.complex128 if np.iscomplexobj(h) else np.float64)
+    assert orthogonality(h) <= 10 * m * u, orthogonality(h)
+    assert backward_error(a, h[:, :k], r) <= 10 * np.sqrt(m * k) * u
+    t = np.linalg.solve(y[:k].astype(h.dtype), w[:k].astype(h.dtype))  # W1 = Y1 T
+    scale = np.max(np.abs(t))
+    assert np.max(np.abs(np.tril(t, -1))) <= 10 * k * u * scale
+    np.testing.assert_allclose(tau, np.diag(t), rtol=0, atol=10 * k * u * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape, block", [((300, 100), 32), ((100, 100), 32), ((64, 40), 16),
+                                          ((257, 96), 32)])
+def test_blocked_panel_is_a_compact_wy_factorization(xp, shape, block, dtype):
+    """Sub-panels of ``block`` columns (the last one narrower where ``block`` does not
+    divide ``k``) give the contract of ``householder_panel`` to Householder accuracy, and
+    the same ``|R|`` as the backend's ``geqrf`` panel."""
+    a = _rand(np.random.default_rng(shape[1]), shape, dtype)
+    ax = from_numpy(xp, a)
+    backend = get_backend(array_namespace(ax))
+    y, t, r = blocked.blocked_householder_panel(
+        backend, ax, block=block, precision="fp32" if dtype == np.float32 else "fp64")
+    assert np.array_equal(to_numpy(ax), a)
+    assert y.dtype == ax.dtype and t.shape == (shape[1], shape[1])
+    _check_panel(a, y, t, r)
+    *_, r0 = backend.householder_panel(ax)
+    tol = 10 * np.sqrt(shape[0] * shape[1]) * _u(dtype) * np.abs(a).max() * np.sqrt(shape[0])
+    np.testing.assert_allclose(np.abs(to_numpy(r)), np.abs(to_numpy(r0)), rtol=0, atol=tol)
+
+
+def test_blocked_panel_spreads_nan():
+    """A NaN in a sub-panel reaches R and the reflectors: never a finite-looking factor."""
+    a = np.random.default_rng(2).standard_normal((90, 64))
+    a[50, 40] = np.nan
+    y, _t, r = blocked.blocked_householder_panel(get_backend(array_namespace(a)), a, block=16,
+                                                precision="fp64")
+    assert np.isnan(r[:, 40:]).any() and np.isnan(y[:, 32:48]).any()
+    assert np.isfinite(r[:32, :32]).all()  # sub-panels before the NaN are untouched by it
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32-emulated", "fp16", "fp64-emulated"])
+def test_recursive_qr_with_blocked_leaves(xp, monkeypatch, precision):
+    """The recursion with 128-wide leaves in 32-column sub-panels (the CuPy backend's
+    setting) keeps the accuracy of its ``geqrf`` leaves; the trace names the leaves."""
+    a = np.random.default_rng(13).standard_normal((384, 256))
+    ax = from_numpy(xp, a)
+    backend = get_backend(array_namespace(ax))
+    if precision in ("fp16", "fp32-emulated") and "fp16" not in backend.capabilities:
+        pytest.skip(f"{precision} needs a float16 GEMM engine")
+    monkeypatch.setattr(recursive, "MAX_LEAVES", 2)
+    results = {}
+    monkeypatch.setattr(type(backend), "panel_block_min_rows", 0)
+    for nb in (32, None):
+        monkeypatch.setattr(type(backend), "panel_block", nb)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(ax, precision=precision, method="householder-recursive")
+        leaves = [e.data for e in trace.events if e.kind == "panel"]
+        assert leaves == ([{"rows": 384, "cols": 128, "block": 32},
+                           {"rows": 256, "cols": 128, "block": 32}] if nb else [])
+        results[nb] = (backward_error(a, q, r), orthogonality(q))
+    u = unit_roundoff(precision, np.float64)
+    back, orth = results[32]
+    assert back <= 2 * np.sqrt(256) * u, results
+    assert orth <= np.sqrt(256) * max(u, 2.0**-24) / 4, results
+    # and no worse than the geqrf leaves beyond rounding-level noise
+    assert back <= 4 * results[None][0] + np.sqrt(256) * 2.0**-53, results
+
+
+def test_blocked_leaves_start_at_the_backends_row_cut(monkeypatch):
+    """Only leaves of at least ``panel_block_min_rows`` rows go in sub-panels."""
+    monkeypatch.setattr(recursive, "MAX_LEAVES", 2)
+    backend = get_backend(array_namespace(np.zeros(1)))
+    monkeypatch.setattr(type(backend), "panel_block", 32)
+    monkeypatch.setattr(type(backend), "panel_block_min_rows", 300)
+    a = np.random.default_rng(17).standard_normal((384, 256))
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64", method="householder-recursive")
+    assert [e.data["rows"] for e in trace.events if e.kind == "panel"] == [384]
+    assert backward_error(a, q, r) <= 2 * np.sqrt(256) * 2.0**-53

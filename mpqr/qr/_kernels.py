@@ -24,6 +24,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr.backends._base import phase  # one definition, shared with the backends
 from mpqr.policy import gemm
+from mpqr.policy.trace import record_event
 
 __all__ = [
     "column_exponents",
@@ -227,8 +228,10 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
     ``a = (I - W Y^H)[:, :k] R`` with ``Y`` unit lower trapezoidal (explicit
     zeros and ones) and ``R`` upper triangular (signs arbitrary). Panels with
     ``m >= TSQR_ASPECT * k``, ``m >= TSQR_MIN_ROWS`` and ``k <= TSQR_MAX_WIDTH`` go through
-    :func:`tsqr` and :func:`householder_from_q`; all others through one
-    ``backend.householder_panel`` call (``geqrf`` + the UT-transform ``T``) and
+    :func:`tsqr` and :func:`householder_from_q`; real panels wider than
+    ``backend.panel_block`` with at least ``backend.panel_block_min_rows`` rows through
+    :func:`~mpqr.qr.panel_blocked.blocked_householder_panel`; all others through one
+    ``backend.householder_panel`` call (``geqrf`` + the UT-transform ``T``); then
     ``W = Y T``. ``W`` is None unless ``need_w``.
     """
     xp = backend.xp
@@ -237,7 +240,17 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
         qp, rp = tsqr(backend, a, precision=precision)
         w, y, s = householder_from_q(backend, qp, precision=precision)
         return w, y, xp.expand_dims(s, axis=-1) * rp
-    y, t, r = backend.householder_panel(a)
+    nb = backend.panel_block
+    if (nb is not None and a.ndim == 2 and k > nb and m >= backend.panel_block_min_rows
+            and not is_complex(xp, a)):
+        from mpqr.qr.panel_blocked import blocked_householder_panel
+
+        record_event("panel", f"{m}x{k} leaf: blocked Householder QR in {nb}-column "
+                     "sub-panels (explicit QR + reconstruction each)", rows=m, cols=k,
+                     block=nb)
+        y, t, r = blocked_householder_panel(backend, a, block=nb, precision=precision)
+    else:
+        y, t, r = backend.householder_panel(a)
     w = gemm(y, t, precision=precision, label="panel-wy", backend=backend) if need_w else None
     return w, y, r
 
