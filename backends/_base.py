@@ -155,6 +155,12 @@ class ArrayAPIBackend:
         """Native product in the operands' (common) dtype."""
         return self.xp.matmul(a, b)
 
+    def gemm_sub_into(self, c: Any, a: Any, b: Any) -> bool:
+        """``c -= a @ b`` in place without a temporary, if the backend can (2-D, one
+        dtype); returns whether it did. The portable version cannot: the policy's
+        :func:`~mpqr.policy.gemm_sub` then subtracts the product."""
+        return False
+
     def round_fp16_scaled(self, x: Any, shift: Any) -> Any:
         """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype: ``x`` rounded to the
         fp16 numbers at a power-of-two scaling (``shift`` int32, broadcasting)."""

@@ -103,6 +103,25 @@ class CupyBackend(ArrayAPIBackend):
                                  np.float64 if f64 else np.float32)
         return cp.matmul(a, b)
 
+    def gemm_sub_into(self, c, a, b):
+        cp = self._cp
+        if not (a.ndim == b.ndim == c.ndim == 2 and a.dtype == b.dtype == c.dtype
+                and a.dtype in (cp.float32, cp.float64) and a.shape[1] > 0
+                and _row_major_out(c)):
+            return False
+        if _blas_operand(cp, a, allow_copy=False) is None or \
+                _blas_operand(cp, b, allow_copy=False) is None:
+            return False
+        from cupy.cuda import cublas, runtime
+
+        f64 = a.dtype == cp.float64
+        # cuBLAS accumulates into c (beta = 1): no temporary product, one pass over c
+        self._gemm_ex(a, b, c, -1.0, 1.0, runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F,
+                      runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F,
+                      cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F,
+                      np.float64 if f64 else np.float32)
+        return True
+
     def exponent(self, x):
         # frexp is exact where log2 can round up just below a power of two
         e = self._cp.frexp(x)[1] - 1
@@ -227,14 +246,15 @@ class CupyBackend(ArrayAPIBackend):
             return out
         tb, ldb, b = _blas_operand(cp, b)  # B^T as column-major (n x k)
         ta, lda, a = _blas_operand(cp, a)  # A^T as column-major (k x m)
-        if not out.flags.c_contiguous:
-            raise ValueError("internal: gemm output must be C-contiguous")
+        if not _row_major_out(out):
+            raise ValueError("internal: gemm output must be row-major (unit column stride)")
+        ldc = out.strides[0] // out.itemsize if m > 1 else n
         al = np.array(alpha, dtype=scalar_dtype)
         be = np.array(beta, dtype=scalar_dtype)
         handle = cp.cuda.device.get_cublas_handle()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         cublas.gemmEx(handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb,
-                      a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr, out_type, n,
+                      a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr, out_type, ldc,
                       compute_type, cublas.CUBLAS_GEMM_DEFAULT)
         return out
 
@@ -428,6 +448,15 @@ class CupyBackend(ArrayAPIBackend):
         r = cp.stack(rs).reshape(*a.shape[:-2], *rs[0].shape)
         return q, r
 
+
+
+def _row_major_out(x):
+    """Whether ``x`` can be a cuBLAS output in row-major form: unit column stride and a
+    row stride of at least its width (a C-contiguous array or a column block of one)."""
+    r, c = x.shape
+    it = x.itemsize
+    s0, s1 = x.strides
+    return (s1 == it or c == 1) and s0 % it == 0 and (s0 // it >= c or r == 1)
 
 
 def _blas_operand(cp, x, allow_copy=True):

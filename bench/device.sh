@@ -47,7 +47,7 @@ for job in "$@"; do
       (cd bench && timeout 500 python3 probe_s13.py "$OUT/probe13_$D.json" "${job#probe13:}") >> "$L" 2>&1 ;;
     paneltests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_qr_panels.py \
-        tests/test_cupy_tsqr.py tests/test_qr_methods.py tests/test_qr_accuracy_fp16.py \
+        tests/test_cupy_tsqr.py tests/test_qr_methods.py tests/test_qr_accuracy_fp16.py tests/test_policy.py \
         > "$OUT/pytest_panel.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_panel.txt" | cut -c1-300 >> "$L" ;;
     probe12:*)

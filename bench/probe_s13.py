@@ -17,6 +17,10 @@ python3 bench/probe_s13.py OUT.json [panel,parts,sq,sqph]
          (2^14) and geqrf leaves only, alternately in one process
   upd    the sub-panel update's product W^T B (32 x w, inner dimension m) through the
          policy, whole against summed over row chunks of 16384, and B -= Y Z
+  ab2    the blocked leaf with its update accumulated in place (gemm_sub, cuBLAS beta = 1)
+         against the product-then-subtract form and geqrf, single leaves at 8192 ... 65536
+         rows; whole QR 16384^2 fp16 with a 2^14 row cut and 65536 x 8192 fp16, blocked
+         against geqrf leaves, alternately in one process
   cost   host against GPU time (cupyx.profiler.benchmark) of TSQR, the reconstruction
          kernel, reconstruct_panel and a blocked 16384 x 512 leaf, and a cProfile of
          that leaf: what bounds a sub-panel
@@ -235,6 +239,52 @@ def _upd():
                 rec(f"upd W^T B {m}x{w} {prec}", timeit(whole, rep=10),
                     chunked_ms=timeit(chunked, rep=10), sub_ms=t_sub)
                 del big, wj, b, wh
+
+
+@contextlib.contextmanager
+def _no_in_place():
+    saved = CLS.gemm_sub_into
+    CLS.gemm_sub_into = lambda self, c, a, b: False
+    try:
+        yield
+    finally:
+        CLS.gemm_sub_into = saved
+
+
+@section("ab2")
+def _ab2():
+    rng = cp.random.default_rng(10)
+    for dt in (cp.float32, cp.float64):
+        prec = "fp32" if dt == cp.float32 else "fp64"
+        for m, k in ((8192, 512), (16384, 512), (32768, 512), (65536, 512), (65536, 256)):
+            a = rng.standard_normal((m, k), dtype=dt)
+            for rnd in range(2):
+                t_geqrf = timeit(lambda a=a: be.householder_panel(a), rep=3)
+                t_new = timeit(lambda a=a, prec=prec: blocked_householder_panel(
+                    be, a, block=BLOCK, precision=prec), rep=3)
+                with _no_in_place():
+                    t_old = timeit(lambda a=a, prec=prec: blocked_householder_panel(
+                        be, a, block=BLOCK, precision=prec), rep=3)
+                rec(f"ab2 panel {m}x{k} {prec} round {rnd}", t_new, subtract_ms=t_old,
+                    geqrf_ms=t_geqrf, speedup=t_geqrf / t_new)
+            y, t, r = blocked_householder_panel(be, a, block=BLOCK, precision=prec)
+            rec(f"ab2 residual {m}x{k} {prec}", 0.0, resid=_residual(a, y, t, r))
+            del a, y, t, r
+    for m, n, cuts in ((16384, 16384, (2**14, None)), (65536, 8192, (2**15, None))):
+        a = rng.standard_normal((m, n), dtype=cp.float32)
+        base = timeit(lambda a=a: cp.linalg.qr(a), rep=2)
+        rec(f"cusolver qr {m}x{n} float32", base)
+        for rnd in range(2):
+            for cut in cuts:
+                with _block(BLOCK if cut else None, cut):
+                    t = timeit(lambda a=a: mpqr.qr(a, precision="fp16",
+                                                   method="householder-recursive"), rep=2)
+                rec(f"ab2 qr {m}x{n} fp16 min_rows={cut} round {rnd}", t, speedup=base / t)
+        with _block(BLOCK, cuts[0]):
+            q, r = mpqr.qr(a, precision="fp16", method="householder-recursive")
+        back, orth = _errors(a, q, r)
+        rec(f"ab2 errors {m}x{n} fp16 min_rows={cuts[0]}", 0.0, backward=back, orth=orth)
+        del a, q, r
 
 
 @section("cost")

@@ -122,3 +122,45 @@ def test_gemm_options_context_and_forced_engine_in_trace():
     assert [g.engine for g in tr.gemms] == ["tc-fp16", "tc-sgemm"]
     assert all(g.reason == "forced by options.engine" for g in tr.gemms)
     assert tr.gemms[1].params == {"slice_k": 2}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gemm_sub_updates_a_column_block_in_place(xp, dtype):
+    """``c -= a @ b`` on a column block of a wider matrix: the block changes by the
+    product (native-accuracy bound, against exact products), the columns beside it and
+    the operands do not, and the trace records the product like :func:`gemm`."""
+    from mpqr.backends import get_backend
+
+    from mpqr._array_api import array_namespace
+    from mpqr.policy import gemm_sub
+    from tests._support import exact_matmul, from_numpy, to_numpy
+
+    rng = np.random.default_rng(21)
+    m, k, n = 70, 9, 30
+    big = rng.standard_normal((m, n + 5)).astype(dtype)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    ax, bx = from_numpy(xp, a), from_numpy(xp, b)
+    backend = get_backend(array_namespace(ax))
+    bigx = backend.xp.asarray(from_numpy(xp, big), copy=True)  # writable, not `big` itself
+    with mpqr.explain() as trace:
+        gemm_sub(bigx[:, 5:], ax, bx, precision="fp64" if dtype == np.float64 else "fp32",
+                 label="upd", backend=backend)
+    [g] = trace.gemms
+    assert g.label == "upd" and g.shape == (m, n, k) and g.engine.startswith("native")
+    got = to_numpy(bigx).astype(np.float64)
+    want = big[:, 5:].astype(np.float64) - exact_matmul(a.astype(np.float64),
+                                                        b.astype(np.float64))
+    u = 2.0**-53 if dtype == np.float64 else 2.0**-24
+    bound = (k + 2) * u * (np.abs(big[:, 5:]) + np.abs(a) @ np.abs(b))
+    assert np.all(np.abs(got[:, 5:] - want) <= bound)
+    assert np.array_equal(got[:, :5], big[:, :5].astype(np.float64))
+    assert np.array_equal(to_numpy(ax), a) and np.array_equal(to_numpy(bx), b)
+    # backends with an in-place product (CuPy: cuBLAS, beta = 1) take this view directly
+    from mpqr.backends._base import ArrayAPIBackend
+
+    scratch = backend.xp.asarray(from_numpy(xp, big), copy=True)
+    in_place = type(backend).gemm_sub_into is not ArrayAPIBackend.gemm_sub_into
+    assert backend.gemm_sub_into(scratch[:, 5:], ax, bx) is in_place
+    if in_place:
+        assert np.array_equal(to_numpy(scratch), to_numpy(bigx))

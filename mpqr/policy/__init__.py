@@ -8,6 +8,7 @@ from mpqr.policy.policy import (
     fused_gemm,
     gemm,
     gemm_options,
+    gemm_sub,
     result_dtype,
 )
 from mpqr.policy.precision import (
@@ -34,6 +35,7 @@ __all__ = [
     "fused_gemm",
     "gemm",
     "gemm_options",
+    "gemm_sub",
     "get_precision",
     "precision",
     "record_event",

@@ -38,7 +38,7 @@ from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
 __all__ = ["Decision", "active_gemm_options", "decide", "fused_gemm", "gemm", "gemm_options",
-           "result_dtype"]
+           "gemm_sub", "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
     "mpqr_gemm_options", default=None
@@ -241,12 +241,36 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
     Internal seam: operands are assumed validated (same namespace and device,
     matching inner dimensions, floating or integer dtype).
     """
+    backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
+    return _run(backend, d, out_dtype, a, b)
+
+
+def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str = "",
+             options: Any = None, backend: Any = None) -> None:
+    """``c -= a @ b`` in place (2-D operands; ``c`` a writable array or view of the
+    product's dtype), with the decision and trace entry of :func:`gemm`.
+
+    Where the policy picks a native engine and the backend accumulates in place
+    (``backend.gemm_sub_into``: cuBLAS with ``beta = 1`` on CuPy), the product needs
+    no temporary and ``c`` no second pass; otherwise the product is formed, then
+    subtracted.
+    """
+    backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
+    if (d.engine.startswith("native") and a.ndim == 2 and b.ndim == 2
+            and a.dtype == b.dtype == c.dtype == d.params["compute_dtype"]
+            and backend.gemm_sub_into(c, a, b)):
+        return
+    c -= _run(backend, d, out_dtype, a, b)
+
+
+def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backend: Any
+          ) -> tuple[Any, Decision, Any]:
+    """The backend, the engine decision (recorded in the trace) and the result dtype."""
     if backend is None:
         backend = get_backend(array_namespace(a, b))
-    xp = backend.xp
     opts = _merged_options(options)
     prec, source = resolve_precision(precision)
-    out_dtype = result_dtype(xp, a.dtype, b.dtype)
+    out_dtype = result_dtype(backend.xp, a.dtype, b.dtype)
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
     batch = math.prod(a.shape[:-2]) if a.ndim > 2 else 1
@@ -255,6 +279,13 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
         record_gemm(GemmDecision(label, (m, n, k), batch, str(out_dtype), prec, source, d.engine,
                                  {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
                                  d.reason, d.predicted_s))
+    return backend, d, out_dtype
+
+
+def _run(backend: Any, d: Decision, out_dtype: Any, a: Any, b: Any) -> Any:
+    xp = backend.xp
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
     if m == 0 or n == 0 or k == 0:
         return xp.zeros((*a.shape[:-1], n), dtype=out_dtype, device=device(a))
     if a.dtype != out_dtype and not d.engine.startswith("native"):
@@ -263,6 +294,7 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
         b = xp.astype(b, out_dtype)
     engine = ENGINES[d.engine]
     if a.ndim > 2 and not engine.batched:  # only when forced: one product per matrix
+        batch = math.prod(a.shape[:-2])
         a3 = xp.reshape(a, (batch, m, k))
         b3 = xp.reshape(xp.broadcast_to(b, (*a.shape[:-2], k, n)), (batch, k, n))
         out = xp.stack([engine.run(backend, a3[i], b3[i], out_dtype=out_dtype, **d.params)

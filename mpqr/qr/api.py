@@ -181,7 +181,7 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     A single tall-skinny matrix at ``fp16`` or ``fp32-emulated`` takes CholQR2 in the
     input's own precision (float32: fp32, float64: fp64), which is at least as
     accurate and an order of magnitude faster than the tensor-core recursion there
-    (its leaf panels are ``geqrf`` on all ``m`` rows); if the certificate fails,
+    (its leaf panels factor all ``m`` rows); if the certificate fails,
     ``qr`` runs what the requested precision would have run otherwise (the recursion
     where the backend has tensor cores).
 
@@ -235,9 +235,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
         return ("cholqr2",
                 f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2 in the "
                 f"input's own, at least as accurate precision ({own}), four memory-bound "
-                "passes over x, beats the tensor-core recursion, whose leaf panels are "
-                "geqrf on all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
-                "65536x4096: 145 against 253 ms); if its certificate fails, what "
+                "passes over x, beats the tensor-core recursion, whose leaf panels "
+                "factor all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
+                "65536x4096: 149 against 229 ms); if its certificate fails, what "
                 f"precision={prec_name!r} runs otherwise (the fallback event names it)")
     # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
     h = n // 2

@@ -9,8 +9,10 @@ sub-panel and the Householder reflectors that reproduce it (Ballard et al. 2014,
 ``orhr_col``); on CuPy that is the TSQR tile kernels and one reconstruction kernel, a
 handful of launches per sub-panel whatever its height. The leaf's remaining columns are
 then updated, ``B <- (I - W Y^H)^H B = B - Y (W^H B)``, by two products at the panel's
-working precision. ``T`` of the whole leaf comes from ``Y`` and the sub-panels' ``tau``
-by the UT transform (:func:`~mpqr.backends._base.compact_wy_t`), as for ``geqrf``.
+working precision, the second accumulated into ``B`` in place where the backend can
+(:func:`~mpqr.policy.gemm_sub`). ``T`` of the whole leaf comes from ``Y`` and the
+sub-panels' ``tau`` by the UT transform (:func:`~mpqr.backends._base.compact_wy_t`), as
+for ``geqrf``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
-from mpqr.policy import gemm
+from mpqr.policy import gemm, gemm_sub
 
 __all__ = ["blocked_householder_panel"]
 
@@ -46,6 +48,6 @@ def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: st
                 wh = xp.conj(wh)
             z = gemm(wh, work[c:, e:], precision=precision, label="panel-update-WhB",
                      backend=backend)
-            work[c:, e:] -= gemm(yj, z, precision=precision, label="panel-update-YZ",
-                                 backend=backend)
+            gemm_sub(work[c:, e:], yj, z, precision=precision, label="panel-update-YZ",
+                     backend=backend)
     return y, compact_wy_t(backend, y, xp.concat(taus)), xp.triu(work[:k, :])
