@@ -100,11 +100,17 @@ def _parts():
                 timeit(lambda w=w, y=y, b=b: b.__isub__(y @ (w.T @ b)), rep=20))
 
 
-@section("sq")
-def _sq():
-    rng = cp.random.default_rng(5)
-    cases = [(16384, 16384, "fp16"), (16384, 16384, "fp32-emulated"),
-             (16384, 16384, "fp64-emulated"), (8192, 8192, "fp16"), (65536, 4096, "fp16")]
+def _errors(a, q, r):
+    a64, q64 = a.astype(cp.float64), q.astype(cp.float64)
+    back = float(cp.linalg.norm(a64 - q64 @ r.astype(cp.float64)) / cp.linalg.norm(a64))
+    orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(a.shape[1])) / a.shape[1])
+    return back, orth
+
+
+def _ab_qr(rng, cases, variants):
+    """Whole recursive QR of each ``(m, n, precision)`` against cupy.linalg.qr, the
+    ``(panel_block, panel_block_min_rows)`` variants alternately in two rounds, then the
+    errors with blocked and with geqrf leaves."""
     base = {}
     for m, n, prec in cases:
         dt = cp.float64 if prec == "fp64-emulated" else cp.float32
@@ -114,22 +120,28 @@ def _sq():
             base[key] = timeit(lambda a=a: cp.linalg.qr(a), rep=2)
             rec(f"cusolver qr {m}x{n} {dt.__name__}", base[key])
         for rnd in range(2):
-            for nb in (BLOCK, None):
-                with _block(nb):
+            for nb, mr in variants(m):
+                with _block(nb, mr):
                     t = timeit(lambda a=a, prec=prec: mpqr.qr(
                         a, precision=prec, method="householder-recursive"), rep=2)
-                rec(f"mpqr qr {m}x{n} {prec} block={nb} round {rnd}", t,
+                rec(f"mpqr qr {m}x{n} {prec} block={nb} min_rows={mr} round {rnd}", t,
                     speedup=base[key] / t)
-        with mpqr.explain() as tr:
-            q, r = mpqr.qr(a, precision=prec, method="householder-recursive")
-        a64 = a.astype(cp.float64)
-        back = float(cp.linalg.norm(a64 - q.astype(cp.float64) @ r.astype(cp.float64))
-                     / cp.linalg.norm(a64))
-        q64 = q.astype(cp.float64)
-        orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(n)) / n)
-        rec(f"errors {m}x{n} {prec} block={BLOCK}", 0.0, backward=back, orth=orth,
-            leaves=sum(e.kind == "panel" for e in tr.events))
-        del q, r, a64, q64
+        for nb, mr in variants(m)[:2]:
+            with _block(nb, mr), mpqr.explain() as tr:
+                q, r = mpqr.qr(a, precision=prec, method="householder-recursive")
+            back, orth = _errors(a, q, r)
+            rec(f"errors {m}x{n} {prec} block={nb}", 0.0, backward=back, orth=orth,
+                blocked_leaves=sum(e.kind == "panel" for e in tr.events))
+            del q, r
+        del a
+
+
+@section("sq")
+def _sq():
+    # every leaf blocked (row cut 0), as in run 1, against geqrf leaves
+    cases = [(16384, 16384, "fp16"), (16384, 16384, "fp32-emulated"),
+             (16384, 16384, "fp64-emulated"), (8192, 8192, "fp16"), (65536, 4096, "fp16")]
+    _ab_qr(cp.random.default_rng(5), cases, lambda m: [(BLOCK, 0), (None, 0)])
 
 
 @section("sqph")
@@ -149,13 +161,6 @@ def _sqph():
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
     print(s.getvalue())
-
-
-def _errors(a, q, r):
-    a64, q64 = a.astype(cp.float64), q.astype(cp.float64)
-    back = float(cp.linalg.norm(a64 - q64 @ r.astype(cp.float64)) / cp.linalg.norm(a64))
-    orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(a.shape[1])) / a.shape[1])
-    return back, orth
 
 
 @section("tall")
@@ -181,31 +186,9 @@ def _tall():
                 del a, y, t, r
     cases = [(65536, 4096, "fp16"), (65536, 4096, "fp32-emulated"),
              (65536, 4096, "fp64-emulated"), (32768, 8192, "fp16")]
-    base = {}
     shipped = CLS.panel_block_min_rows
-    for m, n, prec in cases:
-        dt = cp.float64 if prec == "fp64-emulated" else cp.float32
-        a = rng.standard_normal((m, n), dtype=dt)
-        key = (m, n, dt)
-        if key not in base:
-            base[key] = timeit(lambda a=a: cp.linalg.qr(a), rep=2)
-            rec(f"cusolver qr {m}x{n} {dt.__name__}", base[key])
-        variants = [(BLOCK, shipped), (None, shipped)] + ([(BLOCK, 2**14)] if m < 65536 else [])
-        for rnd in range(2):
-            for nb, mr in variants:
-                with _block(nb, mr):
-                    t = timeit(lambda a=a, prec=prec: mpqr.qr(
-                        a, precision=prec, method="householder-recursive"), rep=2)
-                rec(f"mpqr qr {m}x{n} {prec} block={nb} min_rows={mr} round {rnd}", t,
-                    speedup=base[key] / t)
-        for nb in (BLOCK, None):
-            with _block(nb), mpqr.explain() as tr:
-                q, r = mpqr.qr(a, precision=prec, method="householder-recursive")
-            back, orth = _errors(a, q, r)
-            rec(f"errors {m}x{n} {prec} block={nb}", 0.0, backward=back, orth=orth,
-                blocked_leaves=sum(e.kind == "panel" for e in tr.events))
-            del q, r
-        del a
+    _ab_qr(rng, cases, lambda m: [(BLOCK, shipped), (None, shipped)]
+           + ([(BLOCK, 2**14)] if m < 65536 else []))
 
 
 @section("upd")

@@ -3,7 +3,8 @@
 :func:`gemm` resolves the precision setting, asks :func:`decide` for an engine,
 records the decision in the explain trace, and runs the engine. ``decide``
 looks only at the requested precision, the dtype, the shape and the backend's
-capabilities and measured rates.
+capabilities and measured rates. :func:`gemm_sub` makes the same decision for an
+in-place update ``c -= a @ b``.
 
 What each precision computes:
 
