@@ -211,6 +211,8 @@ class ArrayAPIBackend:
     #: ... for leaves of at least this many rows (shorter ones take one
     #: :meth:`householder_panel` call)
     panel_block_min_rows: int = 0
+    #: ... and of these dtypes (names in the array namespace)
+    panel_block_dtypes: tuple[str, ...] = ("float32", "float64")
     #: ``qr(method="auto")`` gives a single tall-skinny matrix of at most this many
     #: elements to the library's own QR (``geqrf``) instead of CholQR2, whose n x n steps
     #: and host round trips cost ~3 ms on a GPU: H100 fp64, cuSOLVER vs CholQR2:

@@ -334,13 +334,16 @@ class CupyBackend(ArrayAPIBackend):
         return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
 
     right_solve_block = 64  # cupy_right_solve.MAX_N
-    #: Leaves of at least 2^15 rows go in 32-column sub-panels (TSQR kernels + one
+    #: float64 leaves of at least 2^15 rows go in 32-column sub-panels (TSQR kernels + one
     #: reconstruction kernel + two update products each): ~0.5 ms per sub-panel at any
-    #: height, bound by the TSQR tile passes' latency (~0.32 ms), where cuSOLVER's geqrf
-    #: costs ~0.3 ms per 32 columns at 8192 rows, ~0.6 at 16384 and ~0.9 at 65536
-    #: (H100; bench/NOTES.md, session 13)
+    #: height, bound by the TSQR passes' latency and host time, where cuSOLVER's geqrf
+    #: costs ~0.3 ms per 32 columns at 8192 rows, ~0.6 at 16384 and ~0.9 at 65536. H100,
+    #: recursion at 65536 x 4096 fp64-emulated: 222-235 ms against 263-293 with geqrf
+    #: leaves on two machines; float32 (fp16, fp32-emulated) won on one machine and lost
+    #: on the other (bench/NOTES.md, session 13), so float32 leaves keep geqrf.
     panel_block = 32
     panel_block_min_rows = 2**15
+    panel_block_dtypes = ("float64",)
     ozaki_fused = True  # cupy_ozaki_kernels: one-pass residues, reconstruction into C
 
     def right_solve_upper(self, a, r, out=None):

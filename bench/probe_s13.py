@@ -43,14 +43,17 @@ BLOCK = CLS.panel_block
 
 @contextlib.contextmanager
 def _block(nb, min_rows=None):
-    saved = CLS.panel_block, CLS.panel_block_min_rows
+    """Blocked leaves of ``nb`` columns (None: geqrf leaves) from ``min_rows`` rows, at
+    float32 and float64 alike (the shipped setting blocks float64 leaves only)."""
+    saved = CLS.panel_block, CLS.panel_block_min_rows, CLS.panel_block_dtypes
     CLS.panel_block = nb
+    CLS.panel_block_dtypes = ("float32", "float64")
     if min_rows is not None:
         CLS.panel_block_min_rows = min_rows
     try:
         yield
     finally:
-        CLS.panel_block, CLS.panel_block_min_rows = saved
+        CLS.panel_block, CLS.panel_block_min_rows, CLS.panel_block_dtypes = saved
 
 
 def _residual(a, y, t, r):

@@ -385,6 +385,7 @@ def test_recursive_qr_with_blocked_leaves(xp, monkeypatch, precision):
     monkeypatch.setattr(recursive, "MAX_LEAVES", 2)
     results = {}
     monkeypatch.setattr(type(backend), "panel_block_min_rows", 0)
+    monkeypatch.setattr(type(backend), "panel_block_dtypes", ("float32", "float64"))
     for nb in (32, None):
         monkeypatch.setattr(type(backend), "panel_block", nb)
         with mpqr.explain() as trace:
@@ -401,14 +402,19 @@ def test_recursive_qr_with_blocked_leaves(xp, monkeypatch, precision):
     assert back <= 4 * results[None][0] + np.sqrt(256) * 2.0**-53, results
 
 
-def test_blocked_leaves_start_at_the_backends_row_cut(monkeypatch):
-    """Only leaves of at least ``panel_block_min_rows`` rows go in sub-panels."""
+def test_blocked_leaves_start_at_the_backends_row_cut_and_dtypes(monkeypatch):
+    """Only leaves of at least ``panel_block_min_rows`` rows and of a dtype in
+    ``panel_block_dtypes`` go in sub-panels."""
     monkeypatch.setattr(recursive, "MAX_LEAVES", 2)
     backend = get_backend(array_namespace(np.zeros(1)))
     monkeypatch.setattr(type(backend), "panel_block", 32)
     monkeypatch.setattr(type(backend), "panel_block_min_rows", 300)
+    monkeypatch.setattr(type(backend), "panel_block_dtypes", ("float64",))
     a = np.random.default_rng(17).standard_normal((384, 256))
-    with mpqr.explain() as trace:
-        q, r = mpqr.qr(a, precision="fp64", method="householder-recursive")
-    assert [e.data["rows"] for e in trace.events if e.kind == "panel"] == [384]
-    assert backward_error(a, q, r) <= 2 * np.sqrt(256) * 2.0**-53
+    for dtype, rows in ((np.float64, [384]), (np.float32, [])):
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a.astype(dtype), precision="fp64" if dtype == np.float64 else "fp32",
+                           method="householder-recursive")
+        assert [e.data["rows"] for e in trace.events if e.kind == "panel"] == rows
+        u = 2.0**-53 if dtype == np.float64 else 2.0**-24
+        assert backward_error(a.astype(dtype), q, r) <= 2 * np.sqrt(256) * u

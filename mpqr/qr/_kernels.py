@@ -228,8 +228,9 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
     ``a = (I - W Y^H)[:, :k] R`` with ``Y`` unit lower trapezoidal (explicit
     zeros and ones) and ``R`` upper triangular (signs arbitrary). Panels with
     ``m >= TSQR_ASPECT * k``, ``m >= TSQR_MIN_ROWS`` and ``k <= TSQR_MAX_WIDTH`` go through
-    :func:`tsqr` and :func:`householder_from_q`; real panels wider than
-    ``backend.panel_block`` with at least ``backend.panel_block_min_rows`` rows through
+    :func:`tsqr` and :func:`householder_from_q`; panels wider than
+    ``backend.panel_block``, with at least ``backend.panel_block_min_rows`` rows and of a
+    dtype in ``backend.panel_block_dtypes``, through
     :func:`~mpqr.qr.panel_blocked.blocked_householder_panel`; all others through one
     ``backend.householder_panel`` call (``geqrf`` + the UT-transform ``T``); then
     ``W = Y T``. ``W`` is None unless ``need_w``.
@@ -242,7 +243,7 @@ def householder_panel(backend: Any, a: Any, *, precision: str, need_w: bool = Tr
         return w, y, xp.expand_dims(s, axis=-1) * rp
     nb = backend.panel_block
     if (nb is not None and a.ndim == 2 and k > nb and m >= backend.panel_block_min_rows
-            and not is_complex(xp, a)):
+            and any(a.dtype == getattr(xp, d, None) for d in backend.panel_block_dtypes)):
         from mpqr.qr.panel_blocked import blocked_householder_panel
 
         record_event("panel", f"{m}x{k} leaf: blocked Householder QR in {nb}-column "
