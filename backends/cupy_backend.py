@@ -338,9 +338,9 @@ class CupyBackend(ArrayAPIBackend):
     #: reconstruction kernel + two update products each): ~0.5 ms per sub-panel at any
     #: height, bound by the TSQR passes' latency and host time, where cuSOLVER's geqrf
     #: costs ~0.3 ms per 32 columns at 8192 rows, ~0.6 at 16384 and ~0.9 at 65536. H100,
-    #: recursion at 65536 x 4096 fp64-emulated: 222-235 ms against 263-293 with geqrf
-    #: leaves on two machines; float32 (fp16, fp32-emulated) won on one machine and lost
-    #: on the other (bench/NOTES.md, session 13), so float32 leaves keep geqrf.
+    #: recursion at 65536 x 4096 fp64-emulated: 218-241 ms against 263-293 with geqrf
+    #: leaves on three machines; float32 (fp16, fp32-emulated) won on some machines and
+    #: lost by up to 20% on others (bench/NOTES.md, session 13): those keep geqrf.
     panel_block = 32
     panel_block_min_rows = 2**15
     panel_block_dtypes = ("float64",)

@@ -237,7 +237,7 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 f"input's own, at least as accurate precision ({own}), four memory-bound "
                 "passes over x, beats the tensor-core recursion, whose leaf panels "
                 "factor all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
-                "65536x4096: 149 against 229 ms); if its certificate fails, what "
+                "65536x4096: 149 against 253 ms); if its certificate fails, what "
                 f"precision={prec_name!r} runs otherwise (the fallback event names it)")
     # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
     h = n // 2
