@@ -140,6 +140,17 @@ __device__ __forceinline__ void async_wait_prev() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 }
 
+// Starts the copy of row tile tb (when it exists) into dst and commits the group; past
+// the last tile the group is empty, so async_wait_prev's count still holds.
+template <int N, int ROWS>
+__device__ __forceinline__ void prefetch_tile(double* dst, const double* __restrict__ a,
+                                              long long lda, long long tb, long long ntiles,
+                                              long long m) {
+  if (tb < ntiles)
+    load_tile_async<N, ROWS>(dst, a, lda, tb * ROWS, (int)min((long long)ROWS, m - tb * ROWS));
+  async_commit();
+}
+
 // The fused kernels' dynamic shared memory: two tiles, then NR copies of (R, 1/diag R).
 // The launch passes _fused_smem(n, NR) bytes (backends/cupy_right_solve.py); a
 // smaller allocation traps rather than writing past it.
@@ -249,16 +260,11 @@ right_solve_gram_rows(const double* __restrict__ a, long long lda,
   load_r<N>(rsh, dsh, rp, dp);
   const long long ntiles = (m + ROWS - 1) / ROWS;
   long long tb = blockIdx.x;
-  if (tb < ntiles)
-    load_tile_async<N, ROWS>(buf, a, lda, tb * ROWS, (int)min((long long)ROWS, m - tb * ROWS));
-  async_commit();
+  prefetch_tile<N, ROWS>(buf, a, lda, tb, ntiles, m);
   for (int k = 0; tb < ntiles; tb += gridDim.x, ++k) {
     double* tile = buf + (k & 1) * TS;
-    const long long nx = tb + gridDim.x;  // into the buffer the last iteration released
-    if (nx < ntiles)
-      load_tile_async<N, ROWS>(buf + ((k + 1) & 1) * TS, a, lda, nx * ROWS,
-                               (int)min((long long)ROWS, m - nx * ROWS));
-    async_commit();
+    // the next tile, into the buffer the last iteration released
+    prefetch_tile<N, ROWS>(buf + ((k + 1) & 1) * TS, a, lda, tb + gridDim.x, ntiles, m);
     async_wait_prev();
     __syncthreads();  // every thread's copies of this tile (and R, the first time)
     solve_tile<N, ROWS>(tile, rsh, dsh);
@@ -304,17 +310,12 @@ right_solve_twice_tiles(const double* __restrict__ a, long long lda,
   load_r<N>(r2sh, r2sh + N8 * RS, rp2, dp2);
   const long long ntiles = (m + ROWS - 1) / ROWS;
   long long tb = blockIdx.x;
-  if (tb < ntiles)
-    load_tile_async<N, ROWS>(buf, a, lda, tb * ROWS, (int)min((long long)ROWS, m - tb * ROWS));
-  async_commit();
+  prefetch_tile<N, ROWS>(buf, a, lda, tb, ntiles, m);
   for (int k = 0; tb < ntiles; tb += gridDim.x, ++k) {
     double* tile = buf + (k & 1) * TS;
-    const long long row0 = tb * ROWS, nx = tb + gridDim.x;
+    const long long row0 = tb * ROWS;
     const int rows = (int)min((long long)ROWS, m - row0);
-    if (nx < ntiles)
-      load_tile_async<N, ROWS>(buf + ((k + 1) & 1) * TS, a, lda, nx * ROWS,
-                               (int)min((long long)ROWS, m - nx * ROWS));
-    async_commit();
+    prefetch_tile<N, ROWS>(buf + ((k + 1) & 1) * TS, a, lda, tb + gridDim.x, ntiles, m);
     async_wait_prev();
     __syncthreads();
     solve_tile<N, ROWS>(tile, r1sh, r1sh + N8 * RS);

@@ -22,6 +22,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
 from mpqr.policy import gemm, gemm_sub
+from mpqr.qr._kernels import ct
 
 __all__ = ["blocked_householder_panel"]
 
@@ -43,10 +44,7 @@ def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: st
         taus.append(tau)
         work[c:e, c:e] = rj
         if e < k:
-            wh = xp.matrix_transpose(wj)
-            if xp.isdtype(wj.dtype, "complex floating"):
-                wh = xp.conj(wh)
-            z = gemm(wh, work[c:, e:], precision=precision, label="panel-update-WhB",
+            z = gemm(ct(xp, wj), work[c:, e:], precision=precision, label="panel-update-WhB",
                      backend=backend)
             gemm_sub(work[c:, e:], yj, z, precision=precision, label="panel-update-YZ",
                      backend=backend)
