@@ -47,7 +47,9 @@ class NumpyBackend(ArrayAPIBackend):
                             "int8": 5e10, "bandwidth": 1e10, "launch_s": 5e-6})
 
     def gemm(self, a: Any, b: Any) -> Any:
-        return np.matmul(a, b)
+        # a GEMM propagates NaN/Inf silently, as cuBLAS does; NumPy >= 2.4 flags them
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.matmul(a, b)
 
     def exponent(self, x):
         # frexp is exact where log2 can round up just below a power of two
@@ -63,7 +65,8 @@ class NumpyBackend(ArrayAPIBackend):
             return np.asarray(x).astype(np.float16)
 
     def gemm_fp16(self, a16, b16, out=None, alpha=1.0, beta=0.0):
-        prod = np.matmul(a16.astype(np.float32), b16.astype(np.float32))
+        with np.errstate(over="ignore", invalid="ignore"):  # as gemm: IEEE, no flags
+            prod = np.matmul(a16.astype(np.float32), b16.astype(np.float32))
         if alpha != 1.0:
             prod *= np.float32(alpha)
         if out is None:
