@@ -4,7 +4,9 @@
 attributes of ``scipy.linalg``, ``scipy.linalg._basic`` and
 ``scipy.linalg._decomp_qr``, and every module global in ``sys.modules`` that is
 bound to the original object (``from scipy.linalg import lstsq`` done before
-the patch). Entering is counted under a lock, so nested and concurrent
+the patch). A module first imported inside the block binds mpqr's function
+itself; on exit such globals of the modules loaded since the block began are set
+back to SciPy's. Entering is counted under a lock, so nested and concurrent
 ``with patch():`` blocks install once and restore once, when the last exits.
 The precision of the routed calls is per thread/task (a ContextVar).
 """
@@ -25,6 +27,7 @@ __all__ = ["current_precision", "original", "patch", "warn_once"]
 _LOCK = threading.RLock()
 _depth = 0
 _swapped: list[tuple[Any, str, Any]] = []  # (namespace dict, name, original object)
+_loaded_before: set[str] = set()  # the names in sys.modules when the patch was installed
 _precision: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mpqr_compat_precision", default=None)
 _ORIGINALS: dict[str, Any] = {}
@@ -69,16 +72,25 @@ def _replacements() -> dict[int, tuple[str, Any]]:
     return {id(original("lstsq")): ("lstsq", cs.lstsq), id(original("qr")): ("qr", cs.qr)}
 
 
+def _module_globals(skip: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The global namespaces of the loaded modules not in ``skip``, ours excepted (they
+    keep SciPy's originals for delegation and define the front ends)."""
+    out = []
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or modname in skip or modname.startswith(("mpqr", "compat")):
+            continue
+        try:
+            out.append(vars(mod))
+        except TypeError:
+            continue
+    return out
+
+
 def _install() -> None:
     repl = _replacements()
     originals = {id(original(n)): original(n) for n in ("lstsq", "qr")}
-    for modname, mod in list(sys.modules.items()):
-        if mod is None or modname.startswith(("mpqr", "compat")):
-            continue  # our own modules keep SciPy's originals for delegation
-        try:
-            ns = vars(mod)
-        except TypeError:
-            continue
+    _loaded_before.update(sys.modules)
+    for ns in _module_globals():
         for key, val in list(ns.items()):
             if id(val) in repl and val is originals[id(val)]:
                 ns[key] = repl[id(val)][1]
@@ -89,6 +101,13 @@ def _restore() -> None:
     while _swapped:
         ns, key, val = _swapped.pop()
         ns[key] = val
+    # globals that modules imported inside the block bound to the front ends
+    back = {id(f): original(name) for name, f in _replacements().values()}
+    for ns in _module_globals(skip=_loaded_before):
+        for key, val in list(ns.items()):
+            if id(val) in back:
+                ns[key] = back[id(val)]
+    _loaded_before.clear()
 
 
 class patch:

@@ -1,0 +1,288 @@
+"""lstsq and compat: parts of the SciPy/NumPy contract the other test files leave out.
+
+* mpqr.lstsq's own positional signature is SciPy's (only the compat front end
+  was compared);
+* rank-deficient problems on float32 and complex, over-, under- and exactly
+  determined (only float64 was compared with SciPy);
+* refinement from a *really* low-precision R: the other refinement tests use
+  at most 24 columns, one panel, which the panel QR factors at the working
+  precision (their trace shows no tensor-core engine at all); 64+ columns run
+  the trailing updates on the fp16 engines, so CGLS/IR have work to do;
+* the iteration cap, and the warning of refine="ir";
+* compat: qr's lwork/overwrite_a accepted, NumPy's residuals rule for rank
+  deficiency, and patch() blocks of two threads overlapping.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import warnings
+
+import mpqr.compat.numpy as mcn
+import mpqr.compat.scipy as mcs
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.linalg as sla
+from mpqr.compat import _patch
+
+import mpqr
+from tests._support import to_numpy
+
+EPS64 = np.finfo(np.float64).eps
+#: unit roundoff of each factorization precision (mpqr.lstsq.api._UNIT)
+UNIT = {"fp16": 2.0**-11, "fp32-emulated": 2.0**-24}
+
+
+def _events(trace, kind):
+    return [e for e in trace.events if e.kind == kind]
+
+
+def _low_precision_engines(trace):
+    """Engines of the trace that are not the native (working-precision) GEMMs."""
+    return {e for e in trace.engines() if not e.startswith("native")}
+
+
+def _problem(m, n, kappa, seed):
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
+    return a, rng.standard_normal(m)
+
+
+def _metric(a, b, x):
+    """The issue's measure ||A^T (b - A x)|| / (||A||^2 ||x||)."""
+    r = b - a @ x
+    return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))
+
+
+# --- 1. SciPy's contract --------------------------------------------------------------
+
+
+def test_lstsq_positional_signature_is_scipys():
+    ours = inspect.signature(mpqr.lstsq).parameters
+    theirs = inspect.signature(_patch.original("lstsq")).parameters
+    pos = [p for p in ours.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    assert [p.name for p in pos] == list(theirs)
+    assert [p.default for p in pos] == [p.default for p in theirs.values()]
+    extra = {p.name: p.default for p in ours.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert {"precision", "refine"} <= set(extra) and extra["refine"] == "auto"
+    # all seven positionally, as a SciPy caller writes them
+    rng = np.random.default_rng(20)
+    a, b = rng.standard_normal((9, 4)), rng.standard_normal(9)
+    args = (None, True, True, False, "gelss")
+    x, res, rank, s = mpqr.lstsq(a, b, *args)
+    xs, ress, ranks, ss = sla.lstsq(a.copy(), b.copy(), *args)
+    tol = 25 * EPS64 * ss[0] / ss[-1]
+    np.testing.assert_allclose(x, xs, rtol=tol, atol=tol * np.abs(xs).max())
+    np.testing.assert_allclose(res, ress, rtol=tol)
+    assert rank == ranks
+    np.testing.assert_allclose(s, ss, rtol=0, atol=25 * EPS64 * ss[0])
+
+
+def _rand(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        x = x + 1j * rng.standard_normal(shape)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64, np.complex128])
+@pytest.mark.parametrize("m,n", [(15, 6), (6, 15), (8, 8)])
+@pytest.mark.parametrize("nrhs", [None, 2])
+def test_rank_deficient_like_scipy_float32_and_complex(xp, dtype, m, n, nrhs):
+    rng = np.random.default_rng(m * 100 + n + (nrhs or 0))
+    a = (_rand(rng, (m, 3), dtype) @ _rand(rng, (3, n), dtype)).astype(dtype)  # rank 3
+    b = _rand(rng, (m,) if nrhs is None else (m, nrhs), dtype).astype(dtype)
+    # the rounding of the rank-3 product leaves singular values near eps * s[0]:
+    # a cutoff well above them and well below s[2] makes the rank unambiguous
+    cond = 1e-4 if np.finfo(dtype).eps > 1e-10 else 1e-10
+    xs, ress, ranks, ss = sla.lstsq(a, b, cond=cond)
+    x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), cond=cond)
+    assert rank == ranks == 3 and isinstance(rank, int)
+    x, res, s = to_numpy(x), to_numpy(res), to_numpy(s)
+    # residues: empty (not 0-D) for rank < N, with x's dtype, as SciPy 1.17
+    assert res.shape == ress.shape == (0,) and res.dtype == ress.dtype
+    eps = np.finfo(dtype).eps
+    tol = 25 * eps * ss[0] / ss[2]
+    assert x.dtype == xs.dtype and x.shape == xs.shape
+    np.testing.assert_allclose(x, xs, rtol=tol, atol=tol * np.abs(xs).max())
+    assert s.dtype == ss.dtype and s.shape == ss.shape
+    np.testing.assert_allclose(s, ss, rtol=0, atol=25 * eps * ss[0])
+
+
+# --- 2. refinement from a low-precision R -----------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp32-emulated", "fp16"])
+@pytest.mark.parametrize("kappa", [1e1, 1e2, 1e4, 1e6, 1e8])
+@pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine in array-api-strict")
+def test_auto_refine_with_a_really_low_precision_factorization(xp, precision, kappa):
+    m, n = 400, 64  # two panels: the trailing update runs on the low-precision engine
+    a, b = _problem(m, n, kappa, seed=30 + int(np.log10(kappa)))
+    xs = sla.lstsq(a, b)[0]
+    with mpqr.explain() as trace, warnings.catch_warnings():
+        warnings.simplefilter("error", mpqr.RefinementWarning)
+        x = to_numpy(mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision=precision)[0])
+    assert _low_precision_engines(trace), f"no {precision} GEMM ran: {trace.engines()}"
+    assert _metric(a, b, x) <= 10 * _metric(a, b, xs)
+    resolved = 10 * np.sqrt(n) * UNIT[precision]
+    if 1 / kappa > 2 * resolved:
+        # CGLS on the low-precision R: it needs more than the one step an R
+        # accurate to working precision takes (that is what a 24-column run shows)
+        ev = _events(trace, "refine")
+        assert ev and ev[0].data["converged"] and 2 <= ev[0].data["iterations"] <= 12
+        assert ev[0].data["precision"] == precision
+        assert not _events(trace, "fallback")
+    elif 1 / kappa < resolved:
+        assert _events(trace, "fallback")
+
+
+@pytest.mark.parametrize("precision", ["fp32-emulated", "fp16"])
+@pytest.mark.parametrize("method", ["cgls", "ir"])
+@pytest.mark.parametrize("shape", [(400, 64), (64, 400)])
+@pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine in array-api-strict")
+def test_explicit_methods_refine_a_low_precision_r(xp, precision, method, shape):
+    m, n = shape
+    a, _ = _problem(max(shape), min(shape), 10.0, seed=21)
+    if m < n:  # underdetermined: A^H = Q R is what is factored
+        a = np.ascontiguousarray(a.T)
+    b = np.random.default_rng(1).standard_normal((m, 2))
+    xs, ress, ranks, ss = sla.lstsq(a, b)
+    with mpqr.explain() as trace, warnings.catch_warnings():
+        warnings.simplefilter("error", mpqr.RefinementWarning)
+        x, res, rank, _s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision=precision,
+                                      refine=method)
+    assert _low_precision_engines(trace), f"no {precision} GEMM ran: {trace.engines()}"
+    ev = _events(trace, "refine")
+    assert len(ev) == 1 and ev[0].data["method"] == method and ev[0].data["converged"]
+    assert ev[0].data["iterations"] >= 2 and not _events(trace, "fallback")
+    assert rank == ranks == min(shape)
+    kappa = ss[0] / ss[-1]
+    tol = 25 * EPS64 * kappa**2
+    np.testing.assert_allclose(to_numpy(x), xs, rtol=tol, atol=tol * np.abs(xs).max())
+    if m > n:
+        np.testing.assert_allclose(to_numpy(res), ress, rtol=tol)
+    else:  # the minimum-norm solution of a consistent system: no residues
+        assert to_numpy(res).shape == (0,)
+
+
+@pytest.mark.parametrize("method", ["cgls", "ir"])
+def test_iteration_cap_warns_and_returns_a_good_iterate(method):
+    # fp32-emulated, kappa 100: uncapped, a strict tol=1e-30 runs 6 steps to the stall
+    a, b = _problem(400, 64, 1e2, seed=4)
+    with mpqr.explain() as trace, pytest.warns(
+            mpqr.RefinementWarning,
+            match=rf"lstsq: {method} did not reach tol=1\.00e-30 in [0-3] iterations"):
+        x = mpqr.lstsq(a, b, precision="fp32-emulated", refine=method, tol=1e-30, maxiter=3)[0]
+    ev = _events(trace, "refine")
+    assert len(ev) == 1 and ev[0].data["iterations"] <= 3 and not ev[0].data["converged"]
+    assert not _events(trace, "fallback")  # only refine="auto" falls back
+    assert _metric(a, b, x) <= 10 * _metric(a, b, sla.lstsq(a, b)[0])
+
+
+# --- 3. compat --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lwork", [None, -1, 64])
+@pytest.mark.parametrize("mode", ["full", "economic", "r"])
+def test_compat_qr_accepts_lwork_and_overwrite_a(lwork, mode):
+    a0 = np.random.default_rng(22).standard_normal((7, 4))
+    a = a0.copy()
+    out = mcs.qr(a, False, lwork, mode)  # SciPy's positional order
+    ref = sla.qr(a0.copy(), False, lwork, mode)
+    np.testing.assert_array_equal(a, a0)  # overwrite_a=False: untouched
+    assert [o.shape for o in out] == [r.shape for r in ref]
+    tol = 25 * EPS64 * 7
+    np.testing.assert_allclose(np.abs(out[-1]), np.abs(ref[-1]), rtol=tol, atol=tol)
+    # overwrite_a=True may use a as workspace, but the factorization is of the input
+    af = np.asfortranarray(a0)
+    out = mcs.qr(af, overwrite_a=True, lwork=lwork, mode=mode)
+    np.testing.assert_allclose(np.abs(out[-1]), np.abs(ref[-1]), rtol=tol, atol=tol)
+    if mode != "r":
+        np.testing.assert_allclose(out[0] @ out[1], a0, atol=tol * np.abs(a0).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])
+@pytest.mark.parametrize("k", [None, 2])
+def test_compat_numpy_rank_deficient_residuals_empty(dtype, k):
+    rng = np.random.default_rng(23)
+    a = rng.integers(-5, 6, (20, 5)).astype(dtype)
+    a[:, 4] = a[:, 0] + a[:, 1]  # exact in every dtype: rank 4 < N
+    b = rng.standard_normal((20,) if k is None else (20, k)).astype(dtype)
+    x, res, rank, s = mcn.lstsq(a, b)
+    xr, resr, rankr, sr = np.linalg.lstsq(a, b)
+    assert rank == rankr == 4
+    assert res.shape == resr.shape == (0,) and res.dtype == resr.dtype
+    assert x.dtype == xr.dtype and s.dtype == sr.dtype
+    eps = np.finfo(xr.dtype).eps
+    tol = 25 * eps * sr[0] / sr[3]
+    np.testing.assert_allclose(x, xr, rtol=tol, atol=tol * np.abs(xr).max())
+    np.testing.assert_allclose(s, sr, rtol=0, atol=25 * eps * sr[0])
+
+
+def test_patch_overlapping_threads_keep_their_own_precision():
+    # T1 enters with fp16, T2 with the default; T1 leaves while T2 is inside:
+    # T2 must still be routed (counted install) and see its own precision
+    rng = np.random.default_rng(24)
+    a, b = rng.standard_normal((40, 6)), rng.standard_normal(40)
+    want = sla.lstsq(a, b)[0]
+    both_inside = threading.Barrier(2, timeout=30)
+    t1_left = threading.Event()
+    seen, errors = {}, []
+
+    def t1():
+        try:
+            with mcs.patch(precision="fp16"):
+                both_inside.wait()
+                seen["t1"] = (_patch.current_precision(), scipy.linalg.lstsq is mcs.lstsq)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            t1_left.set()
+
+    def t2():
+        try:
+            with mcs.patch():
+                both_inside.wait()
+                assert t1_left.wait(timeout=30)
+                seen["t2"] = (_patch.current_precision(), scipy.linalg.lstsq is mcs.lstsq)
+                with mpqr.explain() as trace:
+                    x = scipy.linalg.lstsq(a, b)[0]
+                seen["t2-ran"] = any(e.message.startswith("lstsq") for e in trace.events)
+                np.testing.assert_allclose(x, want, rtol=1e-11)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=t1), threading.Thread(target=t2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors
+    assert seen == {"t1": ("fp16", True), "t2": (None, True), "t2-ran": True}
+    assert not _patch.is_patched() and scipy.linalg.lstsq is _patch.original("lstsq")
+
+
+def test_patch_restores_bindings_made_inside_the_block():
+    # a module first imported inside the block binds mpqr's front end; on exit it gets
+    # SciPy's back, while a module loaded before that chose mpqr's front end keeps it
+    import sys
+    import types
+
+    chose = types.ModuleType("_mpqr_test_chose_front_end")
+    exec("from mpqr.compat.scipy import lstsq", chose.__dict__)
+    late = types.ModuleType("_mpqr_test_imported_inside")
+    sys.modules[chose.__name__] = chose
+    try:
+        with mcs.patch():
+            exec("from scipy.linalg import lstsq, qr", late.__dict__)
+            sys.modules[late.__name__] = late
+            assert late.lstsq is mcs.lstsq and late.qr is mcs.qr
+        assert late.lstsq is _patch.original("lstsq") and late.qr is _patch.original("qr")
+        assert chose.lstsq is mcs.lstsq
+    finally:
+        sys.modules.pop(late.__name__, None)
+        sys.modules.pop(chose.__name__, None)
