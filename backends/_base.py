@@ -10,6 +10,8 @@ with LAPACK/cuBLAS/cuSOLVER calls.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from mpqr._array_api import device, namespace_name
@@ -225,6 +227,9 @@ class ArrayAPIBackend:
     #: elements to the library's own QR in the input's precision where the recursive
     #: tensor-core QR would run otherwise (0: never; backends with tensor cores set it).
     library_qr_square_max: int = 0
+    #: per-precision overrides of ``library_qr_square_max`` (a precision whose recursion
+    #: was measured no faster than the library's QR up to a larger size)
+    library_qr_square_max_by_precision: Mapping[str, int] = MappingProxyType({})
     #: CholQR applies a well-conditioned R^-1 by GEMM from this many columns on (None:
     #: never). Measured on an H100 (fp64): 2^22 x 64 GEMM 1.7 ms vs substitution 3.2 ms,
     #: 2^24 x 32 4.0 vs 3.7 ms; every backend uses the GPU's value so CI runs that path.

@@ -9,6 +9,7 @@ dimension. Anything else is copied to C order first.
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,10 @@ class CupyBackend(ArrayAPIBackend):
     #: fp32-emulated 131, fp64-emulated 114 against 98; at 16384^2 371 / 400 / 509
     #: against 490): a cut between the two measured sizes
     library_qr_square_max = 2**27
+    #: fp64-emulated's recursion against cuSOLVER's float64 QR (H100, session 14, one
+    #: process): 16384^2 0.97x, 24576^2 1.01x, 32768^2 1.04x, 65536 x 8192 1.06x; it
+    #: lost at 16384^2 in every session since 6 (509-535 ms against 490-513)
+    library_qr_square_max_by_precision = MappingProxyType({"fp64-emulated": 2**28})
 
     def small(self, x):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,

@@ -254,6 +254,29 @@ def test_small_square_tensor_core_qr_takes_the_library_qr(monkeypatch, precision
         assert f"{shape[0]}x{shape[1]} <= {2**27} elements" in why and precision in why
 
 
+@pytest.mark.parametrize("precision, shape, want", [
+    ("fp64-emulated", (16384, 16384), "geqrf"),  # 2^28: the precision's own, larger cut
+    ("fp64-emulated", (8192, 32768), "geqrf"),
+    ("fp64-emulated", (16384, 16392), "householder-recursive"),  # just above it
+    ("fp16", (16384, 16384), "householder-recursive"),  # the other precisions keep 2^27
+])
+def test_library_qr_cut_per_precision(monkeypatch, precision, shape, want):
+    """``library_qr_square_max_by_precision`` moves one precision's cut and no other's."""
+    monkeypatch.setattr(_TensorCoreNumpy, "library_qr_square_max", 2**27, raising=False)
+    monkeypatch.setattr(_TensorCoreNumpy, "library_qr_square_max_by_precision",
+                        {"fp64-emulated": 2**28}, raising=False)
+    monkeypatch.setattr(_TensorCoreNumpy, "rates", lambda self: {
+        "native-fp64": 1e12, "native-fp32": 48e12, "tc-fp16": 600e12, "int8": 2000e12,
+        "bandwidth": 3.5e12, "launch_s": 8e-6})  # slow FP64: fp64-emulated goes to Ozaki
+    ns = array_namespace(np.zeros(1))
+    method, why = api.choose_method(_TensorCoreNumpy(ns), precision, ns.float64, *shape)
+    assert method == want, why
+    if want == "geqrf":
+        assert why.startswith(f"{shape[0]}x{shape[1]} <= {2**28} elements at "
+                              f"precision='{precision}'")
+        assert "fp64-emulated recursion was no faster up to this size" in why
+
+
 def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):
     """fp64-emulated is recursive exactly when the policy would run the update on Ozaki."""
     ns = array_namespace(np.zeros(1))

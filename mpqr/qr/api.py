@@ -258,15 +258,19 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     if "tensor-cores" not in backend.capabilities:
         return "householder-tiled", "the backend has no tensor-core engines: fixed-width panels"
     if not engine.startswith("native"):
-        if (batch == 1 and m < TALL_RATIO * n and m * n <= backend.library_qr_square_max
+        cut = backend.library_qr_square_max_by_precision.get(
+            prec_name, backend.library_qr_square_max)
+        if (batch == 1 and m < TALL_RATIO * n and m * n <= cut
                 and _covers_precision(backend, prec_name, dtype)):
             return ("geqrf",
-                    f"{m}x{n} <= {backend.library_qr_square_max} elements at "
+                    f"{m}x{n} <= {cut} elements at "
                     f"precision={prec_name!r}: the backend library's QR in the input's own, "
                     "at least as accurate precision beats the tensor-core recursion, whose "
-                    "leaf panels and launches do not amortise at this size (H100, 8192^2 "
-                    "fp16: 98 ms against 140 ms; from 16384^2 the recursion wins, 371 "
-                    "against 490 ms)")
+                    "leaf panels and launches do not amortise at this size (H100, " + (
+                        "8192^2 fp16: 98 ms against 140 ms; from 16384^2 the recursion "
+                        "wins, 371 against 490 ms)" if cut == backend.library_qr_square_max
+                        else f"the {prec_name} recursion was no faster up to this size; "
+                        "fp64-emulated: 0.97x cuSOLVER at 16384^2, 1.01-1.06x from 24576^2)"))
         return ("householder-recursive",
                 f"precision={prec_name!r} runs the {h}x{n - h}x{m} update on {engine}, a "
                 "tensor-core engine, which is shape-sensitive: recursion gives square GEMMs")
