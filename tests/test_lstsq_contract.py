@@ -286,3 +286,19 @@ def test_patch_restores_bindings_made_inside_the_block():
     finally:
         sys.modules.pop(late.__name__, None)
         sys.modules.pop(chose.__name__, None)
+
+
+@pytest.mark.parametrize("method", ["cgls", "ir"])
+@pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine in array-api-strict")
+def test_explicit_refine_overridden_by_an_uncertain_rank_warns(xp, method):
+    # fp16 resolves singular values to ~10 sqrt(n) 2^-11 ||A|| = 0.039 ||A|| at n = 64:
+    # at cond 100 the rank is uncertain, so the named refinement cannot run
+    a, b = _problem(400, 64, 1e2, seed=8)
+    with mpqr.explain() as trace, pytest.warns(
+            mpqr.RefinementWarning,
+            match=rf"^lstsq: refine='{method}' was not run: rank uncertain at precision "
+                  r"'fp16': .* refactored at the working precision and solved directly"):
+        x = to_numpy(mpqr.lstsq(xp.asarray(a), xp.asarray(b), precision="fp16",
+                                refine=method)[0])
+    assert _events(trace, "fallback") and not _events(trace, "refine")
+    assert _metric(a, b, x) <= 10 * _metric(a, b, sla.lstsq(a, b)[0])

@@ -337,6 +337,13 @@ class _Solver:
             record_event("fallback", f"lstsq: {why}; minimum-norm solution from the QR-SVD at "
                          "the working precision" + (" (refactoring)" if low else ""),
                          rank=rank_cond, path="svd")
+            if low and self.refine != "auto":  # the caller asked for refinement by name
+                warnings.warn(
+                    f"lstsq: refine={self.refine!r} was not run: {why}, so the problem was "
+                    "refactored at the working precision and solved directly (the answer "
+                    "is as accurate as SciPy's; the time is not that of the requested "
+                    "path). Use a higher `precision` for ill-conditioned problems.",
+                    RefinementWarning, stacklevel=4)
             return self.direct("auto" if low else self.prec)
         side = "left" if self.under else "right"
         method = "ir" if self.refine == "ir" else "cgls"
