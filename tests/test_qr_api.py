@@ -212,3 +212,35 @@ def test_float32_input_precisions(xp, method, precision):
     u = unit_roundoff(precision, np.float32)
     assert backward_error(a, q, r) <= 2 * np.sqrt(96) * u
     assert orthogonality(q) <= np.sqrt(96) * u
+
+
+@pytest.mark.parametrize("method", ["cholqr", "cholqr2", "shifted-cholqr3"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize(("shape", "mode"), [((300, 12), "reduced"), ((2, 90, 8), "reduced"),
+                                             ((10, 30), "reduced"), ((60, 6), "complete")])
+def test_cholesky_methods_give_a_positive_real_diagonal(xp, method, dtype, shape, mode):
+    """The Cholesky-based methods skip the sign pass (diag(R) > 0 by construction):
+    the convention must still hold exactly, imaginary parts included, and match the
+    unique sign-fixed factors of LAPACK."""
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal(shape)
+    if np.issubdtype(dtype, np.complexfloating):
+        a = a + 1j * rng.standard_normal(shape)
+    a = a.astype(dtype)
+    q, r = mpqr.qr(xp.asarray(a), mode=mode, method=method)
+    qn, rn = to_numpy(q), to_numpy(r)
+    k = min(shape[-2:])
+    d = np.diagonal(rn, axis1=-2, axis2=-1)[..., :k]
+    assert np.all(d.real > 0) and np.all(d.imag == 0)
+    # unique factors: LAPACK's with diag(R) made positive (float64 / complex128 reference)
+    wide = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+    _q, rr = np.linalg.qr(wide, mode=mode)
+    ph = np.diagonal(rr, axis1=-2, axis2=-1)[..., :k]
+    ph = ph / np.abs(ph)
+    rr = rr[..., :k, :] * np.conj(ph)[..., :, None]
+    u = np.finfo(dtype).eps / 2
+    cond = max(np.linalg.cond(w[:, :k]) for w in wide.reshape(-1, *wide.shape[-2:]))
+    tol = 40 * cond * np.sqrt(shape[-1]) * u
+    np.testing.assert_allclose(rn[..., :k, :], rr, atol=tol * np.abs(a).max() * np.sqrt(shape[-2]),
+                               rtol=0)
+    assert backward_error(a, qn, rn) <= 8 * np.sqrt(shape[-1]) * u * 4
