@@ -243,4 +243,7 @@ def test_cholesky_methods_give_a_positive_real_diagonal(xp, method, dtype, shape
     tol = 40 * cond * np.sqrt(shape[-1]) * u
     np.testing.assert_allclose(rn[..., :k, :], rr, atol=tol * np.abs(a).max() * np.sqrt(shape[-2]),
                                rtol=0)
-    assert backward_error(a, qn, rn) <= 8 * np.sqrt(shape[-1]) * u * 4
+    # one CholQR pass leaves Q orthonormal only to ~cond^2 u, and a wide input's
+    # R2 = Q^H A2 inherits that (CuPy: 5.7e-14 at complex128, cond of the 10 x 10 block)
+    reach = cond**2 if method == "cholqr" else 1.0
+    assert backward_error(a, qn, rn) <= 32 * np.sqrt(shape[-1]) * u * reach
