@@ -11,6 +11,7 @@
 #   probe11:SECTIONS bench/probe_s11.py with comma-separated sections
 #   probe12:SECTIONS bench/probe_s12.py with comma-separated sections
 #   probe13:SECTIONS bench/probe_s13.py with comma-separated sections
+#   probe14:SECTIONS bench/probe_s14.py with comma-separated sections
 #   paneltests      the GPU tests of the leaf panels, TSQR and the recursive QR's methods
 #   qrtests         the GPU tests of the QR and right-solve files only
 #   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
@@ -45,6 +46,8 @@ for job in "$@"; do
       (cd bench && timeout 500 python3 probe_s11.py "$OUT/probe11_$D.json" "${job#probe11:}") >> "$L" 2>&1 ;;
     probe13:*)
       (cd bench && timeout 500 python3 probe_s13.py "$OUT/probe13_$D.json" "${job#probe13:}") >> "$L" 2>&1 ;;
+    probe14:*)
+      (cd bench && timeout 300 python3 probe_s14.py "$OUT/probe14_$D.json" "${job#probe14:}") >> "$L" 2>&1 ;;
     paneltests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_qr_panels.py \
         tests/test_cupy_tsqr.py tests/test_qr_methods.py tests/test_qr_accuracy_fp16.py tests/test_policy.py \

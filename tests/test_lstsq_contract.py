@@ -52,6 +52,17 @@ def _problem(m, n, kappa, seed):
     return a, rng.standard_normal(m)
 
 
+@pytest.fixture
+def tensor_core_qr(monkeypatch, xp):
+    """Small matrices at fp16/fp32-emulated on a GPU go to the library's QR in their
+    own precision (``library_qr_square_max``): switched off, so that the low-precision
+    factorization these tests are about runs on every backend."""
+    from mpqr._array_api import array_namespace
+
+    backend = mpqr.backends.get_backend(array_namespace(xp.zeros(1)))
+    monkeypatch.setattr(type(backend), "library_qr_square_max", 0)
+
+
 def _metric(a, b, x):
     """The issue's measure ||A^T (b - A x)|| / (||A||^2 ||x||)."""
     r = b - a @ x
@@ -103,8 +114,11 @@ def test_rank_deficient_like_scipy_float32_and_complex(xp, dtype, m, n, nrhs):
     x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), cond=cond)
     assert rank == ranks == 3 and isinstance(rank, int)
     x, res, s = to_numpy(x), to_numpy(res), to_numpy(s)
-    # residues: empty (not 0-D) for rank < N, with x's dtype, as SciPy 1.17
-    assert res.shape == ress.shape == (0,) and res.dtype == ress.dtype
+    # residues: empty (not 0-D) for rank < N, with x's dtype, as SciPy 1.17 documents
+    # and does (an older SciPy on the GPU machine returned them for rank 3 < N = 6)
+    assert res.shape == (0,)
+    if ress.shape == (0,):
+        assert res.dtype == ress.dtype
     eps = np.finfo(dtype).eps
     tol = 25 * eps * ss[0] / ss[2]
     assert x.dtype == xs.dtype and x.shape == xs.shape
@@ -119,7 +133,7 @@ def test_rank_deficient_like_scipy_float32_and_complex(xp, dtype, m, n, nrhs):
 @pytest.mark.parametrize("precision", ["fp32-emulated", "fp16"])
 @pytest.mark.parametrize("kappa", [1e1, 1e2, 1e4, 1e6, 1e8])
 @pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine in array-api-strict")
-def test_auto_refine_with_a_really_low_precision_factorization(xp, precision, kappa):
+def test_auto_refine_with_a_really_low_precision_factorization(xp, tensor_core_qr, precision, kappa):
     m, n = 400, 64  # two panels: the trailing update runs on the low-precision engine
     a, b = _problem(m, n, kappa, seed=30 + int(np.log10(kappa)))
     xs = sla.lstsq(a, b)[0]
@@ -144,7 +158,7 @@ def test_auto_refine_with_a_really_low_precision_factorization(xp, precision, ka
 @pytest.mark.parametrize("method", ["cgls", "ir"])
 @pytest.mark.parametrize("shape", [(400, 64), (64, 400)])
 @pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine in array-api-strict")
-def test_explicit_methods_refine_a_low_precision_r(xp, precision, method, shape):
+def test_explicit_methods_refine_a_low_precision_r(xp, tensor_core_qr, precision, method, shape):
     m, n = shape
     a, _ = _problem(max(shape), min(shape), 10.0, seed=21)
     if m < n:  # underdetermined: A^H = Q R is what is factored
@@ -290,7 +304,7 @@ def test_patch_restores_bindings_made_inside_the_block():
 
 @pytest.mark.parametrize("method", ["cgls", "ir"])
 @pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine in array-api-strict")
-def test_explicit_refine_overridden_by_an_uncertain_rank_warns(xp, method):
+def test_explicit_refine_overridden_by_an_uncertain_rank_warns(xp, tensor_core_qr, method):
     # fp16 resolves singular values to ~10 sqrt(n) 2^-11 ||A|| = 0.039 ||A|| at n = 64:
     # at cond 100 the rank is uncertain, so the named refinement cannot run
     a, b = _problem(400, 64, 1e2, seed=8)
