@@ -80,3 +80,16 @@ def rel_error_vs_abs(c: np.ndarray, exact: np.ndarray, a: np.ndarray, b: np.ndar
     err = np.abs(np.asarray(c, np.float64) - exact)
     mask = denom > 0
     return float(np.max(err[mask] / denom[mask])) if mask.any() else 0.0
+
+
+def assert_rank_deficient_residues(res, ref) -> None:
+    """``residues`` of a rank-deficient ``M > N`` lstsq as the installed SciPy gives them:
+    empty before 1.18; NaN in the full-rank shape from 1.18 on (its release notes)."""
+    from mpqr.lstsq._scipy_rules import nan_residues_when_rank_deficient
+
+    res, ref = to_numpy(res), np.asarray(ref)
+    assert nan_residues_when_rank_deficient() == (ref.size != 0)
+    if ref.size == 0:
+        assert res.shape == (0,)
+    else:
+        assert res.shape == ref.shape and np.isnan(res).all() and np.isnan(ref).all()

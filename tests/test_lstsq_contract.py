@@ -28,7 +28,7 @@ import scipy.linalg as sla
 from mpqr.compat import _patch
 
 import mpqr
-from tests._support import to_numpy
+from tests._support import assert_rank_deficient_residues, to_numpy
 
 EPS64 = np.finfo(np.float64).eps
 #: unit roundoff of each factorization precision (mpqr.lstsq.api._UNIT)
@@ -114,9 +114,12 @@ def test_rank_deficient_like_scipy_float32_and_complex(xp, dtype, m, n, nrhs):
     x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), cond=cond)
     assert rank == ranks == 3 and isinstance(rank, int)
     x, res, s = to_numpy(x), to_numpy(res), to_numpy(s)
-    # residues: empty (not 0-D) for rank < N, with x's dtype, as SciPy 1.17 documents
-    # and does (an older SciPy on the GPU machine returned them for rank 3 < N = 6)
-    assert res.shape == (0,)
+    # residues: empty (not 0-D) with x's dtype for rank < N up to SciPy 1.17; NaN in the
+    # full-rank shape from SciPy 1.18 on (the GPU machine's SciPy)
+    if m > n:
+        assert_rank_deficient_residues(res, ress)
+    else:
+        assert res.shape == ress.shape == (0,)
     if ress.shape == (0,):
         assert res.dtype == ress.dtype
     eps = np.finfo(dtype).eps
@@ -316,3 +319,50 @@ def test_explicit_refine_overridden_by_an_uncertain_rank_warns(xp, tensor_core_q
                                 refine=method)[0])
     assert _events(trace, "fallback") and not _events(trace, "refine")
     assert _metric(a, b, x) <= 10 * _metric(a, b, sla.lstsq(a, b)[0])
+
+
+@pytest.mark.parametrize("scipy_version, nan", [("1.17.1", False), ("1.18.0", True),
+                                                ("1.18.1", True), ("2.0.0rc1", True),
+                                                ("1.9.3", False)])
+def test_residues_rule_follows_the_installed_scipy(monkeypatch, scipy_version, nan):
+    from importlib import metadata
+
+    from mpqr.lstsq import _scipy_rules as rules
+
+    monkeypatch.setattr(metadata, "version", lambda name: scipy_version)
+    rules.nan_residues_when_rank_deficient.cache_clear()
+    try:
+        assert rules.nan_residues_when_rank_deficient() is nan
+    finally:
+        monkeypatch.undo()
+        rules.nan_residues_when_rank_deficient.cache_clear()
+
+
+@pytest.mark.parametrize("nan", [False, True])
+@pytest.mark.parametrize("driver", ["gelsd", "gelss", "gelsy"])
+@pytest.mark.parametrize("k", [None, 3])
+def test_rank_deficient_residues_under_either_rule(xp, monkeypatch, nan, driver, k):
+    """Both SciPy rules on every machine: empty residues (<= 1.17), or NaN in the
+    full-rank shape (>= 1.18; never for gelsy, never for M <= N)."""
+    from mpqr.lstsq import _scipy_rules as rules
+
+    monkeypatch.setattr(rules, "nan_residues_when_rank_deficient", lambda: nan)
+    rng = np.random.default_rng(31)
+    a = rng.standard_normal((12, 2)) @ rng.standard_normal((2, 5))  # rank 2 < N = 5
+    b = rng.standard_normal((12,) if k is None else (12, k))
+    # a cutoff far above the rounding of the rank-2 product: the rank is unambiguous
+    x, res, rank, _s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), cond=1e-10,
+                                  lapack_driver=driver)
+    res = to_numpy(res)
+    assert rank == 2
+    if nan and driver != "gelsy":
+        assert res.shape == (() if k is None else (k,)) and np.isnan(res).all()
+    else:
+        assert res.shape == (0,)
+    # an underdetermined problem keeps empty residues under both rules
+    res_u = to_numpy(mpqr.lstsq(xp.asarray(a.T), xp.asarray(b[:5]), cond=1e-10,
+                                lapack_driver=driver)[1])
+    assert res_u.shape == (0,)
+    xs = sla.lstsq(a, b, cond=1e-10, lapack_driver=driver)[0]
+    tol = 25 * EPS64 * 1e3
+    np.testing.assert_allclose(to_numpy(x), xs, rtol=tol, atol=tol * np.abs(xs).max())

@@ -2,13 +2,19 @@
 
 Everything here is bookkeeping copied from SciPy 1.17 (``scipy/linalg/_basic.py``
 and ``scipy/linalg/blas.py``): which dtype LAPACK would compute in, the exact
-error messages, the empty-input answers and the shapes of ``residues``.
+error messages, the empty-input answers and the shapes of ``residues``. One rule
+follows the installed SciPy, since 1.18 changed it: a rank-deficient overdetermined
+problem gets NaN ``residues`` there, an empty array before
+(:func:`nan_residues_when_rank_deficient`).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import re
+from importlib import metadata
 from typing import Any
 
 from mpqr._array_api import device
@@ -21,6 +27,7 @@ __all__ = [
     "common_type",
     "empty_result",
     "lapack_dtype",
+    "nan_residues_when_rank_deficient",
     "real_dtype",
     "residues_empty",
 ]
@@ -113,6 +120,20 @@ def empty_result(xp: Any, a: Any, b: Any) -> tuple[Any, Any, int, Any]:
     else:
         res = xp.empty((0,), dtype=xp.float64, device=dev)
     return x, res, 0, xp.empty((0,), dtype=xp.float64, device=dev)
+
+
+@functools.cache
+def nan_residues_when_rank_deficient() -> bool:
+    """Whether the installed SciPy (>= 1.18) returns NaN ``residues`` of the full-rank
+    shape (not an empty array) when an overdetermined problem is rank deficient and the
+    driver is ``gelsd``/``gelss``: "a non-empty residual is always returned ... set to
+    NaN" (SciPy 1.18.0 release notes). Read from the package metadata, so SciPy itself
+    is not imported."""
+    try:
+        found = re.match(r"(\d+)\.(\d+)", metadata.version("scipy"))
+    except metadata.PackageNotFoundError:  # pragma: no cover - SciPy is a dependency
+        return False
+    return found is not None and (int(found[1]), int(found[2])) >= (1, 18)
 
 
 def residues_empty(xp: Any, dtype: Any, dev: Any) -> Any:

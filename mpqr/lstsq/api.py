@@ -134,7 +134,9 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     residues : array, shape (K,), () or (0,)
         Squared 2-norm of each column of ``b - a @ x`` when ``M > N`` and
         ``rank == N`` (0-D for 1-D ``b``); otherwise empty with the dtype of
-        ``x``; always empty for ``"gelsy"``.
+        ``x``; always empty for ``"gelsy"``. With SciPy >= 1.18 installed, a rank
+        deficient ``M > N`` problem gets NaN residues of the full-rank shape
+        instead, as ``scipy.linalg.lstsq`` does there.
     rank : int
         Effective rank of ``a`` (an integer array for batched input).
     s : array, shape (min(M, N),) or None
@@ -230,6 +232,9 @@ def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
         if rsq.dtype != x.dtype:  # SciPy's residues have x's dtype (complex stays complex)
             rsq = xp.astype(rsq, x.dtype)
         res = xp.reshape(rsq, ()) if vec else rsq  # 0-D array for 1-D b
+    elif m > n and rank < n and driver != "gelsy" and rules.nan_residues_when_rank_deficient():
+        # SciPy >= 1.18 gives a rank-deficient M > N problem NaN residues, full-rank shape
+        res = xp.full(() if vec else (b2.shape[1],), float("nan"), dtype=x.dtype, device=dev)
     else:
         res = rules.residues_empty(xp, x.dtype, dev)
     if vec:
