@@ -27,7 +27,7 @@ for job in "$@"; do
   echo "== job $job" >> "$L"
   case $job in
     tests)
-      timeout 360 python3 -m pytest -q -p no:cacheprovider -k "cupy or bitwise or right_solve" \
+      timeout 540 python3 -m pytest -q -p no:cacheprovider -k "cupy or bitwise or right_solve" \
         tests/ > "$OUT/pytest.txt" 2>&1
       timeout 40 python3 -m pytest -q -p no:cacheprovider -rs \
         tests/test_reliability_gpu_faults.py >> "$OUT/pytest.txt" 2>&1

@@ -25,6 +25,10 @@ python3 bench/probe_s14.py OUT.json [sub,eig]
   signs  the Cholesky methods without the sign test against with it (api._POSITIVE_DIAGONAL
        emptied), whole mpqr.qr fp64 reduced at 2^22 x 64, 2^20 x 256, 2^24 x 32,
        alternately in one process, three rounds
+  graph2  the `sub` panel captured as a CUDA graph through a cuBLAS handle of our own
+       (cublas.create, setStream to the capturing stream), since CuPy refuses its own
+       handle under capture: GPU time per replay, host time per launch, and a 16-panel
+       chain (one 16384 x 512 leaf's worth) as one graph
   eig  cupy.linalg.eigvalsh (cuSOLVER syevd, no vectors) at n = 256, 1024, 2048, 4096:
        the step that bounds lstsq's default driver at 65536 x 2048
 """
@@ -374,6 +378,94 @@ def _signs():
             cp.get_default_memory_pool().free_all_blocks()
     finally:
         api._POSITIVE_DIAGONAL = shipped
+
+
+@section("graph2")
+def _graph2():
+    from cupy.cuda import cublas, runtime
+
+    handle = cublas.create()
+
+    class OwnHandle(CholQR2Panel):
+        def mm(self, a, b, out):
+            from mpqr.backends.cupy_backend import _blas_operand
+
+            f64 = a.dtype == cp.float64
+            t = runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F
+            m_, k_ = a.shape
+            n_ = b.shape[1]
+            tb, ldb, b = _blas_operand(cp, b)
+            ta, lda, a = _blas_operand(cp, a)
+            sd = np.float64 if f64 else np.float32
+            self._al = np.array(1.0, dtype=sd)  # kept alive: read at capture
+            self._be = np.array(0.0, dtype=sd)
+            cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+            cublas.gemmEx(handle, tb, ta, n_, m_, k_, self._al.ctypes.data, b.data.ptr, t,
+                          ldb, a.data.ptr, t, lda, self._be.ctypes.data, out.data.ptr, t,
+                          out.strides[0] // out.itemsize,
+                          cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F,
+                          cublas.CUBLAS_GEMM_DEFAULT)
+
+    rng = cp.random.default_rng(15)
+    for dt in (cp.float32, cp.float64):
+        for m in (4096, 16384, 65536):
+            a = rng.standard_normal((m, 32), dtype=cp.float64).astype(dt)
+            tag = f"graph2 {cp.dtype(dt).name} {m}x32"
+            p = OwnHandle(a)
+            s = cp.cuda.Stream(non_blocking=True)
+            try:
+                with s:
+                    p.run()
+                    s.synchronize()
+                    rec(f"{tag} eager (own handle)", timeit(p.run, rep=10),
+                        host_ms=_host_ms(p.run))
+                    s.begin_capture()
+                    try:
+                        p.run()
+                    finally:
+                        graph = s.end_capture()
+                    p.flag[...] = 0
+                    ts = []
+                    for _ in range(10):
+                        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                        e0.record(s)
+                        graph.launch(stream=s)
+                        e1.record(s)
+                        e1.synchronize()
+                        ts.append(cp.cuda.get_elapsed_time(e0, e1))
+                    t0 = time.perf_counter()
+                    for _ in range(20):
+                        graph.launch(stream=s)
+                    t1 = time.perf_counter()
+                    s.synchronize()
+                rec(f"{tag} graph replay", float(np.median(ts)),
+                    host_ms=(t1 - t0) * 1e3 / 20, res=_panel_residual(a, p.y, p.w, p.rout),
+                    flag=int(p.flag[0]))
+                # 16 sub-panels of one leaf in one graph (independent data: launch cost only)
+                ps = [OwnHandle(rng.standard_normal((m, 32), dtype=cp.float64).astype(dt))
+                      for _ in range(16)]
+                with s:
+                    for q in ps:
+                        q.run()
+                    s.synchronize()
+                    s.begin_capture()
+                    try:
+                        for q in ps:
+                            q.run()
+                    finally:
+                        g16 = s.end_capture()
+                    g16.launch(stream=s)
+                    s.synchronize()
+                    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                    e0.record(s)
+                    g16.launch(stream=s)
+                    e1.record(s)
+                    e1.synchronize()
+                rec(f"{tag} 16 sub-panels, one graph", cp.cuda.get_elapsed_time(e0, e1))
+            except Exception as exc:  # the probe's question: report and go on
+                rec(f"{tag} FAILED", 0.0, error=f"{type(exc).__name__}: {exc}"[:200])
+    cublas.destroy(handle)
 
 
 @section("eig")
