@@ -93,3 +93,19 @@ def assert_rank_deficient_residues(res, ref) -> None:
         assert res.shape == (0,)
     else:
         assert res.shape == ref.shape and np.isnan(res).all() and np.isnan(ref).all()
+
+
+def conditioned_lstsq_problem(m: int, n: int, kappa: float, seed: int):
+    """``(A, b)``: an ``m x n`` A with singular values spaced logarithmically from 1 to
+    ``1/kappa`` (random singular vectors), and a random ``b``."""
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
+    return a, rng.standard_normal(m)
+
+
+def normal_equation_residual(a, b, x) -> float:
+    """``||A^T (b - A x)|| / (||A||^2 ||x||)``: issue #5's accuracy measure of lstsq."""
+    r = b - a @ x
+    return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))

@@ -29,6 +29,8 @@ from mpqr.compat import _patch
 
 import mpqr
 from tests._support import assert_rank_deficient_residues, to_numpy
+from tests._support import conditioned_lstsq_problem as _problem
+from tests._support import normal_equation_residual as _metric
 
 EPS64 = np.finfo(np.float64).eps
 #: unit roundoff of each factorization precision (mpqr.lstsq.api._UNIT)
@@ -44,13 +46,6 @@ def _low_precision_engines(trace):
     return {e for e in trace.engines() if not e.startswith("native")}
 
 
-def _problem(m, n, kappa, seed):
-    rng = np.random.default_rng(seed)
-    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
-    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
-    a = (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
-    return a, rng.standard_normal(m)
-
 
 @pytest.fixture
 def tensor_core_qr(monkeypatch, xp):
@@ -62,11 +57,6 @@ def tensor_core_qr(monkeypatch, xp):
     backend = mpqr.backends.get_backend(array_namespace(xp.zeros(1)))
     monkeypatch.setattr(type(backend), "library_qr_square_max", 0)
 
-
-def _metric(a, b, x):
-    """The issue's measure ||A^T (b - A x)|| / (||A||^2 ||x||)."""
-    r = b - a @ x
-    return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))
 
 
 # --- 1. SciPy's contract --------------------------------------------------------------

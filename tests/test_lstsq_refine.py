@@ -14,20 +14,9 @@ import pytest
 import scipy.linalg as sla
 
 import mpqr
+from tests._support import conditioned_lstsq_problem as _problem
+from tests._support import normal_equation_residual as _metric
 from tests._support import to_numpy
-
-
-def _problem(m, n, kappa, seed):
-    rng = np.random.default_rng(seed)
-    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
-    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
-    a = (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
-    return a, rng.standard_normal(m)
-
-
-def _metric(a, b, x):
-    r = b - a @ x
-    return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))
 
 
 def _events(trace, kind):
