@@ -101,8 +101,8 @@ _THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-
 
 
 #: methods whose R has a real, positive diagonal by construction (Cholesky factors and
-#: their products): no sign test, which costs a host sync (~0.2 ms on an H100 at
-#: 2^22 x 64), and no pass over Q
+#: their products): no sign test (a reduction and a host sync; its removal measured
+#: within run-to-run noise on an H100, bench/NOTES.md session 14) and no pass over Q
 _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3"})
 
 
@@ -470,12 +470,17 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
     xp = backend.xp
     func = METHODS[method]
     *batch, m, n = a.shape
+
+    def signs(q: Any, r: Any) -> tuple[Any, Any]:
+        if method in _POSITIVE_DIAGONAL:
+            return q, r
+        return normalize_signs(xp, q, r, check=check_signs)
+
     if m < n:
         # wide: factor the leading m x m block, then R2 = Q^H A2
-        q, r1 = func(backend, a[..., :, :m], precision=precision, prec_name=prec_name,
-                     want_q=True, complete=False, overwrite=False)
-        if method not in _POSITIVE_DIAGONAL:
-            q, r1 = normalize_signs(xp, q, r1, check=check_signs)
+        q, r1 = signs(*func(backend, a[..., :, :m], precision=precision,
+                            prec_name=prec_name, want_q=True, complete=False,
+                            overwrite=False))
         r2 = gemm(ct(xp, q), a[..., :, m:], precision=precision, label="qr-wide-QhA2",
                   backend=backend)
         return q, xp.concat([r1, r2], axis=-1)
@@ -487,9 +492,7 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
     if complete and m > n:
         r = xp.concat([r, xp.zeros((*batch, m - n, n), dtype=r.dtype, device=device(r))],
                       axis=-2)
-    if method in _POSITIVE_DIAGONAL:
-        return q, r
-    return normalize_signs(xp, q, r, check=check_signs)
+    return signs(q, r)
 
 
 def _empty(xp: Any, a: Any, mode: str) -> Any:
