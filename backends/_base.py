@@ -252,6 +252,16 @@ class ArrayAPIBackend:
     #: GPU's value so CI runs that path.
     fused_cholqr_max_n: int | None = 32
 
+    def chol_steps(self, g: Any) -> tuple[Any, Any, Any] | None:
+        """The ``n x n`` steps of a CholQR pass without a host sync, or None.
+
+        ``(R, X, st)`` on ``g``'s device: ``R = chol(g)`` (upper), ``X = R^-1`` by
+        row-wise substitution on ``I``, and ``st`` the eight float64 numbers that
+        :mod:`mpqr.qr.cholqr_steps` checks. None (here): the pass moves ``g`` to
+        :meth:`small` and takes its steps there; a GPU backend returns them from one
+        launch, so a pass reads eight numbers back instead."""
+        return None
+
     def right_solve_gram(self, a: Any, r: Any) -> Any:
         """``Q1^T Q1`` (exactly symmetric) for ``Q1 = a @ inv(r)``, real 2-D ``a``, native
         arithmetic; this portable version forms ``Q1`` (a GPU backend fuses the two)."""

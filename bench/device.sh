@@ -12,6 +12,8 @@
 #   probe12:SECTIONS bench/probe_s12.py with comma-separated sections
 #   probe13:SECTIONS bench/probe_s13.py with comma-separated sections
 #   probe14:SECTIONS bench/probe_s14.py with comma-separated sections
+#   probe15:SECTIONS bench/probe_s15.py with comma-separated sections
+#   stepstests      the CholQR device-steps tests and the other CholQR files (cholqrtests')
 #   paneltests      the GPU tests of the leaf panels, TSQR and the recursive QR's methods
 #   qrtests         the GPU tests of the QR and right-solve files only
 #   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
@@ -48,6 +50,14 @@ for job in "$@"; do
       (cd bench && timeout 500 python3 probe_s13.py "$OUT/probe13_$D.json" "${job#probe13:}") >> "$L" 2>&1 ;;
     probe14:*)
       (cd bench && timeout 300 python3 probe_s14.py "$OUT/probe14_$D.json" "${job#probe14:}") >> "$L" 2>&1 ;;
+    probe15:*)
+      (cd bench && timeout 300 python3 probe_s15.py "$OUT/probe15_$D.json" "${job#probe15:}") >> "$L" 2>&1 ;;
+    stepstests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_qr_cholqr_steps.py \
+        tests/test_cupy_right_solve.py tests/test_qr_cholqr_fused.py tests/test_qr_tall_skinny.py \
+        tests/test_qr_methods.py tests/test_lstsq_gram.py tests/test_reliability_values.py \
+        > "$OUT/pytest_steps.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_steps.txt" | cut -c1-300 >> "$L" ;;
     paneltests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_qr_panels.py \
         tests/test_cupy_tsqr.py tests/test_qr_methods.py tests/test_qr_accuracy_fp16.py tests/test_policy.py \

@@ -21,10 +21,11 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from mpqr._array_api import device
+from mpqr._array_api import array_namespace, device
 from mpqr._errors import BreakdownError, LinAlgError
 from mpqr.policy import fused_gemm, gemm, record_event
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
+from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
 
 __all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "reuse_first_gram",
@@ -155,20 +156,24 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
     pass's Q orthonormal to working accuracy; else BreakdownError. ``g``: ``a``'s Gram
     matrix, already formed (``a`` is then only read for its shape)."""
-    # the n x n steps run in backend.small's namespace
     pair = _first_gram(a, method) if certify is None else None
-    if pair is None and g is not None:
+    if pair is None:
+        if g is None:
+            g = gram(backend, a, precision, f"{method}-gram")
+        if not shift:
+            done = _device_pass(backend, a, g, method, prec_name, certify, want_q)
+            if done is not None:
+                return done
+        # the n x n steps run in backend.small's namespace
         pair = backend.small(g)
-    sb, g = pair if pair is not None else backend.small(
-        gram(backend, a, precision, f"{method}-gram"))
+    sb, g = pair
     xp = sb.xp
     u = gram_roundoff(xp, g.dtype, prec_name)
     if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
         raise BreakdownError(
             f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
             method=method, cond_estimate=math.inf)
-    single = prec_name == "fp32" or g.dtype in (xp.float32, xp.complex64)
-    lo = SAFE_GRAM_MIN["float32" if single else "float64"]
+    lo = _gram_min(xp, g, prec_name)
     dmin = float(xp.min(xp.real(xp.linalg.diagonal(g))))
     if dmin < lo:
         # a zero column, or one so small that its Gram entries underflow; qr(method="auto")
@@ -182,8 +187,9 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         dist = float(xp.max(xp.linalg.matrix_norm(
             g - xp.eye(n, dtype=g.dtype, device=device(g)), ord="fro")))
         if not dist <= 0.5:
-            d = xp.abs(xp.linalg.diagonal(certify))
-            cond = float(xp.max(d)) / float(xp.min(d)) if float(xp.min(d)) > 0 else math.inf
+            cx = array_namespace(certify)  # the first pass may have run on the device
+            d = cx.abs(cx.linalg.diagonal(certify))
+            cond = float(cx.max(d)) / float(cx.min(d)) if float(cx.min(d)) > 0 else math.inf
             raise BreakdownError(
                 f"{method} broke down: after the first pass ||Q1^H Q1 - I||_F = {dist:.2e} > "
                 f"0.5, so the result would not be orthonormal to working accuracy "
@@ -201,12 +207,60 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     return q, r, sb
 
 
+def _gram_min(xp: Any, g: Any, prec_name: str) -> float:
+    single = prec_name == "fp32" or g.dtype in (xp.float32, xp.complex64)
+    return SAFE_GRAM_MIN["float32" if single else "float64"]
+
+
+def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, certify: Any,
+                 want_q: bool) -> tuple[Any, Any, Any] | None:
+    """A pass whose ``n x n`` steps come from ``backend.chol_steps`` (one launch; see
+    :mod:`mpqr.qr.cholqr_steps`), or None where the backend has none for ``g`` or a check
+    fails: the caller then takes the host route from the same ``g``.
+
+    The pass reads the checks' numbers back once. A certified pass (``certify``) first
+    launches ``Q = A X``: its certificate, checked once the product is on its way, bounds
+    ``cond_2(R)`` by ``sqrt(3)``, which is what the inverse-by-GEMM bound needs."""
+    steps = backend.chol_steps(g)
+    if steps is None:
+        return None
+    r, x, st = steps
+    xp = backend.xp
+    n = g.shape[-1]
+    by_gemm = _inverse_by_gemm(backend, a, n)
+    prec = panel_precision(prec_name, a.dtype, xp)
+    q = None
+    if certify is not None and want_q and by_gemm:
+        q = gemm(a, x, label=f"{method}-apply-inverse", precision=prec, backend=backend)
+    s = StepNumbers.from_host(backend.small(st)[1])  # the pass's one host sync
+    if not passes(s, u=gram_roundoff(xp, g.dtype, prec_name), n=n,
+                  gram_min=_gram_min(xp, g, prec_name), certified=certify is not None):
+        record_event("small-steps", f"{method}: a check of the device's n x n steps failed; "
+                     "the pass redoes them on the host route", method=method)
+        return None
+    record_event("small-steps", f"{method}: the {n} x {n} steps (Cholesky, R^-1, checks) "
+                 "ran on the device in one launch; their 8 numbers were read back once",
+                 method=method, n=n)
+    if q is not None:
+        record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (certified pass: "
+                     f"cond_2(R) <= sqrt(3); cond_1(R) = {s.cond1:.3g})", cond_1=s.cond1)
+    elif want_q:
+        q = _apply_inverse(backend, backend, a, r, method, prec_name, inverse=(x, s.cond1))
+    return q, r, backend
+
+
+def _inverse_by_gemm(backend: Any, a: Any, n: int) -> bool:
+    min_n = backend.inverse_gemm_min_n
+    return min_n is not None and a.ndim == 2 and n >= min_n
+
+
 #: ``A @ R^-1`` goes through a GEMM with an explicit inverse only when ``cond_1(R)`` is at
 #: most this: its backward error bound is ``cond(R)`` times substitution's (see below)
 INVERSE_COND_MAX = 8.0
 
 
-def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str) -> Any:
+def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str,
+                   inverse: tuple[Any, float] | None = None) -> Any:
     """``Q = A R^-1`` (``r`` in the small backend ``sb``), by row-wise substitution or, for
     ``n >= backend.inverse_gemm_min_n`` and a well-conditioned ``R``, by one GEMM.
 
@@ -215,17 +269,20 @@ def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name
     ``γ_n ||A||`` of substituting ``A`` itself. CholQR2's second pass has
     ``cond(R) <= sqrt(3)`` (certified by its Gram matrix); the first pass takes the GEMM
     only when ``cond_1(R) <= INVERSE_COND_MAX``. A GEMM streams A once at full
-    bandwidth; the substitution is bound by its dependent FMA chains.
+    bandwidth; the substitution is bound by its dependent FMA chains. ``inverse``:
+    ``(X, cond_1(R))`` where already made (:func:`_device_pass`).
     """
     n = r.shape[-1]
-    min_n = backend.inverse_gemm_min_n
-    if min_n is not None and a.ndim == 2 and n >= min_n:
-        xs = sb.xp
-        # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
-        x = sb.right_solve_upper(xs.eye(n, dtype=r.dtype, device=device(r)), r)
-        norms = sb.small(xs.stack([xs.max(xs.sum(xs.abs(r), axis=0)),
-                                   xs.max(xs.sum(xs.abs(x), axis=0))]))[1]
-        kappa = float(norms[0]) * float(norms[1])
+    if _inverse_by_gemm(backend, a, n):
+        if inverse is not None:
+            x, kappa = inverse
+        else:
+            xs = sb.xp
+            # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
+            x = sb.right_solve_upper(xs.eye(n, dtype=r.dtype, device=device(r)), r)
+            norms = sb.small(xs.stack([xs.max(xs.sum(xs.abs(r), axis=0)),
+                                       xs.max(xs.sum(xs.abs(x), axis=0))]))[1]
+            kappa = float(norms[0]) * float(norms[1])
         if kappa <= INVERSE_COND_MAX:
             record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (cond_1(R) = "
                          f"{kappa:.3g} <= {INVERSE_COND_MAX:g})", cond_1=kappa)
@@ -242,6 +299,19 @@ def _rr(backend: Any, r2: Any, r1: Any, prec_name: str) -> Any:
     xp = backend.xp
     return xp.triu(gemm(r2, r1, precision=panel_precision(prec_name, r1.dtype, xp),
                         label="cholqr-RR", backend=backend))
+
+
+def _final_r(backend: Any, sb: Any, factors: list[Any], like: Any, prec_name: str) -> Any:
+    """``R = factors[0] @ factors[1] @ ...`` (the passes' factors, last pass first) on
+    ``like``'s device: in the last pass's namespace ``sb`` when every factor is there,
+    else on the device (a pass that took the device route left its factor there)."""
+    if any(array_namespace(f) is not sb.xp for f in factors):
+        sb = backend
+        factors = [backend.from_small(f, like) for f in factors]
+    r = factors[-1]
+    for f in factors[-2::-1]:
+        r = _rr(sb, f, r, prec_name)
+    return backend.from_small(r, like)
 
 
 def cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str, **_: Any
@@ -283,11 +353,11 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
             _q, r2, sb = _one_pass(backend, a, precision, "cholqr2", prec_name, certify=r1,
                                    want_q=False, g=backend.right_solve_gram(a, r1d))
             q = backend.right_solve_twice(a, r1d, backend.from_small(r2, a)) if want_q else None
-            return q, backend.from_small(_rr(sb, r2, r1, prec_name), a)
+            return q, _final_r(backend, sb, [r2, r1], a, prec_name)
         q1 = _apply_inverse(backend, sb1, a, r1, "cholqr2", prec_name)
     q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
                           want_q=want_q)
-    return q, backend.from_small(_rr(sb, r2, r1, prec_name), a)
+    return q, _final_r(backend, sb, [r2, r1], a, prec_name)
 
 
 def shifted_cholqr3(backend: Any, a: Any, *, precision: Any, prec_name: str,
@@ -298,4 +368,4 @@ def shifted_cholqr3(backend: Any, a: Any, *, precision: Any, prec_name: str,
     q2, r2, _sb = _one_pass(backend, q1, precision, "shifted-cholqr3", prec_name)
     q, r3, sb = _one_pass(backend, q2, precision, "shifted-cholqr3", prec_name, certify=r2,
                           want_q=want_q)
-    return q, backend.from_small(_rr(sb, r3, _rr(sb, r2, r1, prec_name), prec_name), a)
+    return q, _final_r(backend, sb, [r3, r2, r1], a, prec_name)

@@ -1,0 +1,50 @@
+"""The ``n x n`` steps of a CholQR pass in one launch (``kernels/chol_steps.cu``).
+
+:func:`chol_steps` returns ``R = chol(G)``, ``X = R^-1`` and the eight numbers the
+checks of :mod:`mpqr.qr.cholqr` read, all on the device and without a host sync, so
+that a pass reads them back once instead of moving ``G`` to the host, factoring it there
+and moving ``X`` back (about 0.5 ms of GPU idle time per pass at 2^22 x 64, H100,
+bench/NOTES.md session 14). Compiled on first use for the device's architecture and
+cached by CuPy.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import cupy as cp
+
+__all__ = ["MAX_N", "chol_steps", "supports"]
+
+#: widest Gram matrix of the one-block kernel (shared memory: 64 x 65 doubles)
+MAX_N = 64
+_THREADS = 256
+_SOURCE = Path(__file__).resolve().parent / "kernels" / "chol_steps.cu"
+
+
+def supports(g) -> bool:
+    # real 2-D Gram matrices only: complex ones keep the host path
+    return (g.ndim == 2 and g.shape[0] == g.shape[1] and 0 < g.shape[0] <= MAX_N
+            and g.dtype in (cp.float32, cp.float64))
+
+
+@functools.cache
+def _kernel(dtype_name: str):
+    t = "double" if dtype_name == "float64" else "float"
+    name = f"chol_steps<{t}, {MAX_N}, {_THREADS}>"
+    mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
+                       name_expressions=[name])
+    return mod.get_function(name)
+
+
+def chol_steps(g):
+    """``(R, X, st)`` for a symmetric ``g`` accepted by :func:`supports`; ``st`` is the
+    float64 vector described in the kernel source."""
+    n = g.shape[0]
+    g = cp.ascontiguousarray(g)
+    r = cp.empty((n, n), dtype=g.dtype)
+    x = cp.empty((n, n), dtype=g.dtype)
+    st = cp.empty(8, dtype=cp.float64)
+    _kernel(cp.dtype(g.dtype).name)((1,), (_THREADS,), (g, cp.int32(n), r, x, st))
+    return r, x, st
