@@ -10,18 +10,37 @@ with LAPACK/cuBLAS/cuSOLVER calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from mpqr._array_api import device, namespace_name
 from mpqr._errors import LinAlgError
 
-__all__ = ["ArrayAPIBackend", "EngineRates"]
+__all__ = ["ArrayAPIBackend", "EngineRates", "SerialLane"]
 
 
 class EngineRates(dict):
     """Sustained rates the cost model uses (FLOP/s, OP/s, B/s, s per launch)."""
+
+
+class SerialLane:
+    """The look-ahead lane of a backend with one queue: work runs where it is issued.
+
+    ``mark()`` notes the point the lane's next work must wait for on the main queue;
+    ``run_after(mark)`` runs a block on the lane after that point; ``main_waits()``
+    makes the main queue wait for everything the lane was given."""
+
+    def mark(self) -> Any:
+        return None
+
+    @contextlib.contextmanager
+    def run_after(self, mark: Any) -> Iterator[None]:
+        yield
+
+    def main_waits(self) -> None:
+        return None
 
 
 class ArrayAPIBackend:
@@ -261,6 +280,12 @@ class ArrayAPIBackend:
         :meth:`small` and takes its steps there; a GPU backend returns them from one
         launch, so a pass reads eight numbers back instead."""
         return None
+
+    def update_lane(self) -> SerialLane:
+        """A second queue for trailing updates that may run while the next panel is
+        factored (look-ahead; :mod:`mpqr.qr.householder_tiled`). Here: :class:`SerialLane`,
+        everything in order on the one queue; a GPU backend returns a stream."""
+        return SerialLane()
 
     def right_solve_gram(self, a: Any, r: Any) -> Any:
         """``Q1^T Q1`` (exactly symmetric) for ``Q1 = a @ inv(r)``, real 2-D ``a``, native

@@ -84,15 +84,29 @@ class CupyBackend(ArrayAPIBackend):
         self._rates_memo = (tune.generation, rates)
         return rates
 
+    def update_lane(self):
+        # a stream of its own for the trailing updates (householder_tiled's look-ahead)
+        from mpqr.backends.cupy_lane import lane_for_thread
+
+        return lane_for_thread()
+
+    def _cublas_handle(self):
+        # the lane's own handle on the lane's stream (backends/cupy_lane.py), else CuPy's
+        from mpqr.backends.cupy_lane import lane_handle
+
+        h = lane_handle()
+        return h if h is not None else self._cp.cuda.device.get_cublas_handle()
+
     def gemm(self, a, b):
         cp = self._cp
         if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.shape[1] > 0 and \
-                a.dtype in (cp.float32, cp.float64) and not (
-                    a.flags.c_contiguous and b.flags.c_contiguous) and \
+                a.dtype in (cp.float32, cp.float64) and (not (
+                    a.flags.c_contiguous and b.flags.c_contiguous) or self._on_lane()) and \
                 _blas_operand(cp, a, allow_copy=False) is not None and \
                 _blas_operand(cp, b, allow_copy=False) is not None:
             # row-strided views (column blocks of a wider matrix): cuBLAS takes their
-            # leading dimension directly, where cupy.matmul first copies them
+            # leading dimension directly, where cupy.matmul first copies them; on the
+            # look-ahead lane every GEMM takes the lane's own handle
             from cupy.cuda import cublas, runtime
 
             f64 = a.dtype == cp.float64
@@ -103,6 +117,11 @@ class CupyBackend(ArrayAPIBackend):
                                  cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F,
                                  np.float64 if f64 else np.float32)
         return cp.matmul(a, b)
+
+    def _on_lane(self):
+        from mpqr.backends.cupy_lane import lane_handle
+
+        return lane_handle() is not None
 
     def gemm_sub_into(self, c, a, b):
         cp = self._cp
@@ -263,7 +282,7 @@ class CupyBackend(ArrayAPIBackend):
         ldc = out.strides[0] // out.itemsize if m > 1 else n
         al = np.array(alpha, dtype=scalar_dtype)
         be = np.array(beta, dtype=scalar_dtype)
-        handle = cp.cuda.device.get_cublas_handle()
+        handle = self._cublas_handle()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         cublas.gemmEx(handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb,
                       a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr, out_type, ldc,
@@ -296,7 +315,7 @@ class CupyBackend(ArrayAPIBackend):
         tb, ldb, _ = opb
         al = np.array(alpha, dtype=scalar_dtype)
         be = np.array(beta, dtype=scalar_dtype)
-        handle = cp.cuda.device.get_cublas_handle()
+        handle = self._cublas_handle()
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         cublas.gemmStridedBatchedEx(
             handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb, sb,

@@ -1,7 +1,15 @@
 """Session-15 probe: CholQR's n x n steps on the device (one launch, checks read once)
 against the host route they replace.
 
-python3 bench/probe_s15.py OUT.json [steps]
+python3 bench/probe_s15.py OUT.json [steps,sqmeth,lane]
+  lane   16384^2 at fp16, fp32-emulated, fp64-emulated: householder-tiled with the
+         look-ahead lane (shipped) against the same with SerialLane, and the recursion,
+         alternately in one process, two rounds; errors of the lane runs; 65536 x 8192
+         fp16 / fp64-emulated once each
+  sqmeth  16384^2 at fp16, fp32-emulated and fp64-emulated: householder-recursive
+         against householder-tiled (method forced; both at the same leaf width),
+         alternately in one process, two rounds; errors; and the leaf time of each
+         (backend.householder_panel synchronised and summed over one call)
   steps  whole mpqr.qr fp64 (mode reduced and r) at 2^22 x 64, 2^21 x 64, 2^24 x 32,
          2^20 x 64 and 2^20 x 256 (n = 256: no kernel, a control), with
          CupyBackend.chol_steps shipped and switched off, alternately in one process,
@@ -54,6 +62,91 @@ def _steps():
             cp.get_default_memory_pool().free_all_blocks()
     finally:
         CupyBackend.chol_steps = shipped
+
+
+@section("sqmeth")
+def _sqmeth():
+    import time
+
+    from mpqr.backends.cupy_backend import CupyBackend as CB
+
+    a32 = cp.random.default_rng(5).standard_normal((16384, 16384), dtype=cp.float32)
+    a64 = cp.random.default_rng(5).standard_normal((16384, 16384))
+    cases = (("fp16", a32), ("fp32-emulated", a32), ("fp64-emulated", a64))
+    meths = ("householder-recursive", "householder-tiled")
+    for rnd in range(2):
+        for prec, a in cases:
+            for meth in meths:
+                t = timeit(lambda a=a, p=prec, mt=meth: mpqr.qr(a, precision=p, method=mt),
+                           rep=3)
+                rec(f"sqmeth 16384^2 {prec} {meth} round {rnd}", t)
+    real = CB.householder_panel
+    spent = []
+
+    def timed(self, x):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = real(self, x)
+        cp.cuda.Device().synchronize()
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    CB.householder_panel = timed
+    try:
+        for prec, a in cases:
+            for meth in meths:
+                spent.clear()
+                q, r = mpqr.qr(a, precision=prec, method=meth)
+                bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
+                orth = float(cp.linalg.norm(q.T @ q - cp.eye(16384, dtype=a.dtype)) / 16384)
+                rec(f"sqmeth 16384^2 {prec} {meth} leaves", sum(spent) * 1e3,
+                    leaves=len(spent), backward=bwd, orth=orth)
+                del q, r
+                cp.get_default_memory_pool().free_all_blocks()
+    finally:
+        CB.householder_panel = real
+
+
+@section("lane")
+def _lane():
+    from mpqr.backends._base import SerialLane
+    from mpqr.backends.cupy_backend import CupyBackend as CB
+
+    shipped = CB.update_lane
+    a32 = cp.random.default_rng(5).standard_normal((16384, 16384), dtype=cp.float32)
+    a64 = cp.random.default_rng(5).standard_normal((16384, 16384))
+    cases = (("fp16", a32), ("fp64-emulated", a64), ("fp32-emulated", a32))
+    runs = (("tiled lane", "householder-tiled", shipped),
+            ("tiled serial", "householder-tiled", lambda self: SerialLane()),
+            ("recursive", "householder-recursive", shipped))
+    try:
+        for rnd in range(2):
+            for prec, a in cases:
+                for name, meth, lane in runs:
+                    CB.update_lane = lane
+                    t = timeit(lambda a=a, p=prec, mt=meth: mpqr.qr(a, precision=p, method=mt),
+                               rep=3)
+                    rec(f"lane 16384^2 {prec} {name} round {rnd}", t)
+        CB.update_lane = shipped
+        for prec, a in cases:
+            q, r = mpqr.qr(a, precision=prec, method="householder-tiled")
+            bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
+            orth = float(cp.linalg.norm(q.T @ q - cp.eye(16384, dtype=a.dtype)) / 16384)
+            rec(f"lane 16384^2 {prec} errors", 0.0, backward=bwd, orth=orth)
+            del q, r
+        del a32, a64
+        cp.get_default_memory_pool().free_all_blocks()
+        for prec, dt in (("fp16", cp.float32), ("fp64-emulated", cp.float64)):
+            a = cp.random.default_rng(6).standard_normal((65536, 8192), dtype=dt)
+            for name, meth, lane in runs:
+                CB.update_lane = lane
+                t = timeit(lambda a=a, p=prec, mt=meth: mpqr.qr(a, precision=p, method=mt),
+                           rep=2)
+                rec(f"lane 65536x8192 {prec} {name}", t)
+            del a
+            cp.get_default_memory_pool().free_all_blocks()
+    finally:
+        CB.update_lane = shipped
 
 
 write()

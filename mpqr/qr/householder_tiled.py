@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
+from mpqr.backends._base import SerialLane
 from mpqr.policy import gemm
 from mpqr.qr._kernels import ct, eye_like, householder_panel, panel_precision
 
@@ -90,18 +91,31 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
                      backend=backend)
             return x - gemm(w, c, precision=precision, label="tiled-formq-WC", backend=backend)
 
-    blocks = []
-    for j in range(0, n, nb):
-        k = min(nb, n - j)
-        w, y, rp = householder_panel(backend, work[..., j:, j:j + k], precision=pp)
+    # look-ahead: the columns past the next panel are updated on the backend's lane while
+    # the next panel is factored (its columns are updated first, on the main queue)
+    lane = backend.update_lane() if len(batch) == 0 else SerialLane()
+    blocks = []  # (j, reflector); also keeps what the lane reads referenced until it is done
+    j, k = 0, min(nb, n)
+    w, y, rp = householder_panel(backend, work[..., :, :k], precision=pp)
+    while True:
         work[..., j:j + k, j:j + k] = rp
-        if j + k >= n and not want_q:
+        j2 = j + k
+        if j2 >= n and not want_q:
             break
         blk = reflector(w, y)
-        if j + k < n:
-            work[..., j:, j + k:] = apply(blk, work[..., j:, j + k:], "update")
-        if want_q:
-            blocks.append((j, blk))
+        blocks.append((j, blk))
+        if j2 >= n:
+            break
+        k2 = min(nb, n - j2)
+        lane.main_waits()  # the lane's update of these columns is done
+        work[..., j:, j2:j2 + k2] = apply(blk, work[..., j:, j2:j2 + k2], "update")
+        mark = lane.mark()
+        w, y, rp = householder_panel(backend, work[..., j2:, j2:j2 + k2], precision=pp)
+        if j2 + k2 < n:
+            with lane.run_after(mark):
+                work[..., j:, j2 + k2:] = apply(blk, work[..., j:, j2 + k2:], "update")
+        j, k = j2, k2
+    lane.main_waits()
     r = xp.triu(work[..., :n, :])
     if not want_q:
         return None, r
