@@ -42,6 +42,11 @@ class SerialLane:
     def main_waits(self) -> None:
         return None
 
+    @contextlib.contextmanager
+    def main_stream(self) -> Iterator[None]:
+        """Where the factorization's own (non-lane) work runs: here, where it is."""
+        yield
+
 
 class ArrayAPIBackend:
     """Native engines for any Array API namespace; no tensor-core engines."""

@@ -22,6 +22,8 @@ import cupy as cp
 __all__ = ["CupyLane", "lane_for_thread", "lane_handle"]
 
 _local = threading.local()
+#: the greatest stream priority CUDA offers (lower is higher; clamped to the device's)
+_GREATEST = -5
 
 
 class CupyLane:
@@ -29,8 +31,28 @@ class CupyLane:
         from cupy.cuda import cublas
 
         self.stream = cp.cuda.Stream(non_blocking=True)
+        # the panels' stream outranks the lane's: when both have blocks waiting, the
+        # scheduler gives freed SMs to the latency-bound panel first. CUDA clamps a
+        # priority to the device's range (Hopper: 0 least, -5 greatest)
+        self.main = cp.cuda.Stream(non_blocking=True, priority=_GREATEST)
         self.handle = cublas.create()
         self._done: cp.cuda.Event | None = None
+
+    @contextlib.contextmanager
+    def main_stream(self) -> Iterator[None]:
+        """The factorization's own work on a high-priority stream, ordered after what the
+        caller's stream has issued, and the caller's stream after it."""
+        caller = cp.cuda.get_current_stream()
+        start = cp.cuda.Event(disable_timing=True)
+        start.record(caller)
+        self.main.wait_event(start)
+        try:
+            with self.main:
+                yield
+        finally:
+            end = cp.cuda.Event(disable_timing=True)
+            end.record(self.main)
+            caller.wait_event(end)
 
     def mark(self) -> cp.cuda.Event:
         ev = cp.cuda.Event(disable_timing=True)

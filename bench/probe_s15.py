@@ -4,8 +4,8 @@ against the host route they replace.
 python3 bench/probe_s15.py OUT.json [steps,sqmeth,lane]
   lane   16384^2 at fp16, fp32-emulated, fp64-emulated: householder-tiled with the
          look-ahead lane (shipped) against the same with SerialLane, and the recursion,
-         alternately in one process, two rounds; errors of the lane runs; 65536 x 8192
-         fp16 / fp64-emulated once each
+         with the panels' stream at high priority and at one priority, alternately in
+         one process, two rounds; errors of the lane runs
   sqmeth  16384^2 at fp16, fp32-emulated and fp64-emulated: householder-recursive
          against householder-tiled (method forced; both at the same leaf width),
          alternately in one process, two rounds; errors; and the leaf time of each
@@ -109,44 +109,38 @@ def _sqmeth():
 
 @section("lane")
 def _lane():
+    import contextlib
+
+    from mpqr.backends import cupy_lane
     from mpqr.backends._base import SerialLane
     from mpqr.backends.cupy_backend import CupyBackend as CB
 
-    shipped = CB.update_lane
+    shipped, prio = CB.update_lane, cupy_lane.CupyLane.main_stream
     a32 = cp.random.default_rng(5).standard_normal((16384, 16384), dtype=cp.float32)
     a64 = cp.random.default_rng(5).standard_normal((16384, 16384))
     cases = (("fp16", a32), ("fp64-emulated", a64), ("fp32-emulated", a32))
-    runs = (("tiled lane", "householder-tiled", shipped),
-            ("tiled serial", "householder-tiled", lambda self: SerialLane()),
-            ("recursive", "householder-recursive", shipped))
+    same = contextlib.nullcontext
+    runs = (("tiled lane, panels high priority", "householder-tiled", shipped, prio),
+            ("tiled lane, one priority", "householder-tiled", shipped,
+             lambda self: same()),
+            ("tiled serial", "householder-tiled", lambda self: SerialLane(), prio),
+            ("recursive", "householder-recursive", shipped, prio))
     try:
         for rnd in range(2):
             for prec, a in cases:
-                for name, meth, lane in runs:
-                    CB.update_lane = lane
+                for name, meth, lane, ms in runs:
+                    CB.update_lane, cupy_lane.CupyLane.main_stream = lane, ms
                     t = timeit(lambda a=a, p=prec, mt=meth: mpqr.qr(a, precision=p, method=mt),
                                rep=3)
                     rec(f"lane 16384^2 {prec} {name} round {rnd}", t)
-        CB.update_lane = shipped
+        CB.update_lane, cupy_lane.CupyLane.main_stream = shipped, prio
         for prec, a in cases:
             q, r = mpqr.qr(a, precision=prec, method="householder-tiled")
             bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
             orth = float(cp.linalg.norm(q.T @ q - cp.eye(16384, dtype=a.dtype)) / 16384)
             rec(f"lane 16384^2 {prec} errors", 0.0, backward=bwd, orth=orth)
             del q, r
-        del a32, a64
-        cp.get_default_memory_pool().free_all_blocks()
-        for prec, dt in (("fp16", cp.float32), ("fp64-emulated", cp.float64)):
-            a = cp.random.default_rng(6).standard_normal((65536, 8192), dtype=dt)
-            for name, meth, lane in runs:
-                CB.update_lane = lane
-                t = timeit(lambda a=a, p=prec, mt=meth: mpqr.qr(a, precision=p, method=mt),
-                           rep=2)
-                rec(f"lane 65536x8192 {prec} {name}", t)
-            del a
-            cp.get_default_memory_pool().free_all_blocks()
     finally:
-        CB.update_lane = shipped
-
+        CB.update_lane, cupy_lane.CupyLane.main_stream = shipped, prio
 
 write()

@@ -94,6 +94,15 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     # look-ahead: the columns past the next panel are updated on the backend's lane while
     # the next panel is factored (its columns are updated first, on the main queue)
     lane = backend.update_lane() if len(batch) == 0 else SerialLane()
+    with lane.main_stream():
+        return _factor(backend, work, a, lane, nb, pp, reflector, apply, want_q=want_q,
+                       complete=complete)
+
+
+def _factor(backend: Any, work: Any, a: Any, lane: Any, nb: int, pp: str, reflector: Any,
+            apply: Any, *, want_q: bool, complete: bool) -> tuple[Any | None, Any]:
+    xp = backend.xp
+    *batch, m, n = a.shape
     blocks = []  # (j, reflector); also keeps what the lane reads referenced until it is done
     j, k = 0, min(nb, n)
     w, y, rp = householder_panel(backend, work[..., :, :k], precision=pp)
