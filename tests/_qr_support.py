@@ -63,3 +63,27 @@ def geometric(rng, m: int, n: int, cond: float) -> np.ndarray:
 
 def arithmetic(rng, m: int, n: int, cond: float) -> np.ndarray:
     return with_singular_values(rng, m, n, 1 - (1 - 1 / cond) * np.arange(n) / max(n - 1, 1))
+
+
+def inflate_second_gram(monkeypatch, a, factor: float = 3.0) -> None:
+    """Make CholQR2's second Gram matrix ``factor`` times too large (``||G2 - I||_F =
+    (factor - 1) sqrt(n)``), through either of its routes (the stored Q1's ``gram`` or the
+    fused ``right_solve_gram`` of ``a``'s backend), so that its certificate fails."""
+    import sys
+
+    from mpqr.backends import get_backend
+
+    cholqr_mod = sys.modules["mpqr.qr.cholqr"]
+    real_gram = cholqr_mod.gram
+    calls = []
+
+    def bad_second_gram(backend, x, precision, label):
+        g = real_gram(backend, x, precision, label)
+        calls.append(label)
+        return g * factor if len(calls) == 2 else g
+
+    be_type = type(get_backend(sys.modules["mpqr._array_api"].array_namespace(a)))
+    real_fused = be_type.right_solve_gram
+    monkeypatch.setattr(cholqr_mod, "gram", bad_second_gram)
+    monkeypatch.setattr(be_type, "right_solve_gram",
+                        lambda self, x, r: real_fused(self, x, r) * factor)

@@ -24,7 +24,7 @@ from mpqr.backends import ArrayAPIBackend, get_backend
 
 import mpqr
 from mpqr.qr.cholqr_steps import StepNumbers, passes, portable_chol_steps
-from tests._qr_support import backward_error, geometric, orthogonality
+from tests._qr_support import backward_error, geometric, inflate_second_gram, orthogonality
 from tests._support import to_numpy
 
 cholqr_mod = sys.modules["mpqr.qr.cholqr"]
@@ -195,19 +195,7 @@ def test_device_route_refuses_nan_with_the_host_message(xp, device_steps):
 @pytest.mark.parametrize("n", [10, 40])
 def test_device_route_certificate_failure_names_the_distance(monkeypatch, device_steps, n):
     a = geometric(np.random.default_rng(4), 300, n, 10.0)
-    real_gram = cholqr_mod.gram
-    calls = []
-
-    def bad_second_gram(backend, x, precision, label):
-        g = real_gram(backend, x, precision, label)
-        calls.append(label)
-        return g * 3.0 if len(calls) == 2 else g  # ||G2 - I||_F = 2 sqrt(n) > 1/2
-
-    be_type = type(get_backend(sys.modules["mpqr._array_api"].array_namespace(a)))
-    real_fused = be_type.right_solve_gram
-    monkeypatch.setattr(cholqr_mod, "gram", bad_second_gram)
-    monkeypatch.setattr(be_type, "right_solve_gram",
-                        lambda self, x, r: real_fused(self, x, r) * 3.0)
+    inflate_second_gram(monkeypatch, a)
     dist = 2 * np.sqrt(n)
     with pytest.raises(mpqr.BreakdownError,
                        match=r"^cholqr2 broke down: after the first pass \|\|Q1\^H Q1 - I\|\|_F "

@@ -17,7 +17,7 @@ import pytest
 from mpqr.backends import ArrayAPIBackend, get_backend
 
 import mpqr
-from tests._qr_support import backward_error, geometric, orthogonality
+from tests._qr_support import backward_error, geometric, inflate_second_gram, orthogonality
 from tests._support import to_numpy
 
 api = sys.modules["mpqr.qr.api"]
@@ -178,19 +178,7 @@ def test_cholqr2_certificate_refuses_an_uncertified_result():
 @pytest.mark.parametrize(("n", "dist"), [(10, r"6\.3\de\+00"), (40, r"1\.2\de\+01")])
 def test_certificate_message_names_the_distance_and_the_method(monkeypatch, n, dist):
     a = geometric(np.random.default_rng(4), 300, n, 10.0)
-    real_gram = cholqr_mod.gram
-    calls = []
-
-    def bad_second_gram(backend, x, precision, label):
-        g = real_gram(backend, x, precision, label)
-        calls.append(label)
-        return g * 3.0 if len(calls) == 2 else g  # ||G2 - I||_F = 2 sqrt(n) > 1/2
-
-    be_type = type(get_backend(sys.modules["mpqr._array_api"].array_namespace(a)))
-    real_fused = be_type.right_solve_gram
-    monkeypatch.setattr(cholqr_mod, "gram", bad_second_gram)
-    monkeypatch.setattr(be_type, "right_solve_gram",
-                        lambda self, x, r: real_fused(self, x, r) * 3.0)
+    inflate_second_gram(monkeypatch, a)  # ||G2 - I||_F = 2 sqrt(n) > 1/2
     with pytest.raises(mpqr.BreakdownError,
                        match=r"^cholqr2 broke down: after the first pass \|\|Q1\^H Q1 - I\|\|_F "
                              rf"= {dist} > 0\.5, so the result would not be orthonormal "
