@@ -187,6 +187,12 @@ class ArrayAPIBackend:
         :func:`~mpqr.policy.gemm_sub` then subtracts the product."""
         return False
 
+    def gemm_into(self, out: Any, a: Any, b: Any) -> bool:
+        """``out[...] = a @ b`` written straight into ``out`` (2-D, one dtype; ``out`` a
+        view the caller owns), if the backend can; returns whether it did. The portable
+        version cannot: :func:`~mpqr.policy.gemm_into` then copies the product in."""
+        return False
+
     def round_fp16_scaled(self, x: Any, shift: Any) -> Any:
         """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype: ``x`` rounded to the
         fp16 numbers at a power-of-two scaling (``shift`` int32, broadcasting)."""
@@ -258,6 +264,10 @@ class ArrayAPIBackend:
     #: never). Measured on an H100 (fp64): 2^22 x 64 GEMM 1.7 ms vs substitution 3.2 ms,
     #: 2^24 x 32 4.0 vs 3.7 ms; every backend uses the GPU's value so CI runs that path.
     inverse_gemm_min_n: int | None = 64
+    #: CholQR applies an upper-triangular R^-1 by two GEMMs that skip its lower zeros from
+    #: this many columns on (mpqr.qr.cholqr._times_upper; None: one GEMM). Every backend
+    #: uses the GPU's value so CI runs that path.
+    triangular_split_min_n: int | None = 128
     #: Gram matrices of 2-D inputs at least twice this wide are built from the products of
     #: their upper-triangular blocks (mpqr/qr/gram_blocked.py; None: one GEMM). H100 fp64:
     #: 65536 x 2048 10.6 -> 6.3 ms, 65536 x 4096 45.3 -> 24.6, 2^20 x 512 9.3 -> 8.0,

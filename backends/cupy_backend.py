@@ -124,6 +124,14 @@ class CupyBackend(ArrayAPIBackend):
         return lane_handle() is not None
 
     def gemm_sub_into(self, c, a, b):
+        # cuBLAS accumulates into c (beta = 1): no temporary product, one pass over c
+        return self._native_into(c, a, b, -1.0, 1.0)
+
+    def gemm_into(self, out, a, b):
+        # cuBLAS writes the product into out's rows (beta = 0): no temporary, no copy
+        return self._native_into(out, a, b, 1.0, 0.0)
+
+    def _native_into(self, c, a, b, alpha, beta):
         cp = self._cp
         if not (a.ndim == b.ndim == c.ndim == 2 and a.dtype == b.dtype == c.dtype
                 and a.dtype in (cp.float32, cp.float64) and a.shape[1] > 0
@@ -135,8 +143,7 @@ class CupyBackend(ArrayAPIBackend):
         from cupy.cuda import cublas, runtime
 
         f64 = a.dtype == cp.float64
-        # cuBLAS accumulates into c (beta = 1): no temporary product, one pass over c
-        self._gemm_ex(a, b, c, -1.0, 1.0, runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F,
+        self._gemm_ex(a, b, c, alpha, beta, runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F,
                       runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F,
                       cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F,
                       np.float64 if f64 else np.float32)

@@ -1,7 +1,11 @@
 """Session-15 probe: CholQR's n x n steps on the device (one launch, checks read once)
 against the host route they replace.
 
-python3 bench/probe_s15.py OUT.json [steps,sqmeth,lane]
+python3 bench/probe_s15.py OUT.json [steps,sqmeth,lane,split]
+  split  CholQR's R^-1 applied by two GEMMs that skip its zeros (triangular_split_min_n =
+         128, shipped) against one GEMM (None): whole mpqr.qr, fp64 at 2^20 x 256,
+         2^21 x 128, 2^19 x 512 and 65536 x 4096, fp16 (CholQR2 in fp32) at 2^20 x 256,
+         alternately in one process, three rounds; errors of each
   lane   16384^2 at fp16, fp32-emulated, fp64-emulated: householder-tiled with the
          look-ahead lane (shipped) against the same with SerialLane, and the recursion,
          with the panels' stream at high priority and at one priority, alternately in
@@ -142,5 +146,34 @@ def _lane():
             del q, r
     finally:
         CB.update_lane, cupy_lane.CupyLane.main_stream = shipped, prio
+
+@section("split")
+def _split():
+    shipped = CupyBackend.triangular_split_min_n
+    rng = cp.random.default_rng(17)
+    try:
+        for (m, n), prec, dt in (((2**20, 256), "fp64", cp.float64),
+                                 ((2**21, 128), "fp64", cp.float64),
+                                 ((2**19, 512), "fp64", cp.float64),
+                                 ((65536, 4096), "fp64", cp.float64),
+                                 ((2**20, 256), "fp16", cp.float32)):
+            a = rng.standard_normal((m, n), dtype=dt)
+            for rnd in range(3):
+                for name, cut in (("split", shipped), ("one gemm", None)):
+                    CupyBackend.triangular_split_min_n = cut
+                    t = timeit(lambda a=a, p=prec: mpqr.qr(a, precision=p), rep=5)
+                    rec(f"split {m}x{n} {prec} round {rnd} {name}", t)
+            for name, cut in (("split", shipped), ("one gemm", None)):
+                CupyBackend.triangular_split_min_n = cut
+                q, r = mpqr.qr(a, precision=prec)
+                bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
+                orth = float(cp.linalg.norm(q.T @ q - cp.eye(n, dtype=dt)))
+                rec(f"split {m}x{n} {prec} errors {name}", 0.0, backward=bwd, orth=orth)
+                del q, r
+            del a
+            cp.get_default_memory_pool().free_all_blocks()
+    finally:
+        CupyBackend.triangular_split_min_n = shipped
+
 
 write()

@@ -38,8 +38,8 @@ from mpqr.policy.options import GemmOptions, as_gemm_options
 from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
-__all__ = ["Decision", "active_gemm_options", "decide", "fused_gemm", "gemm", "gemm_options",
-           "gemm_sub", "result_dtype"]
+__all__ = ["Decision", "active_gemm_options", "decide", "fused_gemm", "gemm", "gemm_into",
+           "gemm_options", "gemm_sub", "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
     "mpqr_gemm_options", default=None
@@ -262,6 +262,23 @@ def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str
             and backend.gemm_sub_into(c, a, b)):
         return
     c -= _run(backend, d, out_dtype, a, b)
+
+
+def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: str = "",
+              options: Any = None, backend: Any = None) -> None:
+    """``out[...] = a @ b`` (2-D operands; ``out`` a writable array or view of the
+    product's dtype), with the decision and trace entry of :func:`gemm`.
+
+    Where the policy picks a native engine and the backend writes into a view
+    (``backend.gemm_into``: cuBLAS with ``beta = 0`` on CuPy), the product needs no
+    temporary and no copy; otherwise the product is formed, then copied in.
+    """
+    backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
+    if (d.engine.startswith("native") and a.ndim == 2 and b.ndim == 2
+            and a.dtype == b.dtype == out.dtype == d.params["compute_dtype"]
+            and backend.gemm_into(out, a, b)):
+        return
+    out[...] = _run(backend, d, out_dtype, a, b)
 
 
 def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backend: Any
