@@ -265,9 +265,11 @@ class ArrayAPIBackend:
     #: 2^24 x 32 4.0 vs 3.7 ms; every backend uses the GPU's value so CI runs that path.
     inverse_gemm_min_n: int | None = 64
     #: CholQR applies an upper-triangular R^-1 by two GEMMs that skip its lower zeros from
-    #: this many columns on (mpqr.qr.cholqr._times_upper; None: one GEMM). Every backend
-    #: uses the GPU's value so CI runs that path.
-    triangular_split_min_n: int | None = 128
+    #: this many columns on (mpqr.qr.cholqr._times_upper; None: one GEMM). H100, whole QR
+    #: fp64, one process: 2^20 x 256 12.4-12.8 vs 13.1-14.5 ms, 2^19 x 512 18.7-20.8 vs
+    #: 21.5-23.2, 65536 x 4096 135-137 vs 144-145; but 2^21 x 128 8.7-8.9 vs 8.3-8.4 (the
+    #: product is memory-bound there). Every backend uses the GPU's value so CI runs it.
+    triangular_split_min_n: int | None = 256
     #: Gram matrices of 2-D inputs at least twice this wide are built from the products of
     #: their upper-triangular blocks (mpqr/qr/gram_blocked.py; None: one GEMM). H100 fp64:
     #: 65536 x 2048 10.6 -> 6.3 ms, 65536 x 4096 45.3 -> 24.6, 2^20 x 512 9.3 -> 8.0,
