@@ -298,10 +298,11 @@ class ArrayAPIBackend:
         launch, so a pass reads eight numbers back instead."""
         return None
 
-    def update_lane(self) -> SerialLane:
-        """A second queue for trailing updates that may run while the next panel is
-        factored (look-ahead; :mod:`mpqr.qr.householder_tiled`). Here: :class:`SerialLane`,
-        everything in order on the one queue; a GPU backend returns a stream."""
+    def update_lane(self, a: Any) -> SerialLane:
+        """A second queue for the trailing updates of a factorization of ``a`` that may run
+        while the next panel is factored (look-ahead; :mod:`mpqr.qr.householder_tiled`).
+        Here: :class:`SerialLane`, everything in order on the one queue; a GPU backend
+        returns a stream where it supports ``a``."""
         return SerialLane()
 
     def right_solve_gram(self, a: Any, r: Any) -> Any:

@@ -84,10 +84,15 @@ class CupyBackend(ArrayAPIBackend):
         self._rates_memo = (tune.generation, rates)
         return rates
 
-    def update_lane(self):
-        # a stream of its own for the trailing updates (householder_tiled's look-ahead)
+    def update_lane(self, a):
+        # a stream of its own for the trailing updates (householder_tiled's look-ahead);
+        # real 2-D only: complex and stacked products go through cupy.matmul, whose
+        # cuBLAS handle (CuPy's) the main stream uses at the same time
+        from mpqr.backends._base import SerialLane
         from mpqr.backends.cupy_lane import lane_for_thread
 
+        if a.ndim != 2 or a.dtype not in (self._cp.float32, self._cp.float64):
+            return SerialLane()
         return lane_for_thread()
 
     def _cublas_handle(self):

@@ -62,8 +62,12 @@ class CupyLane:
     @contextlib.contextmanager
     def run_after(self, mark: cp.cuda.Event) -> Iterator[None]:
         self.stream.wait_event(mark)
-        with self.stream:
-            yield
+        _local.active = self.handle  # read by every GEMM issued in the block
+        try:
+            with self.stream:
+                yield
+        finally:
+            _local.active = None
         self._done = cp.cuda.Event(disable_timing=True)
         self._done.record(self.stream)
 
@@ -85,11 +89,6 @@ def lane_for_thread() -> CupyLane:
 
 
 def lane_handle() -> int | None:
-    """The lane's cuBLAS handle when the current stream is this thread's lane, else None."""
-    lanes = getattr(_local, "lanes", None)
-    if not lanes:
-        return None
-    lane = lanes.get(cp.cuda.Device().id)
-    if lane is None or cp.cuda.get_current_stream().ptr != lane.stream.ptr:
-        return None
-    return lane.handle
+    """The lane's cuBLAS handle inside :meth:`CupyLane.run_after` on this thread, else
+    None (one attribute read: every GEMM asks)."""
+    return getattr(_local, "active", None)

@@ -127,7 +127,7 @@ def _lane():
     runs = (("tiled lane, panels high priority", "householder-tiled", shipped, prio),
             ("tiled lane, one priority", "householder-tiled", shipped,
              lambda self: same()),
-            ("tiled serial", "householder-tiled", lambda self: SerialLane(), prio),
+            ("tiled serial", "householder-tiled", lambda self, a: SerialLane(), prio),
             ("recursive", "householder-recursive", shipped, prio))
     try:
         for rnd in range(2):

@@ -61,7 +61,7 @@ def test_tiled_with_lane_is_accurate(xp, precision):
 
 def test_every_panel_but_the_last_two_hands_its_rest_to_the_lane(monkeypatch):
     lane = CountingLane()
-    monkeypatch.setattr(ArrayAPIBackend, "update_lane", lambda self: lane)
+    monkeypatch.setattr(ArrayAPIBackend, "update_lane", lambda self, a: lane)
     a = geometric(np.random.default_rng(2), *SHAPE, 10.0)
     mpqr.qr(a, method="householder-tiled", precision="fp64")
     panels = SHAPE[1] // PANEL
@@ -83,7 +83,7 @@ def test_cupy_lane_matches_the_serial_run(monkeypatch, mode, precision):
     a = cp.asarray(geometric(np.random.default_rng(3), *SHAPE, 1e3)).astype(dt)
     out = mpqr.qr(a, method="householder-tiled", precision=precision, mode=mode)
     with monkeypatch.context() as mp:
-        mp.setattr(CupyBackend, "update_lane", lambda self: SerialLane())
+        mp.setattr(CupyBackend, "update_lane", lambda self, a: SerialLane())
         ref = mpqr.qr(a, method="householder-tiled", precision=precision, mode=mode)
     r, r_ref = (to_numpy(v[1] if mode == "reduced" else v) for v in (out, ref))
     u = unit_roundoff(precision, np.dtype(dt.__name__))
@@ -103,8 +103,12 @@ def test_cupy_lane_has_its_own_stream_and_handle_per_thread():
     from mpqr.backends import cupy_lane
 
     be = get_backend(sys.modules["mpqr._array_api"].array_namespace(cp.zeros(1)))
-    lane = be.update_lane()
-    assert lane is be.update_lane()  # one per thread and device
+    a = cp.zeros((8, 4))
+    lane = be.update_lane(a)
+    assert lane is be.update_lane(a)  # one per thread and device
+    # complex and stacked products keep one queue (cupy.matmul's handle is shared)
+    assert isinstance(be.update_lane(cp.zeros((8, 4), dtype=cp.complex128)), SerialLane)
+    assert isinstance(be.update_lane(cp.zeros((2, 8, 4))), SerialLane)
     main_handle = be._cublas_handle()
     with lane.run_after(lane.mark()):
         assert cp.cuda.get_current_stream().ptr == lane.stream.ptr

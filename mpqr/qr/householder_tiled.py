@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
-from mpqr.backends._base import SerialLane
 from mpqr.policy import gemm
 from mpqr.qr._kernels import ct, eye_like, householder_panel, panel_precision
 
@@ -52,7 +51,7 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     )
 
     xp = backend.xp
-    *batch, m, n = a.shape
+    m, n = a.shape[-2:]
     if nb is None:
         nb = max(PANEL_WIDTH, leaf_width(n))
     if n <= nb and m >= n and not complete:
@@ -93,7 +92,7 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
 
     # look-ahead: the columns past the next panel are updated on the backend's lane while
     # the next panel is factored (its columns are updated first, on the main queue)
-    lane = backend.update_lane() if len(batch) == 0 else SerialLane()
+    lane = backend.update_lane(a)
     with lane.main_stream():
         return _factor(backend, work, a, lane, nb, pp, reflector, apply, want_q=want_q,
                        complete=complete)
