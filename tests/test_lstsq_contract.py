@@ -33,7 +33,7 @@ from tests._support import conditioned_lstsq_problem as _problem
 from tests._support import normal_equation_residual as _metric
 
 EPS64 = np.finfo(np.float64).eps
-#: unit roundoff of each factorization precision (mpqr.lstsq.api._UNIT)
+#: unit roundoff of each factorization precision (mpqr.lstsq.solver.UNIT)
 UNIT = {"fp16": 2.0**-11, "fp32-emulated": 2.0**-24}
 
 

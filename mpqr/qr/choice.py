@@ -1,0 +1,185 @@
+"""How ``qr(method="auto")`` chooses a method, and at which precision it factors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CHOLQR_PRECISIONS",
+    "NATIVE_PRECISIONS",
+    "OWN_PRECISION_CHOLQR",
+    "TALL_RATIO",
+    "choose_method",
+    "factor_precision",
+    "precision_of",
+]
+
+#: ``method="auto"`` takes CholQR2 for single matrices with ``m >= TALL_RATIO * n``
+TALL_RATIO = 16
+#: precisions whose Gram matrix is formed in the working precision (the certificate's
+#: threshold assumes it); fp16 and fp32-emulated run CholQR2 in the input's own instead
+CHOLQR_PRECISIONS = ("auto", "fp32", "fp64", "fp64-emulated")
+#: precisions whose tall-skinny QR runs CholQR2 in the input's own precision instead (its
+#: fp16-based Gram matrices would square the condition number at 11 bits)
+OWN_PRECISION_CHOLQR = ("fp16", "fp32-emulated")
+#: precisions whose engines keep the input's exponent range (native GEMMs, or the INT8
+#: Ozaki engine's exact per-line scaling): no fp16 range to respect, so columns are
+#: scaled only where a Gram matrix or a norm could over- or underflow
+NATIVE_PRECISIONS = ("auto", "fp32", "fp64", "fp64-emulated")
+
+
+def _in_working_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
+    """Whether ``prec_name`` asks for nothing but the input dtype's own arithmetic
+    (fp64-emulated included: it runs native DGEMM wherever emulation does not pay)."""
+    xp = backend.xp
+    double = dtype in (xp.float64, xp.complex128)
+    single = dtype in (xp.float32, xp.complex64)
+    return (prec_name == "auto" or (prec_name in ("fp64", "fp64-emulated") and double)
+            or (prec_name == "fp32" and single))
+
+
+def _own_precision(backend: Any, dtype: Any) -> str:
+    """The precision name of the input dtype's own arithmetic (``fp32`` or ``fp64``)."""
+    xp = backend.xp
+    return "fp32" if dtype in (xp.float32, xp.complex64) else "fp64"
+
+
+def factor_precision(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
+                     batch: int = 1) -> str:
+    """The precision ``qr(method="auto")`` factors an ``m x n`` input at: the input's own
+    (``fp32``/``fp64``) where :func:`choose_method` gives an ``fp16``/``fp32-emulated``
+    request to CholQR2 or the library's QR in it, else ``prec_name``. ``mpqr.lstsq``
+    sizes its rank decisions and Gram route by it."""
+    if prec_name not in OWN_PRECISION_CHOLQR or 0 in (m, n):
+        return prec_name
+    return precision_of(backend, prec_name, dtype,
+                         choose_method(backend, prec_name, dtype, m, n, batch=batch)[0])
+
+
+def precision_of(backend: Any, prec_name: str, dtype: Any, method: str) -> str:
+    """The precision an auto-chosen ``method`` factors a ``prec_name`` request at."""
+    if prec_name in OWN_PRECISION_CHOLQR and method in ("cholqr2", "geqrf"):
+        return _own_precision(backend, dtype)
+    return prec_name
+
+
+def _covers_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
+    """Whether the input dtype's own arithmetic is at least as accurate as ``prec_name``."""
+    xp = backend.xp
+    if dtype in (xp.float64, xp.complex128):
+        return True
+    return dtype in (xp.float32, xp.complex64) and prec_name in ("fp16", "fp32-emulated",
+                                                                 "fp32", "auto")
+
+
+def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
+                  batch: int = 1) -> tuple[str, str]:
+    """``(method, reason)`` for ``method="auto"``.
+
+    A single tall-skinny matrix (``m >= 16 n``) at a working-precision setting
+    takes CholQR2 when the policy runs its Gram product natively or on the
+    fp64-accurate INT8 Ozaki engine: four passes
+    over ``x`` that are all memory-bound GEMM-like sweeps, versus Householder's
+    ``n`` dependent column steps. CholQR2's reach depends on ``cond(x)``, so its
+    second Gram matrix certifies the result (``||Q1^H Q1 - I||_F <= 1/2``) and
+    ``qr`` falls back to ``householder-tiled`` when it does not (explain shows it).
+
+    A single tall-skinny matrix at ``fp16`` or ``fp32-emulated`` takes CholQR2 in the
+    input's own precision (float32: fp32, float64: fp64), which is at least as
+    accurate and an order of magnitude faster than the tensor-core recursion there
+    (its leaf panels factor all ``m`` rows); if the certificate fails,
+    ``qr`` runs what the requested precision would have run otherwise (the recursion
+    where the backend has tensor cores).
+
+    Small tall-skinny matrices in their own working precision, or at ``fp16`` /
+    ``fp32-emulated`` (at most ``backend.library_qr_tall_max`` elements), take
+    ``geqrf`` first: CholQR2's n x n steps cost more than their data.
+
+    Otherwise a single matrix in its own working precision whose top-level update the
+    policy runs natively takes ``geqrf``, the array library's QR (LAPACK, cuSOLVER):
+    mpqr's Householder methods would run the same native GEMMs with more passes.
+
+    Otherwise Leng et al., Algorithm 1:
+
+    A single matrix that is not tall-skinny, of at most ``backend.library_qr_square_max``
+    elements, takes ``geqrf`` in the input's own precision where the recursion below
+    would run, if that precision is at least the one asked for: at that size the
+    recursion's leaf panels and launches cost more than its tensor cores save.
+
+    Recursive Householder when the backend has tensor-core engines and the
+    policy would run this factorization's largest product — the top-level
+    update, ``(n/2) x (n/2)`` with inner dimension ``m`` — on one of them
+    (``fp16``, ``fp32-emulated``, and ``fp64-emulated`` or ``auto`` where the
+    cost model picks the INT8 Ozaki / tc-sgemm engine): their speed depends on
+    shape and the recursion makes the big GEMMs square. Tiled otherwise
+    (native GEMMs are not shape-sensitive). Both are unconditionally stable;
+    SVQR is never chosen automatically.
+    """
+    from mpqr.policy import as_gemm_options, decide
+
+    if (batch == 1 and m >= TALL_RATIO * n and m * n <= backend.library_qr_tall_max
+            and (_in_working_precision(backend, prec_name, dtype)
+                 or prec_name in OWN_PRECISION_CHOLQR)):
+        return ("geqrf",
+                f"small tall-skinny ({m}x{n} <= {backend.library_qr_tall_max} elements) at "
+                f"precision={prec_name!r}: the backend library's QR (LAPACK / cuSOLVER geqrf) "
+                "beats CholQR2, whose n x n steps cost more than the data here (H100, "
+                "2048x128: 1.9 ms against 3.5 ms)")
+    if batch == 1 and m >= TALL_RATIO * n and prec_name in CHOLQR_PRECISIONS:
+        engine = decide(backend, dtype, n, n, m, 1, prec_name, "qr",
+                        as_gemm_options(None)).engine
+        # the INT8 Ozaki engine is fp64-accurate (error <= 2x DGEMM's): its Gram matrix
+        # is as good as a native one (65536 x 4096 fp64-emulated fell to Householder:
+        # 1076 ms against 142 ms for CholQR2 at fp64, H100)
+        if engine.startswith("native") or engine == "ozaki-int8":
+            return ("cholqr2",
+                    f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2, "
+                    "four memory-bound passes over x, certified orthonormal by its second "
+                    "Gram matrix; falls back to householder-tiled if the certificate fails")
+    if batch == 1 and m >= TALL_RATIO * n and prec_name in OWN_PRECISION_CHOLQR:
+        own = _own_precision(backend, dtype)
+        return ("cholqr2",
+                f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2 in the "
+                f"input's own, at least as accurate precision ({own}), four memory-bound "
+                "passes over x, beats the tensor-core recursion, whose leaf panels "
+                "factor all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
+                "65536x4096: 149 against 253 ms); if its certificate fails, what "
+                f"precision={prec_name!r} runs otherwise (the fallback event names it)")
+    # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
+    h = n // 2
+    try:
+        engine = decide(backend, dtype, h, n - h, m, 1, prec_name, "qr",
+                        as_gemm_options(None)).engine
+    except NotImplementedError:  # e.g. complex with an emulated precision: qr() reports it
+        engine = "native"
+    if (batch == 1 and engine.startswith("native")
+            and _in_working_precision(backend, prec_name, dtype)):
+        return ("geqrf",
+                f"precision={prec_name!r} runs every product natively ({engine}) and the "
+                "matrix is not tall-skinny: the backend library's blocked Householder QR "
+                "(LAPACK / cuSOLVER geqrf) does the same work in fewer passes (H100, "
+                "16384^2 fp64: 505 ms against 731 ms for householder-tiled)")
+    if n <= 32:
+        return "householder-tiled", f"n={n} fits one panel: Householder panel QR directly"
+    if "tensor-cores" not in backend.capabilities:
+        return "householder-tiled", "the backend has no tensor-core engines: fixed-width panels"
+    if not engine.startswith("native"):
+        cut = backend.library_qr_square_max_by_precision.get(
+            prec_name, backend.library_qr_square_max)
+        if (batch == 1 and m < TALL_RATIO * n and m * n <= cut
+                and _covers_precision(backend, prec_name, dtype)):
+            return ("geqrf",
+                    f"{m}x{n} <= {cut} elements at "
+                    f"precision={prec_name!r}: the backend library's QR in the input's own, "
+                    "at least as accurate precision beats the tensor-core recursion, whose "
+                    "leaf panels and launches do not amortise at this size (H100, " + (
+                        "8192^2 fp16: 98 ms against 140 ms; from 16384^2 the recursion "
+                        "wins, 371 against 490 ms)" if cut == backend.library_qr_square_max
+                        else f"the {prec_name} recursion was no faster up to this size; "
+                        "fp64-emulated: 0.97x cuSOLVER at 16384^2, 1.01-1.06x from 24576^2)"))
+        return ("householder-recursive",
+                f"precision={prec_name!r} runs the {h}x{n - h}x{m} update on {engine}, a "
+                "tensor-core engine, which is shape-sensitive: recursion gives square GEMMs")
+    return ("householder-tiled",
+            f"precision={prec_name!r} runs native GEMMs ({engine}), which are not "
+            "shape-sensitive: fixed-width panels")

@@ -1,0 +1,241 @@
+"""The QR methods' registry and the driver that runs one: column scaling, wide inputs,
+complete Q from a thin basis, sign normalisation and the fallback of ``auto``."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+from mpqr._array_api import device
+from mpqr._errors import BreakdownError
+from mpqr._gpu_errors import device_errors
+from mpqr.policy import gemm, record_event
+from mpqr.qr._kernels import (
+    column_exponents,
+    ct,
+    eye_like,
+    in_safe_range,
+    normalize_signs,
+    pow2_scale,
+    safe_exponent,
+    scale_columns,
+)
+from mpqr.qr.choice import NATIVE_PRECISIONS, precision_of
+
+__all__ = ["METHODS", "THIN_ONLY", "empty", "register_method", "run"]
+
+def _householder_tiled(backend, a, **kw):
+    from mpqr.qr.householder_tiled import householder_tiled
+
+    return householder_tiled(backend, a, **kw)
+
+
+def _householder_recursive(backend, a, **kw):
+    from mpqr.qr.householder_recursive import householder_recursive
+
+    return householder_recursive(backend, a, **kw)
+
+
+def _gram_schmidt_recursive(backend, a, **kw):
+    from mpqr.qr.gram_schmidt_recursive import gram_schmidt_recursive
+
+    return gram_schmidt_recursive(backend, a, **kw)
+
+
+def _cholqr(name):
+    def run(backend, a, **kw):
+        from mpqr.qr import cholqr as c
+
+        return {"cholqr": c.cholqr, "cholqr2": c.cholqr2,
+                "shifted-cholqr3": c.shifted_cholqr3}[name](backend, a, **kw)
+
+    return run
+
+
+def _geqrf(backend, a, *, precision, prec_name, want_q, complete, overwrite):
+    # the backend library's blocked Householder QR; it runs in the input's precision
+    q, r = backend.library_qr(a, "complete" if complete else ("reduced" if want_q else "r"))
+    return q, r[..., :a.shape[-1], :]  # complete: R's zero rows are added by the caller
+
+
+def _svqr(backend, a, **kw):
+    from mpqr.qr.svqr import svqr
+
+    return svqr(backend, a, **kw)
+
+
+#: method name -> implementation ``f(backend, a, *, precision, prec_name, want_q,
+#: complete, overwrite) -> (Q or None, R)`` for ``m >= n`` (before sign normalisation).
+METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
+    "householder-recursive": _householder_recursive,
+    "householder-tiled": _householder_tiled,
+    "gram-schmidt-recursive": _gram_schmidt_recursive,
+    "cholqr": _cholqr("cholqr"),
+    "cholqr2": _cholqr("cholqr2"),
+    "shifted-cholqr3": _cholqr("shifted-cholqr3"),
+    "svqr": _svqr,
+    "geqrf": _geqrf,
+}
+
+#: methods that build an orthonormal basis of the columns only (no complete Q).
+THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-cholqr3",
+                        "svqr"}
+
+
+#: methods whose R has a real, positive diagonal by construction (Cholesky factors and
+#: their products): no sign test (a reduction and a host sync; its removal measured
+#: within run-to-run noise on an H100, `python -m mpqr bench qr`) and no pass over Q
+_POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3"})
+
+
+def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
+                    thin_only: bool = False) -> None:
+    """Add a QR method to :data:`METHODS` (used by the method modules)."""
+    METHODS[name] = func
+    if thin_only:
+        THIN_ONLY.add(name)
+
+
+def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_name: str,
+        want_q: bool, complete: bool, overwrite: bool) -> tuple[Any, Any]:
+    """Factor ``a`` (any shape, stacks too) with ``method``; ``(Q or None, R)``, signs
+    normalised. ``auto``: ``method`` was chosen by :func:`~mpqr.qr.choice.choose_method`,
+    so a CholQR breakdown falls back to Householder (recorded) instead of raising."""
+    *batch, m, n = a.shape
+    if m == 0 or n == 0 or math.prod(batch) == 0:
+        return empty(backend.xp, a, want_q=want_q, complete=complete)
+
+    kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
+              overwrite=overwrite)
+    fallback, fallback_kw = "householder-tiled", kw
+    own = precision_of(backend, prec_name, a.dtype, method) if auto else prec_name
+    if own != prec_name:
+        # the input's own precision (choose_method says why): no scaling pass for an fp16
+        # range it will not use; CholQR2's fallback is what the requested precision would
+        # have run without the tall-skinny rule
+        kw = {**kw, "precision": own, "prec_name": own}
+        if n > 32 and "tensor-cores" in backend.capabilities:
+            fallback = "householder-recursive"
+    # auto's CholQR2 checks the range itself (its Gram diagonal holds the squared column
+    # norms: overflow or underflow raise BreakdownError), so the pass computing column
+    # maxima is saved; the fallback below scales as usual
+    unscaled = auto and method == "cholqr2" and kw["prec_name"] in NATIVE_PRECISIONS
+    with device_errors(backend, "mpqr.qr"):
+        try:
+            with backend.ignore_fp_warnings() if unscaled else contextlib.nullcontext():
+                q, r = factor_any(backend, method, a, scale=not unscaled, **kw)
+        except BreakdownError as exc:
+            if not auto:
+                raise
+            record_event("fallback", f"qr: {method} broke down (estimated cond(x) >= "
+                         f"{exc.cond_estimate:.2e}); falling back to {fallback} at "
+                         f"precision={prec_name!r}", method=method, fallback=fallback,
+                         cond_estimate=exc.cond_estimate, reason=str(exc))
+            q, r = factor_any(backend, fallback, a, **fallback_kw)
+    return q, r
+
+
+def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
+            want_q: bool, complete: bool, overwrite: bool, scale: bool = True
+            ) -> tuple[Any, Any]:
+    """Run one method on any shape; returns sign-normalised ``(Q or None, R)``.
+
+    Columns are first scaled by exact powers of two (see
+    :func:`~mpqr.qr._kernels.scale_columns`) and R's columns unscaled at the end;
+    at native precisions only when some column's magnitude could over- or
+    underflow a Gram matrix or a norm (the scaling pass costs a read and a write
+    of ``x``).
+    """
+    only_if_needed = prec_name in NATIVE_PRECISIONS
+    if scale and only_if_needed and method == "geqrf":
+        # The library's QR is queued first and the range checked after it, so one host
+        # sync serves both (on a GPU the check alone cost ~0.3 ms per call before the
+        # QR could start). Out of range (rare): the unscaled result is dropped and the
+        # scaled path below runs, as it would have at once.
+        with backend.ignore_fp_warnings():
+            q, r = _factor_scaled(backend, method, a, precision=precision,
+                                  prec_name=prec_name, want_q=want_q, complete=complete,
+                                  overwrite=False, check_signs=False)
+            e = column_exponents(backend, a)
+        if in_safe_range(backend.xp, a, e, single=prec_name == "fp32"):
+            return q, r
+        del q, r
+        lim = safe_exponent(backend.xp, a, single=prec_name == "fp32")
+        record_event("scale", f"qr: a column's largest entry is above 2^{lim} or below "
+                     f"2^-{lim}: the library's QR runs again on columns scaled by powers "
+                     "of two", method=method)
+    a2, e = scale_columns(backend, a, only_if_needed=only_if_needed,
+                          single=prec_name == "fp32") if scale else (a, None)
+    q, r = _factor_scaled(backend, method, a2, precision=precision, prec_name=prec_name,
+                          want_q=want_q, complete=complete,
+                          overwrite=overwrite or a2 is not a,  # a scaled copy is ours
+                          check_signs=method != "geqrf")
+    return q, (r if e is None else pow2_scale(backend, r, e))
+
+
+def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,
+                   want_q: bool, complete: bool, overwrite: bool, check_signs: bool = True
+                   ) -> tuple[Any, Any]:
+    """One method on the (scaled) input, signs normalised; ``check_signs=False`` for
+    the library's QR, whose diagonal signs are mixed (see ``normalize_signs``)."""
+    xp = backend.xp
+    func = METHODS[method]
+    *batch, m, n = a.shape
+
+    def signs(q: Any, r: Any) -> tuple[Any, Any]:
+        if method in _POSITIVE_DIAGONAL:
+            return q, r
+        return normalize_signs(xp, q, r, check=check_signs)
+
+    if m < n:
+        # wide: factor the leading m x m block, then R2 = Q^H A2
+        q, r1 = signs(*func(backend, a[..., :, :m], precision=precision,
+                            prec_name=prec_name, want_q=True, complete=False,
+                            overwrite=False))
+        r2 = gemm(ct(xp, q), a[..., :, m:], precision=precision, label="qr-wide-QhA2",
+                  backend=backend)
+        return q, xp.concat([r1, r2], axis=-1)
+    if complete and method in THIN_ONLY:
+        q, r = _complete_from_thin(backend, func, a, precision, prec_name)
+    else:
+        q, r = func(backend, a, precision=precision, prec_name=prec_name, want_q=want_q,
+                    complete=complete, overwrite=overwrite)
+    if complete and m > n:
+        r = xp.concat([r, xp.zeros((*batch, m - n, n), dtype=r.dtype, device=device(r))],
+                      axis=-2)
+    return signs(q, r)
+
+
+def empty(xp: Any, a: Any, *, want_q: bool, complete: bool) -> tuple[Any, Any]:
+    """``(Q or None, R)`` of an input with no rows, no columns or an empty stack."""
+    *batch, m, n = a.shape
+    k = min(m, n)
+    dev = device(a)
+    if complete:
+        q = eye_like(xp, tuple(batch), m, m, a.dtype, dev) if math.prod(batch) else \
+            xp.zeros((*batch, m, m), dtype=a.dtype, device=dev)
+        return q, xp.zeros((*batch, m, n), dtype=a.dtype, device=dev)
+    r = xp.zeros((*batch, k, n), dtype=a.dtype, device=dev)
+    if not want_q:
+        return None, r
+    return xp.zeros((*batch, m, k), dtype=a.dtype, device=dev), r
+
+
+def _complete_from_thin(backend: Any, func: Callable[..., Any], a: Any, precision: Any,
+                        prec_name: str) -> tuple[Any, Any]:
+    """Complete Q for methods that only give an orthonormal basis of the columns.
+
+    Factor ``[Q1 | 0]`` completed by Householder: the complement of ``Q1`` comes
+    from the complete Householder QR of ``Q1`` itself.
+    """
+    from mpqr.qr.householder_tiled import householder_tiled
+
+    xp = backend.xp
+    q1, r = func(backend, a, precision=precision, prec_name=prec_name, want_q=True,
+                 complete=False, overwrite=False)
+    qc, _ = householder_tiled(backend, q1, precision=precision, prec_name=prec_name,
+                              want_q=True, complete=True)
+    n = a.shape[-1]
+    return xp.concat([q1, qc[..., :, n:]], axis=-1), r
