@@ -282,7 +282,7 @@ class ArrayAPIBackend:
     #: CholQR2 on a 2-D float64 input at most this wide does not store ``Q1 = A R1^-1``:
     #: :meth:`right_solve_gram` gives its Gram matrix in the solve's pass and
     #: :meth:`right_solve_twice` the final Q from A (two passes over A fewer; None: never).
-    #: H100, fp64, fused vs stored, same process (session 12's kernels): 2^24 x 32
+    #: H100, fp64, fused vs stored, same process: 2^24 x 32
     #: 10.4-10.5 vs 11.4 ms (mode "r" 5.8-5.9 vs 8.1), 2^24 x 16 5.1 vs 6.1, 2^22 x 32
     #: a tie at 4.0 (the fused kernels' width limit is 32). Every backend uses the
     #: GPU's value so CI runs that path.

@@ -177,9 +177,10 @@ class CupyBackend(ArrayAPIBackend):
     #: fp32-emulated 131, fp64-emulated 114 against 98; at 16384^2 371 / 400 / 509
     #: against 490): a cut between the two measured sizes
     library_qr_square_max = 2**27
-    #: fp64-emulated's recursion against cuSOLVER's float64 QR (H100, session 14, one
-    #: process): 16384^2 0.97x, 24576^2 1.01x, 32768^2 1.04x, 65536 x 8192 1.06x; it
-    #: lost at 16384^2 in every session since 6 (509-535 ms against 490-513)
+    #: fp64-emulated's recursion against cuSOLVER's float64 QR (H100, one process,
+    #: ``python -m mpqr bench qr --precisions fp64-emulated --shapes 16384x16384,...``):
+    #: 16384^2 0.97x (509-535 ms against 490-513 over repeated runs), 24576^2 1.01x,
+    #: 32768^2 1.04x, 65536 x 8192 1.06x
     library_qr_square_max_by_precision = MappingProxyType({"fp64-emulated": 2**28})
 
     def small(self, x):
@@ -203,7 +204,7 @@ class CupyBackend(ArrayAPIBackend):
     def host_blas_scope(self):
         # Host BLAS on one thread during a call: its host work is the n x n steps of
         # small() (n <= 128), where OpenBLAS's thread wake-ups cost more than the work
-        # (H100 host, 16 cores: qr of 2048x128 16-20 ms -> 5.4 ms; bench/NOTES.md, session 6).
+        # (H100 host, 16 cores: qr of 2048x128 16-20 ms -> 5.4 ms).
         return _host_blas_one_thread()
 
     def from_small(self, x, like):
@@ -383,7 +384,7 @@ class CupyBackend(ArrayAPIBackend):
     #: costs ~0.3 ms per 32 columns at 8192 rows, ~0.6 at 16384 and ~0.9 at 65536. H100,
     #: recursion at 65536 x 4096 fp64-emulated: 218-241 ms against 263-293 with geqrf
     #: leaves on three machines; float32 (fp16, fp32-emulated) won on some machines and
-    #: lost by up to 20% on others (bench/NOTES.md, session 13): those keep geqrf.
+    #: lost by up to 20% on others: those keep geqrf.
     panel_block = 32
     panel_block_min_rows = 2**15
     panel_block_dtypes = ("float64",)

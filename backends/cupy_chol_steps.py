@@ -4,8 +4,8 @@
 checks of :mod:`mpqr.qr.cholqr` read, all on the device and without a host sync, so
 that a pass reads them back once instead of moving ``G`` to the host, factoring it there
 and moving ``X`` back (about 0.5 ms of GPU idle time per pass at 2^22 x 64, H100,
-bench/NOTES.md session 14). Compiled on first use for the device's architecture and
-cached by CuPy.
+``python -m mpqr bench qr --shapes 4194304x64 --precisions fp64``). Compiled on first use
+for the device's architecture and cached by CuPy.
 """
 
 from __future__ import annotations

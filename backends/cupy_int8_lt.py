@@ -3,9 +3,9 @@
 Why: for the engine's strided-batched "TN" int8 products (both operands k-major,
 int32 out) ``cublasGemmStridedBatchedEx`` and cuBLASLt's first heuristic choice run
 a kernel that another of the heuristic's candidates beats by 1.2-1.4x on an H100
-(15 planes of 16384^3: 113 -> 92 ms; of 8192^3: 15.5 -> 11.1 ms; bench/NOTES.md,
-session 6). Which candidate wins changes with the shape and the number of planes, so
-it is measured, not guessed.
+(15 planes of 16384^3: 113 -> 92 ms; of 8192^3: 15.5 -> 11.1 ms; ``python -m mpqr bench
+gemm --shapes 16384x16384x16384``). Which candidate wins changes with the shape and the
+number of planes, so it is measured, not guessed.
 
 CuPy binds cuBLAS but not cuBLASLt, so the handful of entry points used here are
 declared with ctypes against the ``libcublasLt`` that CuPy's cuBLAS loads.

@@ -7,7 +7,7 @@ LU of Q's top ``n x n`` block. The base backend's recursion by halves
 and blocks of at most :data:`BLOCK` run in one thread block (``kernels/lu_signed.cu``),
 compiled on first use and cached by CuPy. H100, float64, against the host round trip
 of the NumPy backend (with the host's default BLAS threads): n = 64 0.33 vs 1.9 ms,
-128 0.79 vs 3.3, 512 3.1 vs 33 (bench/NOTES.md, session 10).
+128 0.79 vs 3.3, 512 3.1 vs 33.
 
 :func:`reconstruct` makes the whole reconstruction of a panel of at most :data:`PANEL`
 columns (``Y``, ``W = Y T``, ``tau``, ``diag(s) R``) in one launch

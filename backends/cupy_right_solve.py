@@ -26,9 +26,9 @@ MAX_N = 64
 #: widest float64 A of the fused Gram kernel (a warp's share of G's 8 x 8 tiles stays small)
 GRAM_MAX_N = 32
 _GRAM_ROWS = 128
-# blocks per SM asked of the register allocator (H100, 2^24 x 32, bench/NOTES.md session
-# 12: the Gram kernel 2.54 ms at 3, 2.70 at 1; the two-solve kernel 4.6 ms at 1 or 2); the
-# double-buffered tiles leave room for at most 3 and 2
+# blocks per SM asked of the register allocator (H100, 2^24 x 32, ``python -m mpqr bench qr
+# --shapes 16777216x32 --precisions fp64``: the Gram kernel 2.54 ms at 3, 2.70 at 1; the
+# two-solve kernel 4.6 ms at 1 or 2); the double-buffered tiles leave room for at most 3 and 2
 _GRAM_MINB = 3
 _TWICE_MINB = 1
 _SOURCE = Path(__file__).resolve().parent / "kernels" / "right_solve.cu"

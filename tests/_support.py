@@ -106,6 +106,6 @@ def conditioned_lstsq_problem(m: int, n: int, kappa: float, seed: int):
 
 
 def normal_equation_residual(a, b, x) -> float:
-    """``||A^T (b - A x)|| / (||A||^2 ||x||)``: issue #5's accuracy measure of lstsq."""
+    """``||A^T (b - A x)|| / (||A||^2 ||x||)``: the accuracy measure of lstsq."""
     r = b - a @ x
     return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))

@@ -143,7 +143,7 @@ DOCTEST_MODULES = [
 def test_doctests(modname):
     try:
         mod = importlib.import_module(modname)
-    except ImportError as exc:  # a module another issue has not landed yet
+    except ImportError as exc:  # an optional module not installed
         pytest.skip(f"{modname} not importable: {exc}")
     finder = doctest.DocTestFinder(exclude_empty=True)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -2,7 +2,7 @@
 
 The measure is the normal-equation backward error
 ``||A^T (b - A x)|| / (||A||^2 ||x||)``, compared with SciPy's gelsd on the
-same float64 problem (within 10x, as the issue asks).
+same float64 problem (within 10x).
 """
 
 from __future__ import annotations

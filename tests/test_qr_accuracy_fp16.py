@@ -1,4 +1,4 @@
-"""The fp16 Householder QR meets the TC-QR accuracy table (issue #4).
+"""The fp16 Householder QR meets the TC-QR accuracy table.
 
 Leng et al. (TPDS'25, Table IV) report, for FP16 at 1024 x 1024, a backward
 error ``||A - QR||_F / ||A||_F`` of about 5e-4 and an orthogonality

@@ -7,7 +7,8 @@
 // fetches two entries of a column of R; every thread reads the same address (an L1
 // broadcast). The division by r_jj is a multiplication by its reciprocal (dinv): one
 // more rounding, inside the row-wise backward-error bound. MINB (blocks per SM asked
-// of the register allocator) was picked by measurement (H100, bench/NOTES.md): 3 for
+// of the register allocator) was picked by measurement (H100, `python -m mpqr bench qr
+// --shapes 16777216x32 --precisions fp64`): 3 for
 // float64, none for float32; the right-looking order of the same sums was slower.
 
 template <typename T> struct Pair;
@@ -15,7 +16,7 @@ template <> struct Pair<double> { using type = double2; };
 template <> struct Pair<float> { using type = float2; };
 
 // x <- x R^{-1} for one row held in registers (rt, dinv as above). (Splitting each sum
-// into two FMA chains did not speed it up: H100, 2^24 x 32, bench/NOTES.md session 11.)
+// into two FMA chains did not speed it up: H100, 2^24 x 32.)
 template <typename T, int N>
 __device__ __forceinline__ void solve_row(T (&x)[N], const T* __restrict__ rt,
                                           const T* __restrict__ dinv) {
@@ -112,8 +113,8 @@ __device__ __forceinline__ void dmma(double (&c)[2], double av, double bv) {
 
 // The tile's elements are fetched by cp.async (8 bytes each, so the swizzle above is
 // kept; zero-filled past m and past N): the loads of the next tile fly while the block
-// solves the current one, without holding registers (a register prefetch spilled,
-// bench/NOTES.md session 11). Commit and wait as for any cp.async group.
+// solves the current one, without holding registers (a register prefetch spilled).
+// Commit and wait as for any cp.async group.
 template <int N, int ROWS>
 __device__ __forceinline__ void load_tile_async(double* tile, const double* __restrict__ a,
                                                 long long lda, long long row0, int rows) {

@@ -90,7 +90,7 @@ __all__ = ["GUARD_BITS", "MAX_SPREAD", "line_stats", "ozaki_params", "ozaki_pred
 
 #: bits beyond float64's 53 kept per operand (before the k credit) when N is automatic;
 #: 2 gives 15 moduli for dense k = 1024..65536 with a max error 0.15-0.9x DGEMM's (CPU,
-#: exact reference; 4 gave 16 moduli at 0.08-0.22x), inside the 2x the issue allows
+#: exact reference; 4 gave 16 moduli at 0.08-0.22x), within 2x of DGEMM's error
 GUARD_BITS = 2
 #: at most this many extra bits are spent on a line's spread of magnitudes
 MAX_SPREAD = 8

@@ -9,7 +9,7 @@ the precision policy on column views of ``A`` (no copies where the backend's
 GEMM takes strided operands), and every entry is the same dot product as in
 the full GEMM, so the accuracy is the full GEMM's; the result is exactly
 Hermitian. cuBLAS's syrk, which also halves the flops, is not built for
-``k >> n`` (bench/NOTES.md: 3x slower than the GEMM at 2^20 x 256).
+``k >> n`` (H100: 3x slower than the GEMM at 2^20 x 256).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Leaf panels factored in narrow sub-panels: right-looking blocked Householder QR.
 
 On a GPU, LAPACK-style ``geqrf`` spends a fixed latency on every column (cuSOLVER: about
-11 us per column at any panel width, H100; ``bench/NOTES.md``, session 9), which bounds the
+11 us per column at any panel width, H100), which bounds the
 recursive QR of square matrices. Here an ``m x k`` leaf is factored in sub-panels of
 ``block`` columns, left to right. Each sub-panel goes to the backend's
 :meth:`~mpqr.backends._base.ArrayAPIBackend.reconstruct_panel`: an explicit QR of the

@@ -135,7 +135,7 @@ def break_even(xp: Any, sizes: tuple[int, ...] = BREAK_EVEN_SIZES) -> dict[str, 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench gemm", description=__doc__)
     p.add_argument("--shapes", default=None,
-                   help="comma list of MxNxK (default: the issue's GPU shapes, small on CPU)")
+                   help="comma list of MxNxK (default: the standard GPU shapes, small on CPU)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--samples", type=int, default=64, help="output entries checked exactly")
     p.add_argument("--slice-sweep", default="", help="comma list of tc-sgemm slice_k to try")

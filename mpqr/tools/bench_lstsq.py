@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench lstsq", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true", help="NumPy backend, small default shapes")
-    p.add_argument("--shapes", help="comma-separated MxN list (default: the issue's shapes)")
+    p.add_argument("--shapes", help="comma-separated MxN list (default: the standard shapes)")
     p.add_argument("--configs", help="comma-separated precision/refine/driver list, e.g. "
                    "fp16/cgls/gelsy,auto/auto/gelsd (refine 'none' for the direct answer)")
     p.add_argument("--repeat", type=int, default=5)

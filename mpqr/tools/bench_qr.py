@@ -37,7 +37,7 @@ ENGINE_RATE = {"fp16": 690e12, "fp32-emulated": 230e12, "fp32": 50e12,
 
 def copy_bandwidth(xp) -> float:
     """Device-copy rate (bytes read + written per second) measured in this process: the
-    memory floor's denominator (the issue's anchor, 4.1 TB/s, is an H200's)."""
+    memory floor's denominator (an H100 reads ~3 TB/s, an H200 ~4.1)."""
     n = 2**27 if is_cupy(xp) else 2**23  # 1 GiB on the GPU
     x = xp.ones(n, dtype=xp.float64)
     y = xp.empty_like(x)
@@ -174,7 +174,7 @@ def plot(payload: dict[str, Any], path: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench qr", description=__doc__)
     p.add_argument("--shapes", default=None,
-                   help="comma list of MxN or BxMxN (default: the issue's GPU shapes)")
+                   help="comma list of MxN or BxMxN (default: the standard GPU shapes)")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
     p.add_argument("--modes", default="reduced,r")
     p.add_argument("--repeat", type=int, default=3)
