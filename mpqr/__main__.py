@@ -1,8 +1,13 @@
-"""Command line: ``python -m mpqr demo`` and ``python -m mpqr bench {gemm,...}``."""
+"""Command line: ``python -m mpqr demo`` and ``python -m mpqr bench [TOPIC] ...``.
+
+``python -m mpqr bench`` alone lists the benchmarks; ``python -m mpqr bench TOPIC -h``
+shows one's options. Each writes ``--json PATH`` and ``--png PATH``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 
@@ -16,14 +21,18 @@ def main(argv: list[str] | None = None) -> int:
         from mpqr.tools.demo import main as demo
 
         return demo(args.rest)
-    benches = {"gemm": "mpqr.tools.bench_gemm", "accuracy": "mpqr.tools.bench_accuracy",
-               "qr": "mpqr.tools.bench_qr", "lstsq": "mpqr.tools.bench_lstsq"}
-    if not args.rest or args.rest[0] not in benches:
-        p.error(f"bench needs one of {', '.join(benches)}; got {args.rest[:1] or 'nothing'}")
-    import importlib
-
-    mod = importlib.import_module(benches[args.rest[0]])
-    return mod.main(args.rest[1:])
+    # the one registry of benchmarks: topic -> module with main(argv)
+    benches = {"gemm": "mpqr.tools.bench_gemm", "qr": "mpqr.tools.bench_qr",
+               "lstsq": "mpqr.tools.bench_lstsq", "accuracy": "mpqr.tools.bench_accuracy"}
+    if not args.rest:
+        print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
+        for topic, modname in benches.items():
+            doc = (importlib.import_module(modname).__doc__ or "").strip().splitlines()
+            print(f"  {topic:<10} {doc[0] if doc else ''}")
+        return 0
+    if args.rest[0] not in benches:
+        p.error(f"bench needs one of {', '.join(benches)}; got {args.rest[0]!r}")
+    return importlib.import_module(benches[args.rest[0]]).main(args.rest[1:])
 
 
 if __name__ == "__main__":

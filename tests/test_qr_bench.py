@@ -1,10 +1,15 @@
-"""The accuracy bench script at a tiny size: the table it writes is consistent."""
+"""The bench command line at tiny sizes: the accuracy table it writes is consistent, every
+topic writes its JSON and its PNG chart (or says why not), and ``bench`` alone lists them."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
+import pytest
+
+from mpqr.__main__ import main as mpqr_main
 
 from mpqr.tools import bench_accuracy
 
@@ -28,3 +33,43 @@ def test_matrix_kinds_have_the_requested_condition():
     for kind in ("arithmetic", "geometric"):
         a = bench_accuracy.make_matrix(kind, 80, 40, 1e4, rng)
         assert abs(np.linalg.cond(a) / 1e4 - 1) < 1e-8
+
+
+# --- the bench command line: one registry, JSON and PNG from every topic --------------
+TINY = {"gemm": ["--cpu", "--shapes", "64x48x32", "--repeat", "1"],
+        "qr": ["--cpu", "--shapes", "96x24", "--precisions", "fp64", "--modes", "reduced",
+               "--repeat", "1"],
+        "lstsq": ["--cpu", "--shapes", "120x10", "--configs", "auto/auto/gelsd",
+                  "--repeat", "1"],
+        "accuracy": ["--cpu", "--n", "16", "--m", "32", "--precisions", "fp64",
+                     "--methods", "householder-tiled", "--kinds", "normal"]}
+
+
+def test_bench_without_topic_lists_the_registry(capsys):
+    assert mpqr_main(["bench"]) == 0
+    out = capsys.readouterr().out
+    for topic in TINY:
+        assert f"\n  {topic} " in out, out
+
+
+def test_bench_unknown_topic_names_the_choices(capsys):
+    with pytest.raises(SystemExit):
+        mpqr_main(["bench", "nope"])
+    assert "bench needs one of gemm, qr, lstsq, accuracy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("with_matplotlib", [True, False])
+@pytest.mark.parametrize("topic", sorted(TINY))
+def test_bench_writes_json_and_png(topic, with_matplotlib, tmp_path, capsys, monkeypatch):
+    if with_matplotlib:
+        pytest.importorskip("matplotlib")
+    else:
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if absent
+    js, png = tmp_path / f"{topic}.json", tmp_path / f"{topic}.png"
+    assert mpqr_main(["bench", topic, *TINY[topic], "--json", str(js), "--png", str(png)]) == 0
+    assert json.loads(js.read_text())["environment"]["backend"] == "numpy"
+    out = capsys.readouterr().out
+    if with_matplotlib:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    else:
+        assert not png.exists() and "matplotlib not installed" in out

@@ -1,4 +1,6 @@
-"""Accuracy table of the QR methods (``python -m mpqr bench accuracy``).
+"""QR accuracy table: backward error and orthogonality per method and precision.
+
+``python -m mpqr bench accuracy``.
 
 For each matrix kind (uniform(0,1), standard normal, singular values spaced
 arithmetically and geometrically with condition number ``--cond``), method
@@ -22,9 +24,10 @@ import numpy as np
 
 import mpqr
 from mpqr.backends import get_backend
+from mpqr.tools._charts import grouped_bars
 from mpqr.tools._timing import default_xp, environment, write_json
 
-__all__ = ["main", "make_matrix", "measure", "run"]
+__all__ = ["main", "make_matrix", "measure", "plot", "run"]
 
 KINDS = ("uniform", "normal", "arithmetic", "geometric")
 METHODS = ("householder-recursive", "householder-tiled", "gram-schmidt-recursive")
@@ -113,12 +116,28 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot(payload: dict[str, Any], path: str) -> bool:
+    """Largest backward error over the matrix kinds, per method and precision, as a PNG
+    (a method that broke down at a precision has no bar)."""
+    rows = [r for r in payload["rows"] if "error" not in r]
+    methods = list(dict.fromkeys(r["method"] for r in payload["rows"]))
+    precs = list(dict.fromkeys(r["precision"] for r in payload["rows"]))
+    series = {p: [max((r["backward_error"] for r in rows
+                       if r["method"] == m and r["precision"] == p), default=None)
+                  for m in methods] for p in precs}
+    env = payload.get("environment", {})
+    return grouped_bars(path, methods, series, ylabel="max ‖A − QR‖_F / ‖A‖_F",
+                        title=f"mpqr.qr accuracy, {payload['m']} x {payload['n']} "
+                              f"{payload['dtype']} — {env.get('device')} {env.get('date')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m mpqr bench accuracy [--n 1024] [--json PATH] ...``; returns 0."""
     p = argparse.ArgumentParser(prog="python -m mpqr bench accuracy", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("json_path", nargs="?", default=None, help="write the table as JSON here")
     p.add_argument("--json", default=None, help="same as the positional path")
+    p.add_argument("--png", default=None, help="draw the errors here (needs matplotlib)")
     p.add_argument("--m", type=int, default=None, help="rows (default: --n)")
     p.add_argument("--n", type=int, default=1024, help="columns (default 1024)")
     p.add_argument("--cond", type=float, default=1e4)
@@ -140,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                  cond=args.cond, seed=args.seed, cond_sweep=args.cond_sweep, dtype=args.dtype)
     print(format_table(result))
     path = args.json or args.json_path
+    payload = {"environment": environment(lib), **result}
     if path:
-        write_json(path, {"environment": environment(lib), **result})
+        write_json(path, payload)
+    if args.png:
+        plot(payload, args.png)
     ok = all("error" in r or math.isfinite(r["backward_error"]) for r in result["rows"])
     return 0 if ok else 1

@@ -1,4 +1,6 @@
-"""``python -m mpqr bench gemm``: TFLOP/s and error of each GEMM engine.
+"""GEMM engines: TFLOP/s and error of each precision setting.
+
+``python -m mpqr bench gemm``.
 
 Error is max_ij |C - AB|_ij / (|A||B|)_ij over a random sample of output
 entries, each computed exactly on the host (exact products, ``math.fsum``),
@@ -15,6 +17,7 @@ import numpy as np
 
 import mpqr
 from mpqr.backends import get_backend
+from mpqr.tools._charts import grouped_bars
 from mpqr.tools._timing import default_xp, environment, time_it, to_host, write_json
 
 GPU_SHAPES = [(8192, 8192, 8192), (16384, 16384, 16384), (2**20, 512, 512), (512, 512, 2**20)]
@@ -132,6 +135,19 @@ def break_even(xp: Any, sizes: tuple[int, ...] = BREAK_EVEN_SIZES) -> dict[str, 
     return {"first_ozaki_n": first, "rates": dict(backend.rates()), "sizes": rows}
 
 
+def plot(payload: dict[str, Any], path: str) -> bool:
+    """TFLOP/s of each precision setting per shape (default engine knobs) as a PNG."""
+    rows = [r for r in payload["results"] if "tflops" in r and "=" not in str(r["config"])]
+    shapes = list(dict.fromkeys("x".join(map(str, r["shape"])) for r in rows))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    series = {c: [next((r["tflops"] for r in rows if r["config"] == c
+                        and "x".join(map(str, r["shape"])) == s), None) for s in shapes]
+              for c in configs}
+    env = payload["environment"]
+    return grouped_bars(path, shapes, series, ylabel="TFLOP/s",
+                        title=f"mpqr.matmul — {env.get('device')} {env.get('date')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench gemm", description=__doc__)
     p.add_argument("--shapes", default=None,
@@ -141,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slice-sweep", default="", help="comma list of tc-sgemm slice_k to try")
     p.add_argument("--ozaki-terms", default="", help="comma list of Ozaki term counts to try")
     p.add_argument("--json", default=None, help="write results here")
+    p.add_argument("--png", default=None, help="draw the rates here (needs matplotlib)")
     p.add_argument("--cpu", action="store_true", help="force the NumPy backend")
     p.add_argument("--tune", action="store_true",
                    help="run mpqr.tune() first (measured rates for the cost model) and "
@@ -161,4 +178,6 @@ def main(argv: list[str] | None = None) -> int:
               ozaki_terms=terms)
     out["break_even"] = break_even(xp)
     write_json(args.json, out)
+    if args.png:
+        plot(out, args.png)
     return 0

@@ -1,4 +1,4 @@
-"""Least-squares benchmark: mpqr.lstsq against cuSOLVER's routes.
+"""Least squares: mpqr.lstsq against cuSOLVER's routes, time and residual.
 
 ``python -m mpqr bench lstsq [--cpu] [--shapes 1048576x256,...] [--json PATH]``
 
@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from mpqr.tools._charts import grouped_bars
 from mpqr.tools._timing import default_xp, environment, is_cupy, release_pool, time_it, write_json
 
-__all__ = ["main"]
+__all__ = ["main", "plot"]
 
 GPU_SHAPES = [(2**20, 256), (65536, 2048), (2**22, 64)]
 CPU_SHAPES = [(2**14, 64), (4096, 256)]
@@ -161,6 +162,18 @@ def _print(res: dict[str, Any]) -> None:
               f" {row['residual']:10.2e}  {note}")
 
 
+def plot(payload: dict[str, Any], path: str) -> bool:
+    """Speed-up of each method over the QR route per shape as a PNG."""
+    res = payload["results"]
+    shapes = [f"{r['m']}x{r['n']}" for r in res]
+    methods = list(dict.fromkeys(k for r in res for k in r["results"] if k != "qr"))
+    series = {k: [r["results"].get(k, {}).get("speedup_vs_qr") for r in res] for k in methods}
+    env = payload["environment"]
+    return grouped_bars(path, shapes, series, reference=1.0,
+                        ylabel="speed-up over the QR route (float64)",
+                        title=f"mpqr.lstsq — {env.get('device')} {env.get('date')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench lstsq", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                    "fp16/cgls/gelsy,auto/auto/gelsd (refine 'none' for the direct answer)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json", help="write the results as JSON to this path")
+    p.add_argument("--png", help="draw the speed-ups here (needs matplotlib)")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
     shapes = _parse_shapes(args.shapes) if args.shapes else (
@@ -182,5 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         res = bench_shape(xp, m, n, configs, args.repeat)
         _print(res)
         results.append(res)
-    write_json(args.json, {"benchmark": "lstsq", "environment": env, "results": results})
+    payload = {"benchmark": "lstsq", "environment": env, "results": results}
+    write_json(args.json, payload)
+    if args.png:
+        plot(payload, args.png)
     return 0

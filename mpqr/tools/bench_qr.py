@@ -1,4 +1,6 @@
-"""``python -m mpqr bench qr``: mpqr.qr against cuSOLVER (``cupy.linalg.qr``).
+"""QR: mpqr.qr against cuSOLVER (``cupy.linalg.qr``), time and errors.
+
+``python -m mpqr bench qr``.
 
 For every shape and precision: median time over repeats (CUDA events, after a
 warm-up, fresh random normal data), TFLOP/s (LAPACK flop counts), speed-up over
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 import mpqr
+from mpqr.tools._charts import grouped_bars
 from mpqr.tools._timing import (
     default_xp,
     environment,
@@ -140,35 +143,18 @@ def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float) -> di
     return {"environment": {**environment(xp), "copy_bandwidth": bandwidth}, "results": rows}
 
 
-def plot(payload: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no chart")
-        return
+def plot(payload: dict[str, Any], path: str) -> bool:
+    """Speed-up over cuSOLVER per shape and precision (mode reduced) as a PNG."""
     rows = [r for r in payload["results"] if r.get("mode") == "reduced"
             and "speedup_vs_cusolver" in r]
-    shapes = sorted({r["shape"] for r in rows}, key=lambda s: [r["shape"] for r in rows].index(s))
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
     precs = [p for p in PRECISIONS if any(r["precision"] == p for r in rows)]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    w = 0.8 / max(1, len(precs))
-    for i, p in enumerate(precs):
-        vals = [next((r["speedup_vs_cusolver"] for r in rows if r["shape"] == s
-                      and r["precision"] == p), 0.0) for s in shapes]
-        ax.bar(np.arange(len(shapes)) + i * w, vals, w, label=p)
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(np.arange(len(shapes)) + w * (len(precs) - 1) / 2, shapes, rotation=15)
-    ax.set_ylabel("speed-up over cupy.linalg.qr (same dtype)")
+    series = {p: [next((r["speedup_vs_cusolver"] for r in rows if r["shape"] == s
+                        and r["precision"] == p), None) for s in shapes] for p in precs}
     env = payload["environment"]
-    ax.set_title(f"mpqr.qr, mode=reduced — {env.get('device')} {env.get('date')}")
-    ax.set_yscale("log")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    return grouped_bars(path, shapes, series, reference=1.0,
+                        ylabel="speed-up over cupy.linalg.qr (same dtype)",
+                        title=f"mpqr.qr, mode=reduced — {env.get('device')} {env.get('date')}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=20.0, help="time cap per config")
     p.add_argument("--json", default=None)
-    p.add_argument("--png", default=None)
+    p.add_argument("--png", default=None,
+                   help="draw the speed-ups here (needs matplotlib)")
     p.add_argument("--cpu", action="store_true")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
