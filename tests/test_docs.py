@@ -4,7 +4,8 @@
   numbers are checked against LAPACK references with tolerances derived from
   the precision;
 * the docstring examples of the public modules pass as doctests;
-* the Python blocks of the quick start and the home page run;
+* the Python blocks of the README, the quick start and the home page run, and the
+  README's test command is the one ``.ci/run`` runs;
 * ``docs/performance.md`` and ``docs/precision.md`` match a fresh render of
   ``bench/results/*.json``, and the explain-trace output on "How it works"
   matches what the code prints now;
@@ -182,6 +183,25 @@ def test_page_code_runs(page):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_readme_quick_start_runs():
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert blocks, "README.md has no Python block"
+    env = {k: v for k, v in os.environ.items() if k != "MPQR_PRECISION"}
+    proc = subprocess.run([sys.executable, "-c", "\n".join(blocks)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_readme_test_command_is_what_ci_runs():
+    """The README's test command and .ci/run's are the same line, byte for byte."""
+    readme = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines()
+          if "pytest" in ln and not ln.startswith("#")]
+    assert len(ci) == 1, ci
+    assert any(block.strip() == ci[0] for block in readme), (
+        f"README.md's test command differs from .ci/run's: {ci[0]!r}")
 
 
 def test_rendered_results_are_current():
