@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from mpqr.__main__ import main as mpqr_main
-
 from mpqr.tools import bench_accuracy
 
 
