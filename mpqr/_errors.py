@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from mpqr.backends._numpy_types import LINALG_ERROR
+
 __all__ = ["BreakdownError", "LinAlgError", "RefinementWarning"]
 
 
-class LinAlgError(ValueError):
-    """A numerical linear-algebra failure (mirrors ``numpy.linalg.LinAlgError``,
-    which is also a ``ValueError``)."""
+class LinAlgError(LINALG_ERROR):
+    """A numerical linear-algebra failure.
+
+    A subclass of ``numpy.linalg.LinAlgError`` (which ``scipy.linalg.LinAlgError``
+    is) and so of ``ValueError``: ``except scipy.linalg.LinAlgError:`` written for
+    SciPy, and ``except ValueError:``, catch it.
+    """
 
 
 class BreakdownError(LinAlgError):

@@ -197,16 +197,22 @@ def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     bw = b if b.dtype == wdt else xp.astype(b, wdt)
     vec = bw.ndim == 1
     b2 = xp.reshape(bw, (m, 1)) if vec else bw
+    no_rhs = b2.shape[1] == 0  # rank and s still come from `a`: solve for a zero column
+    if no_rhs:
+        b2 = xp.zeros((m, 1), dtype=wdt, device=device(bw))
     eps = float(xp.finfo(wdt).eps)
     if cond is None or cond < 0:
         cond = eps
     solver = Solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter,
                      need_s=driver != "gelsy")
     x, rank, s, rsq = solver.run()
+    if no_rhs:
+        x, rsq = x[:, :0], (None if rsq is None else rsq[:0])
     dev = device(x)
     if m > n and rank == n and driver != "gelsy" and rsq is not None:
-        if rsq.dtype != x.dtype:  # SciPy's residues have x's dtype (complex stays complex)
-            rsq = xp.astype(rsq, x.dtype)
+        real = rules.real_dtype(xp, x.dtype)
+        if rsq.dtype != real:  # SciPy's are sum(|r|^2): real, in x's precision
+            rsq = xp.astype(rsq, real)
         res = xp.reshape(rsq, ()) if vec else rsq  # 0-D array for 1-D b
     elif m > n and rank < n and driver != "gelsy" and rules.nan_residues_when_rank_deficient():
         # SciPy >= 1.18 gives a rank-deficient M > N problem NaN residues, full-rank shape
