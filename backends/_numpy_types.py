@@ -39,7 +39,7 @@ def plain_array(x: Any, name: str) -> Any:
         return x
     ma = sys.modules.get("numpy.ma")
     if ma is not None and isinstance(x, ma.MaskedArray):
-        raise ValueError(f"masked arrays are not supported (`{name}`): its mask would be "
-                         f"ignored; pass `{name}.filled(value)` with the values the masked "
-                         "entries should take")
+        raise ValueError(f"masked arrays are not supported (`{name}` is a "
+                         "numpy.ma.MaskedArray, whose mask would be ignored); pass "
+                         f"`{name}.filled(value)`, choosing the value of the masked entries")
     return np.asarray(x)  # numpy.matrix & co.: a view, as SciPy's asarray gives

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import array_namespace, device
+from mpqr.backends._numpy_types import plain_array
 
 __all__ = [
     "check_choice",
@@ -17,12 +18,15 @@ __all__ = [
     "check_ndim",
     "check_same_device",
     "namespace_of",
+    "plain_array",
 ]
 
 
 def namespace_of(*arrays: Any, names: tuple[str, ...]) -> Any:
-    """Common namespace of the arrays; ``TypeError`` naming them otherwise."""
+    """Common namespace of the arrays; ``TypeError`` naming them otherwise
+    (``ValueError`` for a NumPy masked array: see :func:`plain_array`)."""
     for name, a in zip(names, arrays):
+        plain_array(a, name)  # a masked array's mask would be ignored: refuse it
         # NumPy scalars are Python floats too; the array-only rule must name them here
         if isinstance(a, (bool, int, float, complex)):
             raise TypeError(

@@ -38,7 +38,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_finite as _check_finite
-from mpqr._validation import namespace_of
+from mpqr._validation import namespace_of, plain_array
 from mpqr.backends import get_backend
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.solver import Solver
@@ -144,6 +144,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> np.round(x, 6).tolist(), rank
     ([0.666667, 0.5], 2)
     """
+    a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     xp = namespace_of(a, b, names=("a", "b"))
     if refine not in REFINE:
         raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")

@@ -10,6 +10,7 @@ from mpqr._validation import (
     check_dtype,
     check_ndim,
     namespace_of,
+    plain_array,
 )
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
@@ -97,6 +98,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     >>> bool(np.allclose(q @ r, a)), bool(np.all(np.diag(r) >= 0))
     (True, True)
     """
+    x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     check_choice(mode, "mode", MODES)
