@@ -157,7 +157,7 @@ def apply_over_batch(xp: Any, a: Any, b: Any, func: Any, name: str = "lstsq") ->
     b = xp.broadcast_to(b, (*batch, *b.shape[-b_core:]))
     outs = []
     for idx in itertools.product(*(range(d) for d in batch)):
-        outs.append(func(a[idx], b[idx]))
+        outs.append(func(a[(*idx, ...)], b[(*idx, ...)]))  # the standard wants the ellipsis
     dev = device(outs[0][0])
     x = xp.reshape(xp.stack([o[0] for o in outs]), (*batch, *outs[0][0].shape))
     res = xp.reshape(xp.stack([o[1] for o in outs]), (*batch, *outs[0][1].shape))
