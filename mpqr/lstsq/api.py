@@ -63,9 +63,11 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     ----------
     a : array, shape (M, N) or (..., M, N)
         Array of any Array API library (NumPy, CuPy, ...). Dtypes are cast as
-        SciPy's LAPACK wrappers do (int32+ to float64; bool, small ints and
-        float16 to float32; float64 with complex64 to complex128).
+        SciPy's LAPACK wrappers do (int32+ and longdouble to float64; bool, small
+        ints and float16 to float32; clongdouble, and float64 with complex64, to
+        complex128). ``numpy.matrix`` is taken as a plain ndarray.
     b : array, shape (M,) or (M, K) (or batched, as in SciPy)
+        ``K = 0`` gives ``x`` of shape (N, 0) with ``rank`` and ``s`` of ``a``.
     cond : float, optional
         Singular values ``<= cond * s[0]`` count as zero (default and
         negative values: the machine epsilon of the computation dtype).
@@ -108,11 +110,12 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     x : array, shape (N,) or (N, K)
         Least-squares solution (minimum norm when rank deficient or M < N).
     residues : array, shape (K,), () or (0,)
-        Squared 2-norm of each column of ``b - a @ x`` when ``M > N`` and
-        ``rank == N`` (0-D for 1-D ``b``); otherwise empty with the dtype of
-        ``x``; always empty for ``"gelsy"``. With SciPy >= 1.18 installed, a rank
-        deficient ``M > N`` problem gets NaN residues of the full-rank shape
-        instead, as ``scipy.linalg.lstsq`` does there.
+        Squared 2-norm of each column of ``b - a @ x`` (real, in the precision
+        of ``x``) when ``M > N`` and ``rank == N`` (0-D for 1-D ``b``); otherwise
+        empty with the dtype of ``x``; always empty for ``"gelsy"``. With
+        SciPy >= 1.18 installed, a rank deficient ``M > N`` problem gets NaN
+        residues of the full-rank shape instead, as ``scipy.linalg.lstsq`` does
+        there.
     rank : int
         Effective rank of ``a`` (an integer array for batched input).
     s : array, shape (min(M, N),) or None
@@ -122,13 +125,15 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     ------
     ValueError
         SciPy's errors: ``a`` not 2-D, row-count mismatch, unknown driver,
-        NaN/Inf with ``check_finite``; also an unknown ``refine``/``precision``.
+        NaN/Inf with ``check_finite``; also an unknown ``refine``/``precision``
+        and a masked array (its mask would be ignored).
     TypeError
         ``a`` or ``b`` not an array, or arrays of different libraries.
     NotImplementedError
         Complex input with an emulated precision.
     mpqr.LinAlgError
-        ``a`` holds NaN/Inf with ``check_finite=False``.
+        ``a`` holds NaN/Inf with ``check_finite=False`` (a
+        ``numpy.linalg.LinAlgError``, which is ``scipy.linalg.LinAlgError``).
 
     Warns
     -----

@@ -39,7 +39,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     ----------
     x : array, shape (..., m, n)
         Input of any Array API library (NumPy, CuPy, ...). Integers are cast to
-        float64, float16 to float32; complex inputs are factored natively.
+        float64, float16 to float32, ``longdouble``/``clongdouble`` to
+        float64/complex128 (as SciPy computes them); complex inputs are factored
+        natively. ``numpy.matrix`` is taken as a plain ndarray.
         ``x`` is never modified unless ``overwrite_a=True``.
     mode : {"reduced", "complete", "r"}
         ``"reduced"``: Q is ``(..., m, k)``, R ``(..., k, n)`` with
@@ -80,8 +82,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     Raises
     ------
     ValueError
-        ``x`` not at least 2-D, an unknown ``mode``/``method``/``precision``, or
-        NaN/Inf with ``check_finite=True``.
+        ``x`` not at least 2-D, an unknown ``mode``/``method``/``precision``,
+        NaN/Inf with ``check_finite=True``, or a masked array (its mask would be
+        ignored).
     TypeError
         ``x`` boolean or not an array.
     mpqr.BreakdownError
