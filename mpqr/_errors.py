@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from mpqr.backends._numpy_types import LINALG_ERROR
 
 __all__ = ["BreakdownError", "LinAlgError", "RefinementWarning"]
@@ -31,6 +33,11 @@ class BreakdownError(LinAlgError):
         super().__init__(message)
         self.method = method
         self.cond_estimate = cond_estimate
+
+    def __reduce__(self) -> tuple:
+        # keyword-only arguments: pickled so that errors cross process boundaries
+        return (functools.partial(type(self), method=self.method,
+                                  cond_estimate=self.cond_estimate), self.args, vars(self))
 
 
 class RefinementWarning(UserWarning):

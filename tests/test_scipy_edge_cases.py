@@ -199,6 +199,17 @@ def test_linalgerror_is_numpys_and_scipys():
         assert issubclass(cls, np.linalg.LinAlgError) and issubclass(cls, ValueError)
 
 
+def test_errors_survive_pickling():
+    # as numpy.linalg.LinAlgError does: a worker process's failure reaches the caller
+    import pickle
+
+    for err in (mpqr.LinAlgError("singular"),
+                mpqr.BreakdownError("broke down", method="cholqr", cond_estimate=1e9)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and back.args == err.args
+        assert vars(back) == vars(err)
+
+
 def test_raised_errors_are_caught_as_scipys_linalgerror(xp):
     a = from_numpy(xp, np.ones((40, 3)))  # rank 1: CholQR breaks down
     with pytest.raises(scipy.linalg.LinAlgError) as err:
