@@ -155,6 +155,24 @@ def test_float16_computes_in_float32_as_scipy():
     np.testing.assert_allclose(ours[0], ref[0], atol=tol, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int16, np.uint16,
+                                   np.int32, np.uint64, np.int64, np.float16])
+def test_small_and_integer_dtypes_compute_as_scipy(dtype):
+    rng = np.random.default_rng(2)
+    a = (rng.integers(0, 2, (6, 3)) + np.eye(6, 3, dtype=int)).astype(dtype)
+    b = rng.integers(0, 2, 6).astype(dtype)
+    for mode in ("full", "economic", "r"):
+        ours, ref = mcs.qr(a, mode=mode), sla.qr(a, mode=mode)
+        assert [(o.dtype, o.shape) for o in ours] == [(r.dtype, r.shape) for r in ref]
+    ref = sla.lstsq(a, b)
+    ours = mcs.lstsq(a, b)
+    _assert_same_lstsq_types(ours, ref)
+    assert ours[2] == ref[2] == 3
+    k = _cond(a.astype(np.float64))
+    tol = C * 6 * _u(ref[0].dtype) * k * k * np.linalg.norm(ref[0])
+    np.testing.assert_allclose(ours[0], ref[0], atol=tol, rtol=0)
+
+
 def test_full_rank_complex_residues_are_real_as_scipy(xp):
     a, b = _problem(7, 3, np.complex128)
     for bb in (b, np.stack([b, 2 * b], axis=1)):
