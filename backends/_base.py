@@ -16,7 +16,6 @@ from types import MappingProxyType
 from typing import Any
 
 from mpqr._array_api import device, namespace_name
-from mpqr._errors import LinAlgError
 
 __all__ = ["ArrayAPIBackend", "EngineRates", "SerialLane"]
 
@@ -338,6 +337,9 @@ class ArrayAPIBackend:
         ``check=False``: a library that reports failure only through a non-finite
         factor (cuSOLVER) returns it unchecked, without a host sync; the caller
         checks (:func:`mpqr.lstsq.gram.cholesky_flagged`)."""
+        # imported here: mpqr._errors takes its base class from this package
+        from mpqr._errors import LinAlgError
+
         xp = self.xp
         try:
             l = xp.linalg.cholesky(a, upper=upper)

@@ -16,17 +16,26 @@ from mpqr.compat._patch import current_precision, warn_once
 
 import mpqr
 from mpqr._array_api import array_namespace, device
+from mpqr._validation import plain_array
 from mpqr.qr import QRResult
 
 __all__ = ["lstsq", "qr"]
 
 
-def _as_array(x: Any) -> Any:
+def _as_array(x: Any, name: str) -> Any:
     from mpqr._array_api import _compat
 
     if _compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):
         return x
-    return np.asarray(x)
+    return np.asarray(plain_array(x, name))  # a masked array's mask would be ignored
+
+
+def _wrap(x: Any) -> Any:
+    """NumPy's ``_makearray`` wrap: results take the type of an ndarray subclass
+    (``numpy.matrix`` in, ``numpy.matrix`` out)."""
+    if isinstance(x, np.ndarray) and type(x) is not np.ndarray:
+        return x.__array_wrap__
+    return lambda y: y
 
 
 def _types(xp: Any, *arrays: Any) -> tuple[Any, Any]:
@@ -35,8 +44,10 @@ def _types(xp: Any, *arrays: Any) -> tuple[Any, Any]:
     single = True
     for a in arrays:
         dt = a.dtype
-        if hasattr(xp, "float16") and dt == xp.float16:
-            raise TypeError("array type float16 is unsupported in linalg")
+        if xp.isdtype(dt, ("real floating", "complex floating")) and dt not in (
+                xp.float32, xp.float64, xp.complex64, xp.complex128):
+            # float16, longdouble, clongdouble
+            raise TypeError(f"array type {getattr(dt, 'name', dt)} is unsupported in linalg")
         if xp.isdtype(dt, "complex floating"):
             is_c = True
             single &= dt == xp.complex64
@@ -81,7 +92,8 @@ def lstsq(a, b, rcond=None):
     >>> np.round(x, 12).tolist(), res.shape, int(rank)
     ([1.0, 1.0], (1,), 2)
     """
-    a1, b1 = _as_array(a), _as_array(b)
+    a1, b1 = _as_array(a, "a"), _as_array(b, "b")
+    wrap = _wrap(b)
     xp = array_namespace(a1, b1, names=("a", "b"))
     is_1d = b1.ndim == 1
     b2 = xp.reshape(b1, (b1.shape[0], 1)) if is_1d else b1
@@ -106,7 +118,7 @@ def lstsq(a, b, rcond=None):
             res = xp.astype(xp.sum(xp.real(bt * xp.conj(bt)), axis=0), real_t)
         else:
             res = xp.zeros((0,), dtype=real_t, device=dev)
-        return (x[:, 0] if is_1d else x), res, 0, s
+        return wrap(x[:, 0] if is_1d else x), wrap(res), 0, s
     try:
         x, _, rank, s = mpqr.lstsq(xp.astype(a1, t), xp.astype(b2, t), rcond,
                                    check_finite=False, precision=current_precision())
@@ -118,7 +130,7 @@ def lstsq(a, b, rcond=None):
     else:
         res = xp.zeros((0,), dtype=real_t, device=dev)
     x = xp.astype(x, result_t)
-    return (x[:, 0] if is_1d else x), res, rank, xp.astype(s, real_t)
+    return wrap(x[:, 0] if is_1d else x), wrap(res), rank, xp.astype(s, real_t)
 
 
 _MODES = ("reduced", "complete", "r", "raw")
@@ -160,7 +172,7 @@ def qr(a, mode="reduced"):
         warn_once("np-qr-raw", "mpqr.compat.numpy.qr: mode='raw' is not supported by mpqr; "
                   "delegating to numpy.linalg.qr (warned once)")
         return np.linalg.qr(a, mode="raw")
-    a1 = _as_array(a)
+    a1, wrap = _as_array(a, "a"), _wrap(a)
     xp = array_namespace(a1, names=("a",))
     if a1.ndim < 2:
         raise np.linalg.LinAlgError(
@@ -168,5 +180,5 @@ def qr(a, mode="reduced"):
     t, result_t = _types(xp, a1)
     out = mpqr.qr(xp.astype(a1, t), mode=mode, precision=current_precision())
     if mode == "r":
-        return xp.astype(out, result_t)
-    return QRResult(xp.astype(out.Q, result_t), xp.astype(out.R, result_t))
+        return wrap(xp.astype(out, result_t))
+    return QRResult(wrap(xp.astype(out.Q, result_t)), wrap(xp.astype(out.R, result_t)))

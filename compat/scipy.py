@@ -14,21 +14,20 @@ import numpy as np
 from mpqr.compat._patch import current_precision, original, patch, warn_once
 
 import mpqr
+from mpqr._validation import plain_array
 from mpqr.lstsq import _scipy_rules as rules
 
 __all__ = ["lstsq", "patch", "qr"]
 
 
-def _as_array(x: Any) -> Any:
+def _as_array(x: Any, name: str) -> Any:
     from mpqr._array_api import _compat
 
     if _compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):
         return x  # CuPy & co. stay on their device
-    if np.ma.isMaskedArray(x):
-        raise ValueError("masked arrays are not supported")
-    arr = np.asarray(x)
+    arr = np.asarray(plain_array(x, name))  # masked arrays refused, numpy.matrix as ndarray
     if arr.dtype == np.dtype("O"):
-        raise ValueError("object arrays are not supported")
+        raise ValueError(f"object arrays are not supported (`{name}`)")
     return arr
 
 
@@ -67,7 +66,7 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     >>> np.round(x, 12).tolist(), rank
     ([1.0, 1.0], 2)
     """
-    a1, b1 = _as_array(a), _as_array(b)
+    a1, b1 = _as_array(a, "a"), _as_array(b, "b")
     if lapack_driver is None:
         lapack_driver = getattr(original("lstsq"), "default_lapack_driver", "gelsd")
     x, res, rank, s = mpqr.lstsq(a1, b1, cond, overwrite_a, overwrite_b, check_finite,
@@ -129,7 +128,7 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
                   "delegating to scipy.linalg.qr (warned once)")
         return original("qr")(a, overwrite_a=overwrite_a, lwork=lwork, mode=mode,
                               pivoting=pivoting, check_finite=check_finite)
-    a1 = _as_array(a)
+    a1 = _as_array(a, "a")
     xp = mpqr._array_api.array_namespace(a1, names=("a",))
     if check_finite:
         fv = a1 if xp.isdtype(a1.dtype, ("real floating", "complex floating")) else \

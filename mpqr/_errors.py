@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+
+from mpqr.backends._numpy_types import LINALG_ERROR
+
 __all__ = ["BreakdownError", "LinAlgError", "RefinementWarning"]
 
 
-class LinAlgError(ValueError):
-    """A numerical linear-algebra failure (mirrors ``numpy.linalg.LinAlgError``,
-    which is also a ``ValueError``)."""
+class LinAlgError(LINALG_ERROR):
+    """A numerical linear-algebra failure.
+
+    A subclass of ``numpy.linalg.LinAlgError`` (which ``scipy.linalg.LinAlgError``
+    is) and so of ``ValueError``: ``except scipy.linalg.LinAlgError:`` written for
+    SciPy, and ``except ValueError:``, catch it.
+    """
 
 
 class BreakdownError(LinAlgError):
@@ -25,6 +33,11 @@ class BreakdownError(LinAlgError):
         super().__init__(message)
         self.method = method
         self.cond_estimate = cond_estimate
+
+    def __reduce__(self) -> tuple:
+        # keyword-only arguments: pickled so that errors cross process boundaries
+        return (functools.partial(type(self), method=self.method,
+                                  cond_estimate=self.cond_estimate), self.args, vars(self))
 
 
 class RefinementWarning(UserWarning):

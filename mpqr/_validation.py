@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import array_namespace, device
+from mpqr.backends._numpy_types import plain_array
 
 __all__ = [
     "check_choice",
@@ -17,12 +18,15 @@ __all__ = [
     "check_ndim",
     "check_same_device",
     "namespace_of",
+    "plain_array",
 ]
 
 
 def namespace_of(*arrays: Any, names: tuple[str, ...]) -> Any:
-    """Common namespace of the arrays; ``TypeError`` naming them otherwise."""
+    """Common namespace of the arrays; ``TypeError`` naming them otherwise
+    (``ValueError`` for a NumPy masked array: see :func:`plain_array`)."""
     for name, a in zip(names, arrays):
+        plain_array(a, name)  # a masked array's mask would be ignored: refuse it
         # NumPy scalars are Python floats too; the array-only rule must name them here
         if isinstance(a, (bool, int, float, complex)):
             raise TypeError(
@@ -50,10 +54,12 @@ def check_ndim(x: Any, name: str, *, exact: int | None = None, minimum: int | No
 
 
 def check_dtype(xp: Any, x: Any, name: str, *, allow_complex: bool = True) -> Any:
-    """Return ``x`` cast to a floating dtype following NumPy's linalg rules.
+    """Return ``x`` cast to the floating dtype it is computed in.
 
-    Integers become float64; float16 becomes float32; bool and anything
-    non-numeric raise ``TypeError``.
+    Integers become float64; float16 becomes float32; extended precision
+    (``numpy.longdouble``, ``numpy.clongdouble``) becomes float64/complex128, as
+    SciPy's LAPACK wrappers compute it (never dropping an imaginary part); bool and
+    anything non-numeric raise ``TypeError``.
     """
     dt = x.dtype
     if dt == xp.bool:
@@ -63,11 +69,14 @@ def check_dtype(xp: Any, x: Any, name: str, *, allow_complex: bool = True) -> An
     if xp.isdtype(dt, "complex floating"):
         if not allow_complex:
             raise TypeError(f"`{name}` must be real (float32 or float64), got {dt}")
+        if dt not in (xp.complex64, xp.complex128):  # clongdouble: no LAPACK type
+            return xp.astype(x, xp.complex128)
         return x
     if xp.isdtype(dt, "real floating"):
-        if dt not in (xp.float32, xp.float64):  # float16: compute in float32
-            return xp.astype(x, xp.float32)
-        return x
+        if dt in (xp.float32, xp.float64):
+            return x
+        # float16: compute in float32; longdouble: no LAPACK type, float64
+        return xp.astype(x, xp.float32 if xp.finfo(dt).bits < 32 else xp.float64)
     raise TypeError(f"`{name}` must have a floating or integer dtype, got {dt}")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._gpu_errors import device_errors
-from mpqr._validation import check_dtype, check_ndim, namespace_of
+from mpqr._validation import check_dtype, check_ndim, namespace_of, plain_array
 from mpqr.backends import get_backend
 from mpqr.policy.policy import gemm
 
@@ -56,6 +56,7 @@ def matmul(a: Any, b: Any, precision: str | None = None, *, options: Any = None)
     array([[ 3.,  3.],
            [12., 12.]])
     """
+    a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     xp = namespace_of(a, b, names=("a", "b"))
     check_ndim(a, "a", exact=2, what="2-D (the GEMM engines are 2-D)")
     check_ndim(b, "b", exact=2, what="2-D (the GEMM engines are 2-D)")

@@ -37,11 +37,12 @@ DRIVERS = ("gelsd", "gelsy", "gelss")
 
 
 def _score(xp: Any, dt: Any) -> int:
-    # scipy.linalg.blas._type_score: small ints, bool and float16 go to float32
-    if dt == xp.complex128:
-        return 4
+    # scipy.linalg.blas._type_score: small ints, bool and float16 go to float32;
+    # clongdouble to complex128 and longdouble to float64 (no LAPACK type of their own)
     if dt == xp.complex64:
         return 3
+    if xp.isdtype(dt, "complex floating"):
+        return 4
     small = [xp.bool, xp.int8, xp.uint8, xp.int16, xp.uint16, xp.float32]
     if hasattr(xp, "float16"):
         small.append(xp.float16)
@@ -60,23 +61,19 @@ def lapack_dtype(xp: Any, *dtypes: Any) -> Any:
 
 
 def common_type(xp: Any, *dtypes: Any) -> Any:
-    """``numpy.common_type`` (used by SciPy for empty problems): float16 stays float16."""
-    is_c = any(xp.isdtype(dt, "complex floating") for dt in dtypes)
-    bits = 0
+    """``numpy.common_type`` (used by SciPy for empty problems): integers count as
+    float64, float16 and longdouble stay themselves, complex wins."""
+    best, bits = None, -1
     for dt in dtypes:
         if dt == xp.bool:
             raise TypeError("can't get common type for non-numeric array")
-        if xp.isdtype(dt, "integral") or dt in (xp.float64, xp.complex128):
-            bits = max(bits, 64)
-        elif dt in (xp.float32, xp.complex64):
-            bits = max(bits, 32)
-        else:  # float16
-            bits = max(bits, 16)
-    if is_c:
-        return xp.complex128 if bits == 64 else xp.complex64
-    if bits == 16:
-        return xp.float16
-    return xp.float64 if bits == 64 else xp.float32
+        f, nb = (xp.float64, 64) if xp.isdtype(dt, "integral") else (dt, xp.finfo(dt).bits)
+        if nb > bits:
+            best, bits = f, nb
+    if any(xp.isdtype(dt, "complex floating") for dt in dtypes) and \
+            not xp.isdtype(best, "complex floating"):
+        best = xp.result_type(best, xp.complex64)  # its complex counterpart
+    return best
 
 
 def real_dtype(xp: Any, dt: Any) -> Any:
@@ -160,7 +157,7 @@ def apply_over_batch(xp: Any, a: Any, b: Any, func: Any, name: str = "lstsq") ->
     b = xp.broadcast_to(b, (*batch, *b.shape[-b_core:]))
     outs = []
     for idx in itertools.product(*(range(d) for d in batch)):
-        outs.append(func(a[idx], b[idx]))
+        outs.append(func(a[(*idx, ...)], b[(*idx, ...)]))  # the standard wants the ellipsis
     dev = device(outs[0][0])
     x = xp.reshape(xp.stack([o[0] for o in outs]), (*batch, *outs[0][0].shape))
     res = xp.reshape(xp.stack([o[1] for o in outs]), (*batch, *outs[0][1].shape))

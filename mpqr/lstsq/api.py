@@ -38,7 +38,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_finite as _check_finite
-from mpqr._validation import namespace_of
+from mpqr._validation import namespace_of, plain_array
 from mpqr.backends import get_backend
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.solver import Solver
@@ -63,9 +63,11 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     ----------
     a : array, shape (M, N) or (..., M, N)
         Array of any Array API library (NumPy, CuPy, ...). Dtypes are cast as
-        SciPy's LAPACK wrappers do (int32+ to float64; bool, small ints and
-        float16 to float32; float64 with complex64 to complex128).
+        SciPy's LAPACK wrappers do (int32+ and longdouble to float64; bool, small
+        ints and float16 to float32; clongdouble, and float64 with complex64, to
+        complex128). ``numpy.matrix`` is taken as a plain ndarray.
     b : array, shape (M,) or (M, K) (or batched, as in SciPy)
+        ``K = 0`` gives ``x`` of shape (N, 0) with ``rank`` and ``s`` of ``a``.
     cond : float, optional
         Singular values ``<= cond * s[0]`` count as zero (default and
         negative values: the machine epsilon of the computation dtype).
@@ -108,11 +110,12 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     x : array, shape (N,) or (N, K)
         Least-squares solution (minimum norm when rank deficient or M < N).
     residues : array, shape (K,), () or (0,)
-        Squared 2-norm of each column of ``b - a @ x`` when ``M > N`` and
-        ``rank == N`` (0-D for 1-D ``b``); otherwise empty with the dtype of
-        ``x``; always empty for ``"gelsy"``. With SciPy >= 1.18 installed, a rank
-        deficient ``M > N`` problem gets NaN residues of the full-rank shape
-        instead, as ``scipy.linalg.lstsq`` does there.
+        Squared 2-norm of each column of ``b - a @ x`` (real, in the precision
+        of ``x``) when ``M > N`` and ``rank == N`` (0-D for 1-D ``b``); otherwise
+        empty with the dtype of ``x``; always empty for ``"gelsy"``. With
+        SciPy >= 1.18 installed, a rank deficient ``M > N`` problem gets NaN
+        residues of the full-rank shape instead, as ``scipy.linalg.lstsq`` does
+        there.
     rank : int
         Effective rank of ``a`` (an integer array for batched input).
     s : array, shape (min(M, N),) or None
@@ -122,13 +125,15 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     ------
     ValueError
         SciPy's errors: ``a`` not 2-D, row-count mismatch, unknown driver,
-        NaN/Inf with ``check_finite``; also an unknown ``refine``/``precision``.
+        NaN/Inf with ``check_finite``; also an unknown ``refine``/``precision``
+        and a masked array (its mask would be ignored).
     TypeError
         ``a`` or ``b`` not an array, or arrays of different libraries.
     NotImplementedError
         Complex input with an emulated precision.
     mpqr.LinAlgError
-        ``a`` holds NaN/Inf with ``check_finite=False``.
+        ``a`` holds NaN/Inf with ``check_finite=False`` (a
+        ``numpy.linalg.LinAlgError``, which is ``scipy.linalg.LinAlgError``).
 
     Warns
     -----
@@ -144,6 +149,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> np.round(x, 6).tolist(), rank
     ([0.666667, 0.5], 2)
     """
+    a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     xp = namespace_of(a, b, names=("a", "b"))
     if refine not in REFINE:
         raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")
@@ -197,16 +203,22 @@ def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     bw = b if b.dtype == wdt else xp.astype(b, wdt)
     vec = bw.ndim == 1
     b2 = xp.reshape(bw, (m, 1)) if vec else bw
+    no_rhs = b2.shape[1] == 0  # rank and s still come from `a`: solve for a zero column
+    if no_rhs:
+        b2 = xp.zeros((m, 1), dtype=wdt, device=device(bw))
     eps = float(xp.finfo(wdt).eps)
     if cond is None or cond < 0:
         cond = eps
     solver = Solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter,
                      need_s=driver != "gelsy")
     x, rank, s, rsq = solver.run()
+    if no_rhs:
+        x, rsq = x[:, :0], (None if rsq is None else rsq[:0])
     dev = device(x)
     if m > n and rank == n and driver != "gelsy" and rsq is not None:
-        if rsq.dtype != x.dtype:  # SciPy's residues have x's dtype (complex stays complex)
-            rsq = xp.astype(rsq, x.dtype)
+        real = rules.real_dtype(xp, x.dtype)
+        if rsq.dtype != real:  # SciPy's are sum(|r|^2): real, in x's precision
+            rsq = xp.astype(rsq, real)
         res = xp.reshape(rsq, ()) if vec else rsq  # 0-D array for 1-D b
     elif m > n and rank < n and driver != "gelsy" and rules.nan_residues_when_rank_deficient():
         # SciPy >= 1.18 gives a rank-deficient M > N problem NaN residues, full-rank shape

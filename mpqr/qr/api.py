@@ -10,6 +10,7 @@ from mpqr._validation import (
     check_dtype,
     check_ndim,
     namespace_of,
+    plain_array,
 )
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
@@ -38,7 +39,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     ----------
     x : array, shape (..., m, n)
         Input of any Array API library (NumPy, CuPy, ...). Integers are cast to
-        float64, float16 to float32; complex inputs are factored natively.
+        float64, float16 to float32, ``longdouble``/``clongdouble`` to
+        float64/complex128 (as SciPy computes them); complex inputs are factored
+        natively. ``numpy.matrix`` is taken as a plain ndarray.
         ``x`` is never modified unless ``overwrite_a=True``.
     mode : {"reduced", "complete", "r"}
         ``"reduced"``: Q is ``(..., m, k)``, R ``(..., k, n)`` with
@@ -79,8 +82,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     Raises
     ------
     ValueError
-        ``x`` not at least 2-D, an unknown ``mode``/``method``/``precision``, or
-        NaN/Inf with ``check_finite=True``.
+        ``x`` not at least 2-D, an unknown ``mode``/``method``/``precision``,
+        NaN/Inf with ``check_finite=True``, or a masked array (its mask would be
+        ignored).
     TypeError
         ``x`` boolean or not an array.
     mpqr.BreakdownError
@@ -97,6 +101,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     >>> bool(np.allclose(q @ r, a)), bool(np.all(np.diag(r) >= 0))
     (True, True)
     """
+    x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     check_choice(mode, "mode", MODES)

@@ -1,0 +1,452 @@
+"""Edge cases SciPy gets right, checked against SciPy (and NumPy) themselves.
+
+Extended precision (``longdouble``/``clongdouble``), float16 and object input; the
+exception classes client code catches; ``b`` with zero columns; masked arrays and
+``numpy.matrix``. Tolerances: ``C n u cond(A)`` with ``C = 8`` (docs/guarantees.md)
+and ``u`` the unit roundoff of the dtype computed in.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import mpqr.compat.numpy as mcn
+import mpqr.compat.scipy as mcs
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.linalg as sla
+from _support import from_numpy, to_numpy
+
+import mpqr
+
+C = 8  # the bound constant of docs/guarantees.md
+LD, CLD = np.longdouble, np.clongdouble
+EXTENDED = pytest.mark.skipif(np.finfo(LD).bits <= 64,
+                              reason="longdouble is float64 on this platform")
+
+
+def _u(dt) -> float:
+    return float(np.finfo(dt).eps) / 2
+
+
+def _problem(m, n, dtype, seed=0):
+    """A well-conditioned ``m x n`` matrix and a right-hand side, with a part below
+    float64's resolution when ``dtype`` is extended (the cast must round it away)."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, n)) + np.eye(m, n) * 3
+    b = rng.standard_normal(m)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal((m, n))
+        b = b + 1j * rng.standard_normal(m)
+    a, b = a.astype(dtype), b.astype(dtype)
+    if np.finfo(dtype).bits > 64:
+        a = a * (1 + np.finfo(dtype).eps * 7)  # a longdouble-only perturbation
+    return a, b
+
+
+def _r_with_nonnegative_diagonal(r):
+    """SciPy/LAPACK leave the phases of diag(R) free; mpqr makes them real >= 0."""
+    d = np.ones(r.shape[0], r.dtype)  # rows past min(M, N) are zero
+    d[: min(r.shape)] = np.diagonal(r)
+    ph = np.where(d == 0, 1, d / np.where(d == 0, 1, np.abs(d)))
+    return np.conj(ph)[:, None] * r
+
+
+def _cond(a) -> float:
+    return float(np.linalg.cond(np.asarray(a, dtype=np.complex128)))
+
+
+def _assert_same_lstsq_types(out, ref):
+    """x, residues, rank, s: the same Python types, dtypes and shapes as SciPy's."""
+    for got, want in zip(out, ref):
+        assert type(got) is type(want), (type(got), type(want))
+        if want is not None and not isinstance(want, int):
+            assert got.dtype == want.dtype and got.shape == want.shape, (got, want)
+
+
+# --- extended precision, float16, object ------------------------------------
+
+
+@EXTENDED
+@pytest.mark.parametrize("dtype", [LD, CLD])
+@pytest.mark.parametrize("mode", ["full", "economic", "r"])
+def test_qr_extended_precision_computes_as_scipy(dtype, mode):
+    a, _ = _problem(7, 4, dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", np.exceptions.ComplexWarning)  # no imaginary part lost
+        ours = mcs.qr(a, mode=mode)
+        core = mpqr.qr(a, mode="r")
+    ref = sla.qr(a, mode=mode)
+    assert [o.dtype for o in ours] == [r.dtype for r in ref]
+    assert ref[0].dtype == (np.complex128 if dtype is CLD else np.float64)
+    assert core.dtype == ref[0].dtype
+    tol = C * a.shape[1] * _u(np.float64) * _cond(a) * np.linalg.norm(a.astype(complex))
+    r_ref = _r_with_nonnegative_diagonal(ref[-1])
+    np.testing.assert_allclose(ours[-1], r_ref, atol=tol, rtol=0)
+    np.testing.assert_allclose(core, r_ref[:4], atol=tol, rtol=0)
+    if mode != "r":
+        a64 = a.astype(ours[0].dtype)
+        assert np.linalg.norm(ours[0] @ ours[1] - a64) <= tol
+
+
+@EXTENDED
+@pytest.mark.parametrize("a_dt,b_dt", [(LD, LD), (CLD, CLD), (np.float64, CLD),
+                                       (np.float32, CLD), (LD, np.complex64), (CLD, LD),
+                                       (LD, np.float32)])
+@pytest.mark.parametrize("driver", ["gelsd", "gelsy", "gelss"])
+def test_lstsq_extended_precision_computes_as_scipy(a_dt, b_dt, driver):
+    a, _ = _problem(8, 3, a_dt)
+    _, b = _problem(8, 3, b_dt, seed=1)
+    ref = sla.lstsq(a, b, lapack_driver=driver)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", np.exceptions.ComplexWarning)
+        ours = mcs.lstsq(a, b, lapack_driver=driver)
+        core = mpqr.lstsq(a, b, lapack_driver=driver)
+    _assert_same_lstsq_types(ours, ref)
+    assert core[0].dtype == ref[0].dtype and core[2] == ref[2]
+    # never a real answer to a complex problem
+    assert (ref[0].dtype.kind == "c") == (a.dtype.kind == "c" or b.dtype.kind == "c")
+    x, r = ref[0], b.astype(ref[0].dtype) - a.astype(ref[0].dtype) @ ref[0]
+    eta = np.linalg.norm(r) / (np.linalg.norm(a.astype(complex), 2) * np.linalg.norm(x))
+    k, m = _cond(a), a.shape[0]
+    # perturbation bound of least squares: (cond + cond^2 eta) times the backward error
+    tol = C * m * _u(np.float64) * (k + k * k * eta) * np.linalg.norm(x)
+    np.testing.assert_allclose(ours[0], x, atol=tol, rtol=0)
+    np.testing.assert_allclose(core[0], x, atol=tol, rtol=0)
+    if driver != "gelsy":
+        np.testing.assert_allclose(ours[1], ref[1], rtol=C * m * _u(np.float64) * k)
+        np.testing.assert_allclose(ours[3], ref[3], rtol=C * m * _u(np.float64) * k)
+
+
+@EXTENDED
+@pytest.mark.parametrize("dtype", [LD, CLD])
+@pytest.mark.parametrize("m,n", [(0, 3), (4, 0), (0, 0)])
+def test_empty_extended_precision_keeps_scipys_dtypes(dtype, m, n):
+    a, b = np.ones((m, n), dtype), np.ones(m, dtype)
+    _assert_same_lstsq_types(mcs.lstsq(a, b), sla.lstsq(a, b))
+    for mode in ("full", "economic", "r"):
+        ours, ref = mcs.qr(a, mode=mode), sla.qr(a, mode=mode)
+        assert [(o.dtype, o.shape) for o in ours] == [(r.dtype, r.shape) for r in ref]
+
+
+@EXTENDED
+@pytest.mark.parametrize("dtype", [LD, CLD, np.float16])
+def test_compat_numpy_refuses_extended_precision_as_numpy(dtype):
+    a, b = _problem(5, 3, dtype)
+    for name, args in (("qr", (a,)), ("lstsq", (a, b))):
+        with pytest.raises(TypeError) as want:
+            getattr(np.linalg, name)(*args)
+        with pytest.raises(TypeError) as got:
+            getattr(mcn, name)(*args)
+        assert str(got.value) == str(want.value)
+
+
+def test_float16_computes_in_float32_as_scipy():
+    a, b = _problem(6, 3, np.float16)
+    q, r = mcs.qr(a)
+    qs, rs = sla.qr(a)
+    assert q.dtype == qs.dtype == r.dtype == rs.dtype == np.float32
+    assert mpqr.qr(a).R.dtype == np.float32
+    ref = sla.lstsq(a, b)
+    ours = mcs.lstsq(a, b)
+    _assert_same_lstsq_types(ours, ref)
+    tol = C * 6 * _u(np.float32) * _cond(a) ** 2 * np.linalg.norm(ref[0])
+    np.testing.assert_allclose(ours[0], ref[0], atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int16, np.uint16,
+                                   np.int32, np.uint64, np.int64, np.float16])
+def test_small_and_integer_dtypes_compute_as_scipy(dtype):
+    rng = np.random.default_rng(2)
+    a = (rng.integers(0, 2, (6, 3)) + np.eye(6, 3, dtype=int)).astype(dtype)
+    b = rng.integers(0, 2, 6).astype(dtype)
+    for mode in ("full", "economic", "r"):
+        ours, ref = mcs.qr(a, mode=mode), sla.qr(a, mode=mode)
+        assert [(o.dtype, o.shape) for o in ours] == [(r.dtype, r.shape) for r in ref]
+    ref = sla.lstsq(a, b)
+    ours = mcs.lstsq(a, b)
+    _assert_same_lstsq_types(ours, ref)
+    assert ours[2] == ref[2] == 3
+    k = _cond(a.astype(np.float64))
+    tol = C * 6 * _u(ref[0].dtype) * k * k * np.linalg.norm(ref[0])
+    np.testing.assert_allclose(ours[0], ref[0], atol=tol, rtol=0)
+
+
+def test_full_rank_complex_residues_are_real_as_scipy(xp):
+    a, b = _problem(7, 3, np.complex128)
+    for bb in (b, np.stack([b, 2 * b], axis=1)):
+        ref = sla.lstsq(a, bb)
+        res = to_numpy(mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, bb))[1])
+        assert res.dtype == np.asarray(ref[1]).dtype == np.float64
+        assert res.shape == np.shape(ref[1])
+        np.testing.assert_allclose(res, ref[1], rtol=C * 7 * _u(np.float64) * _cond(a))
+    a32, b32 = a.astype(np.complex64), b.astype(np.complex64)
+    res = mpqr.lstsq(from_numpy(xp, a32), from_numpy(xp, b32))[1]
+    assert to_numpy(res).dtype == np.asarray(sla.lstsq(a32, b32)[1]).dtype == np.float32
+
+
+def test_object_and_text_arrays_get_clear_errors():
+    a_obj = np.array([[1.0, 2.0], [3.0, None], [5.0, 6.0]], dtype=object)
+    b = np.ones(3)
+    with pytest.raises(ValueError, match="object arrays are not supported") as want:
+        sla.lstsq(a_obj, b)
+    with pytest.raises(ValueError, match=r"^object arrays are not supported \(`a`\)$"):
+        mcs.lstsq(a_obj, b)
+    with pytest.raises(ValueError, match=r"^object arrays are not supported \(`b`\)$"):
+        mcs.lstsq(np.eye(3, 2), b.astype(object))
+    assert str(want.value) == "object arrays are not supported"
+    # scipy.linalg.qr converts through float(): None becomes NaN even with check_finite;
+    # mpqr refuses instead of returning a NaN factorization
+    assert np.isnan(sla.qr(a_obj)[1]).any()
+    with pytest.raises(ValueError, match=r"^object arrays are not supported \(`a`\)$"):
+        mcs.qr(a_obj)
+    with pytest.raises(TypeError, match="^`x` must have a floating or integer dtype, "
+                       "got object$"):
+        mpqr.qr(a_obj)
+    with pytest.raises(TypeError, match="^`a` must have a numeric dtype, got <U1$"):
+        mcs.lstsq(np.array([["1", "2"], ["3", "4"]]), np.ones(2))
+
+
+# --- exceptions: numpy.linalg.LinAlgError is scipy.linalg.LinAlgError -----------
+
+
+def test_linalgerror_is_numpys_and_scipys():
+    assert scipy.linalg.LinAlgError is np.linalg.LinAlgError
+    for cls in (mpqr.LinAlgError, mpqr.BreakdownError):
+        assert issubclass(cls, np.linalg.LinAlgError) and issubclass(cls, ValueError)
+
+
+def test_errors_survive_pickling():
+    # as numpy.linalg.LinAlgError does: a worker process's failure reaches the caller
+    import pickle
+
+    for err in (mpqr.LinAlgError("singular"),
+                mpqr.BreakdownError("broke down", method="cholqr", cond_estimate=1e9)):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and back.args == err.args
+        assert vars(back) == vars(err)
+
+
+def test_raised_errors_are_caught_as_scipys_linalgerror(xp):
+    a = from_numpy(xp, np.ones((40, 3)))  # rank 1: CholQR breaks down
+    with pytest.raises(scipy.linalg.LinAlgError) as err:
+        mpqr.qr(a, method="cholqr")
+    assert isinstance(err.value, mpqr.BreakdownError)
+    bad = np.eye(5, 3)
+    bad[0, 0] = np.nan
+    with pytest.raises(np.linalg.LinAlgError, match="`a` contains NaN or Inf"):
+        mpqr.lstsq(from_numpy(xp, bad), from_numpy(xp, np.ones(5)), check_finite=False)
+
+
+def test_compat_and_patch_raise_what_scipy_clients_catch():
+    # NaN in `a` with check_finite=False: SciPy's gelsd refuses it with a ValueError, or
+    # LAPACK does not terminate (SciPy's docs warn of both), so SciPy is not run here;
+    # mpqr's LinAlgError is a ValueError and what `except scipy.linalg.LinAlgError` catches
+    bad = np.eye(5, 3)
+    bad[1, 1] = np.nan
+    b = np.ones(5)
+    with pytest.raises(ValueError) as err:
+        mcs.lstsq(bad, b, check_finite=False)
+    assert isinstance(err.value, scipy.linalg.LinAlgError)
+    caught = None
+    with mcs.patch():
+        try:
+            scipy.linalg.lstsq(bad, b, check_finite=False)
+        except scipy.linalg.LinAlgError as exc:
+            caught = exc
+    assert isinstance(caught, mpqr.LinAlgError)
+    # NumPy's front end: NumPy's class and message
+    with pytest.raises(np.linalg.LinAlgError,
+                       match="^SVD did not converge in Linear Least Squares$") as got:
+        mcn.lstsq(bad, b)
+    assert type(got.value) is np.linalg.LinAlgError
+
+
+# --- b with zero columns ------------------------------------------------------
+
+
+def _scipy_zero_rhs(a, b, driver):
+    """SciPy's answer for ``b`` of shape (M, 0): SciPy's own for an empty ``a``;
+    otherwise its answer for one column, restricted to zero columns (the same formulas
+    with K = 0). SciPy 1.17 cannot be asked directly there: LAPACK's gelsd rejects
+    NRHS = 0, SciPy's gelsy workspace query fails for real input and complex gelsy
+    returns at once with rank 0; only gelss answers (compared in the next test)."""
+    if 0 in a.shape:
+        return sla.lstsq(a, b, lapack_driver=driver)
+    x, res, rank, s = sla.lstsq(a, np.ones((a.shape[0], 1), a.dtype), lapack_driver=driver)
+    return x[:, :0], res[:0], rank, s
+
+
+ZERO_RHS_SHAPES = [(6, 3), (3, 6), (4, 4), (0, 3), (4, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("m,n", ZERO_RHS_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64, np.int64])
+@pytest.mark.parametrize("driver", ["gelsd", "gelsy", "gelss"])
+def test_zero_column_b_gives_scipys_shapes_and_dtypes(xp, m, n, dtype, driver):
+    rng = np.random.default_rng(m * 10 + n)
+    a = (rng.standard_normal((m, n)) * 4).astype(dtype) + np.eye(m, n, dtype=dtype)
+    b = np.ones((m, 0), dtype)
+    ref = _scipy_zero_rhs(a, b, driver)
+    x, res, rank, s = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b), lapack_driver=driver)
+    x, res = to_numpy(x), to_numpy(res)
+    assert (x.shape, x.dtype) == (ref[0].shape, ref[0].dtype)
+    assert (res.shape, res.dtype) == (ref[1].shape, ref[1].dtype)
+    assert rank == ref[2]
+    if ref[3] is None:
+        assert s is None
+    else:
+        s = to_numpy(s)
+        assert s.shape == ref[3].shape
+        wdt = ref[3].dtype if m and n else np.float64
+        np.testing.assert_allclose(s, ref[3], atol=C * max(m, n, 1) * _u(wdt) * s.max(initial=0))
+    ours = mcs.lstsq(a, b, lapack_driver=driver)
+    _assert_same_lstsq_types(ours, (ref[0], ref[1], ref[2], ref[3]))
+
+
+@pytest.mark.parametrize("m,n", [(6, 3), (3, 6), (4, 4)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex64, np.complex128])
+def test_zero_column_b_matches_scipys_gelss(xp, m, n, dtype):
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal((m, n)) + np.eye(m, n)).astype(dtype)
+    b = np.ones((m, 0), dtype)
+    ref = sla.lstsq(a, b, lapack_driver="gelss")
+    x, res, rank, s = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b), lapack_driver="gelss")
+    for got, want in ((x, ref[0]), (res, ref[1])):
+        got = to_numpy(got)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    assert rank == ref[2] == min(m, n)
+    s = to_numpy(s)
+    assert s.dtype == ref[3].dtype
+    np.testing.assert_allclose(s, ref[3], atol=C * max(m, n) * _u(s.dtype) * _cond(a) * s[0])
+    _assert_same_lstsq_types(mcs.lstsq(a, b, lapack_driver="gelss"), ref)
+
+
+def test_zero_column_b_on_rank_deficient_a_and_numpy(xp):
+    a = np.outer(np.arange(1.0, 7.0), [1.0, 2.0, 3.0])  # rank 1
+    b = np.zeros((6, 0))
+    ref = _scipy_zero_rhs(a, b, "gelsd")
+    x, res, rank, s = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b))
+    assert to_numpy(x).shape == (3, 0) and to_numpy(res).shape == ref[1].shape == (0,)
+    assert rank == ref[2] == 1
+    np.testing.assert_allclose(to_numpy(s), ref[3], atol=C * 6 * _u(np.float64) * ref[3][0])
+    # NumPy answers NRHS = 0 itself
+    xn, resn, rankn, sn = np.linalg.lstsq(a, b)
+    got = mcn.lstsq(a, b)
+    assert (got[0].shape, got[1].shape, got[2]) == (xn.shape, resn.shape, rankn)
+    np.testing.assert_allclose(got[3], sn, atol=C * 6 * _u(np.float64) * sn[0])
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((2, 5, 3), (5, 0)), ((5, 3), (2, 5, 0)),
+                                             ((2, 3, 5), (2, 3, 0))])
+def test_zero_column_b_batched(xp, a_shape, b_shape):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(a_shape) + np.eye(*a_shape[-2:])
+    b = np.zeros(b_shape)
+    x, res, rank, s = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b))
+    batch = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    ab = np.broadcast_to(a, (*batch, *a_shape[-2:]))
+    refs = [_scipy_zero_rhs(ab[i], b if b.ndim == 2 else b[i], "gelsd") for i in range(2)]
+    assert to_numpy(x).shape == (*batch, *refs[0][0].shape)
+    assert to_numpy(res).shape == (*batch, *refs[0][1].shape)
+    assert to_numpy(rank).tolist() == [r[2] for r in refs]
+    np.testing.assert_allclose(to_numpy(s), np.stack([r[3] for r in refs]),
+                               atol=C * 5 * _u(np.float64) * float(np.max(to_numpy(s))))
+
+
+@pytest.mark.parametrize("m,n", [(0, 0), (0, 3)])
+def test_one_dimensional_empty_b(xp, m, n):
+    a, b = np.ones((m, n)), np.ones(m)
+    ref = sla.lstsq(a, b)
+    x, res, rank, s = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b))
+    assert to_numpy(x).shape == ref[0].shape and to_numpy(x).dtype == ref[0].dtype
+    assert to_numpy(res).shape == np.shape(ref[1]) and rank == ref[2] == 0
+    assert (to_numpy(s).shape, to_numpy(s).dtype) == (ref[3].shape, ref[3].dtype)
+    _assert_same_lstsq_types(mcs.lstsq(a, b), ref)
+
+
+# --- masked arrays and numpy.matrix -------------------------------------------
+
+MASKED = ("masked arrays are not supported (`{}` is a numpy.ma.MaskedArray, whose mask "
+          "would be ignored); pass `{}.filled(value)`, choosing the value of the masked "
+          "entries")
+
+
+def _masked_problem():
+    a = np.ma.array([[1.0, 2.0], [3.0, 4.0], [5.0, 7.0]])
+    a[0, 0] = np.ma.masked
+    return a, np.ma.array([1.0, 2.0, 3.0])
+
+
+def test_masked_arrays_are_refused_naming_the_argument():
+    a, b = _masked_problem()
+    # SciPy either refuses a masked array or ignores its mask (1.17's batching wrapper
+    # converts it first); it never honours the mask
+    try:
+        ref = sla.lstsq(a, b)
+    except ValueError as exc:
+        assert str(exc) == "masked arrays are not supported"
+    else:
+        np.testing.assert_array_equal(ref[0], sla.lstsq(a.data, b.data)[0])
+    calls = [("a", lambda: mpqr.qr(a), "x"), ("a", lambda: mpqr.lstsq(a, b.data), "a"),
+             ("b", lambda: mpqr.lstsq(a.data, b), "b"),
+             ("a", lambda: mpqr.matmul(a, np.eye(2)), "a"),
+             ("a", lambda: mcs.qr(a), "a"), ("a", lambda: mcs.lstsq(a, b.data), "a"),
+             ("b", lambda: mcs.lstsq(a.data, b), "b"),
+             ("a", lambda: mcn.qr(a), "a"), ("b", lambda: mcn.lstsq(a.data, b), "b"),
+             ("a", lambda: mpqr.lstsq(np.ma.array(np.stack([a.data] * 2)), b.data), "a")]
+    for _, call, name in calls:
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == MASKED.format(name, name)
+    # a masked array without any masked entry is refused too: the type says a mask matters
+    with pytest.raises(ValueError, match="masked arrays are not supported"):
+        mpqr.lstsq(np.ma.array(a.data, mask=False), b.data, check_finite=False)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_numpy_matrix_is_computed_as_an_ndarray_as_scipy():
+    a = np.matrix([[1.0, 2.0], [3.0, 4.0], [5.0, 7.0]])
+    bcol = np.matrix([[1.0], [2.0], [3.0]])
+    arr = np.asarray(a)
+    tol = C * 3 * _u(np.float64) * _cond(arr) * np.linalg.norm(arr)
+    for mode in ("full", "economic", "r"):
+        ours, ref = mcs.qr(a, mode=mode), sla.qr(a, mode=mode)
+        assert [type(o) for o in ours] == [type(r) for r in ref] == [np.ndarray] * len(ref)
+        np.testing.assert_allclose(ours[-1], _r_with_nonnegative_diagonal(ref[-1]), atol=tol)
+    q, r = mpqr.qr(a)
+    assert type(q) is type(r) is np.ndarray
+    np.testing.assert_allclose(q @ r, arr, atol=tol)
+    for b in (np.array([1.0, 2.0, 3.0]), bcol):
+        ref = sla.lstsq(a, b)
+        ours = mcs.lstsq(a, b)
+        _assert_same_lstsq_types(ours, ref)
+        np.testing.assert_allclose(ours[0], ref[0], atol=tol * np.linalg.norm(ref[0]))
+        core = mpqr.lstsq(a, b)
+        assert type(core[0]) is np.ndarray and core[0].shape == ref[0].shape
+    # a matrix row is (1, M): SciPy's own shape error, not a broadcast failure
+    with pytest.raises(ValueError) as want:
+        sla.lstsq(a, bcol.T)
+    for f in (mcs.lstsq, mpqr.lstsq):
+        with pytest.raises(ValueError) as got:
+            f(a, bcol.T)
+        assert str(got.value) == str(want.value)
+    c = mpqr.matmul(a, np.matrix(np.eye(2)), precision="fp64")
+    assert type(c) is np.ndarray and np.array_equal(c, arr)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+def test_numpy_matrix_through_compat_numpy_is_a_matrix_as_numpy():
+    a = np.matrix([[1.0, 2.0], [3.0, 4.0], [5.0, 7.0]])
+    b = np.matrix([[1.0], [2.0], [3.0]])
+    arr = np.asarray(a)
+    tol = C * 3 * _u(np.float64) * _cond(arr) * np.linalg.norm(arr)
+    for mode in ("reduced", "complete", "r"):
+        ours, ref = mcn.qr(a, mode=mode), np.linalg.qr(a, mode=mode)
+        ours, ref = (ours, ref) if mode != "r" else ((ours,), (ref,))
+        assert [(type(o), o.shape) for o in ours] == [(type(r), r.shape) for r in ref]
+    ours, ref = mcn.lstsq(a, b), np.linalg.lstsq(a, b)
+    assert [type(v) for v in ours[:2]] == [type(v) for v in ref[:2]] == [np.matrix] * 2
+    assert [v.shape for v in ours[:2]] == [v.shape for v in ref[:2]]
+    np.testing.assert_allclose(ours[0], ref[0], atol=tol * np.linalg.norm(ref[0]))
