@@ -13,6 +13,7 @@ from mpqr._validation import (
 )
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
+from mpqr.dask._detect import is_dask_array
 from mpqr.policy import record_event, resolve_precision, validate_precision
 from mpqr.qr import driver
 from mpqr.qr.choice import choose_method, factor_precision
@@ -97,6 +98,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     >>> bool(np.allclose(q @ r, a)), bool(np.all(np.diag(r) >= 0))
     (True, True)
     """
+    if is_dask_array(x):  # a matrix chunked by rows: the distributed factorization
+        from mpqr.dask.qr import qr as dask_qr
+
+        return dask_qr(x, mode, precision, method, check_finite=check_finite,
+                       overwrite_a=overwrite_a)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     check_choice(mode, "mode", MODES)
