@@ -97,7 +97,7 @@ def test_gelsy_and_in_memory_b():
     a, b = _problem(10.0, np.float64, 2)
     x, res, rank, s = mpqr.lstsq(da.from_array(a, chunks=(CHUNKS, a.shape[1])), b,
                                  lapack_driver="gelsy")
-    xr, resr, rankr, sr = scipy.linalg.lstsq(a, b, lapack_driver="gelsy")
+    xr, resr, rankr, _ = scipy.linalg.lstsq(a, b, lapack_driver="gelsy")
     assert s is None and res.shape == resr.shape == (0,) and rank == rankr
     assert np.linalg.norm(x.compute() - xr) <= _x_tol(a, np.float64) * np.linalg.norm(xr)
 
@@ -127,4 +127,4 @@ def test_nan_b_gives_nan():
     b[0] = np.nan
     x, res, rank, _ = mpqr.lstsq(da.from_array(a, chunks=(CHUNKS, a.shape[1])), b,
                                  check_finite=False)
-    assert np.isnan(x.compute()).all() and rank == a.shape[1]
+    assert np.isnan(x.compute()).all() and np.isnan(res.compute()).all() and rank == a.shape[1]
