@@ -34,7 +34,11 @@ def test_qr_and_lstsq_on_two_workers(client):
     a = geometric(rng, 1600, 16, 1e3)
     b = rng.standard_normal(1600)
     x = da.from_array(a, chunks=(200, 16))
-    q, r = mpqr.qr(x)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(x)
+    # each pass's Gram matrix is its own computation (dask serves equal keys from memory)
+    assert [e.kind for e in trace.events if e.kind in ("certificate", "fallback")] == \
+        ["certificate"]
     q, r = client.compute([q, r], sync=False)
     q, r = q.result(timeout=TIMEOUT), r.result(timeout=TIMEOUT)
     assert backward_error(a, q, r) <= 20 * 16 * 2.0**-53
@@ -71,3 +75,21 @@ def test_worker_killed_mid_factorization(client):
     assert np.array_equal(a, before)
     assert backward_error(a, q, r) <= 20 * 8 * 2.0**-53
     assert orthogonality(q) <= 20 * 8 * 2.0**-53
+
+
+def test_lstsq_refinement_on_two_workers(client):
+    """An fp32 R refined to float64 accuracy in several steps: every iteration's products
+    are new computations."""
+    rng = np.random.default_rng(2)
+    a = geometric(rng, 1200, 12, 1e3)
+    b = rng.standard_normal((1200, 2))
+    x = da.from_array(a, chunks=(150, 12))
+    with mpqr.explain() as trace:
+        xs, res, rank, _ = mpqr.lstsq(x, b, refine="ir", precision="fp32")
+    steps = [e.data["iterations"] for e in trace.events if e.kind == "refine"]
+    assert steps and steps[0] >= 2
+    x0, res0, rank0, _ = mpqr.lstsq(a, b)
+    tol = 50 * 12 * 2.0**-53 * 1e6
+    assert rank == rank0 == 12
+    assert np.linalg.norm(xs.compute() - x0) <= tol * np.linalg.norm(x0)
+    assert np.all(np.abs(res.compute() - res0) <= tol * res0)

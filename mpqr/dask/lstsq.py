@@ -109,7 +109,7 @@ def tree_sum_qh(q: Any, b: Any, precision: str, label: str, split_every: int) ->
     parts = da.map_blocks(_blocks.qh_times, q, b, precision, label,
                           chunks=((1,) * len(q.chunks[0]), (n,), (k,)), new_axis=[2],
                           dtype=q.dtype, meta=q._meta.reshape((0, 0, 0)),
-                          name=f"mpqr-{label}")
+                          token=f"mpqr-{label}")
     return parts.sum(axis=0, split_every=split_every)
 
 
@@ -121,7 +121,7 @@ def column_sq(v: Any, split_every: int) -> Any:
     real = v.real.dtype
     parts = da.map_blocks(_blocks.column_sq, v, chunks=((1,) * len(v.chunks[0]), (k,)),
                           dtype=real, meta=v._meta.real.reshape((0, 0)),
-                          name="mpqr-column-sq")
+                          token="mpqr-column-sq")
     return parts.sum(axis=0, split_every=split_every)
 
 
@@ -141,7 +141,7 @@ class DaskOps(_Ops):
         a = self.a
         out = a.map_blocks(_blocks.times, _delayed(v), self.wprec,
                            f"{self.label}:{what}-Av", chunks=(a.chunks[0], (v.shape[1],)),
-                           dtype=a.dtype, meta=a._meta, name="mpqr-Av")
+                           dtype=a.dtype, meta=a._meta, token="mpqr-Av")
         return out.persist()
 
     def ahv(self, v: Any, what: str) -> Any:
@@ -153,7 +153,7 @@ class DaskOps(_Ops):
 
     def axpy(self, v: Any, alpha: Any, w: Any) -> Any:
         return v.map_blocks(_blocks.axpy, w, _delayed(alpha), dtype=v.dtype, meta=v._meta,
-                            name="mpqr-axpy").persist()
+                            token="mpqr-axpy").persist()
 
     def sub(self, v: Any, w: Any) -> Any:
         return (v - w).persist()
@@ -222,7 +222,7 @@ class DaskSolver(Solver):
 
         if not is_dask_array(x):
             return super()._pow2(x, e)
-        return x.map_blocks(_blocks.pow2, e, dtype=x.dtype, meta=x._meta, name="mpqr-pow2")
+        return x.map_blocks(_blocks.pow2, e, dtype=x.dtype, meta=x._meta, token="mpqr-pow2")
 
     def _refiner(self, method: str) -> Any:
         run = iterative_refinement if method == "ir" else cgls

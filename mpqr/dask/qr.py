@@ -161,7 +161,7 @@ def gram_sum(x: Any, rs: tuple[Any, ...], method: str, precision: Any, prec_name
     small = dask.delayed(rs, pure=True) if rs else ()
     parts = x.map_blocks(_blocks.gram_block, small, method, precision, prec_name, quiet,
                          chunks=((1,) * len(x.chunks[0]), (n,), (n,)), new_axis=[2],
-                         dtype=x.dtype, meta=meta, name=f"mpqr-{method}-gram")
+                         dtype=x.dtype, meta=meta, token=f"mpqr-{method}-gram")
     return parts.sum(axis=0, split_every=split_every)
 
 
@@ -172,7 +172,7 @@ def apply_factors(x: Any, rs: tuple[Any, ...], method: str, prec_name: str,
 
     return x.map_blocks(_blocks.apply_inverses, dask.delayed(rs, pure=True), method,
                         prec_name, quiet, dtype=x.dtype, meta=x._meta,
-                        name=f"mpqr-{method}-q")
+                        token=f"mpqr-{method}-q")
 
 
 def _cholqr(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str,
