@@ -17,6 +17,8 @@
 #   paneltests      the GPU tests of the leaf panels, TSQR and the recursive QR's methods
 #   qrtests         the GPU tests of the QR and right-solve files only
 #   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
+#   dask            bench dask on every GPU of the machine (dask_cuda.LocalCUDACluster)
+#   dasktests       the dask tests (CuPy blocks included)
 #   benchgap        the probe's 2^20x256 / 2^22x64 timing around short bench qr runs (session 12:
 #                   the bench read ~15% slower than the probes on these shapes)
 set -u
@@ -42,6 +44,14 @@ for job in "$@"; do
       timeout 280 python3 -m mpqr bench qr --repeat 3 --max-seconds 2 \
         --json "$OUT/qr_${DEV}_$D.json" --png "$OUT/qr_${DEV}_$D.png" >> "$L" 2>&1 ;;
     lstsq) timeout 240 python3 -m mpqr bench lstsq --json "$OUT/lstsq_${DEV}_$D.json" >> "$L" 2>&1 ;;
+    dask)
+      G=$(nvidia-smi -L | wc -l)
+      timeout 580 python3 -m mpqr bench dask --gpus "$G" --repeat 3 \
+        --json "$OUT/dask_${DEV}x${G}_$D.json" --png "$OUT/dask_${DEV}x${G}_$D.png" >> "$L" 2>&1 ;;
+    dasktests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_dask_qr.py \
+        tests/test_dask_lstsq.py tests/test_dask_cluster.py > "$OUT/pytest_dask.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_dask.txt" | cut -c1-300 >> "$L" ;;
     probe:*)
       (cd bench && timeout 500 python3 probe_s7.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
     probe11:*)

@@ -166,3 +166,34 @@ def test_numpy_input_does_not_import_dask():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.gpu
+def test_cupy_blocks():
+    """CuPy blocks (as on dask_cuda workers): each block's work runs on the CuPy backend
+    and Q, R stay CuPy; the results match the in-core CuPy factorization."""
+    from tests.conftest import GPU
+
+    if not GPU:
+        pytest.skip("no CUDA GPU visible")
+    import cupy
+
+    rng = np.random.default_rng(5)
+    a = _source(rng, 4096, 64, np.float64)
+    x = da.from_array(cupy.asarray(a), chunks=(1000, 64), asarray=False)
+    for precision in ("auto", "fp32", "fp64-emulated"):
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(x, precision=precision)
+            xs, _, rank, s = mpqr.lstsq(x, cupy.asarray(a[:, 0] + 1.0), precision=precision)
+        q, r = q.compute(), r.compute()
+        assert isinstance(q, cupy.ndarray) and isinstance(r, cupy.ndarray)
+        u = unit_roundoff(precision, np.float64)
+        assert backward_error(a, q, r) <= 20 * 64 * u
+        assert orthogonality(q) <= 20 * 64 * u
+        r0 = mpqr.qr(cupy.asarray(a), mode="r", precision=precision)
+        assert float(cupy.abs(r - r0).max()) <= _r_tol(u, 64, 10.0) * np.linalg.norm(a, 2)
+        assert rank == 64 and any(e.data.get("route") == "cholqr" for e in trace.events)
+        x0, _, _, s0 = mpqr.lstsq(a, a[:, 0] + 1.0)  # NumPy float64 reference
+        tol = 50 * 64 * 2.0**-53 * 100  # cond(A)^2 = 100; lstsq refines to float64
+        assert np.linalg.norm(xs.compute().get() - x0) <= tol * np.linalg.norm(x0)
+        assert np.abs(s.compute().get() - s0).max() <= tol * s0[0]
