@@ -65,7 +65,10 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     a : array, shape (M, N) or (..., M, N)
         Array of any Array API library (NumPy, CuPy, ...). Dtypes are cast as
         SciPy's LAPACK wrappers do (int32+ to float64; bool, small ints and
-        float16 to float32; float64 with complex64 to complex128).
+        float16 to float32; float64 with complex64 to complex128). A tall 2-D
+        ``dask.array.Array`` chunked by rows is solved with across its blocks on
+        their workers (``x``, ``residues``, ``s`` returned as dask arrays; see
+        :mod:`mpqr.dask.lstsq`).
     b : array, shape (M,) or (M, K) (or batched, as in SciPy)
     cond : float, optional
         Singular values ``<= cond * s[0]`` count as zero (default and

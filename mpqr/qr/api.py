@@ -40,7 +40,10 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     x : array, shape (..., m, n)
         Input of any Array API library (NumPy, CuPy, ...). Integers are cast to
         float64, float16 to float32; complex inputs are factored natively.
-        ``x`` is never modified unless ``overwrite_a=True``.
+        ``x`` is never modified unless ``overwrite_a=True``. A tall 2-D
+        ``dask.array.Array`` chunked by rows is factored across its blocks on
+        their workers (``Q`` lazy, modes ``"reduced"`` and ``"r"``; see
+        :mod:`mpqr.dask.qr` and the "Many GPUs with Dask" page).
     mode : {"reduced", "complete", "r"}
         ``"reduced"``: Q is ``(..., m, k)``, R ``(..., k, n)`` with
         ``k = min(m, n)``. ``"complete"``: Q is ``(..., m, m)``, R ``(..., m, n)``.
