@@ -93,3 +93,19 @@ def test_lstsq_refinement_on_two_workers(client):
     assert rank == rank0 == 12
     assert np.linalg.norm(xs.compute() - x0) <= tol * np.linalg.norm(x0)
     assert np.all(np.abs(res.compute() - res0) <= tol * res0)
+
+
+def test_precision_context_reaches_the_workers(client):
+    """``with mpqr.precision(...)`` on the client sets the workers' products too: a
+    one-pass CholQR with fp16 Gram products is far closer to the in-core fp16 result
+    (they differ only in the order of the fp32-accumulated sums) than to the float64 one
+    (fp16's input rounding)."""
+    rng = np.random.default_rng(3)
+    a = geometric(rng, 800, 8, 10.0)
+    x = da.from_array(a, chunks=(200, 8))
+    with mpqr.precision("fp16"):
+        r = mpqr.qr(x, mode="r", method="cholqr").compute()
+    r16 = mpqr.qr(a, mode="r", method="cholqr", precision="fp16")
+    r64 = mpqr.qr(a, mode="r", method="cholqr", precision="fp64")
+    assert np.abs(r16 - r64).max() > 1e6 * 2.0**-53 * np.abs(r64).max()  # fp16 changed R
+    assert np.abs(r - r16).max() <= 0.1 * np.abs(r - r64).max()

@@ -125,6 +125,13 @@ def column_sq(v: Any, split_every: int) -> Any:
     return parts.sum(axis=0, split_every=split_every)
 
 
+def times(a: Any, v: Any, precision: str, label: str) -> Any:
+    """Lazy ``a @ v`` for a row-chunked ``a`` and a small ``v`` (sent to every block)."""
+    return a.map_blocks(_blocks.times, _delayed(v), precision, label,
+                        chunks=(a.chunks[0], (v.shape[1],)), dtype=a.dtype, meta=a._meta,
+                        token="mpqr-Av")
+
+
 class DaskOps(_Ops):
     """The refinement's operations with a row-chunked ``A``: ``A v`` by ``map_blocks``
     (persisted: it is used twice), ``A^H v`` and the norms over the blocks in a tree."""
@@ -138,11 +145,7 @@ class DaskOps(_Ops):
         self.rh = xp.asarray(ct(xp, r), copy=True)
 
     def av(self, v: Any, what: str) -> Any:
-        a = self.a
-        out = a.map_blocks(_blocks.times, _delayed(v), self.wprec,
-                           f"{self.label}:{what}-Av", chunks=(a.chunks[0], (v.shape[1],)),
-                           dtype=a.dtype, meta=a._meta, token="mpqr-Av")
-        return out.persist()
+        return times(self.a, v, self.wprec, f"{self.label}:{what}-Av").persist()
 
     def ahv(self, v: Any, what: str) -> Any:
         return tree_sum_qh(self.a, v, self.wprec, f"{self.label}:{what}-AHv",
@@ -213,9 +216,7 @@ class DaskSolver(Solver):
         return column_sq(v, self.split_every).compute()
 
     def _resid_sq(self, x: Any) -> Any:
-        ops = DaskOps(self.backend, self.a, self.xp.eye(1, dtype=self.a.dtype), self.wprec,
-                      "lstsq", self.split_every)
-        return self._column_sq(self.b - ops.av(x, "residual"))
+        return self._column_sq(self.b - times(self.a, x, self.wprec, "lstsq:residual-Ax"))
 
     def _pow2(self, x: Any, e: int) -> Any:
         from mpqr.dask._detect import is_dask_array

@@ -77,6 +77,9 @@ def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
     check_layout(x, "x")
     x = as_float(x, "x")
     prec_name, _ = resolve_precision(precision)
+    if precision is None:
+        # the workers do not see the caller's mpqr.precision context: send its value
+        precision = prec_name
     backend = get_backend(_meta_namespace(x))
     xp = backend.xp
     m, n = x.shape
