@@ -197,3 +197,25 @@ def test_cupy_blocks():
         tol = 50 * 64 * 2.0**-53 * 100  # cond(A)^2 = 100; lstsq refines to float64
         assert np.linalg.norm(xs.compute().get() - x0) <= tol * np.linalg.norm(x0)
         assert np.abs(s.compute().get() - s0).max() <= tol * s0[0]
+
+
+@pytest.mark.parametrize("method", ["cholqr2", "shifted-cholqr3", "auto"])
+def test_columns_out_of_range(method):
+    """Columns near 2^600 and 2^-600 (their squares over- and underflow): a requested
+    CholQR method runs again on columns scaled by powers of two, as in-core; auto falls
+    back to the TSQR tree, whose in-core leaves scale."""
+    rng = np.random.default_rng(6)
+    n = 6
+    base = _source(rng, 480, n, np.float64)
+    d = 2.0 ** np.array([600, -600, 0, 300, -300, 5])
+    a = base * d
+    x = da.from_array(a, chunks=(100, n))
+    with mpqr.explain() as trace:
+        q, r = (v.compute() for v in mpqr.qr(x, method=method))
+    kinds = {e.kind for e in trace.events}
+    assert ("scale" in kinds) if method != "auto" else ("fallback" in kinds)
+    u = 2.0**-53
+    assert orthogonality(q) <= 20 * n * u
+    # column-scaled comparison: R D^-1 is the R of the unit-range base
+    rb = mpqr.qr(base, mode="r")
+    assert np.abs(r / d - rb).max() <= _r_tol(u, n, 10.0) * np.linalg.norm(base, 2)

@@ -19,6 +19,7 @@ __all__ = [
     "apply_inverses",
     "axpy",
     "block_backend",
+    "column_max",
     "column_sq",
     "gram_block",
     "leaf_qr",
@@ -113,10 +114,22 @@ def node_qr(rs: list[Any], precision: Any, method: str) -> tuple[Any, Any]:
     return leaf_qr(xp.concat(rs, axis=0), precision, method)
 
 
-def pow2(v: Any, e: int) -> Any:
-    """``v * 2**e`` exactly (the refinement's balancing of extreme scales)."""
+def pow2(v: Any, e: Any) -> Any:
+    """``v * 2**e`` exactly; ``e`` an int or int32 exponents broadcasting against ``v``
+    (one per column)."""
     from mpqr.qr._kernels import pow2_scale
 
     backend = block_backend(v)
     xp = backend.xp
-    return pow2_scale(backend, v, xp.asarray(e, dtype=xp.int32))
+    e = xp.asarray(e, dtype=xp.int32) if isinstance(e, int) else backend.from_small(e, v)
+    return pow2_scale(backend, v, e)
+
+
+def column_max(a: Any) -> Any:
+    """``(1, n)``: the largest finite ``|entry|`` of each column of a block (as
+    :func:`mpqr.qr._kernels.column_exponents` reads it), for a max over the blocks."""
+    backend = block_backend(a)
+    xp = backend.xp
+    if xp.isdtype(a.dtype, "complex floating"):
+        return xp.max(xp.abs(a), axis=-2, keepdims=True)
+    return backend.max_abs_finite(a, -2)

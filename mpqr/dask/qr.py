@@ -26,8 +26,8 @@ from mpqr.dask import _blocks
 from mpqr.dask._validate import as_float, check_layout, require_dask
 from mpqr.dask.tree import tree_depth, tsqr
 from mpqr.policy import record_event, resolve_precision, validate_precision
-from mpqr.qr._kernels import panel_precision
-from mpqr.qr.choice import OWN_PRECISION_CHOLQR, precision_of
+from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
+from mpqr.qr.choice import NATIVE_PRECISIONS, OWN_PRECISION_CHOLQR, precision_of
 
 __all__ = ["CHOLQR_METHODS", "SPLIT_EVERY", "factor", "qr"]
 
@@ -37,6 +37,9 @@ SPLIT_EVERY = 8
 
 #: the methods run across the blocks; any other in-core method runs at the TSQR leaves
 CHOLQR_METHODS = ("cholqr", "cholqr2", "shifted-cholqr3")
+
+#: the largest column exponent that needs no scaling, by single precision or not
+SAFE_RANGE = {True: SAFE_EXPONENT["float32"], False: SAFE_EXPONENT["float64"]}
 
 _PASSES = {"cholqr": (False,), "cholqr2": (False, False),
            "shifted-cholqr3": (True, False, False)}
@@ -116,12 +119,24 @@ def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
                      method=cholqr, route="cholqr", blocks=nb, depth=depth, shape=(m, n),
                      precision=own)
         try:
+            if not auto and prec_name not in NATIVE_PRECISIONS:
+                # as in-core: products with a narrower range than the input's always
+                # see columns scaled by powers of two
+                return _scaled(x, backend, cholqr, precision=precision, prec_name=prec_name,
+                               want_q=want_q, split_every=split_every, wrap=wrap)
             return _cholqr(x, backend, cholqr, precision=own if auto else precision,
-                           prec_name=own, want_q=want_q, quiet=auto,
+                           prec_name=own, want_q=want_q, quiet=True,
                            split_every=split_every, wrap=wrap)
         except BreakdownError as exc:
             if not auto:
-                raise
+                # a Gram matrix out of range (a column whose squares over- or underflow):
+                # again on scaled columns, as the in-core driver scales them
+                scaled = None if exc.cond_estimate != float("inf") else _scaled(
+                    x, backend, cholqr, precision=precision, prec_name=prec_name,
+                    want_q=want_q, split_every=split_every, wrap=wrap, only_if_needed=True)
+                if scaled is None:
+                    raise
+                return scaled
             fb = _fallback_method(backend, prec_name, n)
             record_event("fallback", f"qr (dask): {cholqr} broke down (estimated cond(x) >= "
                          f"{exc.cond_estimate:.2e}); falling back to a TSQR tree over the "
@@ -139,6 +154,41 @@ def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
     if not as_dask:
         r = r.compute()
     return q, r
+
+
+def _scaled(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str,
+            want_q: bool, split_every: int, wrap: Any, only_if_needed: bool = False
+            ) -> tuple[Any, Any] | None:
+    """``method`` on columns scaled by powers of two so that each one's largest entry is
+    in ``[1, 2)`` (one pass over ``x`` for the column maxima): ``A D = Q R_s``,
+    ``R = R_s D^-1``, exact. ``only_if_needed``: None when every column is within
+    :data:`SAFE_RANGE` (no scaling would help)."""
+    from mpqr.qr._kernels import in_safe_range, pow2_scale
+
+    n = x.shape[1]
+    parts = x.map_blocks(_blocks.column_max, chunks=((1,) * len(x.chunks[0]), (n,)),
+                         dtype=x.real.dtype if x.dtype.kind == "c" else x.dtype,
+                         meta=x._meta.real, token="mpqr-column-max")
+    mx = parts.max(axis=0, keepdims=True, split_every=split_every).compute()
+    e = backend.exponent(mx)
+    single = prec_name == "fp32"
+    if only_if_needed:
+        if in_safe_range(backend.xp, x, e, single=single):
+            return None
+        record_event("scale", f"qr (dask): a column's largest entry is outside 2^+-"
+                     f"{SAFE_RANGE[single]}: {method} runs again on columns scaled by "
+                     "powers of two", method=method)
+    xs = x.map_blocks(_blocks.pow2, _delayed_small(-e), dtype=x.dtype, meta=x._meta,
+                      token="mpqr-scale")
+    q, r = _cholqr(xs, backend, method, precision=precision, prec_name=prec_name,
+                   want_q=want_q, quiet=True, split_every=split_every, wrap=lambda a: a)
+    return q, wrap(pow2_scale(backend, r, backend.from_small(e, r)))
+
+
+def _delayed_small(v: Any) -> Any:
+    import dask
+
+    return dask.delayed(v, pure=True)
 
 
 def _meta_namespace(x: Any) -> Any:
