@@ -109,3 +109,17 @@ def test_precision_context_reaches_the_workers(client):
     r64 = mpqr.qr(a, mode="r", method="cholqr", precision="fp64")
     assert np.abs(r16 - r64).max() > 1e6 * 2.0**-53 * np.abs(r64).max()  # fp16 changed R
     assert np.abs(r - r16).max() <= 0.1 * np.abs(r - r64).max()
+
+
+def test_gemm_options_reach_the_workers(client):
+    """An ``mpqr.gemm_options`` block on the client forces the workers' engine too."""
+    rng = np.random.default_rng(4)
+    a = geometric(rng, 800, 8, 10.0)
+    x = da.from_array(a, chunks=(200, 8))
+    with mpqr.gemm_options(engine="tc-fp16"):
+        r = mpqr.qr(x, mode="r", method="cholqr", precision="fp64").compute()
+    with mpqr.gemm_options(engine="tc-fp16"):
+        r16 = mpqr.qr(a, mode="r", method="cholqr", precision="fp64")
+    r64 = mpqr.qr(a, mode="r", method="cholqr", precision="fp64")
+    assert np.abs(r16 - r64).max() > 1e6 * 2.0**-53 * np.abs(r64).max()  # the engine ran
+    assert np.abs(r - r16).max() <= 0.1 * np.abs(r - r64).max()

@@ -8,16 +8,18 @@ pickles to a process or remote worker; none modifies its input block.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 
 from mpqr._array_api import array_namespace
 from mpqr.backends import get_backend
-from mpqr.policy import gemm
+from mpqr.policy import active_gemm_options, gemm, gemm_options
 from mpqr.qr._kernels import ct
 
 __all__ = [
     "apply_inverses",
     "axpy",
+    "bind",
     "block_backend",
     "column_max",
     "column_sq",
@@ -27,8 +29,21 @@ __all__ = [
     "pow2",
     "product",
     "qh_times",
+    "run_with",
     "times",
 ]
+
+
+def bind(func: Any) -> Any:
+    """``func`` carrying the caller's ``mpqr.gemm_options`` context to the worker (a
+    context variable of the client's thread, which a worker process does not see)."""
+    opts = active_gemm_options()
+    return func if opts is None else functools.partial(run_with, func, opts)
+
+
+def run_with(func: Any, opts: Any, *args: Any, **kw: Any) -> Any:
+    with gemm_options(opts):
+        return func(*args, **kw)
 
 
 def block_backend(a: Any) -> Any:

@@ -106,7 +106,7 @@ def tree_sum_qh(q: Any, b: Any, precision: str, label: str, split_every: int) ->
     import dask.array as da
 
     n, k = q.shape[1], b.shape[1]
-    parts = da.map_blocks(_blocks.qh_times, q, b, precision, label,
+    parts = da.map_blocks(_blocks.bind(_blocks.qh_times), q, b, precision, label,
                           chunks=((1,) * len(q.chunks[0]), (n,), (k,)), new_axis=[2],
                           dtype=q.dtype, meta=q._meta.reshape((0, 0, 0)),
                           token=f"mpqr-{label}")
@@ -127,7 +127,7 @@ def column_sq(v: Any, split_every: int) -> Any:
 
 def times(a: Any, v: Any, precision: str, label: str) -> Any:
     """Lazy ``a @ v`` for a row-chunked ``a`` and a small ``v`` (sent to every block)."""
-    return a.map_blocks(_blocks.times, _delayed(v), precision, label,
+    return a.map_blocks(_blocks.bind(_blocks.times), _delayed(v), precision, label,
                         chunks=(a.chunks[0], (v.shape[1],)), dtype=a.dtype, meta=a._meta,
                         token="mpqr-Av")
 

@@ -212,9 +212,9 @@ def gram_sum(x: Any, rs: tuple[Any, ...], method: str, precision: Any, prec_name
     n = x.shape[1]
     meta = x._meta.reshape((0, 0, 0))
     small = dask.delayed(rs, pure=True) if rs else ()
-    parts = x.map_blocks(_blocks.gram_block, small, method, precision, prec_name, quiet,
-                         chunks=((1,) * len(x.chunks[0]), (n,), (n,)), new_axis=[2],
-                         dtype=x.dtype, meta=meta, token=f"mpqr-{method}-gram")
+    parts = x.map_blocks(_blocks.bind(_blocks.gram_block), small, method, precision,
+                         prec_name, quiet, chunks=((1,) * len(x.chunks[0]), (n,), (n,)),
+                         new_axis=[2], dtype=x.dtype, meta=meta, token=f"mpqr-{method}-gram")
     return parts.sum(axis=0, split_every=split_every)
 
 
@@ -223,8 +223,8 @@ def apply_factors(x: Any, rs: tuple[Any, ...], method: str, prec_name: str,
     """Lazy ``Q = A R1^-1 R2^-1 ...`` block by block (``x``'s chunks)."""
     import dask
 
-    return x.map_blocks(_blocks.apply_inverses, dask.delayed(rs, pure=True), method,
-                        prec_name, quiet, dtype=x.dtype, meta=x._meta,
+    return x.map_blocks(_blocks.bind(_blocks.apply_inverses), dask.delayed(rs, pure=True),
+                        method, prec_name, quiet, dtype=x.dtype, meta=x._meta,
                         token=f"mpqr-{method}-q")
 
 

@@ -38,8 +38,8 @@ def tsqr(x: Any, *, precision: Any, method: str, want_q: bool, split_every: int,
     n = x.shape[1]
     blocks = [b for b in x.to_delayed().ravel()]
     heights = list(x.chunks[0])
-    leaf = dask.delayed(_blocks.leaf_qr, nout=2, pure=True)
-    node = dask.delayed(_blocks.node_qr, nout=2, pure=True)
+    leaf = dask.delayed(_blocks.bind(_blocks.leaf_qr), nout=2, pure=True)
+    node = dask.delayed(_blocks.bind(_blocks.node_qr), nout=2, pure=True)
     # level 0: leaves; every entry (q, r, k) with k = rows of r
     level = []
     for b, h in zip(blocks, heights):
@@ -59,7 +59,7 @@ def tsqr(x: Any, *, precision: Any, method: str, want_q: bool, split_every: int,
     if not want_q:
         return None, r_arr
     # top-down: W(child) = Q(node)[rows of the child] @ W(node), W(root) = I
-    prod = dask.delayed(_blocks.product, pure=True)
+    prod = dask.delayed(_blocks.bind(_blocks.product), pure=True)
     rows = dask.delayed(_slice_rows, pure=True)
     ws: list[Any] = [None]
     for depth in range(len(levels) - 1, 0, -1):
