@@ -219,3 +219,19 @@ def test_columns_out_of_range(method):
     # column-scaled comparison: R D^-1 is the R of the unit-range base
     rb = mpqr.qr(base, mode="r")
     assert np.abs(r / d - rb).max() <= _r_tol(u, n, 10.0) * np.linalg.norm(base, 2)
+
+
+def test_detection_and_tree_depth():
+    from mpqr.dask import is_dask_array
+    from mpqr.dask.tree import tree_depth
+
+    assert is_dask_array(da.ones((4, 2), chunks=2))
+    assert not is_dask_array(np.ones((4, 2))) and not is_dask_array(None)
+    # the depth the explain trace reports: log_8 of the block count, rounded up
+    assert [tree_depth(b, 8) for b in (1, 2, 8, 9, 64, 65, 512, 513)] == [0, 1, 1, 2, 2, 3, 3, 4]
+
+
+def test_bench_dask_is_registered():
+    out = subprocess.run([sys.executable, "-m", "mpqr", "bench", "dask", "--help"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--gpus" in out.stdout and "LocalCUDACluster" in out.stdout
