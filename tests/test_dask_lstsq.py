@@ -128,3 +128,17 @@ def test_nan_b_gives_nan():
     x, res, rank, _ = mpqr.lstsq(da.from_array(a, chunks=(CHUNKS, a.shape[1])), b,
                                  check_finite=False)
     assert np.isnan(x.compute()).all() and np.isnan(res.compute()).all() and rank == a.shape[1]
+
+
+@pytest.mark.parametrize("scale", [2.0**-700, 2.0**600])
+def test_extreme_scale(scale):
+    """A scaled by 2^-700 or 2^600: the refinement runs on exactly rescaled blocks (its
+    products would under- or overflow), and x scales back exactly as in-core."""
+    a, b = _problem(1e3, np.float64)
+    x0, _, _, s0 = scipy.linalg.lstsq(a, b)
+    with mpqr.explain() as trace:
+        x, _, rank, s = mpqr.lstsq(da.from_array(a * scale, chunks=(CHUNKS, a.shape[1])), b)
+    assert rank == a.shape[1]
+    assert np.linalg.norm(x.compute() * scale - x0) <= _x_tol(a, np.float64) * np.linalg.norm(x0)
+    assert np.abs(s.compute() / scale - s0).max() <= _x_tol(a, np.float64) * s0[0]
+    assert any(e.kind == "scale" for e in trace.events)

@@ -238,8 +238,11 @@ def _cholqr(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str
     for i, shift in enumerate(_PASSES[method]):
         pair = c._first_gram(x, method) if i == 0 else None
         if pair is None:
-            g = gram_sum(x, tuple(factors), method, precision, prec_name, quiet,
-                         split_every).compute()
+            # quiet: an over- or underflowing G is read as a breakdown below, so the
+            # partial sums' warnings are noise (the threaded scheduler runs them here)
+            with backend.ignore_fp_warnings() if quiet else _null():
+                g = gram_sum(x, tuple(factors), method, precision, prec_name, quiet,
+                             split_every).compute()
         else:
             g = pair[1]
         gb = get_backend(_namespace(g))
