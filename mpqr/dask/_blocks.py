@@ -58,16 +58,17 @@ def _guard(backend: Any, quiet: bool) -> Any:
 
 def apply_inverses(a: Any, rs: tuple[Any, ...], method: str, prec_name: str,
                    quiet: bool = False) -> Any:
-    """``a R1^-1 R2^-1 ...`` for the upper-triangular factors ``rs`` (in order), each
-    step as the in-core CholQR pass applies it (substitution, or a GEMM by the inverse
-    where it is well conditioned)."""
+    """``a R1^-1 R2^-1 ...`` for the factors ``rs``, each ``(R, (R^-1, cond_1(R)))`` as
+    the client made them once (in order), each step as the in-core CholQR pass applies
+    it (substitution, or a GEMM by the inverse where it is well conditioned)."""
     from mpqr.qr.cholqr import _apply_inverse
 
     backend = block_backend(a)
     q = a
     with _guard(backend, quiet):
-        for r in rs:
-            q = _apply_inverse(backend, block_backend(r), q, r, method, prec_name)
+        for r, inverse in rs:
+            q = _apply_inverse(backend, block_backend(r), q, r, method, prec_name,
+                               inverse=inverse)
     return q
 
 

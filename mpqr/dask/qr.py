@@ -206,7 +206,8 @@ def _fallback_method(backend: Any, prec_name: str, n: int) -> str:
 
 def gram_sum(x: Any, rs: tuple[Any, ...], method: str, precision: Any, prec_name: str,
              quiet: bool, split_every: int) -> Any:
-    """Lazy ``n x n`` sum over the blocks of ``(A_i R1^-1 ...)^H (A_i R1^-1 ...)``."""
+    """Lazy ``n x n`` sum over the blocks of ``(A_i R1^-1 ...)^H (A_i R1^-1 ...)``
+    (``rs``: the factors as :func:`mpqr.dask._blocks.apply_inverses` takes them)."""
     import dask
 
     n = x.shape[1]
@@ -234,6 +235,7 @@ def _cholqr(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str
     from mpqr.qr import cholqr as c
 
     factors: list[Any] = []
+    applied: list[Any] = []  # (R, (R^-1, cond_1(R))) per pass, made once, sent to the blocks
     sb = backend
     for i, shift in enumerate(_PASSES[method]):
         pair = c._first_gram(x, method) if i == 0 else None
@@ -241,7 +243,7 @@ def _cholqr(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str
             # quiet: an over- or underflowing G is read as a breakdown below, so the
             # partial sums' warnings are noise (the threaded scheduler runs them here)
             with backend.ignore_fp_warnings() if quiet else _null():
-                g = gram_sum(x, tuple(factors), method, precision, prec_name, quiet,
+                g = gram_sum(x, tuple(applied), method, precision, prec_name, quiet,
                              split_every).compute()
         else:
             g = pair[1]
@@ -251,13 +253,15 @@ def _cholqr(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str
             _q, r, sb = c._one_pass(gb, x, precision, method, prec_name, shift=shift,
                                     certify=certify, want_q=False, g=g)
         factors.append(r)
+        rb = get_backend(_namespace(r))
+        applied.append((r, c.inverse_and_cond(rb, r)))
     # R on the blocks' kind of device (a device array for CuPy blocks)
     r = c._final_r(backend, sb, factors[::-1], backend.xp.empty((0, 0), dtype=x.dtype),
                    prec_name)
     record_event("certificate", f"qr (dask): {method} " + (
         "certified: the last pass's Gram matrix is within 1/2 of I" if len(factors) > 1
         else "(one pass, no certificate)"), method=method, passes=len(factors))
-    q = apply_factors(x, tuple(factors), method, prec_name, quiet) if want_q else None
+    q = apply_factors(x, tuple(applied), method, prec_name, quiet) if want_q else None
     return q, wrap(r)
 
 
