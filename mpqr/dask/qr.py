@@ -152,6 +152,12 @@ def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
     q, r = tsqr(x, precision=precision, method=method, want_q=want_q,
                 split_every=split_every, wprec=panel_precision(prec_name, x.dtype, xp))
     if not as_dask:
+        if q is not None:
+            # R is read now and Q right after (lstsq's direct solve): the leaves' QRs run
+            # once, their Q blocks kept on the workers
+            import dask
+
+            q, r = dask.persist(q, r)
         r = r.compute()
     return q, r
 
