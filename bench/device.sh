@@ -9,6 +9,8 @@
 #   qr        bench qr: every shape, precision and mode, against cuSOLVER
 #   lstsq     bench lstsq: against the cuSOLVER routes
 #   accuracy  bench accuracy at 1024^2 with the cond(A) sweep
+#   dask      bench dask on every GPU of the machine (dask_cuda.LocalCUDACluster)
+#   dasktests the dask tests (CuPy blocks included)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/out}
@@ -41,7 +43,15 @@ for job in "$@"; do
     accuracy)
       timeout 280 python3 -m mpqr bench accuracy --n 1024 --cond-sweep \
         --json "$name.json" --png "$name.png" >> "$L" 2>&1 ;;
-    *) echo "unknown job $job (tests, demo, gemm, qr, lstsq, accuracy)" >> "$L" ;;
+    dask)
+      G=$(nvidia-smi -L | wc -l)
+      timeout 580 python3 -m mpqr bench dask --gpus "$G" --repeat 3 \
+        --json "$OUT/dask_${DEV}x${G}_$D.json" --png "$OUT/dask_${DEV}x${G}_$D.png" >> "$L" 2>&1 ;;
+    dasktests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_dask_qr.py \
+        tests/test_dask_lstsq.py tests/test_dask_cluster.py > "$OUT/pytest_dask.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_dask.txt" | cut -c1-300 >> "$L" ;;
+    *) echo "unknown job $job (tests, demo, gemm, qr, lstsq, accuracy, dask, dasktests)" >> "$L" ;;
   esac
 done
 grep -v "^\s\s\s\s" "$L" | cut -c1-220 | tail -100

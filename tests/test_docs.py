@@ -175,7 +175,7 @@ def _python_blocks(page: str) -> str:
                      if not re.search(r"^\s*import cupy", b, re.M) and "--8<--" not in b)
 
 
-@pytest.mark.parametrize("page", ["index.md", "quickstart.md", "precision.md"])
+@pytest.mark.parametrize("page", ["index.md", "quickstart.md", "precision.md", "dask.md"])
 def test_page_code_runs(page):
     code = _python_blocks(page)
     assert code.strip(), f"{page} has no Python block to run"

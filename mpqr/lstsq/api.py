@@ -40,11 +40,12 @@ from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_finite as _check_finite
 from mpqr._validation import namespace_of, plain_array
 from mpqr.backends import get_backend
+from mpqr.dask._detect import is_dask_array
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.solver import Solver
 from mpqr.policy import resolve_precision, validate_precision
 
-__all__ = ["REFINE", "lstsq"]
+__all__ = ["REFINE", "check_options", "lstsq", "lstsq_2d"]
 
 #: Accepted values of ``refine``.
 REFINE = ("auto", "cgls", "ir", None)
@@ -66,6 +67,9 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         SciPy's LAPACK wrappers do (int32+ and longdouble to float64; bool, small
         ints and float16 to float32; clongdouble, and float64 with complex64, to
         complex128). ``numpy.matrix`` is taken as a plain ndarray.
+        A tall 2-D ``dask.array.Array`` chunked by rows is solved across its
+        blocks on their workers (``x``, ``residues``, ``s`` returned as dask arrays;
+        see :mod:`mpqr.dask.lstsq`).
     b : array, shape (M,) or (M, K) (or batched, as in SciPy)
         ``K = 0`` gives ``x`` of shape (N, 0) with ``rank`` and ``s`` of ``a``.
     cond : float, optional
@@ -149,8 +153,37 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> np.round(x, 6).tolist(), rank
     ([0.666667, 0.5], 2)
     """
+    if is_dask_array(a):  # a matrix chunked by rows: the distributed solver
+        from mpqr.dask.lstsq import lstsq as dask_lstsq
+
+        return dask_lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite, lapack_driver,
+                          precision=precision, refine=refine, tol=tol, maxiter=maxiter)
     a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     xp = namespace_of(a, b, names=("a", "b"))
+    prec_name = check_options(refine, precision, tol, maxiter, cond)
+    for name, v in (("a", a), ("b", b)):
+        # SciPy casts bool and integers to float64; anything non-numeric is refused
+        if not (v.dtype == xp.bool or xp.isdtype(v.dtype, "numeric")):
+            raise TypeError(f"`{name}` must have a numeric dtype, got {v.dtype}")
+    backend = get_backend(xp)
+    if check_finite:
+        for name, v in (("a", a), ("b", b)):
+            if xp.isdtype(v.dtype, ("real floating", "complex floating")):
+                _check_finite(backend, v, name)  # integers and bools are always finite
+
+    def one(a2: Any, b2: Any) -> tuple[Any, Any, Any, Any]:
+        rules.check_shapes(a2, b2)
+        return lstsq_2d(backend, a2, b2, cond, lapack_driver, prec_name, refine, tol,
+                        maxiter)
+
+    if a.ndim < 2:
+        raise ValueError("Input array a should be 2D")
+    with device_errors(backend, "mpqr.lstsq"):
+        return rules.apply_over_batch(xp, a, b, one)
+
+
+def check_options(refine: Any, precision: Any, tol: Any, maxiter: Any, cond: Any) -> str:
+    """Validate lstsq's scalar options; the resolved precision name."""
     if refine not in REFINE:
         raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")
     if precision is not None:
@@ -164,30 +197,14 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
                              and not hasattr(cond, "__float__"))):
         raise TypeError(f"`cond` must be a real number or None, got {type(cond).__name__} "
                         f"{cond!r}")
-    for name, v in (("a", a), ("b", b)):
-        # SciPy casts bool and integers to float64; anything non-numeric is refused
-        if not (v.dtype == xp.bool or xp.isdtype(v.dtype, "numeric")):
-            raise TypeError(f"`{name}` must have a numeric dtype, got {v.dtype}")
-    backend = get_backend(xp)
-    if check_finite:
-        for name, v in (("a", a), ("b", b)):
-            if xp.isdtype(v.dtype, ("real floating", "complex floating")):
-                _check_finite(backend, v, name)  # integers and bools are always finite
-
-    def one(a2: Any, b2: Any) -> tuple[Any, Any, Any, Any]:
-        rules.check_shapes(a2, b2)
-        return _lstsq_2d(backend, a2, b2, cond, lapack_driver, prec_name, refine, tol,
-                         maxiter)
-
-    if a.ndim < 2:
-        raise ValueError("Input array a should be 2D")
-    with device_errors(backend, "mpqr.lstsq"):
-        return rules.apply_over_batch(xp, a, b, one)
+    return prec_name
 
 
-def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
-              refine: str | None, tol: float | None, maxiter: int | None
-              ) -> tuple[Any, Any, int, Any]:
+def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
+             refine: str | None, tol: float | None, maxiter: int | None,
+             solver: Any = Solver) -> tuple[Any, Any, int, Any]:
+    """One 2-D problem (``solver``: the class that solves it; ``mpqr.dask`` passes its
+    distributed one)."""
     xp = backend.xp
     m, n = a.shape
     if m == 0 or n == 0:  # SciPy answers before validating the driver
@@ -202,15 +219,15 @@ def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     aw = a if a.dtype == wdt else xp.astype(a, wdt)
     bw = b if b.dtype == wdt else xp.astype(b, wdt)
     vec = bw.ndim == 1
-    b2 = xp.reshape(bw, (m, 1)) if vec else bw
+    b2 = bw[:, None] if vec else bw
     no_rhs = b2.shape[1] == 0  # rank and s still come from `a`: solve for a zero column
     if no_rhs:
         b2 = xp.zeros((m, 1), dtype=wdt, device=device(bw))
     eps = float(xp.finfo(wdt).eps)
     if cond is None or cond < 0:
         cond = eps
-    solver = Solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter,
-                     need_s=driver != "gelsy")
+    solver = solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter,
+                    need_s=driver != "gelsy")
     x, rank, s, rsq = solver.run()
     if no_rhs:
         x, rsq = x[:, :0], (None if rsq is None else rsq[:0])

@@ -51,6 +51,7 @@ __all__ = [
     "GramFactor",
     "certified_cholesky",
     "cholesky_flagged",
+    "factor_from_gram",
     "gram_factor",
     "inverse_certificate",
     "norm2_estimate",
@@ -192,9 +193,19 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
     above it (relative to ``s[0]``) the smallest singular value must lie for the rank
     to be certain. The route returns only full-rank, well-conditioned factors.
     """
-    m, n = f.shape
     with backend.ignore_fp_warnings():  # an over- or underflowing G is declined below
         sb, g = backend.small(gram(backend, f, precision, "lstsq:gram"))
+    return factor_from_gram(backend, sb, g, f.shape, f, precision=precision, need_s=need_s,
+                            cutoff=cutoff, resolution=resolution)
+
+
+def factor_from_gram(backend: Any, sb: Any, g: Any, shape: tuple[int, int], like: Any, *,
+                     precision: str, need_s: bool, cutoff: float, resolution: float
+                     ) -> GramFactor | None:
+    """:func:`gram_factor`'s decision from a Gram matrix ``g`` of an ``M x N`` matrix
+    already formed (in the small backend ``sb``); ``R`` and ``s`` are returned on
+    ``like``'s device (``mpqr.dask`` sums ``g`` over row blocks)."""
+    m, n = shape
     xs = sb.xp
     if not bool(xs.all(xs.isfinite(g))):
         _decline("A^H A is not finite")
@@ -258,5 +269,5 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
                     + f" (cond(A) = {cond:.3g} <= {cond_max:g})"
                     if by_eig else f" (cond(A) <= {cond:.3g}, {how})"),
                  path="gram", cond=cond)
-    return GramFactor(backend.from_small(r, f),
-                      backend.from_small(s, f) if need_s else None, s1, (sb, g))
+    return GramFactor(backend.from_small(r, like),
+                      backend.from_small(s, like) if need_s else None, s1, (sb, g))

@@ -58,7 +58,8 @@ class RefineResult:
 
 
 class _Ops:
-    """Products with ``A`` in working precision and solves with ``R``."""
+    """Products with ``A`` in working precision, solves with ``R`` and the vector
+    operations on ``A``'s side (``mpqr.dask`` subclasses it for row-chunked ``A``)."""
 
     def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str):
         self.backend, self.a, self.wprec, self.label = backend, a, wprec, label
@@ -81,6 +82,15 @@ class _Ops:
     def rhinv(self, v: Any) -> Any:  # R^-H v
         return self.backend.solve_triangular(self.rh, v, lower=True)
 
+    def norms(self, v: Any) -> Any:  # column norms of a vector of A's height
+        return self.backend.column_norms(v)
+
+    def axpy(self, v: Any, alpha: Any, w: Any) -> Any:  # v - alpha * w, A's height
+        return v - alpha * w
+
+    def sub(self, v: Any, w: Any) -> Any:  # v - w, A's height
+        return v - w
+
 
 def _safe_div(xp: Any, num: Any, den: Any) -> Any:
     ok = den > 0
@@ -98,16 +108,16 @@ def _ratio(xp: Any, meas: Any, target: Any) -> tuple[float, bool]:
 
 def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: float,
          maxiter: int, patience: int = 3, wprec: str, label: str = "lstsq",
-         floor_tol: float | None = None) -> RefineResult:
+         floor_tol: float | None = None, ops: Any = None) -> RefineResult:
     """Preconditioned CGLS from ``x = 0`` for ``min ||b - A x||`` (``b`` 2-D).
 
     ``side="right"`` (``M >= N``, ``A = Q R``) or ``"left"`` (``M < N``,
     ``A^H = Q R``, consistent systems: minimum-norm solution). ``anorm``
     estimates ``||A||_2``. Columns of ``b`` are independent problems sharing
-    the products.
+    the products. ``ops``: the products and vector operations (default: in-core).
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label)
+    ops = ops if ops is not None else _Ops(backend, a, r, wprec, label)
     n = a.shape[1]
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
     right = side == "right"
@@ -118,11 +128,11 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
             g = ops.ahv(res, "cgls")
             return ops.rhinv(g), backend.column_norms(g)
         s = ops.ahv(ops.rinv(res), "cgls")
-        return s, backend.column_norms(res)
+        return s, ops.norms(res)
 
     def target(xv: Any, res: Any) -> Any:
         if right:
-            return tol * anorm * (anorm * backend.column_norms(xv) + backend.column_norms(res))
+            return tol * anorm * (anorm * backend.column_norms(xv) + ops.norms(res))
         return tol * backend.column_norms(xv)
 
     res = b if right else ops.rhinv(b)
@@ -139,10 +149,10 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
         it = step
         t = ops.rinv(p) if right else p
         q = ops.av(t, "cgls") if right else ops.rhinv(ops.av(p, "cgls"))
-        delta = backend.column_norms(q) ** 2
+        delta = ops.norms(q) ** 2
         alpha = xp.astype(_safe_div(xp, gamma, delta), a.dtype)
         x = x + alpha * t
-        res = res - alpha * q
+        res = ops.axpy(res, alpha, q)
         s, meas = adjoint(res)
         ratio, nonfinite = _ratio(xp, meas, target(x, res))
         if nonfinite:
@@ -169,14 +179,16 @@ def cgls(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float, tol: 
 
 def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, anorm: float,
                          tol: float, maxiter: int, patience: int = 3, wprec: str,
-                         label: str = "lstsq", floor_tol: float | None = None) -> RefineResult:
+                         label: str = "lstsq", floor_tol: float | None = None,
+                         ops: Any = None) -> RefineResult:
     """Classical refinement on the semi-normal equations from ``x = 0``.
 
     Each step recomputes the residual ``b - A x`` in working precision and
-    applies the correction through ``R`` (see the module docstring).
+    applies the correction through ``R`` (see the module docstring); ``ops`` as in
+    :func:`cgls`.
     """
     xp = backend.xp
-    ops = _Ops(backend, a, r, wprec, label)
+    ops = ops if ops is not None else _Ops(backend, a, r, wprec, label)
     n = a.shape[1]
     right = side == "right"
     x = xp.zeros((n, b.shape[1]), dtype=a.dtype, device=device(a))
@@ -185,11 +197,11 @@ def iterative_refinement(backend: Any, a: Any, b: Any, r: Any, *, side: str, ano
     it = 0
     res = b
     for it in range(0, maxiter + 1):
-        res = b - ops.av(x, "ir") if it else b
+        res = ops.sub(b, ops.av(x, "ir")) if it else b
         if right:
             g = ops.ahv(res, "ir")
             meas = backend.column_norms(g)
-            tgt = tol * anorm * (anorm * backend.column_norms(x) + backend.column_norms(res))
+            tgt = tol * anorm * (anorm * backend.column_norms(x) + ops.norms(res))
         else:
             w = ops.rhinv(res)
             meas = backend.column_norms(w)

@@ -96,16 +96,32 @@ class Solver:
         r = self.b - self._gemm(self.a, x, "residual-Ax")
         return self.backend.column_norms(r) ** 2
 
+    # --- the operations on A and b (overridden by mpqr.dask's distributed solver) ---
+    def _b_finite(self) -> bool:
+        return bool(self.xp.all(self.xp.isfinite(self.b)))
+
+    def _max_abs_b(self) -> float:
+        return float(self.xp.max(self.xp.abs(self.b)))
+
+    def _qh_b(self, q: Any) -> Any:
+        return self._gemm(ct(self.xp, q), self.b, "QHb")
+
+    def _column_sq(self, v: Any) -> Any:
+        return self.backend.column_norms(v) ** 2
+
+    def _refiner(self, method: str) -> Any:
+        return iterative_refinement if method == "ir" else cgls
+
     # --- paths ---------------------------------------------------------------
     def run(self) -> tuple[Any, int, Any, Any]:
         xp = self.xp
-        if not bool(xp.all(xp.isfinite(self.b))):
+        if not self._b_finite():
             # NaN/Inf in b (check_finite=False): x is NaN, never a finite-looking answer
             r = self._factor(self.prec, "r")
             s = self._svdvals(r)
             rank_cond, _, s1 = self._ranks(s, self.u)
             nan = xp.full((self.n, self.b.shape[1]), float("nan"), dtype=self.a.dtype,
-                          device=device(self.a))
+                          device=device(r))
             rsq = xp.full((self.b.shape[1],), float("nan"), dtype=s.dtype, device=device(s))
             record_event("method", "lstsq: `b` holds NaN/Inf: the solution is NaN",
                          path="nonfinite")
@@ -147,7 +163,7 @@ class Solver:
             return self.direct("auto" if low else self.prec)
         side = "left" if self.under else "right"
         method = "ir" if self.refine == "ir" else "cgls"
-        run = iterative_refinement if method == "ir" else cgls
+        run = self._refiner(method)
         a, b, r, s1, ea, eb = self._balanced(r, s1)
         out = run(self.backend, a, b, r, side=side, anorm=s1, tol=self.tol,
                   maxiter=self.maxiter, wprec=self.wprec, floor_tol=self.floor_tol)
@@ -173,7 +189,7 @@ class Solver:
                 RefinementWarning, stacklevel=4)
         rsq = None
         if out.residual is not None and self.need_s:  # gelsy returns no residues either
-            rsq = self.backend.column_norms(out.residual) ** 2
+            rsq = self._column_sq(out.residual)
         return out.x, k, s, rsq
 
     def _pow2(self, x: Any, e: int) -> Any:
@@ -188,7 +204,7 @@ class Solver:
         then ``x = 2**(eb - ea) x_scaled``. Otherwise no copies and ``ea = eb = 0``."""
         lim = 250 if self.wprec == "fp64" else 30
         ea = math.frexp(s1)[1]
-        eb = math.frexp(float(self.xp.max(self.xp.abs(self.b))))[1]
+        eb = math.frexp(self._max_abs_b())[1]
         if abs(ea) <= lim and abs(eb) <= lim:
             return self.a, self.b, r, s1, 0, 0
         record_event("scale", f"lstsq: A scaled by 2^{-ea} and b by 2^{-eb} for the "
@@ -270,7 +286,7 @@ class Solver:
                                                   lower=True)
                 x = self._gemm(q, y, "Qy")
             else:
-                x = self.backend.solve_triangular(r, self._gemm(ct(xp, q), b, "QHb"))
+                x = self.backend.solve_triangular(r, self._qh_b(q))
         else:
             record_event("method", f"lstsq: rank {rank} < {k}: minimum-norm solution from "
                          "the SVD of R", path="svd", rank=rank, precision=prec)
@@ -283,11 +299,11 @@ class Solver:
         u, sv, vh = self.backend.svd(r, full_matrices=False)
         b = self.b
         if rank == 0:
-            return xp.zeros((self.n, b.shape[1]), dtype=b.dtype, device=device(b))
+            return xp.zeros((self.n, b.shape[1]), dtype=b.dtype, device=device(r))
         inv = xp.astype(1.0 / sv[:rank], b.dtype)[:, None]
         if self.under:  # A = V S U^H Q^H  (R = U S V^H): x = Q U_k S_k^-1 V_k^H b
             y = inv * self._gemm(vh[:rank, :], b, "svd-Vhb")
             return self._gemm(q, self._gemm(u[:, :rank], y, "svd-Uy"), "svd-Qy")
-        c = self._gemm(ct(xp, q), b, "QHb")
+        c = self._qh_b(q)
         y = inv * self._gemm(ct(xp, u[:, :rank]), c, "svd-UHc")
         return self._gemm(ct(xp, vh[:rank, :]), y, "svd-Vy")

@@ -14,6 +14,7 @@ from mpqr._validation import (
 )
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
+from mpqr.dask._detect import is_dask_array
 from mpqr.policy import record_event, resolve_precision, validate_precision
 from mpqr.qr import driver
 from mpqr.qr.choice import choose_method, factor_precision
@@ -43,6 +44,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         float64/complex128 (as SciPy computes them); complex inputs are factored
         natively. ``numpy.matrix`` is taken as a plain ndarray.
         ``x`` is never modified unless ``overwrite_a=True``.
+        A tall 2-D ``dask.array.Array`` chunked by rows is factored across its
+        blocks on their workers (``Q`` lazy, modes ``"reduced"`` and ``"r"``; see
+        :mod:`mpqr.dask.qr` and the "Many GPUs with Dask" page).
     mode : {"reduced", "complete", "r"}
         ``"reduced"``: Q is ``(..., m, k)``, R ``(..., k, n)`` with
         ``k = min(m, n)``. ``"complete"``: Q is ``(..., m, m)``, R ``(..., m, n)``.
@@ -101,6 +105,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     >>> bool(np.allclose(q @ r, a)), bool(np.all(np.diag(r) >= 0))
     (True, True)
     """
+    if is_dask_array(x):  # a matrix chunked by rows: the distributed factorization
+        from mpqr.dask.qr import qr as dask_qr
+
+        return dask_qr(x, mode, precision, method, check_finite=check_finite,
+                       overwrite_a=overwrite_a)
     x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")

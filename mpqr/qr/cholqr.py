@@ -28,8 +28,8 @@ from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "reuse_first_gram",
-           "right_solve_upper", "shifted_cholqr3"]
+__all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "inverse_and_cond",
+           "reuse_first_gram", "right_solve_upper", "shifted_cholqr3"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -277,6 +277,18 @@ def _inverse_by_gemm(backend: Any, a: Any, n: int) -> bool:
 INVERSE_COND_MAX = 8.0
 
 
+def inverse_and_cond(sb: Any, r: Any) -> tuple[Any, float]:
+    """``(X, cond_1(R))`` for upper-triangular ``r`` in the small backend ``sb``: ``X = R^-1``
+    by row-wise substitution on ``I``, as :func:`_apply_inverse` uses it."""
+    xs = sb.xp
+    n = r.shape[-1]
+    # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
+    x = sb.right_solve_upper(xs.eye(n, dtype=r.dtype, device=device(r)), r)
+    norms = sb.small(xs.stack([xs.max(xs.sum(xs.abs(r), axis=0)),
+                               xs.max(xs.sum(xs.abs(x), axis=0))]))[1]
+    return x, float(norms[0]) * float(norms[1])
+
+
 def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str,
                    inverse: tuple[Any, float] | None = None) -> Any:
     """``Q = A R^-1`` (``r`` in the small backend ``sb``), by row-wise substitution or, for
@@ -292,15 +304,7 @@ def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name
     """
     n = r.shape[-1]
     if _inverse_by_gemm(backend, a, n):
-        if inverse is not None:
-            x, kappa = inverse
-        else:
-            xs = sb.xp
-            # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
-            x = sb.right_solve_upper(xs.eye(n, dtype=r.dtype, device=device(r)), r)
-            norms = sb.small(xs.stack([xs.max(xs.sum(xs.abs(r), axis=0)),
-                                       xs.max(xs.sum(xs.abs(x), axis=0))]))[1]
-            kappa = float(norms[0]) * float(norms[1])
+        x, kappa = inverse if inverse is not None else inverse_and_cond(sb, r)
         if kappa <= INVERSE_COND_MAX:
             record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (cond_1(R) = "
                          f"{kappa:.3g} <= {INVERSE_COND_MAX:g})", cond_1=kappa)

@@ -1,0 +1,331 @@
+"""Distributed benchmark: mpqr.qr / mpqr.lstsq on a Dask cluster against dask.array.linalg.
+
+``python -m mpqr bench dask [--gpus N | --workers N] [--m-per-worker M] [--n N]
+[--chunk-rows R] [--json PATH] [--png PATH]``
+
+With ``--gpus N`` a ``dask_cuda.LocalCUDACluster`` runs one worker per GPU and the
+matrix is generated on the workers as CuPy blocks; otherwise a ``distributed.LocalCluster``
+of ``--workers`` single-threaded CPU processes holds NumPy blocks. The matrix is
+persisted on the workers before any timing; every timed call computes its results
+onto the workers (``persist`` + ``wait``), so the times include the scheduler, the
+tree reductions and the client's ``n x n`` steps, not a transfer of ``Q`` to the client.
+
+Experiments (each row: workers, shape, block rows, median seconds of ``--repeat``):
+
+* ``weak_scaling``: ``M = m_per_worker * w`` rows on ``w = 1 ... N`` workers (the
+  ``2^27 x 64`` on 2 GPUs vs ``2^26 x 64`` on 1 case on GPUs); ``mpqr.qr`` and
+  ``dask.array.linalg.tsqr`` on the same cluster and data;
+* ``strong_scaling``: ``M = m_per_worker`` fixed (one worker must hold it), ``w = 1 ... N``;
+* ``lstsq``: ``mpqr.lstsq`` (``lapack_driver="gelsy"``, ``check_finite=False``: no
+  singular values and no finiteness pass, as dask's) against ``dask.array.linalg.lstsq``
+  (largest shape);
+* ``accuracy``: ``||A - QR||_F / ||A||_F`` and ``||I - Q^H Q||_F / n`` of both QRs,
+  and the normal-equation residual of both solvers, all evaluated on the cluster;
+* ``scheduler``: one call on a small matrix split into many blocks — the time of a
+  call that does almost no arithmetic, its graph's task count and time per task;
+* ``chunk_sweep``: block heights from ``min(M / (2 N), 2 chunk_rows)`` down by factors
+  of 2 to ``M / (128 N)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+import uuid
+from typing import Any
+
+from mpqr.tools._timing import environment, write_json
+
+__all__ = ["main"]
+
+
+def _cluster(gpus: int | None, workers: int) -> Any:
+    if gpus:
+        from dask_cuda import LocalCUDACluster
+
+        return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))),
+                                dashboard_address=None, silence_logs=40)
+    from distributed import LocalCluster
+
+    return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                        dashboard_address=None, silence_logs=40)
+
+
+def _matrix(gpu: bool, m: int, n: int, rows: int, dtype: str, seed: int = 0) -> Any:
+    """A Gaussian ``m x n`` matrix generated on the workers (CuPy blocks on GPUs)."""
+    import dask.array as da
+
+    if gpu:
+        import cupy
+
+        rs = da.random.RandomState(seed, RandomState=cupy.random.RandomState)
+    else:
+        rs = da.random.RandomState(seed)
+    return rs.standard_normal((m, n), chunks=(rows, n)).astype(dtype)
+
+
+def _run(client: Any, *arrays: Any) -> list[Any]:
+    """Compute onto the workers and wait (nothing is gathered to the client)."""
+    from distributed import wait
+
+    out = client.persist(list(arrays))
+    wait(out)
+    return out
+
+
+def _median_time(client: Any, fn: Any, x: Any, repeat: int) -> float:
+    """Median seconds of ``fn(x)``. Each call gets ``x`` under new keys (an identity task
+    per block: dask names results by content, and a repeated graph would be served from
+    memory), and its results are released before the next call starts."""
+    def one() -> float:
+        base = _tasks(client)
+        xi = x.map_blocks(_same, nonce=uuid.uuid4().hex, dtype=x.dtype, meta=x._meta)
+        t0 = time.perf_counter()
+        out = fn(xi)
+        dt = time.perf_counter() - t0
+        del out, xi
+        deadline = time.perf_counter() + 30
+        while _tasks(client) > base and time.perf_counter() < deadline:
+            time.sleep(0.01)
+        return dt
+
+    one()  # warm-up: imports, CUDA contexts, kernel compilation
+    return statistics.median(one() for _ in range(repeat))
+
+
+def _same(block: Any, nonce: str) -> Any:
+    return block
+
+
+def _tasks(client: Any) -> int:
+    return client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+
+
+def _qr_errors(q: Any, r: Any, a: Any) -> tuple[float, float]:
+    """Backward error and orthogonality, evaluated on the cluster in the working dtype."""
+    import dask.array as da
+    import numpy as np
+
+    n = a.shape[1]
+    num, den, g = da.compute(da.linalg.norm(a - q @ r), da.linalg.norm(a), q.conj().T @ q)
+    orth = np.linalg.norm(_host(g) - np.eye(n))
+    return float(num) / float(den), float(orth) / n
+
+
+def _host(v: Any) -> Any:
+    return v.get() if hasattr(v, "get") else v
+
+
+def _qr_pair(client: Any, x: Any, repeat: int) -> dict[str, Any]:
+    import dask.array as da
+
+    import mpqr
+
+    def ours(x: Any) -> Any:
+        return _run(client, *mpqr.qr(x))
+
+    def theirs(x: Any) -> Any:
+        return _run(client, *da.linalg.tsqr(x))
+
+    out: dict[str, Any] = {"mpqr_s": _median_time(client, ours, x, repeat)}
+    q, r = ours(x)
+    out["backward_error"], out["orthogonality"] = _qr_errors(q, r, x)
+    del q, r  # one factorization's Q on the workers at a time
+    with mpqr.explain() as trace:
+        mpqr.qr(x, mode="r")
+    route = next((e.data.get("route") for e in trace.events if e.data.get("route")), "?")
+    out["route"] = route + ("->tsqr" if any(e.kind == "fallback" for e in trace.events)
+                            else "")
+    try:
+        out["dask_tsqr_s"] = _median_time(client, theirs, x, repeat)
+        out["speedup"] = out["dask_tsqr_s"] / out["mpqr_s"]
+        q, r = theirs(x)
+        out["dask_backward_error"], out["dask_orthogonality"] = _qr_errors(q, r, x)
+    except Exception as exc:  # recorded, so that the rest of the run still counts
+        out["dask_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return out
+
+
+def _scaling(args: Any, gpu: bool, fixed_m: int | None) -> list[dict[str, Any]]:
+    from distributed import Client
+
+    rows_out = []
+    top = args.gpus or args.workers
+    for w in range(1, top + 1):
+        m = fixed_m if fixed_m else args.m_per_worker * w
+        with _cluster(w if gpu else None, w) as cluster, Client(cluster) as client:
+            x = _run(client, _matrix(gpu, m, args.n, args.chunk_rows, args.dtype))[0]
+            row = {"workers": w, "shape": f"{m}x{args.n}", "block_rows": args.chunk_rows,
+                   "blocks": len(x.chunks[0])}
+            row.update(_qr_pair(client, x, args.repeat))
+            rows_out.append(row)
+            print(row)
+            del x
+    return rows_out
+
+
+def _lstsq(client: Any, x: Any, gpu: bool, repeat: int) -> dict[str, Any]:
+    import dask.array as da
+
+    import mpqr
+
+    m, n = x.shape
+    b = _matrix(gpu, m, 1, x.chunks[0][0], x.dtype.name, seed=1)[:, 0]
+    b = _run(client, b)[0]
+
+    def ours(x: Any) -> Any:
+        return mpqr.lstsq(x, b, lapack_driver="gelsy", check_finite=False)[0].compute()
+
+    def theirs(x: Any) -> Any:
+        return da.linalg.lstsq(x, b)[0].compute()
+
+    out: dict[str, Any] = {"shape": f"{m}x{n}", "blocks": len(x.chunks[0]),
+                           "mpqr_s": _median_time(client, ours, x, repeat)}
+    sols = [("mpqr", ours(x))]
+    try:
+        out["dask_lstsq_s"] = _median_time(client, theirs, x, repeat)
+        out["speedup"] = out["dask_lstsq_s"] / out["mpqr_s"]
+        sols.append(("dask", theirs(x)))
+    except Exception as exc:  # recorded, so that the rest of the run still counts
+        out["dask_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    for key, sol in sols:
+        xs = da.from_array(sol, chunks=sol.shape, asarray=False)
+        r = b - x @ xs
+        num, an, xn = da.compute(da.linalg.norm(x.conj().T @ r), da.linalg.norm(x),
+                                 da.linalg.norm(xs))
+        out[f"{key}_normal_eq_residual"] = float(num) / (float(an) ** 2 * float(xn))
+    with mpqr.explain() as trace:
+        mpqr.lstsq(x, b, lapack_driver="gelsy", check_finite=False)
+    it = [e.data.get("iterations") for e in trace.events if e.kind == "refine"]
+    out["refine_iterations"] = it[0] if it else 0
+    out["path"] = ",".join(str(e.data["path"]) for e in trace.events if "path" in e.data)
+    return out
+
+
+def _scheduler(client: Any, gpu: bool, n: int, blocks: int, repeat: int) -> dict[str, Any]:
+    import mpqr
+
+    rows = 4 * n
+    x = _run(client, _matrix(gpu, rows * blocks, n, rows, "float64"))[0]
+    t = _median_time(client, lambda xi: _run(client, *mpqr.qr(xi)), x, repeat)
+    q, _r = mpqr.qr(x)
+    tasks = len(q.__dask_graph__())
+    return {"shape": f"{rows * blocks}x{n}", "blocks": blocks, "seconds_per_call": t,
+            "tasks_in_Q_graph": tasks, "ms_per_task": 1e3 * t / max(tasks, 1)}
+
+
+def _sweep(client: Any, gpu: bool, args: Any, m: int, workers: int) -> list[dict[str, Any]]:
+    out = []
+    rows = min(m // (2 * workers), 2 * args.chunk_rows)
+    while rows >= max(args.n, m // (128 * workers)):
+        x = _run(client, _matrix(gpu, m, args.n, rows, args.dtype))[0]
+        row = {"shape": f"{m}x{args.n}", "block_rows": rows, "blocks": len(x.chunks[0])}
+        row.update(_qr_pair(client, x, args.repeat))
+        out.append(row)
+        print(row)
+        rows //= 2
+    return out
+
+
+def plot(payload: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no chart")
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title in ((axes[0], "weak_scaling", "weak scaling (rows per worker fixed)"),
+                           (axes[1], "strong_scaling", "strong scaling (matrix fixed)")):
+        rows = payload.get(key) or []
+        w = [r["workers"] for r in rows]
+        ax.plot(w, [r["mpqr_s"] for r in rows], "o-", label="mpqr.qr")
+        ax.plot(w, [r.get("dask_tsqr_s", float("nan")) for r in rows], "s--",
+                label="dask.array.linalg.tsqr")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("seconds")
+        ax.set_title(title)
+        ax.set_xticks(w)
+        ax.legend()
+    rows = payload.get("chunk_sweep") or []
+    axes[2].plot([r["block_rows"] for r in rows], [r["mpqr_s"] for r in rows], "o-",
+                 label="mpqr.qr")
+    axes[2].plot([r["block_rows"] for r in rows],
+                 [r.get("dask_tsqr_s", float("nan")) for r in rows], "s--", label="dask tsqr")
+    axes[2].set_xscale("log", base=2)
+    axes[2].set_xlabel("rows per block")
+    axes[2].set_ylabel("seconds")
+    axes[2].set_title("block height sweep")
+    axes[2].legend()
+    env = payload["environment"]
+    fig.suptitle(f"mpqr on Dask: {env.get('device', '?')} x {payload['workers']} "
+                 f"({payload['cluster']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpqr bench dask", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=None,
+                   help="a dask_cuda.LocalCUDACluster with this many GPUs (one worker each)")
+    p.add_argument("--workers", type=int, default=2, help="CPU worker processes (no --gpus)")
+    p.add_argument("--m-per-worker", type=int, default=None,
+                   help="rows per worker (default: 2^26 on GPUs, 2^16 on CPUs)")
+    p.add_argument("--n", type=int, default=64)
+    p.add_argument("--chunk-rows", type=int, default=None,
+                   help="rows per block (default: 2^22 on GPUs, 2^13 on CPUs)")
+    p.add_argument("--dtype", default="float64")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--skip", default="", help="comma-separated experiments to leave out")
+    p.add_argument("--json")
+    p.add_argument("--png")
+    args = p.parse_args(argv)
+    gpu = bool(args.gpus)
+    if args.m_per_worker is None:
+        args.m_per_worker = 2**26 if gpu else 2**16
+    if args.chunk_rows is None:
+        args.chunk_rows = 2**22 if gpu else 2**13
+    skip = set(filter(None, args.skip.split(",")))
+    top = args.gpus or args.workers
+    if gpu:
+        import cupy as xp
+    else:
+        import numpy as xp
+    import dask
+    from distributed import Client
+
+    payload: dict[str, Any] = {
+        "benchmark": "dask", "environment": environment(xp), "dask": dask.__version__,
+        "cluster": "LocalCUDACluster" if gpu else "LocalCluster (processes)", "workers": top,
+        "n": args.n, "dtype": args.dtype, "m_per_worker": args.m_per_worker,
+        "block_rows": args.chunk_rows, "repeat": args.repeat}
+    if "weak" not in skip:
+        payload["weak_scaling"] = _scaling(args, gpu, None)
+    if "strong" not in skip:  # the one-worker size, so that one worker holds it
+        payload["strong_scaling"] = _scaling(args, gpu, args.m_per_worker)
+    with _cluster(args.gpus, args.workers) as cluster, Client(cluster) as client:
+        m = args.m_per_worker * top
+        if "lstsq" not in skip:
+            x = _run(client, _matrix(gpu, m, args.n, args.chunk_rows, args.dtype))[0]
+            payload["lstsq"] = [_lstsq(client, x, gpu, args.repeat)]
+            print(payload["lstsq"])
+            del x
+        if "scheduler" not in skip:
+            payload["scheduler"] = [_scheduler(client, gpu, args.n, b, args.repeat)
+                                    for b in (1, 16, 128)]
+            print(payload["scheduler"])
+        if "sweep" not in skip:
+            payload["chunk_sweep"] = _sweep(client, gpu, args, m, top)
+    with contextlib.suppress(KeyError):
+        weak = payload["weak_scaling"]
+        payload["weak_efficiency"] = weak[0]["mpqr_s"] / weak[-1]["mpqr_s"]
+    write_json(args.json, payload)
+    if args.png:
+        plot(payload, args.png)
+    return 0
