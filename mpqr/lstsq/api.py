@@ -39,7 +39,7 @@ from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_finite as _check_finite
 from mpqr._validation import namespace_of
-from mpqr.backends import get_backend
+from mpqr.backends import bridge, get_backend
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.solver import Solver
 from mpqr.policy import resolve_precision, validate_precision
@@ -144,6 +144,11 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> np.round(x, 6).tolist(), rank
     ([0.666667, 0.5], 2)
     """
+    if bridge.is_foreign(a, b):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
+        return bridge.call("lstsq", lstsq, (a, b), ("a", "b"), cond=cond,
+                           overwrite_a=overwrite_a, overwrite_b=overwrite_b,
+                           check_finite=check_finite, lapack_driver=lapack_driver,
+                           precision=precision, refine=refine, tol=tol, maxiter=maxiter)
     xp = namespace_of(a, b, names=("a", "b"))
     if refine not in REFINE:
         raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")

@@ -12,7 +12,7 @@ from mpqr._validation import (
     namespace_of,
 )
 from mpqr._validation import check_finite as _check_finite
-from mpqr.backends import get_backend
+from mpqr.backends import bridge, get_backend
 from mpqr.policy import record_event, resolve_precision, validate_precision
 from mpqr.qr import driver
 from mpqr.qr.choice import choose_method, factor_precision
@@ -97,6 +97,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     >>> bool(np.allclose(q @ r, a)), bool(np.all(np.diag(r) >= 0))
     (True, True)
     """
+    if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
+        return bridge.call("qr", qr, (x,), ("x",), mode=mode, precision=precision,
+                           method=method, check_finite=check_finite, overwrite_a=overwrite_a)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     check_choice(mode, "mode", MODES)
