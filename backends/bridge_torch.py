@@ -130,14 +130,23 @@ def _from_numpy(x: Any) -> torch.Tensor:
 
 def _check_concrete(name: str, n: str, t: Any) -> None:
     from torch._subclasses.fake_tensor import is_fake
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
     wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda _: False)
-    if not isinstance(t, torch.Tensor) or t.is_meta or is_fake(t) or wrapped(t):
-        raise TypeError(
-            f"mpqr.{name} cannot be traced by PyTorch: `{n}` is a {type(t).__name__} without "
-            "data (torch.export, make_fx, torch.func transforms, meta tensors). mpqr runs its "
-            "own kernels on concrete tensors: under torch.compile it runs as an opaque call; "
-            "call it outside other transformations")
+    if not isinstance(t, torch.Tensor):
+        what = f"a {type(t).__name__}"
+    elif t.is_meta or is_fake(t):
+        what = "a tensor without data (fake or meta)"
+    elif wrapped(t):
+        what = "a tensor inside a torch.func transform"
+    elif get_proxy_mode() is not None:
+        what = "a tensor being traced into a graph (make_fx, torch.export)"
+    else:
+        return
+    raise TypeError(
+        f"mpqr.{name} cannot be traced by PyTorch: `{n}` is {what}. mpqr runs its own "
+        "kernels on concrete tensors: torch.compile runs it as an opaque call (a graph "
+        "break); call it outside torch.export, make_fx and torch.func transforms")
 
 
 def _no_gradient(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
