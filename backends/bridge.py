@@ -22,11 +22,8 @@ their arrays: the test is on the type's module name.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
-
-from mpqr.policy import record_event
 
 __all__ = ["call", "framework_of", "is_foreign"]
 
@@ -55,7 +52,9 @@ def call(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
         from mpqr.backends import bridge_torch
 
         return bridge_torch.call(name, func, arrays, names, kwargs)
-    return _jax_call(name, func, arrays, names, kwargs)
+    from mpqr.backends import bridge_jax
+
+    return bridge_jax.call(name, func, arrays, names, kwargs)
 
 
 def _common_framework(arrays: tuple[Any, ...], names: tuple[str, ...]) -> str:
@@ -92,68 +91,3 @@ def to_native(out: Any, convert: Callable[[Any], Any], is_native: Callable[[Any]
     if is_native(out):
         return convert(out)
     return out
-
-
-# --- JAX ----------------------------------------------------------------------
-
-def _jax_call(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
-              names: tuple[str, ...], kwargs: dict[str, Any]) -> Any:
-    import jax
-    import numpy as np
-
-    for n, a in zip(names, arrays):
-        if isinstance(a, jax.core.Tracer):
-            raise TypeError(
-                f"mpqr.{name} cannot be traced by JAX: `{n}` is a {type(a).__name__} (inside "
-                "jax.jit, jax.grad, jax.vmap or another transformation). mpqr runs its own "
-                "kernels on concrete arrays: call it outside the transformed function")
-    devices = []
-    for n, a in zip(names, arrays):
-        if framework_of(a) != "jax":
-            continue
-        ds = a.devices()
-        if len(ds) != 1:
-            raise ValueError(f"`{n}` is sharded over {len(ds)} devices; mpqr factors arrays "
-                             "on one device (gather it first)")
-        devices.append((n, next(iter(ds))))
-    if len({d for _, d in devices}) > 1:
-        desc = ", ".join(f"`{n}` on {d}" for n, d in devices)
-        raise ValueError(f"arrays must be on one device, got {desc}; nothing is moved silently")
-    dev = devices[0][1]
-    kwargs = {k: (False if k.startswith("overwrite_") else v) for k, v in kwargs.items()}
-    if dev.platform == "cpu":
-        def view(a: Any) -> Any:
-            v = np.from_dlpack(a)
-            v.flags.writeable = False
-            return v
-
-        def back(x: Any) -> Any:
-            # DLPack takes compact, writable arrays only; anything else is copied
-            x = np.ascontiguousarray(x)
-            if x.flags.writeable:
-                return jax.dlpack.from_dlpack(x)
-            return jax.device_put(x, dev)
-
-        backend, is_native, ctx = "numpy", (lambda x: isinstance(x, np.ndarray)), \
-            contextlib.nullcontext()
-    elif dev.platform in ("gpu", "cuda"):
-        import cupy
-
-        def view(a: Any) -> Any:
-            return cupy.from_dlpack(a)
-
-        def back(x: Any) -> Any:
-            return jax.dlpack.from_dlpack(cupy.ascontiguousarray(x))
-
-        backend, is_native = "cupy", (lambda x: isinstance(x, cupy.ndarray))
-        ctx = cupy.cuda.Device(dev.local_hardware_id if dev.local_hardware_id is not None
-                               else dev.id)
-    else:
-        raise TypeError(f"mpqr runs JAX arrays on CPU and CUDA devices, got {dev} "
-                        f"({dev.platform}); move them with jax.device_put")
-    native = tuple(view(a) if framework_of(a) == "jax" else a for a in arrays)
-    record_event("bridge", describe("jax", str(dev), backend, len(devices), []),
-                 framework="jax", backend=backend, device=str(dev))
-    with ctx:
-        out = func(*native, **kwargs)
-        return to_native(out, back, is_native)

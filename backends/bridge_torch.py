@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from mpqr.backends.bridge import describe, framework_of, to_native
 
+from mpqr.backends.bridge import describe, framework_of, to_native
 from mpqr.policy import record_event
 
 __all__ = ["call", "qr_backward", "run"]
