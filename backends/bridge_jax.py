@@ -76,7 +76,9 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
             return v
 
         def back(x: Any) -> Any:
-            x = np.ascontiguousarray(x)  # DLPack takes compact, writable arrays
+            x = np.asarray(x)
+            if not x.flags.c_contiguous:  # JAX takes compact, writable DLPack tensors
+                x = np.ascontiguousarray(x)
             return jax.dlpack.from_dlpack(x) if x.flags.writeable else jax.device_put(x, dev)
 
         def is_native(x: Any) -> bool:
@@ -90,7 +92,9 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
             return cupy.from_dlpack(a)
 
         def back(x: Any) -> Any:
-            return jax.dlpack.from_dlpack(cupy.ascontiguousarray(x))
+            # JAX takes compact DLPack tensors (ascontiguousarray would make 0-D 1-D)
+            return jax.dlpack.from_dlpack(x if x.flags.c_contiguous
+                                          else cupy.ascontiguousarray(x))
 
         def is_native(x: Any) -> bool:
             return isinstance(x, cupy.ndarray)
