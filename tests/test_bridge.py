@@ -243,3 +243,25 @@ def test_nan_propagates(fw):
     a[3, 2] = np.nan
     _q, r = mpqr.qr(fw.asarray(a))
     assert np.isnan(fw.numpy(r)).any()
+
+
+def test_bench_rows_render_into_the_frameworks_page(tmp_path):
+    """`python -m mpqr bench bridge` JSON becomes the table of "From PyTorch / JAX"."""
+    import json
+
+    from mpqr.tools import render_results as rr
+
+    env = {"device": "Test GPU", "date": "2026-01-02", "torch": "2.13.0", "jax": "0.10.2"}
+    row = {"call": "qr", "shape": "4194304x64", "dtype": "float64", "mpqr-native (ms)": 5.0,
+           "mpqr-torch (ms)": 5.1, "mpqr-jax (ms)": 5.2, "torch.linalg (ms)": 80.0,
+           "torch / native": 1.02, "jax / native": 1.04, "speed-up vs torch.linalg": 15.7,
+           "method": "qr: cholqr2 (...)"}
+    (tmp_path / "bridge_test.json").write_text(json.dumps({"environment": env,
+                                                           "results": [row]}))
+    text = rr.render_bridge(tmp_path)
+    assert "Measured on **Test GPU**, 2026-01-02" in text and "torch 2.13.0" in text
+    head = text.splitlines()[4]
+    assert head.startswith("| call | shape | dtype | mpqr-native (ms) | mpqr-torch (ms) | "
+                           "torch / native | mpqr-jax (ms) | jax / native |"), head
+    assert "| qr | 4194304x64 | float64 | 5 | 5.1 | 1.02 | 5.2 | 1.04 | 80 | 15.7 |" in text
+    assert "No bridge results" in rr.render_bridge(tmp_path / "none")
