@@ -28,7 +28,7 @@ from jax.scipy.linalg import solve_triangular
 from mpqr.backends.bridge import describe, framework_of, to_native
 from mpqr.policy import record_event
 
-__all__ = ["call", "run"]
+__all__ = ["call", "compact", "run"]
 
 #: the tracers of reverse-mode differentiation (``jax.grad``, ``jax.vjp``)
 _GRAD_TRACERS = ("JVPTracer", "LinearizeTracer")
@@ -77,7 +77,7 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
 
         def back(x: Any) -> Any:
             x = np.asarray(x)
-            if not x.flags.c_contiguous:  # JAX takes compact, writable DLPack tensors
+            if not compact(x):  # JAX takes dense DLPack tensors (any order of dimensions)
                 x = np.ascontiguousarray(x)
             return jax.dlpack.from_dlpack(x) if x.flags.writeable else jax.device_put(x, dev)
 
@@ -92,9 +92,8 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
             return cupy.from_dlpack(a)
 
         def back(x: Any) -> Any:
-            # JAX takes compact DLPack tensors (ascontiguousarray would make 0-D 1-D)
-            return jax.dlpack.from_dlpack(x if x.flags.c_contiguous
-                                          else cupy.ascontiguousarray(x))
+            # JAX takes dense DLPack tensors (any order of dimensions)
+            return jax.dlpack.from_dlpack(x if compact(x) else cupy.ascontiguousarray(x))
 
         def is_native(x: Any) -> bool:
             return isinstance(x, cupy.ndarray)
@@ -110,6 +109,18 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
                      framework="jax", backend=backend, device=str(dev))
         out = func(*native, **kwargs)
         return to_native(out, back, is_native)
+
+
+def compact(x: Any) -> bool:
+    """``x`` fills its memory without gaps or repeats (C, F or any order of dimensions)."""
+    if x.size == 0:
+        return False
+    step = x.itemsize
+    for stride, size in sorted((st, sh) for st, sh in zip(x.strides, x.shape) if sh != 1):
+        if stride != step:
+            return False
+        step *= size
+    return True
 
 
 # --- gradients: JAX's cotangents are the conjugates of PyTorch's gradients --------

@@ -130,8 +130,10 @@ def _from_numpy(x: Any) -> torch.Tensor:
 
 def _check_concrete(name: str, n: str, t: Any) -> None:
     from torch._subclasses.fake_tensor import is_fake
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    from torch.fx.experimental import proxy_tensor
 
+    # both are internal helpers: their absence (another PyTorch release) means no check
+    get_proxy_mode = getattr(proxy_tensor, "get_proxy_mode", lambda: None)
     wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda _: False)
     if not isinstance(t, torch.Tensor):
         what = f"a {type(t).__name__}"
