@@ -17,6 +17,8 @@
 #   paneltests      the GPU tests of the leaf panels, TSQR and the recursive QR's methods
 #   qrtests         the GPU tests of the QR and right-solve files only
 #   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
+#   bridge          bench bridge: mpqr on torch/JAX arrays against the same call on CuPy
+#   bridgetests     the bridge tests (torch and JAX on the GPU and the CPU)
 #   benchgap        the probe's 2^20x256 / 2^22x64 timing around short bench qr runs (session 12:
 #                   the bench read ~15% slower than the probes on these shapes)
 set -u
@@ -41,6 +43,14 @@ for job in "$@"; do
     qr)
       timeout 280 python3 -m mpqr bench qr --repeat 3 --max-seconds 2 \
         --json "$OUT/qr_${DEV}_$D.json" --png "$OUT/qr_${DEV}_$D.png" >> "$L" 2>&1 ;;
+    bridge)
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python3 -m mpqr bench bridge --repeat 7 \
+        --json "$OUT/bridge_${DEV}_$D.json" --png "$OUT/bridge_${DEV}_$D.png" >> "$L" 2>&1 ;;
+    bridgetests)
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/test_bridge.py tests/test_bridge_torch.py tests/test_bridge_jax.py \
+        > "$OUT/pytest_bridge.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_bridge.txt" | cut -c1-300 >> "$L" ;;
     lstsq) timeout 240 python3 -m mpqr bench lstsq --json "$OUT/lstsq_${DEV}_$D.json" >> "$L" 2>&1 ;;
     probe:*)
       (cd bench && timeout 500 python3 probe_s7.py "$OUT/probe_$D.json" "${job#probe:}") >> "$L" 2>&1 ;;
