@@ -13,8 +13,9 @@ import threading
 from importlib.metadata import entry_points
 from typing import Any
 
-from mpqr._array_api import namespace_name
 from mpqr.backends._base import ArrayAPIBackend, EngineRates
+
+from mpqr._array_api import namespace_name
 
 __all__ = ["ArrayAPIBackend", "EngineRates", "get_backend", "register_backend"]
 

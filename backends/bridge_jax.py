@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
-
 from mpqr.backends.bridge import describe, framework_of, to_native
+
 from mpqr.policy import record_event
 
 __all__ = ["call", "compact", "run"]

@@ -18,22 +18,37 @@ saying how to detach.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
-
 from mpqr.backends.bridge import describe, framework_of, to_native
+
 from mpqr.policy import record_event
 
 __all__ = ["call", "qr_backward", "run"]
 
 
-@torch.compiler.disable
 def call(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
          names: tuple[str, ...], kwargs: dict[str, Any]) -> Any:
     """Run ``func`` on views of the tensors; gradients where the inputs require them."""
+    if "torch._dynamo" in sys.modules:
+        # torch.compile may be tracing: an opaque call (a graph break). Without Dynamo
+        # loaded nothing traces, and its import (~1 s) is not paid
+        global _opaque
+        if _opaque is None:
+            _opaque = torch.compiler.disable(_call)
+        return _opaque(name, func, arrays, names, kwargs)
+    return _call(name, func, arrays, names, kwargs)
+
+
+_opaque: Callable[..., Any] | None = None
+
+
+def _call(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
+          names: tuple[str, ...], kwargs: dict[str, Any]) -> Any:
     for n, t in zip(names, arrays):
         if framework_of(t) == "torch":
             _check_concrete(name, n, t)
@@ -58,8 +73,8 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
     if dev.type == "cuda":
         import cupy
 
-        def view(t: torch.Tensor) -> Any:
-            return cupy.from_dlpack(_exportable(t, copied))
+        def view(t: torch.Tensor, n: str) -> Any:
+            return cupy.from_dlpack(_exportable(t, n, copied))
 
         backend, back = "cupy", torch.from_dlpack
 
@@ -68,8 +83,8 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
 
         ctx = _on_caller_stream(cupy, dev)
     elif dev.type == "cpu":
-        def view(t: torch.Tensor) -> Any:
-            v = _exportable(t, copied).numpy()
+        def view(t: torch.Tensor, n: str) -> Any:
+            v = _exportable(t, n, copied).numpy()
             if not writable:
                 v.flags.writeable = False  # this view only: a stray write raises
             return v
@@ -84,7 +99,8 @@ def run(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
         raise TypeError(f"mpqr runs PyTorch tensors on CPU and CUDA devices, got "
                         f"{dev}; move them with .cpu() or .cuda()")
     with ctx:
-        native = tuple(view(a) if isinstance(a, torch.Tensor) else a for a in arrays)
+        native = tuple(view(a, n) if isinstance(a, torch.Tensor) else a
+                       for n, a in zip(names, arrays))
         record_event("bridge", describe("torch", str(dev), backend, len(tensors), copied),
                      framework="torch", backend=backend, device=str(dev))
         out = func(*native, **kwargs)
@@ -103,20 +119,23 @@ def _on_caller_stream(cupy: Any, dev: torch.device) -> Iterator[None]:
             yield
 
 
-def _exportable(t: torch.Tensor, copied: list[str]) -> torch.Tensor:
+def _exportable(t: torch.Tensor, n: str, copied: list[str]) -> torch.Tensor:
     """``t`` without autograd history, in a dtype NumPy/CuPy hold (copies noted)."""
+    if t.layout != torch.strided:
+        raise TypeError(f"`{n}` must be a dense tensor, got layout {t.layout}; convert it "
+                        "with .to_dense()")
     t = t.detach()
     if t.dtype == torch.bfloat16:  # computed in float32, as mpqr computes float16
-        copied.append("bfloat16 to float32")
+        copied.append(f"`{n}` bfloat16 to float32")
         t = t.to(torch.float32)
     elif t.dtype == torch.complex32:
-        copied.append("complex32 to complex64")
+        copied.append(f"`{n}` complex32 to complex64")
         t = t.to(torch.complex64)
     if t.is_conj():  # a lazy conjugate (t.conj()) is not exportable as memory
-        copied.append("conjugate view resolved")
+        copied.append(f"`{n}` conjugate view resolved")
         t = t.resolve_conj()
     if t.is_neg():
-        copied.append("negative view resolved")
+        copied.append(f"`{n}` negative view resolved")
         t = t.resolve_neg()
     return t
 

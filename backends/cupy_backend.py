@@ -13,9 +13,9 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
 from mpqr._errors import LinAlgError
-from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
 __all__ = ["CupyBackend"]
 
@@ -425,8 +425,9 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_lu.lu_signed(a)
         # complex or stacked: one host round trip (the array-API version on the device
         # costs ~10 launches per column of its blocks, ~8 ms at n = 32, measured)
-        from mpqr._array_api import array_namespace
         from mpqr.backends import get_backend
+
+        from mpqr._array_api import array_namespace
 
         host = np.asarray(a.get())
         l, u, s = get_backend(array_namespace(host)).lu_signed(host)
@@ -548,7 +549,6 @@ def _cupy_ozaki_int8_gemms(self, ar, brt, k0, k1):
     cuBLASLt with a timed algorithm choice for large products, else gemmEx."""
     cp = self._cp
     from cupy.cuda import cublas
-
     from mpqr.backends import cupy_int8_lt
 
     out = cp.empty((ar.shape[0], ar.shape[1], brt.shape[1]), dtype=cp.int32)

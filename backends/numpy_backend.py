@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
+from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
 from mpqr._errors import LinAlgError
-from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
 __all__ = ["NumpyBackend"]
 

@@ -208,19 +208,20 @@ def test_bfloat16_and_conjugate_views_are_copied_and_said(device):
     with mpqr.explain() as trace:
         r = mpqr.qr(x, mode="r")
     assert r.dtype == torch.float32 and r.device == x.device
-    assert "copied: bfloat16 to float32" in str(trace)
+    assert "copied: `x` bfloat16 to float32" in str(trace)
     torch.testing.assert_close(r, mpqr.qr(x.float(), mode="r"), rtol=0, atol=0)
     z = _rand(16, 4, dtype=torch.complex128, device=device)
     with mpqr.explain() as trace:
         r = mpqr.qr(z.conj(), mode="r")
-    assert "conjugate view resolved" in str(trace)
+    assert "copied: `x` conjugate view resolved" in str(trace)
     torch.testing.assert_close(r, mpqr.qr(z.conj().resolve_conj(), mode="r"), rtol=0, atol=0)
     assert z.is_conj() is False and z.conj().is_conj()
 
 
-def test_other_devices_are_refused():
-    with pytest.raises(TypeError, match="cannot be traced by PyTorch"):
-        mpqr.qr(torch.empty(4, 3, device="meta"))
+def test_sparse_tensors_are_refused():
+    with pytest.raises(TypeError, match=r"`x` must be a dense tensor, got layout "
+                       r"torch.sparse_coo; convert it with .to_dense\(\)"):
+        mpqr.qr(_rand(4, 3).to_sparse())
 
 
 @pytest.mark.skipif(not _cuda(), reason="no CUDA GPU")
