@@ -60,8 +60,9 @@ def call(name: str, func: Callable[..., Any], arrays: tuple[Any, ...],
 def _common_framework(arrays: tuple[Any, ...], names: tuple[str, ...]) -> str:
     kinds = []
     for n, a in zip(names, arrays):
-        if a is None or isinstance(a, (bool, int, float, complex)):
-            continue  # the function's own validation names them
+        if framework_of(a) is None and not hasattr(a, "__array_namespace__") \
+                and not hasattr(a, "__dlpack__"):
+            continue  # not an array (None, a scalar, a list): the function's check names it
         kinds.append((n, framework_of(a) or type(a).__module__.partition(".")[0]))
     libs = {k for _, k in kinds}
     if len(libs) > 1:

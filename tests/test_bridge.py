@@ -265,3 +265,9 @@ def test_bench_rows_render_into_the_frameworks_page(tmp_path):
                            "torch / native | mpqr-jax (ms) | jax / native |"), head
     assert "| qr | 4194304x64 | float64 | 5 | 5.1 | 1.02 | 5.2 | 1.04 | 80 | 15.7 |" in text
     assert "No bridge results" in rr.render_bridge(tmp_path / "none")
+
+
+def test_non_arrays_get_the_functions_own_message(fw):
+    with pytest.raises(TypeError, match=r"`b` must be an array of an Array API library "
+                       r"\(NumPy, CuPy, \.\.\.\), got builtins\.list"):
+        mpqr.lstsq(fw.asarray(_rand((4, 2))), [1.0, 2.0, 3.0, 4.0])
