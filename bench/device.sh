@@ -11,6 +11,8 @@
 #   accuracy  bench accuracy at 1024^2 with the cond(A) sweep
 #   dask      bench dask on every GPU of the machine (dask_cuda.LocalCUDACluster)
 #   dasktests the dask tests (CuPy blocks included)
+#   bridge    bench bridge: mpqr on torch/JAX arrays against the same call on CuPy
+#   bridgetests the bridge tests (torch and JAX on the GPU and the CPU)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-bench/out}
@@ -51,7 +53,15 @@ for job in "$@"; do
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_dask_qr.py \
         tests/test_dask_lstsq.py tests/test_dask_cluster.py > "$OUT/pytest_dask.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_dask.txt" | cut -c1-300 >> "$L" ;;
-    *) echo "unknown job $job (tests, demo, gemm, qr, lstsq, accuracy, dask, dasktests)" >> "$L" ;;
+    bridge)
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python3 -m mpqr bench bridge --repeat 7 \
+        --json "$OUT/bridge_${DEV}_$D.json" --png "$OUT/bridge_${DEV}_$D.png" >> "$L" 2>&1 ;;
+    bridgetests)
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/test_bridge.py tests/test_bridge_torch.py tests/test_bridge_jax.py \
+        > "$OUT/pytest_bridge.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_bridge.txt" | cut -c1-300 >> "$L" ;;
+    *) echo "unknown job $job (tests, demo, gemm, qr, lstsq, accuracy, dask, dasktests, bridge, bridgetests)" >> "$L" ;;
   esac
 done
 grep -v "^\s\s\s\s" "$L" | cut -c1-220 | tail -100

@@ -39,7 +39,7 @@ from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_finite as _check_finite
 from mpqr._validation import namespace_of, plain_array
-from mpqr.backends import get_backend
+from mpqr.backends import bridge, get_backend
 from mpqr.dask._detect import is_dask_array
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.solver import Solver
@@ -158,6 +158,11 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
 
         return dask_lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite, lapack_driver,
                           precision=precision, refine=refine, tol=tol, maxiter=maxiter)
+    if bridge.is_foreign(a, b):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
+        return bridge.call("lstsq", lstsq, (a, b), ("a", "b"), cond=cond,
+                           overwrite_a=overwrite_a, overwrite_b=overwrite_b,
+                           check_finite=check_finite, lapack_driver=lapack_driver,
+                           precision=precision, refine=refine, tol=tol, maxiter=maxiter)
     a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     xp = namespace_of(a, b, names=("a", "b"))
     prec_name = check_options(refine, precision, tol, maxiter, cond)

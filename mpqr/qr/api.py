@@ -13,7 +13,7 @@ from mpqr._validation import (
     plain_array,
 )
 from mpqr._validation import check_finite as _check_finite
-from mpqr.backends import get_backend
+from mpqr.backends import bridge, get_backend
 from mpqr.dask._detect import is_dask_array
 from mpqr.policy import record_event, resolve_precision, validate_precision
 from mpqr.qr import driver
@@ -110,6 +110,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
         return dask_qr(x, mode, precision, method, check_finite=check_finite,
                        overwrite_a=overwrite_a)
+    if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
+        return bridge.call("qr", qr, (x,), ("x",), mode=mode, precision=precision,
+                           method=method, check_finite=check_finite, overwrite_a=overwrite_a)
     x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")

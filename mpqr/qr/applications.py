@@ -7,7 +7,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_dtype, check_ndim, namespace_of
-from mpqr.backends import get_backend
+from mpqr.backends import bridge, get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import ct, panel_precision
 from mpqr.qr.api import qr
@@ -52,6 +52,9 @@ def svd(x: Any, full_matrices: bool = False, precision: str | None = None) -> tu
     >>> bool(np.allclose(s, np.linalg.svd(a, compute_uv=False)))
     True
     """
+    if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
+        return bridge.call("svd", svd, (x,), ("x",), full_matrices=full_matrices,
+                           precision=precision)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     if precision is not None:
@@ -106,6 +109,8 @@ def orth(x: Any, precision: str | None = None) -> Any:
     >>> bool(np.linalg.norm(q.T @ q - np.eye(5)) < 1e-14)
     True
     """
+    if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
+        return bridge.call("orth", orth, (x,), ("x",), precision=precision)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     if precision is not None:
