@@ -18,6 +18,7 @@ saying how to detach.
 from __future__ import annotations
 
 import contextlib
+import warnings
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -114,9 +115,17 @@ def _on_caller_stream(cupy: Any, dev: torch.device) -> Iterator[None]:
     index = dev.index if dev.index is not None else torch.cuda.current_device()
     ptr = torch.cuda.current_stream(index).cuda_stream
     with cupy.cuda.Device(index):
-        stream = cupy.cuda.Stream.null if ptr == 0 else cupy.cuda.ExternalStream(ptr, index)
+        stream = cupy.cuda.Stream.null if ptr == 0 else _external_stream(cupy, ptr, index)
         with stream:
             yield
+
+
+def _external_stream(cupy: Any, ptr: int, index: int) -> Any:
+    # CuPy 14 deprecates ExternalStream for Stream.from_external, which takes an object
+    # with the CUDA stream protocol; a raw pointer still needs ExternalStream there
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return cupy.cuda.ExternalStream(ptr, index)
 
 
 def _exportable(t: torch.Tensor, n: str, copied: list[str]) -> torch.Tensor:
