@@ -18,8 +18,8 @@ saying how to detach.
 from __future__ import annotations
 
 import contextlib
-import warnings
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
