@@ -543,6 +543,26 @@ ArrayAPIBackend.ozaki_int8_gemms = _ozaki_int8_gemms
 ArrayAPIBackend.ozaki_reconstruct = _ozaki_reconstruct
 
 
+# --- complex results from real parts (mpqr/engines/complex_product.py) -------
+
+def _complex_from_parts(self: ArrayAPIBackend, re: Any, im: Any) -> Any:
+    """``re + i im`` (equal real dtypes, equal shapes) in the matching complex dtype.
+
+    The Array API has no constructor from parts: ``i * im`` turns a non-finite
+    ``im`` into NaN in the real part as well (never a finite-looking value);
+    NumPy and CuPy write the parts into place instead.
+    """
+    from mpqr._array_api import device
+
+    xp = self.xp
+    cdt = xp.complex128 if re.dtype == xp.float64 else xp.complex64
+    return xp.astype(re, cdt) + xp.astype(im, cdt) * xp.asarray(1j, dtype=cdt,
+                                                                 device=device(re))
+
+
+ArrayAPIBackend.complex_from_parts = _complex_from_parts
+
+
 # --- device fault translation (used by mpqr._gpu_errors.device_errors) --------
 
 def _translate_error(self: ArrayAPIBackend, exc: BaseException, what: str) -> Exception | None:

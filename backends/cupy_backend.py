@@ -154,6 +154,14 @@ class CupyBackend(ArrayAPIBackend):
                       np.float64 if f64 else np.float32)
         return True
 
+    def complex_from_parts(self, re, im):
+        # the parts written in place: exact, also for non-finite parts (as on NumPy)
+        cp = self._cp
+        c = cp.empty(re.shape, dtype=cp.complex128 if re.dtype == cp.float64 else cp.complex64)
+        c.real[...] = re
+        c.imag[...] = im
+        return c
+
     def exponent(self, x):
         # frexp is exact where log2 can round up just below a power of two
         e = self._cp.frexp(x)[1] - 1

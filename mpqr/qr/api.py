@@ -38,7 +38,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     ----------
     x : array, shape (..., m, n)
         Input of any Array API library (NumPy, CuPy, ...). Integers are cast to
-        float64, float16 to float32; complex inputs are factored natively.
+        float64, float16 to float32. Complex inputs are factored in complex
+        arithmetic; at the emulated precisions their products run as real
+        products of the parts (see :mod:`mpqr.engines.complex_product`).
         ``x`` is never modified unless ``overwrite_a=True``.
     mode : {"reduced", "complete", "r"}
         ``"reduced"``: Q is ``(..., m, k)``, R ``(..., k, n)`` with
@@ -87,7 +89,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         An explicitly requested CholQR-type method cannot factor ``x`` (too
         ill-conditioned); ``method="auto"`` never raises it.
     NotImplementedError
-        Complex input with an emulated precision or a real-only method.
+        An emulated precision whose engine the backend lacks.
 
     Examples
     --------
@@ -113,12 +115,6 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     *batch, m, n = a.shape
     complete = mode == "complete"
     want_q = mode != "r"
-    if xp.isdtype(a.dtype, "complex floating") and prec_name in (
-            "fp16", "fp32-emulated", "fp64-emulated"):
-        raise NotImplementedError(
-            f"precision={prec_name!r} is not supported for complex input ({a.dtype}): the "
-            "emulated engines are real-only; use precision 'auto', 'fp32' or 'fp64'"
-        )
     if prec_name in ("fp16", "fp32-emulated") and "fp16" not in backend.capabilities:
         # checked up front: a single-panel QR would run no GEMM to notice it
         raise NotImplementedError(
