@@ -33,6 +33,10 @@ class Engine:
     params: Callable[..., dict[str, Any]]
     #: False for engines that only take 2-D operands (stacks are looped over)
     batched: bool = True
+    #: ``gram(backend, a, b, out_dtype=, sign=, **params)``: the upper triangle of
+    #: ``a^T b`` (symmetric, or antisymmetric for ``sign = -1``) mirrored, for Gram
+    #: matrices (:mod:`mpqr.engines.gram`); None: the policy forms the full product
+    gram: Callable[..., Any] | None = None
 
     def available(self, backend: Any) -> bool:
         return self.requires <= backend.capabilities
@@ -92,6 +96,7 @@ def _tc_sgemm_params(backend, m, n, k, dtype, options):
 
 
 def _register_builtin() -> None:
+    from mpqr.engines.gram import gram_tc_fp16, gram_tc_sgemm
     from mpqr.engines.native import run_native
     from mpqr.engines.tc_fp16 import run_tc_fp16
     from mpqr.engines.tc_fp16_splitb import run_tc_fp16_splitb
@@ -103,14 +108,14 @@ def _register_builtin() -> None:
         register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key),
                                _no_params))
     register_engine(Engine("tc-fp16", 11, frozenset({"fp16"}), run_tc_fp16, _tc_fp16_predict,
-                           _no_params))
+                           _no_params, gram=gram_tc_fp16))
     # fp16 A (rounded), B split into two fp16 parts: for products whose A is
     # already fp16 numbers (the fp16 QR's rounded reflectors); never picked by
     # a precision setting, only by name (GemmOptions.engine)
     register_engine(Engine("tc-fp16-splitb", 11, frozenset({"fp16"}), run_tc_fp16_splitb,
                            _tc_fp16_splitb_predict, _no_params))
     register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
-                           _tc_sgemm_params))
+                           _tc_sgemm_params, gram=gram_tc_sgemm))
     import mpqr.engines.ozaki  # noqa: F401  (registers "ozaki-int8")
 
 

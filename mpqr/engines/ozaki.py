@@ -86,7 +86,7 @@ from mpqr.engines.ozaki_crt import MAX_TERMS, crt_constants, log2_modulus_produc
 from mpqr.policy.trace import record_event, tracing
 
 __all__ = ["GUARD_BITS", "MAX_SPREAD", "line_stats", "ozaki_params", "ozaki_predict", "run_ozaki",
-           "terms_for"]
+           "run_ozaki_gram", "terms_for"]
 
 #: bits beyond float64's 53 kept per operand (before the k credit) when N is automatic;
 #: 2 gives 15 moduli for dense k = 1024..65536 with a max error 0.15-0.9x DGEMM's (CPU,
@@ -289,6 +289,73 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
     return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
 
 
+def run_ozaki_gram(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int, terms: int,
+                   auto_terms: bool, workspace_limit: int | None = None) -> Any:
+    """The upper blocks of ``a^T b`` (``k x n`` operands, symmetric for ``sign = 1``,
+    antisymmetric for ``-1``), mirrored: the SYRK-shaped call of
+    :mod:`mpqr.engines.gram`. For ``a is b`` one residue pass serves both sides
+    (equal shifts ``alpha_A = alpha_B``). Falls back to :func:`run_ozaki` and a
+    mirror where the residues of the whole operands exceed the workspace limit."""
+    from mpqr.engines.gram import gram_blocks, mirror, product_fraction
+
+    xp = backend.xp
+    same = b is a
+    if a.dtype != xp.float64:
+        a = xp.astype(a, xp.float64)
+    b = a if same else (b if b.dtype == xp.float64 else xp.astype(b, xp.float64))
+    k, n = a.shape
+    ea, bad_a, sum_a, nnz_a = backend.ozaki_line_stats(a, 0)
+    eb, bad_b, sum_b, nnz_b = (ea, bad_a, sum_a, nnz_a) if same else \
+        backend.ozaki_line_stats(b, 0)
+    rho, spread_a, spread_b, any_bad_a, any_bad_b = _operand_summary(
+        backend, sum_a, nnz_a, bad_a, sum_b, nnz_b, bad_b)
+    log2_rho = math.log2(rho)
+    need = need_bits(k, max(spread_a, spread_b))
+    if auto_terms:
+        terms = terms_for(2 * need, log2_rho)
+    alpha_a, alpha_b = _choose_alphas(terms, log2_rho, need, need, k)
+    if same:  # one residue pass for both sides
+        alpha_a = alpha_b = min(alpha_a, alpha_b)
+    consts = crt_constants(terms)
+    limit = workspace_limit or backend.ozaki_workspace_limit()
+    res_bytes = (1 if same else 2) * terms * _pad(k) * _pad(n)
+    if res_bytes + 4 * terms * _pad(n) ** 2 > limit:
+        if tracing():
+            record_event("ozaki", f"ozaki-int8 gram: the residues ({res_bytes / 2**30:.2g} GiB) "
+                         "exceed the workspace limit: the full product, mirrored")
+        c = run_ozaki(backend, xp.matrix_transpose(a), b, out_dtype=xp.float64, terms=terms,
+                      auto_terms=False, workspace_limit=workspace_limit)
+        c = mirror(backend, c, sign)
+        return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+    sa = xp.astype(alpha_a - ea, xp.int32)
+    sb = xp.astype(alpha_b - eb, xp.int32)
+    if tracing():
+        how = "auto" if auto_terms else "fixed"
+        passes = "one residue pass" if same else "two residue passes"
+        record_event("ozaki", f"ozaki-int8 gram: {terms} moduli ({how}), alpha=({alpha_a}, "
+                     f"{alpha_b}) bits, upper triangle in {len(gram_blocks(n))} blocks "
+                     f"({product_fraction(n):.0%} of the GEMM's int8 products), {passes}",
+                     terms=terms, alpha=(alpha_a, alpha_b), log2_rho=log2_rho,
+                     fraction=product_fraction(n))
+    ar = backend.ozaki_residues(a, sa, consts.moduli, transpose=True, rows_p=_pad(n),
+                                cols_p=_pad(k))
+    brt = ar if same else backend.ozaki_residues(b, sb, consts.moduli, transpose=True,
+                                                 rows_p=_pad(n), cols_p=_pad(k))
+    c = xp.zeros((n, n), dtype=xp.float64, device=_dev(a))
+    for i0, i1, j0, j1 in gram_blocks(n):
+        prods = _int8_products(backend, ar[:, i0:_pad(i1), :], brt[:, j0:_pad(j1), :],
+                               consts.moduli, _pad(k))
+        backend.ozaki_reconstruct(prods, consts, sa[i0:i1], sb[j0:j1], i1 - i0, j1 - j0,
+                                  out=c[i0:i1, j0:j1])
+        del prods
+    del ar, brt
+    at = xp.matrix_transpose(a)
+    c = _patch_nonfinite(backend, c, at, b, bad_a if any_bad_a else None,
+                         bad_b if any_bad_b else None)
+    c = mirror(backend, c, sign)
+    return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+
+
 def _int8_products(backend: Any, ar: Any, brt: Any, moduli: tuple[int, ...], kp: int) -> Any:
     xp = backend.xp
     prods = None
@@ -354,4 +421,4 @@ def _replace_lines(xp: Any, c: Any, mask: Any, new: Any, axis: int) -> Any:
 
 
 register_engine(Engine("ozaki-int8", 53, frozenset({"int8"}), run_ozaki, ozaki_predict,
-                       ozaki_params, batched=False))
+                       ozaki_params, batched=False, gram=run_ozaki_gram))

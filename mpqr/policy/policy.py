@@ -40,7 +40,7 @@ from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
 __all__ = ["Decision", "active_gemm_options", "decide", "fused_gemm", "gemm", "gemm_into",
-           "gemm_options", "gemm_sub", "result_dtype"]
+           "gemm_options", "gemm_sub", "gram", "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
     "mpqr_gemm_options", default=None
@@ -264,6 +264,50 @@ def fused_gemm(backend: Any, dtype: Any, shape: tuple[int, int, int], *, engine:
                                  {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
                                  d.reason, d.predicted_s))
     return True
+
+
+def gram(x: Any, *, precision: str | None = None, label: str = "", options: Any = None,
+         backend: Any = None) -> Any | None:
+    """``x^H x`` as a SYRK/HERK-shaped engine call (one triangle computed, mirrored:
+    bitwise Hermitian), or None where the policy's engine for this product has no
+    Gram call (native engines, stacks): the caller forms it from products then.
+
+    The decision is the one :func:`gemm` makes for ``ct(x) @ x``; it is recorded in
+    the explain trace (``gram=upper-triangle``) only when this call runs it.
+    """
+    if x.ndim != 2:
+        return None
+    if backend is None:
+        backend = get_backend(array_namespace(x))
+    opts = _merged_options(options)
+    prec, source = resolve_precision(precision)
+    out_dtype = result_dtype(backend.xp, x.dtype)
+    m, n = x.shape
+    d = decide(backend, out_dtype, n, n, m, 1, prec, source, opts)
+    engine = ENGINES[d.engine]
+    if engine.gram is None or m == 0 or n == 0:
+        return None
+    from mpqr.engines.gram import product_fraction, run_gram
+
+    params = {kk: v for kk, v in d.params.items() if kk != "complex"}
+    if "complex" in d.params:  # Re and Im: two real triangles of length 2m
+        params = ENGINES[d.engine].params(backend, n, n, 2 * m, out_dtype, opts)
+    if tracing():
+        frac = product_fraction(n)
+        shown = {**{kk: v for kk, v in params.items() if kk != "compute_dtype"},
+                 "gram": "upper-triangle"}
+        scheme = d.params.get("complex")
+        base = d.reason.replace("; " + _complex_why(scheme, opts), "") if scheme else d.reason
+        why = (f"{base}; Gram matrix: upper triangle only ({frac:.0%} of the GEMM's "
+               "products), mirrored")
+        if "complex" in d.params:
+            why += "; complex: Re and Im as two real triangles of length 2m"
+        record_gemm(GemmDecision(label, (n, n, m), 1, str(out_dtype), prec, source, d.engine,
+                                 shown, why, d.predicted_s))
+    xp = backend.xp
+    if x.dtype != out_dtype:
+        x = xp.astype(x, out_dtype)
+    return run_gram(backend, engine.gram, x, out_dtype=out_dtype, **params)
 
 
 def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
