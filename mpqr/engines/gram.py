@@ -5,8 +5,10 @@ entry twice. The engines' Gram calls split the columns recursively into halves
 down to leaves of at least :data:`MIN_LEAF` columns (at most :data:`LEVELS`
 levels), compute the off-diagonal block ``X1^T X2`` of every split and the
 leaves' diagonal blocks, and mirror: for ``n >= 8 MIN_LEAF`` columns that is
-``1/2 + 1/16`` of the GEMM's products (``LEVELS = 3``), in blocks that stay
-large GEMMs for tall ``X``. Each engine prepares ``X`` once (one scaling and
+``1/2 + 1/16`` of the GEMM's products (``LEVELS = 3``), ``5/8`` at ``n = 256``.
+Smaller leaves would save few more products but read the operands once more
+per level, and for tall ``X`` the engines are bound by memory traffic as much
+as by the products. Each engine prepares ``X`` once (one scaling and
 splitting pass; one residue pass for ``ozaki-int8``, where the full product
 makes two) and the lower triangle is the mirror of the upper, so the result
 is bitwise symmetric. Every entry is the same dot product as in the engine's
@@ -33,7 +35,7 @@ __all__ = ["LEVELS", "MIN_LEAF", "gram_blocks", "gram_tc_fp16", "gram_tc_sgemm",
 #: recursion depth of the column split (3: 9/16 of the products for n >= 8 MIN_LEAF)
 LEVELS = 3
 #: leaves narrower than this are not split further (the blocks stay efficient GEMMs)
-MIN_LEAF = 32
+MIN_LEAF = 64
 _ALIGN = 16  # block edges on multiples of 16 (the int8 residues' padding)
 
 

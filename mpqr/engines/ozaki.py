@@ -129,7 +129,24 @@ def need_bits(k: int, spread: int) -> int:
     does not shrink (measured: 1.5e-16 at k=16, 2e-17 at k=65536), so half a
     bit per doubling of k is credited.
     """
-    return 53 + GUARD_BITS + spread - math.floor(0.5 * math.log2(max(k, 1)))
+    return 53 + GUARD_BITS + spread - base_credit(k)
+
+
+def base_credit(k: int) -> int:
+    """The k credit of :func:`need_bits`: half a bit per doubling of k."""
+    return math.floor(0.5 * math.log2(max(k, 1)))
+
+
+#: k-grading below this many bits is within the exponents' rounding (E exceeds the
+#: true log2 ratio by less than 2): ungraded data, no floor
+GRADING_SLACK = 3
+
+
+def graded_need(grade: int) -> int:
+    """Bits per operand that bound the error by DGEMM's on the largest outputs for
+    operands graded by ``grade`` bits along k (:func:`k_grading`); 0 below
+    :data:`GRADING_SLACK` (ungraded data keeps the measured :func:`need_bits`)."""
+    return 54 + grade if grade >= GRADING_SLACK else 0
 
 
 def _estimate_terms(k: int) -> int:
@@ -200,17 +217,46 @@ def _spread(worst: float) -> int:
 
 
 def _operand_summary(backend: Any, sum_a: Any, nnz_a: Any, bad_a: Any, sum_b: Any,
-                     nnz_b: Any, bad_b: Any) -> tuple[float, int, int, bool, bool]:
-    """``(rho, spread_a, spread_b, any bad in A, any bad in B)`` with one host transfer
-    (``backend.small``) instead of one sync per scalar."""
+                     nnz_b: Any, bad_b: Any, grading: Any = None
+                     ) -> tuple[float, int, int, bool, bool, int]:
+    """``(rho, spread_a, spread_b, any bad in A, any bad in B, k-grading bits)`` with one
+    host transfer (``backend.small``) instead of one sync per scalar."""
     xp = backend.xp
     f64 = xp.float64
-    v = xp.stack([xp.max(sum_a), xp.max(sum_b), _worst_ratio(xp, sum_a, nnz_a),
-                  _worst_ratio(xp, sum_b, nnz_b), xp.astype(xp.any(bad_a), f64),
-                  xp.astype(xp.any(bad_b), f64)])
-    sb, v = backend.small(v)
-    h = [float(sb.xp.reshape(v[i], ())) for i in range(6)]
-    return min(h[0], h[1]) + 1.0, _spread(h[2]), _spread(h[3]), h[4] != 0, h[5] != 0
+    parts = [xp.max(sum_a), xp.max(sum_b), _worst_ratio(xp, sum_a, nnz_a),
+             _worst_ratio(xp, sum_b, nnz_b), xp.astype(xp.any(bad_a), f64),
+             xp.astype(xp.any(bad_b), f64)]
+    if grading is not None:
+        parts.append(xp.astype(grading, f64))
+    sb, v = backend.small(xp.stack(parts))
+    h = [float(sb.xp.reshape(v[i], ())) for i in range(len(parts))]
+    g = int(h[6]) if grading is not None else 0
+    return min(h[0], h[1]) + 1.0, _spread(h[2]), _spread(h[3]), h[4] != 0, h[5] != 0, g
+
+
+def k_grading(backend: Any, a: Any, b: Any) -> Any:
+    """Bits ``E`` by which A's columns and B's rows are graded against each other along k
+    (a 0-D array): ``E = e(max_k c_k) + e(max_k r_k) - max_k e(c_k) + e(r_k)`` with
+    ``c_k = max_i |a_ik|``, ``r_k = max_j |b_kj|`` and ``e`` the exponent (over the
+    ``k`` where both are nonzero; 0 if none).
+
+    Why: rounding A' and B' at ``2**-alpha`` of their lines' maxima errs by at most
+    ``2**-alpha k max_k c_k max_k r_k <= 2**(E + 2 - alpha) k M`` on any output,
+    ``M = max_ij (|A||B|)_ij >= max_k c_k r_k``, while DGEMM's error bound is
+    ``k u M`` there: ``alpha >= 54 + E`` bits meet DGEMM's bound on the largest
+    outputs whatever the grading. Row scalings of A and column scalings of B leave
+    ``E = 0``; ``A0 D @ D^-1 B0`` gives ``E = log2`` of D's range.
+    """
+    xp = backend.xp
+    ca = xp.reshape(backend.max_abs_finite(a, 0), (-1,))
+    rb = xp.reshape(backend.max_abs_finite(b, 1), (-1,))
+    ea = xp.astype(backend.exponent(ca), xp.int64)
+    eb = xp.astype(backend.exponent(rb), xp.int64)
+    low = xp.asarray(-(1 << 20), dtype=xp.int64, device=_dev(ea))
+    both = (ca > 0) & (rb > 0)
+    top = xp.max(xp.where(both, ea + eb, low))
+    big = xp.max(xp.where(ca > 0, ea, low)) + xp.max(xp.where(rb > 0, eb, low))
+    return xp.where(xp.any(both), big - top, xp.zeros_like(top))
 
 
 def _choose_alphas(n_terms: int, log2_rho: float, need_a: int, need_b: int,
@@ -245,14 +291,32 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
     n = b.shape[1]
     ea, bad_a, sum_a, nnz_a = backend.ozaki_line_stats(a, 1)
     eb, bad_b, sum_b, nnz_b = backend.ozaki_line_stats(b, 0)
-    rho, spread_a, spread_b, any_bad_a, any_bad_b = _operand_summary(
-        backend, sum_a, nnz_a, bad_a, sum_b, nnz_b, bad_b)
+    rho, spread_a, spread_b, any_bad_a, any_bad_b, grade = _operand_summary(
+        backend, sum_a, nnz_a, bad_a, sum_b, nnz_b, bad_b,
+        k_grading(backend, a, b) if auto_terms else None)
     log2_rho = math.log2(rho)
     spread = (spread_a, spread_b)
     need_a = need_bits(k, spread[0])
     need_b = need_bits(k, spread[1])
+    why = ""
     if auto_terms:
+        floor = graded_need(grade)
+        if floor > _MAX_ALPHA:  # no moduli count can hold it: DGEMM keeps its bound
+            if tracing():
+                record_event("ozaki", f"ozaki-int8: A's columns and B's rows graded by {grade} "
+                             f"bits along k need alpha >= {floor} bits per operand (at most "
+                             f"{_MAX_ALPHA}): native DGEMM instead", grading=grade,
+                             need=floor)
+            c = backend.gemm(a, b)
+            return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+        base = (need_a, need_b)
+        need_a, need_b = max(need_a, floor), max(need_b, floor)
         terms = terms_for(need_a + need_b, log2_rho)
+        why = (f"; need ({need_a}, {need_b}) bits: 53 + {GUARD_BITS} guard + spread "
+               f"({spread_a}, {spread_b}) - {base_credit(k)} k-credit")
+        if floor > max(base):
+            why += f", raised to {floor} by the k-grading ({grade} bits)"
+        why += f", log2 rho {log2_rho:.3g}"
     alpha_a, alpha_b = _choose_alphas(terms, log2_rho, need_a, need_b, k)
     consts = crt_constants(terms)
     sa = xp.astype(alpha_a - ea, xp.int32)
@@ -261,8 +325,9 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
     mb, nb = _block_sizes(m, n, k, terms, len(consts.shifts), limit, backend.ozaki_fused)
     if tracing():
         record_event("ozaki", f"ozaki-int8: {terms} moduli ({'auto' if auto_terms else 'fixed'}),"
-                     f" alpha=({alpha_a}, {alpha_b}) bits, blocks {mb}x{nb}",
-                     terms=terms, alpha=(alpha_a, alpha_b), block=(mb, nb), log2_rho=log2_rho)
+                     f" alpha=({alpha_a}, {alpha_b}) bits, blocks {mb}x{nb}{why}",
+                     terms=terms, alpha=(alpha_a, alpha_b), block=(mb, nb), log2_rho=log2_rho,
+                     spread=spread, grading=grade)
     def b_residues(j0: int, j1: int) -> Any:
         return backend.ozaki_residues(b[:, j0:j1], sb[j0:j1], consts.moduli, transpose=True,
                                       rows_p=_pad(j1 - j0), cols_p=_pad(k))
@@ -307,7 +372,8 @@ def run_ozaki_gram(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int, t
     ea, bad_a, sum_a, nnz_a = backend.ozaki_line_stats(a, 0)
     eb, bad_b, sum_b, nnz_b = (ea, bad_a, sum_a, nnz_a) if same else \
         backend.ozaki_line_stats(b, 0)
-    rho, spread_a, spread_b, any_bad_a, any_bad_b = _operand_summary(
+    # (a^T a has E = 0: no k-grading; the Im part a^T z likewise up to a sign swap)
+    rho, spread_a, spread_b, any_bad_a, any_bad_b, _ = _operand_summary(
         backend, sum_a, nnz_a, bad_a, sum_b, nnz_b, bad_b)
     log2_rho = math.log2(rho)
     need = need_bits(k, max(spread_a, spread_b))
