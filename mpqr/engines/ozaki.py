@@ -35,18 +35,27 @@ degrade accuracy. Measured on the NumPy backend (same numerics as the GPU):
 
 Number of moduli. With ``options.ozaki_terms = N`` the caller fixes it (fewer
 moduli: faster, less accurate, error about ``2**-(alpha_A, alpha_B)`` relative
-to the line maxima). Otherwise it is the smallest ``N`` whose ``P`` gives both
-operands ``53 + GUARD_BITS + spread`` bits, ``spread`` (0..MAX_SPREAD) being how
-far below its line's maximum a typical entry lies (``log2(nnz * max / sum|x|)``,
-the worst line, at most ``MAX_SPREAD``). The explain trace records the choice.
+to the line maxima). Otherwise it is chosen per product from the operands:
+the smallest ``N`` whose ``P`` gives each operand ``need`` bits, where
 
-Limitation (inherent to per-line scaling, as in GEMMul8's fast mode): the
-error is bounded relative to ``max_k |a_ik| * sum_k |b_kj|`` (and the mirror
-term), not to ``(|A||B|)_ij``. For A graded along k with B graded inversely
-(``A0 D @ D^-1 B0``, D spanning 2^+-20) the small entries that matter are
-rounded away and the result is far less accurate than DGEMM; use
-``precision="fp64"`` for such products. Row scalings of A and column scalings
-of B (any range) cost nothing.
+* ``need_bits(k, spread) = 53 + GUARD_BITS + spread - floor(log2(k) / 2)``:
+  ``spread`` (0..MAX_SPREAD) is how far below its line's maximum a typical
+  entry lies (``log2(nnz * max / sum|x|)``, the worst line), the k credit is
+  measured (random rounding errors grow like ``sqrt(k)``, DGEMM's bound like k);
+* for operands graded against each other along k by ``E >= GRADING_SLACK`` bits
+  (:func:`k_grading`: A's column maxima times B's row maxima), at least
+  ``54 + E`` bits: the error bound ``2**(E + 2 - alpha) k M`` is then within
+  DGEMM's ``k u M`` on the largest outputs (``M = max (|A||B|)_ij``). Where
+  that exceeds the 60-bit shifts of int64 scaling, no moduli count can hold
+  it and the product runs on native DGEMM (for ``fp64-emulated``, float64
+  accuracy comes first).
+
+The explain trace records the count, the bits and what raised them. Row
+scalings of A and column scalings of B (any range) cost nothing: ``E = 0``.
+The remaining limitation of per-line scaling (as in GEMMul8's fast mode) is
+componentwise: the error is bounded relative to ``max_k |a_ik| * sum_k |b_kj|``
+(and the mirror term), so an output much smaller than the largest ones of its
+row and column can be less accurate than DGEMM makes it.
 
 Special values. Non-finite entries are set to 0 for the integer part; every
 output in a row of A or a column of B holding a NaN/Inf is then recomputed by
