@@ -17,6 +17,8 @@
 #   paneltests      the GPU tests of the leaf panels, TSQR and the recursive QR's methods
 #   qrtests         the GPU tests of the QR and right-solve files only
 #   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
+#   cplxtests       the GPU tests of the complex engines, Gram calls and moduli choice
+#   cplxgemm        bench gemm with complex (ZGEMM/CGEMM, 4M/3M) and Gram rows
 #   benchgap        the probe's 2^20x256 / 2^22x64 timing around short bench qr runs (session 12:
 #                   the bench read ~15% slower than the probes on these shapes)
 set -u
@@ -86,6 +88,16 @@ for job in "$@"; do
       smi; timeout 100 python3 -m mpqr bench qr $tall --json "$OUT/gap4.json" >> "$L" 2>&1
       smi; (cd bench && timeout 100 python3 probe_s12.py "$OUT/gap5.json" w256) >> "$L" 2>&1
       smi ;;
+    cplxtests)
+      timeout 500 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_engines_complex.py \
+        tests/test_gram_engine.py tests/test_ozaki_moduli.py tests/test_qr_complex.py \
+        tests/test_cupy_int8_lt.py tests/test_ozaki.py tests/test_engines.py tests/test_matmul.py \
+        tests/test_gram_blocked.py tests/test_lstsq_gram.py > "$OUT/pytest_cplx.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_cplx.txt" | cut -c1-300 >> "$L" ;;
+    cplxgemm)
+      timeout 560 python3 -m mpqr bench gemm --tune --repeat 3 --kinds real,complex,gram \
+        --shapes 8192x8192x8192,16384x16384x16384 --json "$OUT/gemm_cplx_${DEV}_$D.json" \
+        >> "$L" 2>&1 ;;
     probe9:*)
       (cd bench && timeout 500 python3 probe_s9.py "$OUT/probe9_$D.json" "${job#probe9:}") >> "$L" 2>&1 ;;
     *) echo "unknown job $job" >> "$L" ;;
