@@ -69,10 +69,20 @@ def run_complex(backend: Any, real_gemm: Callable[[Any, Any], Any], a: Any, b: A
             t2 = real_gemm(ai, bi)
             t3 = real_gemm(ar + ai, br + bi)
             return backend.complex_from_parts(t1 - t2, (t3 - t1) - t2)
+    k = a.shape[-1]
+    rdt = ar.dtype
     if m <= n:
-        a2 = xp.concat([xp.concat([ar, -ai], axis=-1), xp.concat([ai, ar], axis=-1)], axis=-2)
+        a2 = backend.empty_for(a, (*a.shape[:-2], 2 * m, 2 * k), rdt)  # written once
+        a2[..., :m, :k] = ar
+        a2[..., :m, k:] = -ai
+        a2[..., m:, :k] = ai
+        a2[..., m:, k:] = ar
         c2 = real_gemm(a2, xp.concat([br, bi], axis=-2))
         return backend.complex_from_parts(c2[..., :m, :], c2[..., m:, :])
-    b2 = xp.concat([xp.concat([br, bi], axis=-1), xp.concat([-bi, br], axis=-1)], axis=-2)
+    b2 = backend.empty_for(b, (*b.shape[:-2], 2 * k, 2 * n), rdt)
+    b2[..., :k, :n] = br
+    b2[..., :k, n:] = bi
+    b2[..., k:, :n] = -bi
+    b2[..., k:, n:] = br
     c2 = real_gemm(xp.concat([ar, ai], axis=-1), b2)
     return backend.complex_from_parts(c2[..., :n], c2[..., n:])
