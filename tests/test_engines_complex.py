@@ -222,3 +222,25 @@ def test_inputs_are_not_modified(xp):
                         options={"engine": CASES[precision][0], "complex_product": scheme})
     np.testing.assert_array_equal(to_numpy(da), a0)
     np.testing.assert_array_equal(to_numpy(db), b0)
+
+
+def test_cost_model_counts_the_complex_flops(monkeypatch):
+    # ZGEMM runs 8 mnk real flops at the DGEMM rate; 4M runs one real product of
+    # (2m, n, 2k): with int8-rich rates the emulation wins at 8192^3, not at 512^3
+    from mpqr.backends import get_backend
+    from mpqr.backends._base import EngineRates
+    from mpqr.policy import decide
+    from mpqr.policy.options import GemmOptions
+
+    be = get_backend(np)
+    hopper = EngineRates({"native-fp64": 55e12, "native-fp32": 48e12, "tc-fp16": 600e12,
+                          "int8": 1400e12, "bandwidth": 3.5e12, "launch_s": 8e-6})
+    monkeypatch.setattr(be, "rates", lambda: hopper)
+    big = decide(be, np.complex128, 8192, 8192, 8192, 1, "fp64-emulated", "t", GemmOptions())
+    small = decide(be, np.complex128, 512, 512, 512, 1, "fp64-emulated", "t", GemmOptions())
+    assert big.engine == "ozaki-int8" and "4M" in big.reason
+    assert small.engine == "native-complex128"
+    zgemm = big.predicted_s["native-complex128"]
+    dgemm = decide(be, np.float64, 8192, 8192, 8192, 1, "fp64", "t",
+                   GemmOptions()).predicted_s["native-fp64"]
+    assert 3.5 < zgemm / dgemm < 4.5

@@ -54,11 +54,14 @@ def _flops(m: int, n: int, k: int, batch: int) -> float:
     return 2.0 * m * n * k * batch
 
 
-def _native_predict(rate_key: str) -> Callable[..., float]:
+def _native_predict(rate_key: str, flop_factor: float = 1.0) -> Callable[..., float]:
+    """``flop_factor``: real flops per flop of the product (4 for complex: ZGEMM/CGEMM
+    run 8 mnk real flops at the real rate)."""
     def predict(backend, m, n, k, batch, in_bytes, params):
         r = backend.rates()
         moved = (m * k + k * n + m * n) * in_bytes * batch
-        return _flops(m, n, k, batch) / r[rate_key] + moved / r["bandwidth"] + r["launch_s"]
+        return (flop_factor * _flops(m, n, k, batch) / r[rate_key] + moved / r["bandwidth"]
+                + r["launch_s"])
 
     return predict
 
@@ -102,10 +105,11 @@ def _register_builtin() -> None:
     from mpqr.engines.tc_fp16_splitb import run_tc_fp16_splitb
     from mpqr.engines.tc_sgemm import run_tc_sgemm
 
-    for name, bits, key in [("native-fp64", 53, "native-fp64"), ("native-fp32", 24, "native-fp32"),
-                            ("native-complex128", 53, "native-fp64"),
-                            ("native-complex64", 24, "native-fp32")]:
-        register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key),
+    for name, bits, key, factor in [("native-fp64", 53, "native-fp64", 1.0),
+                                    ("native-fp32", 24, "native-fp32", 1.0),
+                                    ("native-complex128", 53, "native-fp64", 4.0),
+                                    ("native-complex64", 24, "native-fp32", 4.0)]:
+        register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key, factor),
                                _no_params))
     register_engine(Engine("tc-fp16", 11, frozenset({"fp16"}), run_tc_fp16, _tc_fp16_predict,
                            _no_params, gram=gram_tc_fp16))
