@@ -166,3 +166,15 @@ def test_inputs_not_modified(xp):
     for precision in sorted(ENGINES):
         gram(dx, precision=precision, options={"engine": ENGINES[precision]})
     np.testing.assert_array_equal(to_numpy(dx), x0)
+
+
+@pytest.mark.skip_xp_backend("numpy", reason="the NumPy backend is the reference itself")
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy backend is the reference itself")
+def test_gpu_ozaki_gram_bit_identical_to_numpy_emulation(xp):
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((700, 300))
+    xc = x[:, :90] + 1j * rng.standard_normal((700, 90))
+    for v in (x, xc):
+        got, _ = _gram(xp, v, "fp64-emulated")
+        ref, _ = _gram(np, v, "fp64-emulated")
+        np.testing.assert_array_equal(got, ref)
