@@ -199,9 +199,12 @@ def run_complex(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]
     return rows_out
 
 
-def run_gram(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]]:
+def run_gram(shapes, *, xp, repeat: int, samples: int,
+             levels: list[int] | None = None) -> list[dict[str, Any]]:
     """``X^T X``: the one-triangle engine call against the engine's full product and the
-    native GEMM (speedups of the Gram call over both)."""
+    native GEMM (speedups of the Gram call over both); ``levels``: also time the Gram call
+    with these recursion depths of its column split (``mpqr.engines.gram.LEVELS``)."""
+    from mpqr.engines import gram as gram_mod
     from mpqr.policy import gram
 
     rng = np.random.default_rng(2)
@@ -235,6 +238,13 @@ def run_gram(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]]:
                 rows_out.append({"gram": [m, n], "config": label, "error": str(exc)})
                 print(f"gram {m}x{n} {label}: skipped ({exc})")
                 continue
+            default_levels = gram_mod.LEVELS
+            for lv in levels or []:
+                gram_mod.LEVELS = lv
+                try:
+                    times[f"gram L={lv}"] = time_it(xp, calls["gram"], repeat=repeat)
+                finally:
+                    gram_mod.LEVELS = default_levels
             row = {"gram": [m, n], "config": label, "precision": prec, "engine": engine,
                    "dtype": dt, "time_ms": {w: t * 1e3 for w, t in times.items()},
                    "err_vs_absAB": errs, "speedup_vs_full": times["full"] / times["gram"],
@@ -243,7 +253,9 @@ def run_gram(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]]:
             print(f"gram {m}x{n} {label:<28} gram {times['gram'] * 1e3:9.3f} ms, full "
                   f"{times['full'] * 1e3:9.3f} ms (x{row['speedup_vs_full']:.2f}), native "
                   f"{times['native'] * 1e3:9.3f} ms (x{row['speedup_vs_native']:.2f}); err "
-                  f"{errs['gram']:.2e} (full {errs['full']:.2e}, native {errs['native']:.2e})")
+                  f"{errs['gram']:.2e} (full {errs['full']:.2e}, native {errs['native']:.2e})"
+                  + "".join(f"; {w} {t * 1e3:.3f} ms" for w, t in times.items()
+                            if w.startswith("gram L=")))
     return rows_out
 
 
@@ -282,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma list of row kinds: real, complex (ZGEMM/CGEMM), gram (X^T X)")
     p.add_argument("--complex-shapes", default=None, help="comma list of MxNxK (complex rows)")
     p.add_argument("--gram-shapes", default=None, help="comma list of MxN (Gram rows)")
+    p.add_argument("--gram-levels", default="0,1,2,3",
+                   help="comma list of column-split depths to time the Gram call with")
     p.add_argument("--json", default=None, help="write results here")
     p.add_argument("--cpu", action="store_true", help="force the NumPy backend")
     p.add_argument("--tune", action="store_true",
@@ -317,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     if "gram" in kinds:
         gshapes = ([tuple(int(v) for v in s.split("x")) for s in args.gram_shapes.split(",")]
                    if args.gram_shapes else (GPU_GRAM_SHAPES if on_gpu else CPU_GRAM_SHAPES))
-        out["gram"] = run_gram(gshapes, xp=xp, repeat=args.repeat, samples=args.samples)
+        out["gram"] = run_gram(gshapes, xp=xp, repeat=args.repeat, samples=args.samples,
+                               levels=[int(v) for v in args.gram_levels.split(",") if v])
     out["break_even"] = break_even(xp)
     write_json(args.json, out)
     return 0
