@@ -576,7 +576,7 @@ def _cupy_ozaki_int8_gemms(self, ar, brt, k0, k1):
 def _cupy_ozaki_reconstruct(self, prods, consts, row_shift, col_shift, m, n, out=None):
     from mpqr.backends.cupy_ozaki_kernels import reconstruct
 
-    return reconstruct(prods, len(consts.moduli), row_shift, col_shift, m, n, out=out)
+    return reconstruct(prods, consts.moduli, row_shift, col_shift, m, n, out=out)
 
 
 CupyBackend.ozaki_line_stats = _cupy_ozaki_line_stats
@@ -584,6 +584,22 @@ CupyBackend.ozaki_workspace_limit = _cupy_ozaki_workspace_limit
 CupyBackend.ozaki_residues = _cupy_ozaki_residues
 CupyBackend.ozaki_int8_gemms = _cupy_ozaki_int8_gemms
 CupyBackend.ozaki_reconstruct = _cupy_ozaki_reconstruct
+
+
+def _cupy_ozaki_gauss_residues(self, rr, ri, moduli, js):
+    from mpqr.backends.cupy_ozaki_kernels import gauss_residues
+
+    return gauss_residues(rr, ri, moduli, js)
+
+
+def _cupy_ozaki_gauss_combine(self, prods, moduli, js):
+    from mpqr.backends.cupy_ozaki_kernels import gauss_combine
+
+    return gauss_combine(prods, moduli, js)
+
+
+CupyBackend.ozaki_gauss_residues = _cupy_ozaki_gauss_residues
+CupyBackend.ozaki_gauss_combine = _cupy_ozaki_gauss_combine
 
 
 _blas_controller: list[Any] = []

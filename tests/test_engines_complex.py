@@ -10,6 +10,7 @@ tests/test_ozaki.py) for a real product of length 2k, with
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -58,17 +59,27 @@ def _bound(precision: str, k: int) -> float:
     return SQRT2 * _real_bound(precision, 2 * k)
 
 
-@pytest.mark.parametrize("precision", sorted(CASES))
-@pytest.mark.parametrize(("m", "k", "n"), [(9, 1, 7), (16, 64, 12), (12, 1024, 20)])
-def test_4m_within_engine_bound_and_2x_native(xp, precision, m, k, n):
+#: (precision, scheme): the floating-point engines' default 4M, ozaki-int8's default 2M
+#: and its 4M
+SCHEMES = [("fp16", "4m"), ("fp32-emulated", "4m"), ("fp64-emulated", "2m"),
+           ("fp64-emulated", "4m")]
+
+
+@pytest.mark.parametrize(("precision", "scheme"), SCHEMES)
+@pytest.mark.parametrize(("m", "k", "n"), [(9, 1, 7), (16, 64, 12), (12, 1024, 20), (40, 300, 3)])
+def test_scheme_within_engine_bound_and_2x_native(xp, precision, scheme, m, k, n):
     rng = np.random.default_rng(k + m)
     dtype, native = CASES[precision][1], CASES[precision][2]
     a, b = _operands(rng, m, k, n, dtype)
     exact = exact_matmul_complex(a, b)
+    default = scheme == ("2m" if precision == "fp64-emulated" else "4m")
     with mpqr.explain() as trace:
-        c = _emu(xp, a, b, precision)
+        c = _emu(xp, a, b, precision, **({} if default else {"complex_product": scheme}))
     assert c.dtype == dtype
-    assert "complex=4m" in str(trace) and "4M" in str(trace)
+    assert f"complex={scheme}" in str(trace) and scheme.upper() in str(trace)
+    if scheme == "2m":  # two int8 GEMMs per Gaussian modulus
+        n_mod = int(re.search(r"(\d+) Gaussian moduli", str(trace)).group(1))
+        assert f"{2 * n_mod} int8 GEMMs" in str(trace)
     nat = to_numpy(mpqr.matmul(xp.asarray(a), xp.asarray(b), precision=native))
     e_re, e_im = part_errors_vs_abs(c, exact, a, b)
     n_re, n_im = part_errors_vs_abs(nat, exact, a, b)
@@ -100,8 +111,9 @@ def test_3m_option_runs_three_products_within_its_bound(xp, precision):
     assert e_im <= 4 * real_bound + 4 * u_in, (e_im, real_bound)
 
 
-@pytest.mark.parametrize("precision", sorted(CASES))
-@pytest.mark.parametrize("scheme", ["4m", "3m"])
+@pytest.mark.parametrize(("precision", "scheme"), [*SCHEMES, ("fp16", "3m"),
+                                                   ("fp32-emulated", "3m"),
+                                                   ("fp64-emulated", "3m")])
 def test_nan_inf_zero_lines(xp, precision, scheme):
     rng = np.random.default_rng(5)
     dtype = CASES[precision][1]
@@ -186,14 +198,23 @@ def test_policy_predicts_the_real_products_and_auto_stays_native():
     be = get_backend(np)
     d = decide(be, np.complex128, 64, 64, 64, 1, "fp64-emulated", "argument",
                GemmOptions(engine="ozaki-int8"))
-    assert d.engine == "ozaki-int8" and d.params["complex"] == "4m"
+    assert d.engine == "ozaki-int8" and d.params["complex"] == "2m"
+    d4 = decide(be, np.complex128, 64, 64, 64, 1, "fp64-emulated", "argument",
+                GemmOptions(engine="ozaki-int8", complex_product="4m"))
     real = decide(be, np.float64, 128, 64, 128, 1, "fp64-emulated", "argument",
                   GemmOptions(engine="ozaki-int8"))
-    assert d.predicted_s["ozaki-int8"] > real.predicted_s["ozaki-int8"]
+    # 4M: the real product of (2m, n, 2k) and the passes around it; 2M: fewer int8 products
+    assert d4.predicted_s["ozaki-int8"] > real.predicted_s["ozaki-int8"]
+    assert d.predicted_s["ozaki-int8"] < d4.predicted_s["ozaki-int8"]
     auto = decide(be, np.complex128, 64, 64, 64, 1, "auto", "argument", GemmOptions())
     assert auto.engine == "native-complex128"
-    with pytest.raises(ValueError, match="GemmOptions.complex_product must be '4m', '3m' or None, got '2m'"):
-        GemmOptions(complex_product="2m")
+    with pytest.raises(ValueError, match="GemmOptions.complex_product must be '4m', '3m', "
+                                         "'2m' or None, got '5m'"):
+        GemmOptions(complex_product="5m")
+    with pytest.raises(ValueError, match="complex_product='2m' needs modular arithmetic "
+                                         r"\(ozaki-int8\); the tc-sgemm engine takes"):
+        decide(be, np.complex64, 4, 4, 4, 1, "fp32-emulated", "argument",
+               GemmOptions(complex_product="2m"))
     with pytest.raises(ValueError, match="options.engine='native-fp64' is a real engine"):
         decide(be, np.complex128, 4, 4, 4, 1, "fp64", "argument",
                GemmOptions(engine="native-fp64"))
@@ -203,11 +224,14 @@ def test_policy_predicts_the_real_products_and_auto_stays_native():
 @pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy backend is the reference itself")
 def test_gpu_ozaki_bit_identical_to_numpy_emulation(xp):
     rng = np.random.default_rng(21)
-    for a, b in [(rng.standard_normal((33, 300)), rng.standard_normal((300, 17))),
-                 _operands(rng, 20, 200, 35, np.complex128)]:
-        got = _emu(xp, a, b, "fp64-emulated")
+    cases = [(rng.standard_normal((33, 300)), rng.standard_normal((300, 17)), None),
+             (*_operands(rng, 20, 200, 35, np.complex128), "2m"),
+             (*_operands(rng, 20, 200, 35, np.complex128), "4m"),
+             (*_operands(rng, 40, 100, 5, np.complex128), "3m")]
+    for a, b, scheme in cases:
+        got = _emu(xp, a, b, "fp64-emulated", complex_product=scheme)
         ref = to_numpy(mpqr.matmul(a, b, precision="fp64-emulated",
-                                   options={"engine": "ozaki-int8"}))
+                                   options={"engine": "ozaki-int8", "complex_product": scheme}))
         np.testing.assert_array_equal(got, ref)
 
 
@@ -217,7 +241,7 @@ def test_inputs_are_not_modified(xp):
     a0, b0 = a.copy(), b.copy()
     da, db = xp.asarray(a), xp.asarray(b)
     for precision in sorted(CASES):
-        for scheme in ("4m", "3m"):
+        for scheme in ("4m", "3m", "2m" if precision == "fp64-emulated" else "4m"):
             mpqr.matmul(da, db, precision=precision,
                         options={"engine": CASES[precision][0], "complex_product": scheme})
     np.testing.assert_array_equal(to_numpy(da), a0)
@@ -238,7 +262,7 @@ def test_cost_model_counts_the_complex_flops(monkeypatch):
     monkeypatch.setattr(be, "rates", lambda: hopper)
     big = decide(be, np.complex128, 8192, 8192, 8192, 1, "fp64-emulated", "t", GemmOptions())
     small = decide(be, np.complex128, 512, 512, 512, 1, "fp64-emulated", "t", GemmOptions())
-    assert big.engine == "ozaki-int8" and "4M" in big.reason
+    assert big.engine == "ozaki-int8" and "2M" in big.reason
     assert small.engine == "native-complex128"
     zgemm = big.predicted_s["native-complex128"]
     dgemm = decide(be, np.float64, 8192, 8192, 8192, 1, "fp64", "t",

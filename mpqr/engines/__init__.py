@@ -37,6 +37,10 @@ class Engine:
     #: ``a^T b`` (symmetric, or antisymmetric for ``sign = -1``) mirrored, for Gram
     #: matrices (:mod:`mpqr.engines.gram`); None: the policy forms the full product
     gram: Callable[..., Any] | None = None
+    #: ``complex_2m(backend, a, b, out_dtype=, **params)``: a complex product in two
+    #: modular products per modulus (:mod:`mpqr.engines.ozaki_complex`); None: the
+    #: policy forms complex products from real ones (4M/3M)
+    complex_2m: Callable[..., Any] | None = None
 
     def available(self, backend: Any) -> bool:
         return self.requires <= backend.capabilities
@@ -120,7 +124,8 @@ def _register_builtin() -> None:
                            _tc_fp16_splitb_predict, _no_params))
     register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
                            _tc_sgemm_params, gram=gram_tc_sgemm))
-    import mpqr.engines.ozaki  # noqa: F401  (registers "ozaki-int8")
+    # "ozaki-int8" registers itself; its 2M complex products are added to it
+    import mpqr.engines.ozaki_complex  # noqa: F401
 
 
 _register_builtin()

@@ -40,8 +40,8 @@ from typing import Any
 
 __all__ = ["SCHEMES", "real_dims", "real_dtype", "run_complex"]
 
-#: complex-product schemes, the first the default
-SCHEMES = ("4m", "3m")
+#: complex-product schemes, the first the default of engines without a 2M product
+SCHEMES = ("4m", "3m", "2m")
 
 
 def real_dtype(xp: Any, dtype: Any) -> Any:
@@ -50,9 +50,12 @@ def real_dtype(xp: Any, dtype: Any) -> Any:
 
 
 def real_dims(m: int, n: int, k: int, scheme: str) -> tuple[tuple[int, int, int], int]:
-    """``((m', n', k'), count)``: the real products one complex ``(m, n, k)`` product runs."""
+    """``((m', n', k'), count)``: the real products one complex ``(m, n, k)`` product runs
+    (``"2m"``: two modular products per modulus, counted as two real products)."""
     if scheme == "3m":
         return (m, n, k), 3
+    if scheme == "2m":
+        return (m, n, k), 2
     return ((2 * m, n, 2 * k) if m <= n else (m, 2 * n, 2 * k)), 1
 
 

@@ -91,7 +91,7 @@ import math
 from typing import Any
 
 from mpqr.engines import Engine, register_engine
-from mpqr.engines.ozaki_crt import MAX_TERMS, crt_constants, log2_modulus_product
+from mpqr.engines.ozaki_crt import MAX_TERMS, MODULI, crt_constants, log2_modulus_product
 from mpqr.policy.trace import record_event, tracing
 
 __all__ = ["GUARD_BITS", "MAX_SPREAD", "line_stats", "ozaki_params", "ozaki_predict", "run_ozaki",
@@ -116,17 +116,19 @@ def _pad(x: int) -> int:
     return -(-x // _PAD) * _PAD
 
 
-def _alpha_sum(n_terms: int, log2_rho: float) -> int:
+def _alpha_sum(n_terms: int, log2_rho: float, moduli: tuple[int, ...] = MODULI) -> int:
     """Largest alpha_A + alpha_B with 2**(alpha_A+alpha_B+1) * rho < P/2 (with margin)."""
-    return math.floor(log2_modulus_product(n_terms) - 2.0 - log2_rho - 1e-6)
+    return math.floor(log2_modulus_product(n_terms, moduli) - 2.0 - log2_rho - 1e-6)
 
 
-def terms_for(need_bits: int, log2_rho: float) -> int:
-    """Fewest moduli giving ``alpha_A + alpha_B >= need_bits`` (capped at MAX_AUTO_TERMS)."""
-    for n in range(1, MAX_AUTO_TERMS + 1):
-        if _alpha_sum(n, log2_rho) >= need_bits:
+def terms_for(need_bits: int, log2_rho: float, moduli: tuple[int, ...] = MODULI) -> int:
+    """Fewest moduli giving ``alpha_A + alpha_B >= need_bits`` (capped at MAX_AUTO_TERMS
+    and at the number of ``moduli``)."""
+    top = min(MAX_AUTO_TERMS, len(moduli))
+    for n in range(1, top + 1):
+        if _alpha_sum(n, log2_rho, moduli) >= need_bits:
             return n
-    return MAX_AUTO_TERMS
+    return top
 
 
 def need_bits(k: int, spread: int) -> int:
@@ -259,6 +261,12 @@ def k_grading(backend: Any, a: Any, b: Any) -> Any:
     xp = backend.xp
     ca = xp.reshape(backend.max_abs_finite(a, 0), (-1,))
     rb = xp.reshape(backend.max_abs_finite(b, 1), (-1,))
+    return grading_from_maxima(backend, ca, rb)
+
+
+def grading_from_maxima(backend: Any, ca: Any, rb: Any) -> Any:
+    """:func:`k_grading` from A's column maxima ``ca`` and B's row maxima ``rb``."""
+    xp = backend.xp
     ea = xp.astype(backend.exponent(ca), xp.int64)
     eb = xp.astype(backend.exponent(rb), xp.int64)
     low = xp.asarray(-(1 << 20), dtype=xp.int64, device=_dev(ea))
@@ -269,14 +277,14 @@ def k_grading(backend: Any, a: Any, b: Any) -> Any:
 
 
 def _choose_alphas(n_terms: int, log2_rho: float, need_a: int, need_b: int,
-                   k: int) -> tuple[int, int]:
-    total = _alpha_sum(n_terms, log2_rho)
+                   k: int, moduli: tuple[int, ...] = MODULI) -> tuple[int, int]:
+    total = _alpha_sum(n_terms, log2_rho, moduli)
     extra = total - need_a - need_b
     alpha_a = need_a + extra // 2
     alpha_b = total - alpha_a
     alpha_a, alpha_b = min(alpha_a, _MAX_ALPHA), min(alpha_b, _MAX_ALPHA)
     if alpha_a < 1 or alpha_b < 1:
-        need = terms_for(2, log2_rho)
+        need = terms_for(2, log2_rho, moduli)
         raise ValueError(
             f"ozaki_terms={n_terms} moduli cannot hold this product (k={k}): "
             f"at least {need} are needed"

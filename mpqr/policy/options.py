@@ -27,11 +27,13 @@ class GemmOptions:
         Force one engine by name (``"native"``, ``"tc-fp16"``, ``"tc-sgemm"``,
         ``"ozaki-int8"``); the explain trace records that it was forced.
     complex_product : str, optional
-        How an emulated engine forms a complex product from real ones:
-        ``"4m"`` (default: one real product of twice the size, as accurate as
-        the real engine) or ``"3m"`` (Karatsuba: three real products, 25% fewer
-        flops, a larger error in the imaginary part); see
-        :mod:`mpqr.engines.complex_product`.
+        How an emulated engine forms a complex product: ``"4m"`` (one real
+        product of twice the size, as accurate as the real engine; the default
+        of the floating-point engines), ``"3m"`` (Karatsuba: three real
+        products, 25% fewer flops, a larger error in the imaginary part) or
+        ``"2m"`` (``ozaki-int8`` only, its default: two modular products per
+        modulus, exact like 4M); see :mod:`mpqr.engines.complex_product` and
+        :mod:`mpqr.engines.ozaki_complex`.
     """
 
     slice_k: int | None = None
@@ -49,9 +51,9 @@ class GemmOptions:
             raise TypeError(
                 f"GemmOptions.engine must be an engine name or None, got {self.engine!r}"
             )
-        if self.complex_product not in (None, "4m", "3m"):
+        if self.complex_product not in (None, "4m", "3m", "2m"):
             raise ValueError(
-                "GemmOptions.complex_product must be '4m', '3m' or None, "
+                "GemmOptions.complex_product must be '4m', '3m', '2m' or None, "
                 f"got {self.complex_product!r}"
             )
 

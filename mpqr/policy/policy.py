@@ -124,7 +124,16 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
     kind = _kind(xp, dtype)
     is_complex = kind.startswith("complex")
     in_bytes = 8 if kind in ("fp64", "complex64") else (16 if kind == "complex128" else 4)
-    scheme = options.complex_product or SCHEMES[0]
+
+    def scheme_of(name: str) -> str:
+        if options.complex_product == "2m" and ENGINES[name].complex_2m is None:
+            raise ValueError(
+                f"GemmOptions.complex_product='2m' needs modular arithmetic (ozaki-int8); "
+                f"the {name} engine takes '4m' or '3m'"
+            )
+        if options.complex_product:
+            return options.complex_product
+        return "2m" if ENGINES[name].complex_2m is not None else SCHEMES[0]
 
     def native(bits: str) -> str:
         if is_complex:
@@ -135,7 +144,7 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
         return is_complex and not name.startswith("native")
 
     def dims(name: str) -> tuple[tuple[int, int, int], int]:
-        return real_dims(m, n, k, scheme) if via_parts(name) else ((m, n, k), 1)
+        return real_dims(m, n, k, scheme_of(name)) if via_parts(name) else ((m, n, k), 1)
 
     def params_for(name: str) -> dict[str, Any]:
         (mr, nr, kr), _ = dims(name)
@@ -145,14 +154,19 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
                                         "native-complex128": xp.complex128,
                                         "native-complex64": xp.complex64}[name]}
         if via_parts(name):
-            p = {**p, "complex": scheme}
+            p = {**p, "complex": scheme_of(name)}
+            if p["complex"] == "2m":
+                from mpqr.engines.ozaki_complex import terms_2m
+
+                if p.get("auto_terms"):
+                    p["terms"] = terms_2m(k)
         return p
 
     def predict(name: str, p: dict[str, Any]) -> float:
         if not via_parts(name):
             return ENGINES[name].predict(backend, m, n, k, batch, in_bytes, p)
         (mr, nr, kr), count = dims(name)
-        rp = {kk: v for kk, v in p.items() if kk != "complex"}
+        rp = {kk: v for kk, v in p.items() if kk != "complex"}  # (2M: terms per product)
         # the parts are split (and the 4M operand written twice) and the result assembled
         r = backend.rates()
         moved = 3.0 * (m * k + k * n + m * n) * in_bytes * batch
@@ -172,7 +186,7 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
                                                                               key=times.get))
             why = f"{why}; predicted {ranked}"
         if via_parts(best):
-            why += "; " + _complex_why(scheme, options)
+            why += "; " + _complex_why(scheme_of(best), options)
         return Decision(best, ps[best], why, times)
 
     if options.engine is not None:
@@ -193,7 +207,7 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
         p = params_for(name)
         why = "forced by options.engine"
         if via_parts(name):
-            why += "; " + _complex_why(scheme, options)
+            why += "; " + _complex_why(scheme_of(name), options)
         return Decision(name, p, why, {name: predict(name, p)})
 
     if precision == "fp64":
@@ -239,6 +253,9 @@ def _complex_why(scheme: str, options: GemmOptions) -> str:
     if scheme == "3m":
         return (f"complex as 3 real products (3M/Karatsuba, {src}: 25% fewer flops, "
                 "larger imaginary-part error)")
+    if scheme == "2m":
+        return (f"complex as 2 modular products per modulus (2M, {src}: Gaussian moduli, "
+                "exact like 4M with about half its int8 products)")
     return (f"complex as one real product of twice the size (4M, {src}: as accurate as the "
             "real engine; 3M saves 25% of the flops, its imaginary part measured up to 2x "
             "less accurate)")
@@ -388,6 +405,9 @@ def _run(backend: Any, d: Decision, out_dtype: Any, a: Any, b: Any) -> Any:
     engine = ENGINES[d.engine]
     params = dict(d.params)
     scheme = params.pop("complex", None)
+    if scheme == "2m":
+        return _run_engine(backend, dataclasses.replace(engine, run=engine.complex_2m),
+                           params, out_dtype, a, b)
     if scheme is not None:
         rdt = real_dtype(xp, out_dtype)
         return run_complex(backend, lambda x, y: _run_engine(backend, engine, params, rdt, x, y),
