@@ -106,7 +106,9 @@ def run_ozaki_2m(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int,
     sa = xp.astype(alpha_a - ea, xp.int32)
     sb = xp.astype(alpha_b - eb, xp.int32)
     limit = workspace_limit or backend.ozaki_workspace_limit()
-    mb, nb = oz._block_sizes(m, n, k, 2 * terms, len(consts.shifts), limit,
+    # 2N product planes and the 2N planes of Cr, Ci live together; the parts' residues
+    # (2N) beside their Gaussian combinations (2N): the real formula at 4N planes
+    mb, nb = oz._block_sizes(m, n, k, 4 * terms, len(consts.shifts), limit,
                              backend.ozaki_fused)
     if tracing():
         record_event("ozaki", f"ozaki-int8 2M: {terms} Gaussian moduli "
