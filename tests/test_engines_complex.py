@@ -268,3 +268,25 @@ def test_cost_model_counts_the_complex_flops(monkeypatch):
     dgemm = decide(be, np.float64, 8192, 8192, 8192, 1, "fp64", "t",
                    GemmOptions()).predicted_s["native-fp64"]
     assert 3.5 < zgemm / dgemm < 4.5
+
+
+def test_2m_blocking_changes_nothing(xp):
+    rng = np.random.default_rng(23)
+    a, b = _operands(rng, 50, 96, 40, np.complex128)
+    whole = _emu(xp, a, b, "fp64-emulated")
+    with mpqr.explain() as trace:
+        blocked = _emu(xp, a, b, "fp64-emulated", workspace_limit=200_000)
+    assert re.search(r"blocks (\d+)x(\d+)", str(trace)).groups() != ("50", "40")
+    np.testing.assert_array_equal(blocked, whole)
+
+
+def test_2m_strongly_k_graded_runs_zgemm(xp):
+    rng = np.random.default_rng(24)
+    d = 2.0 ** rng.integers(-40, 41, size=64)
+    a, b = _operands(rng, 6, 64, 5, np.complex128)
+    a, b = a * d, b / d[:, None]
+    with mpqr.explain() as trace:
+        c = _emu(xp, a, b, "fp64-emulated")
+    assert "native ZGEMM instead" in str(trace)
+    exact = exact_matmul_complex(a, b)
+    assert max(part_errors_vs_abs(c, exact, a, b)) <= _bound("fp64-emulated", 64)

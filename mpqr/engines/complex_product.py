@@ -3,6 +3,9 @@
 A complex product ``C = A B`` with ``A = Ar + i Ai`` and ``B = Br + i Bi`` is
 formed from real engine products, so every engine (and both backends) gets
 complex support from its real path, bit for bit the same on NumPy and CuPy.
+``ozaki-int8`` has a third, cheaper scheme of its own, 2M (its default; see
+:mod:`mpqr.engines.ozaki_complex`): modular arithmetic splits a complex product
+into two real ones per modulus.
 
 ``"4m"`` (the default): the four real products as ONE real product of twice
 the size, the smaller operand written twice::
@@ -27,7 +30,8 @@ and ``Ar + Ai`` is rounded (and can overflow near the overflow threshold).
 Measured on the NumPy backend (16x16 outputs, k = 64..8192, exact reference;
 ``bench/NOTES.md``): the real parts agree, the imaginary part of 3M is
 1.0-2.0x 4M's error on every engine. 4M is the default: the accuracy of the
-real engine, one pass over the operands, and no new overflow.
+real engine, one pass over the operands, and no new overflow (for the
+floating-point engines; ``ozaki-int8`` defaults to 2M).
 
 NaN/Inf: a non-finite entry of row ``i`` of A (column ``j`` of B) reaches
 both ``Cr`` and ``Ci`` of that row (column), as in the native complex GEMM.

@@ -3,7 +3,7 @@
 Error is max_ij |C - AB|_ij / (|A||B|)_ij over a random sample of output
 entries, each computed exactly on the host (exact products, ``math.fsum``),
 so the reference is exact even at k = 2^20. Complex rows (ZGEMM/CGEMM and the
-emulated engines' 4M/3M products) use the modulus ``|.|`` and take the larger
+emulated engines' 2M/4M/3M products) use the modulus ``|.|`` and take the larger
 of the two parts' errors; Gram rows time ``X^T X`` as one-triangle engine
 calls (``mpqr.policy.gram``) against the engine's full product.
 """
@@ -42,8 +42,10 @@ ENGINES = [
 COMPLEX_ENGINES = [
     ("cuBLAS/native complex128", "fp64", "complex128", None),
     ("fp64-emulated complex", "fp64-emulated", "complex128", None),
-    ("fp64-emulated ozaki-int8 forced 4M", "fp64-emulated", "complex128",
+    ("fp64-emulated ozaki-int8 forced 2M", "fp64-emulated", "complex128",
      {"engine": "ozaki-int8"}),
+    ("fp64-emulated ozaki-int8 forced 4M", "fp64-emulated", "complex128",
+     {"engine": "ozaki-int8", "complex_product": "4m"}),
     ("fp64-emulated ozaki-int8 forced 3M", "fp64-emulated", "complex128",
      {"engine": "ozaki-int8", "complex_product": "3m"}),
     ("cuBLAS/native complex64", "fp32", "complex64", None),
@@ -151,7 +153,7 @@ def _exact_complex_entries(a: np.ndarray, b: np.ndarray, samples: int):
 
 
 def run_complex(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]]:
-    """ZGEMM/CGEMM against the emulated engines' complex products (4M, 3M)."""
+    """ZGEMM/CGEMM against the emulated engines' complex products (2M, 4M, 3M)."""
     rng = np.random.default_rng(1)
     rows_out = []
     for m, n, k in shapes:
