@@ -99,7 +99,10 @@ def test_complex_gram_hermitian_and_accurate(xp, precision):
     assert g.dtype == x.dtype
     np.testing.assert_array_equal(g, g.conj().T)
     assert np.all(np.diag(g).imag == 0)
-    assert "two real triangles of length 2m" in trace
+    if precision == "fp64-emulated":  # one 2M product per Gaussian modulus
+        assert "gram=2m" in trace and "ozaki-int8 2M gram:" in trace
+    else:
+        assert "two real triangles of length 2m" in trace
     xh = x.conj().T
     exact = exact_matmul_complex(xh, x)
     assert max(part_errors_vs_abs(g, exact, xh, x)) <= np.sqrt(2) * _bound(precision, 2 * m)
@@ -127,6 +130,31 @@ def test_nan_inf_zero_columns(xp, precision):
     assert np.max(np.abs(sub - exact)[mask] / denom[mask]) <= _bound(precision, 90)
 
 
+def test_complex_ozaki_gram_nan_inf_zero_columns(xp):
+    rng = np.random.default_rng(15)
+    x = rng.standard_normal((60, 12)) + 1j * rng.standard_normal((60, 12))
+    x[3, 2] = complex(0.0, np.inf)
+    x[7, 9] = complex(np.nan, 0.0)
+    x[:, 5] = 0.0
+    g, trace = _gram(xp, x, "fp64-emulated")
+    assert "2M gram" in trace
+    with np.errstate(invalid="ignore", over="ignore"):
+        nat = x.conj().T @ x
+    for part in (np.real, np.imag):
+        np.testing.assert_array_equal(np.isfinite(part(g)), np.isfinite(part(nat)))
+    np.testing.assert_array_equal(g, g.conj().T)
+    ok = [j for j in range(12) if j not in (2, 9)]
+    assert not g[5, ok].any()
+    xs = x[:, ok]
+    exact = exact_matmul_complex(xs.conj().T, xs)
+    sub = g[np.ix_(ok, ok)]
+    keep = [i for i, j in enumerate(ok) if j != 5]
+    sub, exact = sub[np.ix_(keep, keep)], exact[np.ix_(keep, keep)]
+    xk = xs[:, keep]
+    assert max(part_errors_vs_abs(sub, exact, xk.conj().T, xk)) <= \
+        np.sqrt(2) * _bound("fp64-emulated", 120)
+
+
 def test_ozaki_gram_one_residue_pass_and_fallback_when_over_the_workspace(xp):
     rng = np.random.default_rng(9)
     x = rng.standard_normal((120, 48))
@@ -140,6 +168,19 @@ def test_ozaki_gram_one_residue_pass_and_fallback_when_over_the_workspace(xp):
     exact = exact_matmul(x.T, x)
     denom = np.abs(x.T) @ np.abs(x)
     assert np.max(np.abs(g2 - exact) / denom) <= _bound("fp64-emulated", 120)
+
+
+def test_complex_ozaki_gram_over_the_workspace_takes_two_real_triangles(xp):
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((90, 40)) + 1j * rng.standard_normal((90, 40))
+    with mpqr.explain() as trace:
+        g = to_numpy(gram(xp.asarray(x), precision="fp64-emulated",
+                          options={"engine": "ozaki-int8", "workspace_limit": 300_000}))
+    assert "2M gram" not in str(trace) and "ozaki-int8 gram:" in str(trace)
+    np.testing.assert_array_equal(g, g.conj().T)
+    xh = x.conj().T
+    exact = exact_matmul_complex(xh, x)
+    assert max(part_errors_vs_abs(g, exact, xh, x)) <= np.sqrt(2) * _bound("fp64-emulated", 180)
 
 
 def test_native_and_stacks_return_none():

@@ -41,6 +41,9 @@ class Engine:
     #: modular products per modulus (:mod:`mpqr.engines.ozaki_complex`); None: the
     #: policy forms complex products from real ones (4M/3M)
     complex_2m: Callable[..., Any] | None = None
+    #: ``complex_gram(backend, x, out_dtype=, **params)``: a complex Gram matrix in one
+    #: call, or None where it declines (the two real triangles of the Gram call run)
+    complex_gram: Callable[..., Any] | None = None
 
     def available(self, backend: Any) -> bool:
         return self.requires <= backend.capabilities

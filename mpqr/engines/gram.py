@@ -81,12 +81,17 @@ def mirror(backend: Any, c: Any, sign: int) -> Any:
 
 
 def run_gram(backend: Any, gram_fn: Callable[..., Any], x: Any, *, out_dtype: Any,
-             **params: Any) -> Any:
+             complex_gram: Callable[..., Any] | None = None, **params: Any) -> Any:
     """``X^H X`` (2-D ``x``) from the engine's triangular product ``gram_fn(backend, a, b,
-    out_dtype=, sign=, **params)`` (``a^T b`` for ``k x n`` operands, upper blocks)."""
+    out_dtype=, sign=, **params)`` (``a^T b`` for ``k x n`` operands, upper blocks), or
+    for complex ``x`` from the engine's ``complex_gram`` where it has one and takes it."""
     xp = backend.xp
     if not xp.isdtype(x.dtype, "complex floating"):
         return gram_fn(backend, x, x, out_dtype=out_dtype, sign=1, **params)
+    if complex_gram is not None:
+        g = complex_gram(backend, x, out_dtype=out_dtype, **params)
+        if g is not None:
+            return g
     from mpqr.engines.complex_product import real_dtype
 
     rdt = real_dtype(xp, out_dtype)

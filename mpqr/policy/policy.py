@@ -311,20 +311,28 @@ def gram(x: Any, *, precision: str | None = None, label: str = "", options: Any 
         params = ENGINES[d.engine].params(backend, n, n, 2 * m, out_dtype, opts)
     if tracing():
         frac = product_fraction(n)
+        one_call = "complex" in d.params and engine.complex_gram is not None
         shown = {**{kk: v for kk, v in params.items() if kk != "compute_dtype"},
-                 "gram": "upper-triangle"}
+                 "gram": "2m" if one_call else "upper-triangle"}
         scheme = d.params.get("complex")
         base = d.reason.replace("; " + _complex_why(scheme, opts), "") if scheme else d.reason
-        why = (f"{base}; Gram matrix: upper triangle only ({frac:.0%} of the GEMM's "
-               "products), mirrored")
-        if "complex" in d.params:
-            why += "; complex: Re and Im as two real triangles of length 2m"
+        if one_call:
+            why = (f"{base}; Gram matrix, complex: one 2M product per Gaussian modulus "
+                   "(X+ = V^T U, X- its transpose; exactly Hermitian), where its workspace "
+                   f"fits, else Re and Im as two real upper triangles ({frac:.0%} of a "
+                   "GEMM's products each)")
+        else:
+            why = (f"{base}; Gram matrix: upper triangle only ({frac:.0%} of the GEMM's "
+                   "products), mirrored")
+            if "complex" in d.params:
+                why += "; complex: Re and Im as two real triangles of length 2m"
         record_gemm(GemmDecision(label, (n, n, m), 1, str(out_dtype), prec, source, d.engine,
                                  shown, why, d.predicted_s))
     xp = backend.xp
     if x.dtype != out_dtype:
         x = xp.astype(x, out_dtype)
-    return run_gram(backend, engine.gram, x, out_dtype=out_dtype, **params)
+    return run_gram(backend, engine.gram, x, out_dtype=out_dtype,
+                    complex_gram=engine.complex_gram, **params)
 
 
 def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
