@@ -18,7 +18,8 @@
 #   qrtests         the GPU tests of the QR and right-solve files only
 #   cholqrtests     qrtests' files plus every other file that runs CholQR or its breakdowns
 #   cplxtests       the GPU tests of the complex engines, Gram calls and moduli choice
-#   cplxgemm        bench gemm with complex (ZGEMM/CGEMM, 4M/3M) and Gram rows
+#   cplxgemm        bench gemm's complex (ZGEMM/CGEMM vs 2M/4M/3M) and Gram rows (the real
+#                   rows are the gemm job's)
 #   benchgap        the probe's 2^20x256 / 2^22x64 timing around short bench qr runs (session 12:
 #                   the bench read ~15% slower than the probes on these shapes)
 set -u
@@ -95,9 +96,8 @@ for job in "$@"; do
         tests/test_gram_blocked.py tests/test_lstsq_gram.py > "$OUT/pytest_cplx.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_cplx.txt" | cut -c1-300 >> "$L" ;;
     cplxgemm)
-      timeout 560 python3 -m mpqr bench gemm --tune --repeat 3 --kinds real,complex,gram \
-        --shapes 8192x8192x8192,16384x16384x16384 --json "$OUT/gemm_cplx_${DEV}_$D.json" \
-        >> "$L" 2>&1 ;;
+      timeout 560 python3 -m mpqr bench gemm --tune --repeat 3 --kinds complex,gram \
+        --json "$OUT/gemm_cplx_${DEV}_$D.json" >> "$L" 2>&1 ;;
     probe9:*)
       (cd bench && timeout 500 python3 probe_s9.py "$OUT/probe9_$D.json" "${job#probe9:}") >> "$L" 2>&1 ;;
     *) echo "unknown job $job" >> "$L" ;;
