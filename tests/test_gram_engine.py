@@ -77,6 +77,8 @@ def test_real_gram_accurate_and_bitwise_symmetric(xp, precision, m, n):
 @pytest.mark.parametrize("precision", sorted(ENGINES))
 def test_gram_equals_the_full_engine_product_in_value(xp, precision):
     # same dot products: the one-triangle result is the full product's to a few roundings
+    # (ozaki-int8 gives both sides one shift, alpha_A = alpha_B, where the full product may
+    # split its bits one apart)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((257, 140))
     g, _ = _gram(xp, x, precision)
@@ -84,8 +86,6 @@ def test_gram_equals_the_full_engine_product_in_value(xp, precision):
                                 options={"engine": ENGINES[precision]}))
     denom = np.abs(x.T) @ np.abs(x)
     assert np.max(np.abs(g - full) / denom) <= 2 * _bound(precision, 257)
-    if precision == "fp64-emulated":  # exact integers: bit for bit
-        np.testing.assert_array_equal(np.triu(g), np.triu(full))
 
 
 @pytest.mark.parametrize("precision", sorted(ENGINES))
