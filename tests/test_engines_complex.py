@@ -4,7 +4,8 @@ Error measure: max_ij |C - AB|_ij / (|A||B|)_ij per part (|.| the complex modulu
 against a correctly rounded reference (each part one exact real dot product of
 length 2k). Bounds are the real engines' bounds (tests/test_engines.py,
 tests/test_ozaki.py) for a real product of length 2k, with
-``|Ar||Br| + |Ai||Bi| <= sqrt(2) |A||B|``, and the issue's 2x-native target.
+``|Ar||Br| + |Ai||Bi| <= sqrt(2) |A||B|``, and the emulated precisions' target of at
+most 2x the native complex GEMM's error.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ complex support from its real path, bit for bit the same on NumPy and CuPy.
 :mod:`mpqr.engines.ozaki_complex`): modular arithmetic splits a complex product
 into two real ones per modulus.
 
-``"4m"`` (the default): the four real products as ONE real product of twice
-the size, the smaller operand written twice::
+``"4m"`` (the default of the floating-point engines): the four real products
+as ONE real product of twice the size, the smaller operand written twice::
 
     [[Ar, -Ai], [Ai, Ar]] @ [Br; Bi] = [Cr; Ci]      (m <= n)
     [Ar, Ai] @ [[Br, Bi], [-Bi, Br]] = [Cr | Ci]     (m > n)
