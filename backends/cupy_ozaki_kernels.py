@@ -468,15 +468,16 @@ def reconstruct(prods, moduli, row_shift, col_shift, m, n, out=None):
 
 @functools.cache
 def _gauss_residue_kernel():
-    # |r +- j i| < 2^15: int arithmetic is exact; symmetric residues of odd p fit int8
+    # |re +- j im| < 2^15: int arithmetic is exact; symmetric residues of odd p fit int8
+    # (``i`` is CuPy's loop index: not a parameter name)
     return cp.ElementwiseKernel(
-        "int8 r, int8 i, int32 j, int32 p", "int8 up, int8 um",
+        "int8 re, int8 im, int32 j, int32 p", "int8 up, int8 um",
         """
         const int h = (p - 1) >> 1;
-        int u = ((int)r + j * (int)i) % p;
+        int u = ((int)re + j * (int)im) % p;
         if (u < 0) u += p;
         up = (signed char)(u > h ? u - p : u);
-        u = ((int)r - j * (int)i) % p;
+        u = ((int)re - j * (int)im) % p;
         if (u < 0) u += p;
         um = (signed char)(u > h ? u - p : u);
         """, "mpqr_ozaki_gauss_residues")
