@@ -538,11 +538,76 @@ def _ozaki_reconstruct(self: ArrayAPIBackend, prods: Any, consts: Any, row_shift
     return out
 
 
+def _ozaki_gauss_residues(self: ArrayAPIBackend, rr: Any, ri: Any, moduli: tuple[int, ...],
+                          js: tuple[int, ...]) -> Any:
+    """Residues of ``Xr + j_l Xi`` then of ``Xr - j_l Xi`` modulo each ``p_l`` (``j_l^2 = -1``),
+    from the int8 residue planes ``rr``, ``ri`` (``(N, R, C)``): ``(2N, R, C)`` int8,
+    symmetric (``[-(p-1)/2, (p-1)/2]``, odd moduli). Exact: ``|r + j i| < 2**15``."""
+    xp = self.xp
+    from mpqr._array_api import device
+
+    dev = device(rr)
+    shape = (-1, 1, 1)
+    p = xp.reshape(xp.asarray(moduli, dtype=xp.int32, device=dev), shape)
+    j = xp.reshape(xp.asarray(js, dtype=xp.int32, device=dev), shape)
+    r32, i32 = xp.astype(rr, xp.int32), xp.astype(ri, xp.int32)
+    out = []
+    for t in (r32 + j * i32, r32 - j * i32):
+        u = xp.remainder(t, p)
+        out.append(xp.astype(xp.where(u > (p - 1) // 2, u - p, u), xp.int8))
+    return xp.concat(out, axis=0)
+
+
+def _ozaki_gauss_combine(self: ArrayAPIBackend, prods: Any, moduli: tuple[int, ...],
+                         js: tuple[int, ...]) -> tuple[Any, Any]:
+    """From ``X+ = prods[:N]`` and ``X- = prods[N:]`` (congruent to ``(Ar + j Ai)(Br + j Bi)``
+    and ``(Ar - j Ai)(Br - j Bi)`` modulo ``p_l``): residues in ``[0, p)`` (int32) of
+    ``Cr = (X+ + X-) / 2`` and ``Ci = (X+ - X-) / (2 j)`` modulo each ``p_l``. Exact."""
+    xp = self.xp
+    from mpqr._array_api import device
+
+    dev = device(prods)
+    nt = len(moduli)
+    shape = (-1, 1, 1)
+    p = xp.reshape(xp.asarray(moduli, dtype=xp.int32, device=dev), shape)
+    inv2 = xp.reshape(xp.asarray([pow(2, -1, q) for q in moduli], dtype=xp.int32,
+                                 device=dev), shape)
+    inv2j = xp.reshape(xp.asarray([pow(2 * jj, -1, q) for jj, q in zip(js, moduli)],
+                                  dtype=xp.int32, device=dev), shape)
+    xpl = xp.remainder(prods[:nt], p)
+    xmi = xp.remainder(prods[nt:], p)
+    cr = xp.remainder((xpl + xmi) * inv2, p)  # < 2 p^2 < 2**17
+    ci = xp.remainder((xpl - xmi + p) * inv2j, p)
+    return cr, ci
+
+
 ArrayAPIBackend.ozaki_line_stats = _ozaki_line_stats
 ArrayAPIBackend.ozaki_workspace_limit = _ozaki_workspace_limit
 ArrayAPIBackend.ozaki_residues = _ozaki_residues
 ArrayAPIBackend.ozaki_int8_gemms = _ozaki_int8_gemms
 ArrayAPIBackend.ozaki_reconstruct = _ozaki_reconstruct
+ArrayAPIBackend.ozaki_gauss_residues = _ozaki_gauss_residues
+ArrayAPIBackend.ozaki_gauss_combine = _ozaki_gauss_combine
+
+
+# --- complex results from real parts (mpqr/engines/complex_product.py) -------
+
+def _complex_from_parts(self: ArrayAPIBackend, re: Any, im: Any) -> Any:
+    """``re + i im`` (equal real dtypes, equal shapes) in the matching complex dtype.
+
+    The Array API has no constructor from parts: ``i * im`` turns a non-finite
+    ``im`` into NaN in the real part as well (never a finite-looking value);
+    NumPy and CuPy write the parts into place instead.
+    """
+    from mpqr._array_api import device
+
+    xp = self.xp
+    cdt = xp.complex128 if re.dtype == xp.float64 else xp.complex64
+    return xp.astype(re, cdt) + xp.astype(im, cdt) * xp.asarray(1j, dtype=cdt,
+                                                                 device=device(re))
+
+
+ArrayAPIBackend.complex_from_parts = _complex_from_parts
 
 
 # --- device fault translation (used by mpqr._gpu_errors.device_errors) --------

@@ -154,6 +154,14 @@ class CupyBackend(ArrayAPIBackend):
                       np.float64 if f64 else np.float32)
         return True
 
+    def complex_from_parts(self, re, im):
+        # the parts written in place: exact, also for non-finite parts (as on NumPy)
+        cp = self._cp
+        c = cp.empty(re.shape, dtype=cp.complex128 if re.dtype == cp.float64 else cp.complex64)
+        c.real[...] = re
+        c.imag[...] = im
+        return c
+
     def exponent(self, x):
         # frexp is exact where log2 can round up just below a power of two
         e = self._cp.frexp(x)[1] - 1
@@ -569,7 +577,7 @@ def _cupy_ozaki_int8_gemms(self, ar, brt, k0, k1):
 def _cupy_ozaki_reconstruct(self, prods, consts, row_shift, col_shift, m, n, out=None):
     from mpqr.backends.cupy_ozaki_kernels import reconstruct
 
-    return reconstruct(prods, len(consts.moduli), row_shift, col_shift, m, n, out=out)
+    return reconstruct(prods, consts.moduli, row_shift, col_shift, m, n, out=out)
 
 
 CupyBackend.ozaki_line_stats = _cupy_ozaki_line_stats
@@ -577,6 +585,22 @@ CupyBackend.ozaki_workspace_limit = _cupy_ozaki_workspace_limit
 CupyBackend.ozaki_residues = _cupy_ozaki_residues
 CupyBackend.ozaki_int8_gemms = _cupy_ozaki_int8_gemms
 CupyBackend.ozaki_reconstruct = _cupy_ozaki_reconstruct
+
+
+def _cupy_ozaki_gauss_residues(self, rr, ri, moduli, js):
+    from mpqr.backends.cupy_ozaki_kernels import gauss_residues
+
+    return gauss_residues(rr, ri, moduli, js)
+
+
+def _cupy_ozaki_gauss_combine(self, prods, moduli, js):
+    from mpqr.backends.cupy_ozaki_kernels import gauss_combine
+
+    return gauss_combine(prods, moduli, js)
+
+
+CupyBackend.ozaki_gauss_residues = _cupy_ozaki_gauss_residues
+CupyBackend.ozaki_gauss_combine = _cupy_ozaki_gauss_combine
 
 
 _blas_controller: list[Any] = []

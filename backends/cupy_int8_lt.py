@@ -106,7 +106,8 @@ class _Plan:
     """Descriptors and candidates of ``C^T (n x m) = op(B') (n x k) op(A') (k x m)`` per plane,
     column-major: the row-major ``C = A' B'^T`` with A' (m x k) and B' (n x k) k-major."""
 
-    def __init__(self, lib: Any, planes: int, m: int, n: int, kc: int, lda: int, ldb: int):
+    def __init__(self, lib: Any, planes: int, m: int, n: int, kc: int, lda: int, ldb: int,
+                 sa: int, sb: int):
         self.lib = lib
         self.desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self.desc), _COMPUTE_32I, _CUDA_R_32I),
@@ -115,8 +116,8 @@ class _Plan:
             v = ctypes.c_int32(op)
             _check(lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(v), 4),
                    "cublasLtMatmulDescSetAttribute")
-        self.la = self._layout(_CUDA_R_8I, kc, n, ldb, planes, n * ldb)
-        self.lb = self._layout(_CUDA_R_8I, kc, m, lda, planes, m * lda)
+        self.la = self._layout(_CUDA_R_8I, kc, n, ldb, planes, sb)
+        self.lb = self._layout(_CUDA_R_8I, kc, m, lda, planes, sa)
         self.lc = self._layout(_CUDA_R_32I, n, m, n, planes, m * n)
         pref = ctypes.c_void_p()
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)),
@@ -172,16 +173,19 @@ class _Plan:
         self.choice = best if math.isfinite(times[best]) else None
 
 
-def _plan(planes: int, m: int, n: int, kc: int, lda: int, ldb: int) -> Any:
+def _plan(planes: int, m: int, n: int, kc: int, lda: int, ldb: int, sa: int | None = None,
+          sb: int | None = None) -> Any:
     lib = _load()
     if lib is None:
         return None
-    key = (cp.cuda.Device().id, planes, m, n, kc, lda, ldb)
+    sa = m * lda if sa is None else sa
+    sb = n * ldb if sb is None else sb
+    key = (cp.cuda.Device().id, planes, m, n, kc, lda, ldb, sa, sb)
     with _lock:
         if key in _plans:
             return _plans[key]
     try:
-        plan = _Plan(lib, planes, m, n, kc, lda, ldb)
+        plan = _Plan(lib, planes, m, n, kc, lda, ldb, sa, sb)
         plan = plan if plan.algos else None
     except RuntimeError:  # cuBLASLt declines this shape: gemmEx takes it
         plan = None
@@ -190,9 +194,13 @@ def _plan(planes: int, m: int, n: int, kc: int, lda: int, ldb: int) -> Any:
     return plan
 
 
-def plan_info(planes: int, m: int, n: int, kc: int, lda: int, ldb: int) -> dict | None:
-    """The cached plan of a shape: candidates, their trial times (ms) and the choice."""
-    p = _plans.get((cp.cuda.Device().id, planes, m, n, kc, lda, ldb))
+def plan_info(planes: int, m: int, n: int, kc: int, lda: int, ldb: int, sa: int | None = None,
+              sb: int | None = None) -> dict | None:
+    """The cached plan of a shape: candidates, their trial times (ms) and the choice
+    (``sa``, ``sb``: the planes' strides, contiguous planes by default)."""
+    sa = m * lda if sa is None else sa
+    sb = n * ldb if sb is None else sb
+    p = _plans.get((cp.cuda.Device().id, planes, m, n, kc, lda, ldb, sa, sb))
     if p is None:
         return None
     return {"candidates": len(p.algos), "times_ms": list(p.times_ms), "choice": p.choice}
@@ -205,10 +213,12 @@ def int8_gemms(ar: Any, brt: Any, k0: int, k1: int, out: Any) -> bool:
     n, ldb = brt.shape[1], brt.shape[2]
     kc = k1 - k0
     if (not ENABLED or 2.0 * planes * m * n * kc < AUTOTUNE_MIN_OPS
-            or not (ar.flags.c_contiguous and brt.flags.c_contiguous and out.flags.c_contiguous)
+            or not (_row_planes(ar) and _row_planes(brt) and out.flags.c_contiguous)
             or k0 % 16 or kc % 16):
         return False
-    plan = _plan(planes, m, n, kc, lda, ldb)
+    # planes may be row blocks of larger residue arrays (the Gram's blocks): their
+    # rows are contiguous, the planes a uniform stride apart
+    plan = _plan(planes, m, n, kc, lda, ldb, ar.strides[0], brt.strides[0])
     if plan is None:
         return False
     ws = cp.empty(WORKSPACE_BYTES, dtype=cp.uint8)
@@ -225,6 +235,15 @@ def int8_gemms(ar: Any, brt: Any, k0: int, k1: int, out: Any) -> bool:
         _check(plan.run(plan.choice, *args), "cublasLtMatmul")
     _trace(plan, planes, m, n, kc, tuned_now)
     return True
+
+
+def _row_planes(x: Any) -> bool:
+    """int8 ``(planes, rows, k)`` with unit-stride, densely packed rows in each plane and
+    non-overlapping planes (a C-contiguous array or a row block of one)."""
+    s0, s1, s2 = x.strides
+    return (x.dtype == cp.int8 and (s2 == 1 or x.shape[2] == 1)
+            and (s1 == x.shape[2] or x.shape[1] == 1)
+            and (s0 >= x.shape[1] * x.shape[2] or x.shape[0] == 1))
 
 
 def _trace(plan: _Plan, planes: int, m: int, n: int, kc: int, tuned_now: bool) -> None:

@@ -36,7 +36,7 @@ import functools
 
 import cupy as cp
 
-__all__ = ["line_stats", "reconstruct", "residues"]
+__all__ = ["gauss_combine", "gauss_residues", "line_stats", "reconstruct", "residues"]
 
 _BLOCK = 256
 #: 1.5 * 2**52: for an integer |r| < 2**51, r + _MAGIC holds r in its low mantissa bits
@@ -376,10 +376,10 @@ def residues(x, shift, moduli, *, transpose, rows_p, cols_p):
 
 # --- reconstruction -----------------------------------------------------------------
 
-def _reconstruct_source(n_terms: int) -> str:
-    from mpqr.engines.ozaki_crt import crt_constants
+def _reconstruct_source(moduli: tuple[int, ...]) -> str:
+    from mpqr.engines.ozaki_crt import crt_constants_for
 
-    c = crt_constants(n_terms)
+    c = crt_constants_for(tuple(moduli))
     n_limbs = len(c.shifts)
     lines = [f"double s[{n_limbs}] = {{{', '.join(['0.0'] * n_limbs)}}};"]
     for l, p in enumerate(c.moduli):
@@ -423,12 +423,19 @@ extern "C" __global__ void __launch_bounds__(256) mpqr_ozaki_reconstruct(
 
 
 @functools.cache
-def _reconstruct_kernel(n_terms: int):
+def _reconstruct_kernel(moduli: tuple[int, ...]):
     # exact limb arithmetic: no FMA contraction changes it, but keep it explicit
-    return cp.RawKernel(_reconstruct_source(n_terms), "mpqr_ozaki_reconstruct", options=_OPTS)
+    return cp.RawKernel(_reconstruct_source(moduli), "mpqr_ozaki_reconstruct", options=_OPTS)
 
 
-def reconstruct(prods, n_terms, row_shift, col_shift, m, n, out=None):
+def _moduli_key(moduli):
+    """The moduli tuple (an int ``N``: the first N of ``MODULI``, as the engine used to pass)."""
+    from mpqr.engines.ozaki_crt import MODULI
+
+    return MODULI[:moduli] if isinstance(moduli, int) else tuple(moduli)
+
+
+def reconstruct(prods, moduli, row_shift, col_shift, m, n, out=None):
     """float64 (m, n) from the int32 product planes (N, mp, np) (see the module docstring),
     written into ``out`` (an (m, n) float64 array, e.g. a block of a larger C) if given."""
     prods = cp.ascontiguousarray(prods)
@@ -448,10 +455,65 @@ def reconstruct(prods, n_terms, row_shift, col_shift, m, n, out=None):
     cs = cp.ascontiguousarray(col_shift, dtype=cp.int32)
     lg = _lg_tpr(n)
     grid = (max(1, min(-(-m // (_BLOCK >> lg)), 1 << 20)),)
-    _reconstruct_kernel(n_terms)(
+    _reconstruct_kernel(_moduli_key(moduli))(
         grid, (_BLOCK,),
         (prods, cp.int64(mp * np_), cp.int32(np_), rs, cs, cp.int32(m), cp.int32(n), dst,
          cp.int64(dst.strides[0] // 8), cp.int32(lg)))
     if dst is not out:
         out[...] = dst
     return out
+
+
+# --- the 2M complex product (mpqr/engines/ozaki_complex.py) ---------------------------
+
+@functools.cache
+def _gauss_residue_kernel():
+    # |re +- j im| < 2^15: int arithmetic is exact; symmetric residues of odd p fit int8
+    # (``i`` is CuPy's loop index: not a parameter name)
+    return cp.ElementwiseKernel(
+        "int8 re, int8 im, int32 j, int32 p", "int8 up, int8 um",
+        """
+        const int h = (p - 1) >> 1;
+        int u = ((int)re + j * (int)im) % p;
+        if (u < 0) u += p;
+        up = (signed char)(u > h ? u - p : u);
+        u = ((int)re - j * (int)im) % p;
+        if (u < 0) u += p;
+        um = (signed char)(u > h ? u - p : u);
+        """, "mpqr_ozaki_gauss_residues")
+
+
+def gauss_residues(rr, ri, moduli, js):
+    """(2N, R, C) int8: the residues of Xr + j Xi, then of Xr - j Xi (as the generic path)."""
+    nt = len(moduli)
+    out = cp.empty((2 * nt, *rr.shape[1:]), dtype=cp.int8)
+    p = cp.asarray(moduli, dtype=cp.int32).reshape(-1, 1, 1)
+    j = cp.asarray(js, dtype=cp.int32).reshape(-1, 1, 1)
+    _gauss_residue_kernel()(rr, ri, j, p, out[:nt], out[nt:])
+    return out
+
+
+@functools.cache
+def _gauss_combine_kernel():
+    return cp.ElementwiseKernel(
+        "int32 xp, int32 xm, int32 p, int32 inv2, int32 inv2j", "int32 cr, int32 ci",
+        """
+        int a = xp % p; if (a < 0) a += p;
+        int b = xm % p; if (b < 0) b += p;
+        cr = ((a + b) * inv2) % p;
+        ci = ((a - b + p) * inv2j) % p;
+        """, "mpqr_ozaki_gauss_combine")
+
+
+def gauss_combine(prods, moduli, js):
+    """(Cr, Ci) residue planes in [0, p) from the 2N product planes (as the generic path)."""
+    nt = len(moduli)
+    shape = (-1, 1, 1)
+    p = cp.asarray(moduli, dtype=cp.int32).reshape(shape)
+    inv2 = cp.asarray([pow(2, -1, q) for q in moduli], dtype=cp.int32).reshape(shape)
+    inv2j = cp.asarray([pow(2 * jj, -1, q) for jj, q in zip(js, moduli)],
+                       dtype=cp.int32).reshape(shape)
+    cr = cp.empty((nt, *prods.shape[1:]), dtype=cp.int32)
+    ci = cp.empty_like(cr)
+    _gauss_combine_kernel()(prods[:nt], prods[nt:], p, inv2, inv2j, cr, ci)
+    return cr, ci

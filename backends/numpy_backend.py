@@ -51,6 +51,12 @@ class NumpyBackend(ArrayAPIBackend):
         with np.errstate(over="ignore", invalid="ignore"):
             return np.matmul(a, b)
 
+    def complex_from_parts(self, re, im):
+        # the parts written in place: exact, also for non-finite parts
+        c = np.empty(re.shape, dtype=np.complex128 if re.dtype == np.float64 else np.complex64)
+        c.real, c.imag = re, im
+        return c
+
     def exponent(self, x):
         # frexp is exact where log2 can round up just below a power of two
         e = np.frexp(x)[1] - 1

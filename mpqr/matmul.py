@@ -41,7 +41,7 @@ def matmul(a: Any, b: Any, precision: str | None = None, *, options: Any = None)
     TypeError
         bool/object dtypes, or arrays from different libraries.
     NotImplementedError
-        An emulated precision on complex inputs, or an engine the backend lacks.
+        An engine the backend lacks.
 
     Notes
     -----

@@ -109,3 +109,25 @@ def normal_equation_residual(a, b, x) -> float:
     """``||A^T (b - A x)|| / (||A||^2 ||x||)``: the accuracy measure of lstsq."""
     r = b - a @ x
     return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))
+
+
+def exact_matmul_complex(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Correctly rounded complex128 ``a @ b``: each part is one exact real dot product of
+    length ``2k`` (``Cr = [Ar, -Ai] @ [Br; Bi]``, ``Ci = [Ar, Ai] @ [Bi; Br]``)."""
+    a = np.asarray(a, dtype=np.complex128)
+    b = np.asarray(b, dtype=np.complex128)
+    re = exact_matmul(np.concatenate([a.real, -a.imag], axis=1),
+                      np.concatenate([b.real, b.imag], axis=0))
+    im = exact_matmul(np.concatenate([a.real, a.imag], axis=1),
+                      np.concatenate([b.imag, b.real], axis=0))
+    return re + 1j * im
+
+
+def part_errors_vs_abs(c: np.ndarray, exact: np.ndarray, a: np.ndarray, b: np.ndarray
+                       ) -> tuple[float, float]:
+    """(real part, imaginary part) of :func:`rel_error_vs_abs` for complex products."""
+    denom = np.abs(np.asarray(a, np.complex128)) @ np.abs(np.asarray(b, np.complex128))
+    c = np.asarray(c, np.complex128)
+    mask = denom > 0
+    return (float(np.max(np.abs(c.real - exact.real)[mask] / denom[mask])),
+            float(np.max(np.abs(c.imag - exact.imag)[mask] / denom[mask])))

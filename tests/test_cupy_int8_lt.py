@@ -84,3 +84,19 @@ def test_ozaki_matmul_is_bitwise_the_same_and_explains_the_choice(lt_always, mon
     monkeypatch.setattr(cupy_int8_lt, "ENABLED", False)
     c_ex = mpqr.matmul(a, b, precision="fp64-emulated", options=FORCE)
     assert bool(cp.array_equal(c_lt, c_ex))
+
+
+@pytest.mark.parametrize("via_lt", [True, False])
+def test_row_blocks_of_planes_are_exact(lt_always, monkeypatch, via_lt):
+    # the Gram calls multiply row blocks of one residue array (planes a uniform
+    # stride apart, rows contiguous): both paths take the views as they are
+    monkeypatch.setattr(cupy_int8_lt, "ENABLED", via_lt)
+    be = get_backend(cp)
+    ar, brt = _operands(3, 96, 96, 64, 5)
+    dar, dbrt = cp.asarray(ar), cp.asarray(brt)
+    got = be.ozaki_int8_gemms(dar[:, 16:48, :], dbrt[:, 48:96, :], 0, 64)
+    ref = np.einsum("lik,ljk->lij", ar[:, 16:48].astype(np.int64),
+                    brt[:, 48:96].astype(np.int64))
+    np.testing.assert_array_equal(got.get(), ref)
+    if via_lt:
+        assert cupy_int8_lt.plan_info(3, 32, 48, 64, 64, 64, 96 * 64, 96 * 64) is not None

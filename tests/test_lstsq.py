@@ -242,8 +242,6 @@ def test_argument_errors():
         mpqr.lstsq(a, b, maxiter=0)
     with pytest.raises(TypeError, match="`a` must be an array"):
         mpqr.lstsq([[1.0]], np.ones(1))
-    with pytest.raises(NotImplementedError, match="`precision`='fp16' is not supported for complex"):
-        mpqr.lstsq(a.astype(complex), b, precision="fp16")
 
 
 def test_inputs_untouched_with_overwrite_false():

@@ -120,10 +120,14 @@ def test_complex_native(xp, method):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32-emulated", "fp64-emulated"])
-def test_complex_emulated_not_implemented(precision):
-    a = np.ones((4, 3), dtype=np.complex128)
-    with pytest.raises(NotImplementedError, match="complex.*use precision 'auto', 'fp32'"):
-        mpqr.qr(a, precision=precision)
+def test_complex_emulated_precisions_factor(precision):
+    # complex products on the emulated engines (tests/test_qr_complex.py: accuracy)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((40, 6)) + 1j * rng.standard_normal((40, 6))
+    q, r = mpqr.qr(a, precision=precision)
+    assert q.dtype == r.dtype == np.complex128
+    u = 2.0**-11 if precision == "fp16" else 2.0**-24
+    assert backward_error(a, q, r) <= 8 * np.sqrt(6) * u
 
 
 def test_bad_input_messages(xp):

@@ -89,7 +89,7 @@ def test_int_and_float16_are_promoted_like_numpy_linalg(dtype, want):
     assert mpqr.matmul(a, a.T).dtype == want
 
 
-def test_complex_is_factored_natively_and_rejected_for_emulated_precisions():
+def test_complex_is_factored_natively_and_at_emulated_precisions():
     rng = np.random.default_rng(0)
     a = rng.standard_normal((6, 3)) + 1j * rng.standard_normal((6, 3))
     for method in ("householder-tiled", "gram-schmidt-recursive", "cholqr2", "svqr"):
@@ -97,12 +97,10 @@ def test_complex_is_factored_natively_and_rejected_for_emulated_precisions():
         assert q.dtype == np.complex128
         assert backward_error(a, q, r) <= 10 * 3 * U64
         assert orthogonality(q) <= 10 * 3 * U64
-    with pytest.raises(NotImplementedError, match=r"^precision='fp16' is not supported for "
-                                                  r"complex input \(complex128\)"):
-        mpqr.qr(a, precision="fp16")
-    with pytest.raises(NotImplementedError, match=r"^precision='fp32-emulated' is not supported "
-                                                  r"for complex128 inputs"):
-        mpqr.matmul(a, a.T, precision="fp32-emulated")
+    # the emulated precisions take complex input too (as real products of the parts)
+    q, r = mpqr.qr(a, precision="fp32-emulated")
+    assert q.dtype == np.complex128
+    assert backward_error(a, q, r) <= 10 * 3 * 2.0**-24
 
 
 # --- parameter values --------------------------------------------------------------
@@ -132,8 +130,8 @@ def test_unknown_mode_method_precision():
 def test_bad_options():
     a = np.ones((2, 2))
     with pytest.raises(ValueError, match=re.escape(
-            "`options` has unknown keys ['foo']; valid keys are ['engine', 'ozaki_terms', "
-            "'slice_k', 'workspace_limit']")):
+            "`options` has unknown keys ['foo']; valid keys are ['complex_product', 'engine', "
+            "'ozaki_terms', 'slice_k', 'workspace_limit']")):
         mpqr.matmul(a, a, options={"foo": 1})
     with pytest.raises(ValueError, match=r"^GemmOptions\.workspace_limit must be a positive int "
                                          r"or None, got 0$"):

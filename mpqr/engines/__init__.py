@@ -33,6 +33,17 @@ class Engine:
     params: Callable[..., dict[str, Any]]
     #: False for engines that only take 2-D operands (stacks are looped over)
     batched: bool = True
+    #: ``gram(backend, a, b, out_dtype=, sign=, **params)``: the upper triangle of
+    #: ``a^T b`` (symmetric, or antisymmetric for ``sign = -1``) mirrored, for Gram
+    #: matrices (:mod:`mpqr.engines.gram`); None: the policy forms the full product
+    gram: Callable[..., Any] | None = None
+    #: ``complex_2m(backend, a, b, out_dtype=, **params)``: a complex product in two
+    #: modular products per modulus (:mod:`mpqr.engines.ozaki_complex`); None: the
+    #: policy forms complex products from real ones (4M/3M)
+    complex_2m: Callable[..., Any] | None = None
+    #: ``complex_gram(backend, x, out_dtype=, **params)``: a complex Gram matrix in one
+    #: call, or None where it declines (the two real triangles of the Gram call run)
+    complex_gram: Callable[..., Any] | None = None
 
     def available(self, backend: Any) -> bool:
         return self.requires <= backend.capabilities
@@ -50,11 +61,14 @@ def _flops(m: int, n: int, k: int, batch: int) -> float:
     return 2.0 * m * n * k * batch
 
 
-def _native_predict(rate_key: str) -> Callable[..., float]:
+def _native_predict(rate_key: str, flop_factor: float = 1.0) -> Callable[..., float]:
+    """``flop_factor``: real flops per flop of the product (4 for complex: ZGEMM/CGEMM
+    run 8 mnk real flops at the real rate)."""
     def predict(backend, m, n, k, batch, in_bytes, params):
         r = backend.rates()
         moved = (m * k + k * n + m * n) * in_bytes * batch
-        return _flops(m, n, k, batch) / r[rate_key] + moved / r["bandwidth"] + r["launch_s"]
+        return (flop_factor * _flops(m, n, k, batch) / r[rate_key] + moved / r["bandwidth"]
+                + r["launch_s"])
 
     return predict
 
@@ -92,26 +106,29 @@ def _tc_sgemm_params(backend, m, n, k, dtype, options):
 
 
 def _register_builtin() -> None:
+    from mpqr.engines.gram import gram_tc_fp16, gram_tc_sgemm
     from mpqr.engines.native import run_native
     from mpqr.engines.tc_fp16 import run_tc_fp16
     from mpqr.engines.tc_fp16_splitb import run_tc_fp16_splitb
     from mpqr.engines.tc_sgemm import run_tc_sgemm
 
-    for name, bits, key in [("native-fp64", 53, "native-fp64"), ("native-fp32", 24, "native-fp32"),
-                            ("native-complex128", 53, "native-fp64"),
-                            ("native-complex64", 24, "native-fp32")]:
-        register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key),
+    for name, bits, key, factor in [("native-fp64", 53, "native-fp64", 1.0),
+                                    ("native-fp32", 24, "native-fp32", 1.0),
+                                    ("native-complex128", 53, "native-fp64", 4.0),
+                                    ("native-complex64", 24, "native-fp32", 4.0)]:
+        register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key, factor),
                                _no_params))
     register_engine(Engine("tc-fp16", 11, frozenset({"fp16"}), run_tc_fp16, _tc_fp16_predict,
-                           _no_params))
+                           _no_params, gram=gram_tc_fp16))
     # fp16 A (rounded), B split into two fp16 parts: for products whose A is
     # already fp16 numbers (the fp16 QR's rounded reflectors); never picked by
     # a precision setting, only by name (GemmOptions.engine)
     register_engine(Engine("tc-fp16-splitb", 11, frozenset({"fp16"}), run_tc_fp16_splitb,
                            _tc_fp16_splitb_predict, _no_params))
     register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
-                           _tc_sgemm_params))
-    import mpqr.engines.ozaki  # noqa: F401  (registers "ozaki-int8")
+                           _tc_sgemm_params, gram=gram_tc_sgemm))
+    # "ozaki-int8" registers itself; its 2M complex products are added to it
+    import mpqr.engines.ozaki_complex  # noqa: F401
 
 
 _register_builtin()

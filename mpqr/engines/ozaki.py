@@ -35,18 +35,27 @@ degrade accuracy. Measured on the NumPy backend (same numerics as the GPU):
 
 Number of moduli. With ``options.ozaki_terms = N`` the caller fixes it (fewer
 moduli: faster, less accurate, error about ``2**-(alpha_A, alpha_B)`` relative
-to the line maxima). Otherwise it is the smallest ``N`` whose ``P`` gives both
-operands ``53 + GUARD_BITS + spread`` bits, ``spread`` (0..MAX_SPREAD) being how
-far below its line's maximum a typical entry lies (``log2(nnz * max / sum|x|)``,
-the worst line, at most ``MAX_SPREAD``). The explain trace records the choice.
+to the line maxima). Otherwise it is chosen per product from the operands:
+the smallest ``N`` whose ``P`` gives each operand ``need`` bits, where
 
-Limitation (inherent to per-line scaling, as in GEMMul8's fast mode): the
-error is bounded relative to ``max_k |a_ik| * sum_k |b_kj|`` (and the mirror
-term), not to ``(|A||B|)_ij``. For A graded along k with B graded inversely
-(``A0 D @ D^-1 B0``, D spanning 2^+-20) the small entries that matter are
-rounded away and the result is far less accurate than DGEMM; use
-``precision="fp64"`` for such products. Row scalings of A and column scalings
-of B (any range) cost nothing.
+* ``need_bits(k, spread) = 53 + GUARD_BITS + spread - floor(log2(k) / 2)``:
+  ``spread`` (0..MAX_SPREAD) is how far below its line's maximum a typical
+  entry lies (``log2(nnz * max / sum|x|)``, the worst line), the k credit is
+  measured (random rounding errors grow like ``sqrt(k)``, DGEMM's bound like k);
+* for operands graded against each other along k by ``E >= GRADING_SLACK`` bits
+  (:func:`k_grading`: A's column maxima times B's row maxima), at least
+  ``54 + E`` bits: the error bound ``2**(E + 2 - alpha) k M`` is then within
+  DGEMM's ``k u M`` on the largest outputs (``M = max (|A||B|)_ij``). Where
+  that exceeds the 60-bit shifts of int64 scaling, no moduli count can hold
+  it and the product runs on native DGEMM (for ``fp64-emulated``, float64
+  accuracy comes first).
+
+The explain trace records the count, the bits and what raised them. Row
+scalings of A and column scalings of B (any range) cost nothing: ``E = 0``.
+The remaining limitation of per-line scaling (as in GEMMul8's fast mode) is
+componentwise: the error is bounded relative to ``max_k |a_ik| * sum_k |b_kj|``
+(and the mirror term), so an output much smaller than the largest ones of its
+row and column can be less accurate than DGEMM makes it.
 
 Special values. Non-finite entries are set to 0 for the integer part; every
 output in a row of A or a column of B holding a NaN/Inf is then recomputed by
@@ -82,11 +91,11 @@ import math
 from typing import Any
 
 from mpqr.engines import Engine, register_engine
-from mpqr.engines.ozaki_crt import MAX_TERMS, crt_constants, log2_modulus_product
+from mpqr.engines.ozaki_crt import MAX_TERMS, MODULI, crt_constants, log2_modulus_product
 from mpqr.policy.trace import record_event, tracing
 
 __all__ = ["GUARD_BITS", "MAX_SPREAD", "line_stats", "ozaki_params", "ozaki_predict", "run_ozaki",
-           "terms_for"]
+           "run_ozaki_gram", "terms_for"]
 
 #: bits beyond float64's 53 kept per operand (before the k credit) when N is automatic;
 #: 2 gives 15 moduli for dense k = 1024..65536 with a max error 0.15-0.9x DGEMM's (CPU,
@@ -107,17 +116,19 @@ def _pad(x: int) -> int:
     return -(-x // _PAD) * _PAD
 
 
-def _alpha_sum(n_terms: int, log2_rho: float) -> int:
+def _alpha_sum(n_terms: int, log2_rho: float, moduli: tuple[int, ...] = MODULI) -> int:
     """Largest alpha_A + alpha_B with 2**(alpha_A+alpha_B+1) * rho < P/2 (with margin)."""
-    return math.floor(log2_modulus_product(n_terms) - 2.0 - log2_rho - 1e-6)
+    return math.floor(log2_modulus_product(n_terms, moduli) - 2.0 - log2_rho - 1e-6)
 
 
-def terms_for(need_bits: int, log2_rho: float) -> int:
-    """Fewest moduli giving ``alpha_A + alpha_B >= need_bits`` (capped at MAX_AUTO_TERMS)."""
-    for n in range(1, MAX_AUTO_TERMS + 1):
-        if _alpha_sum(n, log2_rho) >= need_bits:
+def terms_for(need_bits: int, log2_rho: float, moduli: tuple[int, ...] = MODULI) -> int:
+    """Fewest moduli giving ``alpha_A + alpha_B >= need_bits`` (capped at MAX_AUTO_TERMS
+    and at the number of ``moduli``)."""
+    top = min(MAX_AUTO_TERMS, len(moduli))
+    for n in range(1, top + 1):
+        if _alpha_sum(n, log2_rho, moduli) >= need_bits:
             return n
-    return MAX_AUTO_TERMS
+    return top
 
 
 def need_bits(k: int, spread: int) -> int:
@@ -129,7 +140,24 @@ def need_bits(k: int, spread: int) -> int:
     does not shrink (measured: 1.5e-16 at k=16, 2e-17 at k=65536), so half a
     bit per doubling of k is credited.
     """
-    return 53 + GUARD_BITS + spread - math.floor(0.5 * math.log2(max(k, 1)))
+    return 53 + GUARD_BITS + spread - base_credit(k)
+
+
+def base_credit(k: int) -> int:
+    """The k credit of :func:`need_bits`: half a bit per doubling of k."""
+    return math.floor(0.5 * math.log2(max(k, 1)))
+
+
+#: k-grading below this many bits is within the exponents' rounding (E exceeds the
+#: true log2 ratio by less than 2): ungraded data, no floor
+GRADING_SLACK = 3
+
+
+def graded_need(grade: int) -> int:
+    """Bits per operand that bound the error by DGEMM's on the largest outputs for
+    operands graded by ``grade`` bits along k (:func:`k_grading`); 0 below
+    :data:`GRADING_SLACK` (ungraded data keeps the measured :func:`need_bits`)."""
+    return 54 + grade if grade >= GRADING_SLACK else 0
 
 
 def _estimate_terms(k: int) -> int:
@@ -200,28 +228,63 @@ def _spread(worst: float) -> int:
 
 
 def _operand_summary(backend: Any, sum_a: Any, nnz_a: Any, bad_a: Any, sum_b: Any,
-                     nnz_b: Any, bad_b: Any) -> tuple[float, int, int, bool, bool]:
-    """``(rho, spread_a, spread_b, any bad in A, any bad in B)`` with one host transfer
-    (``backend.small``) instead of one sync per scalar."""
+                     nnz_b: Any, bad_b: Any, grading: Any = None
+                     ) -> tuple[float, int, int, bool, bool, int]:
+    """``(rho, spread_a, spread_b, any bad in A, any bad in B, k-grading bits)`` with one
+    host transfer (``backend.small``) instead of one sync per scalar."""
     xp = backend.xp
     f64 = xp.float64
-    v = xp.stack([xp.max(sum_a), xp.max(sum_b), _worst_ratio(xp, sum_a, nnz_a),
-                  _worst_ratio(xp, sum_b, nnz_b), xp.astype(xp.any(bad_a), f64),
-                  xp.astype(xp.any(bad_b), f64)])
-    sb, v = backend.small(v)
-    h = [float(sb.xp.reshape(v[i], ())) for i in range(6)]
-    return min(h[0], h[1]) + 1.0, _spread(h[2]), _spread(h[3]), h[4] != 0, h[5] != 0
+    parts = [xp.max(sum_a), xp.max(sum_b), _worst_ratio(xp, sum_a, nnz_a),
+             _worst_ratio(xp, sum_b, nnz_b), xp.astype(xp.any(bad_a), f64),
+             xp.astype(xp.any(bad_b), f64)]
+    if grading is not None:
+        parts.append(xp.astype(grading, f64))
+    sb, v = backend.small(xp.stack(parts))
+    h = [float(sb.xp.reshape(v[i], ())) for i in range(len(parts))]
+    g = int(h[6]) if grading is not None else 0
+    return min(h[0], h[1]) + 1.0, _spread(h[2]), _spread(h[3]), h[4] != 0, h[5] != 0, g
+
+
+def k_grading(backend: Any, a: Any, b: Any) -> Any:
+    """Bits ``E`` by which A's columns and B's rows are graded against each other along k
+    (a 0-D array): ``E = e(max_k c_k) + e(max_k r_k) - max_k e(c_k) + e(r_k)`` with
+    ``c_k = max_i |a_ik|``, ``r_k = max_j |b_kj|`` and ``e`` the exponent (over the
+    ``k`` where both are nonzero; 0 if none).
+
+    Why: rounding A' and B' at ``2**-alpha`` of their lines' maxima errs by at most
+    ``2**-alpha k max_k c_k max_k r_k <= 2**(E + 2 - alpha) k M`` on any output,
+    ``M = max_ij (|A||B|)_ij >= max_k c_k r_k``, while DGEMM's error bound is
+    ``k u M`` there: ``alpha >= 54 + E`` bits meet DGEMM's bound on the largest
+    outputs whatever the grading. Row scalings of A and column scalings of B leave
+    ``E = 0``; ``A0 D @ D^-1 B0`` gives ``E = log2`` of D's range.
+    """
+    xp = backend.xp
+    ca = xp.reshape(backend.max_abs_finite(a, 0), (-1,))
+    rb = xp.reshape(backend.max_abs_finite(b, 1), (-1,))
+    return grading_from_maxima(backend, ca, rb)
+
+
+def grading_from_maxima(backend: Any, ca: Any, rb: Any) -> Any:
+    """:func:`k_grading` from A's column maxima ``ca`` and B's row maxima ``rb``."""
+    xp = backend.xp
+    ea = xp.astype(backend.exponent(ca), xp.int64)
+    eb = xp.astype(backend.exponent(rb), xp.int64)
+    low = xp.asarray(-(1 << 20), dtype=xp.int64, device=_dev(ea))
+    both = (ca > 0) & (rb > 0)
+    top = xp.max(xp.where(both, ea + eb, low))
+    big = xp.max(xp.where(ca > 0, ea, low)) + xp.max(xp.where(rb > 0, eb, low))
+    return xp.where(xp.any(both), big - top, xp.zeros_like(top))
 
 
 def _choose_alphas(n_terms: int, log2_rho: float, need_a: int, need_b: int,
-                   k: int) -> tuple[int, int]:
-    total = _alpha_sum(n_terms, log2_rho)
+                   k: int, moduli: tuple[int, ...] = MODULI) -> tuple[int, int]:
+    total = _alpha_sum(n_terms, log2_rho, moduli)
     extra = total - need_a - need_b
     alpha_a = need_a + extra // 2
     alpha_b = total - alpha_a
     alpha_a, alpha_b = min(alpha_a, _MAX_ALPHA), min(alpha_b, _MAX_ALPHA)
     if alpha_a < 1 or alpha_b < 1:
-        need = terms_for(2, log2_rho)
+        need = terms_for(2, log2_rho, moduli)
         raise ValueError(
             f"ozaki_terms={n_terms} moduli cannot hold this product (k={k}): "
             f"at least {need} are needed"
@@ -245,14 +308,32 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
     n = b.shape[1]
     ea, bad_a, sum_a, nnz_a = backend.ozaki_line_stats(a, 1)
     eb, bad_b, sum_b, nnz_b = backend.ozaki_line_stats(b, 0)
-    rho, spread_a, spread_b, any_bad_a, any_bad_b = _operand_summary(
-        backend, sum_a, nnz_a, bad_a, sum_b, nnz_b, bad_b)
+    rho, spread_a, spread_b, any_bad_a, any_bad_b, grade = _operand_summary(
+        backend, sum_a, nnz_a, bad_a, sum_b, nnz_b, bad_b,
+        k_grading(backend, a, b) if auto_terms else None)
     log2_rho = math.log2(rho)
     spread = (spread_a, spread_b)
     need_a = need_bits(k, spread[0])
     need_b = need_bits(k, spread[1])
+    why = ""
     if auto_terms:
+        floor = graded_need(grade)
+        if floor > _MAX_ALPHA:  # no moduli count can hold it: DGEMM keeps its bound
+            if tracing():
+                record_event("ozaki", f"ozaki-int8: A's columns and B's rows graded by {grade} "
+                             f"bits along k need alpha >= {floor} bits per operand (at most "
+                             f"{_MAX_ALPHA}): native DGEMM instead", grading=grade,
+                             need=floor)
+            c = backend.gemm(a, b)
+            return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+        base = (need_a, need_b)
+        need_a, need_b = max(need_a, floor), max(need_b, floor)
         terms = terms_for(need_a + need_b, log2_rho)
+        why = (f"; need ({need_a}, {need_b}) bits: 53 + {GUARD_BITS} guard + spread "
+               f"({spread_a}, {spread_b}) - {base_credit(k)} k-credit")
+        if floor > max(base):
+            why += f", raised to {floor} by the k-grading ({grade} bits)"
+        why += f", log2 rho {log2_rho:.3g}"
     alpha_a, alpha_b = _choose_alphas(terms, log2_rho, need_a, need_b, k)
     consts = crt_constants(terms)
     sa = xp.astype(alpha_a - ea, xp.int32)
@@ -261,8 +342,9 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
     mb, nb = _block_sizes(m, n, k, terms, len(consts.shifts), limit, backend.ozaki_fused)
     if tracing():
         record_event("ozaki", f"ozaki-int8: {terms} moduli ({'auto' if auto_terms else 'fixed'}),"
-                     f" alpha=({alpha_a}, {alpha_b}) bits, blocks {mb}x{nb}",
-                     terms=terms, alpha=(alpha_a, alpha_b), block=(mb, nb), log2_rho=log2_rho)
+                     f" alpha=({alpha_a}, {alpha_b}) bits, blocks {mb}x{nb}{why}",
+                     terms=terms, alpha=(alpha_a, alpha_b), block=(mb, nb), log2_rho=log2_rho,
+                     spread=spread, grading=grade)
     def b_residues(j0: int, j1: int) -> Any:
         return backend.ozaki_residues(b[:, j0:j1], sb[j0:j1], consts.moduli, transpose=True,
                                       rows_p=_pad(j1 - j0), cols_p=_pad(k))
@@ -286,6 +368,74 @@ def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_
         del ar
     c = _patch_nonfinite(backend, c, a, b, bad_a if any_bad_a else None,
                          bad_b if any_bad_b else None)
+    return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+
+
+def run_ozaki_gram(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int, terms: int,
+                   auto_terms: bool, workspace_limit: int | None = None) -> Any:
+    """The upper blocks of ``a^T b`` (``k x n`` operands, symmetric for ``sign = 1``,
+    antisymmetric for ``-1``), mirrored: the SYRK-shaped call of
+    :mod:`mpqr.engines.gram`. For ``a is b`` one residue pass serves both sides
+    (equal shifts ``alpha_A = alpha_B``). Falls back to :func:`run_ozaki` and a
+    mirror where the residues of the whole operands exceed the workspace limit."""
+    from mpqr.engines.gram import gram_blocks, mirror, product_fraction
+
+    xp = backend.xp
+    same = b is a
+    if a.dtype != xp.float64:
+        a = xp.astype(a, xp.float64)
+    b = a if same else (b if b.dtype == xp.float64 else xp.astype(b, xp.float64))
+    k, n = a.shape
+    ea, bad_a, sum_a, nnz_a = backend.ozaki_line_stats(a, 0)
+    eb, bad_b, sum_b, nnz_b = (ea, bad_a, sum_a, nnz_a) if same else \
+        backend.ozaki_line_stats(b, 0)
+    # (a^T a has E = 0: no k-grading; the Im part a^T z likewise up to a sign swap)
+    rho, spread_a, spread_b, any_bad_a, any_bad_b, _ = _operand_summary(
+        backend, sum_a, nnz_a, bad_a, sum_b, nnz_b, bad_b)
+    log2_rho = math.log2(rho)
+    need = need_bits(k, max(spread_a, spread_b))
+    if auto_terms:
+        terms = terms_for(2 * need, log2_rho)
+    alpha_a, alpha_b = _choose_alphas(terms, log2_rho, need, need, k)
+    if same:  # one residue pass for both sides
+        alpha_a = alpha_b = min(alpha_a, alpha_b)
+    consts = crt_constants(terms)
+    limit = workspace_limit or backend.ozaki_workspace_limit()
+    res_bytes = (1 if same else 2) * terms * _pad(k) * _pad(n)
+    if res_bytes + 4 * terms * _pad(n) ** 2 > limit:
+        if tracing():
+            record_event("ozaki", f"ozaki-int8 gram: the residues ({res_bytes / 2**30:.2g} GiB) "
+                         "exceed the workspace limit: the full product, mirrored")
+        c = run_ozaki(backend, xp.matrix_transpose(a), b, out_dtype=xp.float64, terms=terms,
+                      auto_terms=False, workspace_limit=workspace_limit)
+        c = mirror(backend, c, sign)
+        return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+    sa = xp.astype(alpha_a - ea, xp.int32)
+    sb = xp.astype(alpha_b - eb, xp.int32)
+    if tracing():
+        how = "auto" if auto_terms else "fixed"
+        passes = "one residue pass" if same else "two residue passes"
+        record_event("ozaki", f"ozaki-int8 gram: {terms} moduli ({how}), alpha=({alpha_a}, "
+                     f"{alpha_b}) bits, upper triangle in {len(gram_blocks(n))} blocks "
+                     f"({product_fraction(n):.0%} of the GEMM's int8 products), {passes}",
+                     terms=terms, alpha=(alpha_a, alpha_b), log2_rho=log2_rho,
+                     fraction=product_fraction(n))
+    ar = backend.ozaki_residues(a, sa, consts.moduli, transpose=True, rows_p=_pad(n),
+                                cols_p=_pad(k))
+    brt = ar if same else backend.ozaki_residues(b, sb, consts.moduli, transpose=True,
+                                                 rows_p=_pad(n), cols_p=_pad(k))
+    c = xp.zeros((n, n), dtype=xp.float64, device=_dev(a))
+    for i0, i1, j0, j1 in gram_blocks(n):
+        prods = _int8_products(backend, ar[:, i0:_pad(i1), :], brt[:, j0:_pad(j1), :],
+                               consts.moduli, _pad(k))
+        backend.ozaki_reconstruct(prods, consts, sa[i0:i1], sb[j0:j1], i1 - i0, j1 - j0,
+                                  out=c[i0:i1, j0:j1])
+        del prods
+    del ar, brt
+    at = xp.matrix_transpose(a)
+    c = _patch_nonfinite(backend, c, at, b, bad_a if any_bad_a else None,
+                         bad_b if any_bad_b else None)
+    c = mirror(backend, c, sign)
     return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
 
 
@@ -354,4 +504,4 @@ def _replace_lines(xp: Any, c: Any, mask: Any, new: Any, axis: int) -> Any:
 
 
 register_engine(Engine("ozaki-int8", 53, frozenset({"int8"}), run_ozaki, ozaki_predict,
-                       ozaki_params, batched=False))
+                       ozaki_params, batched=False, gram=run_ozaki_gram))

@@ -25,7 +25,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-__all__ = ["MAX_TERMS", "MODULI", "CrtConstants", "crt_constants", "log2_modulus_product"]
+__all__ = ["GAUSS_MODULI", "MAX_TERMS", "MODULI", "CrtConstants", "crt_constants",
+           "crt_constants_for", "log2_modulus_product", "sqrt_minus_one"]
 
 
 def _coprime_moduli(limit: int = 256, count: int = 40) -> tuple[int, ...]:
@@ -44,9 +45,29 @@ MODULI: tuple[int, ...] = _coprime_moduli()
 MAX_TERMS = 30
 
 
-def log2_modulus_product(n_terms: int) -> float:
-    """``log2`` of the product of the first ``n_terms`` moduli."""
-    return sum(math.log2(p) for p in MODULI[:n_terms])
+def sqrt_minus_one(p: int) -> int | None:
+    """The smallest ``j`` with ``j**2 = -1 (mod p)``, or None if -1 is not a square mod p."""
+    return next((j for j in range(1, p) if (j * j + 1) % p == 0), None)
+
+
+def _gauss_moduli(limit: int = 255) -> tuple[int, ...]:
+    out: list[int] = []
+    for p in range(limit, 2, -2):  # odd (the residue kernels take 256 and odd moduli)
+        if sqrt_minus_one(p) is not None and all(math.gcd(p, q) == 1 for q in out):
+            out.append(p)
+    return tuple(out)
+
+
+#: pairwise coprime odd moduli <= 255 modulo which -1 is a square (every prime factor
+#: is 1 mod 4), largest first: 241, 233, 229, 221, 205, 197, ... (22 of them, ~152
+#: bits). Modulo such a p, ``Z[i]/p`` splits into two copies of ``Z/p`` (``i -> +-j``),
+#: so a complex product costs two real modular products (the 2M scheme).
+GAUSS_MODULI: tuple[int, ...] = _gauss_moduli()
+
+
+def log2_modulus_product(n_terms: int, moduli: tuple[int, ...] = MODULI) -> float:
+    """``log2`` of the product of the first ``n_terms`` of ``moduli``."""
+    return sum(math.log2(p) for p in moduli[:n_terms])
 
 
 @dataclass(frozen=True)
@@ -72,12 +93,17 @@ def _limbs(value: int, shifts: tuple[int, ...]) -> tuple[float, ...]:
     return tuple(out)
 
 
-@functools.cache
 def crt_constants(n_terms: int) -> CrtConstants:
     """The CRT constants for the first ``n_terms`` moduli (cached)."""
     if not 1 <= n_terms <= MAX_TERMS:
         raise ValueError(f"ozaki_terms must be between 1 and {MAX_TERMS}, got {n_terms}")
-    mods = MODULI[:n_terms]
+    return crt_constants_for(MODULI[:n_terms])
+
+
+@functools.cache
+def crt_constants_for(mods: tuple[int, ...]) -> CrtConstants:
+    """The CRT constants for a tuple of pairwise coprime moduli <= 256 (cached)."""
+    n_terms = len(mods)
     big_p = math.prod(mods)
     bits = big_p.bit_length()
     # S_r < N * 256 * 2**(t_r + beta) and the carries must stay below 2**(t_r + 53)
@@ -89,5 +115,5 @@ def crt_constants(n_terms: int) -> CrtConstants:
         q = big_p // p
         w = (q * pow(q, -1, p)) % big_p
         ws.append(_limbs(w, shifts))
-    return CrtConstants(mods, beta, shifts, tuple(ws), _limbs(big_p, shifts),
+    return CrtConstants(tuple(mods), beta, shifts, tuple(ws), _limbs(big_p, shifts),
                         float(big_p), math.log2(big_p))

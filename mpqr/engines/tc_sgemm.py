@@ -44,7 +44,7 @@ from typing import Any
 from mpqr.engines.scaling import pow2_shift, unscale
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 
-__all__ = ["BATCHED_PARTIALS_BYTES", "LO_SHIFT", "run_tc_sgemm"]
+__all__ = ["BATCHED_PARTIALS_BYTES", "LO_SHIFT", "run_tc_sgemm", "split_product"]
 
 LO_SHIFT = 11
 #: per-slice partial products are batched in groups of at most this many bytes
@@ -64,8 +64,21 @@ def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) 
     backend.split_fp16(a, sa, a_hi, hf=a_cat[..., :k], lo=a_cat[..., k:], lo_shift=LO_SHIFT)
     backend.split_fp16(b, sb, b_hi, hf=b_cat[..., k:, :], lo=b_cat[..., :k, :],
                        lo_shift=LO_SHIFT)
-    c = backend.gemm_fp16(a_cat, b_cat, alpha=2.0**-LO_SHIFT)
-    del a_cat, b_cat
+    c = split_product(backend, a_hi, a_cat, b_hi, b_cat, slice_k=slice_k)
+    return unscale(backend, c, sa, sb, out_dtype)
+
+
+def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
+                  slice_k: int, out: Any = None) -> Any:
+    """Steps 3-4 on split operands: the float32 product of the scaled operands, written
+    into ``out`` (a float32 view, e.g. a block of a Gram matrix) if given."""
+    xp = backend.xp
+    *batch, m, k = a_hi.shape
+    n = b_hi.shape[-1]
+    if out is None:
+        c = backend.gemm_fp16(a_cat, b_cat, alpha=2.0**-LO_SHIFT)
+    else:
+        c = backend.gemm_fp16(a_cat, b_cat, out=out, alpha=2.0**-LO_SHIFT, beta=0.0)
     nfull = k // slice_k
     group = BATCHED_PARTIALS_BYTES // max(1, m * n * 4)
     start = 0
@@ -77,9 +90,9 @@ def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) 
             k0, k1 = g0 * slice_k, (g0 + g) * slice_k
             a3 = xp.permute_dims(xp.reshape(a_hi[:, k0:k1], (m, g, slice_k)), (1, 0, 2))
             b3 = xp.reshape(b_hi[k0:k1, :], (g, slice_k, n))
-            c = c + xp.sum(backend.gemm_fp16(a3, b3), axis=0)
+            c[...] = c + xp.sum(backend.gemm_fp16(a3, b3), axis=0)
         start = nfull * slice_k
     for s in range(start, k, slice_k):
         e = min(k, s + slice_k)
         backend.gemm_fp16(a_hi[..., s:e], b_hi[..., s:e, :], out=c, alpha=1.0, beta=1.0)
-    return unscale(backend, c, sa, sb, out_dtype)
+    return c

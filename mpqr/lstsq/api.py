@@ -50,8 +50,6 @@ __all__ = ["REFINE", "check_options", "lstsq", "lstsq_2d"]
 #: Accepted values of ``refine``.
 REFINE = ("auto", "cgls", "ir", None)
 
-_LOW_COMPLEX = ("fp16", "fp32-emulated", "fp64-emulated")
-
 
 def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
           overwrite_b: bool = False, check_finite: bool = True,
@@ -90,7 +88,8 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         ``"fp16"``, ``"fp32"``, ``"fp32-emulated"``, ``"fp64"``,
         ``"fp64-emulated"``); ``None`` uses the ``mpqr.precision`` context.
         Residuals and refinement products always run in the working precision.
-        Complex input supports ``"auto"``, ``"fp32"`` and ``"fp64"``.
+        Complex input runs the emulated precisions' products as real products
+        of its parts (see :mod:`mpqr.engines.complex_product`).
     refine : {"auto", "cgls", "ir", None}
         ``"cgls"``: CGLS preconditioned by ``R``; ``"ir"``: iterative
         refinement on the semi-normal equations; ``"auto"``: CGLS, with a
@@ -134,7 +133,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     TypeError
         ``a`` or ``b`` not an array, or arrays of different libraries.
     NotImplementedError
-        Complex input with an emulated precision.
+        An emulated precision whose engine the backend lacks.
     mpqr.LinAlgError
         ``a`` holds NaN/Inf with ``check_finite=False`` (a
         ``numpy.linalg.LinAlgError``, which is ``scipy.linalg.LinAlgError``).
@@ -216,11 +215,6 @@ def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
         return rules.empty_result(xp, a, b)
     driver = rules.check_driver(driver)
     wdt = rules.lapack_dtype(xp, a.dtype, b.dtype)
-    is_c = xp.isdtype(wdt, "complex floating")
-    if is_c and prec in _LOW_COMPLEX:
-        raise NotImplementedError(
-            f"`precision`={prec!r} is not supported for complex input ({wdt}): the emulated "
-            "engines are real-only; use precision 'auto', 'fp32' or 'fp64'")
     aw = a if a.dtype == wdt else xp.astype(a, wdt)
     bw = b if b.dtype == wdt else xp.astype(b, wdt)
     vec = bw.ndim == 1

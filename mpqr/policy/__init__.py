@@ -10,6 +10,7 @@ from mpqr.policy.policy import (
     gemm_into,
     gemm_options,
     gemm_sub,
+    gram,
     result_dtype,
 )
 from mpqr.policy.precision import (
@@ -39,6 +40,7 @@ __all__ = [
     "gemm_options",
     "gemm_sub",
     "get_precision",
+    "gram",
     "precision",
     "record_event",
     "record_gemm",

@@ -26,12 +26,21 @@ class GemmOptions:
     engine : str, optional
         Force one engine by name (``"native"``, ``"tc-fp16"``, ``"tc-sgemm"``,
         ``"ozaki-int8"``); the explain trace records that it was forced.
+    complex_product : str, optional
+        How an emulated engine forms a complex product: ``"4m"`` (one real
+        product of twice the size, as accurate as the real engine; the default
+        of the floating-point engines), ``"3m"`` (Karatsuba: three real
+        products, 25% fewer flops, a larger error in the imaginary part) or
+        ``"2m"`` (``ozaki-int8`` only, its default: two modular products per
+        modulus, exact like 4M); see :mod:`mpqr.engines.complex_product` and
+        :mod:`mpqr.engines.ozaki_complex`.
     """
 
     slice_k: int | None = None
     ozaki_terms: int | None = None
     workspace_limit: int | None = None
     engine: str | None = None
+    complex_product: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("slice_k", "ozaki_terms", "workspace_limit"):
@@ -41,6 +50,11 @@ class GemmOptions:
         if self.engine is not None and not isinstance(self.engine, str):
             raise TypeError(
                 f"GemmOptions.engine must be an engine name or None, got {self.engine!r}"
+            )
+        if self.complex_product not in (None, "4m", "3m", "2m"):
+            raise ValueError(
+                "GemmOptions.complex_product must be '4m', '3m', '2m' or None, "
+                f"got {self.complex_product!r}"
             )
 
 

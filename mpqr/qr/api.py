@@ -41,8 +41,10 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     x : array, shape (..., m, n)
         Input of any Array API library (NumPy, CuPy, ...). Integers are cast to
         float64, float16 to float32, ``longdouble``/``clongdouble`` to
-        float64/complex128 (as SciPy computes them); complex inputs are factored
-        natively. ``numpy.matrix`` is taken as a plain ndarray.
+        float64/complex128 (as SciPy computes them). Complex inputs are factored in
+        complex arithmetic; at the emulated precisions their products run as real
+        products of the parts (see :mod:`mpqr.engines.complex_product`).
+        ``numpy.matrix`` is taken as a plain ndarray.
         ``x`` is never modified unless ``overwrite_a=True``.
         A tall 2-D ``dask.array.Array`` chunked by rows is factored across its
         blocks on their workers (``Q`` lazy, modes ``"reduced"`` and ``"r"``; see
@@ -95,7 +97,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         An explicitly requested CholQR-type method cannot factor ``x`` (too
         ill-conditioned); ``method="auto"`` never raises it.
     NotImplementedError
-        Complex input with an emulated precision or a real-only method.
+        An emulated precision whose engine the backend lacks.
 
     Examples
     --------
@@ -130,12 +132,6 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     *batch, m, n = a.shape
     complete = mode == "complete"
     want_q = mode != "r"
-    if xp.isdtype(a.dtype, "complex floating") and prec_name in (
-            "fp16", "fp32-emulated", "fp64-emulated"):
-        raise NotImplementedError(
-            f"precision={prec_name!r} is not supported for complex input ({a.dtype}): the "
-            "emulated engines are real-only; use precision 'auto', 'fp32' or 'fp64'"
-        )
     if prec_name in ("fp16", "fp32-emulated") and "fp16" not in backend.capabilities:
         # checked up front: a single-panel QR would run no GEMM to notice it
         raise NotImplementedError(

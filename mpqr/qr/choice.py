@@ -150,7 +150,7 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     try:
         engine = decide(backend, dtype, h, n - h, m, 1, prec_name, "qr",
                         as_gemm_options(None)).engine
-    except NotImplementedError:  # e.g. complex with an emulated precision: qr() reports it
+    except NotImplementedError:  # e.g. an engine the backend lacks: qr() reports it
         engine = "native"
     if (batch == 1 and engine.startswith("native")
             and _in_working_precision(backend, prec_name, dtype)):

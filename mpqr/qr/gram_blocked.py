@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr.policy import gemm
+from mpqr.policy import gram as policy_gram
 from mpqr.qr._kernels import ct
 
 __all__ = ["gram"]
@@ -25,10 +26,15 @@ __all__ = ["gram"]
 def gram(backend: Any, a: Any, precision: Any, label: str) -> Any:
     """``A^H A`` (exactly Hermitian) for 2-D or stacked ``a``.
 
-    2-D ``a`` wider than ``2 * backend.gram_block`` columns is split recursively
-    (see the module docstring); stacks and narrow ``a`` take one GEMM,
-    symmetrised (the engines need not return an exactly Hermitian product).
+    Where the policy's engine has a Gram call (the emulated engines: one triangle,
+    :func:`mpqr.policy.gram`) it runs that. Otherwise 2-D ``a`` wider than
+    ``2 * backend.gram_block`` columns is split recursively (see the module
+    docstring); stacks and narrow ``a`` take one GEMM, symmetrised (the engines
+    need not return an exactly Hermitian product).
     """
+    g = policy_gram(a, precision=precision, label=label, backend=backend)
+    if g is not None:
+        return g
     blk = backend.gram_block
     if a.ndim != 2 or blk is None:
         return _full(backend, a, precision, label)
