@@ -193,6 +193,7 @@ def test_mixed_complex_and_real_operands_promote(xp):
 
 def test_policy_predicts_the_real_products_and_auto_stays_native():
     from mpqr.backends import get_backend
+
     from mpqr.policy import decide
     from mpqr.policy.options import GemmOptions
 
@@ -254,6 +255,7 @@ def test_cost_model_counts_the_complex_flops(monkeypatch):
     # (2m, n, 2k): with int8-rich rates the emulation wins at 8192^3, not at 512^3
     from mpqr.backends import get_backend
     from mpqr.backends._base import EngineRates
+
     from mpqr.policy import decide
     from mpqr.policy.options import GemmOptions
 

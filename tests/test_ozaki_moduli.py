@@ -11,10 +11,10 @@ import re
 
 import numpy as np
 import pytest
+from mpqr.backends import get_backend
 
 import mpqr
 import mpqr.engines.ozaki as oz
-from mpqr.backends import get_backend
 from tests._support import exact_matmul, rel_error_vs_abs, to_numpy
 
 U64 = 2.0**-53
