@@ -55,7 +55,7 @@ def test_blocks_cover_the_upper_triangle_once(n):
 
 
 @pytest.mark.parametrize("precision", sorted(ENGINES))
-@pytest.mark.parametrize(("m", "n"), [(1, 5), (300, 40), (200, 130)])
+@pytest.mark.parametrize(("m", "n"), [(1, 5), (300, 40), (200, 130), (50, 520)])
 def test_real_gram_accurate_and_bitwise_symmetric(xp, precision, m, n):
     rng = np.random.default_rng(m + n)
     x = rng.standard_normal((m, n))

@@ -3,11 +3,12 @@
 A complex product ``C = A B`` with ``A = Ar + i Ai`` and ``B = Br + i Bi`` is
 formed from real engine products, so every engine (and both backends) gets
 complex support from its real path, bit for bit the same on NumPy and CuPy.
-``ozaki-int8`` has a third, cheaper scheme of its own, 2M (its default; see
+``ozaki-int8`` has a third scheme of its own, 2M (see
 :mod:`mpqr.engines.ozaki_complex`): modular arithmetic splits a complex product
-into two real ones per modulus.
+into two real ones per modulus. Each engine's default is in
+:data:`DEFAULT_SCHEME`, chosen by measurement.
 
-``"4m"`` (the default of the floating-point engines): the four real products
+``"4m"`` (the default of ``tc-fp16``): the four real products
 as ONE real product of twice the size, the smaller operand written twice::
 
     [[Ar, -Ai], [Ai, Ar]] @ [Br; Bi] = [Cr; Ci]      (m <= n)
@@ -19,7 +20,7 @@ at most ``sqrt(2) |A||B|``, in place of ``|A||B|``), the cancellation in
 ``Ar Br - Ai Bi`` happens inside the engine (exactly, for ``ozaki-int8``), and
 one scaling and splitting pass serves all four products.
 
-``"3m"`` (Karatsuba, opt-in: ``GemmOptions(complex_product="3m")``)::
+``"3m"`` (Karatsuba, the default of ``tc-sgemm`` and ``ozaki-int8``)::
 
     T1 = Ar Br,  T2 = Ai Bi,  T3 = (Ar + Ai)(Br + Bi)
     Cr = T1 - T2,  Ci = (T3 - T1) - T2
@@ -29,9 +30,10 @@ but ``Ci`` carries the errors of three products of up to ``2 |A||B|`` each,
 and ``Ar + Ai`` is rounded (and can overflow near the overflow threshold).
 Measured on the NumPy backend (16x16 outputs, k = 64..8192, exact reference;
 ``bench/NOTES.md``): the real parts agree, the imaginary part of 3M is
-1.0-2.0x 4M's error on every engine. 4M is the default: the accuracy of the
-real engine, one pass over the operands, and no new overflow (for the
-floating-point engines; ``ozaki-int8`` defaults to 2M).
+1.0-2.0x 4M's error on every engine; on an H100 (8192^3 and 16384^3, random
+data) both parts stayed at 0.05-0.22x the native complex GEMM's error, and 3M
+was the fastest scheme of ``tc-sgemm`` and ``ozaki-int8``, so they default to it.
+``tc-fp16`` keeps 4M: at half precision a 2x larger imaginary error is not free.
 
 NaN/Inf: a non-finite entry of row ``i`` of A (column ``j`` of B) reaches
 both ``Cr`` and ``Ci`` of that row (column), as in the native complex GEMM.
@@ -42,10 +44,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SCHEMES", "real_dims", "real_dtype", "run_complex"]
+__all__ = ["DEFAULT_SCHEME", "SCHEMES", "default_scheme", "real_dims", "real_dtype",
+           "run_complex"]
 
-#: complex-product schemes, the first the default of engines without a 2M product
+#: complex-product schemes
 SCHEMES = ("4m", "3m", "2m")
+
+#: each engine's default scheme, by measurement (H100, `python -m mpqr bench gemm --kinds
+#: complex`): 3M was fastest on both engines with errors 0.05-0.22x the native complex
+#: GEMM's (ZGEMM 16384^3: 3M 1.98x cuBLAS, 4M 1.59x, 2M 1.43x; CGEMM: 3M 3.93x, 4M
+#: 3.05x); tc-fp16 keeps 4M, the scheme with the real engine's error bound
+DEFAULT_SCHEME = {"ozaki-int8": "3m", "tc-sgemm": "3m"}
+
+
+def default_scheme(engine: str) -> str:
+    """The complex-product scheme ``engine`` runs unless ``GemmOptions`` names one."""
+    return DEFAULT_SCHEME.get(engine, "4m")
 
 
 def real_dtype(xp: Any, dtype: Any) -> Any:

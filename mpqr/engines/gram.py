@@ -5,7 +5,9 @@ entry twice. The engines' Gram calls split the columns recursively into halves
 down to leaves of at least :data:`MIN_LEAF` columns (at most :data:`LEVELS`
 levels), compute the off-diagonal block ``X1^T X2`` of every split and the
 leaves' diagonal blocks, and mirror: for ``n >= 8 MIN_LEAF`` columns that is
-``1/2 + 1/16`` of the GEMM's products (``LEVELS = 3``), ``5/8`` at ``n = 256``.
+``1/2 + 1/16`` of the GEMM's products (``LEVELS = 3``), ``3/4`` at ``n = 512``; below
+``2 MIN_LEAF`` columns the Gram call is one product that shares the operand's
+preparation (one residue pass on ``ozaki-int8`` instead of two).
 Smaller leaves would save few more products but read the operands once more
 per level, and for tall ``X`` the engines are bound by memory traffic as much
 as by the products. Each engine prepares ``X`` once (one scaling and
@@ -34,8 +36,11 @@ __all__ = ["LEVELS", "MIN_LEAF", "gram_blocks", "gram_tc_fp16", "gram_tc_sgemm",
 
 #: recursion depth of the column split (3: 9/16 of the products for n >= 8 MIN_LEAF)
 LEVELS = 3
-#: leaves narrower than this are not split further (the blocks stay efficient GEMMs)
-MIN_LEAF = 64
+#: leaves narrower than this are not split further: smaller blocks lose more to their extra
+#: passes than they save (H100, `python -m mpqr bench gemm --kinds gram`: 2^20 x 256 on
+#: ozaki-int8 7.8 ms unsplit against 10.8 / 16.0 ms at one / two levels; 2^18 x 1024 best
+#: at two levels on both engines)
+MIN_LEAF = 256
 _ALIGN = 16  # block edges on multiples of 16 (the int8 residues' padding)
 
 

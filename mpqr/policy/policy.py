@@ -34,7 +34,7 @@ from typing import Any
 from mpqr._array_api import array_namespace, device
 from mpqr.backends import get_backend
 from mpqr.engines import ENGINES
-from mpqr.engines.complex_product import SCHEMES, real_dims, real_dtype, run_complex
+from mpqr.engines.complex_product import default_scheme, real_dims, real_dtype, run_complex
 from mpqr.policy.options import GemmOptions, as_gemm_options
 from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
@@ -133,7 +133,7 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
             )
         if options.complex_product:
             return options.complex_product
-        return "2m" if ENGINES[name].complex_2m is not None else SCHEMES[0]
+        return default_scheme(name)
 
     def native(bits: str) -> str:
         if is_complex:
@@ -251,8 +251,9 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
 def _complex_why(scheme: str, options: GemmOptions) -> str:
     src = "options.complex_product" if options.complex_product else "default"
     if scheme == "3m":
-        return (f"complex as 3 real products (3M/Karatsuba, {src}: 25% fewer flops, "
-                "larger imaginary-part error)")
+        return (f"complex as 3 real products (3M/Karatsuba, {src}: 25% fewer flops than "
+                "4M; its imaginary part bounded by (|Ar|+|Ai|)(|Br|+|Bi|), measured "
+                "0.05-0.22x the native complex GEMM's error on H100)")
     if scheme == "2m":
         return (f"complex as 2 modular products per modulus (2M, {src}: Gaussian moduli, "
                 "exact like 4M with about half its int8 products)")
