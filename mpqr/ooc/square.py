@@ -1,0 +1,1 @@
+"""Recursive and blocked out-of-core QR (placeholder until implemented)."""
