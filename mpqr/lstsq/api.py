@@ -56,7 +56,9 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
           overwrite_b: bool = False, check_finite: bool = True,
           lapack_driver: str | None = None, *, precision: str | None = None,
           refine: str | None = "auto", tol: float | None = None,
-          maxiter: int | None = None) -> tuple[Any, Any, Any, Any]:
+          maxiter: int | None = None, device: str | None = None,
+          memory_budget: int | str | None = None,
+          progress: bool | None = None) -> tuple[Any, Any, Any, Any]:
     """Least-squares solution of ``a @ x = b`` with SciPy's signature and results.
 
     Parameters
@@ -102,6 +104,12 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         also counts as converged; an explicit ``tol`` is strict.
     maxiter : int, optional
         Iteration cap of the refinement (default 50).
+    device, memory_budget, progress
+        As in :func:`mpqr.qr`, for host ``a`` and ``b`` (NumPy arrays, memmaps,
+        h5py/zarr datasets): ``device="cuda"`` solves on the GPU and returns
+        host arrays; beyond the budget the problem is solved out of core (one
+        TSQR pass over ``[a | b]``, then one pass per refinement step; counted in
+        the explain trace).
 
     Returns
     -------
@@ -144,20 +152,15 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> np.round(x, 6).tolist(), rank
     ([0.666667, 0.5], 2)
     """
+    if _host_route(a, b, device, memory_budget, progress):
+        from mpqr.ooc.lstsq import lstsq as host_lstsq
+
+        prec_name = _check_options(refine, precision, tol, maxiter, cond)
+        return host_lstsq(a, b, cond, check_finite, lapack_driver, prec_name=prec_name,
+                          refine=refine, tol=tol, maxiter=maxiter, device=device,
+                          memory_budget=memory_budget, progress=progress)
     xp = namespace_of(a, b, names=("a", "b"))
-    if refine not in REFINE:
-        raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")
-    if precision is not None:
-        validate_precision(precision)
-    prec_name, _ = resolve_precision(precision)
-    if tol is not None and not (isinstance(tol, (int, float)) and tol > 0):
-        raise ValueError(f"`tol` must be a positive number, got {tol!r}")
-    if maxiter is not None and not (isinstance(maxiter, int) and maxiter >= 1):
-        raise ValueError(f"`maxiter` must be a positive integer, got {maxiter!r}")
-    if cond is not None and (isinstance(cond, bool) or (not isinstance(cond, (int, float))
-                             and not hasattr(cond, "__float__"))):
-        raise TypeError(f"`cond` must be a real number or None, got {type(cond).__name__} "
-                        f"{cond!r}")
+    prec_name = _check_options(refine, precision, tol, maxiter, cond)
     for name, v in (("a", a), ("b", b)):
         # SciPy casts bool and integers to float64; anything non-numeric is refused
         if not (v.dtype == xp.bool or xp.isdtype(v.dtype, "numeric")):
@@ -177,6 +180,42 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         raise ValueError("Input array a should be 2D")
     with device_errors(backend, "mpqr.lstsq"):
         return rules.apply_over_batch(xp, a, b, one)
+
+
+def _check_options(refine: Any, precision: Any, tol: Any, maxiter: Any, cond: Any) -> str:
+    """Validate the solver's options; the resolved precision name."""
+    if refine not in REFINE:
+        raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")
+    if precision is not None:
+        validate_precision(precision)
+    prec_name, _ = resolve_precision(precision)
+    if tol is not None and not (isinstance(tol, (int, float)) and tol > 0):
+        raise ValueError(f"`tol` must be a positive number, got {tol!r}")
+    if maxiter is not None and not (isinstance(maxiter, int) and maxiter >= 1):
+        raise ValueError(f"`maxiter` must be a positive integer, got {maxiter!r}")
+    if cond is not None and (isinstance(cond, bool) or (not isinstance(cond, (int, float))
+                             and not hasattr(cond, "__float__"))):
+        raise TypeError(f"`cond` must be a real number or None, got {type(cond).__name__} "
+                        f"{cond!r}")
+    return prec_name
+
+
+def _host_route(a: Any, b: Any, device: Any, memory_budget: Any, progress: Any) -> bool:
+    """Whether the problem goes to the host-array driver (:mod:`mpqr.ooc.lstsq`): 2-D
+    host ``a`` and host ``b`` with any of the device keywords, or host datasets that are
+    no Array API arrays (h5py, zarr)."""
+    from mpqr.backends.host import is_host_array
+
+    from mpqr._array_api import is_array_api_obj
+
+    if not (is_host_array(a) and is_host_array(b)) or len(a.shape) != 2:
+        return False
+    if device is not None or memory_budget is not None or progress is not None:
+        from mpqr.ooc.driver import check_device_args
+
+        check_device_args(device, memory_budget, progress)
+        return True
+    return not (is_array_api_obj(a) and is_array_api_obj(b))
 
 
 def _lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,

@@ -3,6 +3,7 @@ and the explain-trace summary (pieces, passes, bytes moved, overlap achieved).""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from typing import Any
 from mpqr.ooc.budget import format_bytes
 from mpqr.policy import record_event
 
-__all__ = ["PROGRESS_AFTER_S", "Run", "progress_bar"]
+__all__ = ["PROGRESS_AFTER_S", "Run", "collapsed", "progress_bar"]
 
 #: ``progress=None`` shows a bar on an interactive terminal for runs expected to take
 #: longer than this (estimated from the bytes to move)
@@ -93,3 +94,35 @@ class Run:
         finally:
             if self.bar is not None:
                 self.bar.close()
+
+
+@contextlib.contextmanager
+def collapsed(what: str) -> Iterator[None]:
+    """Within the block, repeated events (one per piece's in-core call) reach the active
+    traces once each, with their count; GEMM decisions pass through unchanged."""
+    from mpqr.policy.trace import Event, Trace, _active
+
+    outer = _active.get()
+    if not outer:
+        yield
+        return
+    inner = Trace()
+    token = _active.set((inner,))
+    try:
+        yield
+    finally:
+        _active.reset(token)
+        counts: dict[str, list[Any]] = {}
+        for rec in inner.records:
+            if isinstance(rec, Event):
+                key = f"{rec.kind}: {rec.message}"
+                if key in counts:
+                    counts[key][1] += 1
+                    continue
+                counts[key] = [rec, 1]
+                rec = None
+            if rec is not None:
+                for t in outer:
+                    t.records.append(rec)
+        for rec, n in counts.values():
+            record_event(rec.kind, f"{what} ({n} x): {rec.message}", **rec.data)

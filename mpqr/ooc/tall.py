@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._errors import BreakdownError
+from mpqr.ooc.run import collapsed
 from mpqr.policy import gemm, record_event
 from mpqr.qr.cholqr import _final_r, _one_pass, right_solve_upper
 from mpqr.qr.gram_blocked import gram
@@ -94,17 +95,18 @@ def tsqr_stream(run: Any, src: Any, plan: Any, *, precision: Any, want_q: bool, 
         items = [[(src, rg)] for rg in regions]
     else:
         items = [[(src, rg), (extra, (rg[0], rg[1], 0, extra.shape[1]))] for rg in regions]
-    for region, blks in zip(regions, run.over_multi(items, "x")):
-        for b in blks:
-            _check_finite(run, b, check)
-        blk = blks[0] if len(blks) == 1 else xp.concat(blks, axis=1)
-        if want_q:
-            q, r = qr(blk, mode="reduced", precision=precision)
-            run.store(q_out, region, q)
-        else:
-            r = qr(blk, mode="r", precision=precision)
-        rs.append(r)
-        ks.append(r.shape[0])
+    with collapsed("out-of-core pieces"):
+        for region, blks in zip(regions, run.over_multi(items, "x")):
+            for b in blks:
+                _check_finite(run, b, check)
+            blk = blks[0] if len(blks) == 1 else xp.concat(blks, axis=1)
+            if want_q:
+                q, r = qr(blk, mode="reduced", precision=precision)
+                run.store(q_out, region, q)
+            else:
+                r = qr(blk, mode="r", precision=precision)
+            rs.append(r)
+            ks.append(r.shape[0])
     stacked = xp.concat(rs, axis=0) if len(rs) > 1 else rs[0]
     if not want_q:
         return qr(stacked, mode="r", precision=precision) if len(rs) > 1 else stacked
