@@ -74,13 +74,14 @@ class Run:
         self.st.store(dst, region, block)
         self._tick((region[1] - region[0]) * (region[3] - region[2]) * dst.itemsize)
 
-    def finish(self, message: str, **data: Any) -> dict[str, Any]:
-        """Flush the stores and record the summary event."""
+    def finish(self, message: str, unit: str = "passes", **data: Any) -> dict[str, Any]:
+        """Flush the stores and record the summary event (``unit``: what a counted
+        stream is, a full pass or a streamed range)."""
         self.st.flush()
         s = self.st.summary()
         ov = s["overlap"]
         passes = ", ".join(f"{v} over {k}" for k, v in self.passes.items())
-        record_event("out-of-core", f"{self.what}: {message}; passes: {passes}; moved "
+        record_event("out-of-core", f"{self.what}: {message}; {unit}: {passes}; moved "
                      f"{format_bytes(s['bytes_in'])} to the device and "
                      f"{format_bytes(s['bytes_out'])} back in {s['pieces']} pieces "
                      f"({s['staging']} staging), {s['wall_s']:.3g} s"
