@@ -162,7 +162,7 @@ class CupyStaging(Staging):
                 if not f.cancelled():
                     try:
                         f.result()
-                    except BaseException:  # noqa: BLE001 - the caller's error wins
+                    except BaseException:  # the caller's error wins
                         pass
 
     def stream(self, src: Any, regions: Any):
@@ -224,7 +224,7 @@ class CupyStaging(Staging):
             for f in getattr(self, "pending", []):
                 try:
                     f.result()
-                except BaseException as exc:  # noqa: BLE001 - re-raised below
+                except BaseException as exc:  # re-raised below
                     err = err or exc
             for ex in ("loader", "writer", "copies"):
                 pool = getattr(self, ex, None)
@@ -251,7 +251,7 @@ class CupyStaging(Staging):
         for a, b in pairs:
             try:
                 s += self.cp.cuda.get_elapsed_time(a, b) / 1e3
-            except Exception:  # noqa: BLE001 - an unrecorded pair is skipped
+            except Exception:  # an unrecorded pair is skipped
                 continue
         return s
 

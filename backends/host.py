@@ -28,7 +28,7 @@ def is_host_array(x: Any) -> bool:
     if dev is not None:
         try:
             return int(dev()[0]) == 1  # kDLCPU
-        except Exception:  # noqa: BLE001 - an odd object is simply not a host array
+        except Exception:  # an odd object is simply not a host array
             return False
     return True
 

@@ -97,12 +97,17 @@ class TallPlan:
 
     @property
     def regions(self) -> list[tuple[int, int, int, int]]:
-        return [(r, min(r + self.rows, self.m), 0, self.cols)
-                for r in range(0, self.m, self.rows)]
+        """Row ranges; a ragged last piece with fewer rows than columns joins the one
+        before it (each piece's in-core QR then has a full ``R``)."""
+        starts = list(range(0, self.m, self.rows))
+        if len(starts) > 1 and self.m - starts[-1] < self.cols:
+            starts.pop()
+        ends = [*starts[1:], self.m]
+        return [(r0, r1, 0, self.cols) for r0, r1 in zip(starts, ends)]
 
     @property
     def pieces(self) -> int:
-        return -(-self.m // self.rows)
+        return len(self.regions)
 
     @property
     def piece_bytes(self) -> int:
@@ -110,7 +115,8 @@ class TallPlan:
 
     @property
     def block_elems(self) -> int:
-        return self.rows * self.cols
+        """Staging slot size: a piece, with room for a joined ragged tail."""
+        return (self.rows + self.cols) * self.cols
 
 
 def tall_plan(m: int, cols: int, itemsize: int, budget: int, *, min_rows: int = 1,
