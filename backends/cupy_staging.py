@@ -63,12 +63,11 @@ class CupyStaging(Staging):
         self.copy_events: list[tuple[Any, Any]] = []
         self.compute_events: list[tuple[Any, Any]] = []
         self.host_copy_s = 0.0
-        self.failed = False
 
     def _pinned(self) -> Any:
         mem = self.cp.cuda.alloc_pinned_memory(self.block_elems * self.dtype.itemsize)
         self._mems.append(mem)
-        return np.frombuffer(mem, self.dtype, self.block_elems)
+        return np.ndarray((self.block_elems,), dtype=self.dtype, buffer=mem)
 
     # --- host side copies -------------------------------------------------------
     def _par(self, fn: Any, rows: int) -> None:
@@ -217,15 +216,17 @@ class CupyStaging(Staging):
             f.result()
 
     def close(self) -> None:
+        """Wait for the copies in flight, then release threads, streams and buffers.
+        Never raises: a failed store has raised from ``flush()`` on the normal path, and
+        on an error path the caller's exception is the one to see."""
         if self.closed:
             return
-        err = None
         try:
             for f in getattr(self, "pending", []):
                 try:
                     f.result()
-                except BaseException as exc:  # re-raised below
-                    err = err or exc
+                except BaseException:  # reported by flush() where it matters
+                    pass
             for ex in ("loader", "writer", "copies"):
                 pool = getattr(self, ex, None)
                 if pool is not None:
@@ -237,8 +238,6 @@ class CupyStaging(Staging):
             self._mems = []
             self.h2d_done = self.consumed = []
             super().close()
-        if err is not None and not self.failed:
-            raise err
 
     def summary(self) -> dict[str, Any]:
         self.cp.cuda.get_current_stream().synchronize()

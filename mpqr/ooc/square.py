@@ -18,6 +18,7 @@ Both are Gram-Schmidt orthogonalisations between panels: orthogonality degrades 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mpqr.ooc.budget import DOWNLOADS, RING, BudgetTooSmall, format_bytes
@@ -77,30 +78,47 @@ class _Square:
     def _project(self, j0: int, h: int, c0: int, c1: int) -> None:
         """``R[j0:h, c0:c1] = Q1^H A2``, ``A2 -= Q1 R12`` with ``Q1 = W[:, j0:h]``, by
         column chunks of ``A2`` and row blocks streamed through the device."""
+        k, n2, m = h - j0, c1 - c0, self.m
+        # column chunks of A2: streamed twice with only R12's chunk on the device, or
+        # kept on the device with it (A2 read once, narrower chunks): the fewer bytes
+        c_s = max(1, min(n2, self.chunk_bytes // (k * self.isz)))
+        c_r = min(n2, self.chunk_bytes // ((m + k) * self.isz))
+        vol_s = -(-n2 // c_s) * 2 * k + 3 * n2
+        vol_r = -(-n2 // c_r) * 2 * k + 2 * n2 if c_r >= 1 else math.inf
+        resident = vol_r < vol_s
+        c = c_r if resident else c_s
+        for a0 in range(c0, c1, c):
+            self._chunk(j0, h, a0, min(c1, a0 + c), resident)
+
+    def _chunk(self, j0: int, h: int, a0: int, a1: int, resident: bool) -> None:
         xp, run = self.xp, self.run
         k = h - j0
-        c = max(1, min(c1 - c0, self.chunk_bytes // (k * self.isz)))
-        for a0 in range(c0, c1, c):
-            a1 = min(c1, a0 + c)
-            src = self._cur(a0, a1)
-            rows = self._rows(k + (a1 - a0))
-            items = [[(self.w, (r0, r1, j0, h)), (src, (r0, r1, a0, a1))] for r0, r1 in rows]
-            run.st.flush()  # the workspace columns read here may still be on their way
-            r12 = None
-            for qb, ab in run.over_multi(items, "workspace"):
-                if self.check is not None and src is self.src and not self.be.all_finite(ab):
-                    raise ValueError(self.check)
-                t = gemm(ct(xp, qb), ab, precision=self.precision, label="ooc-R12=Q1^H A2",
-                         backend=self.be)
-                r12 = t if r12 is None else r12 + t
-            for (r0, r1), (qb, ab) in zip(rows, run.over_multi(items, "workspace")):
-                ab = xp.asarray(ab, copy=True)  # the staged block is reused by the ring
-                gemm_sub(ab, qb, r12, precision=self.precision, label="ooc-A2-=Q1 R12",
-                         backend=self.be)
-                run.store(self.w, (r0, r1, a0, a1), ab)
-            run.store(self.r_dst, (j0, h, a0, a1), r12)
-            for j in range(a0, a1):
-                self.fresh[j] = False
+        src = self._cur(a0, a1)
+        rows = self._rows(k + (a1 - a0))
+        items = [[(self.w, (r0, r1, j0, h)), (src, (r0, r1, a0, a1))] for r0, r1 in rows]
+        run.st.flush()  # the workspace columns read here may still be on their way
+        r12 = None
+        keep = xp.empty((self.m, a1 - a0), dtype=getattr(xp, self.src.dtype.name)) \
+            if resident else None
+        for (r0, r1), (qb, ab) in zip(rows, run.over_multi(items, "workspace")):
+            if self.check is not None and src is self.src and not self.be.all_finite(ab):
+                raise ValueError(self.check)
+            t = gemm(ct(xp, qb), ab, precision=self.precision, label="ooc-R12=Q1^H A2",
+                     backend=self.be)
+            r12 = t if r12 is None else r12 + t
+            if keep is not None:
+                keep[r0:r1] = ab
+        if keep is not None:
+            items = [[(self.w, (r0, r1, j0, h))] for r0, r1 in rows]
+        for (r0, r1), blks in zip(rows, run.over_multi(items, "workspace")):
+            # the staged block is reused by the ring: update a copy (or the kept chunk)
+            ab = keep[r0:r1] if keep is not None else xp.asarray(blks[1], copy=True)
+            gemm_sub(ab, blks[0], r12, precision=self.precision, label="ooc-A2-=Q1 R12",
+                     backend=self.be)
+            run.store(self.w, (r0, r1, a0, a1), ab)
+        run.store(self.r_dst, (j0, h, a0, a1), r12)
+        for j in range(a0, a1):
+            self.fresh[j] = False
 
     # --- the two variants -----------------------------------------------------------
     def recursive(self, j0: int, j1: int) -> None:
@@ -122,21 +140,27 @@ class _Square:
             self._factor_panel(self._load_panel(p0, p1), p0, p1)
 
 
+#: shares of the budget: the staging slots (all of them), then either an in-core panel
+#: or a chunk of ``R12`` (never both at once); the rest is the products' temporaries
+STAGING_SHARE, PANEL_SHARE, CHUNK_SHARE = 1 / 8, 5 / 8, 1 / 2
+
+
 def square_plan(m: int, n: int, isz: int, budget: int) -> tuple[int, int, int]:
-    """``(leaf panel width, staging slot elements, R12 chunk bytes)`` for ``budget``:
-    a quarter for the staging slots, a half for an in-core panel, a quarter for a
-    chunk of ``R12``. Raises :class:`BudgetTooSmall` naming the smallest that works."""
-    slot = budget // 4 // (RING + DOWNLOADS) // isz
-    leaf = budget // 2 // (PANEL_FACTOR * m * isz)
+    """``(leaf panel width, staging slot elements, R12 chunk bytes)`` for ``budget``.
+    Raises :class:`BudgetTooSmall` naming the smallest budget that works."""
+    slots = RING + DOWNLOADS
+    slot = int(budget * STAGING_SHARE) // slots // isz
+    leaf = int(budget * PANEL_SHARE) // (PANEL_FACTOR * m * isz)
     kmax = max(1, n // 2)
-    needed = max(2 * PANEL_FACTOR * m * isz, 4 * (RING + DOWNLOADS) * (kmax + 2) * isz,
-                 4 * kmax * isz)
-    if leaf < 1 or slot < kmax + 2 or budget < needed:
+    needed = int(max(PANEL_FACTOR * m * isz / PANEL_SHARE,
+                     slots * 2 * (kmax + 2) * isz / STAGING_SHARE,
+                     kmax * isz / CHUNK_SHARE)) + 1
+    if leaf < 1 or slot < 2 * (kmax + 2) or budget < needed:
         raise BudgetTooSmall(
             f"`memory_budget` of {format_bytes(budget)} cannot hold a one-column panel of "
             f"a {m} x {n} matrix with its staging buffers; the smallest budget that works is "
             f"{needed} bytes ({format_bytes(needed)})", needed)
-    return min(leaf, n), slot, budget // 4
+    return min(leaf, n), slot, int(budget * CHUNK_SHARE)
 
 
 def square_qr(backend: Any, src: Any, *, method: str, precision: Any, prec_name: str,
