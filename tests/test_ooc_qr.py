@@ -154,3 +154,26 @@ def test_parse_budget():
             parse_budget(bad)
     with pytest.raises(TypeError, match="memory_budget"):
         parse_budget(True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["ooc-recursive", "ooc-blocked"])
+def test_square_both_chunk_routes(device, method, monkeypatch):
+    """Column chunks of A2 kept on the device and streamed twice both give the in-core
+    factors (a 601 x 100 matrix at 300 KB takes both)."""
+    from mpqr.ooc import square
+
+    seen = set()
+    orig = square._Square._chunk
+
+    def spy(self, j0, h, a0, a1, resident):
+        seen.add(resident)
+        return orig(self, j0, h, a0, a1, resident)
+
+    monkeypatch.setattr(square._Square, "_chunk", spy)
+    a = np.random.default_rng(9).standard_normal((601, 100))
+    q0, r0 = mpqr.qr(a)
+    q, r = mpqr.qr(a, method=method, device=device, memory_budget="300KB")
+    _check(a, q, r, q0, r0, "fp64", "float64")
+    if method == "ooc-recursive":
+        assert seen == {True, False}
