@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo(args.rest)
     benches = {"gemm": "mpqr.tools.bench_gemm", "accuracy": "mpqr.tools.bench_accuracy",
-               "qr": "mpqr.tools.bench_qr", "lstsq": "mpqr.tools.bench_lstsq"}
+               "qr": "mpqr.tools.bench_qr", "lstsq": "mpqr.tools.bench_lstsq",
+               "ooc": "mpqr.tools.bench_ooc"}
     if not args.rest or args.rest[0] not in benches:
         p.error(f"bench needs one of {', '.join(benches)}; got {args.rest[:1] or 'nothing'}")
     import importlib

@@ -53,7 +53,7 @@ def test_matches_scipy(device, dtype, nrhs, refine):
 def test_refinement_reaches_working_accuracy_from_low_precision(device):
     a, b = conditioned_lstsq_problem(M, N, 1e3, seed=1)
     with mpqr.explain() as trace:
-        x, res, rank, s = mpqr.lstsq(a, b, precision="fp32", device=device,
+        x, _res, _rank, _s = mpqr.lstsq(a, b, precision="fp32", device=device,
                                      memory_budget="40KB")
     x0 = sla.lstsq(a, b)[0]
     assert ooc_events(trace)[0].data["refinement_passes"] >= 1
@@ -66,9 +66,9 @@ def test_rank_deficient_minimum_norm(device):
     a = rng.standard_normal((M, N))
     a[:, 4] = a[:, 1] + a[:, 2]
     b = rng.standard_normal((M, 2))
-    x, res, rank, s = mpqr.lstsq(Dataset(a), Dataset(b), cond=1e-10, device=device,
-                                 memory_budget="40KB")
-    x0, res0, rank0, s0 = sla.lstsq(a, b, cond=1e-10)
+    x, res, rank, _s = mpqr.lstsq(Dataset(a), Dataset(b), cond=1e-10, device=device,
+                                  memory_budget="40KB")
+    x0, res0, rank0, _s0 = sla.lstsq(a, b, cond=1e-10)
     assert rank == rank0 == N - 1
     np.testing.assert_allclose(x, x0, rtol=0, atol=1e-10 * np.abs(x0).max())
     assert res.shape == res0.shape
@@ -86,8 +86,8 @@ def test_nonfinite_as_in_core(device):
         mpqr.lstsq(an, b, check_finite=False, device=device, memory_budget="40KB")
     bn = b.copy()
     bn[3] = np.nan
-    x, res, rank, s = mpqr.lstsq(a, bn, check_finite=False, device=device,
-                                 memory_budget="40KB")
+    x, _res, rank, _s = mpqr.lstsq(a, bn, check_finite=False, device=device,
+                                   memory_budget="40KB")
     assert np.isnan(x).all() and rank == N
 
 

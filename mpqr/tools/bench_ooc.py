@@ -1,0 +1,363 @@
+"""Out-of-core benchmark: ``python -m mpqr bench ooc [--quick] [--json PATH] [--png PATH]``.
+
+All rows run in one process on host (NumPy) matrices with ``device="cuda"`` and a
+``memory_budget`` the matrix does not fit:
+
+* ``tall-32GB``: 2^26 x 64 float64, budget 8 GB: ``mode="reduced"`` (Q written into a
+  preallocated host array), ``mode="r"`` and ``lstsq``, each against its host-link
+  floor computed from the link rates measured first (pinned host -> device, device ->
+  host, both at once).
+* ``tall-8GB``: 2^24 x 64 float64, budget 2 GB, against ``numpy.linalg.qr`` on the
+  machine's cores and ``dask.array.linalg.tsqr`` on CPU chunks.
+* ``square-16GB``: 65536^2 float32, budget 4 GB, precisions fp16 and fp32-emulated:
+  recursive out-of-core QR against mpqr's in-core QR of the same matrix on the device,
+  and against the blocked (left-looking) out-of-core variant at the same budget.
+
+Accuracy of every row: backward error ``||A - QR||_F / ||A||_F`` and orthogonality
+``||Q^T Q - I||_F / sqrt(n)``, exact (streamed in float64) for the tall rows and
+estimated from 8 Gaussian probe vectors (float64 products) for the square ones, beside
+the in-core factorization's at the same precision. ``--quick``: small sizes (a check of
+the machinery, not the targets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from mpqr.tools._timing import environment, write_json
+
+__all__ = ["main"]
+
+FULL = {"tall_big": (2**26, 64, "8GB"), "tall_mid": (2**24, 64, "2GB"),
+        "square": (65536, "4GB")}
+QUICK = {"tall_big": (2**22, 64, "512MB"), "tall_mid": (2**21, 64, "128MB"),
+         "square": (8192, "64MB")}
+#: datasheet dense FP16 tensor-core peak (SXM parts) for the "fraction of peak" column
+_FP16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+def _link(cp) -> dict[str, float]:
+    """Pinned and pageable host<->device rates (GB/s), 1 GiB copies, best of 3."""
+    import cupyx
+
+    n = 2**27
+    h1, h2 = cupyx.empty_pinned((n,), np.float64), cupyx.empty_pinned((n,), np.float64)
+    h1[:] = 1.0
+    h2[:] = 2.0
+    d1, d2 = cp.empty(n), cp.empty(n)
+    page = np.ones(n)
+    s1, s2 = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+
+    def rate(fn) -> float:
+        best = math.inf
+        for _ in range(3):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            fn()
+            cp.cuda.Device().synchronize()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    h2d = rate(lambda: d1.set(h1, stream=s1))
+    d2h = rate(lambda: d1.get(stream=s1, out=h1))
+    both = rate(lambda: (d1.set(h1, stream=s1), d2.get(stream=s2, out=h2)))
+    pageable = rate(lambda: d1.set(page))
+    nb = n * 8
+    return {"pinned_h2d_GBps": nb / h2d / 1e9, "pinned_d2h_GBps": nb / d2h / 1e9,
+            "pinned_both_GBps": 2 * nb / both / 1e9, "pageable_h2d_GBps": nb / pageable / 1e9}
+
+
+def _host_matrix(cp, m: int, n: int, dtype: Any, seed: int) -> np.ndarray:
+    """Gaussian host matrix, generated on the device in 1 GB pieces."""
+    out = np.empty((m, n), dtype=dtype)
+    rng = cp.random.default_rng(seed)
+    step = max(1, 2**30 // (n * out.itemsize))
+    for r0 in range(0, m, step):
+        r1 = min(m, r0 + step)
+        rng.standard_normal((r1 - r0, n), dtype=dtype).get(out=out[r0:r1])
+    return out
+
+
+def _timed(fn, repeat: int) -> tuple[float, Any]:
+    """Best wall time of ``repeat`` calls after one warm-up (pinned pools, page faults
+    of the output), with the explain trace of the last call."""
+    import mpqr
+
+    fn()
+    best, trace = math.inf, None
+    for _ in range(repeat):
+        with mpqr.explain() as t:
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        trace = t
+    return best, trace
+
+
+def _ooc_data(trace) -> dict[str, Any]:
+    ev = [e for e in trace.events if e.kind == "out-of-core"]
+    if not ev:
+        return {}
+    d = ev[-1].data
+    keys = ("route", "method", "passes", "bytes_in", "bytes_out", "pieces", "overlap",
+            "copy_s", "host_copy_s", "piece_rows", "panel_cols", "refinement_passes")
+    return {k: d[k] for k in keys if k in d}
+
+
+def _tall_accuracy(cp, a: np.ndarray, q: np.ndarray, r: np.ndarray) -> dict[str, float]:
+    """Exact backward error and orthogonality, streamed through the device in float64."""
+    rd = cp.asarray(r, dtype=cp.float64)
+    n = a.shape[1]
+    num = den = 0.0
+    g = cp.zeros((n, n))
+    step = 2**22
+    for r0 in range(0, a.shape[0], step):
+        ab = cp.asarray(a[r0:r0 + step], dtype=cp.float64)
+        qb = cp.asarray(q[r0:r0 + step], dtype=cp.float64)
+        num += float(cp.sum((ab - qb @ rd) ** 2))
+        den += float(cp.sum(ab**2))
+        g += qb.T @ qb
+    return {"backward_error": math.sqrt(num / den),
+            "orthogonality": float(cp.linalg.norm(g - cp.eye(n))) / math.sqrt(n)}
+
+
+def _probe_accuracy(cp, a_dev, q, r, probes: int = 8) -> dict[str, float]:
+    """Backward error and orthogonality estimated from Gaussian probes (E||Ev||^2 =
+    ||E||_F^2), every product in float64 by row blocks."""
+    rng = cp.random.default_rng(7)
+    n = a_dev.shape[1]
+    qd = q if isinstance(q, cp.ndarray) else None
+    rdv = r if isinstance(r, cp.ndarray) else cp.asarray(r)
+
+    def mv(x, v, rows=8192):  # float64 x @ v, x float32 on the device or host
+        out = []
+        for r0 in range(0, x.shape[0], rows):
+            blk = x[r0:r0 + rows]
+            out.append(cp.asarray(blk, dtype=cp.float64) @ v)
+        return cp.concatenate(out)
+
+    def mtv(x, v, rows=8192):
+        acc = cp.zeros((x.shape[1], v.shape[1]))
+        for r0 in range(0, x.shape[0], rows):
+            acc += cp.asarray(x[r0:r0 + rows], dtype=cp.float64).T @ v[r0:r0 + rows]
+        return acc
+
+    qq = qd if qd is not None else q
+    v = rng.standard_normal((n, probes))
+    av = mv(a_dev, v)
+    e = av - mv(qq, mv(rdv, v))
+    qv = mv(qq, v)
+    o = mtv(qq, qv) - v
+    return {"backward_error": float(cp.linalg.norm(e) / cp.linalg.norm(av)),
+            "orthogonality": float(cp.linalg.norm(o) / cp.linalg.norm(v))}
+
+
+def _row(name: str, **kw: Any) -> dict[str, Any]:
+    row = {"row": name, **kw}
+    t, floor = row.get("time_s"), row.get("floor_s")
+    if t and floor:
+        row["x_floor"] = t / floor
+    print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
+           if k not in ("passes",)}, flush=True)
+    return row
+
+
+def bench_tall_big(cp, m: int, n: int, budget: str, link: dict, repeat: int) -> list[dict]:
+    import mpqr
+
+    a = _host_matrix(cp, m, n, np.float64, 1)
+    b = _host_matrix(cp, m, 1, np.float64, 2)[:, 0]
+    q = np.empty_like(a)
+    nb = a.nbytes
+    h2d, d2h, both = (link["pinned_h2d_GBps"] * 1e9, link["pinned_d2h_GBps"] * 1e9,
+                      link["pinned_both_GBps"] * 1e9)
+    rows = []
+    kw = dict(device="cuda", memory_budget=budget, progress=False)
+    t, tr = _timed(lambda: mpqr.qr(a, out=(q, None), **kw), repeat)
+    d = _ooc_data(tr)
+    reads = d.get("passes", {}).get("x", 3)
+    floor2 = max(2 * nb / h2d, nb / d2h, 3 * nb / both)  # A read twice, Q written once
+    floor_alg = max(reads * nb / h2d, nb / d2h, (reads + 1) * nb / both)
+    r = mpqr.qr(a, mode="r", **kw)
+    acc = _tall_accuracy(cp, a, q, r)
+    ref_rows = min(m, 2**24)
+    ad = cp.asarray(a[:ref_rows])
+    q0, r0 = mpqr.qr(ad)
+    ref = _tall_accuracy(cp, a[:ref_rows], q0.get(), r0.get())
+    ad = q0 = r0 = None
+    cp.get_default_memory_pool().free_all_blocks()
+    rows.append(_row("tall-32GB reduced", shape=[m, n], dtype="float64", budget=budget,
+                     mode="reduced", time_s=t, floor_s=floor2, floor_algorithm_s=floor_alg,
+                     target=1.3, met=t <= 1.3 * floor2, accuracy=acc,
+                     in_core_accuracy={**ref, "rows": ref_rows}, **d))
+    t, tr = _timed(lambda: mpqr.qr(a, mode="r", **kw), repeat)
+    rows.append(_row("tall-32GB mode r", shape=[m, n], dtype="float64", budget=budget,
+                     mode="r", time_s=t, floor_s=nb / h2d, target=1.3,
+                     met=t <= 1.3 * nb / h2d, **_ooc_data(tr)))
+    t, tr = _timed(lambda: mpqr.lstsq(a, b, **kw), repeat)
+    d = _ooc_data(tr)
+    passes = 1 + d.get("refinement_passes", 0)
+    floor = passes * (nb + b.nbytes) / h2d
+    x = mpqr.lstsq(a, b, **kw)[0]
+    x0 = mpqr.lstsq(cp.asarray(a[:ref_rows]), cp.asarray(b[:ref_rows]))[0]
+    rows.append(_row("tall-32GB lstsq", shape=[m, n], dtype="float64", budget=budget,
+                     mode="lstsq", time_s=t, floor_s=floor, target=1.3,
+                     met=t <= 1.3 * floor, passes_over_a=passes,
+                     x_norm=float(np.linalg.norm(x)), x_norm_in_core_leading_rows=float(
+                         cp.linalg.norm(x0)), **d))
+    return rows
+
+
+def bench_tall_mid(cp, m: int, n: int, budget: str, repeat: int) -> list[dict]:
+    import mpqr
+
+    a = _host_matrix(cp, m, n, np.float64, 3)
+    q = np.empty_like(a)
+    t, tr = _timed(lambda: mpqr.qr(a, out=(q, None), device="cuda", memory_budget=budget,
+                                   progress=False), repeat)
+    d = _ooc_data(tr)
+    r = mpqr.qr(a, mode="r", device="cuda", memory_budget=budget, progress=False)
+    acc = _tall_accuracy(cp, a, q, r)
+    ad = cp.asarray(a)
+    q0, r0 = mpqr.qr(ad)
+    ref = _tall_accuracy(cp, a, q0.get(), r0.get())
+    ad = q0 = r0 = None
+    cp.get_default_memory_pool().free_all_blocks()
+    t0 = time.perf_counter()
+    np.linalg.qr(a)
+    t_np = time.perf_counter() - t0
+    try:
+        import dask
+        import dask.array as da
+
+        x = da.from_array(a, chunks=(max(n, m // 64), n))
+        t0 = time.perf_counter()
+        qd, rd = da.linalg.tsqr(x)
+        dask.compute(qd, rd, scheduler="threads")
+        t_dask = time.perf_counter() - t0
+    except ImportError:
+        t_dask = None
+    best_cpu = min(v for v in (t_np, t_dask) if v is not None)
+    return [_row("tall-8GB reduced vs CPU", shape=[m, n], dtype="float64", budget=budget,
+                 mode="reduced", time_s=t, numpy_s=t_np, dask_tsqr_s=t_dask,
+                 speedup_vs_numpy=t_np / t,
+                 speedup_vs_dask=None if t_dask is None else t_dask / t, target=20.0,
+                 met=best_cpu / t >= 20.0, accuracy=acc, in_core_accuracy=ref, **d)]
+
+
+def bench_square(cp, n: int, budget: str, repeat: int) -> list[dict]:
+    import mpqr
+
+    a = _host_matrix(cp, n, n, np.float32, 4)
+    q = np.empty_like(a)
+    rows = []
+    peak = next((v for k, v in _FP16_PEAK.items()
+                 if k in cp.cuda.runtime.getDeviceProperties(0)["name"].decode()), None)
+    flops = 2.0 * n**3  # Gram-Schmidt: 2 m n^2 (m = n)
+    for prec in ("fp16", "fp32-emulated"):
+        ad = cp.asarray(a)
+        t_in, _ = _timed(lambda ad=ad, prec=prec: mpqr.qr(ad, precision=prec), 1)
+        q0, r0 = mpqr.qr(ad, precision=prec)
+        ref = _probe_accuracy(cp, ad, q0, r0)
+        q0 = r0 = None
+        cp.get_default_memory_pool().free_all_blocks()
+        res = {}
+        for method in ("ooc-recursive", "ooc-blocked"):
+            t, tr = _timed(lambda prec=prec, method=method: mpqr.qr(
+                a, out=(q, None), precision=prec, method=method, device="cuda",
+                memory_budget=budget, progress=False), 1)
+            r = mpqr.qr(a, mode="r", precision=prec, method=method, device="cuda",
+                        memory_budget=budget, progress=False) if method == "ooc-recursive" \
+                else None
+            acc = _probe_accuracy(cp, ad, q, r) if r is not None else None
+            res[method] = (t, tr, acc)
+        ad = None
+        cp.get_default_memory_pool().free_all_blocks()
+        t_rec, tr, acc = res["ooc-recursive"]
+        t_blk = res["ooc-blocked"][0]
+        rows.append(_row(f"square-16GB {prec}", shape=[n, n], dtype="float32", budget=budget,
+                         precision=prec, method="ooc-recursive", time_s=t_rec,
+                         in_core_s=t_in, fraction_of_in_core=t_in / t_rec, target=0.7,
+                         met=t_in / t_rec >= 0.7, blocked_s=t_blk,
+                         speedup_vs_blocked=t_blk / t_rec, target_vs_blocked=1.5,
+                         met_vs_blocked=t_blk / t_rec >= 1.5,
+                         tflops=flops / t_rec / 1e12,
+                         fraction_of_fp16_peak=None if peak is None else flops / t_rec / peak,
+                         accuracy=acc, in_core_accuracy=ref, **_ooc_data(tr),
+                         blocked=_ooc_data(res["ooc-blocked"][1])))
+    return rows
+
+
+def plot(payload: dict[str, Any], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no chart")
+        return
+    labels, got, want = [], [], []
+    for r in payload["rows"]:
+        if "x_floor" in r:
+            labels.append(f"{r['row']}\n(time / link floor, target <= {r['target']})")
+            got.append(r["x_floor"])
+            want.append(r["target"])
+        if "speedup_vs_numpy" in r:
+            cpu = min(v for v in (r["numpy_s"], r.get("dask_tsqr_s")) if v)
+            labels.append(f"{r['row']}\n(best CPU / mpqr, target >= 20)")
+            got.append(cpu / r["time_s"])
+            want.append(20.0)
+        if "fraction_of_in_core" in r:
+            labels.append(f"{r['row']}\n(in-core / out-of-core, target >= 0.7)")
+            got.append(r["fraction_of_in_core"])
+            want.append(0.7)
+            labels.append(f"{r['row']}\n(blocked / recursive, target >= 1.5)")
+            got.append(r["speedup_vs_blocked"])
+            want.append(1.5)
+    fig, ax = plt.subplots(figsize=(10, 0.8 + 0.7 * len(labels)))
+    y = np.arange(len(labels))
+    ax.barh(y, got, color="tab:blue", label="measured")
+    ax.scatter(want, y, color="k", marker="|", s=400, label="target")
+    ax.set_yticks(y, labels, fontsize=7)
+    ax.set_xscale("log")
+    env = payload["environment"]
+    ax.set_title(f"mpqr out of core — {env.get('device')} {env.get('date')}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpqr bench ooc", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="small sizes: a machinery check")
+    p.add_argument("--rows", default="tall_big,tall_mid,square")
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--json", default=None)
+    p.add_argument("--png", default=None)
+    args = p.parse_args(argv)
+    import cupy as cp
+
+    sizes = QUICK if args.quick else FULL
+    link = _link(cp)
+    print(link, flush=True)
+    rows: list[dict] = []
+    want = args.rows.split(",")
+    if "tall_big" in want:
+        rows += bench_tall_big(cp, *sizes["tall_big"], link, args.repeat)
+    if "tall_mid" in want:
+        rows += bench_tall_mid(cp, *sizes["tall_mid"], args.repeat)
+    if "square" in want:
+        rows += bench_square(cp, *sizes["square"], args.repeat)
+    payload = {"environment": {**environment(cp), "link": link, "quick": args.quick},
+               "rows": rows}
+    write_json(args.json, payload)
+    if args.png:
+        plot(payload, args.png)
+    return 0
