@@ -56,7 +56,10 @@ class CupyStaging(Staging):
         self.free_out: queue.Queue[int] = queue.Queue()
         for i in range(len(self.pin_out)):
             self.free_out.put(i)
+        # uploads and downloads copy on host threads of their own: neither waits for the other
         self.copies = ThreadPoolExecutor(HOST_COPY_THREADS, thread_name_prefix="mpqr-memcpy")
+        self.copies_out = ThreadPoolExecutor(HOST_COPY_THREADS,
+                                             thread_name_prefix="mpqr-memcpy-out")
         self.loader = ThreadPoolExecutor(1, thread_name_prefix="mpqr-h2d")
         self.writer = ThreadPoolExecutor(len(self.pin_out), thread_name_prefix="mpqr-d2h")
         self.pending: list[Any] = []
@@ -70,11 +73,12 @@ class CupyStaging(Staging):
         return np.ndarray((self.block_elems,), dtype=self.dtype, buffer=mem)
 
     # --- host side copies -------------------------------------------------------
-    def _par(self, fn: Any, rows: int) -> None:
+    def _par(self, fn: Any, rows: int, pool: Any = None) -> None:
         """Run ``fn(a, b)`` over row chunks ``[a, b)`` on the memcpy threads."""
         k = max(1, min(HOST_COPY_THREADS, rows // 64))
         cuts = [rows * i // k for i in range(k + 1)]
-        futs = [self.copies.submit(fn, cuts[i], cuts[i + 1]) for i in range(k)]
+        pool = pool or self.copies
+        futs = [pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(k)]
         for f in futs:
             f.result()
 
@@ -91,7 +95,8 @@ class CupyStaging(Staging):
         r0, r1, c0, c1 = region
         t = time.perf_counter()
         if isinstance(dst.x, np.ndarray):
-            self._par(lambda a, b: dst.write(r0 + a, r0 + b, c0, c1, pin[a:b]), r1 - r0)
+            self._par(lambda a, b: dst.write(r0 + a, r0 + b, c0, c1, pin[a:b]), r1 - r0,
+                      self.copies_out)
         else:  # h5py/zarr: one writer (their chunks are not thread-safe to share)
             dst.write(r0, r1, c0, c1, pin)
         self.host_copy_s += time.perf_counter() - t
@@ -227,7 +232,7 @@ class CupyStaging(Staging):
                     f.result()
                 except BaseException:  # reported by flush() where it matters
                     pass
-            for ex in ("loader", "writer", "copies"):
+            for ex in ("loader", "writer", "copies", "copies_out"):
                 pool = getattr(self, ex, None)
                 if pool is not None:
                     pool.shutdown(wait=True, cancel_futures=True)
@@ -259,7 +264,7 @@ class CupyStaging(Staging):
         the shorter of the two was entirely hidden behind the longer."""
         copy = self._elapsed(self.copy_events)
         comp = self._elapsed(self.compute_events)
-        self.copy_s = copy
+        self.copy_s, self.compute_s = copy, comp
         if min(copy, comp) <= 0:
             return None
         return max(0.0, min(1.0, (copy + comp - wall) / min(copy, comp)))

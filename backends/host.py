@@ -68,6 +68,9 @@ class HostArray:
 
     def read(self, r0: int, r1: int, c0: int, c1: int, into: Any = None) -> Any:
         """A fresh copy of ``x[r0:r1, c0:c1]`` in the working dtype (into ``into``)."""
+        if not (0 <= r0 <= r1 <= self.shape[0] and 0 <= c0 <= c1 <= self.shape[1]):
+            raise IndexError(f"rows {r0}:{r1}, columns {c0}:{c1} are outside `{self.name}` "
+                             f"of shape {self.shape}")
         src = self.x[r0:r1][:, None] if self.vector else self.x[r0:r1, c0:c1]
         if into is None:
             return np.array(src, dtype=self.dtype, copy=True, order="C")

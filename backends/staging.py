@@ -42,6 +42,7 @@ class Staging:
         self.bytes_in = self.bytes_out = 0
         self.pieces = 0
         self.copy_s = 0.0  # time the copies took (may overlap compute)
+        self.compute_s = 0.0  # time the work on the staged blocks took (where measured)
         self.t0 = time.perf_counter()
         self.closed = False
         OPEN.add(self)
@@ -68,9 +69,10 @@ class Staging:
 
     def summary(self) -> dict[str, Any]:
         wall = time.perf_counter() - self.t0
+        overlap = self.overlap(wall)
         return {"staging": self.kind, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-                "pieces": self.pieces, "copy_s": self.copy_s, "wall_s": wall,
-                "overlap": self.overlap(wall)}
+                "pieces": self.pieces, "copy_s": self.copy_s, "compute_s": self.compute_s,
+                "wall_s": wall, "overlap": overlap}
 
     def overlap(self, wall: float) -> float | None:
         """Fraction of the copy time hidden behind other work (None: not measured)."""

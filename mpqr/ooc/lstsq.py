@@ -209,7 +209,8 @@ class _Problem:
     def _refine(self, run: Any, plan: Any, r: Any, x: Any, s: Any, s1: float) -> Any:
         xp, be = self.xp, self.backend
         kb = self.B.shape[1]
-        items = [[(self.A, rg), (self.B, (rg[0], rg[1], 0, kb))] for rg in plan.regions]
+        items = [[(self.A, (r0, r1, 0, self.n)), (self.B, (r0, r1, 0, kb))]
+                 for r0, r1, _c0, _c1 in plan.regions]
         best = None
         for it in range(self.maxiter):
             g = None

@@ -20,7 +20,14 @@ from typing import Any
 from mpqr._errors import BreakdownError
 from mpqr.ooc.run import collapsed
 from mpqr.policy import gemm, record_event
-from mpqr.qr.cholqr import _final_r, _one_pass, right_solve_upper
+from mpqr.qr._kernels import panel_precision
+from mpqr.qr.cholqr import (
+    INVERSE_COND_MAX,
+    _final_r,
+    _one_pass,
+    _times_upper,
+    right_solve_upper,
+)
 from mpqr.qr.gram_blocked import gram
 
 __all__ = ["TALL_METHODS", "tall_qr", "tsqr_stream"]
@@ -43,6 +50,28 @@ def _check_finite(run: Any, blk: Any, check: str | None) -> None:
         raise ValueError(check)
 
 
+def _inverse(backend: Any, r: Any, method: str, prec_name: str) -> Any:
+    """``blk -> blk R^-1`` as the in-core CholQR applies it: one GEMM with the explicit
+    inverse where the backend takes that route and ``cond_1(R)`` is small (see
+    :func:`mpqr.qr.cholqr._apply_inverse`), else row-wise substitution. Decided once
+    for all pieces, so every pass rounds each piece the same way."""
+    xp = backend.xp
+    n = r.shape[-1]
+    min_n = backend.inverse_gemm_min_n
+    if min_n is not None and n >= min_n:
+        x = backend.right_solve_upper(xp.eye(n, dtype=r.dtype), r)
+        kappa = float(xp.max(xp.sum(xp.abs(r), axis=0))) * \
+            float(xp.max(xp.sum(xp.abs(x), axis=0)))
+        if kappa <= INVERSE_COND_MAX:
+            record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM for every "
+                         f"piece (cond_1(R) = {kappa:.3g} <= {INVERSE_COND_MAX:g})",
+                         cond_1=kappa)
+            prec = panel_precision(prec_name, r.dtype, xp)
+            return lambda blk: _times_upper(backend, blk, x, f"ooc-{method}-apply-inverse",
+                                            prec)
+    return lambda blk: right_solve_upper(backend, blk, r, prec_name)
+
+
 def cholqr_stream(run: Any, src: Any, plan: Any, *, method: str, precision: Any,
                   prec_name: str, want_q: bool, q_out: Any, check: str | None) -> Any:
     """Streaming CholQR2 / shifted CholQR3; returns R on the device. BreakdownError
@@ -59,8 +88,8 @@ def cholqr_stream(run: Any, src: Any, plan: Any, *, method: str, precision: Any,
     regions = plan.regions
 
     def transform(blk: Any) -> Any:
-        for r in devs:
-            blk = right_solve_upper(backend, blk, r, prec_name)
+        for solve in devs:
+            blk = solve(blk)
         return blk
 
     for k in range(npass):
@@ -74,7 +103,7 @@ def cholqr_stream(run: Any, src: Any, plan: Any, *, method: str, precision: Any,
         _q, r, sb = _one_pass(backend, stub, precision, method, prec_name,
                               shift=shifted and k == 0, certify=certify, want_q=False, g=g)
         factors.append(r)
-        devs.append(backend.from_small(r, g))
+        devs.append(_inverse(backend, backend.from_small(r, g), method, prec_name))
     if want_q:
         for region, blk in run.over(src, regions, "x"):
             run.store(q_out, region, transform(blk))
@@ -91,10 +120,12 @@ def tsqr_stream(run: Any, src: Any, plan: Any, *, precision: Any, want_q: bool, 
     xp = backend.xp
     regions = plan.regions
     rs, ks = [], []
+    n = src.shape[1]
     if extra is None:
         items = [[(src, rg)] for rg in regions]
     else:
-        items = [[(src, rg), (extra, (rg[0], rg[1], 0, extra.shape[1]))] for rg in regions]
+        items = [[(src, (r0, r1, 0, n)), (extra, (r0, r1, 0, extra.shape[1]))]
+                 for r0, r1, _c0, _c1 in regions]
     with collapsed("out-of-core pieces"):
         for region, blks in zip(regions, run.over_multi(items, "x")):
             for b in blks:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -72,6 +73,33 @@ def _link(cp) -> dict[str, float]:
             "pinned_both_GBps": 2 * nb / both / 1e9, "pageable_h2d_GBps": nb / pageable / 1e9}
 
 
+def _memcpy(cp) -> dict[str, Any]:
+    """Host memcpy rate (GB/s) into pinned memory by thread count (1 GiB in 8 MiB-row
+    chunks per thread); the staging's thread count is set to the fastest."""
+    import cupyx
+
+    from mpqr.backends import cupy_staging
+
+    n = 2**27
+    src = np.ones(n)
+    dst = cupyx.empty_pinned((n,), np.float64)
+    out: dict[str, Any] = {}
+    for k in (1, 4, 8, 12, 16):
+        cuts = [n * i // k for i in range(k + 1)]
+        with ThreadPoolExecutor(k) as pool:
+            best = math.inf
+            for _ in range(3):
+                t = time.perf_counter()
+                list(pool.map(lambda i: np.copyto(dst[cuts[i]:cuts[i + 1]],
+                                                  src[cuts[i]:cuts[i + 1]]), range(k)))
+                best = min(best, time.perf_counter() - t)
+        out[f"threads_{k}_GBps"] = n * 8 / best / 1e9
+    best_k = max((1, 4, 8, 12, 16), key=lambda k: out[f"threads_{k}_GBps"])
+    cupy_staging.HOST_COPY_THREADS = min(best_k, 8)  # two pools (uploads, downloads)
+    out["staging_threads"] = cupy_staging.HOST_COPY_THREADS
+    return out
+
+
 def _host_matrix(cp, m: int, n: int, dtype: Any, seed: int) -> np.ndarray:
     """Gaussian host matrix, generated on the device in 1 GB pieces."""
     out = np.empty((m, n), dtype=dtype)
@@ -83,12 +111,13 @@ def _host_matrix(cp, m: int, n: int, dtype: Any, seed: int) -> np.ndarray:
     return out
 
 
-def _timed(fn, repeat: int) -> tuple[float, Any]:
+def _timed(fn, repeat: int, warmup: bool = True) -> tuple[float, Any]:
     """Best wall time of ``repeat`` calls after one warm-up (pinned pools, page faults
     of the output), with the explain trace of the last call."""
     import mpqr
 
-    fn()
+    if warmup:
+        fn()
     best, trace = math.inf, None
     for _ in range(repeat):
         with mpqr.explain() as t:
@@ -268,9 +297,12 @@ def bench_square(cp, n: int, budget: str, repeat: int) -> list[dict]:
         cp.get_default_memory_pool().free_all_blocks()
         res = {}
         for method in ("ooc-recursive", "ooc-blocked"):
+            # warm-up (pinned buffers, kernels) on a small matrix at the same budget
+            mpqr.qr(a[: n // 8, : n // 8], precision=prec, method=method, device="cuda",
+                    memory_budget=budget, progress=False)
             t, tr = _timed(lambda prec=prec, method=method: mpqr.qr(
                 a, out=(q, None), precision=prec, method=method, device="cuda",
-                memory_budget=budget, progress=False), 1)
+                memory_budget=budget, progress=False), 1, warmup=False)
             r = mpqr.qr(a, mode="r", precision=prec, method=method, device="cuda",
                         memory_budget=budget, progress=False) if method == "ooc-recursive" \
                 else None
@@ -280,6 +312,8 @@ def bench_square(cp, n: int, budget: str, repeat: int) -> list[dict]:
         cp.get_default_memory_pool().free_all_blocks()
         t_rec, tr, acc = res["ooc-recursive"]
         t_blk = res["ooc-blocked"][0]
+        d = _ooc_data(tr)
+        d.pop("method", None)
         rows.append(_row(f"square-16GB {prec}", shape=[n, n], dtype="float32", budget=budget,
                          precision=prec, method="ooc-recursive", time_s=t_rec,
                          in_core_s=t_in, fraction_of_in_core=t_in / t_rec, target=0.7,
@@ -288,7 +322,7 @@ def bench_square(cp, n: int, budget: str, repeat: int) -> list[dict]:
                          met_vs_blocked=t_blk / t_rec >= 1.5,
                          tflops=flops / t_rec / 1e12,
                          fraction_of_fp16_peak=None if peak is None else flops / t_rec / peak,
-                         accuracy=acc, in_core_accuracy=ref, **_ooc_data(tr),
+                         accuracy=acc, in_core_accuracy=ref, **d,
                          blocked=_ooc_data(res["ooc-blocked"][1])))
     return rows
 
@@ -346,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = QUICK if args.quick else FULL
     link = _link(cp)
+    link["memcpy"] = _memcpy(cp)
     print(link, flush=True)
     rows: list[dict] = []
     want = args.rows.split(",")
