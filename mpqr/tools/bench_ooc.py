@@ -90,8 +90,8 @@ def _memcpy(cp) -> dict[str, Any]:
             best = math.inf
             for _ in range(3):
                 t = time.perf_counter()
-                list(pool.map(lambda i: np.copyto(dst[cuts[i]:cuts[i + 1]],
-                                                  src[cuts[i]:cuts[i + 1]]), range(k)))
+                list(pool.map(lambda i, c=cuts: np.copyto(dst[c[i]:c[i + 1]],
+                                                          src[c[i]:c[i + 1]]), range(k)))
                 best = min(best, time.perf_counter() - t)
         out[f"threads_{k}_GBps"] = n * 8 / best / 1e9
     best_k = max((1, 4, 8, 12, 16), key=lambda k: out[f"threads_{k}_GBps"])
@@ -383,16 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     link["memcpy"] = _memcpy(cp)
     print(link, flush=True)
     rows: list[dict] = []
-    want = args.rows.split(",")
-    if "tall_big" in want:
-        rows += bench_tall_big(cp, *sizes["tall_big"], link, args.repeat)
-    if "tall_mid" in want:
-        rows += bench_tall_mid(cp, *sizes["tall_mid"], args.repeat)
-    if "square" in want:
-        rows += bench_square(cp, *sizes["square"], args.repeat)
     payload = {"environment": {**environment(cp), "link": link, "quick": args.quick},
                "rows": rows}
-    write_json(args.json, payload)
+    want = args.rows.split(",")
+    for name, fn in (("tall_big", lambda: bench_tall_big(cp, *sizes["tall_big"], link,
+                                                         args.repeat)),
+                     ("tall_mid", lambda: bench_tall_mid(cp, *sizes["tall_mid"], args.repeat)),
+                     ("square", lambda: bench_square(cp, *sizes["square"], args.repeat))):
+        if name in want:
+            rows += fn()
+            write_json(args.json, payload)  # after every section: partial runs keep theirs
     if args.png:
         plot(payload, args.png)
     return 0
