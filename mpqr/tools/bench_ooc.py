@@ -134,7 +134,8 @@ def _ooc_data(trace) -> dict[str, Any]:
         return {}
     d = ev[-1].data
     keys = ("route", "method", "passes", "bytes_in", "bytes_out", "pieces", "overlap",
-            "copy_s", "compute_s", "host_copy_s", "wall_s", "piece_rows", "panel_cols", "refinement_passes")
+            "copy_s", "compute_s", "host_copy_s", "wall_s", "piece_rows", "panel_cols",
+            "refinement_passes")
     return {k: d[k] for k in keys if k in d}
 
 
