@@ -3,7 +3,8 @@
 * ``"ooc-recursive"`` (Zhang & Wu, ICPP'21): split the columns in halves, factor the
   left half recursively, project it out of the right half with the two large
   products ``R12 = Q1^H A2`` and ``A2 -= Q1 R12`` streamed by row blocks through the
-  device, recurse on the right half; a half that fits the budget is factored in core
+  device (twice: block Gram-Schmidt with reorthogonalisation), recurse on the right
+  half; a half that fits the budget is factored in core
   (:func:`mpqr.qr` at the requested precision). The products near the top of the
   recursion are large, so their copies hide behind them; ``A`` is read once.
 * ``"ooc-blocked"``: the conventional left-looking variant with panels of the same
@@ -11,8 +12,9 @@
   (``R = Q^H P``, ``P -= Q R``), and it is factored in core. Its traffic grows like
   ``m n^2 / w`` for panel width ``w``.
 
-Both are Gram-Schmidt orthogonalisations between panels: orthogonality degrades like
-``cond(A) u`` (Householder inside the panels). ``Q`` is built in the output array
+Both orthogonalise between panels by block Gram-Schmidt, each projection done twice
+("twice is enough": ``||I - Q^H Q||`` near ``u`` for ``cond(A) < ~1/u``; once would
+leave ``cond(A) u``). ``Q`` is built in the output array
 (or a host workspace for ``mode="r"``), which also holds the updated columns.
 """
 
@@ -83,42 +85,55 @@ class _Square:
         # kept on the device with it (A2 read once, narrower chunks): the fewer bytes
         c_s = max(1, min(n2, self.chunk_bytes // (k * self.isz)))
         c_r = min(n2, self.chunk_bytes // ((m + k) * self.isz))
-        vol_s = -(-n2 // c_s) * 2 * k + 3 * n2
-        vol_r = -(-n2 // c_r) * 2 * k + 2 * n2 if c_r >= 1 else math.inf
+        vol_s = -(-n2 // c_s) * 4 * k + 6 * n2  # two projections: Q1 four times
+        vol_r = -(-n2 // c_r) * 4 * k + 2 * n2 if c_r >= 1 else math.inf
         resident = vol_r < vol_s
         c = c_r if resident else c_s
         for a0 in range(c0, c1, c):
             self._chunk(j0, h, a0, min(c1, a0 + c), resident)
 
     def _chunk(self, j0: int, h: int, a0: int, a1: int, resident: bool) -> None:
+        """Project ``Q1 = W[:, j0:h]`` out of columns ``[a0, a1)`` twice ("twice is
+        enough": orthogonal to working accuracy for ``cond(A) < ~1/u``; once leaves
+        ``cond(A) u``), accumulating ``R12``; ``resident``: the chunk stays on the device
+        between the passes (read once, written once)."""
         xp, run = self.xp, self.run
-        k = h - j0
-        src = self._cur(a0, a1)
-        rows = self._rows(k + (a1 - a0))
-        items = [[(self.w, (r0, r1, j0, h)), (src, (r0, r1, a0, a1))] for r0, r1 in rows]
-        run.st.flush()  # the workspace columns read here may still be on their way
-        r12 = None
+        rows = self._rows(h - j0 + (a1 - a0))
+        q_items = [[(self.w, (r0, r1, j0, h))] for r0, r1 in rows]
         keep = xp.empty((self.m, a1 - a0), dtype=getattr(xp, self.src.dtype.name)) \
             if resident else None
-        for (r0, r1), (qb, ab) in zip(rows, run.over_multi(items, "workspace")):
-            if self.check is not None and src is self.src and not self.be.all_finite(ab):
-                raise ValueError(self.check)
-            t = gemm(ct(xp, qb), ab, precision=self.precision, label="ooc-R12=Q1^H A2",
-                     backend=self.be)
-            r12 = t if r12 is None else r12 + t
-            if keep is not None:
-                keep[r0:r1] = ab
+        r12 = None
+        for rep in range(2):
+            src = self._cur(a0, a1)
+            run.st.flush()  # the workspace columns read here may still be on their way
+            items = q_items if keep is not None and rep else \
+                [[(self.w, (r0, r1, j0, h)), (src, (r0, r1, a0, a1))] for r0, r1 in rows]
+            s = None
+            for (r0, r1), blks in zip(rows, run.over_multi(items, "workspace")):
+                ab = keep[r0:r1] if keep is not None and rep else blks[1]
+                if rep == 0 and self.check is not None and src is self.src and \
+                        not self.be.all_finite(ab):
+                    raise ValueError(self.check)
+                t = gemm(ct(xp, blks[0]), ab, precision=self.precision,
+                         label="ooc-R12=Q1^H A2", backend=self.be)
+                s = t if s is None else s + t
+                if keep is not None and not rep:
+                    keep[r0:r1] = ab
+            for (r0, r1), blks in zip(rows, run.over_multi(q_items if keep is not None
+                                                           else items, "workspace")):
+                # the staged block is reused by the ring: update a copy (or the kept chunk)
+                ab = keep[r0:r1] if keep is not None else xp.asarray(blks[1], copy=True)
+                gemm_sub(ab, blks[0], s, precision=self.precision, label="ooc-A2-=Q1 R12",
+                         backend=self.be)
+                if keep is None:
+                    run.store(self.w, (r0, r1, a0, a1), ab)
+            for j in range(a0, a1):
+                self.fresh[j] = False
+            r12 = s if r12 is None else r12 + s
         if keep is not None:
-            items = [[(self.w, (r0, r1, j0, h))] for r0, r1 in rows]
-        for (r0, r1), blks in zip(rows, run.over_multi(items, "workspace")):
-            # the staged block is reused by the ring: update a copy (or the kept chunk)
-            ab = keep[r0:r1] if keep is not None else xp.asarray(blks[1], copy=True)
-            gemm_sub(ab, blks[0], r12, precision=self.precision, label="ooc-A2-=Q1 R12",
-                     backend=self.be)
-            run.store(self.w, (r0, r1, a0, a1), ab)
+            for r0, r1 in rows:
+                run.store(self.w, (r0, r1, a0, a1), keep[r0:r1])
         run.store(self.r_dst, (j0, h, a0, a1), r12)
-        for j in range(a0, a1):
-            self.fresh[j] = False
 
     # --- the two variants -----------------------------------------------------------
     def recursive(self, j0: int, j1: int) -> None:
