@@ -310,19 +310,27 @@ def bench_square(cp, n: int, budget: str, repeat: int) -> list[dict]:
                  if k in cp.cuda.runtime.getDeviceProperties(0)["name"].decode()), None)
     flops = 2.0 * n**3  # Gram-Schmidt: 2 m n^2 (m = n)
     for prec in ("fp16", "fp32-emulated"):
+        # in core on the same matrix where it fits the device; else on the largest
+        # leading square block that does (multiple of 4096), its time scaled by the
+        # flop ratio (n / n_in)^3
+        t_in, ref, n_in = None, {}, n
+        while n_in >= 4096 and t_in is None:
+            cp.get_default_memory_pool().free_all_blocks()
+            try:
+                ad = cp.asarray(a[:n_in, :n_in])
+                got = []
+                t_in, _ = _timed(lambda ad=ad, prec=prec, got=got: got.append(
+                    mpqr.qr(ad, precision=prec)), 1)
+                ref = {**_probe_accuracy(cp, ad, got[-1].Q, got[-1].R), "n": n_in}
+            except MemoryError as exc:  # does not fit this device
+                ref = {"error_at_n": n_in, "error": str(exc)[:160]}
+                n_in = int(n_in / 2**0.5) // 4096 * 4096
+            ad, got = None, []
+        t_in_scaled = None if t_in is None else t_in * (n / n_in) ** 3
         cp.get_default_memory_pool().free_all_blocks()
         ad = cp.asarray(a)
-        try:
-            got = []
-            t_in, _ = _timed(lambda ad=ad, prec=prec, got=got: got.append(
-                mpqr.qr(ad, precision=prec)), 1)
-            ref = _probe_accuracy(cp, ad, got[-1].Q, got[-1].R)
-        except MemoryError as exc:  # the in-core factorization does not fit this device
-            t_in, ref = None, {"error": str(exc)[:200]}
-        got = []
-        cp.get_default_memory_pool().free_all_blocks()
         res = {}
-        for method in ("ooc-recursive", "ooc-blocked"):
+        for method in ("ooc-recursive", "ooc-blocked")[:2 if prec == "fp16" else 1]:
             # warm-up (pinned buffers, kernels) on a small matrix at the same budget
             mpqr.qr(a[: n // 8, : n // 8], precision=prec, method=method, device="cuda",
                     memory_budget=budget, progress=False)
@@ -337,21 +345,22 @@ def bench_square(cp, n: int, budget: str, repeat: int) -> list[dict]:
         ad = None
         cp.get_default_memory_pool().free_all_blocks()
         t_rec, tr, acc = res["ooc-recursive"]
-        t_blk = res["ooc-blocked"][0]
+        t_blk = res["ooc-blocked"][0] if "ooc-blocked" in res else None
         d = _ooc_data(tr)
         d.pop("method", None)
         rows.append(_row(f"square-16GB {prec}", shape=[n, n], dtype="float32", budget=budget,
                          precision=prec, method="ooc-recursive", time_s=t_rec,
-                         in_core_s=t_in,
-                         fraction_of_in_core=None if t_in is None else t_in / t_rec,
-                         target=0.7, met=t_in is not None and t_in / t_rec >= 0.7,
+                         in_core_s=t_in_scaled, in_core_n=n_in, in_core_measured_s=t_in,
+                         fraction_of_in_core=None if t_in is None else t_in_scaled / t_rec,
+                         target=0.7, met=t_in is not None and t_in_scaled / t_rec >= 0.7,
                          blocked_s=t_blk,
-                         speedup_vs_blocked=t_blk / t_rec, target_vs_blocked=1.5,
-                         met_vs_blocked=t_blk / t_rec >= 1.5,
+                         speedup_vs_blocked=None if t_blk is None else t_blk / t_rec,
+                         target_vs_blocked=1.5,
+                         met_vs_blocked=t_blk is not None and t_blk / t_rec >= 1.5,
                          tflops=flops / t_rec / 1e12,
                          fraction_of_fp16_peak=None if peak is None else flops / t_rec / peak,
                          accuracy=acc, in_core_accuracy=ref, **d,
-                         blocked=_ooc_data(res["ooc-blocked"][1])))
+                         blocked=_ooc_data(res["ooc-blocked"][1]) if t_blk else None))
     return rows
 
 
@@ -379,6 +388,7 @@ def plot(payload: dict[str, Any], path: str) -> None:
             labels.append(f"{r['row']}\n(in-core / out-of-core, target >= 0.7)")
             got.append(r["fraction_of_in_core"])
             want.append(0.7)
+        if r.get("speedup_vs_blocked") is not None:
             labels.append(f"{r['row']}\n(blocked / recursive, target >= 1.5)")
             got.append(r["speedup_vs_blocked"])
             want.append(1.5)
@@ -403,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None)
+    p.add_argument("--merge", default=None,
+                   help="a JSON of an earlier run on this machine whose rows are kept (the "
+                        "sections of one run must fit a 10-minute device limit)")
     args = p.parse_args(argv)
     import cupy as cp
 
@@ -413,6 +426,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     payload = {"environment": {**environment(cp), "link": link, "quick": args.quick},
                "rows": rows}
+    if args.merge:
+        import json
+        import pathlib
+
+        earlier = json.loads(pathlib.Path(args.merge).read_text())
+        payload["earlier_run"] = {"environment": earlier["environment"], "file": args.merge}
+        rows += [{**r, "run": "earlier"} for r in earlier["rows"]
+                 if not r["row"].startswith("square")]  # square rows are measured again
     want = args.rows.split(",")
     def save(partial: list[dict]) -> None:  # partial runs keep what they measured
         write_json(args.json, {**payload, "rows": rows + partial})
