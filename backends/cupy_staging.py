@@ -154,11 +154,16 @@ class CupyStaging(Staging):
                 t0.record(cur)
                 self.bytes_in += sum(d.nbytes for d in devs)
                 self.pieces += 1
-                yield devs
-                t1 = cp.cuda.Event()
-                t1.record(cur)
-                self.compute_events.append((t0, t1))
-                self.consumed[i % self.nbuf] = t1
+                try:
+                    yield devs
+                finally:
+                    # the consumer is done with the slot once it asks for the next block
+                    # or drops this generator (a loop ending early, an error): the slot's
+                    # next upload waits for what it queued until then
+                    t1 = cp.cuda.Event()
+                    t1.record(cur)
+                    self.compute_events.append((t0, t1))
+                    self.consumed[i % self.nbuf] = t1
                 if i + depth < len(items):
                     submit(i + depth)
         finally:

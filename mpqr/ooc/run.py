@@ -58,7 +58,9 @@ class Run:
              ) -> Iterator[tuple[tuple[int, int, int, int], Any]]:
         """One pass over ``src``'s ``regions``: ``(region, device block)`` in order."""
         self.passes[name] = self.passes.get(name, 0) + 1
-        for region, blk in zip(regions, self.st.stream(src, regions)):
+        # the staging's generator first: zip then resumes it after the last block (a
+        # device staging marks the block's slot free only when asked for the next)
+        for blk, region in zip(self.st.stream(src, regions), regions):
             yield region, blk
             self._tick((region[1] - region[0]) * (region[3] - region[2]) * src.itemsize)
 
@@ -66,7 +68,7 @@ class Run:
                    ) -> Iterator[list[Any]]:
         """One pass over several regions per step (all loaded into one staging slot)."""
         self.passes[name] = self.passes.get(name, 0) + 1
-        for item, blks in zip(items, self.st.stream_multi(items)):
+        for blks, item in zip(self.st.stream_multi(items), items):
             yield blks
             self._tick(sum((r[1] - r[0]) * (r[3] - r[2]) * s.itemsize for s, r in item))
 

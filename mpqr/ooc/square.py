@@ -109,7 +109,7 @@ class _Square:
             items = q_items if keep is not None and rep else \
                 [[(self.w, (r0, r1, j0, h)), (src, (r0, r1, a0, a1))] for r0, r1 in rows]
             s = None
-            for (r0, r1), blks in zip(rows, run.over_multi(items, "workspace")):
+            for blks, (r0, r1) in zip(run.over_multi(items, "workspace"), rows):
                 ab = keep[r0:r1] if keep is not None and rep else blks[1]
                 if rep == 0 and self.check is not None and src is self.src and \
                         not self.be.all_finite(ab):
@@ -119,8 +119,8 @@ class _Square:
                 s = t if s is None else s + t
                 if keep is not None and not rep:
                     keep[r0:r1] = ab
-            for (r0, r1), blks in zip(rows, run.over_multi(q_items if keep is not None
-                                                           else items, "workspace")):
+            for blks, (r0, r1) in zip(run.over_multi(q_items if keep is not None
+                                                     else items, "workspace"), rows):
                 # the staged block is reused by the ring: update a copy (or the kept chunk)
                 ab = keep[r0:r1] if keep is not None else xp.asarray(blks[1], copy=True)
                 gemm_sub(ab, blks[0], s, precision=self.precision, label="ooc-A2-=Q1 R12",

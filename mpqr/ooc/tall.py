@@ -127,7 +127,7 @@ def tsqr_stream(run: Any, src: Any, plan: Any, *, precision: Any, want_q: bool, 
         items = [[(src, (r0, r1, 0, n)), (extra, (r0, r1, 0, extra.shape[1]))]
                  for r0, r1, _c0, _c1 in regions]
     with collapsed("out-of-core pieces"):
-        for region, blks in zip(regions, run.over_multi(items, "x")):
+        for blks, region in zip(run.over_multi(items, "x"), regions):
             for b in blks:
                 _check_finite(run, b, check)
             blk = blks[0] if len(blks) == 1 else xp.concat(blks, axis=1)
