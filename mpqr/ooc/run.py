@@ -87,7 +87,8 @@ class Run:
                      f"{format_bytes(s['bytes_in'])} to the device and "
                      f"{format_bytes(s['bytes_out'])} back in {s['pieces']} pieces "
                      f"({s['staging']} staging), {s['wall_s']:.3g} s"
-                     + (f", copies {ov:.0%} overlapped with compute" if ov is not None else ""),
+                     + (f", pipeline stages (host copies, transfers, compute) {ov:.0%} "
+                        "overlapped" if ov is not None else ""),
                      passes=dict(self.passes), **s, **data)
         return s
 
