@@ -724,3 +724,22 @@ def phase(xp: Any, d: Any) -> Any:
         safe = xp.where(nz, ad, xp.ones_like(ad))
         return xp.where(nz, d / xp.astype(safe, d.dtype), one)
     return xp.where(d < 0, -one, one)
+
+
+def _device_memory_free(self: ArrayAPIBackend) -> int | None:
+    """Free device memory in bytes, or None where the "device" is host memory (no
+    default out-of-core budget then)."""
+    return None
+
+
+def _host_staging(self: ArrayAPIBackend, dtype: Any, block_elems: int, *, nbuf: int = 3,
+                  nout: int = 2) -> Any:
+    """The staging between host arrays and this backend's arrays (see
+    :mod:`mpqr.backends.staging`); here synchronous copies on the host."""
+    from mpqr.backends.staging import SyncStaging
+
+    return SyncStaging(self, dtype, block_elems, nbuf)
+
+
+ArrayAPIBackend.device_memory_free = _device_memory_free
+ArrayAPIBackend.host_staging = _host_staging

@@ -691,3 +691,20 @@ def _oom_class():
 
 
 CupyBackend.translate_error = _cupy_translate_error
+
+
+def _cupy_device_memory_free(self):
+    # the driver's free memory plus what CuPy's pool holds unused (it is handed out first)
+    free = self._cp.cuda.runtime.memGetInfo()[0]
+    return int(free + self._cp.get_default_memory_pool().free_bytes())
+
+
+def _cupy_host_staging(self, dtype, block_elems, *, nbuf=3, nout=2):
+    # pinned ring buffers on their own copy streams (see mpqr.backends.cupy_staging)
+    from mpqr.backends.cupy_staging import CupyStaging
+
+    return CupyStaging(self, dtype, block_elems, nbuf=nbuf, nout=nout)
+
+
+CupyBackend.device_memory_free = _cupy_device_memory_free
+CupyBackend.host_staging = _cupy_host_staging

@@ -13,6 +13,7 @@ import array_api_compat as _compat
 __all__ = [
     "array_namespace",
     "device",
+    "is_array_api_obj",
     "is_cupy_namespace",
     "is_numpy_namespace",
     "is_strict_namespace",
@@ -20,6 +21,7 @@ __all__ = [
     "to_device",
 ]
 
+is_array_api_obj = _compat.is_array_api_obj
 is_numpy_namespace = _compat.is_numpy_namespace
 is_cupy_namespace = _compat.is_cupy_namespace
 is_strict_namespace = _compat.is_array_api_strict_namespace

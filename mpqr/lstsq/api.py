@@ -55,7 +55,9 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
           overwrite_b: bool = False, check_finite: bool = True,
           lapack_driver: str | None = None, *, precision: str | None = None,
           refine: str | None = "auto", tol: float | None = None,
-          maxiter: int | None = None) -> tuple[Any, Any, Any, Any]:
+          maxiter: int | None = None, device: str | None = None,
+          memory_budget: int | str | None = None,
+          progress: bool | None = None) -> tuple[Any, Any, Any, Any]:
     """Least-squares solution of ``a @ x = b`` with SciPy's signature and results.
 
     Parameters
@@ -107,6 +109,12 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         also counts as converged; an explicit ``tol`` is strict.
     maxiter : int, optional
         Iteration cap of the refinement (default 50).
+    device, memory_budget, progress
+        As in :func:`mpqr.qr`, for host ``a`` and ``b`` (NumPy arrays, memmaps,
+        h5py/zarr datasets): ``device="cuda"`` solves on the GPU and returns
+        host arrays; beyond the budget the problem is solved out of core (one
+        TSQR pass over ``[a | b]``, then one pass per refinement step; counted in
+        the explain trace).
 
     Returns
     -------
@@ -163,6 +171,13 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
                            check_finite=check_finite, lapack_driver=lapack_driver,
                            precision=precision, refine=refine, tol=tol, maxiter=maxiter)
     a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
+    if _host_route(a, b, device, memory_budget, progress):
+        from mpqr.ooc.lstsq import lstsq as host_lstsq
+
+        prec_name = check_options(refine, precision, tol, maxiter, cond)
+        return host_lstsq(a, b, cond, check_finite, lapack_driver, prec_name=prec_name,
+                          refine=refine, tol=tol, maxiter=maxiter, device=device,
+                          memory_budget=memory_budget, progress=progress)
     xp = namespace_of(a, b, names=("a", "b"))
     prec_name = check_options(refine, precision, tol, maxiter, cond)
     for name, v in (("a", a), ("b", b)):
@@ -202,6 +217,24 @@ def check_options(refine: Any, precision: Any, tol: Any, maxiter: Any, cond: Any
         raise TypeError(f"`cond` must be a real number or None, got {type(cond).__name__} "
                         f"{cond!r}")
     return prec_name
+
+
+def _host_route(a: Any, b: Any, device: Any, memory_budget: Any, progress: Any) -> bool:
+    """Whether the problem goes to the host-array driver (:mod:`mpqr.ooc.lstsq`): 2-D
+    host ``a`` and host ``b`` with any of the device keywords, or host datasets that are
+    no Array API arrays (h5py, zarr)."""
+    from mpqr.backends.host import is_host_array
+
+    from mpqr._array_api import is_array_api_obj
+
+    if not (is_host_array(a) and is_host_array(b)) or len(a.shape) != 2:
+        return False
+    if device is not None or memory_budget is not None or progress is not None:
+        from mpqr.ooc.driver import check_device_args
+
+        check_device_args(device, memory_budget, progress)
+        return True
+    return not (is_array_api_obj(a) and is_array_api_obj(b))
 
 
 def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,

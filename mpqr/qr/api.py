@@ -33,7 +33,9 @@ class QRResult(NamedTuple):
 
 
 def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str = "auto", *,
-       check_finite: bool = False, overwrite_a: bool = False) -> Any:
+       check_finite: bool = False, overwrite_a: bool = False, device: str | None = None,
+       out: Any = None, memory_budget: int | str | None = None,
+       progress: bool | None = None) -> Any:
     """QR factorization ``x = Q @ R`` of a matrix or a stack of matrices.
 
     Parameters
@@ -76,6 +78,29 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     overwrite_a : bool
         Allow the Householder methods to use ``x`` as workspace when it already
         has the working dtype (its contents are then destroyed).
+    device : {None, "cpu", "cuda", "cuda:<i>"}
+        Where a host input (NumPy array, ``numpy.memmap``, or any object with
+        ``shape``, ``dtype`` and NumPy-style slicing such as h5py/zarr datasets)
+        is factored: ``"cuda"`` on the GPU through CuPy, results returned as host
+        arrays; ``None``/``"cpu"``: on the host (NumPy). Device arrays are
+        factored where they are. See the Out-of-core page of the documentation.
+    out : array or (Q, R) pair of arrays, optional
+        Host arrays receiving the results of a host input (``mode="r"``: R
+        only; either of the pair may be None), e.g. a writable ``numpy.memmap``,
+        so Q never needs to fit in memory twice. Checked (shape, dtype,
+        writable) before any work.
+    memory_budget : int or str, optional
+        Device memory the call may use, in bytes or as ``"2GB"``/``"512MiB"``;
+        default ``MPQR_MEMORY_BUDGET``, else 80% of the free device memory (none
+        for the host backend). When the working set exceeds it the factorization
+        runs out of core: tall-skinny inputs by streaming CholQR2 (TSQR fallback;
+        ``mode="r"``: one-pass TSQR), others by recursive out-of-core QR
+        (``method="ooc-recursive"``; ``"ooc-blocked"``: the left-looking
+        variant). ``mpqr.explain()`` records the route, piece sizes, passes,
+        bytes moved and the overlap achieved.
+    progress : bool, optional
+        A tqdm progress bar for out-of-core runs; None: on for interactive
+        terminals and runs expected to take more than a few seconds.
 
     Returns
     -------
@@ -116,6 +141,12 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         return bridge.call("qr", qr, (x,), ("x",), mode=mode, precision=precision,
                            method=method, check_finite=check_finite, overwrite_a=overwrite_a)
     x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
+    if _host_route(x, device, out, memory_budget, progress):
+        from mpqr.ooc.driver import qr as host_qr
+
+        return host_qr(x, mode, precision, method, device=device, out=out,
+                       memory_budget=memory_budget, progress=progress,
+                       check_finite=check_finite, overwrite_a=overwrite_a)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     check_choice(mode, "mode", MODES)
@@ -154,3 +185,28 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
                           prec_name=prec_name, want_q=want_q, complete=complete,
                           overwrite=overwrite)
     return QRResult(q, r) if want_q else r
+
+
+def _host_route(x: Any, device: Any, out: Any, memory_budget: Any, progress: Any) -> bool:
+    """Whether ``x`` goes to the host-array driver (:mod:`mpqr.ooc.driver`): a host
+    input with any of the device keywords, or a host dataset that is no Array API
+    array (h5py, zarr). Device arrays with ``out=`` are refused."""
+    from mpqr.backends.host import is_host_array
+
+    from mpqr._array_api import is_array_api_obj
+
+    given = device is not None or out is not None or memory_budget is not None or \
+        progress is not None
+    if not is_host_array(x) or getattr(x, "ndim", len(getattr(x, "shape", ()))) != 2:
+        if out is not None and not is_array_api_obj(x):
+            return False  # namespace_of names the bad argument
+        if out is not None:
+            raise TypeError("`out` is for host inputs (NumPy arrays, memmaps, datasets); "
+                            f"got x of type {type(x).__module__}.{type(x).__qualname__}")
+        return False
+    if given:
+        from mpqr.ooc.driver import check_device_args
+
+        check_device_args(device, memory_budget, progress)
+        return True
+    return not is_array_api_obj(x)

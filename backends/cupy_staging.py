@@ -1,0 +1,281 @@
+"""Pinned, ring-buffered staging between host arrays and a CUDA device (CuPy).
+
+Pageable host memory crosses the link at a fraction of pinned memory's rate (H100:
+~7 GB/s against ~51 GB/s each way, ~84 GB/s both ways at once), and pinning a whole
+input costs as much as copying it. So each block goes host array -> pinned slot (a
+multi-threaded memcpy) -> device slot (an async copy on its own stream), ``nbuf``
+slots deep, while the compute stream works on an earlier block; results go back the
+same way on a second copy stream. Only ``nbuf + nout`` blocks are ever pinned.
+
+Events order everything: the compute stream waits for a slot's upload, the upload
+into a slot waits until the compute stream is done with its previous block, and the
+download waits until the block is computed. The same events time the copies and the
+compute, from which :meth:`CupyStaging.overlap` reports how much copy time was hidden.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from mpqr.backends.staging import Staging
+
+__all__ = ["CupyStaging"]
+
+#: host memcpy threads per direction: one thread copies ~10 GB/s into pinned memory, 16
+#: ~49 GB/s, the link takes ~54 GB/s each way (H100 host, 16 cores; `python -m mpqr bench
+#: ooc` measures the scaling as link.memcpy)
+HOST_COPY_THREADS = 16
+
+
+class CupyStaging(Staging):
+    kind = "pinned"
+
+    def __init__(self, backend: Any, dtype: Any, block_elems: int, nbuf: int = 3,
+                 nout: int = 2):
+        super().__init__(backend, dtype, block_elems, max(1, nbuf))
+        import cupy as cp
+
+        self.cp = cp
+        self.dev_id = cp.cuda.Device().id
+        self.dtype = np.dtype(dtype)
+        self.s_in = cp.cuda.Stream(non_blocking=True)
+        self.s_out = cp.cuda.Stream(non_blocking=True)
+        self._mems: list[Any] = []
+        try:
+            self.pin_in = [self._pinned() for _ in range(self.nbuf)]
+            self.dev_in = [cp.empty(self.block_elems, dtype=self.dtype)
+                           for _ in range(self.nbuf)]
+            self.pin_out = [self._pinned() for _ in range(max(1, nout))]
+        except BaseException:
+            self.close()
+            raise
+        self.h2d_done: list[Any] = [None] * self.nbuf
+        self.consumed: list[Any] = [None] * self.nbuf
+        self.free_out: queue.Queue[int] = queue.Queue()
+        for i in range(len(self.pin_out)):
+            self.free_out.put(i)
+        # uploads and downloads copy on host threads of their own: neither waits for the other
+        self.copies = ThreadPoolExecutor(HOST_COPY_THREADS, thread_name_prefix="mpqr-memcpy")
+        self.copies_out = ThreadPoolExecutor(HOST_COPY_THREADS,
+                                             thread_name_prefix="mpqr-memcpy-out")
+        self.loader = ThreadPoolExecutor(1, thread_name_prefix="mpqr-h2d")
+        self.writer = ThreadPoolExecutor(len(self.pin_out), thread_name_prefix="mpqr-d2h")
+        self.pending: list[Any] = []
+        self.copy_events: list[tuple[Any, Any]] = []
+        self.compute_events: list[tuple[Any, Any]] = []
+        self.host_copy_s = 0.0
+
+    def _pinned(self) -> Any:
+        mem = self.cp.cuda.alloc_pinned_memory(self.block_elems * self.dtype.itemsize)
+        self._mems.append(mem)
+        return np.ndarray((self.block_elems,), dtype=self.dtype, buffer=mem)
+
+    # --- host side copies -------------------------------------------------------
+    def _par(self, fn: Any, rows: int, pool: Any = None) -> None:
+        """Run ``fn(a, b)`` over row chunks ``[a, b)`` on the memcpy threads."""
+        k = max(1, min(HOST_COPY_THREADS, rows // 64))
+        cuts = [rows * i // k for i in range(k + 1)]
+        pool = pool or self.copies
+        futs = [pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(k)]
+        for f in futs:
+            f.result()
+
+    def _host_read(self, src: Any, region: tuple[int, int, int, int], pin: Any) -> None:
+        r0, r1, c0, c1 = region
+        t = time.perf_counter()
+        if isinstance(src.x, np.ndarray):  # memmaps too; other datasets: one reader
+            self._par(lambda a, b: src.read(r0 + a, r0 + b, c0, c1, into=pin[a:b]), r1 - r0)
+        else:
+            src.read(r0, r1, c0, c1, into=pin)
+        self.host_copy_s += time.perf_counter() - t
+
+    def _host_write(self, dst: Any, region: tuple[int, int, int, int], pin: Any) -> None:
+        r0, r1, c0, c1 = region
+        t = time.perf_counter()
+        if isinstance(dst.x, np.ndarray):
+            self._par(lambda a, b: dst.write(r0 + a, r0 + b, c0, c1, pin[a:b]), r1 - r0,
+                      self.copies_out)
+        else:  # h5py/zarr: one writer (their chunks are not thread-safe to share)
+            dst.write(r0, r1, c0, c1, pin)
+        self.host_copy_s += time.perf_counter() - t
+
+    # --- uploads ------------------------------------------------------------------
+    def _load(self, parts: list[tuple[Any, tuple[int, int, int, int]]], slot: int) -> list[Any]:
+        cp = self.cp
+        with cp.cuda.Device(self.dev_id):
+            ev = self.h2d_done[slot]
+            if ev is not None:
+                ev.synchronize()  # the slot's previous upload has left the pinned buffer
+            used = 0
+            views = []
+            for src, (r0, r1, c0, c1) in parts:
+                n = (r1 - r0) * (c1 - c0)
+                pin = self.pin_in[slot][used:used + n].reshape(r1 - r0, c1 - c0)
+                self._host_read(src, (r0, r1, c0, c1), pin)
+                views.append((pin, used, n))
+                used += n
+            c = self.consumed[slot]
+            if c is not None:
+                self.s_in.wait_event(c)  # the compute stream is done with the slot
+            start = cp.cuda.Event()
+            start.record(self.s_in)
+            out = []
+            for pin, off, n in views:
+                dev = self.dev_in[slot][off:off + n].reshape(pin.shape)
+                dev.set(pin, stream=self.s_in)
+                out.append(dev)
+            done = cp.cuda.Event()
+            done.record(self.s_in)
+            self.copy_events.append((start, done))
+            self.h2d_done[slot] = done
+            return out
+
+    def stream_multi(self, items: list[list[tuple[Any, tuple[int, int, int, int]]]]):
+        cp = self.cp
+        items = list(items)
+        depth = max(1, self.nbuf - 1)
+        futs: dict[int, Any] = {}
+
+        def submit(j: int) -> None:
+            futs[j] = self.loader.submit(self._load, items[j], j % self.nbuf)
+
+        try:
+            for j in range(min(depth, len(items))):
+                submit(j)
+            for i in range(len(items)):
+                devs = futs.pop(i).result()
+                cur = cp.cuda.get_current_stream()
+                cur.wait_event(self.h2d_done[i % self.nbuf])
+                t0 = cp.cuda.Event()
+                t0.record(cur)
+                self.bytes_in += sum(d.nbytes for d in devs)
+                self.pieces += 1
+                try:
+                    yield devs
+                finally:
+                    # the consumer is done with the slot once it asks for the next block
+                    # or drops this generator (a loop ending early, an error): the slot's
+                    # next upload waits for what it queued until then
+                    t1 = cp.cuda.Event()
+                    t1.record(cur)
+                    self.compute_events.append((t0, t1))
+                    self.consumed[i % self.nbuf] = t1
+                if i + depth < len(items):
+                    submit(i + depth)
+        finally:
+            for f in futs.values():
+                f.cancel()
+            for f in futs.values():
+                if not f.cancelled():
+                    try:
+                        f.result()
+                    except BaseException:  # the caller's error wins
+                        pass
+
+    def stream(self, src: Any, regions: Any):
+        for devs in self.stream_multi([[(src, r)] for r in regions]):
+            yield devs[0]
+
+    def load(self, src: Any, region: tuple[int, int, int, int]) -> Any:
+        for devs in self.stream_multi([[(src, region)]]):
+            return devs[0].copy()
+        raise AssertionError("unreachable")
+
+    # --- downloads ----------------------------------------------------------------
+    def _store(self, dst: Any, region: tuple[int, int, int, int], block: Any, ready: Any,
+               slot: int) -> None:
+        cp = self.cp
+        try:
+            with cp.cuda.Device(self.dev_id):
+                self.s_out.wait_event(ready)
+                pin = self.pin_out[slot][:block.size].reshape(block.shape)
+                start = cp.cuda.Event()
+                start.record(self.s_out)
+                block.get(stream=self.s_out, out=pin)
+                done = cp.cuda.Event()
+                done.record(self.s_out)
+                self.copy_events.append((start, done))
+                done.synchronize()
+                self._host_write(dst, region, pin)
+        finally:
+            self.free_out.put(slot)
+
+    def store(self, dst: Any, region: tuple[int, int, int, int], block: Any) -> None:
+        cp = self.cp
+        r0, r1, c0, c1 = region
+        if block.size > self.block_elems:
+            # larger than a pinned slot: in row pieces that fit
+            step = max(1, self.block_elems // max(1, c1 - c0))
+            for a in range(0, r1 - r0, step):
+                b = min(r1 - r0, a + step)
+                self.store(dst, (r0 + a, r0 + b, c0, c1), block[a:b])
+            return
+        block = cp.ascontiguousarray(block)
+        ready = cp.cuda.Event()
+        ready.record(cp.cuda.get_current_stream())
+        slot = self.free_out.get()
+        self.pending = [f for f in self.pending if not f.done() or f.exception()]
+        self.pending.append(self.writer.submit(self._store, dst, region, block, ready, slot))
+        self.bytes_out += block.nbytes
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for f in pending:
+            f.result()
+
+    def close(self) -> None:
+        """Wait for the copies in flight, then release threads, streams and buffers.
+        Never raises: a failed store has raised from ``flush()`` on the normal path, and
+        on an error path the caller's exception is the one to see."""
+        if self.closed:
+            return
+        try:
+            for f in getattr(self, "pending", []):
+                try:
+                    f.result()
+                except BaseException:  # reported by flush() where it matters
+                    pass
+            for ex in ("loader", "writer", "copies", "copies_out"):
+                pool = getattr(self, ex, None)
+                if pool is not None:
+                    pool.shutdown(wait=True, cancel_futures=True)
+            self.s_in.synchronize()
+            self.s_out.synchronize()
+        finally:
+            self.pin_in = self.pin_out = self.dev_in = []
+            self._mems = []
+            self.h2d_done = self.consumed = []
+            super().close()
+
+    def summary(self) -> dict[str, Any]:
+        self.cp.cuda.get_current_stream().synchronize()
+        out = super().summary()
+        out["host_copy_s"] = self.host_copy_s
+        return out
+
+    def _elapsed(self, pairs: list[tuple[Any, Any]]) -> float:
+        s = 0.0
+        for a, b in pairs:
+            try:
+                s += self.cp.cuda.get_elapsed_time(a, b) / 1e3
+            except Exception:  # an unrecorded pair is skipped
+                continue
+        return s
+
+    def overlap(self, wall: float) -> float | None:
+        """How much of the pipeline's work ran concurrently: ``(sum - wall) / (sum -
+        longest)`` over its stages (host memcpy, device copies, compute), clipped to
+        [0, 1]: 1 when everything hid behind the longest stage, 0 when they ran one
+        after the other."""
+        copy = self._elapsed(self.copy_events)
+        comp = self._elapsed(self.compute_events)
+        self.copy_s, self.compute_s = copy, comp
+        stages = [copy, comp, self.host_copy_s]
+        total, longest = sum(stages), max(stages)
+        if total - longest <= 0:
+            return None
+        return max(0.0, min(1.0, (total - wall) / (total - longest)))

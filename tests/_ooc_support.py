@@ -1,0 +1,48 @@
+"""Helpers of the out-of-core tests: a device fixture and a host "dataset" that is no
+NumPy array (as h5py/zarr datasets), counting its reads and failing on request."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import GPU
+
+#: the out-of-core driver on the NumPy backend (the host) and on CuPy (device="cuda")
+DEVICES = [pytest.param(None, id="numpy"),
+           pytest.param("cuda", id="cupy", marks=pytest.mark.skipif(not GPU,
+                                                                    reason="no CUDA GPU"))]
+
+
+class Dataset:
+    """``shape``, ``dtype`` and NumPy-style slicing over a NumPy array; ``fail_at``: the
+    read (1-based) that raises ``exc``, ``times`` times in a row."""
+
+    def __init__(self, arr, fail_at=None, exc=KeyboardInterrupt, times=1):
+        self.arr, self.fail_at, self.exc, self.times = arr, fail_at, exc, times
+        self.shape, self.dtype, self.ndim = arr.shape, arr.dtype, arr.ndim
+        self.reads = 0
+        self.failures = 0
+
+    def __getitem__(self, key):
+        self.reads += 1
+        if self.fail_at is not None and self.reads >= self.fail_at and \
+                self.failures < self.times:
+            self.failures += 1
+            self.reads = 0
+            raise self.exc("injected fault")
+        return self.arr[key]
+
+    def __setitem__(self, key, value):
+        raise AssertionError("the input must never be written")
+
+
+def ooc_events(trace, route="out-of-core"):
+    return [e for e in trace.events if e.kind == "out-of-core" and e.data.get("route") == route]
+
+
+def rand(rng, shape, dtype):
+    a = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(shape)
+    return a.astype(dtype)

@@ -1,0 +1,192 @@
+"""Out-of-core QR through ``mpqr.qr``: every method, mode and dtype against the in-core
+factorization, with ragged last pieces, host outputs and datasets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mpqr
+from mpqr._errors import BreakdownError
+from mpqr.ooc import parse_budget
+from tests._ooc_support import DEVICES, Dataset, ooc_events, rand
+from tests._qr_support import backward_error, geometric, orthogonality, unit_roundoff
+
+TALL = (1101, 12)  # 1101 rows: the last piece is ragged at every budget below
+SQUARE = (157, 101)
+
+
+def _check(a, q, r, q0, r0, prec, dtype):
+    """Backward error and orthogonality at the precision's rounding, and the same
+    factors as in core up to the rounding amplified by cond(A)."""
+    n = a.shape[1]
+    u = unit_roundoff(prec, dtype)
+    kappa = np.linalg.cond(a)
+    assert backward_error(a, q, r) <= 20 * n * u
+    assert orthogonality(q) <= 20 * n * u
+    tol = 20 * n * u * kappa
+    assert np.linalg.norm(r - r0) / np.linalg.norm(r0) <= tol
+    assert np.linalg.norm(q - q0) / np.sqrt(n) <= tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["auto", "cholqr2", "shifted-cholqr3", "tsqr"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128"])
+def test_tall_matches_in_core(device, method, dtype):
+    rng = np.random.default_rng(1)
+    a = rand(rng, TALL, dtype)
+    a_copy = a.copy()
+    q0, r0 = mpqr.qr(a)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, method=method, device=device, memory_budget="40KB")
+    ev = ooc_events(trace)
+    assert len(ev) == 1 and ev[0].data["pieces"] > 3
+    assert isinstance(q, np.ndarray) and q.dtype == a.dtype and q.shape == TALL
+    _check(a, q, r, q0, r0, "auto", dtype)
+    rr = mpqr.qr(a, mode="r", method=method, device=device, memory_budget="40KB")
+    assert np.linalg.norm(rr - r0) / np.linalg.norm(r0) <= 20 * 12 * unit_roundoff(
+        "auto", dtype) * np.linalg.cond(a)
+    np.testing.assert_array_equal(a, a_copy)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tall_passes_are_counted(device):
+    a = np.random.default_rng(2).standard_normal(TALL)
+    with mpqr.explain() as t:
+        mpqr.qr(a, device=device, memory_budget="40KB")
+    with mpqr.explain() as tr:
+        mpqr.qr(a, mode="r", device=device, memory_budget="40KB")
+    assert ooc_events(t)[0].data["passes"] == {"x": 3}  # CholQR2: two Gram passes, Q
+    assert ooc_events(tr)[0].data["passes"] == {"x": 1}  # mode="r": one TSQR pass
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["ooc-recursive", "ooc-blocked"])
+@pytest.mark.parametrize(("dtype", "precision"), [
+    ("float64", "fp64"), ("float32", "fp32"), ("float32", "fp16"),
+    ("float32", "fp32-emulated"), ("float64", "fp64-emulated"), ("complex128", "fp64"),
+    ("complex64", "fp32")])
+def test_square_matches_in_core(device, method, dtype, precision):
+    rng = np.random.default_rng(3)
+    a = rand(rng, SQUARE, dtype)
+    q0, r0 = mpqr.qr(a, precision=precision)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision=precision, method=method, device=device,
+                       memory_budget="300KB")
+    ev = ooc_events(trace)
+    assert len(ev) == 1 and ev[0].data["panel_cols"] < SQUARE[1]
+    _check(a, q, r, q0, r0, precision, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_square_auto_is_recursive_and_mode_r(device):
+    a = np.random.default_rng(4).standard_normal(SQUARE)
+    with mpqr.explain() as trace:
+        r = mpqr.qr(a, mode="r", device=device, memory_budget="300KB")
+    assert ooc_events(trace)[0].data["method"] == "ooc-recursive"
+    r0 = mpqr.qr(a, mode="r")
+    assert np.linalg.norm(r - r0) / np.linalg.norm(r0) <= 20 * 101 * 2.0**-53 * \
+        np.linalg.cond(a)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_memmap_and_dataset(device, tmp_path):
+    a = np.random.default_rng(5).standard_normal(TALL)
+    src = Dataset(a)
+    qm = np.lib.format.open_memmap(tmp_path / "q.npy", mode="w+", dtype=a.dtype, shape=TALL)
+    rm = np.empty((12, 12))
+    q, r = mpqr.qr(src, out=(qm, rm), device=device, memory_budget="40KB")
+    assert q is qm and r is rm
+    q0, r0 = mpqr.qr(a)
+    _check(a, np.asarray(qm), rm, q0, r0, "auto", "float64")
+    r2 = mpqr.qr(np.lib.format.open_memmap(tmp_path / "q.npy", mode="r"), mode="r",
+                 device=device, memory_budget="40KB")
+    assert orthogonality(qm) <= 20 * 12 * 2.0**-53
+    np.testing.assert_allclose(np.abs(np.diag(r2)), 1.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ill_conditioned_falls_back_to_tsqr(device):
+    rng = np.random.default_rng(6)
+    a = geometric(rng, *TALL, 1e12)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, device=device, memory_budget="40KB")
+    assert any(e.kind == "fallback" and e.data.get("fallback") == "tsqr" for e in trace.events)
+    assert orthogonality(q) <= 20 * 12 * 2.0**-53
+    assert backward_error(a, q, r) <= 20 * 12 * 2.0**-53
+    with pytest.raises(BreakdownError, match="cholqr2 broke down"):
+        mpqr.qr(a, method="cholqr2", device=device, memory_budget="40KB")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [TALL, SQUARE])
+def test_nonfinite_as_in_core(device, shape):
+    a = np.random.default_rng(7).standard_normal(shape)
+    a[5, 3] = np.nan
+    q, r = mpqr.qr(a, device=device, memory_budget="300KB" if shape == SQUARE else "40KB")
+    q0, r0 = mpqr.qr(a)
+    assert np.isnan(r).any() and np.isnan(r0).any()
+    assert np.isnan(q).any() and np.isnan(q0).any()
+    with pytest.raises(ValueError, match=r"`x` must not contain infs or NaNs \(check_finite"):
+        mpqr.qr(a, device=device, memory_budget="40KB", check_finite=True)
+
+
+def test_in_core_when_it_fits(monkeypatch):
+    a = np.random.default_rng(8).standard_normal(TALL)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, memory_budget="1GB")
+    assert len(ooc_events(trace, "in-core")) == 1 and not ooc_events(trace)
+    q0, r0 = mpqr.qr(a)
+    np.testing.assert_array_equal(q, q0)
+    np.testing.assert_array_equal(r, r0)
+    monkeypatch.setenv("MPQR_MEMORY_BUDGET", "40KB")
+    with mpqr.explain() as trace:
+        mpqr.qr(a, progress=False)
+    assert ooc_events(trace)[0].data["budget"] == 40_000
+
+
+def test_parse_budget():
+    assert parse_budget("2GB") == 2 * 10**9
+    assert parse_budget("512MiB") == 512 * 2**20
+    assert parse_budget(" 1.5 kb ") == 1500
+    assert parse_budget(4096) == 4096
+    for bad in ("2 parsecs", "-1GB", "", 0, -5):
+        with pytest.raises(ValueError, match="memory_budget"):
+            parse_budget(bad)
+    with pytest.raises(TypeError, match="memory_budget"):
+        parse_budget(True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["ooc-recursive", "ooc-blocked"])
+def test_square_both_chunk_routes(device, method, monkeypatch):
+    """Column chunks of A2 kept on the device and streamed twice both give the in-core
+    factors (a 601 x 100 matrix at 300 KB takes both)."""
+    from mpqr.ooc import square
+
+    seen = set()
+    orig = square._Square._chunk
+
+    def spy(self, j0, h, a0, a1, resident):
+        seen.add(resident)
+        return orig(self, j0, h, a0, a1, resident)
+
+    monkeypatch.setattr(square._Square, "_chunk", spy)
+    a = np.random.default_rng(9).standard_normal((601, 100))
+    q0, r0 = mpqr.qr(a)
+    q, r = mpqr.qr(a, method=method, device=device, memory_budget="300KB")
+    _check(a, q, r, q0, r0, "fp64", "float64")
+    if method == "ooc-recursive":
+        assert seen == {True, False}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["ooc-recursive", "ooc-blocked"])
+def test_square_ill_conditioned_stays_orthogonal(device, method):
+    """Each projection between panels is done twice: orthogonality at the rounding level
+    for cond(A) = 1e6 (one Gram-Schmidt projection would leave ~cond(A) u = 1e-10)."""
+    a = geometric(np.random.default_rng(10), *SQUARE, 1e6)
+    q, r = mpqr.qr(a, precision="fp64", method=method, device=device, memory_budget="300KB")
+    u = 2.0**-53
+    assert orthogonality(q) <= 20 * SQUARE[1] * u
+    assert backward_error(a, q, r) <= 20 * SQUARE[1] * u
