@@ -7,9 +7,9 @@ import re
 
 import numpy as np
 import pytest
+from mpqr.backends import staging
 
 import mpqr
-from mpqr.backends import staging
 from mpqr.ooc import BudgetTooSmall
 from tests._ooc_support import DEVICES, Dataset, ooc_events
 from tests._qr_support import backward_error

@@ -29,7 +29,6 @@ _LINK_RATE = 25e9
 def check_device_args(device: Any, memory_budget: Any, progress: Any) -> None:
     """Validate the out-of-core keywords before any work (the api modules' branch)."""
     from mpqr.backends.host import device_backend
-
     from mpqr.ooc.budget import parse_budget
 
     device_backend(device)
@@ -58,12 +57,10 @@ def _outs(out: Any, mode: str, qshape: tuple[int, int], rshape: tuple[int, int],
 def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
        memory_budget: Any, progress: Any, check_finite: bool, overwrite_a: bool) -> Any:
     """:func:`mpqr.qr` for a host array (see there); validation first, then the route."""
+    from mpqr._validation import check_choice
     from mpqr.backends import host
-
     from mpqr.qr.api import MODES, QRResult
     from mpqr.qr.driver import METHODS
-
-    from mpqr._validation import check_choice
 
     backend = host.device_backend(device)
     src = host.HostArray(x, "x")
@@ -127,7 +124,6 @@ def _in_core(backend: Any, src: Any, mode: str, precision: Any, method: str,
              check_finite: bool, overwrite_a: bool, budget: int | None) -> tuple[Any, Any]:
     """The whole matrix on the device (staged in pieces), the in-core QR, results back."""
     from mpqr.backends import host
-
     from mpqr.qr.api import qr as qr_in_core
 
     m, n = src.shape
@@ -191,7 +187,6 @@ def _ooc_once(backend: Any, src: Any, method: str, precision: Any, prec_name: st
               want_q: bool, q_dst: Any, check: str | None, budget: int, source: str,
               progress: Any, overwrite_a: bool) -> Any:
     from mpqr.backends import host
-
     from mpqr.ooc import square, tall
 
     m, n = src.shape

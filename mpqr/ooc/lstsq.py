@@ -105,7 +105,6 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
 def _in_core(backend: Any, A: Any, B: Any, a: Any, b: Any, cond: Any, check_finite: bool,
              driver: Any, prec_name: str, refine: Any, tol: Any, maxiter: Any) -> Any:
     from mpqr.backends import host
-
     from mpqr.lstsq.api import lstsq as lstsq_in_core
 
     kw = dict(cond=cond, check_finite=check_finite, lapack_driver=driver,
