@@ -29,6 +29,7 @@ __all__ = [
     "lapack_dtype",
     "nan_residues_when_rank_deficient",
     "real_dtype",
+    "residues",
     "residues_empty",
 ]
 
@@ -131,6 +132,22 @@ def nan_residues_when_rank_deficient() -> bool:
     except metadata.PackageNotFoundError:  # pragma: no cover - SciPy is a dependency
         return False
     return found is not None and (int(found[1]), int(found[2])) >= (1, 18)
+
+
+def residues(xp: Any, rsq: Any, x_dtype: Any, *, m: int, n: int, rank: int, driver: str,
+             vec: bool, k: int, dev: Any) -> Any:
+    """SciPy's ``residues`` from the squared column norms ``rsq`` of ``b - a x`` (or None):
+    real in ``x``'s precision (``sum(|r|^2)``), 0-D for 1-D ``b``, when ``M > N`` and the
+    rank is full; NaN of that shape for a rank-deficient ``M > N`` problem under SciPy
+    >= 1.18; otherwise empty. ``gelsy`` returns none."""
+    if m > n and rank == n and driver != "gelsy" and rsq is not None:
+        real = real_dtype(xp, x_dtype)
+        if rsq.dtype != real:
+            rsq = xp.astype(rsq, real)
+        return xp.reshape(rsq, ()) if vec else rsq
+    if m > n and rank < n and driver != "gelsy" and nan_residues_when_rank_deficient():
+        return xp.full(() if vec else (k,), float("nan"), dtype=x_dtype, device=dev)
+    return residues_empty(xp, x_dtype, dev)
 
 
 def residues_empty(xp: Any, dtype: Any, dev: Any) -> Any:

@@ -263,16 +263,8 @@ def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     if no_rhs:
         x, rsq = x[:, :0], (None if rsq is None else rsq[:0])
     dev = device(x)
-    if m > n and rank == n and driver != "gelsy" and rsq is not None:
-        real = rules.real_dtype(xp, x.dtype)
-        if rsq.dtype != real:  # SciPy's are sum(|r|^2): real, in x's precision
-            rsq = xp.astype(rsq, real)
-        res = xp.reshape(rsq, ()) if vec else rsq  # 0-D array for 1-D b
-    elif m > n and rank < n and driver != "gelsy" and rules.nan_residues_when_rank_deficient():
-        # SciPy >= 1.18 gives a rank-deficient M > N problem NaN residues, full-rank shape
-        res = xp.full(() if vec else (b2.shape[1],), float("nan"), dtype=x.dtype, device=dev)
-    else:
-        res = rules.residues_empty(xp, x.dtype, dev)
+    res = rules.residues(xp, rsq, x.dtype, m=m, n=n, rank=rank, driver=driver, vec=vec,
+                         k=b2.shape[1], dev=dev)
     if vec:
         x = x[:, 0]
     return x, res, rank, (None if driver == "gelsy" else s)

@@ -90,13 +90,9 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
         run.close()
     x, s = host.to_host(x), (None if s is None else host.to_host(s))
     vec = B.vector
-    if m > n and rank == n and driver != "gelsy" and rsq is not None:
-        rsq = hx.astype(hx.asarray(host.to_host(rsq)), x.dtype)
-        res = hx.reshape(rsq, ()) if vec else rsq
-    elif m > n and rank < n and driver != "gelsy" and rules.nan_residues_when_rank_deficient():
-        res = hx.full(() if vec else (kb,), float("nan"), dtype=x.dtype)
-    else:
-        res = rules.residues_empty(hx, x.dtype, None)
+    rsq = None if rsq is None else hx.asarray(host.to_host(rsq))
+    res = rules.residues(hx, rsq, x.dtype, m=m, n=n, rank=rank, driver=driver, vec=vec,
+                         k=kb, dev=None)
     if vec:
         x = x[:, 0]
     return x, res, rank, (None if driver == "gelsy" else s)
