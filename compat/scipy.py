@@ -80,6 +80,8 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
             s = np.asarray(s)
         if not isinstance(rank, int):
             rank = np.asarray(rank)
+        elif 0 not in np.shape(a1)[-2:] and rules.scipy_1_18_results():  # SciPy >= 1.18
+            rank = np.int64(rank)
     return x, res, rank, s
 
 

@@ -196,7 +196,8 @@ def test_cupy_blocks():
         x0, _, _, s0 = mpqr.lstsq(a, a[:, 0] + 1.0)  # NumPy float64 reference
         tol = 50 * 64 * 2.0**-53 * 100  # cond(A)^2 = 100; lstsq refines to float64
         assert np.linalg.norm(xs.compute().get() - x0) <= tol * np.linalg.norm(x0)
-        assert np.abs(s.compute().get() - s0).max() <= tol * s0[0]
+        # s comes from R at the factorization's precision: |ds| <= c n u ||A|| (Weyl)
+        assert np.abs(s.compute().get() - s0).max() <= 50 * 64 * max(u, 2.0**-53) * s0[0]
 
 
 @pytest.mark.parametrize("method", ["cholqr2", "shifted-cholqr3", "auto"])

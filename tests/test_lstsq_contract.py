@@ -356,3 +356,27 @@ def test_rank_deficient_residues_under_either_rule(xp, monkeypatch, nan, driver,
     xs = sla.lstsq(a, b, cond=1e-10, lapack_driver=driver)[0]
     tol = 25 * EPS64 * 1e3
     np.testing.assert_allclose(to_numpy(x), xs, rtol=tol, atol=tol * np.abs(xs).max())
+
+
+@pytest.mark.parametrize("new", [False, True])
+def test_complex_residues_and_rank_type_under_either_scipy_rule(xp, monkeypatch, new):
+    """SciPy <= 1.17: full-rank complex residues real, rank a Python int; SciPy >= 1.18:
+    residues in x's dtype (complex) and rank a NumPy integer (compat front end)."""
+    from mpqr.compat import scipy as mcs
+
+    from mpqr.lstsq import _scipy_rules as rules
+
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: new)
+    rng = np.random.default_rng(32)
+    a = rng.standard_normal((9, 3)) + 1j * rng.standard_normal((9, 3))
+    b = rng.standard_normal((9, 2)) + 1j * rng.standard_normal((9, 2))
+    x, res, rank, _s = mpqr.lstsq(xp.asarray(a), xp.asarray(b))
+    want = np.complex128 if new else np.float64
+    res = np.asarray(to_numpy(res))
+    assert res.dtype == want and res.shape == (2,)
+    ref = np.sum(np.abs(b - a @ sla.lstsq(a, b)[0]) ** 2, axis=0)
+    np.testing.assert_allclose(res.real, ref, rtol=100 * 9 * 2.0**-53)
+    assert np.all(res.imag == 0)
+    x2, res2, rank2, _ = mcs.lstsq(a, b)
+    assert type(rank2) is (np.int64 if new else int) and rank2 == rank == 3
+    assert np.asarray(res2).dtype == want

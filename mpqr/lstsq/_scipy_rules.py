@@ -31,6 +31,7 @@ __all__ = [
     "real_dtype",
     "residues",
     "residues_empty",
+    "scipy_1_18_results",
 ]
 
 #: The LAPACK drivers SciPy accepts (``gelsd`` is its default).
@@ -120,6 +121,13 @@ def empty_result(xp: Any, a: Any, b: Any) -> tuple[Any, Any, int, Any]:
     return x, res, 0, xp.empty((0,), dtype=xp.float64, device=dev)
 
 
+def scipy_1_18_results() -> bool:
+    """Whether the installed SciPy returns lstsq's results as 1.18 does: full-rank
+    ``residues`` in ``x``'s dtype (complex stays complex; before: real) and ``rank`` as a
+    NumPy integer (before: a Python int). The same release as the NaN rule below."""
+    return nan_residues_when_rank_deficient()
+
+
 @functools.cache
 def nan_residues_when_rank_deficient() -> bool:
     """Whether the installed SciPy (>= 1.18) returns NaN ``residues`` of the full-rank
@@ -137,13 +145,13 @@ def nan_residues_when_rank_deficient() -> bool:
 def residues(xp: Any, rsq: Any, x_dtype: Any, *, m: int, n: int, rank: int, driver: str,
              vec: bool, k: int, dev: Any) -> Any:
     """SciPy's ``residues`` from the squared column norms ``rsq`` of ``b - a x`` (or None):
-    real in ``x``'s precision (``sum(|r|^2)``), 0-D for 1-D ``b``, when ``M > N`` and the
-    rank is full; NaN of that shape for a rank-deficient ``M > N`` problem under SciPy
+    0-D for 1-D ``b``, when ``M > N`` and the rank is full, real in ``x``'s precision
+    (SciPy <= 1.17) or in ``x``'s dtype, complex staying complex (SciPy >= 1.18); NaN of that shape for a rank-deficient ``M > N`` problem under SciPy
     >= 1.18; otherwise empty. ``gelsy`` returns none."""
     if m > n and rank == n and driver != "gelsy" and rsq is not None:
-        real = real_dtype(xp, x_dtype)
-        if rsq.dtype != real:
-            rsq = xp.astype(rsq, real)
+        want = x_dtype if scipy_1_18_results() else real_dtype(xp, x_dtype)
+        if rsq.dtype != want:
+            rsq = xp.astype(rsq, want)
         return xp.reshape(rsq, ()) if vec else rsq
     if m > n and rank < n and driver != "gelsy" and nan_residues_when_rank_deficient():
         return xp.full(() if vec else (k,), float("nan"), dtype=x_dtype, device=dev)

@@ -264,7 +264,7 @@ def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
         x, rsq = x[:, :0], (None if rsq is None else rsq[:0])
     dev = device(x)
     res = rules.residues(xp, rsq, x.dtype, m=m, n=n, rank=rank, driver=driver, vec=vec,
-                         k=b2.shape[1], dev=dev)
+                         k=0 if no_rhs else b2.shape[1], dev=dev)
     if vec:
         x = x[:, 0]
     return x, res, rank, (None if driver == "gelsy" else s)
