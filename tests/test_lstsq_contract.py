@@ -370,13 +370,13 @@ def test_complex_residues_and_rank_type_under_either_scipy_rule(xp, monkeypatch,
     rng = np.random.default_rng(32)
     a = rng.standard_normal((9, 3)) + 1j * rng.standard_normal((9, 3))
     b = rng.standard_normal((9, 2)) + 1j * rng.standard_normal((9, 2))
-    x, res, rank, _s = mpqr.lstsq(xp.asarray(a), xp.asarray(b))
+    _x, res, rank, _s = mpqr.lstsq(xp.asarray(a), xp.asarray(b))
     want = np.complex128 if new else np.float64
     res = np.asarray(to_numpy(res))
     assert res.dtype == want and res.shape == (2,)
     ref = np.sum(np.abs(b - a @ sla.lstsq(a, b)[0]) ** 2, axis=0)
     np.testing.assert_allclose(res.real, ref, rtol=100 * 9 * 2.0**-53)
     assert np.all(res.imag == 0)
-    x2, res2, rank2, _ = mcs.lstsq(a, b)
+    _x2, res2, rank2, _ = mcs.lstsq(a, b)
     assert type(rank2) is (np.int64 if new else int) and rank2 == rank == 3
     assert np.asarray(res2).dtype == want

@@ -146,8 +146,9 @@ def residues(xp: Any, rsq: Any, x_dtype: Any, *, m: int, n: int, rank: int, driv
              vec: bool, k: int, dev: Any) -> Any:
     """SciPy's ``residues`` from the squared column norms ``rsq`` of ``b - a x`` (or None):
     0-D for 1-D ``b``, when ``M > N`` and the rank is full, real in ``x``'s precision
-    (SciPy <= 1.17) or in ``x``'s dtype, complex staying complex (SciPy >= 1.18); NaN of that shape for a rank-deficient ``M > N`` problem under SciPy
-    >= 1.18; otherwise empty. ``gelsy`` returns none."""
+    (SciPy <= 1.17) or in ``x``'s dtype, complex staying complex (SciPy >= 1.18); NaN
+    of that shape for a rank-deficient ``M > N`` problem under SciPy >= 1.18; otherwise
+    empty. ``gelsy`` returns none."""
     if m > n and rank == n and driver != "gelsy" and rsq is not None:
         want = x_dtype if scipy_1_18_results() else real_dtype(xp, x_dtype)
         if rsq.dtype != want:
