@@ -13,6 +13,8 @@
 #   dasktests the dask tests (CuPy blocks included)
 #   bridge    bench bridge: mpqr on torch/JAX arrays against the same call on CuPy
 #   bridgetests the bridge tests (torch and JAX on the GPU and the CPU)
+#   ooc       bench ooc (tall rows, then square rows merged into the same JSON: two processes,
+#             each within a 10-minute command)
 #   cplxtests the GPU tests of the complex products, Gram calls and moduli choice
 #   cplxgemm  bench gemm's complex (ZGEMM/CGEMM) and Gram rows
 set -u
@@ -63,6 +65,11 @@ for job in "$@"; do
         tests/test_bridge.py tests/test_bridge_torch.py tests/test_bridge_jax.py \
         > "$OUT/pytest_bridge.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_bridge.txt" | cut -c1-300 >> "$L" ;;
+    ooc)
+      timeout 590 python3 -m mpqr bench ooc --rows tall_big,tall_mid --json "$name.part1.json" \
+        >> "$L" 2>&1
+      timeout 590 python3 -m mpqr bench ooc --rows square --merge "$name.part1.json" \
+        --json "$name.json" --png "$name.png" >> "$L" 2>&1 ;;
     cplxtests)
       timeout 500 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_engines_complex.py \
         tests/test_gram_engine.py tests/test_ozaki_moduli.py tests/test_qr_complex.py \
@@ -72,7 +79,7 @@ for job in "$@"; do
     cplxgemm)
       timeout 560 python3 -m mpqr bench gemm --tune --repeat 3 --kinds complex,gram \
         --json "$OUT/gemm_cplx_${DEV}_$D.json" --png "$OUT/gemm_cplx_${DEV}_$D.png" >> "$L" 2>&1 ;;
-    *) echo "unknown job $job (tests, demo, gemm, qr, lstsq, accuracy, dask, dasktests, bridge, bridgetests, cplxtests, cplxgemm)" >> "$L" ;;
+    *) echo "unknown job $job (tests, demo, gemm, qr, lstsq, accuracy, dask, dasktests, bridge, bridgetests, ooc, cplxtests, cplxgemm)" >> "$L" ;;
   esac
 done
 grep -v "^\s\s\s\s" "$L" | cut -c1-220 | tail -100
