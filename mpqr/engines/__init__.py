@@ -63,7 +63,7 @@ def _flops(m: int, n: int, k: int, batch: int) -> float:
 
 def _native_predict(rate_key: str, flop_factor: float = 1.0) -> Callable[..., float]:
     """``flop_factor``: real flops per flop of the product (4 for complex: ZGEMM/CGEMM
-    run 8 mnk real flops at the real rate)."""
+    cost 8 mnk real flops at the real rate)."""
     def predict(backend, m, n, k, batch, in_bytes, params):
         r = backend.rates()
         moved = (m * k + k * n + m * n) * in_bytes * batch
