@@ -451,3 +451,16 @@ def test_numpy_matrix_through_compat_numpy_is_a_matrix_as_numpy():
     assert [type(v) for v in ours[:2]] == [type(v) for v in ref[:2]] == [np.matrix] * 2
     assert [v.shape for v in ours[:2]] == [v.shape for v in ref[:2]]
     np.testing.assert_allclose(ours[0], ref[0], atol=tol * np.linalg.norm(ref[0]))
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # numpy.matrix itself
+def test_svd_and_orth_take_numpy_matrix_as_ndarray():
+    a = np.matrix(np.random.default_rng(7).standard_normal((30, 4)))
+    u, s, vh = mpqr.svd(a)
+    assert type(u) is np.ndarray and type(s) is np.ndarray
+    np.testing.assert_allclose(s, np.linalg.svd(np.asarray(a), compute_uv=False),
+                               rtol=C * 30 * _u(np.float64) * np.linalg.cond(np.asarray(a)))
+    q = mpqr.orth(a)
+    assert type(q) is np.ndarray and q.shape == (30, 4)
+    with pytest.raises(ValueError, match="masked arrays are not supported"):
+        mpqr.orth(np.ma.masked_array(np.asarray(a)))

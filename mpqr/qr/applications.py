@@ -6,7 +6,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
-from mpqr._validation import check_dtype, check_ndim, namespace_of
+from mpqr._validation import check_dtype, check_ndim, namespace_of, plain_array
 from mpqr.backends import bridge, get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import ct, panel_precision
@@ -55,6 +55,7 @@ def svd(x: Any, full_matrices: bool = False, precision: str | None = None) -> tu
     if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
         return bridge.call("svd", svd, (x,), ("x",), full_matrices=full_matrices,
                            precision=precision)
+    x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     if precision is not None:
@@ -111,6 +112,7 @@ def orth(x: Any, precision: str | None = None) -> Any:
     """
     if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
         return bridge.call("orth", orth, (x,), ("x",), precision=precision)
+    x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
     if precision is not None:
