@@ -456,7 +456,7 @@ def test_numpy_matrix_through_compat_numpy_is_a_matrix_as_numpy():
 @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # numpy.matrix itself
 def test_svd_and_orth_take_numpy_matrix_as_ndarray():
     a = np.matrix(np.random.default_rng(7).standard_normal((30, 4)))
-    u, s, vh = mpqr.svd(a)
+    u, s, _vh = mpqr.svd(a)
     assert type(u) is np.ndarray and type(s) is np.ndarray
     np.testing.assert_allclose(s, np.linalg.svd(np.asarray(a), compute_uv=False),
                                rtol=C * 30 * _u(np.float64) * np.linalg.cond(np.asarray(a)))
