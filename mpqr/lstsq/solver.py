@@ -26,7 +26,7 @@ from mpqr.qr._kernels import ct, pow2_scale
 from mpqr.qr.choice import factor_precision
 from mpqr.qr.cholqr import reuse_first_gram
 
-__all__ = ["RESOLUTION", "UNIT", "Solver"]
+__all__ = ["RESOLUTION", "UNIT", "Solver", "ranks"]
 
 #: Unit roundoff of the factorization for each precision setting ("auto": working).
 UNIT = {"fp16": 2.0**-11, "fp32": 2.0**-24, "fp32-emulated": 2.0**-24, "fp64": 2.0**-53,
@@ -35,6 +35,17 @@ UNIT = {"fp16": 2.0**-11, "fp32": 2.0**-24, "fp32-emulated": 2.0**-24, "fp64": 2
 #: Singular values of a factorization in precision u_f are trusted down to
 #: ``RESOLUTION * sqrt(N) * u_f * s[0]`` (backward error of Householder QR).
 RESOLUTION = 10.0
+
+
+def ranks(xp: Any, s: Any, cond: float, u_f: float, u: float) -> tuple[int, int, float]:
+    """``(rank by cond, rank certain at the factorization precision u_f, s[0])`` from the
+    singular values ``s`` (descending) of an R factored at unit roundoff ``u_f``; ``u``:
+    the working precision's."""
+    s1 = float(s[0])
+    cut = cond * s1
+    delta = RESOLUTION * math.sqrt(s.shape[0]) * u_f * s1 if u_f > u else 0.0
+    return int(xp.sum(xp.astype(s > cut, xp.int32))), \
+        int(xp.sum(xp.astype(s > cut + delta, xp.int32))), s1
 
 
 class Solver:
@@ -81,13 +92,7 @@ class Solver:
         return self.backend.svdvals(r)
 
     def _ranks(self, s: Any, u_f: float) -> tuple[int, int, float]:
-        """(rank by cond, rank certain at the factorization precision, s[0])."""
-        xp = self.xp
-        s1 = float(s[0])
-        cut = self.cond * s1
-        delta = RESOLUTION * math.sqrt(s.shape[0]) * u_f * s1 if u_f > self.u else 0.0
-        return int(xp.sum(xp.astype(s > cut, xp.int32))), \
-            int(xp.sum(xp.astype(s > cut + delta, xp.int32))), s1
+        return ranks(self.xp, s, self.cond, u_f, self.u)
 
     def _factor(self, prec: str, mode: str) -> Any:
         return qr(self.f, mode=mode, precision=prec)

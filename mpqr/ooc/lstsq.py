@@ -19,7 +19,7 @@ from typing import Any
 
 from mpqr._errors import LinAlgError, RefinementWarning
 from mpqr.lstsq import _scipy_rules as rules
-from mpqr.lstsq.solver import RESOLUTION, UNIT
+from mpqr.lstsq.solver import UNIT, ranks
 from mpqr.ooc.budget import format_bytes, resolve_budget, tall_plan
 from mpqr.ooc.driver import IN_CORE_FACTOR
 from mpqr.ooc.run import Run, progress_bar
@@ -151,12 +151,7 @@ class _Problem:
         return raug[:n, :n], raug[:n, n:], raug[n:, n:]
 
     def _ranks(self, s: Any, u_f: float) -> tuple[int, int, float]:
-        xp = self.xp
-        s1 = float(s[0])
-        cut = self.cond * s1
-        delta = RESOLUTION * math.sqrt(s.shape[0]) * u_f * s1 if u_f > self.u else 0.0
-        return int(xp.sum(xp.astype(s > cut, xp.int32))), \
-            int(xp.sum(xp.astype(s > cut + delta, xp.int32))), s1
+        return ranks(self.xp, s, self.cond, u_f, self.u)
 
     def solve(self, run: Any, plan: Any) -> tuple[Any, int, Any, Any]:
         xp, be = self.xp, self.backend

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 import mpqr
+from mpqr.tools._charts import pyplot
 from mpqr.tools._timing import default_xp, environment, is_cupy, release_pool, write_json
 
 GPU_SHAPES = [(2**24, 32, 1), (2**22, 64, 1), (2**20, 256, 1), (256, 32, 10000)]
@@ -177,13 +178,8 @@ def run(shapes, kinds, *, xp, repeat: int, max_seconds: float, precision: str | 
 
 
 def plot(payload: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no chart")
+    plt = pyplot()
+    if plt is None:
         return
     rows = payload["results"]
     names = [v for v in VARIANTS if any(f"{v} (ms)" in r for r in rows)]

@@ -36,6 +36,7 @@ import time
 import uuid
 from typing import Any
 
+from mpqr.tools._charts import pyplot
 from mpqr.tools._timing import environment, write_json
 
 __all__ = ["main"]
@@ -230,13 +231,8 @@ def _sweep(client: Any, gpu: bool, args: Any, m: int, workers: int) -> list[dict
 
 
 def plot(payload: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no chart")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, key, title in ((axes[0], "weak_scaling", "weak scaling (rows per worker fixed)"),

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from mpqr.tools._charts import pyplot
 from mpqr.tools._timing import environment, write_json
 
 __all__ = ["main"]
@@ -365,13 +366,8 @@ def bench_square(cp, n: int, budget: str, repeat: int) -> list[dict]:
 
 
 def plot(payload: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no chart")
+    plt = pyplot()
+    if plt is None:
         return
     labels, got, want = [], [], []
     for r in payload["rows"]:
