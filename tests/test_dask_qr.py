@@ -223,8 +223,8 @@ def test_columns_out_of_range(method):
 
 
 def test_detection_and_tree_depth():
-    from mpqr.dask import is_dask_array
-    from mpqr.dask.tree import tree_depth
+    from mpqr.backends.dask import is_dask_array
+    from mpqr.backends.dask.tree import tree_depth
 
     assert is_dask_array(da.ones((4, 2), chunks=2))
     assert not is_dask_array(np.ones((4, 2))) and not is_dask_array(None)

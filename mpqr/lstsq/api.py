@@ -40,7 +40,7 @@ from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_finite as _check_finite
 from mpqr._validation import namespace_of, plain_array
 from mpqr.backends import bridge, get_backend
-from mpqr.dask._detect import is_dask_array
+from mpqr.backends.dask._detect import is_dask_array
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.solver import Solver
 from mpqr.policy import resolve_precision, validate_precision
@@ -69,7 +69,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         complex128). ``numpy.matrix`` is taken as a plain ndarray.
         A tall 2-D ``dask.array.Array`` chunked by rows is solved across its
         blocks on their workers (``x``, ``residues``, ``s`` returned as dask arrays;
-        see :mod:`mpqr.dask.lstsq`).
+        see :mod:`mpqr.backends.dask.lstsq`).
     b : array, shape (M,) or (M, K) (or batched, as in SciPy)
         ``K = 0`` gives ``x`` of shape (N, 0) with ``rank`` and ``s`` of ``a``.
     cond : float, optional
@@ -161,7 +161,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     ([0.666667, 0.5], 2)
     """
     if is_dask_array(a):  # a matrix chunked by rows: the distributed solver
-        from mpqr.dask.lstsq import lstsq as dask_lstsq
+        from mpqr.backends.dask.lstsq import lstsq as dask_lstsq
 
         return dask_lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite, lapack_driver,
                           precision=precision, refine=refine, tol=tol, maxiter=maxiter)
@@ -239,7 +239,7 @@ def _host_route(a: Any, b: Any, device: Any, memory_budget: Any, progress: Any) 
 def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
              refine: str | None, tol: float | None, maxiter: int | None,
              solver: Any = Solver) -> tuple[Any, Any, int, Any]:
-    """One 2-D problem (``solver``: the class that solves it; ``mpqr.dask`` passes its
+    """One 2-D problem (``solver``: the class that solves it; ``mpqr.backends.dask`` passes its
     distributed one)."""
     xp = backend.xp
     m, n = a.shape

@@ -204,7 +204,7 @@ def factor_from_gram(backend: Any, sb: Any, g: Any, shape: tuple[int, int], like
                      ) -> GramFactor | None:
     """:func:`gram_factor`'s decision from a Gram matrix ``g`` of an ``M x N`` matrix
     already formed (in the small backend ``sb``); ``R`` and ``s`` are returned on
-    ``like``'s device (``mpqr.dask`` sums ``g`` over row blocks)."""
+    ``like``'s device (``mpqr.backends.dask`` sums ``g`` over row blocks)."""
     m, n = shape
     xs = sb.xp
     if not bool(xs.all(xs.isfinite(g))):

@@ -59,7 +59,7 @@ class RefineResult:
 
 class _Ops:
     """Products with ``A`` in working precision, solves with ``R`` and the vector
-    operations on ``A``'s side (``mpqr.dask`` subclasses it for row-chunked ``A``)."""
+    operations on ``A``'s side (``mpqr.backends.dask`` subclasses it for row-chunked ``A``)."""
 
     def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str):
         self.backend, self.a, self.wprec, self.label = backend, a, wprec, label

@@ -101,7 +101,7 @@ class Solver:
         r = self.b - self._gemm(self.a, x, "residual-Ax")
         return self.backend.column_norms(r) ** 2
 
-    # --- the operations on A and b (overridden by mpqr.dask's distributed solver) ---
+    # --- the operations on A and b (overridden by mpqr.backends.dask's distributed solver) ---
     def _b_finite(self) -> bool:
         return bool(self.xp.all(self.xp.isfinite(self.b)))
 

@@ -14,7 +14,7 @@ from mpqr._validation import (
 )
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import bridge, get_backend
-from mpqr.dask._detect import is_dask_array
+from mpqr.backends.dask._detect import is_dask_array
 from mpqr.policy import record_event, resolve_precision, validate_precision
 from mpqr.qr import driver
 from mpqr.qr.choice import choose_method, factor_precision
@@ -50,7 +50,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         ``x`` is never modified unless ``overwrite_a=True``.
         A tall 2-D ``dask.array.Array`` chunked by rows is factored across its
         blocks on their workers (``Q`` lazy, modes ``"reduced"`` and ``"r"``; see
-        :mod:`mpqr.dask.qr` and the "Many GPUs with Dask" page).
+        :mod:`mpqr.backends.dask.qr` and the "Many GPUs with Dask" page).
     mode : {"reduced", "complete", "r"}
         ``"reduced"``: Q is ``(..., m, k)``, R ``(..., k, n)`` with
         ``k = min(m, n)``. ``"complete"``: Q is ``(..., m, m)``, R ``(..., m, n)``.
@@ -133,7 +133,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     (True, True)
     """
     if is_dask_array(x):  # a matrix chunked by rows: the distributed factorization
-        from mpqr.dask.qr import qr as dask_qr
+        from mpqr.backends.dask.qr import qr as dask_qr
 
         return dask_qr(x, mode, precision, method, check_finite=check_finite,
                        overwrite_a=overwrite_a)

@@ -3,7 +3,7 @@
 
 The Gram route sums ``A_i^H A_i`` over the row blocks in a tree and decides on the
 client exactly as in-core (:func:`mpqr.lstsq.gram.factor_from_gram`); the QR route is
-:func:`mpqr.dask.qr.factor` (CholQR2 across the blocks, starting from that Gram matrix,
+:func:`mpqr.backends.dask.qr.factor` (CholQR2 across the blocks, starting from that Gram matrix,
 or the TSQR tree); CGLS and iterative refinement are the in-core loops of
 :mod:`mpqr.lstsq.refine` with their products ``A v`` (``map_blocks``, persisted) and
 ``A^H v`` (a tree sum of per-block products) and their norms over the blocks, so each
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr.dask import _blocks
-from mpqr.dask._validate import check_layout, require_dask
-from mpqr.dask.qr import SPLIT_EVERY, factor, gram_sum
+from mpqr.backends.dask import _blocks
+from mpqr.backends.dask._validate import check_layout, require_dask
+from mpqr.backends.dask.qr import SPLIT_EVERY, factor, gram_sum
+
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.gram import GRAM_COND_MAX, GRAM_MIN_ASPECT, factor_from_gram
 from mpqr.lstsq.refine import _Ops, cgls, iterative_refinement
@@ -40,8 +41,9 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     ``residues`` and ``s`` as one-chunk dask arrays (computed during the call: the
     route and the refinement depend on the data) and ``rank`` as an int.
     """
-    from mpqr._array_api import array_namespace
     from mpqr.backends import get_backend
+
+    from mpqr._array_api import array_namespace
     from mpqr.lstsq.api import check_options, lstsq_2d
 
     da = require_dask()
@@ -59,7 +61,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     for name, v in (("a", a), ("b", b)):
         if v.dtype.kind not in "biufc":
             raise TypeError(f"`{name}` must have a numeric dtype, got {v.dtype}")
-    from mpqr.dask._detect import is_dask_array
+    from mpqr.backends.dask._detect import is_dask_array
 
     if not is_dask_array(b):
         b = da.from_array(b, chunks=(a.chunks[0], *b.shape[1:]), asarray=False)
@@ -188,7 +190,7 @@ class DaskSolver(Solver):
         import math
 
         from mpqr.backends import get_backend
-        from mpqr.dask.qr import _namespace
+        from mpqr.backends.dask.qr import _namespace
 
         mf, nf = self.f.shape
         if self.u_f > self.u or mf < GRAM_MIN_ASPECT * nf:
@@ -220,7 +222,7 @@ class DaskSolver(Solver):
         return self._column_sq(self.b - times(self.a, x, self.wprec, "lstsq:residual-Ax"))
 
     def _pow2(self, x: Any, e: int) -> Any:
-        from mpqr.dask._detect import is_dask_array
+        from mpqr.backends.dask._detect import is_dask_array
 
         if not is_dask_array(x):
             return super()._pow2(x, e)

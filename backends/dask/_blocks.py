@@ -11,8 +11,9 @@ import contextlib
 import functools
 from typing import Any
 
-from mpqr._array_api import array_namespace
 from mpqr.backends import get_backend
+
+from mpqr._array_api import array_namespace
 from mpqr.policy import active_gemm_options, gemm, gemm_options
 from mpqr.qr._kernels import ct
 

@@ -12,19 +12,20 @@ the earlier factors inside the block task, so ``Q_1`` is never stored: CholQR2 r
 
 The route is data dependent (the certificate decides), so ``R`` is computed when
 ``qr`` is called (``Q`` stays lazy); if CholQR breaks down, ``method="auto"`` takes
-the TSQR tree (:mod:`mpqr.dask.tree`), whose leaves and nodes are ``mpqr.qr``.
+the TSQR tree (:mod:`mpqr.backends.dask.tree`), whose leaves and nodes are ``mpqr.qr``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mpqr.backends import get_backend
+from mpqr.backends.dask import _blocks
+from mpqr.backends.dask._validate import as_float, check_layout, require_dask
+from mpqr.backends.dask.tree import tree_depth, tsqr
+
 from mpqr._errors import BreakdownError
 from mpqr._validation import check_choice
-from mpqr.backends import get_backend
-from mpqr.dask import _blocks
-from mpqr.dask._validate import as_float, check_layout, require_dask
-from mpqr.dask.tree import tree_depth, tsqr
 from mpqr.policy import record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.choice import NATIVE_PRECISIONS, OWN_PRECISION_CHOLQR, precision_of
@@ -213,7 +214,7 @@ def _fallback_method(backend: Any, prec_name: str, n: int) -> str:
 def gram_sum(x: Any, rs: tuple[Any, ...], method: str, precision: Any, prec_name: str,
              quiet: bool, split_every: int) -> Any:
     """Lazy ``n x n`` sum over the blocks of ``(A_i R1^-1 ...)^H (A_i R1^-1 ...)``
-    (``rs``: the factors as :func:`mpqr.dask._blocks.apply_inverses` takes them)."""
+    (``rs``: the factors as :func:`mpqr.backends.dask._blocks.apply_inverses` takes them)."""
     import dask
 
     n = x.shape[1]

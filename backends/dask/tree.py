@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mpqr.dask import _blocks
+from mpqr.backends.dask import _blocks
 
 __all__ = ["tree_depth", "tsqr"]
 
