@@ -101,3 +101,12 @@ def write_json(path: str | None, payload: dict[str, Any]) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {p}")
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"MxN,BxMxN"`` -> ``[(M, N, 1), (M, N, B)]``: the benches' ``--shapes`` syntax."""
+    shapes = []
+    for s in text.split(","):
+        v = [int(t) for t in s.split("x")]
+        shapes.append((v[0], v[1], 1) if len(v) == 2 else (v[1], v[2], v[0]))
+    return shapes

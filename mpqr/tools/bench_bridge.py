@@ -25,7 +25,14 @@ import numpy as np
 
 import mpqr
 from mpqr.tools._charts import pyplot
-from mpqr.tools._timing import default_xp, environment, is_cupy, release_pool, write_json
+from mpqr.tools._timing import (
+    default_xp,
+    environment,
+    is_cupy,
+    parse_shapes,
+    release_pool,
+    write_json,
+)
 
 GPU_SHAPES = [(2**24, 32, 1), (2**22, 64, 1), (2**20, 256, 1), (256, 32, 10000)]
 CPU_SHAPES = [(2**15, 32, 1), (2**13, 128, 1), (256, 32, 100)]
@@ -218,10 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
     if args.shapes:
-        shapes = []
-        for s in args.shapes.split(","):
-            v = [int(t) for t in s.split("x")]
-            shapes.append((v[0], v[1], 1) if len(v) == 2 else (v[1], v[2], v[0]))
+        shapes = parse_shapes(args.shapes)
     else:
         shapes = GPU_SHAPES if is_cupy(xp) else CPU_SHAPES
     payload = run(shapes, args.calls.split(","), xp=xp, repeat=args.repeat,

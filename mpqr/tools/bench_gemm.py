@@ -112,12 +112,7 @@ def run(shapes, *, xp, repeat: int, samples: int, slice_sweep: list[int] | None,
         for label, prec, dt, opts in configs:
             a, b = (a64, b64) if dt == "float64" else (a32, b32)
             try:
-                with mpqr.explain() as tr:
-                    c = mpqr.matmul(a, b, precision=prec, options=opts)
-                engine = tr.gemms[0].engine
-                t = time_it(xp, lambda a=a, b=b, p=prec, o=opts: mpqr.matmul(a, b, precision=p,
-                                                                           options=o),
-                            repeat=repeat)
+                c, engine, t = _timed_product(xp, a, b, prec, opts, repeat)
             except (NotImplementedError, ValueError, MemoryError) as exc:
                 rows_out.append({"shape": [m, n, k], "config": label, "error": str(exc)})
                 print(f"{m}x{n}x{k} {label}: skipped ({exc})")
@@ -126,14 +121,9 @@ def run(shapes, *, xp, repeat: int, samples: int, slice_sweep: list[int] | None,
             ex, absd = exact[dt]
             err = float(np.max(np.abs(vals - ex) / absd))
             del c
-            if prec in ("fp64", "fp32"):
-                native_err[dt], native_t[dt] = err, t
             tflops = 2.0 * m * n * k / t / 1e12
-            row = {"shape": [m, n, k], "config": label, "precision": prec, "engine": engine,
-                   "dtype": dt, "time_ms": t * 1e3, "tflops": tflops, "err_vs_absAB": err}
-            if dt in native_t and prec not in ("fp64", "fp32"):
-                row["speedup_vs_native"] = native_t[dt] / t
-                row["err_ratio_vs_native"] = err / native_err[dt] if native_err[dt] else None
+            row = _result_row((m, n, k), label, prec, engine, dt, t, tflops, err, native_t,
+                              native_err)
             rows_out.append(row)
             print(f"{m}x{n}x{k:<8} {label:<34} {engine:<12} {t * 1e3:9.3f} ms "
                   f"{tflops:8.2f} TFLOP/s  err {err:.2e}"
@@ -173,12 +163,7 @@ def run_complex(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]
         for label, prec, dt, opts in COMPLEX_ENGINES:
             a, b = (a128, b128) if dt == "complex128" else (a64, b64)
             try:
-                with mpqr.explain() as tr:
-                    c = mpqr.matmul(a, b, precision=prec, options=opts)
-                engine = tr.gemms[0].engine
-                t = time_it(xp, lambda a=a, b=b, p=prec, o=opts: mpqr.matmul(a, b, precision=p,
-                                                                           options=o),
-                            repeat=repeat)
+                c, engine, t = _timed_product(xp, a, b, prec, opts, repeat)
             except (NotImplementedError, ValueError, MemoryError) as exc:
                 rows_out.append({"shape": [m, n, k], "config": label, "error": str(exc)})
                 print(f"{m}x{n}x{k} {label}: skipped ({exc})")
@@ -188,14 +173,9 @@ def run_complex(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]
             re, im, absd = exact[dt]
             err = float(max(np.max(np.abs(vals.real - re) / absd),
                             np.max(np.abs(vals.imag - im) / absd)))
-            if prec in ("fp64", "fp32"):
-                native_err[dt], native_t[dt] = err, t
             tflops = 8.0 * m * n * k / t / 1e12  # real flops of the complex product
-            row = {"shape": [m, n, k], "config": label, "precision": prec, "engine": engine,
-                   "dtype": dt, "time_ms": t * 1e3, "tflops": tflops, "err_vs_absAB": err}
-            if dt in native_t and prec not in ("fp64", "fp32"):
-                row["speedup_vs_native"] = native_t[dt] / t
-                row["err_ratio_vs_native"] = err / native_err[dt] if native_err[dt] else None
+            row = _result_row((m, n, k), label, prec, engine, dt, t, tflops, err, native_t,
+                              native_err)
             rows_out.append(row)
             print(f"{m}x{n}x{k:<8} {label:<36} {engine:<12} {t * 1e3:9.3f} ms "
                   f"{tflops:8.2f} TFLOP/s  err {err:.2e}"
@@ -298,6 +278,27 @@ def plot(payload: dict[str, Any], path: str) -> bool:
     env = payload["environment"]
     return grouped_bars(path, shapes, series, ylabel="TFLOP/s",
                         title=f"mpqr.matmul — {env.get('device')} {env.get('date')}")
+
+
+def _timed_product(xp, a, b, prec, opts, repeat):
+    """``(C, engine, seconds)`` of one ``mpqr.matmul`` configuration."""
+    with mpqr.explain() as tr:
+        c = mpqr.matmul(a, b, precision=prec, options=opts)
+    t = time_it(xp, lambda: mpqr.matmul(a, b, precision=prec, options=opts), repeat=repeat)
+    return c, tr.gemms[0].engine, t
+
+
+def _result_row(shape, label, prec, engine, dt, t, tflops, err, native_t, native_err):
+    """One result row; a native configuration (fp64/fp32) becomes the reference of its
+    dtype, later ones get their speed-up and error ratio against it."""
+    if prec in ("fp64", "fp32"):
+        native_err[dt], native_t[dt] = err, t
+    row = {"shape": list(shape), "config": label, "precision": prec, "engine": engine,
+           "dtype": dt, "time_ms": t * 1e3, "tflops": tflops, "err_vs_absAB": err}
+    if dt in native_t and prec not in ("fp64", "fp32"):
+        row["speedup_vs_native"] = native_t[dt] / t
+        row["err_ratio_vs_native"] = err / native_err[dt] if native_err[dt] else None
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:

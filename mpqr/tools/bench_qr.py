@@ -24,6 +24,7 @@ from mpqr.tools._timing import (
     default_xp,
     environment,
     is_cupy,
+    parse_shapes,
     release_pool,
     time_it,
     write_json,
@@ -172,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
     if args.shapes:
-        shapes = []
-        for s in args.shapes.split(","):
-            v = [int(t) for t in s.split("x")]
-            shapes.append((v[0], v[1], 1) if len(v) == 2 else (v[1], v[2], v[0]))
+        shapes = parse_shapes(args.shapes)
     else:
         shapes = GPU_SHAPES if is_cupy(xp) else CPU_SHAPES
     payload = run(shapes, args.precisions.split(","), args.modes.split(","), xp=xp,
