@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from mpqr.backends import panel_cholqr as _panel_cholqr
+
 from mpqr._array_api import device, namespace_name
 
 __all__ = ["ArrayAPIBackend", "EngineRates", "SerialLane"]
@@ -713,6 +715,12 @@ def compact_wy_from_raw(backend: ArrayAPIBackend, h: Any, tau: Any, m: int, k: i
 
 ArrayAPIBackend.householder_panel = _householder_panel
 ArrayAPIBackend.reconstruct_panel = _reconstruct_panel
+# certified CholQR2 panels with deferred checks (backends/panel_cholqr.py)
+ArrayAPIBackend.certified_panels = True
+ArrayAPIBackend.certified_panel = _panel_cholqr.certified_panel
+ArrayAPIBackend.certified_leaf = _panel_cholqr.certified_leaf
+ArrayAPIBackend.new_certificate = _panel_cholqr.new_certificate
+ArrayAPIBackend.certificate_failed = _panel_cholqr.certificate_failed
 
 
 def phase(xp: Any, d: Any) -> Any:

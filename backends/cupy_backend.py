@@ -9,7 +9,6 @@ dimension. Anything else is copied to C order first.
 from __future__ import annotations
 
 import functools
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -181,15 +180,11 @@ class CupyBackend(ArrayAPIBackend):
     small_max = 128 * 128
 
     #: below ~2^27 elements cuSOLVER's QR in the input's precision beats the tensor-core
-    #: recursion, whose leaf panels and launches do not amortise (H100: 8192^2 fp16 140 ms,
-    #: fp32-emulated 131, fp64-emulated 114 against 98; at 16384^2 371 / 400 / 509
-    #: against 490): a cut between the two measured sizes
+    #: recursion, whose leaf panels and launches do not amortise (H100, certified panels,
+    #: one process: 8192^2 fp16 150 ms, fp32-emulated 141, fp64-emulated 128 against 98-104;
+    #: 16384^2 331 / 404 / 461 against 493-508; ``python3 bench/probes/square_panels.py
+    #: OUT qr 16384 8192``): a cut between the two measured sizes, for every precision
     library_qr_square_max = 2**27
-    #: fp64-emulated's recursion against cuSOLVER's float64 QR (H100, one process,
-    #: ``python -m mpqr bench qr --precisions fp64-emulated --shapes 16384x16384,...``):
-    #: 16384^2 0.97x (509-535 ms against 490-513 over repeated runs), 24576^2 1.01x,
-    #: 32768^2 1.04x, 65536 x 8192 1.06x
-    library_qr_square_max_by_precision = MappingProxyType({"fp64-emulated": 2**28})
 
     def small(self, x):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,
@@ -468,6 +463,22 @@ class CupyBackend(ArrayAPIBackend):
         h, tau = self._cp.linalg.qr(a, mode="raw")  # h: (k, m), transposed like NumPy's
         h, tau = h.astype(a.dtype, copy=False), tau.astype(a.dtype, copy=False)
         return compact_wy_from_raw(self, h, tau, *a.shape)
+
+    def certified_panel(self, a, w, fails):
+        from mpqr.backends import cupy_panel_cholqr
+
+        if cupy_panel_cholqr.supports(a) and (w is None or cupy_panel_cholqr.supports(w)):
+            # three launches (two passes and the rows) instead of ~20 small library calls
+            return cupy_panel_cholqr.certified_panel(a, w, fails)
+        return super().certified_panel(a, w, fails)
+
+    def certified_leaf(self, work, w_all, c0, c1, cert):
+        from mpqr.backends import cupy_panel_cholqr
+
+        if cupy_panel_cholqr.supports_leaf(work, w_all):
+            # buffers allocated once per leaf, updates as direct cuBLAS calls: host time
+            return cupy_panel_cholqr.certified_leaf(self, work, w_all, c0, c1, cert)
+        return None
 
     def reconstruct_panel(self, a):
         from mpqr.backends import cupy_lu, cupy_tsqr

@@ -87,3 +87,24 @@ def inflate_second_gram(monkeypatch, a, factor: float = 3.0) -> None:
     monkeypatch.setattr(cholqr_mod, "gram", bad_second_gram)
     monkeypatch.setattr(be_type, "right_solve_gram",
                         lambda self, x, r: real_fused(self, x, r) * factor)
+
+
+def two_leaf_case(xp, monkeypatch, precision: str):
+    """``(a, ax, backend)``: a 384 x 256 matrix whose recursive QR has two 128-wide leaves
+    (``MAX_LEAVES`` set to 2), skipping precisions the backend has no engines for."""
+    import importlib
+
+    import pytest
+    from mpqr.backends import get_backend
+
+    from mpqr._array_api import array_namespace
+    from tests._support import from_numpy
+
+    a = np.random.default_rng(13).standard_normal((384, 256))
+    ax = from_numpy(xp, a)
+    backend = get_backend(array_namespace(ax))
+    if precision in ("fp16", "fp32-emulated") and "fp16" not in backend.capabilities:
+        pytest.skip(f"{precision} needs a float16 GEMM engine")
+    monkeypatch.setattr(importlib.import_module("mpqr.qr.householder_recursive"),
+                        "MAX_LEAVES", 2)
+    return a, ax, backend

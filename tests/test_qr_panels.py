@@ -16,7 +16,13 @@ from mpqr.backends._base import ArrayAPIBackend, compact_wy_t
 import mpqr
 from mpqr._array_api import array_namespace
 from mpqr._array_api import device as array_api_device
-from tests._qr_support import backward_error, hp_matmul, orthogonality, unit_roundoff
+from tests._qr_support import (
+    backward_error,
+    hp_matmul,
+    orthogonality,
+    two_leaf_case,
+    unit_roundoff,
+)
 from tests._support import from_numpy, to_numpy
 
 api = sys.modules["mpqr.qr.api"]
@@ -167,8 +173,10 @@ def test_wide_leaves_keep_householder_accuracy(monkeypatch, method):
     for precision in ("fp64", "fp16"):
         with mpqr.explain() as trace:
             q, r = mpqr.qr(a, precision=precision, method=method)
-        panels = [g for g in trace.gemms if g.label == "panel-wy"]
-        assert len(panels) == 2 and {g.shape[1] for g in panels} == {128}
+        # each leaf's W = Y T ("panel-wy", "panel-wy-rounded" for fp16's rounded vectors)
+        panels = [g for g in trace.gemms if g.label.startswith("panel-wy")]
+        assert {g.shape[1] for g in panels} == {128}
+        assert {g.shape[0] for g in panels} == {384, 256}  # two leaves
         u = max(2.0**-53, {"fp64": 0, "fp16": 2.0**-11}[precision])
         assert backward_error(a, q, r) <= 2 * np.sqrt(256) * u
         assert orthogonality(q) <= np.sqrt(256) * u / 4
@@ -400,13 +408,10 @@ def test_blocked_panel_spreads_nan():
 def test_recursive_qr_with_blocked_leaves(xp, monkeypatch, precision):
     """The recursion with 128-wide leaves in 32-column sub-panels (the CuPy backend's
     setting) keeps the accuracy of its ``geqrf`` leaves; the trace names the leaves."""
-    a = np.random.default_rng(13).standard_normal((384, 256))
-    ax = from_numpy(xp, a)
-    backend = get_backend(array_namespace(ax))
-    if precision in ("fp16", "fp32-emulated") and "fp16" not in backend.capabilities:
-        pytest.skip(f"{precision} needs a float16 GEMM engine")
-    monkeypatch.setattr(recursive, "MAX_LEAVES", 2)
+    a, ax, backend = two_leaf_case(xp, monkeypatch, precision)
     results = {}
+    # the geqrf route's sub-panels (certified panels have tests of their own)
+    monkeypatch.setattr(type(backend), "certified_panels", False)
     monkeypatch.setattr(type(backend), "panel_block_min_rows", 0)
     monkeypatch.setattr(type(backend), "panel_block_dtypes", ("float32", "float64"))
     for nb in (32, None):
@@ -430,6 +435,7 @@ def test_blocked_leaves_start_at_the_backends_row_cut_and_dtypes(monkeypatch):
     ``panel_block_dtypes`` go in sub-panels."""
     monkeypatch.setattr(recursive, "MAX_LEAVES", 2)
     backend = get_backend(array_namespace(np.zeros(1)))
+    monkeypatch.setattr(type(backend), "certified_panels", False)
     monkeypatch.setattr(type(backend), "panel_block", 32)
     monkeypatch.setattr(type(backend), "panel_block_min_rows", 300)
     monkeypatch.setattr(type(backend), "panel_block_dtypes", ("float64",))

@@ -19,14 +19,22 @@ Every product of more than panel size goes through :func:`mpqr.policy.gemm`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import phase  # one definition, shared with the backends
+from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm
 from mpqr.policy.trace import record_event
 
 __all__ = [
+    "CERTIFIED_PANEL_MAX_N",
+    "UncertifiedPanels",
+    "certified_panels",
+    "certified_route",
     "column_exponents",
     "ct",
     "eye_like",
@@ -60,6 +68,37 @@ TSQR_MAX_WIDTH = 64
 #: 1.04-22x; 1.3x at 2^20 x 32 and falling), so TSQR leaves start beyond the measured
 #: range. The LU has run on the device since (0.33 ms at n = 64); not re-measured.
 TSQR_MIN_ROWS = 2**22
+
+
+class UncertifiedPanels(Exception):
+    """A certified panel failed its check: the factorization must run again with
+    ``geqrf`` panels (raised after the whole factorization, from one host sync)."""
+
+
+#: whether the Householder methods may factor their panels by certified CholQR2; set by
+#: the driver only where it can factor the input again if a certificate fails
+_CERTIFIED = contextvars.ContextVar("mpqr_certified_panels", default=False)
+
+
+@contextlib.contextmanager
+def certified_panels(allowed: bool) -> Iterator[None]:
+    """Allow (or forbid) certified CholQR2 panels in the Householder methods within."""
+    token = _CERTIFIED.set(allowed)
+    try:
+        yield
+    finally:
+        _CERTIFIED.reset(token)
+
+
+def certified_route(backend: Any, a: Any) -> Any | None:
+    """A failure counter (:meth:`~mpqr.backends._base.ArrayAPIBackend.new_certificate`)
+    when ``a``'s panels go through ``backend.certified_panel``, else None: allowed by
+    :func:`certified_panels`, a backend that has them, one real float32/float64 matrix."""
+    xp = backend.xp
+    if not (_CERTIFIED.get() and getattr(backend, "certified_panels", False)
+            and a.ndim == 2 and a.dtype in (xp.float32, xp.float64)):
+        return None
+    return backend.new_certificate(a)
 
 
 def is_complex(xp: Any, x: Any) -> bool:

@@ -173,10 +173,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                     f"precision={prec_name!r}: the backend library's QR in the input's own, "
                     "at least as accurate precision beats the tensor-core recursion, whose "
                     "leaf panels and launches do not amortise at this size (H100, " + (
-                        "8192^2 fp16: 98 ms against 140 ms; from 16384^2 the recursion "
-                        "wins, 371 against 490 ms)" if cut == backend.library_qr_square_max
-                        else f"the {prec_name} recursion was no faster up to this size; "
-                        "fp64-emulated: 0.97x cuSOLVER at 16384^2, 1.01-1.06x from 24576^2)"))
+                        "8192^2 fp16: 98 ms against 150 ms; from 16384^2 the recursion "
+                        "wins, 331 against 493 ms)" if cut == backend.library_qr_square_max
+                        else f"the {prec_name} recursion was no faster up to this size)"))
         return ("householder-recursive",
                 f"precision={prec_name!r} runs the {h}x{n - h}x{m} update on {engine}, a "
                 "tensor-core engine, which is shape-sensitive: recursion gives square GEMMs")

@@ -13,6 +13,8 @@ from mpqr._errors import BreakdownError
 from mpqr._gpu_errors import device_errors
 from mpqr.policy import gemm, record_event
 from mpqr.qr._kernels import (
+    UncertifiedPanels,
+    certified_panels,
     column_exponents,
     ct,
     eye_like,
@@ -168,10 +170,23 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
                      "of two", method=method)
     a2, e = scale_columns(backend, a, only_if_needed=only_if_needed,
                           single=prec_name == "fp32") if scale else (a, None)
-    q, r = _factor_scaled(backend, method, a2, precision=precision, prec_name=prec_name,
-                          want_q=want_q, complete=complete,
-                          overwrite=overwrite or a2 is not a,  # a scaled copy is ours
-                          check_signs=method != "geqrf")
+    kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
+              check_signs=method != "geqrf")
+    # certified panels only where the input survives to be factored again
+    redo = not (overwrite and a2 is a)
+    try:
+        with certified_panels(redo):
+            q, r = _factor_scaled(backend, method, a2,
+                                  overwrite=overwrite or a2 is not a,  # a scaled copy is ours
+                                  **kw)
+    except UncertifiedPanels as exc:
+        record_event("panel", f"qr: {exc}; factored again with geqrf panels",
+                     method=method, reason=str(exc))
+        if a2 is not a:  # the scaled copy was overwritten
+            a2, e = scale_columns(backend, a, only_if_needed=only_if_needed,
+                                  single=prec_name == "fp32")
+        with certified_panels(False):
+            q, r = _factor_scaled(backend, method, a2, overwrite=a2 is not a, **kw)
     return q, (r if e is None else pow2_scale(backend, r, e))
 
 

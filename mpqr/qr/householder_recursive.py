@@ -3,9 +3,13 @@
 ``qr(A) -> (W, Y, R)`` with ``A = (I - W Y^H) [R; 0]``: split the columns in
 halves, factor the left half, apply ``(I - W1 Y1^H)^H`` to the right half,
 factor it, and merge ``W = [W1 | W2 - W1 (Y1^H W2)]``. At the leaf width the
-panel is factored by :func:`~mpqr.qr._kernels.householder_panel` (``geqrf`` in
-compact WY form, or TSQR for very tall-skinny panels) at the working
-precision. The update and merge GEMMs have inner dimension ``m`` and outer
+leaf is factored at the working precision: for one real matrix, where the driver can
+factor it again (:func:`~mpqr.qr._kernels.certified_route`), left to right in certified
+32-column panels (:func:`~mpqr.qr.panel_blocked.certified_leaf`: CholQR2 with float64
+Gram matrices and the reconstruction of the reflectors, checked once at the end, when a
+failed check raises :class:`~mpqr.qr._kernels.UncertifiedPanels`); otherwise by
+:func:`~mpqr.qr._kernels.householder_panel` (``geqrf`` in compact WY form, or TSQR for
+very tall-skinny panels). The update and merge GEMMs have inner dimension ``m`` and outer
 dimensions of half the current width — large and square where the tiled
 variant's are ``nb`` thin — which is what tensor-core engines need. The
 product with the triangular top of ``Y`` uses a shallow TRMM split (a few
@@ -37,11 +41,15 @@ import contextlib
 from typing import Any
 
 from mpqr._array_api import device
+from mpqr.backends._base import compact_wy_t
 from mpqr.engines.scaling import pow2_shift
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
-from mpqr.policy import active_gemm_options, gemm, gemm_options
+from mpqr.policy import active_gemm_options, gemm, gemm_into, gemm_options, record_event
 from mpqr.qr._kernels import (
+    CERTIFIED_PANEL_MAX_N,
     TRMM_CUTOFF,
+    UncertifiedPanels,
+    certified_route,
     ct,
     householder_panel,
     is_complex,
@@ -49,8 +57,10 @@ from mpqr.qr._kernels import (
     trmm_lower,
     unit_lower,
 )
+from mpqr.qr.panel_blocked import certified_leaf
 
-__all__ = ["FP16_SPLIT_B", "FP16_SPLIT_BOTH", "MAX_LEAF_WIDTH", "MAX_LEAVES",
+__all__ = ["FP16_SPLIT_B", "FP16_SPLIT_BOTH", "MAX_CERTIFIED_LEAF_WIDTH", "MAX_LEAF_WIDTH",
+           "MAX_LEAVES",
            "RECURSION_CUTOFF", "fp16_scheme", "householder_recursive", "leaf_width",
            "round_reflectors_fp16"]
 
@@ -61,6 +71,13 @@ RECURSION_CUTOFF = 32
 #: every leaf adds ~10 policy GEMMs of fixed host cost: 16384^2 fp16 took 906/527/371 ms
 #: at widths 128/256/512, and 361 ms at 1024, where fp64-emulated slowed (509 -> 656 ms).
 MAX_LEAF_WIDTH = 512
+#: Widest leaf in certified panels (:func:`~mpqr.qr.panel_blocked.certified_leaf`), where a
+#: leaf costs its panels' kernels rather than ``geqrf``'s per-column latency. H100, one
+#: process, seconds at 16384^2 / 32768^2 for leaves geqrf-512, geqrf-1024, certified-1024,
+#: certified-2048: fp16 0.434/0.376/0.331/0.314 and 1.63/1.59/1.33/1.35, fp32-emulated
+#: 0.443/0.406/0.404/0.352 and 1.86/1.81/1.58/1.60, fp64-emulated 0.536/0.537/0.461/0.486
+#: and 2.86/2.87/2.62/2.69 (``python3 bench/probes/square_panels.py OUT qr 16384 32768``).
+MAX_CERTIFIED_LEAF_WIDTH = 1024
 #: The leaf width doubles (up to :data:`MAX_LEAF_WIDTH`) until ``n / nb <= MAX_LEAVES``
 #: (8192^2 fp16 on an H100: 988/428/140 ms with 128/32/16 leaves).
 MAX_LEAVES = 16
@@ -88,8 +105,8 @@ def fp16_scheme(prec_name: str, a: Any, xp: Any) -> bool:
             and (forced is None or forced.engine is None))
 
 
-def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str
-                          ) -> tuple[Any, Any]:
+def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str,
+                          tau: Any = None) -> tuple[Any, Any]:
     """``(Ŷ, T̂)``: the Householder vectors ``Y`` rounded to fp16 numbers and the
     upper-triangular ``T̂`` that makes ``I - Ŷ T̂ Ŷ^H`` orthogonal (to working precision).
 
@@ -102,7 +119,8 @@ def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str
     only ``τ`` for which the block reflector is orthogonal — except where ``τ_i = 0``
     (``H_i = I``: LAPACK's reflector of a column that is already zero below the
     diagonal), recognised by a zero column of ``W = Y T`` (of its top ``k x k``
-    block, which is the unit lower top of ``Y`` times ``T``). ``Ŷ^H Ŷ`` runs at
+    block, which is the unit lower top of ``Y`` times ``T``) or, with ``w=None``, by
+    the unrounded reflectors' ``tau``. ``Ŷ^H Ŷ`` runs at
     ``precision`` (the panel's working precision).
     """
     xp = backend.xp
@@ -113,8 +131,9 @@ def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str
     g = gemm(ct(xp, yh), yh, precision=precision, label="panel-YhY", backend=backend)
     d = xp.linalg.diagonal(g)
     # W = Y T with Y's top k x k block unit lower (nonsingular): column i of T is
-    # zero iff column i of W's top block is (k rows: no reduction over all m rows)
-    nontrivial = xp.any(w[..., :k, :] != 0, axis=-2)
+    # zero iff column i of W's top block is (k rows: no reduction over all m rows);
+    # or from the reflectors' tau where the caller has them (W is then None)
+    nontrivial = tau != 0 if w is None else xp.any(w[..., :k, :] != 0, axis=-2)
     tau = xp.where(nontrivial, 2.0 / xp.where(nontrivial, d, xp.ones_like(d)),
                    xp.zeros_like(d))
     eye = xp.eye(k, dtype=y.dtype, device=device(y))
@@ -124,11 +143,13 @@ def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str
     return yh, t
 
 
-def leaf_width(n: int) -> int:
+def leaf_width(n: int, cap: int | None = None) -> int:
     """Leaf width for ``n`` columns: a power of two times :data:`RECURSION_CUTOFF`,
-    the smallest with at most :data:`MAX_LEAVES` leaves, capped at :data:`MAX_LEAF_WIDTH`."""
+    the smallest with at most :data:`MAX_LEAVES` leaves, capped at ``cap`` (default
+    :data:`MAX_LEAF_WIDTH`; :data:`MAX_CERTIFIED_LEAF_WIDTH` for certified panels)."""
+    cap = MAX_LEAF_WIDTH if cap is None else cap
     nb = RECURSION_CUTOFF
-    while nb < MAX_LEAF_WIDTH and n > MAX_LEAVES * nb:
+    while nb < cap and n > MAX_LEAVES * nb:
         nb *= 2
     return nb
 
@@ -166,16 +187,38 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     def y_ctx() -> Any:  # for the TRMMs, whose GEMMs take no options argument
         return gemm_options(**FP16_SPLIT_B) if f16 else contextlib.nullcontext()
 
+    cert = certified_route(backend, a)
     if nb is None:
-        nb = leaf_width(n)
+        nb = leaf_width(n, MAX_CERTIFIED_LEAF_WIDTH if cert is not None else None)
+    if cert is not None:
+        record_event("panel", f"householder-recursive: leaves of {nb} columns in "
+                     f"{CERTIFIED_PANEL_MAX_N}-column panels by CholQR2 (float64 Gram) and "
+                     "the reconstruction of their reflectors, checked once at the end "
+                     "(geqrf panels if a check fails)", leaf=nb, panel=CERTIFIED_PANEL_MAX_N)
     work = a if overwrite else xp.asarray(a, copy=True)
     w_all = xp.zeros((*batch, m, n), dtype=a.dtype, device=dev)
 
-    def rec(c0: int, c1: int, need_w: bool) -> None:
-        # need_w: a later step reads this block's W (an update of the right
-        # sibling, a parent's merge, or Q)
+    def leaf(c0: int, c1: int, need_w: bool) -> None:
         k = c1 - c0
-        if k <= nb:
+        if cert is not None:
+            # certified 32-column panels in place, right-looking at the panel's precision
+            # (the certificate is read once, at the end)
+            tau = certified_leaf(backend, work, w_all, c0, c1, cert=cert, precision=pp)
+            if not need_w:
+                return
+            y = unit_lower(xp, work[..., c0:, c0:c1])
+            if f16:
+                y, t = round_reflectors_fp16(backend, None, y, precision=pp, tau=tau)
+                work[..., c0:c1, c0:c1] = xp.triu(work[..., c0:c1, c0:c1]) + \
+                    xp.tril(y[..., :k, :], k=-1)
+                work[..., c1:, c0:c1] = y[..., k:, :]
+            else:
+                t = compact_wy_t(backend, y, tau)
+            label = "panel-wy-rounded" if f16 else "panel-wy"
+            gemm_into(w_all[..., c0:, c0:c1], y, t, precision=pp, label=label,
+                      backend=backend)
+            return
+        else:
             w, y, r = householder_panel(backend, work[..., c0:, c0:c1], precision=pp,
                                         need_w=need_w)
             if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
@@ -185,6 +228,13 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             work[..., c1:, c0:c1] = y[..., k:, :]
             if need_w:
                 w_all[..., c0:, c0:c1] = w
+
+    def rec(c0: int, c1: int, need_w: bool) -> None:
+        # need_w: a later step reads this block's W (an update of the right
+        # sibling, a parent's merge, or Q)
+        k = c1 - c0
+        if k <= nb:
+            leaf(c0, c1, need_w)
             return
         panels = -(-k // nb)
         k1 = nb * ((panels + 1) // 2)  # half the panels, rounded up
@@ -224,10 +274,16 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         w_all[..., c0:, cm:c1] -= gemm(w_all[..., c0:, c0:cm], d, precision=precision,
                                        label="rec-merge-WD", options=opt_w, backend=backend)
 
-    rec(0, n, want_q)
+    # after a failed certificate the rest runs on meaningless numbers that are thrown
+    # away: no floating-point warnings from them (a certified run has none to give)
+    with backend.ignore_fp_warnings() if cert is not None else contextlib.nullcontext():
+        rec(0, n, want_q)
     # rec refers to itself through its closure cell: unless that cycle is cut, the
     # working arrays outlive the return until a garbage collection (device memory too)
     rec = None
+    if cert is not None and backend.certificate_failed(cert):
+        raise UncertifiedPanels(f"householder-recursive: a {CERTIFIED_PANEL_MAX_N}-column "
+                                "panel failed CholQR2's certificate (cond >= ~1e7)")
     r = xp.triu(work[..., :n, :])
     if not want_q:
         return None, r

@@ -1,0 +1,421 @@
+// Householder QR of an m x n panel (n <= 32) by CholQR2 and the reconstruction of its
+// reflectors, in three launches whatever m is. All arithmetic is double, for float and
+// double storage.
+//
+//   pass 1 (panel_pass, pass = 1): G = A^T A; the last block to finish sums the blocks'
+//          partial Grams in block order and computes R1 = chol(G), X1 = R1^-1.
+//   pass 2 (panel_pass, pass = 2): G2 = Q1^T Q1 with the rows of Q1 = A X1 made on the fly
+//          (never stored); the last block computes R2 = chol(G2), X2 = R2^-1, R = R2 R1,
+//          Q's top block (A[:n] X1) X2, the signed LU L U = Q[:n] - S (Ballard et al.
+//          2014; s_i = -sign(pivot_i), so every |u_ii| >= 1), T = -U S L^-T, and writes the
+//          panel's top n rows (S R on and above the diagonal, L below), W's (L T), L and
+//          tau = diag(T). P = X2 U^-1 and P T go to the workspace.
+//   apply  (panel_apply): every row i >= n: q1 = a_i X1 (the same arithmetic as pass 2),
+//          y_i = q1 P written over a_i, w_i = q1 (P T).
+//
+// The panel is then A = (I - W Y^T)[:, :n] (S R) with Y = [L; Q2 U^-1] unit lower and
+// W = Y T. The certificate: pass 1's Cholesky must find positive finite pivots and
+// ||G2 - I||_F <= 1/2 (CholQR2's condition for an orthonormal Q to working precision);
+// otherwise cert[0] is incremented and the caller factors the matrix again by another
+// route (the panel's contents are then meaningless and must not be used).
+//
+// Layout: rows go through shared memory in tiles of 32 (one coalesced load each); thread t
+// owns entries (i, j) = (t / 32 + 8 e, t % 32), e = 0..3, of every 32 x 32 product, so the
+// sums run in parallel from shared memory (a warp per row with shuffles was latency-bound:
+// ~0.5 ms per panel, H100). The triangular factorizations and inverses run in one warp of
+// the last block, lane j owning column j (a barrier-separated loop of the whole block per
+// column took ~0.1 ms per panel). Partial Grams are summed in a fixed order, so results do
+// not depend on scheduling.
+
+#define PANEL_B 32
+#define PANEL_WARPS 8
+#define PANEL_THREADS (PANEL_B * PANEL_WARPS)
+#define FULL_MASK 0xffffffffu
+#define TILE_ENTRIES (PANEL_B * PANEL_B / PANEL_THREADS)  // entries (i, j) per thread
+
+// workspace (double), each PANEL_B x PANEL_B row-major: X1, R1, P, PT, R, then the partials
+#define WS_X1 0
+#define WS_R1 (PANEL_B * PANEL_B)
+#define WS_P (2 * PANEL_B * PANEL_B)
+#define WS_PT (3 * PANEL_B * PANEL_B)
+#define WS_R (4 * PANEL_B * PANEL_B)
+#define WS_PART (5 * PANEL_B * PANEL_B)
+
+// this thread's entries (i, j) of a 32 x 32 matrix
+#define FOR_IJ(i, j) \
+  for (int idx_ = threadIdx.x, i = idx_ / PANEL_B, j = idx_ % PANEL_B; idx_ < PANEL_B * PANEL_B; \
+       idx_ += PANEL_THREADS, i = idx_ / PANEL_B, j = idx_ % PANEL_B)
+
+typedef double Mat[PANEL_B + 1];  // a row of a shared 32 x 32 matrix (+1: no bank conflicts)
+
+// ---- one warp, lane j owning column j of shared matrices --------------------------------
+// Runtime loops, small code: fully unrolled register versions overflowed the instruction
+// cache (pass 2 took ~0.15 ms at n = 8, H100). Each step's row comes from its owner lane
+// by shuffles and each loop stages four loads before its stores, so that the updates of a
+// column overlap instead of waiting on one another (shared-memory aliasing); one division
+// per step (a reciprocal), the rest multiplications.
+
+#define STAGE 4
+
+// Upper Cholesky G = R^T R in place (R on and above the diagonal; below is left alone);
+// false on a pivot not positive and finite.
+__device__ bool chol_warp(Mat* __restrict__ g, int n) {
+  const int j = threadIdx.x & 31;
+  bool ok = true;
+  for (int k = 0; k < n; ++k) {
+    const double d = g[k][k];
+    ok = ok && d > 0.0 && isfinite(d);
+    const double rkk = sqrt(fmax(d, 0.0));
+    const double rinv = 1.0 / rkk;
+    const double rkj = j == k ? rkk : (j > k && j < n ? g[k][j] * rinv : 0.0);
+    __syncwarp();  // every lane has read row k
+    if (j >= k && j < n) g[k][j] = rkj;
+    for (int i0 = k + 1; i0 < n; i0 += STAGE) {  // G[i][j] -= R[k][i] R[k][j], k < i <= j
+      double rv[STAGE], gv[STAGE];
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u) {
+        rv[u] = __shfl_sync(FULL_MASK, rkj, (i0 + u) & 31);
+        gv[u] = g[(i0 + u) & 31][j];
+      }
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u)
+        if (i0 + u < n && i0 + u <= j) g[i0 + u][j] = fma(-rv[u], rkj, gv[u]);
+    }
+    __syncwarp();
+  }
+  return ok;
+}
+
+// x = R^-1 for upper R (only its upper triangle is read); x zero outside n x n
+__device__ void inv_upper_warp(const Mat* __restrict__ r, Mat* __restrict__ x, int n) {
+  const int j = threadIdx.x & 31;
+  const double dinv = j < n ? 1.0 / r[j][j] : 0.0;  // 1 / r_kk from lane k
+  for (int i = 0; i < PANEL_B; ++i) x[i][j] = (i == j && i < n) ? 1.0 : 0.0;
+  for (int k = n - 1; k >= 0; --k) {
+    const double xk = x[k][j] * __shfl_sync(FULL_MASK, dinv, k);
+    x[k][j] = xk;
+    for (int i0 = 0; i0 < k; i0 += STAGE) {
+      double rv[STAGE], xv[STAGE];
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u) {
+        rv[u] = r[(i0 + u) & 31][k];
+        xv[u] = x[(i0 + u) & 31][j];
+      }
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u)
+        if (i0 + u < k) x[i0 + u][j] = fma(-rv[u], xk, xv[u]);
+    }
+  }
+  __syncwarp();
+}
+
+// x = L^-1 for unit lower L (only its strict lower triangle is read)
+__device__ void inv_unit_lower_warp(const Mat* __restrict__ l, Mat* __restrict__ x, int n) {
+  const int j = threadIdx.x & 31;
+  for (int i = 0; i < PANEL_B; ++i) x[i][j] = (i == j && i < n) ? 1.0 : 0.0;
+  for (int k = 0; k < n; ++k) {
+    const double xk = x[k][j];
+    for (int i0 = k + 1; i0 < n; i0 += STAGE) {
+      double lv[STAGE], xv[STAGE];
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u) {
+        lv[u] = l[(i0 + u) & 31][k];
+        xv[u] = x[(i0 + u) & 31][j];
+      }
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u)
+        if (i0 + u < n) x[i0 + u][j] = fma(-lv[u], xk, xv[u]);
+    }
+  }
+  __syncwarp();
+}
+
+// Signed LU without pivoting, L U = C - S, in place (L\U, L's unit diagonal implied);
+// s_k = 1 if the pivot's entry d is negative, else -1 (lu_signed.cu's rule), so that
+// |d - s_k| >= 1.
+__device__ void lu_signed_warp(Mat* __restrict__ c, double* s, int n) {
+  const int j = threadIdx.x & 31;
+  for (int k = 0; k < n; ++k) {
+    const double d = c[k][k];
+    const double sk = d < 0.0 ? 1.0 : -1.0;
+    const double piv = d - sk;
+    // lane i > k: its row's multiplier L[i][k]
+    const double lik = (j > k && j < n) ? c[j][k] * (1.0 / piv) : 0.0;
+    const double ukj = c[k][j];
+    __syncwarp();  // every lane has read column k and row k
+    if (j == 0) s[k] = sk;
+    if (j == k) c[k][k] = piv;
+    if (j > k && j < n) c[j][k] = lik;
+    for (int i0 = k + 1; i0 < n; i0 += STAGE) {  // C[i][j] -= L[i][k] U[k][j], i, j > k
+      double lv[STAGE], cv[STAGE];
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u) {
+        lv[u] = __shfl_sync(FULL_MASK, lik, (i0 + u) & 31);
+        cv[u] = c[(i0 + u) & 31][j];
+      }
+#pragma unroll
+      for (int u = 0; u < STAGE; ++u)
+        if (i0 + u < n && j > k && j < n) c[i0 + u][j] = fma(-lv[u], ukj, cv[u]);
+    }
+    __syncwarp();
+  }
+}
+
+// ---- the block: tiles and products ----------------------------------------------------
+
+// tile[r][j] = a[row0 + r][j] (zero beyond m rows and n columns); every thread calls
+template <typename T>
+__device__ __forceinline__ void load_tile(const T* a, long long lda, long long m, int n,
+                                          long long row0, Mat* tile) {
+  const int j = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const int r = (threadIdx.x >> 5) + 8 * e;
+    const long long row = row0 + r;
+    tile[r][j] = (row < m && j < n) ? static_cast<double>(a[row * lda + j]) : 0.0;
+  }
+}
+
+// out = tile x (32 x 32 products, each sum in the order l = 0..31), this thread's entries
+__device__ __forceinline__ void tile_times(const Mat* tile, const Mat* x, double* out) {
+  const int j = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) out[e] = 0.0;
+#pragma unroll 8
+  for (int l = 0; l < PANEL_B; ++l) {
+    const double xl = x[l][j];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e)
+      out[e] = fma(tile[(threadIdx.x >> 5) + 8 * e][l], xl, out[e]);
+  }
+}
+
+// Whether this block is the last of the grid to get here (after its partial is written).
+__device__ bool last_block(int* counter) {
+  __shared__ int last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int prev = atomicAdd(counter, 1);
+    last = prev == static_cast<int>(gridDim.x) - 1;
+  }
+  __syncthreads();
+  if (last) __threadfence();
+  return last;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(PANEL_THREADS)
+panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
+           double* __restrict__ ws, int* __restrict__ cert, T* __restrict__ w, long long ldw,
+           T* __restrict__ ltop, T* __restrict__ tau) {
+  // cert: [0] failures (the caller's count), [1], [2] the passes' block counters (reset
+  // by their last block), [3] pass 1 failed (read and reset by pass 2)
+  __shared__ Mat x1[PANEL_B];
+  __shared__ Mat red[PANEL_B];
+  __shared__ Mat tile[PANEL_B];
+  __shared__ Mat qt[PANEL_B];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (pass == 2) FOR_IJ(i, j) x1[i][j] = ws[WS_X1 + i * PANEL_B + j];
+  double acc[TILE_ENTRIES];  // G[warp + 8 e][lane]
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = 0.0;
+  for (long long row0 = (long long)blockIdx.x * PANEL_B; row0 < m;
+       row0 += (long long)gridDim.x * PANEL_B) {
+    __syncthreads();  // the previous tile is consumed (and x1 loaded)
+    load_tile(a, lda, m, n, row0, tile);
+    __syncthreads();
+    const Mat* src = tile;
+    if (pass == 2) {  // the rows of Q1 = A X1
+      double q[TILE_ENTRIES];
+      tile_times(tile, x1, q);
+#pragma unroll
+      for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+      __syncthreads();
+      src = qt;
+    }
+#pragma unroll 8
+    for (int r = 0; r < PANEL_B; ++r) {
+      const double v = src[r][lane];
+#pragma unroll
+      for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = fma(src[r][warp + 8 * e], v, acc[e]);
+    }
+  }
+  double* part = ws + WS_PART;
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e)
+    part[(long long)blockIdx.x * PANEL_B * PANEL_B + (warp + 8 * e) * PANEL_B + lane] = acc[e];
+  if (!last_block(&cert[pass])) return;
+
+  // the last block: G in block order (four entries per thread, loads in flight together)
+  {
+    double sum[TILE_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) sum[e] = 0.0;
+#pragma unroll 8
+    for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
+      double v[TILE_ENTRIES];
+#pragma unroll
+      for (int e = 0; e < TILE_ENTRIES; ++e)
+        v[e] = __ldcg(&part[(long long)b * PANEL_B * PANEL_B + e * PANEL_THREADS + threadIdx.x]);
+#pragma unroll
+      for (int e = 0; e < TILE_ENTRIES; ++e) sum[e] += v[e];
+    }
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const int idx = e * PANEL_THREADS + threadIdx.x;
+      red[idx / PANEL_B][idx % PANEL_B] = sum[e];
+    }
+  }
+  if (threadIdx.x == 0) cert[pass] = 0;
+  __syncthreads();
+  if (pass == 1) {
+    if (warp == 0) {
+      if (!chol_warp(red, n)) {  // X1 = I keeps pass 2 finite; the caller factors again
+        for (int i = 0; i < PANEL_B; ++i) red[i][lane] = i == lane ? 1.0 : 0.0;
+        if (lane == 0) { atomicAdd(&cert[0], 1); cert[3] = 1; }
+        __syncwarp();
+      }
+      inv_upper_warp(red, x1, n);
+      for (int i = 0; i < PANEL_B; ++i) {
+        ws[WS_X1 + i * PANEL_B + lane] = x1[i][lane];
+        ws[WS_R1 + i * PANEL_B + lane] = (i <= lane && lane < n) ? red[i][lane] : 0.0;
+      }
+    }
+    return;
+  }
+
+  // pass 2: the certificate, R2, and the reconstruction. Shared memory is reused (48 KB
+  // static): X2 in `tile`, R1 and later L^-1 in `qt`, L\U over X1 after X1's last use.
+  Mat* x2 = tile;
+  Mat* r1 = qt;
+  Mat* lu = x1;
+  __shared__ double sv[PANEL_B];
+  if (warp == 0) {
+    double e = 0.0;  // ||G2 - I||_F^2
+    for (int i = 0; i < n; ++i) {
+      const double d = red[i][lane] - (i == lane ? 1.0 : 0.0);
+      if (lane < n) e = fma(d, d, e);
+    }
+    for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(FULL_MASK, e, o);
+    const bool ok = chol_warp(red, n);
+    const bool good = ok && e <= 0.25 && cert[3] == 0;  // a NaN fails e <= 0.25
+    __syncwarp();  // every lane has read cert[3]
+    if (lane == 0) {
+      if (!good && cert[3] == 0) atomicAdd(&cert[0], 1);
+      cert[3] = 0;
+    }
+    if (!good) {
+      for (int i = 0; i < PANEL_B; ++i) red[i][lane] = i == lane ? 1.0 : 0.0;
+      __syncwarp();
+    }
+    for (int i = lane + 1; i < PANEL_B; ++i) red[i][lane] = 0.0;  // R2: zero below
+    inv_upper_warp(red, x2, n);                                   // X2
+  }
+  FOR_IJ(i, j) r1[i][j] = ws[WS_R1 + i * PANEL_B + j];
+  __syncthreads();
+  FOR_IJ(i, j) {  // R = R2 R1, to the workspace
+    double v = 0.0;
+    if (j < n)
+      for (int l = i; l <= j; ++l) v = fma(red[i][l], r1[l][j], v);
+    ws[WS_R + i * PANEL_B + j] = v;
+  }
+  __syncthreads();  // R2 and R1 are read
+  // Q's top block (A[:n] X1) X2, Q1's rows made as in the passes
+  load_tile(a, lda, n, n, 0, r1);
+  __syncthreads();
+  {
+    double q[TILE_ENTRIES];
+    tile_times(r1, x1, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) red[warp + 8 * e][lane] = q[e];
+  }
+  __syncthreads();  // X1 is read: L\U may take its place
+  {
+    double q[TILE_ENTRIES];
+    tile_times(red, x2, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) lu[warp + 8 * e][lane] = q[e];
+  }
+  __syncthreads();
+  if (warp == 0) lu_signed_warp(lu, sv, n);
+  __syncthreads();
+  if (warp == 0) inv_upper_warp(lu, red, n);            // U^-1 (into red) and, at the
+  else if (warp == 1) inv_unit_lower_warp(lu, r1, n);   // same time, L^-1 (into r1)
+  __syncthreads();
+  FOR_IJ(i, j) {  // P = X2 U^-1 (both upper)
+    double v = 0.0;
+    if (j < n)
+      for (int l = i; l <= j; ++l) v = fma(x2[i][l], red[l][j], v);
+    ws[WS_P + i * PANEL_B + j] = v;
+  }
+  __syncthreads();  // U^-1 is read: T takes its place
+  FOR_IJ(i, j) {  // T[i][j] = -sum_{i <= l <= j} U[i][l] s_l Linv[j][l]
+    double v = 0.0;
+    if (j < n)
+      for (int l = i; l <= j; ++l) v = fma(lu[i][l] * sv[l], r1[j][l], v);
+    red[i][j] = -v;
+  }
+  __syncthreads();
+  FOR_IJ(i, j) {
+    double v = 0.0;  // P T (both upper)
+    if (j < n)
+      for (int l = i; l <= j; ++l) v = fma(ws[WS_P + i * PANEL_B + l], red[l][j], v);
+    ws[WS_PT + i * PANEL_B + j] = v;
+    if (i < n && j < n) {
+      // the panel's top rows: S R on and above the diagonal, L below
+      const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
+      a[i * lda + j] = static_cast<T>(r);
+      ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
+      if (w != nullptr) {  // W's top rows: L T (L's unit diagonal)
+        double s = red[i][j];
+        for (int l = 0; l < i; ++l) s = fma(lu[i][l], red[l][j], s);
+        w[i * ldw + j] = static_cast<T>(s);
+      }
+      if (i == j) tau[i] = static_cast<T>(red[i][i]);  // diag(T) = -u_ii s_i
+    }
+  }
+}
+
+// rows i >= n: y_i = (a_i X1) P over a_i, w_i = (a_i X1) (P T), a tile of 32 rows at a time
+template <typename T>
+__global__ void __launch_bounds__(PANEL_THREADS)
+panel_apply(T* __restrict__ a, long long lda, long long m, int n,
+            const double* __restrict__ ws, T* __restrict__ w, long long ldw) {
+  __shared__ Mat x1[PANEL_B];
+  __shared__ Mat p[PANEL_B];
+  __shared__ Mat pt[PANEL_B];
+  __shared__ Mat tile[PANEL_B];
+  __shared__ Mat qt[PANEL_B];
+  FOR_IJ(i, j) {
+    x1[i][j] = ws[WS_X1 + i * PANEL_B + j];
+    p[i][j] = ws[WS_P + i * PANEL_B + j];
+    pt[i][j] = ws[WS_PT + i * PANEL_B + j];
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (long long row0 = n + (long long)blockIdx.x * PANEL_B; row0 < m;
+       row0 += (long long)gridDim.x * PANEL_B) {
+    __syncthreads();
+    load_tile(a, lda, m, n, row0, tile);
+    __syncthreads();
+    double q[TILE_ENTRIES];
+    tile_times(tile, x1, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+    __syncthreads();
+    tile_times(qt, p, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const long long row = row0 + warp + 8 * e;
+      if (row < m && lane < n) a[row * lda + lane] = static_cast<T>(q[e]);
+    }
+    if (w != nullptr) {
+      tile_times(qt, pt, q);
+#pragma unroll
+      for (int e = 0; e < TILE_ENTRIES; ++e) {
+        const long long row = row0 + warp + 8 * e;
+        if (row < m && lane < n) w[row * ldw + lane] = static_cast<T>(q[e]);
+      }
+    }
+  }
+}

@@ -1,0 +1,111 @@
+"""Certified Householder panels (portable): CholQR2 with float64 Gram matrices and the
+reconstruction of the reflectors, in LAPACK's layout, in place.
+
+The steps of ``kernels/panel_cholqr.cu`` (:mod:`mpqr.backends.cupy_panel_cholqr`) in the
+same order, with the Array API: every backend without the kernels runs these, so the
+CPU tests check the GPU route's numerics.
+
+For a panel ``A`` (``m x n``, ``m >= n``), in float64 whatever ``A``'s storage:
+
+1. ``R1 = chol(A^T A)``, ``X1 = R1^-1``; ``Q1 = A X1`` (on the GPU made row by row, never
+   stored);
+2. ``R2 = chol(Q1^T Q1)`` — the certificate is ``||Q1^T Q1 - I||_F <= 1/2`` and
+   positive finite pivots in step 1 (CholQR2's condition for an orthonormal
+   ``Q = Q1 R2^-1`` to working precision); ``R = R2 R1``;
+3. the signed LU ``L U = Q[:n] - S`` (Ballard et al. 2014; LAPACK ``orhr_col``) gives the
+   reflectors ``Y = [L; Q2 U^-1]`` and ``T = -U S L^-T`` with
+   ``A = (I - Y T Y^T)[:, :n] (S R)``.
+
+A failed certificate adds one to ``fails`` (an int32 array of one element on the panel's
+device) instead of raising: the check is read once per factorization, which then runs
+again by another route (one host sync instead of one per panel).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpqr._array_api import device
+
+__all__ = ["CERTIFIED_PANEL_MAX_N", "certificate_failed", "certified_leaf",
+           "certified_panel", "new_certificate"]
+
+#: widest certified panel (the kernels hold one column per lane of a warp)
+CERTIFIED_PANEL_MAX_N = 32
+
+
+def new_certificate(self: Any, like: Any) -> Any:
+    """A fresh certificate on ``like``'s device: int32 zeros, the failure count first
+    (the GPU kernels keep their block counters in the other three)."""
+    return self.xp.zeros((4,), dtype=self.xp.int32, device=device(like))
+
+
+def certificate_failed(self: Any, fails: Any) -> bool:
+    """Whether any certified panel counted into ``fails`` failed (one host sync)."""
+    return bool(fails[0] != 0)
+
+
+def certified_leaf(self: Any, work: Any, w_all: Any, c0: int, c1: int, cert: Any
+                   ) -> Any | None:
+    """A backend's own certified leaf (:func:`mpqr.qr.panel_blocked.certified_leaf`: the
+    same steps, its buffers and products in the backend's hands), or None: the portable
+    loop runs."""
+    return None
+
+
+def _chol_upper(xp: Any, g: Any) -> Any | None:
+    """Upper Cholesky factor of ``g``, or None where a pivot is not positive and finite."""
+    if not bool(xp.all(xp.isfinite(g))):
+        return None
+    try:
+        r = xp.linalg.cholesky(g, upper=True)
+    except Exception:  # each library has its own LinAlgError: not positive definite
+        return None
+    return r if bool(xp.all(xp.isfinite(r))) else None
+
+
+def certified_panel(self: Any, a: Any, w: Any | None, fails: Any) -> tuple[Any, Any]:
+    """Factor the 2-D real panel view ``a`` in place (``S R`` on and above its diagonal,
+    ``Y`` below) and write ``W = Y T`` into ``w`` (or skip it: None); see the module
+    docstring. Returns ``(L, tau)``: ``Y``'s top block (explicit unit lower) and
+    ``diag(T)``, in ``a``'s dtype. A failed certificate adds one to ``fails[0]`` and
+    leaves ``a`` and ``w`` as they were (the returned factors are then meaningless)."""
+    # a non-finite panel fails its certificate (checked below): no warnings on the way
+    with self.ignore_fp_warnings():
+        return _certified_panel(self, a, w, fails)
+
+
+def _certified_panel(self: Any, a: Any, w: Any | None, fails: Any) -> tuple[Any, Any]:
+    xp = self.xp
+    m, n = a.shape
+    f64 = xp.float64
+    eye = xp.eye(n, dtype=f64, device=device(a))
+    a64 = xp.astype(a, f64)
+    r1 = _chol_upper(xp, xp.matrix_transpose(a64) @ a64)
+    if r1 is None:
+        fails[0] = fails[0] + 1
+        return xp.eye(n, dtype=a.dtype, device=device(a)), xp.zeros(n, dtype=a.dtype,
+                                                                      device=device(a))
+    x1 = self.solve_triangular(r1, eye, lower=False)
+    q1 = a64 @ x1
+    g2 = xp.matrix_transpose(q1) @ q1
+    r2 = _chol_upper(xp, g2)
+    if r2 is None or not bool(xp.sum((g2 - eye) ** 2) <= 0.25):
+        fails[0] = fails[0] + 1
+        return xp.eye(n, dtype=a.dtype, device=device(a)), xp.zeros(n, dtype=a.dtype,
+                                                                      device=device(a))
+    x2 = self.solve_triangular(r2, eye, lower=False)
+    r = r2 @ r1
+    l, u, s = self.lu_signed(q1[:n, :] @ x2)
+    p = x2 @ self.solve_triangular(u, eye, lower=False)
+    linv = self.solve_triangular(l, eye, lower=True, unit_diagonal=True)
+    t = -(u * xp.expand_dims(s, axis=0)) @ xp.matrix_transpose(linv)
+    top = xp.triu(xp.expand_dims(s, axis=1) * r) + xp.tril(l, k=-1)
+    if w is not None:
+        w[:n, :] = xp.astype(l @ t, w.dtype)
+        if m > n:
+            w[n:, :] = xp.astype(q1[n:, :] @ (p @ t), w.dtype)
+    if m > n:
+        a[n:, :] = xp.astype(q1[n:, :] @ p, a.dtype)
+    a[:n, :] = xp.astype(top, a.dtype)
+    return xp.astype(l, a.dtype), xp.astype(xp.linalg.diagonal(t), a.dtype)

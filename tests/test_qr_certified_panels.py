@@ -1,0 +1,269 @@
+"""Certified panels: CholQR2 with float64 Gram matrices and the reconstruction of the
+reflectors (``backend.certified_panel``; ``kernels/panel_cholqr.cu`` on CuPy), the leaves of
+``householder-recursive`` made of them, the certificate read once per factorization and the
+second factorization with ``geqrf`` panels when it fails."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from mpqr.backends import get_backend
+from mpqr.backends._base import ArrayAPIBackend, compact_wy_t
+
+import mpqr
+from mpqr._array_api import array_namespace, is_cupy_namespace
+from tests._qr_support import (
+    backward_error,
+    hp_matmul,
+    orthogonality,
+    two_leaf_case,
+    unit_roundoff,
+)
+from tests._support import from_numpy, to_numpy
+
+recursive = importlib.import_module("mpqr.qr.householder_recursive")
+
+
+def _u(dtype) -> float:
+    return 2.0**-24 if np.dtype(dtype) == np.float32 else 2.0**-53
+
+
+def _working(xp, a):
+    """``(backend, work, w, cert)``: a writable copy of ``a``, a zero W and a fresh
+    certificate, from the backend's own namespace (writable on every backend)."""
+    backend = get_backend(array_namespace(from_numpy(xp, a[:1])))
+    work = backend.xp.asarray(from_numpy(xp, a), copy=True)
+    w = backend.xp.zeros(work.shape, dtype=work.dtype)
+    return backend, work, w, backend.new_certificate(work)
+
+
+def _panel(xp, a, lo, hi, with_w=True):
+    """Factor columns lo:hi of a copy of ``a`` in place; returns the factors on the host
+    (the working arrays come from the backend's namespace: writable on every backend)."""
+    backend, work, w, cert = _working(xp, a)
+    l, tau = backend.certified_panel(work[:, lo:hi], w[:, lo:hi] if with_w else None, cert)
+    return backend, to_numpy(work), to_numpy(w), to_numpy(l), to_numpy(tau), int(to_numpy(cert)[0])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(40, 8), (32, 32), (33, 7), (300, 32), (1000, 1), (97, 19)])
+def test_certified_panel_is_a_compact_wy_factorization(xp, shape, dtype):
+    """``A = (I - W Y^T)[:, :n] R`` with ``I - W Y^T`` orthogonal to working precision,
+    ``Y`` unit lower, ``R`` upper, ``W = Y T`` with ``T`` from ``tau`` by the UT
+    transform; the columns around the panel are not touched."""
+    m, n = shape
+    rng = np.random.default_rng(m + n)
+    a = rng.standard_normal((m, n + 5)).astype(dtype)
+    _, work, w, l, tau, fails = _panel(xp, a, 2, 2 + n)
+    assert fails == 0
+    assert np.array_equal(work[:, :2], a[:, :2]) and np.array_equal(work[:, 2 + n:], a[:, 2 + n:])
+    p, wp = work[:, 2:2 + n].astype(np.float64), w[:, 2:2 + n].astype(np.float64)
+    y = np.tril(p, -1) + np.eye(m, n)
+    r = np.triu(p[:n])
+    assert np.array_equal(l, np.tril(work[:n, 2:2 + n], -1) + np.eye(n, dtype=dtype))
+    u = _u(dtype)
+    h = np.eye(m) - np.asarray(hp_matmul(wp, y.T), dtype=np.float64)
+    assert orthogonality(h) <= 10 * m * u, orthogonality(h)
+    assert backward_error(a[:, 2:2 + n].astype(np.float64), h[:, :n], r) <= 10 * np.sqrt(m * n) * u
+    # W = Y T with T upper triangular, diag(T) = tau: the UT transform of (Y, tau) gives T
+    t = compact_wy_t(get_backend(array_namespace(np.zeros(1))), y, tau.astype(np.float64))
+    assert np.allclose(y @ t, wp, rtol=0, atol=100 * n * u * max(1.0, np.abs(wp).max()))
+
+
+def test_certified_panel_without_w_gives_the_same_factors(xp):
+    a = np.random.default_rng(3).standard_normal((200, 32))
+    _, work1, _, _, _, _ = _panel(xp, a, 0, 32)
+    _, work2, w2, _, _, _ = _panel(xp, a, 0, 32, with_w=False)
+    assert np.array_equal(work1, work2) and not w2.any()
+
+
+@pytest.mark.parametrize("make", ["duplicate", "zero", "nan", "inf"])
+def test_certified_panel_counts_a_failed_certificate(xp, make):
+    """A rank-deficient or non-finite panel fails CholQR2's certificate: the count goes
+    up by one (the caller then factors the matrix again), never a finite-looking answer
+    taken as good."""
+    a = np.random.default_rng(5).standard_normal((300, 32))
+    if make == "duplicate":
+        a[:, 7] = a[:, 3]
+    elif make == "zero":
+        a[:, 20] = 0.0
+    else:
+        a[10, 4] = np.nan if make == "nan" else np.inf
+    backend = get_backend(array_namespace(from_numpy(xp, a[:1])))
+    work = backend.xp.asarray(from_numpy(xp, a), copy=True)
+    cert = backend.new_certificate(work)
+    backend.certified_panel(work, None, cert)
+    assert int(to_numpy(cert)[0]) == 1
+    assert backend.certificate_failed(cert)
+    work = backend.xp.asarray(from_numpy(xp, a), copy=True)
+    backend.certified_panel(work, None, cert)  # failures add up
+    assert int(to_numpy(cert)[0]) == 2
+
+
+def test_certificate_accepts_moderate_conditioning_and_refuses_near_singular(xp):
+    """The check is CholQR2's condition: cond(panel) up to ~1e7 passes, ~1e12 fails."""
+    rng = np.random.default_rng(8)
+    q1, _ = np.linalg.qr(rng.standard_normal((400, 32)))
+    q2, _ = np.linalg.qr(rng.standard_normal((32, 32)))
+    backend = get_backend(array_namespace(from_numpy(xp, q1[:1])))
+    for cond, fails in ((1e6, 0), (1e12, 1)):
+        a = (q1 * np.logspace(0, -np.log10(cond), 32)) @ q2
+        work = backend.xp.asarray(from_numpy(xp, a), copy=True)
+        cert = backend.new_certificate(work)
+        backend.certified_panel(work, None, cert)
+        assert int(to_numpy(cert)[0]) == fails, cond
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_kernels_follow_the_portable_steps(xp, dtype):
+    """The CUDA kernels and the portable steps give the same factors: float32 storage to
+    the last bit here (the float64 arithmetic differs below float32's rounding), float64
+    to a few units of roundoff."""
+    if not is_cupy_namespace(xp):
+        pytest.skip("the kernels run on CuPy")
+    a = np.random.default_rng(21).standard_normal((5000, 40)).astype(dtype)
+    out = []
+    for portable in (False, True):
+        backend, work, w, cert = _working(xp, a)
+        panel = ArrayAPIBackend.certified_panel if portable else type(backend).certified_panel
+        panel(backend, work[:, 3:35], w[:, 3:35], cert)
+        out.append((to_numpy(work), to_numpy(w), int(to_numpy(cert)[0])))
+    (wk, ww, fk), (wp, wwp, fp) = out
+    assert fk == fp == 0
+    tol = 0 if dtype == np.float32 else 64 * _u(dtype)
+    assert np.abs(wk - wp).max() <= tol * np.abs(wp).max()
+    assert np.abs(ww - wwp).max() <= tol * np.abs(wwp).max()
+
+
+def _with_route(monkeypatch, backend, on: bool):
+    monkeypatch.setattr(type(backend), "certified_panels", on)
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32-emulated", "fp16", "fp64-emulated"])
+def test_recursive_qr_with_certified_leaves(xp, monkeypatch, precision):
+    """128-wide leaves of four certified panels keep the accuracy of ``geqrf`` leaves; the
+    trace says which leaves ran."""
+    a, ax, backend = two_leaf_case(xp, monkeypatch, precision)
+    results = {}
+    for on in (True, False):
+        _with_route(monkeypatch, backend, on)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(ax, precision=precision, method="householder-recursive")
+        events = [e for e in trace.events if e.kind == "panel"]
+        assert [e.data.get("leaf") for e in events] == ([128] if on else [])
+        results[on] = (backward_error(a, q, r), orthogonality(q))
+    u = unit_roundoff(precision, np.float64)
+    back, orth = results[True]
+    assert back <= 2 * np.sqrt(256) * u, results
+    assert orth <= np.sqrt(256) * max(u, 2.0**-24) / 4, results
+    assert back <= 4 * results[False][0] + np.sqrt(256) * 2.0**-53, results
+
+
+@pytest.mark.parametrize("mode", ["reduced", "r", "complete"])
+def test_certified_leaves_in_every_mode(xp, mode):
+    a = np.random.default_rng(19).standard_normal((300, 200))
+    res = mpqr.qr(from_numpy(xp, a), precision="fp64", method="householder-recursive",
+                  mode=mode)
+    ref_r = np.linalg.qr(a, mode="r")
+    ref_r = ref_r * np.sign(np.diag(ref_r))[:, None]
+    r = to_numpy(res if mode == "r" else res[1])[:200]
+    assert np.allclose(r, ref_r, rtol=0, atol=1e-12 * np.abs(ref_r).max())
+    if mode != "r":
+        q = to_numpy(res[0])
+        assert orthogonality(q) <= 300 * 2.0**-53
+
+
+@pytest.mark.parametrize("make", ["duplicate", "zero-column", "rank-deficient"])
+def test_a_failed_certificate_factors_the_matrix_again(xp, make):
+    """A panel that fails its certificate sends the whole factorization to ``geqrf``
+    panels (one host sync decides, at the end): the result is Householder-accurate, the
+    trace says so, and the input is untouched."""
+    rng = np.random.default_rng(23)
+    a = rng.standard_normal((260, 200))
+    if make == "duplicate":
+        a[:, 70] = a[:, 66]
+    elif make == "zero-column":
+        a[:, 150] = 0.0
+    else:
+        a = a[:, :100] @ rng.standard_normal((100, 200))
+    ax = from_numpy(xp, a)
+    before = a.copy()
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(ax, precision="fp64", method="householder-recursive")
+    again = [e for e in trace.events if e.kind == "panel" and "factored again" in e.message]
+    assert len(again) == 1
+    assert backward_error(a, q, r) <= 10 * np.sqrt(260 * 200) * 2.0**-53
+    assert orthogonality(q) <= 10 * np.sqrt(200) * 2.0**-53
+    assert np.array_equal(to_numpy(ax), before)
+
+
+def test_scaled_tensor_core_input_is_factored_again_from_the_caller_array(monkeypatch):
+    """At the tensor-core precisions the columns are scaled into a copy the method may
+    overwrite; a failed certificate scales the caller's array again."""
+    a = np.random.default_rng(29).standard_normal((260, 200)) * 1e3
+    a[:, 70] = a[:, 66]
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+    assert any("factored again" in e.message for e in trace.events)
+    assert backward_error(a, q, r) <= 10 * np.sqrt(260 * 200) * 2.0**-24
+
+
+def test_overwrite_a_takes_geqrf_panels():
+    """With ``overwrite_a=True`` (and no scaled copy) nothing is left to factor again, so
+    the leaves keep ``geqrf`` panels."""
+    a = np.asfortranarray(np.random.default_rng(31).standard_normal((300, 200)))
+    a0 = a.copy()
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64", method="householder-recursive", overwrite_a=True)
+    assert not [e for e in trace.events if e.kind == "panel"]
+    assert backward_error(a0, q, r) <= 10 * np.sqrt(300 * 200) * 2.0**-53
+
+
+def test_complex_and_stacked_inputs_keep_geqrf_panels(xp):
+    if not hasattr(xp, "complex128"):
+        pytest.skip("namespace without complex dtypes")
+    rng = np.random.default_rng(37)
+    for a in (rng.standard_normal((100, 80)) + 1j * rng.standard_normal((100, 80)),
+              rng.standard_normal((3, 100, 80))):
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(from_numpy(xp, a), precision="fp64", method="householder-recursive")
+        assert not [e for e in trace.events if e.kind == "panel"]
+        assert backward_error(a, q, r) <= 10 * np.sqrt(100 * 80) * 2.0**-53
+
+
+def test_certified_leaves_are_wider():
+    lw = recursive.leaf_width
+    cap = recursive.MAX_CERTIFIED_LEAF_WIDTH
+    assert [lw(n, cap) for n in (4096, 8192, 16384, 32768, 65536)] == \
+        [256, 512, 1024, 1024, 1024]
+
+
+def test_fused_leaf_matches_the_portable_loop(xp):
+    """CuPy's leaf (raw launches, direct cuBLAS, the W^T B product split over rows) and the
+    portable loop of :func:`mpqr.qr.panel_blocked.certified_leaf` agree."""
+    if not is_cupy_namespace(xp):
+        pytest.skip("the fused leaf runs on CuPy")
+    from mpqr.qr import panel_blocked
+
+    a = np.random.default_rng(41).standard_normal((3000, 300))
+    out = []
+    for fused in (True, False):
+        backend, work, w, cert = _working(xp, a)
+        if fused:
+            tau = panel_blocked.certified_leaf(backend, work, w, 40, 290, cert=cert,
+                                               precision="fp64")
+        else:
+            orig = type(backend).certified_leaf
+            type(backend).certified_leaf = ArrayAPIBackend.certified_leaf
+            try:
+                tau = panel_blocked.certified_leaf(backend, work, w, 40, 290, cert=cert,
+                                                   precision="fp64")
+            finally:
+                type(backend).certified_leaf = orig
+        out.append((to_numpy(work), to_numpy(tau), int(to_numpy(cert)[0])))
+    (w1, t1, f1), (w2, t2, f2) = out
+    assert f1 == f2 == 0
+    assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
+    assert np.abs(t1 - t2).max() <= 1e-12
