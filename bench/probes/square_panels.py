@@ -103,7 +103,7 @@ def leaf_times(rows):
 
     rng = cp.random.default_rng(3)
     width = hr.leaf_width
-    hr.leaf_width = lambda n: 512
+    hr.leaf_width = lambda n, cap=None: 512
     for dt, prec in ((cp.float32, "fp32"), (cp.float64, "fp64")):
         for m in (4096, 16384):
             a = rng.standard_normal((m, 512), dtype=cp.float64).astype(dt)
@@ -146,7 +146,8 @@ def qr_ab(rows, sizes):
             for prec in precs:
                 for name, certified, nb in CONFIGS:
                     CLS.certified_panels = certified
-                    hr.leaf_width = lambda n, nb=nb: min(nb, width(n)) if n < 4 * nb else nb
+                    hr.leaf_width = lambda n, cap=None, nb=nb: (min(nb, width(n)) if n < 4 * nb
+                                                                else nb)
                     row = {"check": "qr", "n": n, "dtype": dtype.__name__, "precision": prec,
                            "leaves": name}
                     fn = _qr_call(a, prec)
