@@ -1,9 +1,9 @@
 """Where the time of one mpqr call goes on a GPU: cProfile of qr, lstsq or matmul.
 
-``python3 bench/probes/profile.py device qr 16777216x32 fp64`` runs with
+``python3 bench/probes/profile_call.py device qr 16777216x32 fp64`` runs with
 ``CUDA_LAUNCH_BLOCKING=1`` (set here before CuPy loads): every kernel finishes before
 its Python call returns, so each function's ``tottime`` includes the GPU work it
-launched. ``python3 bench/probes/profile.py host lstsq 16384x32 auto`` profiles 20
+launched. ``python3 bench/probes/profile_call.py host lstsq 16384x32 auto`` profiles 20
 calls without blocking: the host-side cost of a small, host-bound call. Shapes are
 ``MxN`` for qr and lstsq, ``MxKxN`` for matmul.
 """
