@@ -81,8 +81,9 @@ def certified_panel(a, w, cert):
     return ltop, tau
 
 
-#: rows per chunk of ``Z = W^T B`` (split over the long dimension as one strided-batched
-#: GEMM and a sum: cuBLAS took ~65 us for 4096 x 32 x 480 as one GEMM, H100)
+#: rows per chunk of ``Z = W^T B``, split over the long dimension as one strided-batched
+#: GEMM and a sum (as one GEMM, 32 x q output and k = m, it ran at ~2 TFLOP/s in a
+#: back-to-back loop, H100; the split was not A/B-timed against it inside the QR)
 _SPLIT_ROWS = 512
 
 

@@ -67,5 +67,14 @@ def xp(request):
     return importlib.import_module(name)
 
 
+@pytest.fixture
+def dask_threads():
+    """Dask's threaded scheduler for the test (no distributed client)."""
+    import dask
+
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
 def pytest_report_header(config):
     return f"mpqr test backends: {', '.join(BACKENDS)} (GPU visible: {GPU})"

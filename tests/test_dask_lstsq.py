@@ -12,11 +12,7 @@ dask = pytest.importorskip("dask")
 import mpqr  # noqa: E402
 from tests._support import assert_rank_deficient_residues, conditioned_lstsq_problem  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    with dask.config.set(scheduler="threads"):
-        yield
+pytestmark = pytest.mark.usefixtures("dask_threads")
 
 
 CHUNKS = (301, 97, 500, 3, 299)  # ragged, one block shorter than n

@@ -15,11 +15,7 @@ dask = pytest.importorskip("dask")
 import mpqr  # noqa: E402
 from tests._qr_support import backward_error, geometric, orthogonality, unit_roundoff  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    with dask.config.set(scheduler="threads"):
-        yield
+pytestmark = pytest.mark.usefixtures("dask_threads")
 
 
 def _source(rng, m, n, dtype, cond=10.0):

@@ -94,8 +94,8 @@ from mpqr.engines import Engine, register_engine
 from mpqr.engines.ozaki_crt import MAX_TERMS, MODULI, crt_constants, log2_modulus_product
 from mpqr.policy.trace import record_event, tracing
 
-__all__ = ["GUARD_BITS", "MAX_SPREAD", "line_stats", "ozaki_params", "ozaki_predict", "run_ozaki",
-           "run_ozaki_gram", "terms_for"]
+__all__ = ["GUARD_BITS", "MAX_SPREAD", "line_stats", "operands_2d", "ozaki_params",
+           "ozaki_predict", "run_ozaki", "run_ozaki_gram", "terms_for"]
 
 #: bits beyond float64's 53 kept per operand (before the k credit) when N is automatic;
 #: 2 gives 15 moduli for dense k = 1024..65536 with a max error 0.15-0.9x DGEMM's (CPU,
@@ -292,18 +292,21 @@ def _choose_alphas(n_terms: int, log2_rho: float, need_a: int, need_b: int,
     return alpha_a, alpha_b
 
 
-def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_terms: bool,
-              workspace_limit: int | None = None) -> Any:
-    """``a @ b`` to float64 accuracy with INT8 GEMMs (see the module docstring)."""
-    xp = backend.xp
+def operands_2d(xp: Any, a: Any, b: Any, dtype: Any) -> tuple[Any, Any]:
+    """``(a, b)`` in ``dtype``; the engine takes 2-D operands only (NotImplementedError)."""
     if a.ndim != 2 or b.ndim != 2:
         raise NotImplementedError(
             f"the ozaki-int8 engine takes 2-D operands, got ndim {a.ndim} and {b.ndim}"
         )
-    if a.dtype != xp.float64:
-        a = xp.astype(a, xp.float64)
-    if b.dtype != xp.float64:
-        b = xp.astype(b, xp.float64)
+    return (a if a.dtype == dtype else xp.astype(a, dtype),
+            b if b.dtype == dtype else xp.astype(b, dtype))
+
+
+def run_ozaki(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int, auto_terms: bool,
+              workspace_limit: int | None = None) -> Any:
+    """``a @ b`` to float64 accuracy with INT8 GEMMs (see the module docstring)."""
+    xp = backend.xp
+    a, b = operands_2d(xp, a, b, xp.float64)
     m, k = a.shape
     n = b.shape[1]
     ea, bad_a, sum_a, nnz_a = backend.ozaki_line_stats(a, 1)

@@ -60,14 +60,7 @@ def run_ozaki_2m(backend: Any, a: Any, b: Any, *, out_dtype: Any, terms: int,
                  auto_terms: bool, workspace_limit: int | None = None) -> Any:
     """Complex ``a @ b`` (2-D) to float64 accuracy by the 2M scheme (module docstring)."""
     xp = backend.xp
-    if a.ndim != 2 or b.ndim != 2:
-        raise NotImplementedError(
-            f"the ozaki-int8 engine takes 2-D operands, got ndim {a.ndim} and {b.ndim}"
-        )
-    if a.dtype != xp.complex128:
-        a = xp.astype(a, xp.complex128)
-    if b.dtype != xp.complex128:
-        b = xp.astype(b, xp.complex128)
+    a, b = oz.operands_2d(xp, a, b, xp.complex128)
     m, k = a.shape
     n = b.shape[1]
     ar, ai, br, bi = xp.real(a), xp.imag(a), xp.real(b), xp.imag(b)

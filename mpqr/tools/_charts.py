@@ -70,8 +70,13 @@ def grouped_bars(path: str, groups: Sequence[str], series: dict[str, Sequence[fl
     if log:
         ax.set_yscale("log")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
+    save(fig, path)
     return True
+
+
+def save(fig: Any, path: str, dpi: int = 120) -> None:
+    """Lay out, write and close a chart, and say where it went."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    print(f"wrote {path}")

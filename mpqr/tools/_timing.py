@@ -110,3 +110,10 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
         v = [int(t) for t in s.split("x")]
         shapes.append((v[0], v[1], 1) if len(v) == 2 else (v[1], v[2], v[0]))
     return shapes
+
+
+def shapes_or_default(text: str | None, xp, gpu: list, cpu: list) -> list:
+    """The ``--shapes`` argument parsed, or the bench's default shapes for ``xp``."""
+    if text:
+        return parse_shapes(text)
+    return gpu if is_cupy(xp) else cpu

@@ -24,13 +24,13 @@ from typing import Any
 import numpy as np
 
 import mpqr
-from mpqr.tools._charts import pyplot
+from mpqr.tools._charts import pyplot, save
 from mpqr.tools._timing import (
     default_xp,
     environment,
     is_cupy,
-    parse_shapes,
     release_pool,
+    shapes_or_default,
     write_json,
 )
 
@@ -202,9 +202,7 @@ def plot(payload: dict[str, Any], path: str) -> None:
     env = payload["environment"]
     ax.set_title(f"mpqr on PyTorch / JAX arrays — {env.get('device')} {env.get('date')}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,10 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
-    if args.shapes:
-        shapes = parse_shapes(args.shapes)
-    else:
-        shapes = GPU_SHAPES if is_cupy(xp) else CPU_SHAPES
+    shapes = shapes_or_default(args.shapes, xp, GPU_SHAPES, CPU_SHAPES)
     payload = run(shapes, args.calls.split(","), xp=xp, repeat=args.repeat,
                   max_seconds=args.max_seconds, precision=args.precision, dtype=args.dtype)
     write_json(args.json, payload)

@@ -36,7 +36,7 @@ import time
 import uuid
 from typing import Any
 
-from mpqr.tools._charts import pyplot
+from mpqr.tools._charts import pyplot, save
 from mpqr.tools._timing import environment, write_json
 
 __all__ = ["main"]
@@ -260,9 +260,7 @@ def plot(payload: dict[str, Any], path: str) -> None:
     env = payload["environment"]
     fig.suptitle(f"mpqr on Dask: {env.get('device', '?')} x {payload['workers']} "
                  f"({payload['cluster']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    save(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

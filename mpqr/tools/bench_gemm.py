@@ -111,12 +111,10 @@ def run(shapes, *, xp, repeat: int, samples: int, slice_sweep: list[int] | None,
         native_t = {}
         for label, prec, dt, opts in configs:
             a, b = (a64, b64) if dt == "float64" else (a32, b32)
-            try:
-                c, engine, t = _timed_product(xp, a, b, prec, opts, repeat)
-            except (NotImplementedError, ValueError, MemoryError) as exc:
-                rows_out.append({"shape": [m, n, k], "config": label, "error": str(exc)})
-                print(f"{m}x{n}x{k} {label}: skipped ({exc})")
+            got = _timed_product(xp, a, b, prec, opts, repeat, (m, n, k), label, rows_out)
+            if got is None:
                 continue
+            c, engine, t = got
             vals = to_host(c[ri, ci]).astype(np.float64)
             ex, absd = exact[dt]
             err = float(np.max(np.abs(vals - ex) / absd))
@@ -162,12 +160,10 @@ def run_complex(shapes, *, xp, repeat: int, samples: int) -> list[dict[str, Any]
         native_err, native_t = {}, {}
         for label, prec, dt, opts in COMPLEX_ENGINES:
             a, b = (a128, b128) if dt == "complex128" else (a64, b64)
-            try:
-                c, engine, t = _timed_product(xp, a, b, prec, opts, repeat)
-            except (NotImplementedError, ValueError, MemoryError) as exc:
-                rows_out.append({"shape": [m, n, k], "config": label, "error": str(exc)})
-                print(f"{m}x{n}x{k} {label}: skipped ({exc})")
+            got = _timed_product(xp, a, b, prec, opts, repeat, (m, n, k), label, rows_out)
+            if got is None:
                 continue
+            c, engine, t = got
             vals = to_host(c[ri, ci]).astype(np.complex128)
             del c
             re, im, absd = exact[dt]
@@ -280,11 +276,18 @@ def plot(payload: dict[str, Any], path: str) -> bool:
                         title=f"mpqr.matmul — {env.get('device')} {env.get('date')}")
 
 
-def _timed_product(xp, a, b, prec, opts, repeat):
-    """``(C, engine, seconds)`` of one ``mpqr.matmul`` configuration."""
-    with mpqr.explain() as tr:
-        c = mpqr.matmul(a, b, precision=prec, options=opts)
-    t = time_it(xp, lambda: mpqr.matmul(a, b, precision=prec, options=opts), repeat=repeat)
+def _timed_product(xp, a, b, prec, opts, repeat, shape, label, rows_out):
+    """``(C, engine, seconds)`` of one ``mpqr.matmul`` configuration, or None when it
+    cannot run (the reason goes to ``rows_out`` and the console)."""
+    try:
+        with mpqr.explain() as tr:
+            c = mpqr.matmul(a, b, precision=prec, options=opts)
+        t = time_it(xp, lambda: mpqr.matmul(a, b, precision=prec, options=opts), repeat=repeat)
+    except (NotImplementedError, ValueError, MemoryError) as exc:
+        m, n, k = shape
+        rows_out.append({"shape": [m, n, k], "config": label, "error": str(exc)})
+        print(f"{m}x{n}x{k} {label}: skipped ({exc})")
+        return None
     return c, tr.gemms[0].engine, t
 
 

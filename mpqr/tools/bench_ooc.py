@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from mpqr.tools._charts import pyplot
+from mpqr.tools._charts import pyplot, save
 from mpqr.tools._timing import environment, write_json
 
 __all__ = ["main"]
@@ -397,9 +397,7 @@ def plot(payload: dict[str, Any], path: str) -> None:
     env = payload["environment"]
     ax.set_title(f"mpqr out of core — {env.get('device')} {env.get('date')}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    save(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

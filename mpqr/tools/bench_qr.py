@@ -24,8 +24,8 @@ from mpqr.tools._timing import (
     default_xp,
     environment,
     is_cupy,
-    parse_shapes,
     release_pool,
+    shapes_or_default,
     time_it,
     write_json,
 )
@@ -172,10 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
-    if args.shapes:
-        shapes = parse_shapes(args.shapes)
-    else:
-        shapes = GPU_SHAPES if is_cupy(xp) else CPU_SHAPES
+    shapes = shapes_or_default(args.shapes, xp, GPU_SHAPES, CPU_SHAPES)
     payload = run(shapes, args.precisions.split(","), args.modes.split(","), xp=xp,
                   repeat=args.repeat, max_seconds=args.max_seconds)
     write_json(args.json, payload)
