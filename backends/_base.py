@@ -194,6 +194,11 @@ class ArrayAPIBackend:
         version cannot: :func:`~mpqr.policy.gemm_into` then copies the product in."""
         return False
 
+    def add_partials(self, c: Any, parts: Any) -> None:
+        """``c[...] = c + sum(parts, axis=0)`` for float32 partial products ``parts``
+        (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest."""
+        c[...] = c + self.xp.sum(parts, axis=0)
+
     def round_fp16_scaled(self, x: Any, shift: Any) -> Any:
         """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype: ``x`` rounded to the
         fp16 numbers at a power-of-two scaling (``shift`` int32, broadcasting)."""

@@ -81,12 +81,6 @@ def certified_panel(a, w, cert):
     return ltop, tau
 
 
-#: rows per chunk of ``Z = W^T B``, split over the long dimension as one strided-batched
-#: GEMM and a sum (as one GEMM, 32 x q output and k = m, it ran at ~2 TFLOP/s in a
-#: back-to-back loop, H100; the split was not A/B-timed against it inside the QR)
-_SPLIT_ROWS = 512
-
-
 def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     """:func:`mpqr.qr.panel_blocked.certified_leaf` with its buffers allocated once, the
     kernels launched on raw pointers and the update products as direct cuBLAS calls
@@ -107,15 +101,14 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     tau = cp.empty(k, dtype=work.dtype)
     ltop = cp.empty(MAX_N * MAX_N, dtype=work.dtype)
     zld = max(k - MAX_N, 1)
-    nchunk = max(1, (m - c0) // _SPLIT_ROWS)
     z = cp.empty((MAX_N, zld), dtype=work.dtype)  # Z^T as column-major (q x nn, ld zld)
-    zb = cp.empty((nchunk, MAX_N, zld), dtype=work.dtype)
     one, zero, mone = np.array(1.0, dt), np.array(0.0, dt), np.array(-1.0, dt)
     handle = backend._cublas_handle()
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     a0, w0 = work.data.ptr, w_all.data.ptr
-    tau0, l0, z0, zb0 = tau.data.ptr, ltop.data.ptr, z.data.ptr, zb.data.ptr
+    tau0, l0, z0 = tau.data.ptr, ltop.data.ptr, z.data.ptr
     lda = np.int64(ld)
+    op_n, op_t = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
 
     def gemm(ta, tb, mm, nn, kk, alpha, pa, la, pb, lb, beta, pc, lc):
         cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha.ctypes.data, pa, rtype, la, pb, rtype,
@@ -137,29 +130,15 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
             break
         q = c1 - e
         pb = a0 + (c * ld + e) * it
-        # Z^T (q x nn) = B^T W, B = work[c:, e:c1], W = w_all[c:, c:e]: split over rows
-        chunks = mr // _SPLIT_ROWS
-        if chunks > 1:
-            cublas.gemmStridedBatchedEx(
-                handle, cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T, q, nn, _SPLIT_ROWS,
-                one.ctypes.data, pb, rtype, ld, _SPLIT_ROWS * ld, int(pw), rtype, ld,
-                _SPLIT_ROWS * ld, zero.ctypes.data, zb0, rtype, zld, MAX_N * zld, chunks,
-                ctype, cublas.CUBLAS_GEMM_DEFAULT)
-            cp.sum(zb[:chunks], axis=0, out=z)
-            rest = mr - chunks * _SPLIT_ROWS
-            if rest:
-                off = chunks * _SPLIT_ROWS * ld * it
-                gemm(cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T, q, nn, rest, one, pb + off, ld,
-                     int(pw) + off, ld, one, z0, zld)
-        else:
-            gemm(cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T, q, nn, mr, one, pb, ld, int(pw), ld,
-                 zero, z0, zld)
+        # Z^T (q x nn) = B^T W, B = work[c:, e:c1], W = w_all[c:, c:e], as one GEMM (split
+        # over 512-row chunks and summed, the QR was no faster: 16384^2 fp16 299-320 ms
+        # against 296-299, H100, bench/NOTES.md 2026-11-24)
+        gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ld, zero, z0, zld)
         # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
-        gemm(cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, q, nn, nn, mone, z0, zld, l0, nn, one,
-             pb, ld)
+        gemm(op_n, op_n, q, nn, nn, mone, z0, zld, l0, nn, one, pb, ld)
         if e < m:
-            gemm(cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, q, m - e, nn, mone, z0, zld,
-                 a0 + (e * ld + c) * it, ld, one, a0 + (e * ld + e) * it, ld)
+            gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld, one,
+                 a0 + (e * ld + e) * it, ld)
     return tau
 
 

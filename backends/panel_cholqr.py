@@ -9,9 +9,11 @@ For a panel ``A`` (``m x n``, ``m >= n``), in float64 whatever ``A``'s storage:
 
 1. ``R1 = chol(A^T A)``, ``X1 = R1^-1``; ``Q1 = A X1`` (on the GPU made row by row, never
    stored);
-2. ``R2 = chol(Q1^T Q1)`` — the certificate is ``||Q1^T Q1 - I||_F <= 1/2`` and
-   positive finite pivots in step 1 (CholQR2's condition for an orthonormal
-   ``Q = Q1 R2^-1`` to working precision); ``R = R2 R1``;
+2. ``R2 = chol(Q1^T Q1)`` (where ``||Q1^T Q1 - I||_F^2 <= 2^-53``, the usual case, to
+   first order: ``R2 = I + F``, ``R2^-1 = I - F`` with ``F`` the upper triangle of
+   ``Q1^T Q1 - I``, its diagonal halved); the certificate is
+   ``||Q1^T Q1 - I||_F <= 1/2`` and positive finite pivots in step 1 (CholQR2's condition
+   for an orthonormal ``Q = Q1 R2^-1`` to working precision); ``R = R2 R1``;
 3. the signed LU ``L U = Q[:n] - S`` (Ballard et al. 2014; LAPACK ``orhr_col``) gives the
    reflectors ``Y = [L; Q2 U^-1]`` and ``T = -U S L^-T`` with
    ``A = (I - Y T Y^T)[:, :n] (S R)``.
@@ -27,11 +29,14 @@ from typing import Any
 
 from mpqr._array_api import device
 
-__all__ = ["CERTIFIED_PANEL_MAX_N", "certificate_failed", "certified_leaf",
+__all__ = ["CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY", "certificate_failed", "certified_leaf",
            "certified_panel", "new_certificate"]
 
 #: widest certified panel (the kernels hold one column per lane of a warp)
 CERTIFIED_PANEL_MAX_N = 32
+#: ``||Q1^T Q1 - I||_F^2`` at or below which ``R2`` and ``R2^-1`` are taken to first order
+#: (float64's unit roundoff: the second-order terms are below its rounding)
+NEAR_IDENTITY = 2.0**-53
 
 
 def new_certificate(self: Any, like: Any) -> Any:
@@ -89,12 +94,19 @@ def _certified_panel(self: Any, a: Any, w: Any | None, fails: Any) -> tuple[Any,
     x1 = self.solve_triangular(r1, eye, lower=False)
     q1 = a64 @ x1
     g2 = xp.matrix_transpose(q1) @ q1
-    r2 = _chol_upper(xp, g2)
-    if r2 is None or not bool(xp.sum((g2 - eye) ** 2) <= 0.25):
-        fails[0] = fails[0] + 1
-        return xp.eye(n, dtype=a.dtype, device=device(a)), xp.zeros(n, dtype=a.dtype,
-                                                                      device=device(a))
-    x2 = self.solve_triangular(r2, eye, lower=False)
+    e2 = xp.sum((g2 - eye) ** 2)
+    if bool(e2 <= NEAR_IDENTITY):
+        # R2 = I + F, X2 = I - F with F = triu(G2 - I), its diagonal halved: R2^T R2 and
+        # X2 R2 are I to O(||G2 - I||^2), below float64's rounding
+        f = xp.triu(g2, k=1) + xp.expand_dims(xp.linalg.diagonal(g2 - eye) * 0.5, axis=1) * eye
+        r2, x2 = eye + f, eye - f
+    else:
+        r2 = _chol_upper(xp, g2)
+        if r2 is None or not bool(e2 <= 0.25):
+            fails[0] = fails[0] + 1
+            return xp.eye(n, dtype=a.dtype, device=device(a)), xp.zeros(n, dtype=a.dtype,
+                                                                          device=device(a))
+        x2 = self.solve_triangular(r2, eye, lower=False)
     r = r2 @ r1
     l, u, s = self.lu_signed(q1[:n, :] @ x2)
     p = x2 @ self.solve_triangular(u, eye, lower=False)

@@ -132,3 +132,35 @@ def test_float64_inputs_on_emulated_engines_return_float64(xp):
     err = rel_error_vs_abs(to_numpy(c), exact, a, b)
     assert err <= 40 * U32
     assert err > 2.0**-50
+
+
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the accumulator is the engine's own")
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_partial_products_are_added_with_round_to_nearest(xp, contiguous):
+    """``add_partials`` (tc-sgemm's slice sums): c + the sum of float32 partials, each
+    addition rounded to nearest, on every backend (CuPy: one GEMM with ones), also
+    into a strided view and with Inf/NaN where the sum has them."""
+    from mpqr.backends import get_backend
+
+    from mpqr._array_api import array_namespace
+
+    rng = np.random.default_rng(11)
+    g, m, n = 37, 24, 20
+    parts = rng.standard_normal((g, m, n)).astype(np.float32)
+    parts[5, 3, 4] = np.inf
+    parts[9, 7, 1] = np.nan
+    base = rng.standard_normal((m, 2 * n)).astype(np.float32)
+    exact = base[:, :n].astype(np.float64) + parts.astype(np.float64).sum(axis=0)
+    bound = (g + 1) * U32 * (np.abs(base[:, :n]).astype(np.float64)
+                             + np.abs(parts.astype(np.float64)).sum(axis=0))
+    big = xp.asarray(base.copy())
+    c = big[:, :n] if not contiguous else xp.asarray(base[:, :n].copy())
+    backend = get_backend(array_namespace(c))
+    backend.add_partials(c, xp.asarray(parts))
+    got = to_numpy(c).astype(np.float64)
+    finite = np.isfinite(exact)
+    assert np.all(np.abs(got[finite] - exact[finite]) <= bound[finite])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(exact))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(exact))
+    if not contiguous:  # the columns beside the view are untouched
+        np.testing.assert_array_equal(to_numpy(big)[:, n:], base[:, n:])

@@ -72,6 +72,48 @@ def test_certified_panel_is_a_compact_wy_factorization(xp, shape, dtype):
     assert np.allclose(y @ t, wp, rtol=0, atol=100 * n * u * max(1.0, np.abs(wp).max()))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("cond", [1.0, 1e5])
+def test_second_gram_near_identity_takes_first_order_factors(xp, dtype, cond, monkeypatch):
+    """Pass 2 takes ``R2`` and its inverse to first order where ``||Q1^T Q1 - I||_F^2 <=
+    2^-53`` (a well-conditioned panel) and by Cholesky otherwise (cond 1e5: ``Q1^T Q1 - I``
+    is ~ u64 cond^2); either way the panel is a QR to working precision, and the first-order
+    factors are Cholesky's to float64's rounding."""
+    from mpqr.backends import panel_cholqr
+
+    rng = np.random.default_rng(17)
+    q1, _ = np.linalg.qr(rng.standard_normal((300, 32)))
+    q2, _ = np.linalg.qr(rng.standard_normal((32, 32)))
+    a = ((q1 * np.logspace(0, -np.log10(cond), 32)) @ q2).astype(dtype)
+    calls = []
+    chol = panel_cholqr._chol_upper
+    monkeypatch.setattr(panel_cholqr, "_chol_upper", lambda xp_, g: calls.append(1) or
+                        chol(xp_, g))
+    out = []
+    for near in (panel_cholqr.NEAR_IDENTITY, -1.0):  # -1: Cholesky always
+        monkeypatch.setattr(panel_cholqr, "NEAR_IDENTITY", near)
+        calls.clear()
+        backend, work, w, cert = _working(xp, a)
+        ArrayAPIBackend.certified_panel(backend, work, w, cert)
+        out.append((to_numpy(work).astype(np.float64), to_numpy(w).astype(np.float64),
+                    len(calls), int(to_numpy(cert)[0])))
+    (p1, w1, n1, f1), (p2, w2, n2, f2) = out
+    assert f1 == f2 == 0
+    assert (n1, n2) == ((1, 2) if cond == 1.0 else (2, 2))
+    u = _u(dtype)
+    assert np.abs(p1 - p2).max() <= 4 * u * np.abs(p2).max()
+    assert np.abs(w1 - w2).max() <= 4 * u * np.abs(w2).max()
+    # and the panel (on the kernels where the backend has them) is a QR of A
+    _, work, w, _, _, fails = _panel(xp, a, 0, 32)
+    m = a.shape[0]
+    y = np.tril(work.astype(np.float64), -1) + np.eye(m, 32)
+    h = np.eye(m) - np.asarray(hp_matmul(w.astype(np.float64), y.T), dtype=np.float64)
+    assert fails == 0
+    assert orthogonality(h) <= 10 * m * u
+    assert backward_error(a.astype(np.float64), h[:, :32],
+                          np.triu(work[:32].astype(np.float64))) <= 10 * np.sqrt(m * 32) * u
+
+
 def test_certified_panel_without_w_gives_the_same_factors(xp):
     a = np.random.default_rng(3).standard_normal((200, 32))
     _, work1, _, _, _, _ = _panel(xp, a, 0, 32)
@@ -241,8 +283,8 @@ def test_certified_leaves_are_wider():
 
 
 def test_fused_leaf_matches_the_portable_loop(xp):
-    """CuPy's leaf (raw launches, direct cuBLAS, the W^T B product split over rows) and the
-    portable loop of :func:`mpqr.qr.panel_blocked.certified_leaf` agree."""
+    """CuPy's leaf (raw launches, direct cuBLAS) and the portable loop of
+    :func:`mpqr.qr.panel_blocked.certified_leaf` agree."""
     if not is_cupy_namespace(xp):
         pytest.skip("the fused leaf runs on CuPy")
     from mpqr.qr import panel_blocked

@@ -5,7 +5,8 @@
 //   pass 1 (panel_pass, pass = 1): G = A^T A; the last block to finish sums the blocks'
 //          partial Grams in block order and computes R1 = chol(G), X1 = R1^-1.
 //   pass 2 (panel_pass, pass = 2): G2 = Q1^T Q1 with the rows of Q1 = A X1 made on the fly
-//          (never stored); the last block computes R2 = chol(G2), X2 = R2^-1, R = R2 R1,
+//          (never stored); the last block computes R2 = chol(G2), X2 = R2^-1 (to first
+//          order where ||G2 - I||_F^2 <= 2^-53: R2 = I + F, X2 = I - F), R = R2 R1,
 //          Q's top block (A[:n] X1) X2, the signed LU L U = Q[:n] - S (Ballard et al.
 //          2014; s_i = -sign(pivot_i), so every |u_ii| >= 1), T = -U S L^-T, and writes the
 //          panel's top n rows (S R on and above the diagonal, L below), W's (L T), L and
@@ -22,16 +23,20 @@
 // Layout: rows go through shared memory in tiles of 32 (one coalesced load each); thread t
 // owns entries (i, j) = (t / 32 + 8 e, t % 32), e = 0..3, of every 32 x 32 product, so the
 // sums run in parallel from shared memory (a warp per row with shuffles was latency-bound:
-// ~0.5 ms per panel, H100). The triangular factorizations and inverses run in one warp of
-// the last block, lane j owning column j (a barrier-separated loop of the whole block per
-// column took ~0.1 ms per panel). Partial Grams are summed in a fixed order, so results do
-// not depend on scheduling.
+// ~0.5 ms per panel, H100). The Cholesky and LU factorizations run in one warp of the last
+// block, lane j owning column j (a barrier-separated loop of the whole block per column
+// took ~0.1 ms per panel); the triangular inverses take the whole block, by blocks of
+// 1, 2, 4, 8, 16 combined pairwise. Partial Grams are summed in a fixed order, so results
+// do not depend on scheduling.
 
 #define PANEL_B 32
 #define PANEL_WARPS 8
 #define PANEL_THREADS (PANEL_B * PANEL_WARPS)
 #define FULL_MASK 0xffffffffu
 #define TILE_ENTRIES (PANEL_B * PANEL_B / PANEL_THREADS)  // entries (i, j) per thread
+// ||Q1^T Q1 - I||_F^2 at or below which pass 2 takes R2 and its inverse to first order
+// (2^-53, float64's unit roundoff)
+#define PANEL_NEAR_IDENTITY 1.1102230246251565e-16
 
 // workspace (double), each PANEL_B x PANEL_B row-major: X1, R1, P, PT, R, then the partials
 #define WS_X1 0
@@ -86,50 +91,6 @@ __device__ bool chol_warp(Mat* __restrict__ g, int n) {
   return ok;
 }
 
-// x = R^-1 for upper R (only its upper triangle is read); x zero outside n x n
-__device__ void inv_upper_warp(const Mat* __restrict__ r, Mat* __restrict__ x, int n) {
-  const int j = threadIdx.x & 31;
-  const double dinv = j < n ? 1.0 / r[j][j] : 0.0;  // 1 / r_kk from lane k
-  for (int i = 0; i < PANEL_B; ++i) x[i][j] = (i == j && i < n) ? 1.0 : 0.0;
-  for (int k = n - 1; k >= 0; --k) {
-    const double xk = x[k][j] * __shfl_sync(FULL_MASK, dinv, k);
-    x[k][j] = xk;
-    for (int i0 = 0; i0 < k; i0 += STAGE) {
-      double rv[STAGE], xv[STAGE];
-#pragma unroll
-      for (int u = 0; u < STAGE; ++u) {
-        rv[u] = r[(i0 + u) & 31][k];
-        xv[u] = x[(i0 + u) & 31][j];
-      }
-#pragma unroll
-      for (int u = 0; u < STAGE; ++u)
-        if (i0 + u < k) x[i0 + u][j] = fma(-rv[u], xk, xv[u]);
-    }
-  }
-  __syncwarp();
-}
-
-// x = L^-1 for unit lower L (only its strict lower triangle is read)
-__device__ void inv_unit_lower_warp(const Mat* __restrict__ l, Mat* __restrict__ x, int n) {
-  const int j = threadIdx.x & 31;
-  for (int i = 0; i < PANEL_B; ++i) x[i][j] = (i == j && i < n) ? 1.0 : 0.0;
-  for (int k = 0; k < n; ++k) {
-    const double xk = x[k][j];
-    for (int i0 = k + 1; i0 < n; i0 += STAGE) {
-      double lv[STAGE], xv[STAGE];
-#pragma unroll
-      for (int u = 0; u < STAGE; ++u) {
-        lv[u] = l[(i0 + u) & 31][k];
-        xv[u] = x[(i0 + u) & 31][j];
-      }
-#pragma unroll
-      for (int u = 0; u < STAGE; ++u)
-        if (i0 + u < n) x[i0 + u][j] = fma(-lv[u], xk, xv[u]);
-    }
-  }
-  __syncwarp();
-}
-
 // Signed LU without pivoting, L U = C - S, in place (L\U, L's unit diagonal implied);
 // s_k = 1 if the pivot's entry d is negative, else -1 (lu_signed.cu's rule), so that
 // |d - s_k| >= 1.
@@ -159,6 +120,72 @@ __device__ void lu_signed_warp(Mat* __restrict__ c, double* s, int n) {
     }
     __syncwarp();
   }
+}
+
+// ---- the whole block: triangular inverses ----------------------------------------------
+// Diagonal blocks of 1, 2, 4, 8 and 16 are combined pairwise, the off-diagonal block from
+// two products: upper X12 = -X11 (R12 X22), lower X21 = -X22 (L21 X11). Five levels of two
+// parallel products each, where substitution takes n dependent steps of a warp (~0.45 us
+// each, H100: the one-block n x n steps were most of a panel's time). Beyond n the
+// diagonal is taken as 1, so every block is nonsingular; x is zero outside n x n at the
+// end. Every thread of the block calls (n is uniform); t is scratch.
+
+// x = R^-1 for upper R (only its upper triangle is read)
+__device__ void inv_upper_block(const Mat* __restrict__ r, Mat* __restrict__ x,
+                                Mat* __restrict__ t, int n) {
+  FOR_IJ(i, j) x[i][j] = i != j ? 0.0 : (i < n ? 1.0 / r[i][i] : 1.0);
+  __syncthreads();
+  for (int b = 1; b < n; b *= 2) {  // blocks of 2b: the last level holds all n
+    FOR_IJ(i, j) {  // T = R12 X22 (X22 upper): rows p..p+b-1, columns p+b..p+2b-1
+      const int p = i & ~(2 * b - 1);
+      if (i < p + b && j >= p + b && j < p + 2 * b) {
+        double v = 0.0;
+        for (int l = p + b; l <= j; ++l) v = fma(r[i][l], x[l][j], v);
+        t[i][j] = v;
+      }
+    }
+    __syncthreads();
+    FOR_IJ(i, j) {  // X12 = -X11 T (X11 upper)
+      const int p = i & ~(2 * b - 1);
+      if (i < p + b && j >= p + b && j < p + 2 * b) {
+        double v = 0.0;
+        for (int l = i; l < p + b; ++l) v = fma(x[i][l], t[l][j], v);
+        x[i][j] = -v;
+      }
+    }
+    __syncthreads();
+  }
+  FOR_IJ(i, j) if (i >= n || j >= n) x[i][j] = 0.0;
+  __syncthreads();
+}
+
+// x = L^-1 for unit lower L (only its strict lower triangle is read)
+__device__ void inv_unit_lower_block(const Mat* __restrict__ l, Mat* __restrict__ x,
+                                     Mat* __restrict__ t, int n) {
+  FOR_IJ(i, j) x[i][j] = i == j ? 1.0 : 0.0;
+  __syncthreads();
+  for (int b = 1; b < n; b *= 2) {  // blocks of 2b: the last level holds all n
+    FOR_IJ(i, j) {  // T = L21 X11 (X11 lower): rows p+b..p+2b-1, columns p..p+b-1
+      const int p = j & ~(2 * b - 1);
+      if (j < p + b && i >= p + b && i < p + 2 * b) {
+        double v = 0.0;
+        for (int k = j; k < p + b; ++k) v = fma(l[i][k], x[k][j], v);
+        t[i][j] = v;
+      }
+    }
+    __syncthreads();
+    FOR_IJ(i, j) {  // X21 = -X22 T (X22 lower)
+      const int p = j & ~(2 * b - 1);
+      if (j < p + b && i >= p + b && i < p + 2 * b) {
+        double v = 0.0;
+        for (int k = p + b; k <= i; ++k) v = fma(x[i][k], t[k][j], v);
+        x[i][j] = -v;
+      }
+    }
+    __syncthreads();
+  }
+  FOR_IJ(i, j) if (i >= n || j >= n) x[i][j] = 0.0;
+  __syncthreads();
 }
 
 // ---- the block: tiles and products ----------------------------------------------------
@@ -215,6 +242,7 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   __shared__ Mat red[PANEL_B];
   __shared__ Mat tile[PANEL_B];
   __shared__ Mat qt[PANEL_B];
+  __shared__ Mat scratch[PANEL_B];  // the triangular inverses' products
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (pass == 2) FOR_IJ(i, j) x1[i][j] = ws[WS_X1 + i * PANEL_B + j];
   double acc[TILE_ENTRIES];  // G[warp + 8 e][lane]
@@ -270,17 +298,16 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   if (threadIdx.x == 0) cert[pass] = 0;
   __syncthreads();
   if (pass == 1) {
-    if (warp == 0) {
-      if (!chol_warp(red, n)) {  // X1 = I keeps pass 2 finite; the caller factors again
-        for (int i = 0; i < PANEL_B; ++i) red[i][lane] = i == lane ? 1.0 : 0.0;
-        if (lane == 0) { atomicAdd(&cert[0], 1); cert[3] = 1; }
-        __syncwarp();
-      }
-      inv_upper_warp(red, x1, n);
-      for (int i = 0; i < PANEL_B; ++i) {
-        ws[WS_X1 + i * PANEL_B + lane] = x1[i][lane];
-        ws[WS_R1 + i * PANEL_B + lane] = (i <= lane && lane < n) ? red[i][lane] : 0.0;
-      }
+    if (warp == 0 && !chol_warp(red, n)) {  // X1 = I keeps pass 2 finite; the caller
+      for (int i = 0; i < PANEL_B; ++i)     // factors again
+        red[i][lane] = i == lane ? 1.0 : 0.0;
+      if (lane == 0) { atomicAdd(&cert[0], 1); cert[3] = 1; }
+    }
+    __syncthreads();
+    inv_upper_block(red, x1, scratch, n);
+    FOR_IJ(i, j) {
+      ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
+      ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
     }
     return;
   }
@@ -291,6 +318,7 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   Mat* r1 = qt;
   Mat* lu = x1;
   __shared__ double sv[PANEL_B];
+  __shared__ int near_identity;
   if (warp == 0) {
     double e = 0.0;  // ||G2 - I||_F^2
     for (int i = 0; i < n; ++i) {
@@ -298,22 +326,37 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
       if (lane < n) e = fma(d, d, e);
     }
     for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(FULL_MASK, e, o);
-    const bool ok = chol_warp(red, n);
+    // G2 = I + E with ||E||_F^2 <= u: R2 = I + F and X2 = I - F, F the upper triangle
+    // of E with half its diagonal (R2^T R2 and X2 R2 are I to O(||E||^2) <= u)
+    const bool near = e <= PANEL_NEAR_IDENTITY;
+    bool ok = true;
+    if (near) {
+      for (int i = 0; i < PANEL_B; ++i) {
+        const double g = red[i][lane];
+        const bool diag = i == lane && lane < n;
+        const double f = diag ? 0.5 * (g - 1.0) : (i < lane && lane < n ? g : 0.0);
+        red[i][lane] = diag ? 1.0 + f : f;
+        x2[i][lane] = diag ? 1.0 - f : -f;
+      }
+    } else {
+      ok = chol_warp(red, n);
+    }
     const bool good = ok && e <= 0.25 && cert[3] == 0;  // a NaN fails e <= 0.25
     __syncwarp();  // every lane has read cert[3]
     if (lane == 0) {
       if (!good && cert[3] == 0) atomicAdd(&cert[0], 1);
       cert[3] = 0;
+      near_identity = near && good;
     }
     if (!good) {
       for (int i = 0; i < PANEL_B; ++i) red[i][lane] = i == lane ? 1.0 : 0.0;
       __syncwarp();
     }
     for (int i = lane + 1; i < PANEL_B; ++i) red[i][lane] = 0.0;  // R2: zero below
-    inv_upper_warp(red, x2, n);                                   // X2
   }
   FOR_IJ(i, j) r1[i][j] = ws[WS_R1 + i * PANEL_B + j];
   __syncthreads();
+  if (!near_identity) inv_upper_block(red, x2, scratch, n);  // X2 (the flag is shared)
   FOR_IJ(i, j) {  // R = R2 R1, to the workspace
     double v = 0.0;
     if (j < n)
@@ -340,9 +383,8 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   __syncthreads();
   if (warp == 0) lu_signed_warp(lu, sv, n);
   __syncthreads();
-  if (warp == 0) inv_upper_warp(lu, red, n);            // U^-1 (into red) and, at the
-  else if (warp == 1) inv_unit_lower_warp(lu, r1, n);   // same time, L^-1 (into r1)
-  __syncthreads();
+  inv_upper_block(lu, red, scratch, n);       // U^-1 (into red)
+  inv_unit_lower_block(lu, r1, scratch, n);   // L^-1 (into r1)
   FOR_IJ(i, j) {  // P = X2 U^-1 (both upper)
     double v = 0.0;
     if (j < n)

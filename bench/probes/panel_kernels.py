@@ -1,8 +1,11 @@
 """Time each launch of the certified panel (``kernels/panel_cholqr.cu``) on its own:
-``python3 bench/probes/panel_kernels.py`` (pass 1, pass 2, the rows), CUDA events over
-100 launches each, float64, m = 4096 and 16384, n = 32 and 8."""
+``python3 bench/probes/panel_kernels.py [BLOCKS ...]`` (pass 1, pass 2, the rows), CUDA
+events over 100 launches each, float64, m = 32, 1024, 4096 and 16384, n = 32 and 8, with
+the Gram passes on at most each number of thread blocks given (default: the module's)."""
 
 from __future__ import annotations
+
+import sys
 
 import cupy as cp
 from mpqr.backends import cupy_panel_cholqr as k
@@ -36,7 +39,17 @@ def launches(m: int, n: int) -> tuple[cp.ndarray, cp.ndarray, dict]:
 
 
 def main() -> None:
-    for m in (4096, 16384):
+    default = k._MAX_BLOCKS
+    for blocks in [int(b) for b in sys.argv[1:]] or [default]:
+        k._MAX_BLOCKS = blocks
+        try:
+            timed(blocks)
+        finally:
+            k._MAX_BLOCKS = default
+
+
+def timed(blocks: int) -> None:
+    for m in (32, 1024, 4096, 16384):
         for n in (32, 8):
             a0, a, fns = launches(m, n)
             for name, fn in fns.items():
@@ -49,8 +62,8 @@ def main() -> None:
                     fn()
                 e1.record()
                 e1.synchronize()
-                print(f"m={m} n={n} {name}: {cp.cuda.get_elapsed_time(e0, e1) * 10:.1f} us",
-                      flush=True)
+                print(f"blocks<={blocks} m={m} n={n} {name}: "
+                      f"{cp.cuda.get_elapsed_time(e0, e1) * 10:.1f} us", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ sections named: ``check`` the panel kernels against the portable steps
 ``geqrf``, the TSQR reconstruction); ``leaf`` one 512-column leaf; ``qr`` ``mpqr.qr``
 with ``householder-recursive`` at fp16, fp32-emulated and fp64-emulated with each kind
 of leaf (:data:`CONFIGS`, A/B in one process) and cuSOLVER, with backward error and
-orthogonality at the first size.
+orthogonality at the first size; ``kernels=DIR`` the same QRs with the panel kernels of
+the library and those of ``DIR/panel_cholqr.cu`` (another version), and ``partials``
+with tc-sgemm's slice partials summed by the CuPy backend or the portable way, each pair
+alternating, twice.
 """
 
 from __future__ import annotations
@@ -168,6 +171,68 @@ def qr_ab(rows, sizes):
             release_pool(cp)
 
 
+def ab(rows, sizes, check, variants):
+    """The QRs of the ``qr`` section under each variant (``(name, switch on, switch off)``),
+    alternating, twice; errors on the first pass."""
+    for n in sizes:
+        for dtype, precs in ((cp.float32, ("fp16", "fp32-emulated")),
+                             (cp.float64, ("fp64-emulated",))):
+            a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float64).astype(dtype)
+            for prec in precs:
+                for rep in range(2):
+                    for name, on, off in variants:
+                        on()
+                        try:
+                            call = _qr_call(a, prec)
+                            back = orth = None
+                            if rep == 0:
+                                q, r = call()
+                                back, orth = errors(a, q, r)
+                                del q, r
+                                release_pool(cp)
+                            sec = time_it(cp, call, repeat=3, max_seconds=6)
+                        finally:
+                            off()
+                        rows.append({"check": check, "n": n, "precision": prec,
+                                     "variant": name, "rep": rep, "seconds": sec,
+                                     "backward": back, "orthogonality": orth})
+                        print(rows[-1], flush=True)
+                        release_pool(cp)
+            del a
+            release_pool(cp)
+
+
+def kernel_variants(other):
+    """The library's panel kernels against ``other/panel_cholqr.cu``."""
+    from pathlib import Path
+
+    from mpqr.backends import cupy_panel_cholqr as k
+
+    mine = k._DIR
+
+    def use(d):
+        k._DIR = Path(d)
+        k._module.cache_clear()
+
+    return [("library", lambda: None, lambda: None),
+            ("other", lambda: use(other), lambda: use(mine))]
+
+
+def partial_variants():
+    """tc-sgemm's slice partials added by the CuPy backend's GEMM with ones or by the
+    portable ``c + sum(parts)``."""
+    base = ArrayAPIBackend.add_partials
+    mine = CLS.__dict__.get("add_partials")
+
+    def portable():
+        CLS.add_partials = base
+
+    def restore():
+        CLS.add_partials = mine
+
+    return [("gemm-ones", lambda: None, lambda: None), ("cupy-sum", portable, restore)]
+
+
 def main() -> None:
     out = sys.argv[1]
     sections = sys.argv[2].split(",")
@@ -182,6 +247,11 @@ def main() -> None:
             leaf_times(rows)
         if "qr" in sections:
             qr_ab(rows, sizes)
+        if "partials" in sections:
+            ab(rows, sizes, "partials", partial_variants())
+        for sec in sections:
+            if sec.startswith("kernels="):
+                ab(rows, sizes, "kernels", kernel_variants(sec.split("=", 1)[1]))
     finally:
         with open(out, "w") as fh:
             json.dump({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),

@@ -90,7 +90,7 @@ def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
             k0, k1 = g0 * slice_k, (g0 + g) * slice_k
             a3 = xp.permute_dims(xp.reshape(a_hi[:, k0:k1], (m, g, slice_k)), (1, 0, 2))
             b3 = xp.reshape(b_hi[k0:k1, :], (g, slice_k, n))
-            c[...] = c + xp.sum(backend.gemm_fp16(a3, b3), axis=0)
+            backend.add_partials(c, backend.gemm_fp16(a3, b3))
         start = nfull * slice_k
     for s in range(start, k, slice_k):
         e = min(k, s + slice_k)
