@@ -130,29 +130,46 @@ __device__ void lu_signed_warp(Mat* __restrict__ c, double* s, int n) {
 // diagonal is taken as 1, so every block is nonsingular; x is zero outside n x n at the
 // end. Every thread of the block calls (n is uniform); t is scratch.
 
+// One level's product for this thread's entries (warp + 8 e, lane), e = 0..3, of the
+// blocks at this level: out = -? sum_s A[row][a0 + s] B[a0 + s][lane], s = 0..b-1, the
+// four sums interleaved (their loads in flight together). The triangular factor inside
+// the sum is zero outside its triangle, so the fixed trip count adds exact zeros only.
+// (am and out may be the same matrix: the entries read and written are disjoint.)
+__device__ __forceinline__ void level_product(const Mat* am, const Mat* bm, Mat* out,
+                                              const bool* act, const int* a0, int b, bool neg) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double v[TILE_ENTRIES];
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) v[e] = 0.0;
+  for (int s = 0; s < b; ++s) {
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e)
+      if (act[e]) v[e] = fma(am[warp + 8 * e][a0[e] + s], bm[a0[e] + s][lane], v[e]);
+  }
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e)
+    if (act[e]) out[warp + 8 * e][lane] = neg ? -v[e] : v[e];
+}
+
 // x = R^-1 for upper R (only its upper triangle is read)
 __device__ void inv_upper_block(const Mat* __restrict__ r, Mat* __restrict__ x,
                                 Mat* __restrict__ t, int n) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   FOR_IJ(i, j) x[i][j] = i != j ? 0.0 : (i < n ? 1.0 / r[i][i] : 1.0);
   __syncthreads();
   for (int b = 1; b < n; b *= 2) {  // blocks of 2b: the last level holds all n
-    FOR_IJ(i, j) {  // T = R12 X22 (X22 upper): rows p..p+b-1, columns p+b..p+2b-1
-      const int p = i & ~(2 * b - 1);
-      if (i < p + b && j >= p + b && j < p + 2 * b) {
-        double v = 0.0;
-        for (int l = p + b; l <= j; ++l) v = fma(r[i][l], x[l][j], v);
-        t[i][j] = v;
-      }
+    bool act[TILE_ENTRIES];  // (i, lane) in an off-diagonal block R12 / X12
+    int p[TILE_ENTRIES], q[TILE_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const int i = warp + 8 * e;
+      p[e] = i & ~(2 * b - 1);
+      q[e] = p[e] + b;
+      act[e] = i < q[e] && lane >= q[e] && lane < q[e] + b;
     }
+    level_product(r, x, t, act, q, b, false);  // T = R12 X22
     __syncthreads();
-    FOR_IJ(i, j) {  // X12 = -X11 T (X11 upper)
-      const int p = i & ~(2 * b - 1);
-      if (i < p + b && j >= p + b && j < p + 2 * b) {
-        double v = 0.0;
-        for (int l = i; l < p + b; ++l) v = fma(x[i][l], t[l][j], v);
-        x[i][j] = -v;
-      }
-    }
+    level_product(x, t, x, act, p, b, true);   // X12 = -X11 T
     __syncthreads();
   }
   FOR_IJ(i, j) if (i >= n || j >= n) x[i][j] = 0.0;
@@ -162,26 +179,22 @@ __device__ void inv_upper_block(const Mat* __restrict__ r, Mat* __restrict__ x,
 // x = L^-1 for unit lower L (only its strict lower triangle is read)
 __device__ void inv_unit_lower_block(const Mat* __restrict__ l, Mat* __restrict__ x,
                                      Mat* __restrict__ t, int n) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   FOR_IJ(i, j) x[i][j] = i == j ? 1.0 : 0.0;
   __syncthreads();
-  for (int b = 1; b < n; b *= 2) {  // blocks of 2b: the last level holds all n
-    FOR_IJ(i, j) {  // T = L21 X11 (X11 lower): rows p+b..p+2b-1, columns p..p+b-1
-      const int p = j & ~(2 * b - 1);
-      if (j < p + b && i >= p + b && i < p + 2 * b) {
-        double v = 0.0;
-        for (int k = j; k < p + b; ++k) v = fma(l[i][k], x[k][j], v);
-        t[i][j] = v;
-      }
+  for (int b = 1; b < n; b *= 2) {
+    bool act[TILE_ENTRIES];  // (i, lane) in an off-diagonal block L21 / X21
+    int p[TILE_ENTRIES], q[TILE_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const int i = warp + 8 * e;
+      p[e] = lane & ~(2 * b - 1);
+      q[e] = p[e] + b;
+      act[e] = lane < q[e] && i >= q[e] && i < q[e] + b;
     }
+    level_product(l, x, t, act, p, b, false);  // T = L21 X11
     __syncthreads();
-    FOR_IJ(i, j) {  // X21 = -X22 T (X22 lower)
-      const int p = j & ~(2 * b - 1);
-      if (j < p + b && i >= p + b && i < p + 2 * b) {
-        double v = 0.0;
-        for (int k = p + b; k <= i; ++k) v = fma(x[i][k], t[k][j], v);
-        x[i][j] = -v;
-      }
-    }
+    level_product(x, t, x, act, q, b, true);   // X21 = -X22 T
     __syncthreads();
   }
   FOR_IJ(i, j) if (i >= n || j >= n) x[i][j] = 0.0;
@@ -385,11 +398,13 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   __syncthreads();
   inv_upper_block(lu, red, scratch, n);       // U^-1 (into red)
   inv_unit_lower_block(lu, r1, scratch, n);   // L^-1 (into r1)
+  Mat* pm = scratch;  // P, also kept here for P T below
   FOR_IJ(i, j) {  // P = X2 U^-1 (both upper)
     double v = 0.0;
     if (j < n)
       for (int l = i; l <= j; ++l) v = fma(x2[i][l], red[l][j], v);
     ws[WS_P + i * PANEL_B + j] = v;
+    pm[i][j] = v;
   }
   __syncthreads();  // U^-1 is read: T takes its place
   FOR_IJ(i, j) {  // T[i][j] = -sum_{i <= l <= j} U[i][l] s_l Linv[j][l]
@@ -402,7 +417,7 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   FOR_IJ(i, j) {
     double v = 0.0;  // P T (both upper)
     if (j < n)
-      for (int l = i; l <= j; ++l) v = fma(ws[WS_P + i * PANEL_B + l], red[l][j], v);
+      for (int l = i; l <= j; ++l) v = fma(pm[i][l], red[l][j], v);
     ws[WS_PT + i * PANEL_B + j] = v;
     if (i < n && j < n) {
       // the panel's top rows: S R on and above the diagonal, L below
