@@ -7,9 +7,8 @@ cuBLAS's included, with its start and end on the GPU. For each call it writes th
 time without the profiler, the time the GPU was busy (the union of the kernels'
 intervals), the kernel time per class (panel kernels, tensor-core / int8 / float GEMMs,
 the engines' conversion kernels, copies, the rest), the top kernels by time (in
-``OUT_top_kernels.txt``), and the
-flops the policy's products asked of each engine (from ``mpqr.explain``), so that each
-class's rate can be set against its ceiling.
+``OUT_top_kernels.txt``), and the flops the policy's products asked of each engine (from
+``mpqr.explain``), so that each class's rate can be set against its ceiling.
 """
 
 from __future__ import annotations
