@@ -54,16 +54,22 @@ def timed(blocks: int) -> None:
             a0, a, fns = launches(m, n)
             for name, fn in fns.items():
                 a[...] = a0
-                fn()
-                cp.cuda.Device().synchronize()
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record()
-                for _ in range(100):
-                    fn()
-                e1.record()
-                e1.synchronize()
-                print(f"blocks<={blocks} m={m} n={n} {name}: "
-                      f"{cp.cuda.get_elapsed_time(e0, e1) * 10:.1f} us", flush=True)
+                print(f"blocks<={blocks} m={m} n={n} {name}: {per_launch_us(fn):.1f} us",
+                      flush=True)
+
+
+def per_launch_us(fn, launches: int = 100) -> float:
+    """Microseconds per call of ``fn`` (one launch), CUDA events over ``launches`` calls
+    after one untimed call."""
+    fn()
+    cp.cuda.Device().synchronize()
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record()
+    for _ in range(launches):
+        fn()
+    e1.record()
+    e1.synchronize()
+    return cp.cuda.get_elapsed_time(e0, e1) * 1e3 / launches
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import cupy as cp
 from mpqr.backends import cupy_panel_cholqr as k
+from panel_kernels import per_launch_us  # the sibling probe's timing (run from bench/probes)
 
 #: (pass, name of the stage that ends here, the source line the return goes before)
 STOPS = (
@@ -53,15 +54,7 @@ def timed(mod_src: str, pas: int, m: int, n: int = 32) -> float:
     def go():
         kern((blocks,), (256,), (*args, cp.int32(pas), *tail))
 
-    go()
-    cp.cuda.Device().synchronize()
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    e0.record()
-    for _ in range(100):
-        go()
-    e1.record()
-    e1.synchronize()
-    return cp.cuda.get_elapsed_time(e0, e1) * 10  # us per launch
+    return per_launch_us(go)
 
 
 def main() -> None:
