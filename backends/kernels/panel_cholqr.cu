@@ -151,50 +151,31 @@ __device__ __forceinline__ void level_product(const Mat* am, const Mat* bm, Mat*
     if (act[e]) out[warp + 8 * e][lane] = neg ? -v[e] : v[e];
 }
 
-// x = R^-1 for upper R (only its upper triangle is read)
-__device__ void inv_upper_block(const Mat* __restrict__ r, Mat* __restrict__ x,
-                                Mat* __restrict__ t, int n) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  FOR_IJ(i, j) x[i][j] = i != j ? 0.0 : (i < n ? 1.0 / r[i][i] : 1.0);
-  __syncthreads();
-  for (int b = 1; b < n; b *= 2) {  // blocks of 2b: the last level holds all n
-    bool act[TILE_ENTRIES];  // (i, lane) in an off-diagonal block R12 / X12
-    int p[TILE_ENTRIES], q[TILE_ENTRIES];
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) {
-      const int i = warp + 8 * e;
-      p[e] = i & ~(2 * b - 1);
-      q[e] = p[e] + b;
-      act[e] = i < q[e] && lane >= q[e] && lane < q[e] + b;
-    }
-    level_product(r, x, t, act, q, b, false);  // T = R12 X22
-    __syncthreads();
-    level_product(x, t, x, act, p, b, true);   // X12 = -X11 T
-    __syncthreads();
-  }
-  FOR_IJ(i, j) if (i >= n || j >= n) x[i][j] = 0.0;
-  __syncthreads();
-}
-
-// x = L^-1 for unit lower L (only its strict lower triangle is read)
-__device__ void inv_unit_lower_block(const Mat* __restrict__ l, Mat* __restrict__ x,
+// x = A^-1 for upper A (LOWER false: only its upper triangle is read) or unit lower A
+// (LOWER true: only its strict lower triangle is read). At each level a thread's entries
+// (warp + 8 e, lane) in an off-diagonal block: upper (i, j) with i in [p, p + b) and j in
+// [p + b, p + 2b), T = A12 X22 then X12 = -X11 T; lower the transpose, T = A21 X11 then
+// X21 = -X22 T.
+template <bool LOWER>
+__device__ void inv_triangular_block(const Mat* __restrict__ a, Mat* __restrict__ x,
                                      Mat* __restrict__ t, int n) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  FOR_IJ(i, j) x[i][j] = i == j ? 1.0 : 0.0;
+  FOR_IJ(i, j) x[i][j] = i != j ? 0.0 : (LOWER ? 1.0 : (i < n ? 1.0 / a[i][i] : 1.0));
   __syncthreads();
-  for (int b = 1; b < n; b *= 2) {
-    bool act[TILE_ENTRIES];  // (i, lane) in an off-diagonal block L21 / X21
+  for (int b = 1; b < n; b *= 2) {  // blocks of 2b: the last level holds all n
+    bool act[TILE_ENTRIES];
     int p[TILE_ENTRIES], q[TILE_ENTRIES];
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) {
       const int i = warp + 8 * e;
-      p[e] = lane & ~(2 * b - 1);
+      const int diag = LOWER ? lane : i, off = LOWER ? i : lane;  // block row, column
+      p[e] = diag & ~(2 * b - 1);
       q[e] = p[e] + b;
-      act[e] = lane < q[e] && i >= q[e] && i < q[e] + b;
+      act[e] = diag < q[e] && off >= q[e] && off < q[e] + b;
     }
-    level_product(l, x, t, act, p, b, false);  // T = L21 X11
+    level_product(a, x, t, act, LOWER ? p : q, b, false);  // T = A12 X22 / A21 X11
     __syncthreads();
-    level_product(x, t, x, act, q, b, true);   // X21 = -X22 T
+    level_product(x, t, x, act, LOWER ? q : p, b, true);   // X12 = -X11 T / X21 = -X22 T
     __syncthreads();
   }
   FOR_IJ(i, j) if (i >= n || j >= n) x[i][j] = 0.0;
@@ -317,7 +298,7 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
       if (lane == 0) { atomicAdd(&cert[0], 1); cert[3] = 1; }
     }
     __syncthreads();
-    inv_upper_block(red, x1, scratch, n);
+    inv_triangular_block<false>(red, x1, scratch, n);
     FOR_IJ(i, j) {
       ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
       ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
@@ -369,7 +350,7 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   }
   FOR_IJ(i, j) r1[i][j] = ws[WS_R1 + i * PANEL_B + j];
   __syncthreads();
-  if (!near_identity) inv_upper_block(red, x2, scratch, n);  // X2 (the flag is shared)
+  if (!near_identity) inv_triangular_block<false>(red, x2, scratch, n);  // X2 (flag shared)
   FOR_IJ(i, j) {  // R = R2 R1, to the workspace
     double v = 0.0;
     if (j < n)
@@ -396,8 +377,8 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   __syncthreads();
   if (warp == 0) lu_signed_warp(lu, sv, n);
   __syncthreads();
-  inv_upper_block(lu, red, scratch, n);       // U^-1 (into red)
-  inv_unit_lower_block(lu, r1, scratch, n);   // L^-1 (into r1)
+  inv_triangular_block<false>(lu, red, scratch, n);  // U^-1 (into red)
+  inv_triangular_block<true>(lu, r1, scratch, n);    // L^-1 (into r1)
   Mat* pm = scratch;  // P, also kept here for P T below
   FOR_IJ(i, j) {  // P = X2 U^-1 (both upper)
     double v = 0.0;

@@ -18,7 +18,7 @@ STOPS = (
     (1, "grid: tiles, partial Grams, last-block election",
      "  // the last block: G in block order"),
     (1, "partial Grams summed", "  if (pass == 1) {"),
-    (1, "Cholesky (one warp)", "    inv_upper_block(red, x1, scratch, n);"),
+    (1, "Cholesky (one warp)", "    inv_triangular_block<false>(red, x1, scratch, n);"),
     (1, "X1 = R1^-1 (block)", "    FOR_IJ(i, j) {\n      ws[WS_X1"),
     (2, "grid: tiles, partial Grams, last-block election",
      "  // the last block: G in block order"),
@@ -27,7 +27,7 @@ STOPS = (
     (2, "X2 where not first order", "  FOR_IJ(i, j) {  // R = R2 R1"),
     (2, "R = R2 R1", "  load_tile(a, lda, n, n, 0, r1);"),
     (2, "Q's top block", "  if (warp == 0) lu_signed_warp(lu, sv, n);"),
-    (2, "signed LU (one warp)", "  inv_upper_block(lu, red, scratch, n);"),
+    (2, "signed LU (one warp)", "  inv_triangular_block<false>(lu, red, scratch, n);"),
     (2, "U^-1 and L^-1 (block)", "  FOR_IJ(i, j) {  // P = X2 U^-1"),
 )
 
