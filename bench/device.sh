@@ -3,7 +3,8 @@
 # `python3 -m pip install -e ".[cuda13,test,plot]"` (or cuda12). The log, JSON and PNG
 # files go to $OUT, named TOPIC_DEVICE_DATE; copy the ones to keep into bench/results/
 # and run `python -m mpqr.tools.render_results`.
-#   tests     every GPU test, then the GPU-fault tests
+#   tests     the GPU tests of test files a-p (one device command each half)
+#   tests2    the GPU tests of test files q-z, then the GPU-fault tests
 #   demo      python -m mpqr demo, timed
 #   gemm      bench gemm after mpqr.tune(), at 8192^3 and 16384^3 (the cost model's break-even)
 #   qr        bench qr: every shape, precision and mode, against cuSOLVER
@@ -29,12 +30,15 @@ for job in "$@"; do
   echo "== job $job" >> "$L"
   name="$OUT/${job}_${DEV}_$D"
   case $job in
-    tests)
+    tests|tests2)
+      # the GPU tests take longer than one device command: test files a-p, then q-z
+      files=$(ls tests/test_*.py | grep -E "^tests/test_[a-p]")
+      [ "$job" = tests2 ] && files=$(ls tests/test_*.py | grep -E "^tests/test_[q-z]")
       timeout 540 python3 -m pytest -q -p no:cacheprovider -k "cupy or bitwise or right_solve" \
-        tests/ > "$OUT/pytest.txt" 2>&1
-      timeout 40 python3 -m pytest -q -p no:cacheprovider -rs \
-        tests/test_reliability_gpu_faults.py >> "$OUT/pytest.txt" 2>&1
-      grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest.txt" | cut -c1-200 >> "$L" ;;
+        $files > "$OUT/pytest_$job.txt" 2>&1
+      [ "$job" = tests2 ] && timeout 40 python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/test_reliability_gpu_faults.py >> "$OUT/pytest_$job.txt" 2>&1
+      grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_$job.txt" | cut -c1-200 >> "$L" ;;
     demo) ( time timeout 150 python3 -m mpqr demo ) >> "$L" 2>&1 ;;
     gemm)
       timeout 150 python3 -m mpqr bench gemm --tune --repeat 5 \
