@@ -6,7 +6,8 @@ For every shape and precision: median time over repeats (CUDA events, after a
 warm-up, fresh random normal data), TFLOP/s (LAPACK flop counts), speed-up over
 ``cupy.linalg.qr`` of the same dtype in the same process, the fraction of the
 memory floor (read A, write Q and R, once, at the device-copy rate measured in the
-same process) and of the engine's GEMM rate,
+same process) and of the engine's GEMM rate (``mpqr.matmul`` at 8192^3 at that precision,
+measured in the same process; :data:`FLOP_CONVENTION` says which flops are counted),
 backward error ||A - QR||_F / ||A||_F and orthogonality ||I - Q^T Q||_F / n.
 """
 
@@ -30,13 +31,42 @@ from mpqr.tools._timing import (
     write_json,
 )
 
-GPU_SHAPES = [(16384, 16384, 1), (65536, 4096, 1), (2**20, 256, 1), (2**22, 64, 1),
-              (2**24, 32, 1), (256, 32, 10000)]
+#: ``--shapes square`` (the compute-bound shapes) and ``--shapes tall``; the default is both
+SQUARE_SHAPES = [(8192, 8192, 1), (16384, 16384, 1), (32768, 32768, 1), (65536, 8192, 1),
+                 (65536, 4096, 1)]
+TALL_SHAPES = [(2**20, 256, 1), (2**22, 64, 1), (2**24, 32, 1), (256, 32, 10000)]
+GPU_SHAPES = SQUARE_SHAPES + TALL_SHAPES
+#: the flop convention of every TFLOP/s figure
+FLOP_CONVENTION = ("LAPACK's: geqrf 2mn^2 - 2n^3/3 for R, and as much again (orgqr) for "
+                   "the reduced Q; per matrix of a batch")
 CPU_SHAPES = [(512, 512, 1), (8192, 64, 1), (64, 16, 200)]
 PRECISIONS = ["fp16", "fp32-emulated", "fp32", "fp64-emulated", "fp64"]
-# engine GEMM rates (FLOP/s) on H200 measured by `bench gemm` (bench/results)
+# engine GEMM rates (FLOP/s) on H200 measured by `bench gemm` (bench/results): used only
+# where the run does not measure its own (--no-peak, or the CPU)
 ENGINE_RATE = {"fp16": 690e12, "fp32-emulated": 230e12, "fp32": 50e12,
                "fp64-emulated": 62e12, "fp64": 62e12}
+#: the size of the GEMM that measures each precision's engine rate in the bench's process
+PEAK_GEMM_N = 8192
+
+
+def engine_peaks(xp, precisions) -> dict[str, float]:
+    """FLOP/s of ``mpqr.matmul`` at ``PEAK_GEMM_N``^3 for each precision, measured in this
+    process on the dtype its QR rows use: the denominator of each row's share of the
+    engine's peak."""
+    rng = np.random.default_rng(3)
+    n = PEAK_GEMM_N
+    peaks = {}
+    for prec in precisions:
+        dt = np.float64 if prec.startswith("fp64") else np.float32
+        a = xp.asarray(rng.standard_normal((n, n)).astype(dt))
+        b = xp.asarray(rng.standard_normal((n, n)).astype(dt))
+        t = time_it(xp, lambda a=a, b=b, p=prec: mpqr.matmul(a, b, precision=p), repeat=5)
+        peaks[prec] = 2.0 * n**3 / t
+        print(f"engine peak {prec:<14} {peaks[prec] / 1e12:8.1f} TFLOP/s "
+              f"(mpqr.matmul {n}^3, {np.dtype(dt).name})")
+        del a, b
+        release_pool(xp)
+    return peaks
 
 
 def copy_bandwidth(xp) -> float:
@@ -69,11 +99,14 @@ def _errors(xp, a, q, r) -> tuple[float, float]:
     return res, orth
 
 
-def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float) -> dict[str, Any]:
+def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float,
+        measure_peaks: bool = True) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     rows = []
     bandwidth = copy_bandwidth(xp)
     print(f"device copy: {bandwidth / 1e12:.2f} TB/s (read + write): the memory floor's rate")
+    peaks = engine_peaks(xp, precisions) if measure_peaks and is_cupy(xp) else {}
+    peak_of = {p: peaks.get(p, ENGINE_RATE[p]) for p in precisions}
     for m, n, batch in shapes:
         shape = (m, n) if batch == 1 else (batch, m, n)
         label = f"{m}x{n}" if batch == 1 else f"{batch}x({m}x{n})"
@@ -129,7 +162,8 @@ def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float) -> di
                 row = {"shape": label, "precision": prec, "mode": mode, "dtype": dt,
                        "time_ms": t * 1e3, "tflops": flops / t / 1e12,
                        "memory_floor_ms": floor_t * 1e3, "floor_fraction": floor_t / t,
-                       "engine_rate_fraction": flops / t / ENGINE_RATE[prec],
+                       "engine_peak_tflops": peak_of[prec] / 1e12,
+                       "engine_rate_fraction": flops / t / peak_of[prec],
                        "backward_error": res, "orthogonality": orth,
                        "method": method, "engines": engines}
                 if base.get(dt):
@@ -138,10 +172,13 @@ def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float) -> di
                 sp = f"x{row['speedup_vs_cusolver']:.2f}" if "speedup_vs_cusolver" in row else ""
                 er = f"err {res:.1e} orth {orth:.1e}" if res is not None else ""
                 print(f"{label:>18} {prec + ' ' + mode:<28} {t * 1e3:10.3f} ms {sp:>8} "
-                      f"{row['tflops']:8.2f} TFLOP/s floor {100 * row['floor_fraction']:5.1f}% "
-                      f"{er}")
+                      f"{row['tflops']:8.2f} TFLOP/s ({100 * row['engine_rate_fraction']:4.1f}% "
+                      f"of the engine) floor {100 * row['floor_fraction']:5.1f}% {er}")
         del data
-    return {"environment": {**environment(xp), "copy_bandwidth": bandwidth}, "results": rows}
+    return {"environment": {**environment(xp), "copy_bandwidth": bandwidth},
+            "flop_convention": FLOP_CONVENTION,
+            "engine_peaks_tflops": {p: v / 1e12 for p, v in peaks.items()},
+            "results": rows}
 
 
 def plot(payload: dict[str, Any], path: str) -> bool:
@@ -161,7 +198,9 @@ def plot(payload: dict[str, Any], path: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench qr", description=__doc__)
     p.add_argument("--shapes", default=None,
-                   help="comma list of MxN or BxMxN (default: the standard GPU shapes)")
+                   help="comma list of MxN or BxMxN, or 'square' / 'tall' (default: both)")
+    p.add_argument("--no-peak", action="store_true",
+                   help="skip measuring each engine's GEMM rate (shares use H200 constants)")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
     p.add_argument("--modes", default="reduced,r")
     p.add_argument("--repeat", type=int, default=3)
@@ -172,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
-    shapes = shapes_or_default(args.shapes, xp, GPU_SHAPES, CPU_SHAPES)
+    preset = {"square": SQUARE_SHAPES, "tall": TALL_SHAPES}.get(args.shapes or "")
+    shapes = preset or shapes_or_default(args.shapes, xp, GPU_SHAPES, CPU_SHAPES)
     payload = run(shapes, args.precisions.split(","), args.modes.split(","), xp=xp,
-                  repeat=args.repeat, max_seconds=args.max_seconds)
+                  repeat=args.repeat, max_seconds=args.max_seconds,
+                  measure_peaks=not args.no_peak)
     write_json(args.json, payload)
     if args.png:
         plot(payload, args.png)
