@@ -1,26 +1,27 @@
 """The fp16 Householder QR meets the TC-QR accuracy table.
 
-Leng et al. (TPDS'25, Table IV) report, for FP16 at 1024 x 1024, a backward
-error ``||A - QR||_F / ||A||_F`` of about 5e-4 and an orthogonality
-``||I - Q^T Q||_F / n`` of about 1e-4. Both Householder methods must do at least
-as well on the four matrix kinds of ``python -m mpqr bench accuracy``. Here at
-256 x 256 and 512 x 256 (seconds on the NumPy backend); the 1024 x 1024 numbers are
-in ``bench/results`` and ``docs/precision.md``.
+Leng et al. (TPDS'25, Table IV) report, for FP16, backward errors
+``||A - QR||_F / ||A||_F`` of 4.3-6.4e-4 and orthogonality ``||I - Q^T Q||_F / n`` of
+8.7-9.3e-5; mpqr's fp16 promise is the table's envelope: backward <= 1e-3,
+orthogonality <= 2e-4. Both Householder methods must meet it on the four matrix kinds
+of ``python -m mpqr bench accuracy``. Here at 256 x 256 and 512 x 256 (seconds on the
+NumPy backend, whose engines round as the GPU's do); 1024^2 to 32768^2 are in
+``bench/results`` and ``docs/precision.md``.
 
 Where the tolerances come from (u16 = 2^-11 ~ 4.9e-4, fp16's unit roundoff):
 
-* backward error <= u16. The fp16 scheme (``mpqr.qr.householder_recursive``)
-  rounds each Householder vector entry to fp16 once, rebuilds ``T`` so the
-  rounded block reflectors are orthogonal, and keeps every other operand to 22
-  bits. What is left at order u16 is that one rounding per entry (relative
-  error <= u16; measured 0.2-0.45 u16 on these matrices, the same at n = 1024).
-  u16 is also the published 5e-4 (= 1.02 u16). The former scheme — every
-  operand of every product rounded — measured 1.1-1.8 u16 and fails this.
-* orthogonality <= sqrt(n) u22 / 4 with u22 = 2^-22: the rounded reflectors are
-  orthogonal in working precision, so Q loses orthogonality only through the
-  products, whose non-fp16 operand keeps 22 bits — the same sqrt(n) u / 4 rule
-  as ``test_qr_methods.test_householder_accuracy`` uses for native fp32 (u = 2^-24),
-  with the split operand's unit roundoff. Far below the table's 1e-4.
+* backward error <= 2 u16 (9.8e-4). The fp16 scheme (``mpqr.qr.householder_recursive``)
+  rounds each Householder vector entry to fp16 once and rebuilds ``T`` so the rounded
+  block reflectors are orthogonal; every product then rounds its other operand to fp16
+  once (one FP16 GEMM). The error is that rounding of the vectors plus one rounding of
+  the data per level, each at most u16 relative and adding in quadrature over the
+  ``log2(n / leaf)`` levels: measured 1.0-1.7 u16 on these matrices and 1.3-1.7 u16 up
+  to 32768^2 on the GPU. Every operand of every product rounded (W too, whose
+  rounding makes the reflectors non-orthogonal) measured 1.9-2.6 u16 and fails this.
+* orthogonality <= 4 u16 / sqrt(n): the rounded reflectors are orthogonal in working
+  precision, so Q loses orthogonality through the rounded data in forming it,
+  ``||E||_F ~ u16 sqrt(n)`` spread over ``n^2`` entries of ``Q^T Q``; measured
+  0.3-0.6 of the bound (and below the table's 2e-4 from n = 100 on).
 """
 
 from __future__ import annotations
@@ -64,12 +65,41 @@ def test_fp16_householder_meets_the_tc_qr_table(xp, method, shape):
         q, r = to_numpy(q), to_numpy(r)
         be = np.linalg.norm(a - q @ r) / np.linalg.norm(a)
         orth = np.linalg.norm(np.eye(n) - q.T @ q) / n
-        assert be <= U16, (kind, be / U16)
-        assert orth <= np.sqrt(n) * U22 / 4, (kind, orth)
-        # the large products ran on fp16 tensor-core engines
+        assert be <= 2 * U16, (kind, be / U16)
+        assert orth <= 4 * U16 / np.sqrt(n), (kind, orth)
+        # the large products ran on the fp16 tensor cores, one GEMM each
         big = {g.engine for g in trace.gemms if g.label.startswith(("rec-", "tiled-"))
                and not g.label.endswith("-TC")}
-        assert "tc-fp16-splitb" in big and big <= {"tc-fp16-splitb", "tc-sgemm"}, big
+        assert big == {"tc-fp16"}, big
+
+
+@pytest.mark.parametrize("method", HOUSEHOLDER)
+def test_fp16_rounded_vectors_beat_rounding_every_operand(method):
+    """The rounded-vector scheme is what keeps fp16 inside the table: forcing every
+    operand through ``tc-fp16`` (W and the unrounded vectors included) costs more."""
+    rng = np.random.default_rng(6)
+    a = make_matrix("normal", 256, 256, 1e4, rng)
+    q, r = mpqr.qr(a, method=method, precision="fp16")
+    with mpqr.gemm_options(engine="tc-fp16"):
+        qf, rf = mpqr.qr(a, method=method, precision="fp16")
+    assert backward_error(a, q, r) < 0.8 * backward_error(a, qf, rf)
+
+
+def test_vectors_exact_scheme_keeps_its_accuracy():
+    """The costlier scheme (22-bit data in the products with the vectors, W on
+    ``tc-sgemm``) stays available and keeps its 0.5 u16 and fp32-level orthogonality."""
+    a = make_matrix("normal", 256, 256, 1e4, np.random.default_rng(7))
+    keep = recursive.FP16_SCHEME
+    try:
+        recursive.FP16_SCHEME = "vectors-exact"
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, method="householder-recursive", precision="fp16")
+    finally:
+        recursive.FP16_SCHEME = keep
+    assert backward_error(a, q, r) <= U16 / 2
+    assert np.linalg.norm(np.eye(256) - q.T @ q) / 256 <= np.sqrt(256) * U22 / 4
+    assert {g.engine for g in trace.gemms if g.label.startswith("rec-")} \
+        == {"tc-fp16-splitb", "tc-sgemm"}
 
 
 @pytest.mark.parametrize("precision", ["fp64", "fp32", "fp32-emulated"])

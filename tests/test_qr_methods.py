@@ -61,12 +61,10 @@ def test_householder_accuracy(xp, method, shape, precision):
     be, orth = backward_error(a, q, r), orthogonality(q)
     assert be <= 2 * np.sqrt(n) * u, be
     assert orth <= np.sqrt(n) * u / 4, orth
-    if precision == "fp16":  # the updates really ran on the fp16 engines (rounded
-        # reflectors times split data; W times data on tc-sgemm; T at working precision)
+    if precision == "fp16":  # the updates really ran on the fp16 tensor cores (rounded
+        # reflectors, one FP16 GEMM a product; T at working precision)
         assert {g.engine for g in trace.gemms if g.label.startswith(("rec-", "tiled-"))
-                and not g.label.endswith("-TC")} \
-            == ({"tc-fp16-splitb", "tc-sgemm"} if method == "householder-recursive"
-                else {"tc-fp16-splitb"})
+                and not g.label.endswith("-TC")} == {"tc-fp16"}
 
 
 @pytest.mark.parametrize("cond", [1e4, 1e8, 1e12])
@@ -223,9 +221,8 @@ def test_explain_shows_every_gemm_engine():
         mpqr.qr(a, precision="fp16", method="householder-recursive")
     text = trace.summary()
     assert "qr: householder-recursive (requested)" in text
-    assert all(g.engine in ("tc-fp16-splitb", "tc-sgemm", "native-fp64") for g in trace.gemms)
-    assert {g.engine for g in trace.gemms if g.label.startswith("rec-")} \
-        == {"tc-fp16-splitb", "tc-sgemm"}
+    assert all(g.engine in ("tc-fp16", "native-fp64") for g in trace.gemms)
+    assert {g.engine for g in trace.gemms if g.label.startswith("rec-")} == {"tc-fp16"}
     assert "rec-update-trmm" in {g.label for g in trace.gemms}
 
 

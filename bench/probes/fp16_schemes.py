@@ -44,17 +44,19 @@ def measure(xp, a, q, r):
 
 @contextlib.contextmanager
 def scheme(name):
-    keep = hr.FP16_SPLIT_B, hr.FP16_SPLIT_BOTH
+    keep = hr.FP16_SCHEME
     spec = SCHEMES[name]
     try:
         if spec is None:
             with mpqr.gemm_options(engine="tc-fp16"):
                 yield
         else:
-            hr.FP16_SPLIT_B, hr.FP16_SPLIT_BOTH = spec
+            hr.FP16_SCHEMES["probe"] = spec
+            hr.FP16_SCHEME = "probe"
             yield
     finally:
-        hr.FP16_SPLIT_B, hr.FP16_SPLIT_BOTH = keep
+        hr.FP16_SCHEME = keep
+        hr.FP16_SCHEMES.pop("probe", None)
 
 
 def main(argv):

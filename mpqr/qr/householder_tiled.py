@@ -12,10 +12,10 @@ order), which exploits its zero structure.
 At ``precision="fp16"`` the panel's vectors are rounded to fp16 once and ``T``
 rebuilt from them (:func:`~mpqr.qr.householder_recursive.round_reflectors_fp16`),
 and each block reflector is applied as ``X - Ŷ (T̂^T (Ŷ^T X))``: the two large
-products keep ``X`` to about 22 bits (``tc-fp16-splitb``, 2 FP16 GEMMs each), the
-small ``nb x nb`` product with ``T̂`` runs at working precision. No W is formed.
-Backward error about ``0.35 u16`` and orthogonality at the fp32 level, for 2x the
-tensor-core flops of plain ``tc-fp16``.
+products run on the scheme's engine (:func:`~mpqr.qr.householder_recursive.fp16_products`:
+one FP16 GEMM each, ``X`` rounded once), the small ``nb x nb`` product with ``T̂`` at
+working precision. No W is formed. Backward error 1.0-1.3 ``u16`` and orthogonality
+``<= 4 u16 / sqrt(n)`` (docs/precision.md).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     Q ``(..., m, n)`` (``(..., m, m)`` if ``complete``) or None.
     """
     from mpqr.qr.householder_recursive import (
-        FP16_SPLIT_B,
+        fp16_products,
         fp16_scheme,
         leaf_width,
         round_reflectors_fp16,
@@ -63,6 +63,8 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     pp = panel_precision(prec_name, a.dtype, xp)
     work = a if overwrite else xp.asarray(a, copy=True)
     if fp16_scheme(prec_name, a, xp):
+        opt_y = fp16_products()[0]
+
         def reflector(w: Any, y: Any) -> tuple[Any, Any]:
             return round_reflectors_fp16(backend, w, y, precision=pp)  # (Ŷ, T̂)
 
@@ -70,11 +72,11 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
             # X - Ŷ T̂ Ŷ^H X ("formq") or its transpose ("update"); no W is formed
             y, t = blk
             c = gemm(ct(xp, y), x, precision=precision, label=f"tiled-{step}-YhX",
-                     options=FP16_SPLIT_B, backend=backend)
+                     options=opt_y, backend=backend)
             c = gemm(ct(xp, t) if step == "update" else t, c, precision=pp,
                      label=f"tiled-{step}-TC", backend=backend)
             return x - gemm(y, c, precision=precision, label=f"tiled-{step}-YC",
-                            options=FP16_SPLIT_B, backend=backend)
+                            options=opt_y, backend=backend)
     else:
         def reflector(w: Any, y: Any) -> tuple[Any, Any]:
             return w, y
