@@ -117,10 +117,10 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     pivoting : bool
         QR with column pivoting (rank-revealing, SciPy's ``pivoting=True``):
         ``x[..., :, P] = Q @ R`` with ``|diag(R)|`` non-increasing in the
-        rank-revealing sense. A single matrix with more than 128 columns is
+        rank-revealing sense. A single matrix of more than 2**16 entries is
         factored by blocked randomized QRCP (a Gaussian sketch chooses each
         block's pivots; the large products go through the precision policy);
-        stacks and narrower matrices by column-norm pivoting (LAPACK's rule)
+        stacks and smaller matrices by column-norm pivoting (LAPACK's rule)
         followed by the unpivoted QR of the permuted matrix with ``method``.
         See :mod:`mpqr.qr.pivoted` and the "Choosing a method" page. Not for
         out-of-core or Dask inputs.

@@ -92,12 +92,15 @@ def gaussian(xp: Any, shape: tuple[int, int], dtype: Any, dev: Any, seed: int) -
     r, c = shape
     n = r * c
     half = (n + 1) // 2
+    def u64(v: int) -> Any:  # constants as arrays: no library casts a Python int > 2**63
+        return xp.asarray(v % 2**64, dtype=xp.uint64, device=dev)
+
     idx = xp.arange(2 * half, dtype=xp.uint64, device=dev)
-    z = idx * 0x9E3779B97F4A7C15 + (seed * 0xD1B54A32D192ED03) % 2**64
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
-    z = z ^ (z >> 31)
-    u = (xp.astype(z >> 11, xp.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    z = idx * u64(0x9E3779B97F4A7C15) + u64(seed * 0xD1B54A32D192ED03)
+    z = (z ^ (z >> u64(30))) * u64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> u64(27))) * u64(0x94D049BB133111EB)
+    z = z ^ (z >> u64(31))
+    u = (xp.astype(z >> u64(11), xp.float64) + 0.5) * 2.0**-53  # in (0, 1)
     u1, u2 = u[:half], u[half:]
     rad = xp.sqrt(-2.0 * xp.log(u1))
     g = xp.concat([rad * xp.cos(2 * math.pi * u2), rad * xp.sin(2 * math.pi * u2)])
