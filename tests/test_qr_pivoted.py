@@ -89,6 +89,8 @@ def _numerical_rank(d, m, n):
 @pytest.mark.parametrize("shape", [(80, 60), (60, 80)])
 def test_families_against_geqp3(xp, route, name, shape):
     m, n = shape
+    if m < n and xp.__name__ != "numpy":  # the same code runs wide on every backend: the
+        pytest.skip("wide shapes on NumPy only (keeps this file fast)")  # modes test
     a = family(name, m, n)
     x = xp.asarray(a)
     q, r, p = _np(*mpqr.qr(x, pivoting=True))
