@@ -424,42 +424,12 @@ class ArrayAPIBackend:
                                               - xp.expand_dims(col, axis=-1)
                                               * w[..., i:i + 1, i + 1:hi])
 
-    def qrcp_pivots(self, y: Any, k: int) -> list[int]:
+    def qrcp_pivots(self, y: Any, k: int) -> list[int] | None:
         """The first ``k`` pivots of QR with column pivoting of a small 2-D ``y`` (a
-        sketch, a few dozen rows): at each step the column of largest remaining 2-norm
-        (the first of equals), then a Householder step on a copy (Businger & Golub; the
-        norms recomputed, not downdated). Host integers (one transfer per step here; NumPy
-        uses LAPACK ``geqp3``). ``y`` is not modified."""
-        xp = self.xp
-        r, c = y.shape
-        k = min(k, r, c)
-        w = xp.asarray(y, copy=True)
-        cplx = xp.isdtype(w.dtype, "complex floating")
-        perm = list(range(c))
-        for i in range(k):
-            nu = xp.linalg.vector_norm(w[i:, i:], axis=0)
-            p = i + int(xp.argmax(xp.where(xp.isnan(nu), xp.zeros_like(nu), nu)))
-            if p != i:
-                ci, cp_ = xp.asarray(w[:, i], copy=True), xp.asarray(w[:, p], copy=True)
-                w[:, i], w[:, p] = cp_, ci
-                perm[i], perm[p] = perm[p], perm[i]
-            if i + 1 == c:
-                break
-            x = w[i:, i]
-            xn = float(xp.linalg.vector_norm(x))
-            if not xn > 0:
-                continue  # a zero (or NaN) column: no reflection
-            alpha = x[0]
-            beta = -phase(xp, alpha) * xn
-            v = x / (alpha - beta)
-            v[0] = 1
-            tau = (beta - alpha) / beta
-            vh = xp.conj(v) if cplx else v
-            z = xp.sum(xp.expand_dims(vh, axis=-1) * w[i:, i + 1:], axis=0)
-            tc = xp.conj(tau) if cplx else tau
-            w[i:, i + 1:] = w[i:, i + 1:] - tc * xp.expand_dims(v, axis=-1) * \
-                xp.expand_dims(z, axis=0)
-        return perm[:k]
+        sketch of a few dozen rows) as host integers, from the array library's own QRCP
+        (NumPy: LAPACK ``geqp3``); None here: the caller runs its vectorized loop
+        (:func:`mpqr.qr.pivoted.deterministic_pivots`). ``y`` is not modified."""
+        return None
 
     def permute_columns(self, x: Any, dst: list[int], src: list[int]) -> None:
         """``x[..., dst] = x[..., src]`` in place (the right side read first), for host

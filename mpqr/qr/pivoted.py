@@ -8,7 +8,8 @@ Two routes, both ending in mpqr's Householder machinery:
   in for the matrix when pivots are chosen: for each block of ``b`` columns,
 
   1. choose ``b`` pivots by QR with column pivoting of the small sketch's remaining
-     columns (``backend.qrcp_pivots``: LAPACK ``geqp3`` on NumPy);
+     columns (``backend.qrcp_pivots``: LAPACK ``geqp3`` on NumPy; elsewhere
+     :func:`deterministic_pivots`, whose steps need no host synchronization);
   2. move them to the front and factor that block column with Householder
      reflectors in compact WY form (:func:`~mpqr.qr._kernels.householder_panel`);
   3. apply the block reflector to the trailing columns (two products through the
@@ -256,6 +257,9 @@ def hqrrp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
         bk = min(block, kmax - j)
         # 1. pivots from the sketch; moved to the front of the trailing columns
         piv = backend.qrcp_pivots(y[:, j:], bk)
+        if piv is None:  # no library QRCP: the vectorized loop, one transfer of bk ints
+            _sb, ph = backend.small(deterministic_pivots(backend, y[:, j:], bk)[:bk])
+            piv = [int(v) for v in ph]
         dst, src = _moves(piv, bk)
         if dst:
             gd, gs = [j + d for d in dst], [j + s for s in src]
