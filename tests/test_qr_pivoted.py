@@ -298,3 +298,23 @@ def test_validation(kw, exc, msg):
 def test_rtol_needs_one_matrix():
     with pytest.raises(ValueError, match="`rtol` needs a single matrix"):
         mpqr.qr(np.ones((2, 4, 3)), pivoting=True, rtol=1e-3)
+
+
+def test_out_of_core_route_refused_and_numpy_integer_rank():
+    with pytest.raises(NotImplementedError, match=r"qr\(pivoting=True\) runs on arrays in memory"):
+        mpqr.qr(np.ones((6, 4)), pivoting=True, memory_budget="1MB")
+    a = family("geometric", 20, 10)
+    q, r, _p = mpqr.qr(a, pivoting=True, max_rank=np.int64(3))
+    assert q.shape == (20, 3) and r.shape == (3, 10)
+
+
+@pytest.mark.parametrize("prec", ["fp64", "fp64-emulated"])
+def test_fp64_settings_hqrrp(monkeypatch, prec):
+    monkeypatch.setattr(pivoted, "BLOCK", 16)
+    monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
+    a = family("algebraic", 70, 50, seed=11)
+    with mpqr.explain() as trace:
+        q, r, p = mpqr.qr(a, pivoting=True, precision=prec)
+    assert any(e.kind == "method" and "HQRRP" in e.message for e in trace.events)
+    assert np.linalg.norm(a[:, p] - q @ r) <= 4 * 50 * U64 * np.linalg.norm(a)
+    assert np.linalg.norm(q.T @ q - np.eye(50)) <= 4 * 50 * U64
