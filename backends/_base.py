@@ -424,6 +424,21 @@ class ArrayAPIBackend:
                                               - xp.expand_dims(col, axis=-1)
                                               * w[..., i:i + 1, i + 1:hi])
 
+    def qrcp_pivots(self, y: Any, k: int) -> list[int] | None:
+        """The first ``k`` pivots of QR with column pivoting of a small 2-D ``y`` (a
+        sketch of a few dozen rows) as host integers, from the array library's own QRCP
+        (NumPy: LAPACK ``geqp3``); None here: the caller runs its vectorized loop
+        (:func:`mpqr.qr.pivoted.deterministic_pivots`). ``y`` is not modified."""
+        return None
+
+    def permute_columns(self, x: Any, dst: list[int], src: list[int]) -> None:
+        """``x[..., dst] = x[..., src]`` in place (the right side read first), for host
+        index lists; here one slice copy per column."""
+        xp = self.xp
+        cols = [xp.asarray(x[..., s:s + 1], copy=True) for s in src]
+        for d, col in zip(dst, cols):
+            x[..., d:d + 1] = col
+
     def lu_nopivot(self, a: Any) -> tuple[Any, Any]:
         """``a = L @ U`` without pivoting (L unit lower); for Householder reconstruction."""
         xp = self.xp

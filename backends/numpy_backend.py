@@ -121,6 +121,17 @@ class NumpyBackend(ArrayAPIBackend):
                 w[i + 1:hi, i] /= w[i, i]
                 w[i + 1:hi, i + 1:hi] -= np.outer(w[i + 1:hi, i], w[i, i + 1:hi])
 
+    def qrcp_pivots(self, y, k):
+        # LAPACK geqp3 of the small sketch (R only, no Q formed)
+        if min(y.shape) == 0 or k <= 0:
+            return []
+        with np.errstate(all="ignore"):
+            _, piv = sla.qr(y, mode="r", pivoting=True, check_finite=False)
+        return piv[:min(k, *y.shape)].tolist()
+
+    def permute_columns(self, x, dst, src):
+        x[..., dst] = x[..., src]
+
     def cholesky(self, a, *, upper=False, check=True):
         try:
             l = np.linalg.cholesky(a)

@@ -1,4 +1,5 @@
-"""Routing ``scipy.linalg.lstsq`` / ``scipy.linalg.qr`` to mpqr for existing code.
+"""Routing ``scipy.linalg.lstsq``, ``qr``, ``qr_multiply`` and ``rq`` to mpqr for existing
+code.
 
 :class:`patch` swaps the function objects wherever they are bound: the
 attributes of ``scipy.linalg``, ``scipy.linalg._basic`` and
@@ -34,8 +35,11 @@ _ORIGINALS: dict[str, Any] = {}
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
-#: (module holding the definition, public name)
-_TARGETS = (("scipy.linalg._basic", "lstsq"), ("scipy.linalg._decomp_qr", "qr"))
+#: (module holding the definition, public name): every QR-based function a program may
+#: mix with ``qr``, so each Q it sees comes from mpqr's factorization and sign convention
+_TARGETS = (("scipy.linalg._basic", "lstsq"), ("scipy.linalg._decomp_qr", "qr"),
+            ("scipy.linalg._decomp_qr", "qr_multiply"), ("scipy.linalg._decomp_qr", "rq"))
+_NAMES = tuple(name for _, name in _TARGETS)
 
 
 def original(name: str) -> Any:
@@ -69,7 +73,7 @@ def warn_once(key: str, message: str) -> None:
 def _replacements() -> dict[int, tuple[str, Any]]:
     from mpqr.compat import scipy as cs
 
-    return {id(original("lstsq")): ("lstsq", cs.lstsq), id(original("qr")): ("qr", cs.qr)}
+    return {id(original(name)): (name, getattr(cs, name)) for name in _NAMES}
 
 
 def _module_globals(skip: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
@@ -88,7 +92,7 @@ def _module_globals(skip: set[str] | frozenset[str] = frozenset()) -> list[dict[
 
 def _install() -> None:
     repl = _replacements()
-    originals = {id(original(n)): original(n) for n in ("lstsq", "qr")}
+    originals = {id(original(n)): original(n) for n in _NAMES}
     _loaded_before.update(sys.modules)
     for ns in _module_globals():
         for key, val in list(ns.items()):
@@ -111,7 +115,12 @@ def _restore() -> None:
 
 
 class patch:
-    """Route ``scipy.linalg.lstsq`` and ``scipy.linalg.qr`` to mpqr inside a block.
+    """Route ``scipy.linalg.lstsq``, ``qr``, ``qr_multiply`` and ``rq`` to mpqr inside a
+    block.
+
+    ``qr`` (every mode, ``pivoting=True`` too), ``qr_multiply`` and ``rq`` then share
+    one factorization and one sign convention (``diag(R) >= 0``): the ``Q`` of
+    ``qr(a, pivoting=True)``, of ``qr(a[:, P])`` and of ``qr_multiply`` agree.
 
     Usable as a context manager or a decorator; thread-safe and re-entrant.
     Everything is restored when the outermost block exits, exceptions included.

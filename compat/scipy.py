@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from mpqr.compat._patch import current_precision, original, patch, warn_once
+from mpqr.compat._patch import current_precision, original, patch
 
 import mpqr
 from mpqr._validation import plain_array
 from mpqr.lstsq import _scipy_rules as rules
 
-__all__ = ["lstsq", "patch", "qr"]
+__all__ = ["lstsq", "patch", "qr", "qr_multiply", "rq"]
 
 
 def _as_array(x: Any, name: str) -> Any:
@@ -94,10 +94,11 @@ _QR_MODES = ("full", "qr", "r", "economic", "raw")
 def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_finite=True):
     """:func:`scipy.linalg.qr` computed by :func:`mpqr.qr`.
 
-    Modes ``"full"`` (also ``"qr"``), ``"economic"`` and ``"r"`` run on mpqr;
-    ``pivoting=True`` and ``mode="raw"`` are delegated to SciPy (one warning
-    per process). ``lwork`` is accepted and unused. Results follow mpqr's sign
-    convention (``diag(R) >= 0``); SciPy/LAPACK documents none.
+    Every mode runs on mpqr: ``"full"`` (also ``"qr"``), ``"economic"``, ``"r"``
+    and ``"raw"`` (LAPACK's reflectors and ``tau``, for a 2-D ``a``), each with
+    ``pivoting=True`` (``mpqr.qr(pivoting=True)``; ``P`` int32, as SciPy's).
+    ``lwork`` is accepted and unused. Results follow mpqr's sign convention
+    (``diag(R) >= 0``, the raw reflectors too); SciPy/LAPACK documents none.
 
     Parameters
     ----------
@@ -107,7 +108,8 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     Returns
     -------
     tuple
-        ``(Q, R)``, or ``(R,)`` for ``mode="r"``, as SciPy.
+        ``(Q, R)``, ``(R,)`` for ``mode="r"``, ``((h, tau), R)`` for
+        ``mode="raw"``; ``P`` appended with ``pivoting=True``, as SciPy.
 
     Raises
     ------
@@ -124,12 +126,6 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     """
     if mode not in _QR_MODES:
         raise ValueError("Mode argument should be one of ['full', 'r', 'economic', 'raw']")
-    if pivoting or mode == "raw":
-        what = "pivoting=True" if pivoting else "mode='raw'"
-        warn_once(f"qr-{what}", f"mpqr.compat.scipy.qr: {what} is not supported by mpqr; "
-                  "delegating to scipy.linalg.qr (warned once)")
-        return original("qr")(a, overwrite_a=overwrite_a, lwork=lwork, mode=mode,
-                              pivoting=pivoting, check_finite=check_finite)
     a1 = _as_array(a, "a")
     xp = mpqr._array_api.array_namespace(a1, names=("a",))
     if check_finite:
@@ -143,26 +139,61 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     if batch and 0 in batch:
         raise ValueError("`qr` does not support zero-size batches.")
     m, n = a1.shape[-2:]
+    if mode == "raw" and batch:
+        raise ValueError(f"mode='raw' needs a 2-D `a` (one set of reflectors); got shape "
+                         f"{tuple(a1.shape)}")
     if m == 0 or n == 0:
-        return _empty_qr(xp, a1, mode)
+        return _empty_qr(xp, a1, mode, pivoting)
     wdt = rules.lapack_dtype(xp, a1.dtype)
     aw = a1 if a1.dtype == wdt else xp.astype(a1, wdt)
     prec = current_precision()
+    if mode == "raw":
+        return _qr_raw(xp, aw, pivoting, prec)
     if mode == "r":
-        r = mpqr.qr(aw, mode="r", precision=prec, overwrite_a=overwrite_a and aw is a1)
+        r = mpqr.qr(aw, mode="r", precision=prec, overwrite_a=overwrite_a and aw is a1,
+                    pivoting=pivoting)
+        r, extra = (r[0], (r[1],)) if pivoting else (r, ())
         if m > n:  # SciPy's mode='r' R is (M, N)
             pad = xp.zeros((*batch, m - n, n), dtype=r.dtype, device=mpqr._array_api.device(r))
             r = xp.concat([r, pad], axis=-2)
-        return (r,)
-    q, r = mpqr.qr(aw, mode="complete" if mode in ("full", "qr") else "reduced",
-                   precision=prec, overwrite_a=overwrite_a and aw is a1)
-    return q, r
+        return (r, *extra)
+    out = mpqr.qr(aw, mode="complete" if mode in ("full", "qr") else "reduced",
+                  precision=prec, overwrite_a=overwrite_a and aw is a1, pivoting=pivoting)
+    return tuple(out)
 
 
-def _empty_qr(xp: Any, a: Any, mode: str) -> tuple[Any, ...]:
+def _qr_raw(xp: Any, a: Any, pivoting: bool, prec: Any) -> tuple[Any, ...]:
+    """``((h, tau), R[, P])`` of a 2-D ``a`` in the working dtype: reflectors with
+    ``diag(R) >= 0`` (:mod:`mpqr.qr.raw`), of ``a[:, P]`` with pivoting."""
+    from mpqr.backends import get_backend
+
+    from mpqr.policy import resolve_precision
+    from mpqr.qr.raw import householder_raw
+
+    k = min(a.shape)
+    extra: tuple[Any, ...] = ()
+    if pivoting:
+        _, p = mpqr.qr(a, mode="r", precision=prec, pivoting=True)
+        a = xp.take(a, xp.astype(p, xp.int64), axis=-1)
+        extra = (p,)
+    backend = get_backend(xp)
+    h, tau = householder_raw(backend, a, precision=prec,
+                             prec_name=resolve_precision(prec)[0])
+    return ((h, tau), xp.triu(h[:k, :]), *extra)
+
+
+def _empty_qr(xp: Any, a: Any, mode: str, pivoting: bool = False) -> tuple[Any, ...]:
     *batch, m, n = a.shape
     dev = mpqr._array_api.device(a)
     k = min(m, n)
+    if pivoting:
+        p = xp.asarray(xp.broadcast_to(xp.arange(n, dtype=xp.int32, device=dev),
+                                       (*batch, n)), copy=True)
+        return (*_empty_qr(xp, a, mode), p)
+    if mode == "raw":
+        return ((xp.zeros((m, n), dtype=a.dtype, device=dev),
+                 xp.zeros((0,), dtype=a.dtype, device=dev)),
+                xp.zeros((k, n), dtype=a.dtype, device=dev))
     if mode != "economic":
         q = xp.zeros((*batch, m, m), dtype=a.dtype, device=dev) + \
             xp.astype(xp.eye(m, dtype=xp.float64, device=dev), a.dtype)
@@ -171,3 +202,176 @@ def _empty_qr(xp: Any, a: Any, mode: str) -> tuple[Any, ...]:
         q = xp.zeros((*batch, m, k), dtype=a.dtype, device=dev)
         r = xp.zeros((*batch, k, n), dtype=a.dtype, device=dev)
     return (r,) if mode == "r" else (q, r)
+
+
+def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a=False,
+                overwrite_c=False):
+    """:func:`scipy.linalg.qr_multiply` on :func:`qr`'s factorization.
+
+    ``Q`` is the one :func:`qr` returns (``diag(R) >= 0``), so a program mixing the
+    two sees one convention. The product runs through the precision policy
+    (:func:`mpqr.matmul`); ``c`` is cast to ``a``'s LAPACK dtype, as SciPy does.
+
+    Parameters
+    ----------
+    a, c, mode, pivoting, conjugate, overwrite_a, overwrite_c
+        As :func:`scipy.linalg.qr_multiply` (the inputs are never modified).
+
+    Returns
+    -------
+    tuple
+        ``(CQ, R)`` or ``(CQ, R, P)``, as SciPy: ``Q @ c`` (``mode="left"``) or
+        ``c @ Q`` (``"right"``) with the economic ``Q``, and ``R`` of shape ``(K, N)``.
+
+    Raises
+    ------
+    ValueError
+        As SciPy: unknown ``mode``, incompatible shapes, NaN/Inf in ``a`` or ``c``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpqr.compat.scipy import qr, qr_multiply
+    >>> a = np.array([[1.0, 3.0], [2.0, 3.0], [2.0, 4.0]])
+    >>> qc, r = qr_multiply(a, np.eye(2), mode="left")
+    >>> bool(np.allclose(qc, qr(a, mode="economic")[0]))
+    True
+    """
+    if mode not in ("left", "right"):
+        raise ValueError(f"Mode argument can only be 'left' or 'right' but not '{mode}'")
+    a1, c1 = _as_array(a, "a"), _as_array(c, "c")
+    xp = mpqr._array_api.array_namespace(a1, c1, names=("a", "c"))
+    if a1.ndim > 2 or c1.ndim > 2:
+        return _over_batch(xp, lambda x, y: qr_multiply(x, y, mode, pivoting, conjugate),
+                           a1, c1, 2, 2 if c1.ndim > 1 else 1)
+    cf = c1 if xp.isdtype(c1.dtype, ("real floating", "complex floating")) else \
+        xp.astype(c1, xp.float64)
+    if not bool(xp.all(xp.isfinite(cf))):
+        raise ValueError("array must not contain infs or NaNs")
+    onedim = c1.ndim < 2
+    if onedim:
+        c1 = xp.reshape(c1, (-1, 1) if mode == "left" else (1, -1))
+    if a1.ndim < 2:
+        a1 = xp.reshape(a1, (1, -1))
+    m, n = a1.shape
+    k = min(m, n)
+    wide_c = mode == "left" and overwrite_c and m > n and c1.shape[0] == m
+    if mode == "left" and c1.shape[0] != k and not wide_c:
+        raise ValueError("Array shapes are not compatible for Q @ c operation: "
+                         f"{tuple(a1.shape)} vs {tuple(c1.shape)}")
+    if mode == "right" and c1.shape[1] != m:
+        raise ValueError("Array shapes are not compatible for c @ Q operation: "
+                         f"{tuple(c1.shape)} vs {tuple(a1.shape)}")
+    out = qr(a1, mode="full" if wide_c else "economic", pivoting=pivoting)
+    q, rest = out[0], tuple(out[1:])
+    if wide_c:
+        rest = (rest[0][:k, :], *rest[1:])
+    if 0 in c1.shape:
+        cq = xp.empty_like(c1)
+        return (xp.reshape(cq, (-1,)) if onedim else cq, *rest)
+    if conjugate:
+        q = xp.conj(q)
+    cw = c1 if c1.dtype == q.dtype else xp.astype(c1, q.dtype)
+    prec = current_precision()
+    cq = mpqr.matmul(q, cw, precision=prec) if mode == "left" else \
+        mpqr.matmul(cw, q, precision=prec)
+    return (xp.reshape(cq, (-1,)) if onedim else cq, *rest)
+
+
+def rq(a, overwrite_a=False, lwork=None, mode="full", check_finite=True):
+    """:func:`scipy.linalg.rq` from :func:`mpqr.qr` of the flipped conjugate transpose.
+
+    ``A = R Q`` with ``R`` upper trapezoidal (``R = triu(R, N - M)``) and orthonormal
+    rows of ``Q``: with ``J`` the row reversal, the QR ``A^H J = Q1 R1`` gives
+    ``R = J R1^H J`` and ``Q = J Q1^H``, so ``R``'s diagonal (``R[i, i + N - M]``) is
+    real and ``>= 0``, mpqr's convention. ``lwork`` is accepted and unused.
+
+    Parameters
+    ----------
+    a, overwrite_a, lwork, mode, check_finite
+        As :func:`scipy.linalg.rq` (``a`` is never modified).
+
+    Returns
+    -------
+    R, Q
+        As SciPy: ``(M, N)`` and ``(N, N)``; ``mode="economic"``: ``(M, K)`` and
+        ``(K, N)``; ``mode="r"``: ``R`` only.
+
+    Raises
+    ------
+    ValueError
+        As SciPy: unknown ``mode``, ``a`` not 2-D, NaN/Inf with ``check_finite``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpqr.compat.scipy import rq
+    >>> a = np.arange(6.0).reshape(2, 3) + np.eye(2, 3)
+    >>> r, q = rq(a)
+    >>> bool(np.allclose(r @ q, a)), r.shape, q.shape
+    (True, (2, 3), (3, 3))
+    """
+    if mode not in ("full", "r", "economic"):
+        raise ValueError("Mode argument should be one of ['full', 'r', 'economic']")
+    a1 = _as_array(a, "a")
+    xp = mpqr._array_api.array_namespace(a1, names=("a",))
+    if a1.ndim > 2:
+        return _over_batch(xp, lambda x: rq(x, mode=mode, check_finite=check_finite), a1,
+                           None, 2, None)
+    if check_finite:
+        fv = a1 if xp.isdtype(a1.dtype, ("real floating", "complex floating")) else \
+            xp.astype(a1, xp.float64)
+        if not bool(xp.all(xp.isfinite(fv))):
+            raise ValueError("array must not contain infs or NaNs")
+    if a1.ndim != 2:
+        raise ValueError("expected matrix")
+    wdt = rules.lapack_dtype(xp, a1.dtype)
+    aw = a1 if a1.dtype == wdt else xp.astype(a1, wdt)
+    m, n = aw.shape
+    k = min(m, n)
+    dev = mpqr._array_api.device(aw)
+    if m == 0 or n == 0:
+        if mode == "economic":
+            r, q = xp.zeros((m, k), dtype=wdt, device=dev), xp.zeros((k, n), dtype=wdt,
+                                                                       device=dev)
+        else:
+            r = xp.zeros((m, n), dtype=wdt, device=dev)
+            q = xp.eye(n, dtype=wdt, device=dev)
+        return r if mode == "r" else (r, q)
+    econ = mode == "economic" and n >= m
+    # B = A^H J (rows of A reversed, conjugate transposed): B = Q1 R1
+    b = xp.flip(xp.conj(xp.matrix_transpose(aw)) if xp.isdtype(wdt, "complex floating")
+                else xp.matrix_transpose(aw), axis=-1)
+    prec = current_precision()
+    if mode == "r":
+        r1 = mpqr.qr(b, mode="complete", precision=prec)[1]
+        q1 = None
+    else:
+        q1, r1 = mpqr.qr(b, mode="reduced" if econ else "complete", precision=prec)
+
+    def ht(x):
+        t = xp.matrix_transpose(x)
+        return xp.conj(t) if xp.isdtype(wdt, "complex floating") else t
+
+    r = xp.flip(xp.flip(ht(r1), axis=0), axis=1)  # J R1^H J
+    if mode == "r":
+        return r
+    return r, xp.flip(ht(q1), axis=0)  # J Q1^H
+
+
+def _over_batch(xp: Any, func: Any, a: Any, c: Any, core_a: int, core_c: int | None
+                ) -> tuple[Any, ...]:
+    """``func`` over the broadcast batch dimensions of ``a`` (and ``c``), results stacked
+    (SciPy's rule for its batched linear algebra)."""
+    ba = a.shape[:a.ndim - core_a]
+    bc = () if c is None else c.shape[:c.ndim - core_c]
+    batch = np.broadcast_shapes(ba, bc)
+    a = xp.broadcast_to(a, (*batch, *a.shape[a.ndim - core_a:]))
+    if c is not None:
+        c = xp.broadcast_to(c, (*batch, *c.shape[c.ndim - core_c:]))
+    outs = [func(a[idx], *(() if c is None else (c[idx],))) for idx in np.ndindex(*batch)]
+    single = not isinstance(outs[0], tuple)
+    if single:
+        return xp.reshape(xp.stack(outs), (*batch, *outs[0].shape))
+    return tuple(xp.reshape(xp.stack([o[i] for o in outs]), (*batch, *outs[0][i].shape))
+                 for i in range(len(outs[0])))

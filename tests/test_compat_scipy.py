@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import warnings
 
 import mpqr.compat.scipy as mcs
 import numpy as np
@@ -74,23 +73,6 @@ def test_qr_errors_like_scipy():
         mcs.qr(np.ones(3))
     with pytest.raises(ValueError, match="array must not contain infs or NaNs"):
         mcs.qr(np.array([[np.inf]]))
-
-
-def test_qr_delegates_pivoting_and_raw_with_one_warning():
-    _patch._WARNED.discard("qr-pivoting=True")
-    a = np.random.default_rng(2).standard_normal((6, 3))
-    with pytest.warns(UserWarning, match="pivoting=True is not supported by mpqr; delegating"):
-        _q, r, p = mcs.qr(a, pivoting=True)
-    ref = sla.qr(a, pivoting=True)
-    np.testing.assert_array_equal(p, ref[2])
-    np.testing.assert_allclose(r, ref[1])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        mcs.qr(a, pivoting=True)  # warned once only
-    _patch._WARNED.discard("qr-mode='raw'")
-    with pytest.warns(UserWarning, match="mode='raw' is not supported"):
-        (h, _tau), r = mcs.qr(a, mode="raw")
-    np.testing.assert_allclose(h, sla.qr(a, mode="raw")[0][0])
 
 
 def test_patch_routes_every_binding_and_restores():

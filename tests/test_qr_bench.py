@@ -72,3 +72,21 @@ def test_bench_writes_json_and_png(topic, with_matplotlib, tmp_path, capsys, mon
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     else:
         assert not png.exists() and "matplotlib not installed" in out
+
+
+def test_bench_qr_pivoting_rows(tmp_path):
+    """``bench qr --pivoting``: unpivoted baselines, geqp3 on the host and the pivoted rows,
+    with backward errors at the precisions' levels."""
+    path = tmp_path / "piv.json"
+    rc = mpqr_main(["bench", "qr", "--pivoting", "--cpu", "--shapes", "150x140",
+                    "--repeat", "1", "--json", str(path)])
+    assert rc == 0
+    rows = json.loads(path.read_text())["results"]
+    names = [r["precision"] for r in rows]
+    assert names[:3] == ["unpivoted-float64", "unpivoted-float32", "scipy-geqp3-float64"]
+    piv = {r["precision"]: r for r in rows if r.get("pivoting")}
+    assert set(piv) == {"auto", "fp32-emulated", "fp16"}
+    assert piv["auto"]["backward_error"] <= 10 * 150 * 2.0**-53
+    assert piv["fp32-emulated"]["backward_error"] <= 10 * 150 * 2.0**-24
+    assert piv["fp16"]["backward_error"] <= 10 * 150 * 2.0**-11
+    assert "speedup_vs_geqp3" in piv["auto"] and "speedup_vs_geqp3" not in piv["fp16"]

@@ -168,6 +168,8 @@ class DaskSolver(Solver):
     """:class:`mpqr.lstsq.solver.Solver` with a row-chunked dask ``a`` and ``b``; the
     small quantities live on the client in the blocks' library."""
 
+    qrcp_gelsy = False  # no pivoted QR of a distributed matrix: gelsy's rank from the SVD
+
     split_every = SPLIT_EVERY
 
     def __init__(self, backend: Any, a: Any, b: Any, *args: Any, **kw: Any):

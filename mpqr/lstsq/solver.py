@@ -51,6 +51,9 @@ def ranks(xp: Any, s: Any, cond: float, u_f: float, u: float) -> tuple[int, int,
 class Solver:
     """One 2-D problem in the working dtype; ``b`` is 2-D."""
 
+    #: ``gelsy``'s direct solutions on QR with column pivoting (needs ``a`` in memory)
+    qrcp_gelsy = True
+
     def __init__(self, backend: Any, a: Any, b: Any, cond: float, prec: str,
                  refine: str | None, eps: float, tol: float | None, maxiter: int | None,
                  need_s: bool = True):
@@ -269,8 +272,15 @@ class Solver:
         return math.ldexp(est, e)
 
     def direct(self, prec: str) -> tuple[Any, int, Any, Any]:
-        """QR (with Q) at ``prec``, then ``R^-1 Q^H b`` or the truncated SVD solution."""
+        """QR (with Q) at ``prec``, then ``R^-1 Q^H b`` or the truncated SVD solution;
+        ``gelsy`` (no singular values wanted): QR with column pivoting, its rank and the
+        minimum-norm solution of the truncated problem (:mod:`mpqr.lstsq.gelsy`)."""
         xp = self.xp
+        if not self.need_s and self.qrcp_gelsy:
+            from mpqr.lstsq import gelsy
+
+            x, rank = gelsy.solve(self.backend, self.a, self.b, self.cond, prec, self.wprec)
+            return x, rank, None, None
         u_f = max(UNIT[prec], self.u)
         q, r = self._factor(prec, "reduced")
         s = self._svdvals(r)

@@ -23,10 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
-from mpqr.policy import gemm
+from mpqr.policy import gemm, gemm_sub
 from mpqr.qr._kernels import ct, eye_like, householder_panel, panel_precision
 
-__all__ = ["PANEL_WIDTH", "householder_tiled"]
+__all__ = ["PANEL_WIDTH", "block_reflector_ops", "householder_tiled"]
 
 #: Narrowest panel: LAPACK's default block size for geqrf on CPUs. Large
 #: matrices use wider panels (:func:`~mpqr.qr.householder_recursive.leaf_width`:
@@ -43,12 +43,7 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     Returns ``(Q, R)`` before the sign normalisation: ``R`` is ``(..., n, n)``,
     Q ``(..., m, n)`` (``(..., m, m)`` if ``complete``) or None.
     """
-    from mpqr.qr.householder_recursive import (
-        fp16_products,
-        fp16_scheme,
-        leaf_width,
-        round_reflectors_fp16,
-    )
+    from mpqr.qr.householder_recursive import leaf_width
 
     xp = backend.xp
     m, n = a.shape[-2:]
@@ -62,35 +57,8 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
         return (q if want_q else None), xp.triu(r)
     pp = panel_precision(prec_name, a.dtype, xp)
     work = a if overwrite else xp.asarray(a, copy=True)
-    if fp16_scheme(prec_name, a, xp):
-        opt_y = fp16_products()[0]
-
-        def reflector(w: Any, y: Any) -> tuple[Any, Any]:
-            return round_reflectors_fp16(backend, w, y, precision=pp)  # (Ŷ, T̂)
-
-        def apply(blk: tuple[Any, Any], x: Any, step: str) -> Any:
-            # X - Ŷ T̂ Ŷ^H X ("formq") or its transpose ("update"); no W is formed
-            y, t = blk
-            c = gemm(ct(xp, y), x, precision=precision, label=f"tiled-{step}-YhX",
-                     options=opt_y, backend=backend)
-            c = gemm(ct(xp, t) if step == "update" else t, c, precision=pp,
-                     label=f"tiled-{step}-TC", backend=backend)
-            return x - gemm(y, c, precision=precision, label=f"tiled-{step}-YC",
-                            options=opt_y, backend=backend)
-    else:
-        def reflector(w: Any, y: Any) -> tuple[Any, Any]:
-            return w, y
-
-        def apply(blk: tuple[Any, Any], x: Any, step: str) -> Any:
-            w, y = blk
-            if step == "update":  # (I - W Y^H)^H X = X - Y (W^H X)
-                c = gemm(ct(xp, w), x, precision=precision, label="tiled-update-WhB",
-                         backend=backend)
-                return x - gemm(y, c, precision=precision, label="tiled-update-YC",
-                                backend=backend)
-            c = gemm(ct(xp, y), x, precision=precision, label="tiled-formq-YhQ",  # X - W (Y^H X)
-                     backend=backend)
-            return x - gemm(w, c, precision=precision, label="tiled-formq-WC", backend=backend)
+    reflector, apply, _ = block_reflector_ops(backend, a, precision=precision,
+                                              prec_name=prec_name, label="tiled")
 
     # look-ahead: the columns past the next panel are updated on the backend's lane while
     # the next panel is factored (its columns are updated first, on the main queue)
@@ -98,6 +66,73 @@ def householder_tiled(backend: Any, a: Any, *, precision: Any, prec_name: str,
     with lane.main_stream():
         return _factor(backend, work, a, lane, nb, pp, reflector, apply, want_q=want_q,
                        complete=complete)
+
+
+def block_reflector_ops(backend: Any, a: Any, *, precision: Any, prec_name: str,
+                        label: str) -> tuple[Any, Any, Any]:
+    """``(reflector, apply, apply_into)`` for a right-looking blocked Householder QR of
+    ``a``.
+
+    ``reflector(W, Y)`` turns a panel's compact WY factors (:func:`householder_panel`)
+    into what ``apply(blk, X, step)`` takes: ``step="update"`` applies the block
+    reflector's conjugate transpose to trailing columns ``X``, ``"formq"`` the
+    reflector itself (forming Q). At ``precision="fp16"`` the fp16 scheme of the module
+    docstring; otherwise ``X - Y (W^H X)`` and ``X - W (Y^H X)``, both products at
+    ``precision``. ``apply_into(blk, X, step)`` does the same in place in a 2-D view
+    ``X`` (the second product accumulated into it where the backend can:
+    :func:`~mpqr.policy.gemm_sub`). ``label`` prefixes the products' trace labels.
+    """
+    from mpqr.qr.householder_recursive import (
+        fp16_products,
+        fp16_scheme,
+        round_reflectors_fp16,
+    )
+
+    xp = backend.xp
+    pp = panel_precision(prec_name, a.dtype, xp)
+    if fp16_scheme(prec_name, a, xp):
+        opt_y = fp16_products()[0]
+        def reflector(w: Any, y: Any) -> tuple[Any, Any]:
+            return round_reflectors_fp16(backend, w, y, precision=pp)  # (Ŷ, T̂)
+
+        def apply(blk: tuple[Any, Any], x: Any, step: str) -> Any:
+            # X - Ŷ T̂ Ŷ^H X ("formq") or its transpose ("update"); no W is formed
+            y, t = blk
+            c = gemm(ct(xp, y), x, precision=precision, label=f"{label}-{step}-YhX",
+                     options=opt_y, backend=backend)
+            c = gemm(ct(xp, t) if step == "update" else t, c, precision=pp,
+                     label=f"{label}-{step}-TC", backend=backend)
+            return x - gemm(y, c, precision=precision, label=f"{label}-{step}-YC",
+                            options=opt_y, backend=backend)
+
+        def apply_into(blk: tuple[Any, Any], x: Any, step: str) -> None:
+            x[...] = apply(blk, x, step)
+
+        return reflector, apply, apply_into
+
+    def reflector_wy(w: Any, y: Any) -> tuple[Any, Any]:
+        return w, y
+
+    def apply_wy(blk: tuple[Any, Any], x: Any, step: str) -> Any:
+        w, y = blk
+        if step == "update":  # (I - W Y^H)^H X = X - Y (W^H X)
+            c = gemm(ct(xp, w), x, precision=precision, label=f"{label}-update-WhB",
+                     backend=backend)
+            return x - gemm(y, c, precision=precision, label=f"{label}-update-YC",
+                            backend=backend)
+        c = gemm(ct(xp, y), x, precision=precision, label=f"{label}-formq-YhQ",  # X - W (Y^H X)
+                 backend=backend)
+        return x - gemm(w, c, precision=precision, label=f"{label}-formq-WC", backend=backend)
+
+    def apply_wy_into(blk: tuple[Any, Any], x: Any, step: str) -> None:
+        w, y = blk
+        first, second = (w, y) if step == "update" else (y, w)
+        c = gemm(ct(xp, first), x, precision=precision, label=f"{label}-{step}-1",
+                 backend=backend)
+        gemm_sub(x, second, c, precision=precision, label=f"{label}-{step}-2",
+                 backend=backend)
+
+    return reflector_wy, apply_wy, apply_wy_into
 
 
 def _factor(backend: Any, work: Any, a: Any, lane: Any, nb: int, pp: str, reflector: Any,

@@ -9,6 +9,13 @@ memory floor (read A, write Q and R, once, at the device-copy rate measured in t
 same process) and of the engine's GEMM rate (``mpqr.matmul`` at 8192^3 at that precision,
 measured in the same process; :data:`FLOP_CONVENTION` says which flops are counted),
 backward error ||A - QR||_F / ||A||_F and orthogonality ||I - Q^T Q||_F / n.
+
+``--pivoting``: QR with column pivoting (``mpqr.qr(a, pivoting=True)``, mode reduced)
+against the unpivoted ``cupy.linalg.qr`` (geqrf + orgqr) of the same dtype in the same
+process (cuSOLVER has no geqp3), and against SciPy's geqp3
+(``scipy.linalg.qr(pivoting=True)``) on the host at ``--geqp3-shapes``; backward error
+``||A[:, P] - QR||_F / ||A||_F``. On the CPU the NumPy backend runs against NumPy's
+unpivoted QR and SciPy's geqp3.
 """
 
 from __future__ import annotations
@@ -41,6 +48,12 @@ FLOP_CONVENTION = ("LAPACK's: geqrf 2mn^2 - 2n^3/3 for R, and as much again (org
                    "the reduced Q; per matrix of a batch")
 CPU_SHAPES = [(512, 512, 1), (8192, 64, 1), (64, 16, 200)]
 PRECISIONS = ["fp16", "fp32-emulated", "fp32", "fp64-emulated", "fp64"]
+#: --pivoting: shapes, precisions (fp32-emulated/fp16 on float32 data, against cuSOLVER's
+#: float32 QR) and the host geqp3 comparison's shapes
+PIVOTED_GPU_SHAPES = [(16384, 16384, 1), (65536, 4096, 1)]
+PIVOTED_CPU_SHAPES = [(2000, 2000, 1)]
+PIVOTED_PRECISIONS = ["auto", "fp32-emulated", "fp16"]
+GEQP3_GPU_SHAPES = [(4096, 4096, 1)]
 # engine GEMM rates (FLOP/s) on H200 measured by `bench gemm` (bench/results): used only
 # where the run does not measure its own (--no-peak, or the CPU)
 ENGINE_RATE = {"fp16": 690e12, "fp32-emulated": 230e12, "fp32": 50e12,
@@ -181,6 +194,79 @@ def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float,
             "results": rows}
 
 
+def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
+                max_seconds: float) -> dict[str, Any]:
+    """The ``--pivoting`` rows (module docstring)."""
+    import scipy.linalg as sla
+
+    rng = np.random.default_rng(2)
+    rows = []
+
+    def errors(a, q, r, p):
+        a64, q64, r64 = (xp.astype(v, xp.float64) for v in (a, q, r))
+        ap = xp.take(a64, xp.astype(p, xp.int64), axis=1)
+        res = float(xp.linalg.norm(ap - q64 @ r64) / xp.linalg.norm(a64))
+        k = q.shape[1]
+        orth = float(xp.linalg.norm(xp.matrix_transpose(q64) @ q64 - xp.eye(k, dtype=xp.float64))
+                     / k)
+        return res, orth
+
+    for m, n, _ in dict.fromkeys([*shapes, *geqp3_shapes]):
+        label = f"{m}x{n}"
+        host = {"float64": rng.standard_normal((m, n))}
+        host["float32"] = host["float64"].astype(np.float32)
+        data = {dt: xp.asarray(v) for dt, v in host.items()}
+        base = {}
+        for dt, a in data.items():
+            release_pool(xp)
+            t = time_it(xp, lambda a=a: xp.linalg.qr(a), repeat=repeat, max_seconds=max_seconds)
+            base[dt] = t
+            rows.append({"shape": label, "precision": f"unpivoted-{dt}", "mode": "reduced",
+                         "time_ms": t * 1e3})
+            name = "cupy.linalg.qr" if is_cupy(xp) else "numpy.linalg.qr"
+            print(f"{label:>12} {name + ' ' + dt + ' (no pivoting)':<40} {t * 1e3:10.1f} ms")
+        geqp3 = None
+        if (m, n, 1) in geqp3_shapes:
+            geqp3 = time_it(np, lambda h=host["float64"]: sla.qr(h, mode="economic",
+                                                                   pivoting=True,
+                                                                   check_finite=False),
+                            repeat=max(1, min(repeat, 2)), warmup=0, max_seconds=max_seconds)
+            rows.append({"shape": label, "precision": "scipy-geqp3-float64", "mode": "reduced",
+                         "time_ms": geqp3 * 1e3})
+            print(f"{label:>12} {'scipy geqp3 float64 (host)':<40} {geqp3 * 1e3:10.1f} ms")
+        for prec in precisions if (m, n, 1) in shapes else precisions[:1]:
+            dt = "float64" if prec in ("auto", "fp64", "fp64-emulated") else "float32"
+            a = data[dt]
+            release_pool(xp)
+            try:
+                with mpqr.explain() as tr:
+                    q, r, p = mpqr.qr(a, pivoting=True, precision=prec)
+                res, orth = errors(a, q, r, p)
+                method = next((e.message for e in tr.events if e.kind == "method"), "")
+                del q, r, p
+                t = time_it(xp, lambda a=a, pr=prec: mpqr.qr(a, pivoting=True, precision=pr),
+                            repeat=repeat, max_seconds=max_seconds)
+            except Exception as exc:
+                rows.append({"shape": label, "precision": prec, "pivoting": True,
+                             "error": f"{type(exc).__name__}: {exc}"})
+                print(f"{label:>12} {prec} pivoting: {type(exc).__name__}: {exc}")
+                continue
+            row = {"shape": label, "precision": prec, "mode": "reduced", "pivoting": True,
+                   "dtype": dt, "time_ms": t * 1e3, "backward_error": res,
+                   "orthogonality": orth, "method": method,
+                   "time_vs_unpivoted": t / base[dt]}
+            if geqp3 is not None and dt == "float64":
+                row["speedup_vs_geqp3"] = geqp3 / t
+            rows.append(row)
+            vs = f"{row['time_vs_unpivoted']:.2f}x unpivoted"
+            gq = f", {row['speedup_vs_geqp3']:.1f}x faster than geqp3" if \
+                "speedup_vs_geqp3" in row else ""
+            print(f"{label:>12} {'mpqr pivoting ' + prec + ' ' + dt:<40} {t * 1e3:10.1f} ms "
+                  f"({vs}{gq}) err {res:.1e} orth {orth:.1e}")
+        del data
+    return {"environment": environment(xp), "results": rows}
+
+
 def plot(payload: dict[str, Any], path: str) -> bool:
     """Speed-up over cuSOLVER per shape and precision (mode reduced) as a PNG."""
     rows = [r for r in payload["results"] if r.get("mode") == "reduced"
@@ -209,8 +295,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", default=None,
                    help="draw the speed-ups here (needs matplotlib)")
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--pivoting", action="store_true",
+                   help="only the QR-with-column-pivoting rows (default shapes 16384x16384, "
+                   "65536x4096 on the GPU, 2000x2000 on the CPU; precisions "
+                   f"{','.join(PIVOTED_PRECISIONS)})")
+    p.add_argument("--geqp3-shapes", default=None,
+                   help="--pivoting: shapes also timed with SciPy's geqp3 on the host "
+                   "(default 4096x4096 on the GPU, the --shapes on the CPU)")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
+    if args.pivoting:
+        shapes = shapes_or_default(args.shapes, xp, PIVOTED_GPU_SHAPES, PIVOTED_CPU_SHAPES)
+        geqp3 = shapes_or_default(args.geqp3_shapes, xp, GEQP3_GPU_SHAPES, shapes)
+        precs = args.precisions.split(",") if args.precisions != ",".join(PRECISIONS) \
+            else PIVOTED_PRECISIONS
+        payload = run_pivoted(shapes, precs, geqp3, xp=xp, repeat=args.repeat,
+                              max_seconds=args.max_seconds)
+        write_json(args.json, payload)
+        return 0
     preset = {"square": SQUARE_SHAPES, "tall": TALL_SHAPES}.get(args.shapes or "")
     shapes = preset or shapes_or_default(args.shapes, xp, GPU_SHAPES, CPU_SHAPES)
     payload = run(shapes, args.precisions.split(","), args.modes.split(","), xp=xp,
