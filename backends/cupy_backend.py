@@ -507,6 +507,19 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_lu.reconstruct(q, r)
         return super().reconstruct_panel(a)
 
+    #: QRCP of a pivoted QR's sketch by LAPACK on the host: one copy of a (b + p) x n
+    #: sketch a block against a dozen launches per column for the device loop
+    qrcp_on_host = True
+
+    def qrcp_pivots(self, y, k):
+        # LAPACK geqp3 on the host (the same pivots as the NumPy backend's for the same
+        # sketch); the loop on the device is a dozen small launches per pivot
+        if not self.qrcp_on_host:
+            return None
+        from mpqr.backends.numpy_backend import NumpyBackend
+
+        return NumpyBackend.qrcp_pivots(self, self._cp.asnumpy(y), k)
+
     def permute_columns(self, x, dst, src):
         # one gather and one scatter kernel instead of a slice copy per column
         x[..., dst] = x[..., src]
