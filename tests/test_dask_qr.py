@@ -91,22 +91,48 @@ def test_blocks_shorter_than_n(method):
     assert np.abs(r - mpqr.qr(a, mode="r")).max() <= _r_tol(u, n, 10.0) * np.linalg.norm(a, 2)
 
 
-def test_ill_conditioned_falls_back_to_tsqr():
+def test_ill_conditioned_falls_back():
+    """cond 1e13: CholQR2 breaks down; one TSQR pass gives R_1 and one certified CholQR
+    pass on A R_1^-1 makes Q orthonormal (mode "r": the TSQR pass alone)."""
     rng = np.random.default_rng(4)
     m, n = 900, 16
     a = _source(rng, m, n, np.float64, cond=1e13)
     x = da.from_array(a, chunks=(64, n))  # 15 blocks: a tree of depth 2
     with mpqr.explain() as trace:
         q, r = mpqr.qr(x)
+        r_only = mpqr.qr(x, mode="r").compute()
     q, r = q.compute(), r.compute()
-    fb = [e for e in trace.events if e.kind == "fallback" and "TSQR" in e.message]
-    assert fb and fb[0].data["fallback"] == "tsqr"
+    fb = [e.data["fallback"] for e in trace.events if e.kind == "fallback"]
+    assert fb == ["tsqr-cholqr", "tsqr-r"]
     u = 2.0**-53
     assert backward_error(a, q, r) <= 20 * n * u
     assert orthogonality(q) <= 20 * n * u
     assert np.all(np.diag(r) >= 0)
+    # R is unique: both agree with the in-core R to its forward error (cond times u)
+    r0 = mpqr.qr(a, mode="r")
+    for rr in (r, r_only):
+        assert np.abs(rr - r0).max() <= _r_tol(u, n, 1e13) * np.linalg.norm(a, 2)
     with pytest.raises(mpqr.BreakdownError, match="cholqr2 broke down"):
         mpqr.qr(x, method="cholqr2")
+
+
+def test_rank_deficient_takes_the_tsqr_tree():
+    """A numerically singular matrix (a repeated column): the preconditioned CholQR
+    breaks down as well, and the TSQR tree with Q (Householder at every node) gives an
+    orthonormal Q and a backward-stable R."""
+    rng = np.random.default_rng(7)
+    m, n = 640, 12
+    a = _source(rng, m, n, np.float64).copy()
+    a[:, 5] = a[:, 2]
+    a.flags.writeable = False
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(da.from_array(a, chunks=(80, n)))
+    q, r = q.compute(), r.compute()
+    assert [e.data["fallback"] for e in trace.events if e.kind == "fallback"] == \
+        ["tsqr-cholqr", "tsqr"]
+    u = 2.0**-53
+    assert backward_error(a, q, r) <= 20 * n * u
+    assert orthogonality(q) <= 20 * n * u
 
 
 def test_mode_r_and_integer_input():
