@@ -92,7 +92,7 @@ def groups(x: Any) -> list[list[int]]:
         return single
     keys = [k for k in _keys(x)]
     try:
-        who = client.who_has(keys)
+        who = client.who_has(x)
         threads = client.nthreads()
     except Exception:  # pragma: no cover - a client that cannot answer: one per block
         return single
