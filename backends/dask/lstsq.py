@@ -123,7 +123,7 @@ class DaskSolver(Solver):
         self.check_finite = check_finite
         self.host = _blocks.host_backend()
         self.groups = groups(a)
-        self.passes = 0
+        self.passes = [0]  # passes over A, the factorization's included
         self.first_gram: Any = None  # A^H A from pass 1, for CholQR2's first pass
         record_event("method", f"lstsq (dask): {a.shape} in {len(a.chunks[0])} row blocks "
                      f"({len(self.groups)} block tasks a pass); each pass over A is one "
@@ -140,7 +140,7 @@ class DaskSolver(Solver):
         d, stats = reduce_pass(what, _blocks.bind(leaf), sum_parts, arrays, small,
                                split_every=self.split_every,
                                group=self.groups if grouped else None)
-        self.passes += 1
+        self.passes[0] += 1
         return compute_pass(d, stats)
 
     def _like(self) -> Any:
@@ -153,7 +153,7 @@ class DaskSolver(Solver):
         reuse = self.first_gram is not None and prec in ("auto", self._gram_precision())
         q, r = factor(self.f, want_q=mode != "r", precision=prec, as_dask=False,
                       split_every=self.split_every,
-                      first_gram=self.first_gram if reuse else None)
+                      first_gram=self.first_gram if reuse else None, passes=self.passes)
         return r if mode == "r" else (q, r)
 
     def _qh_b(self, q: Any) -> Any:
@@ -237,10 +237,10 @@ class DaskSolver(Solver):
         record_event("refine", f"lstsq (dask): {method} (right-preconditioned by the "
                      f"{self.prec} R) {'converged' if out.converged else 'stopped'} after "
                      f"{out.iterations} iterations, normal-equation residual "
-                     f"{out.ratio * self.tol:.2e} (tol {self.tol:.2e}); {self.passes} passes "
+                     f"{out.ratio * self.tol:.2e} (tol {self.tol:.2e}); {self.passes[0]} passes "
                      "over A in all", method=method, iterations=out.iterations,
                      residual=out.ratio * self.tol, converged=out.converged,
-                     precision=self.prec, passes=self.passes)
+                     precision=self.prec, passes=self.passes[0])
         if not out.converged and not out.nonfinite:
             if self.refine == "auto":
                 record_event("fallback", "lstsq: refinement did not converge; refactoring at "

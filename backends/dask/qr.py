@@ -87,12 +87,14 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
 def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
            check_finite: bool = False, split_every: int = SPLIT_EVERY,
-           as_dask: bool = True, first_gram: Any = None) -> tuple[Any, Any]:
+           as_dask: bool = True, first_gram: Any = None,
+           passes: list[int] | None = None) -> tuple[Any, Any]:
     """``(Q or None, R)`` of the row-chunked dask array ``x``; ``R`` as a one-chunk dask
     array, or in memory (on the blocks' kind of device) with ``as_dask=False``.
 
     ``first_gram``: ``x^H x`` already summed over the blocks (a host array, from
-    ``lstsq``'s first pass), which CholQR2's first pass then takes instead of a pass."""
+    ``lstsq``'s first pass), which CholQR2's first pass then takes instead of a pass.
+    ``passes``: a one-element list the number of passes over ``x`` is added to."""
     from mpqr.qr.driver import empty
 
     da = require_dask()
@@ -126,7 +128,7 @@ def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
         q, r = empty(xp, xp.empty((m, n), dtype=x.dtype), want_q=want_q, complete=False)
         return (None if q is None else da.from_array(q, chunks=(x.chunks[0], (n,)),
                                                      asarray=False)), wrap(r)
-    run = _Run(x, backend, precision, prec_name, split_every, check_finite)
+    run = _Run(x, backend, precision, prec_name, split_every, check_finite, passes)
     auto = method == "auto"
     depth = tree_depth(len(run.groups), split_every) + 1
     if auto or method in CHOLQR_METHODS:
@@ -206,12 +208,13 @@ class _Run:
     finiteness check on the first pass, and each pass as one graph and one gather."""
 
     def __init__(self, x: Any, backend: Any, precision: Any, prec_name: str,
-                 split_every: int, check_finite: bool):
+                 split_every: int, check_finite: bool, passes: list[int] | None = None):
         self.x, self.backend, self.precision, self.prec_name = x, backend, precision, prec_name
         self.split_every = split_every
         self.groups = groups(x)
         self.check = check_finite  # until the first pass has checked x
         self.host = _blocks.host_backend()
+        self.passes = passes if passes is not None else [0]
 
     def reduce(self, what: str, leaf: Any, combine: Any, small: Any, arrays: Any = None,
                grouped: bool = True) -> Any:
@@ -220,6 +223,7 @@ class _Run:
                                split_every=self.split_every,
                                group=self.groups if grouped else None)
         out = compute_pass(d, stats)
+        self.passes[0] += 1
         if self.check:
             self.check = False
             if not out["ok"]:
