@@ -123,3 +123,39 @@ def test_gemm_options_reach_the_workers(client):
     r64 = mpqr.qr(a, mode="r", method="cholqr", precision="fp64")
     assert np.abs(r16 - r64).max() > 1e6 * 2.0**-53 * np.abs(r64).max()  # the engine ran
     assert np.abs(r - r16).max() <= 0.1 * np.abs(r - r64).max()
+
+
+def test_round_trips_on_the_cluster(client):
+    """On persisted blocks: lstsq of a well-conditioned problem sends two graphs (two
+    passes, one gather each), mode "r" one, and each pass runs one block task per worker
+    thread (a worker's blocks in one task), counted by a scheduler plugin."""
+    from distributed import wait
+
+    from mpqr.tools.bench_dask import RoundTrips, _take
+
+    client.register_plugin(RoundTrips())
+    rng = np.random.default_rng(5)
+    a = geometric(rng, 3200, 16, 2.0)
+    b = rng.standard_normal(3200)
+    x = client.persist(da.from_array(a, chunks=(200, 16)))  # 16 blocks on 2 workers
+    bd = client.persist(da.from_array(b, chunks=200))
+    wait([x, bd])
+    threads = sum(client.nthreads().values())
+    client.run_on_scheduler(_take)
+    with mpqr.explain() as trace:
+        xs, res, rank, s = mpqr.lstsq(x, bd)
+    counts = client.run_on_scheduler(_take)
+    assert counts["graphs"] == 2 and counts["block_tasks"] == 2 * threads
+    assert sum(e.kind == "dask-pass" for e in trace.events) == 2
+    x0, res0, rank0, s0 = mpqr.lstsq(a, b)
+    u = 2.0**-53
+    assert rank == rank0 == 16
+    assert np.linalg.norm(xs.compute() - x0) <= 50 * 16 * u * 4 * np.linalg.norm(x0)
+    assert abs(float(res.compute()) - float(res0)) <= 1e-12 * float(res0)
+    assert np.abs(s.compute() - s0).max() <= 50 * 16 * u * 4 * s0[0]
+    client.run_on_scheduler(_take)
+    r = mpqr.qr(x, mode="r")
+    counts = client.run_on_scheduler(_take)
+    assert counts["graphs"] == 1 and counts["block_tasks"] == threads
+    assert np.abs(r.compute() - mpqr.qr(a, mode="r")).max() <= 40 * 16 * u * 2.0 * \
+        np.linalg.norm(a, 2)

@@ -10,7 +10,12 @@ da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 
 import mpqr  # noqa: E402
-from tests._support import assert_rank_deficient_residues, conditioned_lstsq_problem  # noqa: E402
+from tests._support import (  # noqa: E402
+    assert_rank_deficient_residues,
+    conditioned_lstsq_problem,
+    exact_matmul,
+)
+from tests.test_dask_qr import _Reads  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("dask_threads")
 
@@ -138,3 +143,61 @@ def test_extreme_scale(scale):
     assert np.linalg.norm(x.compute() * scale - x0) <= _x_tol(a, np.float64) * np.linalg.norm(x0)
     assert np.abs(s.compute() / scale - s0).max() <= _x_tol(a, np.float64) * s0[0]
     assert any(e.kind == "scale" for e in trace.events)
+
+
+@pytest.mark.parametrize("kappa, driver", [(2.0, "gelsd"), (1e3, "gelsy")])
+def test_two_passes_when_well_conditioned(kappa, driver):
+    """The Gram route (cond(A) <= 4 with s, <= 1e4 without): pass 1 reads A for A^H A,
+    A^H b, ||b||^2 and the finiteness check; one refinement pass measures the solution
+    and gives the residues. Two reads of each block, two graphs."""
+    a, b = _problem(kappa, np.float64, 2)
+    with _Reads(a, 150) as reads, mpqr.explain() as trace:
+        x, res, rank, s = mpqr.lstsq(reads.x, b, lapack_driver=driver)
+    assert reads.passes == reads.computes == 2
+    assert "gram" in [e.data.get("path") for e in trace.events]
+    xr, resr, rankr, sr = scipy.linalg.lstsq(a, b, lapack_driver=driver)
+    x, res = x.compute(), res.compute()
+    assert rank == rankr and x.shape == xr.shape and res.shape == resr.shape
+    assert np.linalg.norm(x - xr) <= _x_tol(a, np.float64) * np.linalg.norm(xr)
+    if driver == "gelsd":
+        assert np.abs(s.compute() - sr).max() <= _x_tol(a, np.float64) * sr[0]
+        assert np.all(np.abs(res - resr) <= 1e-12 * resr)
+    else:
+        assert s is None and res.shape == (0,)
+
+
+def test_passes_when_ill_conditioned():
+    """cond(A) = 1e6: the QR route (CholQR2's second pass from pass 1's Gram matrix),
+    then CGLS at one pass per step; a few passes, the answer as in-core."""
+    a, b = _problem(1e6, np.float64, seed=3)
+    with _Reads(a, 150) as reads, mpqr.explain() as trace:
+        x, res, rank, _ = mpqr.lstsq(reads.x, b)
+    refine = [e for e in trace.events if e.kind == "refine"]
+    assert refine and refine[0].data["converged"]
+    assert reads.passes == reads.computes == refine[0].data["passes"] <= 6
+    xr, resr, rankr, _ = scipy.linalg.lstsq(a, b)
+    assert rank == rankr == a.shape[1]
+    assert np.linalg.norm(x.compute() - xr) <= _x_tol(a, np.float64) * np.linalg.norm(xr)
+    assert abs(float(res.compute()) - float(resr)) <= 1e-10 * float(resr)
+
+
+def test_residues_are_the_solutions_own():
+    """A nearly consistent b (||r|| / ||b|| ~ 1e-7): the residues are ||b - A x||^2 of the
+    returned x, as an error-free evaluation of the residual gives it (a recurrence from
+    ||b||^2 would lose all of its digits to cancellation)."""
+    a, _ = _problem(2.0, np.float64)
+    rng = np.random.default_rng(11)
+    b = a @ rng.standard_normal(a.shape[1]) + 1e-7 * rng.standard_normal(a.shape[0])
+    x, res, _, _ = mpqr.lstsq(da.from_array(a, chunks=(CHUNKS, a.shape[1])), b)
+    x, res = x.compute(), float(res.compute())
+    # the residual of this x, each entry correctly rounded
+    r = b - exact_matmul(a, x[:, None])[:, 0]
+    exact = float(np.sum(r * r))
+    u = 2.0**-53
+    # the blocks' residual entries are off by ~u (|b| + |A||x|) each
+    bound = 4 * np.sqrt(a.shape[0]) * u * (np.linalg.norm(b) + np.linalg.norm(a, 2)
+                                            * np.linalg.norm(x)) * np.sqrt(exact) + 4 * u * exact
+    assert abs(res - exact) <= bound
+    assert abs(res - exact) <= 1e-6 * exact
+    resr = float(scipy.linalg.lstsq(a, b)[1])
+    assert abs(res - resr) <= 1e-6 * resr

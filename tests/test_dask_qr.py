@@ -91,22 +91,48 @@ def test_blocks_shorter_than_n(method):
     assert np.abs(r - mpqr.qr(a, mode="r")).max() <= _r_tol(u, n, 10.0) * np.linalg.norm(a, 2)
 
 
-def test_ill_conditioned_falls_back_to_tsqr():
+def test_ill_conditioned_falls_back():
+    """cond 1e13: CholQR2 breaks down; one TSQR pass gives R_1 and one certified CholQR
+    pass on A R_1^-1 makes Q orthonormal (mode "r": the TSQR pass alone)."""
     rng = np.random.default_rng(4)
     m, n = 900, 16
     a = _source(rng, m, n, np.float64, cond=1e13)
     x = da.from_array(a, chunks=(64, n))  # 15 blocks: a tree of depth 2
     with mpqr.explain() as trace:
         q, r = mpqr.qr(x)
+        r_only = mpqr.qr(x, mode="r").compute()
     q, r = q.compute(), r.compute()
-    fb = [e for e in trace.events if e.kind == "fallback" and "TSQR" in e.message]
-    assert fb and fb[0].data["fallback"] == "tsqr"
+    fb = [e.data["fallback"] for e in trace.events if e.kind == "fallback"]
+    assert fb == ["tsqr-cholqr", "tsqr-r"]
     u = 2.0**-53
     assert backward_error(a, q, r) <= 20 * n * u
     assert orthogonality(q) <= 20 * n * u
     assert np.all(np.diag(r) >= 0)
+    # R is unique: both agree with the in-core R to its forward error (cond times u)
+    r0 = mpqr.qr(a, mode="r")
+    for rr in (r, r_only):
+        assert np.abs(rr - r0).max() <= _r_tol(u, n, 1e13) * np.linalg.norm(a, 2)
     with pytest.raises(mpqr.BreakdownError, match="cholqr2 broke down"):
         mpqr.qr(x, method="cholqr2")
+
+
+def test_rank_deficient_takes_the_tsqr_tree():
+    """A numerically singular matrix (a repeated column): the preconditioned CholQR
+    breaks down as well, and the TSQR tree with Q (Householder at every node) gives an
+    orthonormal Q and a backward-stable R."""
+    rng = np.random.default_rng(7)
+    m, n = 640, 12
+    a = _source(rng, m, n, np.float64).copy()
+    a[:, 5] = a[:, 2]
+    a.flags.writeable = False
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(da.from_array(a, chunks=(80, n)))
+    q, r = q.compute(), r.compute()
+    assert [e.data["fallback"] for e in trace.events if e.kind == "fallback"] == \
+        ["tsqr-cholqr", "tsqr"]
+    u = 2.0**-53
+    assert backward_error(a, q, r) <= 20 * n * u
+    assert orthogonality(q) <= 20 * n * u
 
 
 def test_mode_r_and_integer_input():
@@ -232,3 +258,77 @@ def test_bench_dask_is_registered():
     out = subprocess.run([sys.executable, "-m", "mpqr", "bench", "dask", "--help"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--gpus" in out.stdout and "LocalCUDACluster" in out.stdout
+
+
+class _Reads:
+    """Instrumented blocks: how often each block of ``a`` is read, and how many graphs
+    the calls compute (the threaded scheduler recomputes the blocks in every graph)."""
+
+    def __init__(self, a, rows):
+        self.calls = 0
+        self.nb = len(range(0, a.shape[0], rows))
+        self.x = da.from_array(a, chunks=(rows, a.shape[1])).map_blocks(
+            self._read, dtype=a.dtype, meta=np.empty((0, 0), dtype=a.dtype))
+        self.computes = 0
+
+    def _read(self, block):
+        self.calls += 1
+        return block
+
+    @property
+    def passes(self):
+        assert self.calls % self.nb == 0  # every pass reads every block once
+        return self.calls // self.nb
+
+    def __enter__(self):
+        from dask.callbacks import Callback
+
+        def start(dsk):
+            self.computes += 1
+
+        self._cb = Callback(start=start)
+        self._cb.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._cb.__exit__(*exc)
+
+
+@pytest.mark.parametrize("cond, passes", [(2.0, 1), (100.0, 2), (1e12, 2)])
+def test_mode_r_passes(cond, passes):
+    """mode="r": one pass where cond(A) <= 4, CholQR2's two where it is larger; where the
+    first pass's Cholesky breaks down, one TSQR pass after it; each pass one graph (one
+    gather)."""
+    rng = np.random.default_rng(8)
+    a = _source(rng, 1200, 10, np.float64, cond=cond)
+    with _Reads(a, 150) as reads, mpqr.explain() as trace:
+        r = mpqr.qr(reads.x, mode="r")
+    assert reads.passes == reads.computes == passes
+    assert sum(e.kind == "dask-pass" for e in trace.events) == passes
+    r0 = mpqr.qr(a, mode="r")
+    u = 2.0**-53
+    assert np.abs(r.compute() - r0).max() <= _r_tol(u, 10, cond) * np.linalg.norm(a, 2)
+
+
+def test_q_is_one_lazy_pass():
+    """With Q: two passes for R (the second applies R_1^-1 and forms its Gram matrix in
+    the same block task), then Q costs exactly one more read of each block."""
+    rng = np.random.default_rng(9)
+    a = _source(rng, 1200, 10, np.float64, cond=100.0)
+    with _Reads(a, 150) as reads:
+        q, r = mpqr.qr(reads.x, check_finite=True)  # the check rides along with pass 1
+        assert reads.passes == reads.computes == 2
+        q = q.compute()
+        assert reads.passes == 3
+    u = 2.0**-53
+    assert backward_error(a, q, r.compute()) <= 20 * 10 * u
+    assert orthogonality(q) <= 20 * 10 * u
+
+
+def test_check_finite_rides_along_with_pass_one():
+    a = np.ones((64, 3)) + np.eye(64, 3)
+    a[40, 2] = np.inf
+    with _Reads(a, 16) as reads:
+        with pytest.raises(ValueError, match=r"`x` must not contain infs or NaNs"):
+            mpqr.qr(reads.x, mode="r", check_finite=True)
+    assert reads.passes == 1

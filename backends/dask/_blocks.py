@@ -19,19 +19,23 @@ from mpqr.qr._kernels import ct
 
 __all__ = [
     "apply_inverses",
-    "axpy",
     "bind",
     "block_backend",
     "column_max",
-    "column_sq",
-    "gram_block",
+    "column_max_leaf",
+    "gram_leaf",
+    "host_backend",
     "leaf_qr",
+    "lstsq_leaf",
     "node_qr",
     "pow2",
     "product",
-    "qh_times",
+    "qh_leaf",
+    "r_combine",
+    "r_leaf",
+    "residual_leaf",
     "run_with",
-    "times",
+    "to_host",
 ]
 
 
@@ -73,49 +77,10 @@ def apply_inverses(a: Any, rs: tuple[Any, ...], method: str, prec_name: str,
     return q
 
 
-def gram_block(a: Any, rs: tuple[Any, ...], method: str, precision: Any, prec_name: str,
-               quiet: bool = False) -> Any:
-    """``(1, n, n)``: the Gram matrix of ``a R1^-1 ...`` (of ``a`` itself for no ``rs``),
-    the product through the policy; the leading axis is summed over the blocks."""
-    from mpqr.qr.gram_blocked import gram
-
-    backend = block_backend(a)
-    q = apply_inverses(a, rs, method, prec_name, quiet) if rs else a
-    with _guard(backend, quiet):
-        g = gram(backend, q, precision, f"{method}-gram")
-    return backend.xp.expand_dims(g, axis=0)
-
-
-def qh_times(q: Any, b: Any, precision: str, label: str) -> Any:
-    """``(1, n, k)``: ``q^H b`` of one block pair."""
-    backend = block_backend(q)
-    return backend.xp.expand_dims(
-        gemm(ct(backend.xp, q), b, precision=precision, label=label, backend=backend), axis=0)
-
-
-def times(a: Any, x: Any, precision: str, label: str) -> Any:
-    """``a @ x`` for a block ``a`` and a small ``x`` (moved to the block's device)."""
-    backend = block_backend(a)
-    return gemm(a, backend.from_small(x, a), precision=precision, label=label,
-                backend=backend)
-
-
 def product(a: Any, x: Any, precision: str, label: str) -> Any:
     """``a @ x`` of two small factors on one worker (the TSQR tree's updates)."""
     backend = block_backend(a)
     return gemm(a, x, precision=precision, label=label, backend=backend)
-
-
-def axpy(r: Any, q: Any, alpha: Any) -> Any:
-    """``r - q * alpha`` (``alpha``: one value per column)."""
-    backend = block_backend(r)
-    return r - q * backend.from_small(alpha, r)
-
-
-def column_sq(v: Any) -> Any:
-    """``(1, k)``: the squared 2-norms of one block's columns (summed over the blocks)."""
-    xp = block_backend(v).xp
-    return xp.sum(xp.real(v * xp.conj(v)), axis=0, keepdims=True)
 
 
 def leaf_qr(a: Any, precision: Any, method: str) -> tuple[Any, Any]:
@@ -150,3 +115,131 @@ def column_max(a: Any) -> Any:
     if xp.isdtype(a.dtype, "complex floating"):
         return xp.max(xp.abs(a), axis=-2, keepdims=True)
     return backend.max_abs_finite(a, -2)
+
+
+# --- the leaves of one pass (mpqr.backends.dask._graph): small host results ---------------
+
+def host_backend() -> Any:
+    """The NumPy backend: the client's ``n x n`` steps and the trees' sums run on the host."""
+    from mpqr.backends.numpy_backend import host_namespace
+
+    return get_backend(host_namespace())
+
+
+def to_host(v: Any) -> Any:
+    """A small device array as a NumPy array (one transfer; NumPy arrays as they are)."""
+    if hasattr(v, "get") and type(v).__module__.startswith("cupy"):
+        return v.get()
+    import numpy as np
+
+    return np.asarray(v)
+
+
+def _finite(backend: Any, a: Any, g: Any, native: bool) -> bool:
+    """Whether block ``a`` is finite, read from its Gram matrix ``g`` where that is exact:
+    with IEEE products ``diag(A^H A)`` holds a NaN or Inf iff ``A`` does, or iff a
+    square overflows; only then (or for an emulated engine) ``a`` itself is read."""
+    xp = backend.xp
+    if native and bool(xp.all(xp.isfinite(xp.real(xp.linalg.diagonal(g))))):
+        return True
+    return bool(backend.all_finite(a))
+
+
+def gram_leaf(small: tuple[Any, ...], a: Any) -> dict[str, Any]:
+    """``{"g": (A R1^-1 ...)^H (A R1^-1 ...), "ok": A finite}`` of one block (``small``:
+    ``(rs, method, precision, prec_name, quiet, check)``, ``rs`` as
+    :func:`apply_inverses` takes them; ``ok`` only with ``check``)."""
+    from mpqr.qr.choice import NATIVE_PRECISIONS
+    from mpqr.qr.gram_blocked import gram
+
+    rs, method, precision, prec_name, quiet, check = small
+    backend = block_backend(a)
+    q = apply_inverses(a, rs, method, prec_name, quiet) if rs else a
+    with _guard(backend, quiet):
+        g = gram(backend, q, precision, f"{method}-gram")
+    ok = _finite(backend, a, g, prec_name in NATIVE_PRECISIONS) if check else True
+    return {"g": to_host(g), "ok": ok}
+
+
+def r_leaf(small: tuple[Any, ...], a: Any) -> dict[str, Any]:
+    """``{"r": R, "ok": A finite}``: the in-core ``mpqr.qr(mode="r")`` of one block
+    (``small``: ``(precision, method, check)``), the leaf of a TSQR pass for ``R``."""
+    from mpqr.qr.api import qr
+
+    precision, method, check = small
+    backend = block_backend(a)
+    ok = bool(backend.all_finite(a)) if check else True
+    r = qr(a, mode="r", precision=precision, method=method)
+    return {"r": to_host(r), "ok": ok, "how": (precision, method)}
+
+
+def r_combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A TSQR node: the ``R`` of the children's stacked ``R`` factors (in-core
+    ``mpqr.qr`` on the host, at the precision and method of the leaves)."""
+    import numpy as np
+
+    from mpqr.qr.api import qr
+
+    precision, method = parts[0]["how"]
+    r = qr(np.concatenate([p["r"] for p in parts], axis=0), mode="r", precision=precision,
+           method=method)
+    return {"r": r, "ok": all(p["ok"] for p in parts), "how": parts[0]["how"]}
+
+
+def lstsq_leaf(small: tuple[Any, ...], a: Any, b: Any) -> dict[str, Any]:
+    """The first pass of ``lstsq`` on one block pair (``small``: ``(gram precision,
+    working precision, check)``): ``A^H A``, ``A^H b``, the squared column norms and the
+    largest ``|b|`` of ``b``, and whether ``A`` and ``b`` are finite."""
+    from mpqr.qr.gram_blocked import gram
+
+    gprec, wprec, check = small
+    backend = block_backend(a)
+    xp = backend.xp
+    with backend.ignore_fp_warnings():  # an over- or underflowing G is declined on the client
+        g = gram(backend, a, gprec, "lstsq:gram")
+        c = gemm(ct(xp, a), b, precision=wprec, label="lstsq:AHb", backend=backend)
+        bb = xp.sum(xp.real(b * xp.conj(b)), axis=0)
+    bmax = xp.max(xp.abs(b)) if b.shape[0] else xp.zeros((), dtype=bb.dtype)
+    return {"g": to_host(g), "c": to_host(c), "bb": to_host(bb), "bmax": to_host(bmax),
+            "aok": _finite(backend, a, g, True) if check else True,
+            "bok": bool(backend.all_finite(b))}
+
+
+def residual_leaf(small: tuple[Any, ...], a: Any, b: Any) -> dict[str, Any]:
+    """One refinement pass on a block pair: ``V = [b - A X[:, :kx], -A X[:, kx:]]`` and
+    ``{"w": A^H V, "vv": squared column norms of V}`` (``w`` only with ``want_w``), the
+    products at the working precision. ``small``: ``(X, kx, wprec, ea, eb, want_w)``;
+    ``A`` and ``b`` are scaled by ``2^-ea`` and ``2^-eb`` (exactly) when those are
+    nonzero. Of the residuals only their norms leave the block."""
+    x, kx, wprec, ea, eb, want_w = small
+    backend = block_backend(a)
+    xp = backend.xp
+    if ea:
+        a = pow2(a, -ea)
+    if eb:
+        b = pow2(b, -eb)
+    ax = gemm(a, backend.from_small(x, a), precision=wprec, label="lstsq:refine-AX",
+              backend=backend)
+    if kx == ax.shape[1]:
+        v = b - ax
+    elif kx == 0:
+        v = -ax
+    else:
+        v = xp.concat([b - ax[:, :kx], -ax[:, kx:]], axis=1)
+    out = {"vv": to_host(xp.sum(xp.real(v * xp.conj(v)), axis=0))}
+    if want_w:
+        out["w"] = to_host(gemm(ct(xp, a), v, precision=wprec, label="lstsq:refine-AHV",
+                                backend=backend))
+    return out
+
+
+def qh_leaf(small: tuple[Any, ...], q: Any, b: Any) -> dict[str, Any]:
+    """``{"c": Q_i^H b_i}`` of one block pair (``small``: ``(wprec,)``)."""
+    backend = block_backend(q)
+    return {"c": to_host(gemm(ct(backend.xp, q), b, precision=small[0], label="lstsq:QHb",
+                              backend=backend))}
+
+
+def column_max_leaf(small: Any, a: Any) -> dict[str, Any]:
+    """``{"colmax": ...}``: :func:`column_max` of one block, for a max over the blocks."""
+    return {"colmax": to_host(column_max(a))}

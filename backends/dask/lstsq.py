@@ -1,32 +1,50 @@
 """``mpqr.lstsq`` of a dask array chunked by rows: the in-core solver's routes
-(:mod:`mpqr.lstsq.solver`) with every operation on ``A`` and ``b`` distributed.
+(:mod:`mpqr.lstsq.solver`) in as few passes over ``A`` as they allow.
 
-The Gram route sums ``A_i^H A_i`` over the row blocks in a tree and decides on the
-client exactly as in-core (:func:`mpqr.lstsq.gram.factor_from_gram`); the QR route is
-:func:`mpqr.backends.dask.qr.factor` (CholQR2 across the blocks, starting from that Gram matrix,
-or the TSQR tree); CGLS and iterative refinement are the in-core loops of
-:mod:`mpqr.lstsq.refine` with their products ``A v`` (``map_blocks``, persisted) and
-``A^H v`` (a tree sum of per-block products) and their norms over the blocks, so each
-iteration reads ``A`` twice, as in-core. The small ``n x k`` quantities (``x``, the
-search directions, ``R``) live on the client.
+Pass 1 reads each block pair once for ``A_i^H A_i``, ``A_i^H b_i``, ``||b_i||^2``,
+``max |b_i|`` and the finiteness of both (``check_finite`` rides along); the sums meet
+in a tree and the client decides as in-core. The Gram route (``cond(A) <= 4``, rank
+certainly full: :func:`mpqr.lstsq.gram.factor_from_gram`) gives ``R`` and ``s`` from
+that pass; otherwise the QR route factors ``A`` (:func:`mpqr.backends.dask.qr.factor`,
+CholQR2's second pass starting from the same Gram matrix, or one TSQR pass) and ``s``
+and the rank come from ``R``. The refinement (:mod:`mpqr.backends.dask.refine`) then
+takes one pass per step, and its last pass measures the returned ``x``: its residual
+norms are SciPy's ``residues``. A well-conditioned problem takes two passes in all.
+The rank-deficient and direct routes are the in-core ones with their products
+distributed. Every ``n x n`` and ``n x k`` step runs on the client's host.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import warnings
 from typing import Any
 
 from mpqr.backends.dask import _blocks
+from mpqr.backends.dask._graph import compute_pass, groups, reduce_pass, sum_parts
 from mpqr.backends.dask._validate import check_layout, require_dask
-from mpqr.backends.dask.qr import SPLIT_EVERY, factor, gram_sum
+from mpqr.backends.dask.qr import SPLIT_EVERY, factor
+from mpqr.backends.dask.refine import refine_fused
 
+from mpqr._errors import LinAlgError, RefinementWarning
 from mpqr.lstsq import _scipy_rules as rules
-from mpqr.lstsq.gram import GRAM_COND_MAX, GRAM_MIN_ASPECT, factor_from_gram
-from mpqr.lstsq.refine import _Ops, cgls, iterative_refinement
-from mpqr.lstsq.solver import RESOLUTION, Solver
+from mpqr.lstsq.gram import (
+    GRAM_COND_MAX,
+    GRAM_COND_MAX_NO_S,
+    GRAM_MIN_ASPECT,
+    factor_from_gram,
+)
+from mpqr.lstsq.solver import RESOLUTION, Solver, ranks
 from mpqr.policy import record_event
-from mpqr.qr._kernels import ct
+from mpqr.qr._kernels import pow2_scale
+from mpqr.qr.cholqr import gram_roundoff
 
-__all__ = ["DaskSolver", "lstsq"]
+__all__ = ["FIRST_STEP_GRAM", "DaskSolver", "lstsq"]
+
+#: CGLS's first step takes ``A^H A t`` from pass 1's Gram matrix while ``n u cond(A)^2``
+#: (the relative error it can put in ``||A t||^2``) is at most this; beyond, from a pass
+FIRST_STEP_GRAM = 1e-3
 
 
 def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
@@ -79,16 +97,12 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         raise ValueError(f"`a` must have at least as many rows as columns for a distributed "
                          f"least-squares solve (a tall matrix chunked by rows), got shape "
                          f"{a.shape}")
-    if check_finite:
-        fa, fb = da.compute(da.isfinite(a).all(), da.isfinite(b).all())
-        for name, ok in (("a", fa), ("b", fb)):
-            if not bool(ok):
-                raise ValueError(f"array must not contain infs or NaNs (`{name}`)")
     wdt = rules.lapack_dtype(xp, a.dtype, b.dtype)
     aw = a if a.dtype == wdt else a.astype(wdt)
     bw = b if b.dtype == wdt else b.astype(wdt)
     x, res, rank, s = lstsq_2d(backend, aw, bw, cond, lapack_driver, prec_name, refine, tol,
-                               maxiter, solver=DaskSolver)
+                               maxiter,
+                               solver=functools.partial(DaskSolver, check_finite=check_finite))
     return _wrap(da, x), _wrap(da, res), rank, (None if s is None else _wrap(da, s))
 
 
@@ -96,145 +110,202 @@ def _wrap(da: Any, v: Any) -> Any:
     return da.from_array(v, chunks=v.shape, asarray=False)
 
 
-def _delayed(v: Any) -> Any:
-    import dask
-
-    return dask.delayed(v, pure=True)
-
-
-def tree_sum_qh(q: Any, b: Any, precision: str, label: str, split_every: int) -> Any:
-    """Lazy ``q^H b`` (``n x k``) of two arrays with the same row chunks: one product per
-    block pair on its worker, the partial products summed in a tree."""
-    import dask.array as da
-
-    n, k = q.shape[1], b.shape[1]
-    parts = da.map_blocks(_blocks.bind(_blocks.qh_times), q, b, precision, label,
-                          chunks=((1,) * len(q.chunks[0]), (n,), (k,)), new_axis=[2],
-                          dtype=q.dtype, meta=q._meta.reshape((0, 0, 0)),
-                          token=f"mpqr-{label}")
-    return parts.sum(axis=0, split_every=split_every)
-
-
-def column_sq(v: Any, split_every: int) -> Any:
-    """Lazy squared column norms (real) of a row-chunked ``v``."""
-    import dask.array as da
-
-    k = v.shape[1]
-    real = v.real.dtype
-    parts = da.map_blocks(_blocks.column_sq, v, chunks=((1,) * len(v.chunks[0]), (k,)),
-                          dtype=real, meta=v._meta.real.reshape((0, 0)),
-                          token="mpqr-column-sq")
-    return parts.sum(axis=0, split_every=split_every)
-
-
-def times(a: Any, v: Any, precision: str, label: str) -> Any:
-    """Lazy ``a @ v`` for a row-chunked ``a`` and a small ``v`` (sent to every block)."""
-    return a.map_blocks(_blocks.bind(_blocks.times), _delayed(v), precision, label,
-                        chunks=(a.chunks[0], (v.shape[1],)), dtype=a.dtype, meta=a._meta,
-                        token="mpqr-Av")
-
-
-class DaskOps(_Ops):
-    """The refinement's operations with a row-chunked ``A``: ``A v`` by ``map_blocks``
-    (persisted: it is used twice), ``A^H v`` and the norms over the blocks in a tree."""
-
-    def __init__(self, backend: Any, a: Any, r: Any, wprec: str, label: str,
-                 split_every: int):
-        self.backend, self.a, self.wprec, self.label = backend, a, wprec, label
-        self.split_every = split_every
-        xp = backend.xp
-        self.r = r
-        self.rh = xp.asarray(ct(xp, r), copy=True)
-
-    def av(self, v: Any, what: str) -> Any:
-        return times(self.a, v, self.wprec, f"{self.label}:{what}-Av").persist()
-
-    def ahv(self, v: Any, what: str) -> Any:
-        return tree_sum_qh(self.a, v, self.wprec, f"{self.label}:{what}-AHv",
-                           self.split_every).compute()
-
-    def norms(self, v: Any) -> Any:
-        return self.backend.xp.sqrt(column_sq(v, self.split_every).compute())
-
-    def axpy(self, v: Any, alpha: Any, w: Any) -> Any:
-        return v.map_blocks(_blocks.axpy, w, _delayed(alpha), dtype=v.dtype, meta=v._meta,
-                            token="mpqr-axpy").persist()
-
-    def sub(self, v: Any, w: Any) -> Any:
-        return (v - w).persist()
-
-
 class DaskSolver(Solver):
-    """:class:`mpqr.lstsq.solver.Solver` with a row-chunked dask ``a`` and ``b``; the
-    small quantities live on the client in the blocks' library."""
+    """:class:`mpqr.lstsq.solver.Solver` with a row-chunked dask ``a`` and ``b``: every
+    pass over them is one graph and one gather, the small quantities live on the
+    client's host and the results are moved to the blocks' kind of device."""
 
     qrcp_gelsy = False  # no pivoted QR of a distributed matrix: gelsy's rank from the SVD
 
     split_every = SPLIT_EVERY
 
-    def __init__(self, backend: Any, a: Any, b: Any, *args: Any, **kw: Any):
+    def __init__(self, backend: Any, a: Any, b: Any, *args: Any, check_finite: bool = True,
+                 **kw: Any):
         super().__init__(backend, a, b, *args, **kw)
-        record_event("method", f"lstsq (dask): {a.shape} in {len(a.chunks[0])} row blocks; "
-                     "every product with A runs on the blocks' workers, sums over the blocks "
-                     f"in trees (split_every={self.split_every}), the n x n steps and the "
-                     "small vectors on the client", route="dask", blocks=len(a.chunks[0]),
+        self.check_finite = check_finite
+        self.host = _blocks.host_backend()
+        self.groups = groups(a)
+        self.passes = [0]  # passes over A, the factorization's included
+        self.first_gram: Any = None  # A^H A from pass 1, for CholQR2's first pass
+        record_event("method", f"lstsq (dask): {a.shape} in {len(a.chunks[0])} row blocks "
+                     f"({len(self.groups)} block tasks a pass); each pass over A is one "
+                     f"graph whose sums meet in trees (split_every={self.split_every}) and "
+                     "one gather; the n x n steps and the small vectors on the client",
+                     route="dask", blocks=len(a.chunks[0]), block_tasks=len(self.groups),
                      shape=a.shape)
+
+    # --- passes ----------------------------------------------------------------
+    def _pass(self, what: str, leaf: Any, small: Any, arrays: list[Any] | None = None
+              ) -> dict[str, Any]:
+        arrays = [self.a, self.b] if arrays is None else arrays
+        grouped = arrays[0] is self.a
+        d, stats = reduce_pass(what, _blocks.bind(leaf), sum_parts, arrays, small,
+                               split_every=self.split_every,
+                               group=self.groups if grouped else None)
+        self.passes[0] += 1
+        return compute_pass(d, stats)
 
     def _like(self) -> Any:
         return self.xp.empty((0, 0), dtype=self.a.dtype)
 
+    def _to_blocks(self, v: Any) -> Any:
+        return None if v is None else self.backend.from_small(v, self.a._meta)
+
     def _factor(self, prec: str, mode: str) -> Any:
+        reuse = self.first_gram is not None and prec in ("auto", self._gram_precision())
         q, r = factor(self.f, want_q=mode != "r", precision=prec, as_dask=False,
-                      split_every=self.split_every)
+                      split_every=self.split_every,
+                      first_gram=self.first_gram if reuse else None, passes=self.passes)
         return r if mode == "r" else (q, r)
 
-    def _gram_route(self) -> Any:
-        import math
+    def _qh_b(self, q: Any) -> Any:
+        out = self._pass("lstsq-QHb", _blocks.qh_leaf, (self.wprec,), [q, self.b])
+        return self._to_blocks(out["c"])
 
-        from mpqr.backends import get_backend
-        from mpqr.backends.dask.qr import _namespace
+    def _resid_sq(self, x: Any) -> Any:
+        small = (_blocks.to_host(x), x.shape[1], self.wprec, 0, 0, False)
+        return self._to_blocks(self._pass("lstsq-residual", _blocks.residual_leaf, small)["vv"])
 
+    def _refine_pass(self, ea: int, eb: int) -> Any:
+        """``pass_fn`` of :func:`mpqr.backends.dask.refine.refine_fused`."""
+        xp = self.host.xp
+
+        def run(x: Any, t: Any) -> tuple[Any, Any, Any, Any]:
+            cols = [v for v in (x, t) if v is not None]
+            kx = 0 if x is None else x.shape[1]
+            small = (xp.concat(cols, axis=1), kx, self.wprec, ea, eb, True)
+            out = self._pass("lstsq-refine", _blocks.residual_leaf, small)
+            w, vv = out["w"], out["vv"]
+            return w[:, :kx], vv[:kx], -w[:, kx:], vv[kx:]
+
+        return run
+
+    # --- the route -------------------------------------------------------------
+    def run(self) -> tuple[Any, int, Any, Any]:
+        host = self.host
+        hx = host.xp
+        first = self._pass("lstsq-first", _blocks.lstsq_leaf,
+                           (self._gram_precision(), self.wprec, self.check_finite))
+        if self.check_finite:
+            for name in ("a", "b"):
+                if not first[f"{name[0]}ok"]:
+                    raise ValueError(f"array must not contain infs or NaNs (`{name}`)")
+        g, c, bb = first["g"], first["c"], first["bb"]
+        with host.ignore_fp_warnings():
+            usable = bool(hx.all(hx.isfinite(g)))
+        if usable:
+            self.first_gram = g
+        if not first["bok"]:
+            return self._nonfinite_b()
+        if self.refine is None:
+            return self.direct(self.prec)
+        k = self.n
+        gf = self._gram_route_from(g)
+        if gf is not None and gf.r is not None:  # full rank, well conditioned
+            r, s, s1 = gf.r, gf.s, gf.s1
+            kappa = GRAM_COND_MAX_NO_S
+        else:
+            r = _blocks.to_host(self._factor(self.prec, "r"))
+            if not bool(host.all_finite(r)):
+                raise LinAlgError("lstsq: `a` contains NaN or Inf (check_finite=False): its "
+                                  "singular values, rank and solution are undefined")
+            s = host.svdvals(r)
+            rank_cond, rank_sure, s1 = ranks(hx, s, self.cond, self.u_f, self.u)
+            if s1 == 0.0 or rank_sure < k:
+                return self._deficient(rank_cond)
+            kappa = s1 / float(s[-1])
+            if not self.need_s:
+                s = None
+        method = "ir" if self.refine == "ir" else "cgls"
+        ea, eb = self._exponents(s1, float(first["bmax"]))
+        # CGLS's first step from pass 1's A^H A where its rounding moves that step by
+        # little (relative error of ||A t||^2 up to n u cond(A)^2); else one pass more
+        u_g = gram_roundoff(hx, g.dtype, self._gram_precision())
+        gram = g if usable and not (ea or eb) and k * u_g * kappa**2 <= FIRST_STEP_GRAM else \
+            None
+        if ea or eb:
+            record_event("scale", f"lstsq: A scaled by 2^{-ea} and b by 2^{-eb} for the "
+                         "refinement (its products would under- or overflow)", ea=ea, eb=eb)
+            r = pow2_scale(host, r, hx.asarray(-ea, dtype=hx.int32))
+            g0, bb, _, _ = self._refine_pass(ea, eb)(hx.zeros(c.shape, dtype=c.dtype), None)
+            c = g0
+        out = refine_fused(method, host, self._refine_pass(ea, eb), r, c, bb, gram,
+                           anorm=math.ldexp(s1, -ea), tol=self.tol, maxiter=self.maxiter,
+                           floor_tol=self.floor_tol)
+        x, rr = out.x, out.rr
+        if ea or eb:
+            x = pow2_scale(host, x, hx.asarray(eb - ea, dtype=hx.int32))
+            rr = pow2_scale(host, rr, hx.asarray(2 * eb, dtype=hx.int32))
+        record_event("refine", f"lstsq (dask): {method} (right-preconditioned by the "
+                     f"{self.prec} R) {'converged' if out.converged else 'stopped'} after "
+                     f"{out.iterations} iterations, normal-equation residual "
+                     f"{out.ratio * self.tol:.2e} (tol {self.tol:.2e}); {self.passes[0]} passes "
+                     "over A in all", method=method, iterations=out.iterations,
+                     residual=out.ratio * self.tol, converged=out.converged,
+                     precision=self.prec, passes=self.passes[0])
+        if not out.converged and not out.nonfinite:
+            if self.refine == "auto":
+                record_event("fallback", "lstsq: refinement did not converge; refactoring at "
+                             "the working precision and solving directly", path="direct")
+                return self.direct("auto")
+            warnings.warn(
+                f"lstsq: {method} did not reach tol={self.tol:.2e} in {out.iterations} "
+                f"iterations (normal-equation residual {out.ratio * self.tol:.2e}); returning "
+                "the best iterate. Use refine='auto' or a higher `precision`.",
+                RefinementWarning, stacklevel=4)
+        return (self._to_blocks(x), k, self._to_blocks(s),
+                self._to_blocks(rr) if self.need_s else None)
+
+    def _gram_route_from(self, g: Any) -> Any:
+        """The in-core Gram route's decision on pass 1's ``A^H A`` (host), or None."""
         mf, nf = self.f.shape
         if self.u_f > self.u or mf < GRAM_MIN_ASPECT * nf:
             return None
         res = RESOLUTION * math.sqrt(nf) * self.u * GRAM_COND_MAX / 2
-        prec = self._gram_precision()
-        with self.backend.ignore_fp_warnings():  # an over- or underflowing G is declined
-            g = gram_sum(self.f, (), "lstsq", prec, prec, True, self.split_every).compute()
-        gb = get_backend(_namespace(g))
-        sb, g = gb.small(g)
-        return factor_from_gram(self.backend, sb, g, (mf, nf), self._like(), precision=prec,
-                                need_s=self.need_s, cutoff=self.cond, resolution=res)
+        host = self.host
+        return factor_from_gram(host, host, g, (mf, nf), host.xp.empty((0, 0), dtype=g.dtype),
+                                precision=self._gram_precision(), need_s=self.need_s,
+                                cutoff=self.cond, resolution=res)
 
-    def _b_finite(self) -> bool:
-        import dask.array as da
+    def _exponents(self, s1: float, bmax: float) -> tuple[int, int]:
+        """As :meth:`Solver._balanced`: ``(ea, eb)`` nonzero when ``||A||`` or
+        ``max |b|`` is so far from 1 that the refinement's products could under- or
+        overflow."""
+        lim = 250 if self.wprec == "fp64" else 30
+        ea, eb = math.frexp(s1)[1], math.frexp(bmax)[1]
+        return (0, 0) if abs(ea) <= lim and abs(eb) <= lim else (ea, eb)
 
-        return bool(da.isfinite(self.b).all().compute())
+    def _deficient(self, rank_cond: int) -> tuple[Any, int, Any, Any]:
+        low = self.u_f > self.u
+        why = (f"rank uncertain at precision {self.prec!r}: a singular value of R lies "
+               f"within {RESOLUTION:g} sqrt(n) u_f ||A|| of the cutoff" if low else
+               "rank deficient")
+        record_event("fallback", f"lstsq: {why}; minimum-norm solution from the QR-SVD at "
+                     "the working precision" + (" (refactoring)" if low else ""),
+                     rank=rank_cond, path="svd")
+        if low and self.refine != "auto":  # the caller asked for refinement by name
+            warnings.warn(
+                f"lstsq: refine={self.refine!r} was not run: {why}, so the problem was "
+                "refactored at the working precision and solved directly (the answer "
+                "is as accurate as SciPy's; the time is not that of the requested "
+                "path). Use a higher `precision` for ill-conditioned problems.",
+                RefinementWarning, stacklevel=5)
+        return self.direct("auto" if low else self.prec)
 
-    def _max_abs_b(self) -> float:
-        return float(abs(self.b).max().compute())
-
-    def _qh_b(self, q: Any) -> Any:
-        return tree_sum_qh(q, self.b, self.wprec, "lstsq:QHb", self.split_every).compute()
-
-    def _column_sq(self, v: Any) -> Any:
-        return column_sq(v, self.split_every).compute()
-
-    def _resid_sq(self, x: Any) -> Any:
-        return self._column_sq(self.b - times(self.a, x, self.wprec, "lstsq:residual-Ax"))
-
-    def _pow2(self, x: Any, e: int) -> Any:
-        from mpqr.backends.dask._detect import is_dask_array
-
-        if not is_dask_array(x):
-            return super()._pow2(x, e)
-        return x.map_blocks(_blocks.pow2, e, dtype=x.dtype, meta=x._meta, token="mpqr-pow2")
-
-    def _refiner(self, method: str) -> Any:
-        run = iterative_refinement if method == "ir" else cgls
-
-        def distributed(backend: Any, a: Any, b: Any, r: Any, **kw: Any) -> Any:
-            ops = DaskOps(backend, a, r, kw["wprec"], "lstsq", self.split_every)
-            return run(backend, a, b, r, ops=ops, **kw)
-
-        return distributed
+    def _nonfinite_b(self) -> tuple[Any, int, Any, Any]:
+        """NaN/Inf in ``b`` (``check_finite=False``): ``x`` is NaN, never a
+        finite-looking answer; ``s`` and the rank from ``R`` as in-core."""
+        hx = self.host.xp
+        r = _blocks.to_host(self._factor(self.prec, "r"))
+        if not bool(self.host.all_finite(r)):
+            raise LinAlgError("lstsq: `a` contains NaN or Inf (check_finite=False): its "
+                              "singular values, rank and solution are undefined")
+        s = self.host.svdvals(r)
+        rank_cond, _, s1 = ranks(hx, s, self.cond, self.u, self.u)
+        k = self.b.shape[1]
+        nan = hx.full((self.n, k), float("nan"), dtype=self.a.dtype)
+        rsq = hx.full((k,), float("nan"), dtype=s.dtype)
+        record_event("method", "lstsq: `b` holds NaN/Inf: the solution is NaN",
+                     path="nonfinite")
+        return (self._to_blocks(nan), (rank_cond if s1 > 0 else 0), self._to_blocks(s),
+                self._to_blocks(rsq))

@@ -1,26 +1,34 @@
-"""``mpqr.qr`` of a dask array chunked by rows: certified CholQR across the row blocks,
-with a TSQR tree as the fallback.
+"""``mpqr.qr`` of a dask array chunked by rows, in as few passes over it as the result
+allows, each pass one graph and one gather (:mod:`mpqr.backends.dask._graph`).
 
-A CholQR pass needs the ``n x n`` Gram matrix ``G = sum_i A_i^H A_i``: each block's
-product runs on its worker through the precision policy and the partial sums meet in
-a tree (``dask.array`` reduction, ``split_every`` at a time), so no worker holds more
-than a few blocks. The ``n x n`` steps (Cholesky, checks, the certificate) run once,
-on the client, with the in-core CholQR's code; the factors ``R_j`` go back to every
-block, and ``Q = A R_1^-1 R_2^-1 ...`` is one lazy ``map_blocks``. Later passes apply
-the earlier factors inside the block task, so ``Q_1`` is never stored: CholQR2 reads
-``A`` twice for ``R`` and once more for ``Q``.
+* ``mode="r"`` (``method="auto"``): one TSQR pass. Each block's in-core
+  ``mpqr.qr(mode="r")`` runs on its worker; the ``R`` factors are stacked and factored
+  again in a tree (``split_every`` at a time) up to one ``R``. Unconditionally stable
+  (each leaf is the in-core QR, with its own certificate and fallback).
+* With ``Q`` (``method="auto"``): CholQR2 across the blocks. Pass 1 sums the blocks'
+  Gram products ``A_i^H A_i`` (through the precision policy) in a tree; the client runs
+  the in-core CholQR's ``n x n`` steps once (Cholesky, checks); pass 2 applies
+  ``R_1^-1`` and forms the Gram matrix of the result in the same block task, so ``Q_1``
+  is never stored, and the client certifies it (``||Q_1^H Q_1 - I||_F <= 1/2``); ``Q =
+  A R_1^-1 R_2^-1`` is one lazy ``map_blocks``. If CholQR2 breaks down: one TSQR pass
+  for ``R_1`` (Householder leaves), then the same certified pass on ``A R_1^-1``, whose
+  condition number is ``1 + O(u cond(A))``; only a numerically rank-deficient matrix
+  goes on to the TSQR tree with ``Q`` (:mod:`mpqr.backends.dask.tree`).
+* ``method="cholqr"``, ``"cholqr2"``, ``"shifted-cholqr3"``: their passes across the
+  blocks, ``BreakdownError`` as in-core; any other method: TSQR with it at the leaves.
 
-The route is data dependent (the certificate decides), so ``R`` is computed when
-``qr`` is called (``Q`` stays lazy); if CholQR breaks down, ``method="auto"`` takes
-the TSQR tree (:mod:`mpqr.backends.dask.tree`), whose leaves and nodes are ``mpqr.qr``.
+The route is data dependent, so ``R`` is computed when ``qr`` is called (``Q`` stays
+lazy). The ``n x n`` steps run on the client's host whatever the blocks' device.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from mpqr.backends import get_backend
 from mpqr.backends.dask import _blocks
+from mpqr.backends.dask._graph import compute_pass, groups, reduce_pass, sum_parts
 from mpqr.backends.dask._validate import as_float, check_layout, require_dask
 from mpqr.backends.dask.tree import tree_depth, tsqr
 
@@ -30,11 +38,18 @@ from mpqr.policy import record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.choice import NATIVE_PRECISIONS, OWN_PRECISION_CHOLQR, precision_of
 
-__all__ = ["CHOLQR_METHODS", "SPLIT_EVERY", "factor", "qr"]
+__all__ = ["CHOLQR_METHODS", "R_ONE_PASS_COND", "SPLIT_EVERY", "apply_factors", "factor",
+           "qr"]
 
 #: partial sums (and TSQR R factors) combined per node of the reduction trees; 8
 #: keeps the depth at 2 up to 64 blocks with n x n operands that are cheap to add
 SPLIT_EVERY = 8
+
+#: ``mode="r"`` (``method="auto"``) returns pass 1's ``R = chol(x^H x)`` where
+#: ``cond(x)`` is at most this (from the eigenvalues of ``x^H x``): its backward error,
+#: ``cond(x) / 2`` times the Gram product's ``c u ||x||``, is then within 2x of
+#: Householder QR's, as for lstsq's Gram route (:data:`mpqr.lstsq.gram.GRAM_COND_MAX`)
+R_ONE_PASS_COND = 4.0
 
 #: the methods run across the blocks; any other in-core method runs at the TSQR leaves
 CHOLQR_METHODS = ("cholqr", "cholqr2", "shifted-cholqr3")
@@ -72,9 +87,14 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
 def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
            check_finite: bool = False, split_every: int = SPLIT_EVERY,
-           as_dask: bool = True) -> tuple[Any, Any]:
+           as_dask: bool = True, first_gram: Any = None,
+           passes: list[int] | None = None) -> tuple[Any, Any]:
     """``(Q or None, R)`` of the row-chunked dask array ``x``; ``R`` as a one-chunk dask
-    array, or in memory (on the blocks' kind of device) with ``as_dask=False``."""
+    array, or in memory (on the blocks' kind of device) with ``as_dask=False``.
+
+    ``first_gram``: ``x^H x`` already summed over the blocks (a host array, from
+    ``lstsq``'s first pass), which CholQR2's first pass then takes instead of a pass.
+    ``passes``: a one-element list the number of passes over ``x`` is added to."""
     from mpqr.qr.driver import empty
 
     da = require_dask()
@@ -98,98 +118,163 @@ def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
         raise NotImplementedError(
             f"precision={prec_name!r} needs a float16 GEMM engine, which the {backend.name} "
             "backend does not provide (it has no float16 GEMM); use 'fp32' or 'fp64'")
-    if check_finite and not bool(da.isfinite(x).all().compute()):
-        raise ValueError("`x` must not contain infs or NaNs (check_finite=True)")
     nb = len(x.chunks[0])
-    wrap = (lambda a: da.from_array(a, chunks=a.shape, asarray=False)) if as_dask else \
-        (lambda a: a)
+
+    def wrap(r: Any) -> Any:
+        r = backend.from_small(r, x._meta)  # on the blocks' kind of device
+        return da.from_array(r, chunks=r.shape, asarray=False) if as_dask else r
+
     if m == 0 or n == 0:
         q, r = empty(xp, xp.empty((m, n), dtype=x.dtype), want_q=want_q, complete=False)
         return (None if q is None else da.from_array(q, chunks=(x.chunks[0], (n,)),
                                                      asarray=False)), wrap(r)
+    run = _Run(x, backend, precision, prec_name, split_every, check_finite, passes)
     auto = method == "auto"
-    cholqr = "cholqr2" if auto else method
-    depth = tree_depth(nb, split_every)
-    if cholqr in CHOLQR_METHODS:
+    depth = tree_depth(len(run.groups), split_every) + 1
+    if auto or method in CHOLQR_METHODS:
+        cholqr = "cholqr2" if auto else method
         own = precision_of(backend, prec_name, x.dtype, cholqr) if auto else prec_name
         record_event("method", f"qr (dask): {cholqr} across {nb} row blocks of {x.shape} "
                      f"({'chosen: ' if auto else 'requested: '}tall-skinny, each block's "
-                     f"Gram product on its worker at precision={own!r}, the partial sums in a "
-                     f"tree of depth {depth} (split_every={split_every}), the {n} x {n} steps "
-                     "once on the client, Q = A R^-1 by map_blocks)",
+                     f"Gram product on its worker at precision={own!r}, in "
+                     f"{len(run.groups)} block tasks a pass, the partial sums in a tree of "
+                     f"depth {depth} (split_every={split_every}), the {n} x {n} steps "
+                     "once a pass on the client" + (", Q = A R^-1 by one lazy map_blocks)"
+                                                    if want_q else "; mode='r': one pass "
+                                                    f"where cond(x) <= {R_ONE_PASS_COND:g})"),
                      method=cholqr, route="cholqr", blocks=nb, depth=depth, shape=(m, n),
                      precision=own)
         try:
             if not auto and prec_name not in NATIVE_PRECISIONS:
                 # as in-core: products with a narrower range than the input's always
                 # see columns scaled by powers of two
-                return _scaled(x, backend, cholqr, precision=precision, prec_name=prec_name,
-                               want_q=want_q, split_every=split_every, wrap=wrap)
-            return _cholqr(x, backend, cholqr, precision=own if auto else precision,
-                           prec_name=own, want_q=want_q, quiet=True,
-                           split_every=split_every, wrap=wrap)
+                q, r = _scaled(run, cholqr, want_q=want_q)
+                return q, wrap(r)
+            q, r = _cholqr(run, x, cholqr, precision=own if auto else precision,
+                           prec_name=own, want_q=want_q, quiet=True, first_gram=first_gram,
+                           one_pass=auto and not want_q)
+            return q, wrap(r)
         except BreakdownError as exc:
             if not auto:
                 # a Gram matrix out of range (a column whose squares over- or underflow):
                 # again on scaled columns, as the in-core driver scales them
                 scaled = None if exc.cond_estimate != float("inf") else _scaled(
-                    x, backend, cholqr, precision=precision, prec_name=prec_name,
-                    want_q=want_q, split_every=split_every, wrap=wrap, only_if_needed=True)
+                    run, cholqr, want_q=want_q, only_if_needed=True)
                 if scaled is None:
                     raise
-                return scaled
-            fb = _fallback_method(backend, prec_name, n)
+                return scaled[0], wrap(scaled[1])
+            method = _fallback_method(backend, prec_name, n)
             record_event("fallback", f"qr (dask): {cholqr} broke down (estimated cond(x) >= "
-                         f"{exc.cond_estimate:.2e}); falling back to a TSQR tree over the "
-                         f"{nb} row blocks with {fb} at its leaves and nodes, "
-                         f"precision={prec_name!r}", method=cholqr, fallback="tsqr",
-                         leaf_method=fb, cond_estimate=exc.cond_estimate, reason=str(exc))
-            method = fb
+                         f"{exc.cond_estimate:.2e}); falling back to one TSQR pass for R "
+                         f"({method} at its leaves and nodes, precision={prec_name!r})"
+                         + (", then one CholQR pass on x R^-1 (certified) and Q lazy"
+                            if want_q else ""), method=cholqr,
+                         fallback="tsqr-cholqr" if want_q else "tsqr-r", leaf_method=method,
+                         cond_estimate=exc.cond_estimate, reason=str(exc))
+            if not want_q:
+                return None, wrap(run.tsqr_r(method))
+            try:
+                q, r = _preconditioned(run, x, method)
+                return q, wrap(r)
+            except BreakdownError as exc2:
+                record_event("fallback", f"qr (dask): CholQR on x R^-1 broke down too "
+                             f"({exc2}); a TSQR tree with Q over the {nb} row blocks, "
+                             f"{method} at its leaves and nodes", method="tsqr-cholqr",
+                             fallback="tsqr", leaf_method=method,
+                             cond_estimate=exc2.cond_estimate, reason=str(exc2))
     else:
-        record_event("method", f"qr (dask): TSQR tree over {nb} row blocks of {x.shape}, "
+        record_event("method", f"qr (dask): TSQR over {nb} row blocks of {x.shape}, "
                      f"{method} at its leaves and nodes (requested), depth {depth} "
-                     f"(split_every={split_every})", method=method, route="tsqr", blocks=nb,
+                     f"(split_every={split_every})" + ("" if want_q else ": one pass for R"),
+                     method=method, route="tsqr" if want_q else "tsqr-r", blocks=nb,
                      depth=depth, shape=(m, n), precision=prec_name)
-    q, r = tsqr(x, precision=precision, method=method, want_q=want_q,
+        if not want_q:
+            return None, wrap(run.tsqr_r(method))
+        run.check_first_pass()
+    q, r = tsqr(x, precision=precision, method=method, want_q=True,
                 split_every=split_every, wprec=panel_precision(prec_name, x.dtype, xp))
     if not as_dask:
-        if q is not None:
-            # R is read now and Q right after (lstsq's direct solve): the leaves' QRs run
-            # once, their Q blocks kept on the workers
-            import dask
+        # R is read now and Q right after (lstsq's direct solve): the leaves' QRs run
+        # once, their Q blocks kept on the workers
+        import dask
 
-            q, r = dask.persist(q, r)
+        q, r = dask.persist(q, r)
         r = r.compute()
     return q, r
 
 
-def _scaled(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str,
-            want_q: bool, split_every: int, wrap: Any, only_if_needed: bool = False
+class _Run:
+    """One factorization's passes over ``x``: its block groups (found once), the
+    finiteness check on the first pass, and each pass as one graph and one gather."""
+
+    def __init__(self, x: Any, backend: Any, precision: Any, prec_name: str,
+                 split_every: int, check_finite: bool, passes: list[int] | None = None):
+        self.x, self.backend, self.precision, self.prec_name = x, backend, precision, prec_name
+        self.split_every = split_every
+        self.groups = groups(x)
+        self.check = check_finite  # until the first pass has checked x
+        self.host = _blocks.host_backend()
+        self.passes = passes if passes is not None else [0]
+
+    def reduce(self, what: str, leaf: Any, combine: Any, small: Any, arrays: Any = None,
+               grouped: bool = True) -> Any:
+        arrays = [self.x] if arrays is None else arrays
+        d, stats = reduce_pass(what, _blocks.bind(leaf), combine, arrays, small,
+                               split_every=self.split_every,
+                               group=self.groups if grouped else None)
+        out = compute_pass(d, stats)
+        self.passes[0] += 1
+        if self.check:
+            self.check = False
+            if not out["ok"]:
+                raise ValueError("`x` must not contain infs or NaNs (check_finite=True)")
+        return out
+
+    def check_first_pass(self) -> None:
+        """The finiteness check as a pass of its own (for the TSQR tree with Q)."""
+        if self.check:
+            self.reduce("check-finite", _blocks.gram_leaf, sum_parts,
+                        ((), "check", "fp64", "fp64", True, True))
+
+    def tsqr_r(self, method: str) -> Any:
+        """``R`` by one TSQR pass (in-core ``mpqr.qr(mode="r")`` at the leaves and nodes),
+        a host array."""
+        return self.reduce(f"tsqr-r-{method}", _blocks.r_leaf, _blocks.r_combine,
+                           (self.precision, method, self.check))["r"]
+
+    def gram(self, rs: tuple[Any, ...], method: str, precision: Any, prec_name: str,
+             quiet: bool, x: Any = None) -> Any:
+        """``sum_i (A_i R1^-1 ...)^H (A_i R1^-1 ...)`` by one pass, a host array."""
+        xs = self.x if x is None else x
+        return self.reduce(f"{method}-gram", _blocks.gram_leaf, sum_parts,
+                           (rs, method, precision, prec_name, quiet, self.check),
+                           arrays=[xs], grouped=x is None)["g"]
+
+
+def _scaled(run: _Run, method: str, *, want_q: bool, only_if_needed: bool = False
             ) -> tuple[Any, Any] | None:
     """``method`` on columns scaled by powers of two so that each one's largest entry is
     in ``[1, 2)`` (one pass over ``x`` for the column maxima): ``A D = Q R_s``,
     ``R = R_s D^-1``, exact. ``only_if_needed``: None when every column is within
-    :data:`SAFE_RANGE` (no scaling would help)."""
+    :data:`SAFE_RANGE` (no scaling would help). ``R`` on the host."""
     from mpqr.qr._kernels import in_safe_range, pow2_scale
 
-    n = x.shape[1]
-    parts = x.map_blocks(_blocks.column_max, chunks=((1,) * len(x.chunks[0]), (n,)),
-                         dtype=x.real.dtype if x.dtype.kind == "c" else x.dtype,
-                         meta=x._meta.real, token="mpqr-column-max")
-    mx = parts.max(axis=0, keepdims=True, split_every=split_every).compute()
-    e = backend.exponent(mx)
+    x, host = run.x, run.host
+    prec_name = run.prec_name
+    mx = run.reduce("column-max", _blocks.column_max_leaf, sum_parts, None)["colmax"]
+    e = host.exponent(mx)
     single = prec_name == "fp32"
     if only_if_needed:
-        if in_safe_range(backend.xp, x, e, single=single):
+        if in_safe_range(host.xp, x, e, single=single):
             return None
         record_event("scale", f"qr (dask): a column's largest entry is outside 2^+-"
                      f"{SAFE_RANGE[single]}: {method} runs again on columns scaled by "
                      "powers of two", method=method)
     xs = x.map_blocks(_blocks.pow2, _delayed_small(-e), dtype=x.dtype, meta=x._meta,
                       token="mpqr-scale")
-    q, r = _cholqr(xs, backend, method, precision=precision, prec_name=prec_name,
-                   want_q=want_q, quiet=True, split_every=split_every, wrap=lambda a: a)
-    return q, wrap(pow2_scale(backend, r, backend.from_small(e, r)))
+    q, r = _cholqr(run, xs, method, precision=run.precision, prec_name=prec_name,
+                   want_q=want_q, quiet=True)
+    return q, pow2_scale(host, r, host.xp.asarray(e))
 
 
 def _delayed_small(v: Any) -> Any:
@@ -211,24 +296,10 @@ def _fallback_method(backend: Any, prec_name: str, n: int) -> str:
     return "householder-tiled"
 
 
-def gram_sum(x: Any, rs: tuple[Any, ...], method: str, precision: Any, prec_name: str,
-             quiet: bool, split_every: int) -> Any:
-    """Lazy ``n x n`` sum over the blocks of ``(A_i R1^-1 ...)^H (A_i R1^-1 ...)``
-    (``rs``: the factors as :func:`mpqr.backends.dask._blocks.apply_inverses` takes them)."""
-    import dask
-
-    n = x.shape[1]
-    meta = x._meta.reshape((0, 0, 0))
-    small = dask.delayed(rs, pure=True) if rs else ()
-    parts = x.map_blocks(_blocks.bind(_blocks.gram_block), small, method, precision,
-                         prec_name, quiet, chunks=((1,) * len(x.chunks[0]), (n,), (n,)),
-                         new_axis=[2], dtype=x.dtype, meta=meta, token=f"mpqr-{method}-gram")
-    return parts.sum(axis=0, split_every=split_every)
-
-
 def apply_factors(x: Any, rs: tuple[Any, ...], method: str, prec_name: str,
                   quiet: bool = False) -> Any:
-    """Lazy ``Q = A R1^-1 R2^-1 ...`` block by block (``x``'s chunks)."""
+    """Lazy ``Q = A R1^-1 R2^-1 ...`` block by block (``x``'s chunks): one task per
+    block, the factors one key of the graph."""
     import dask
 
     return x.map_blocks(_blocks.bind(_blocks.apply_inverses), dask.delayed(rs, pure=True),
@@ -236,49 +307,80 @@ def apply_factors(x: Any, rs: tuple[Any, ...], method: str, prec_name: str,
                         token=f"mpqr-{method}-q")
 
 
-def _cholqr(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str,
-            want_q: bool, quiet: bool, split_every: int, wrap: Any) -> tuple[Any, Any]:
-    """The CholQR passes across the blocks; BreakdownError as in-core."""
+def _cholqr(run: _Run, x: Any, method: str, *, precision: Any, prec_name: str,
+            want_q: bool, quiet: bool, first_gram: Any = None,
+            applied: list[Any] | None = None, certify_first: Any = None,
+            one_pass: bool = False) -> tuple[Any, Any]:
+    """The CholQR passes across the blocks of ``x`` (``run.x`` or a lazy scaling of it);
+    BreakdownError as in-core. Each pass is one graph and one gather: the second pass
+    applies ``R_1^-1`` and forms its Gram matrix in the same block task. ``applied``:
+    factors already applied before the first pass (then certified like a second pass
+    against ``certify_first``). ``one_pass``: return the first pass's ``R`` where
+    ``cond(x) <= R_ONE_PASS_COND`` (no ``Q``). ``R`` on the host."""
     from mpqr.qr import cholqr as c
 
+    host = run.host
     factors: list[Any] = []
-    applied: list[Any] = []  # (R, (R^-1, cond_1(R))) per pass, made once, sent to the blocks
-    sb = backend
+    applied = list(applied or [])  # (R, (R^-1, cond_1(R))) per pass, made once, sent out
+    grouped = x is run.x
+    nps = len(_PASSES[method])
     for i, shift in enumerate(_PASSES[method]):
-        pair = c._first_gram(x, method) if i == 0 else None
-        if pair is None:
-            # quiet: an over- or underflowing G is read as a breakdown below, so the
-            # partial sums' warnings are noise (the threaded scheduler runs them here)
-            with backend.ignore_fp_warnings() if quiet else _null():
-                g = gram_sum(x, tuple(applied), method, precision, prec_name, quiet,
-                             split_every).compute()
+        if i == 0 and first_gram is not None:
+            g = first_gram
+            record_event("gram-reuse", f"{method}: the first Gram matrix x^H x is the one the "
+                         "caller already computed (one pass over x fewer)", method=method)
         else:
-            g = pair[1]
-        gb = get_backend(_namespace(g))
-        certify = factors[-1] if i == len(_PASSES[method]) - 1 and i > 0 else None
-        with gb.ignore_fp_warnings() if quiet else _null():
-            _q, r, sb = c._one_pass(gb, x, precision, method, prec_name, shift=shift,
-                                    certify=certify, want_q=False, g=g)
+            g = run.gram(tuple(applied), method, precision, prec_name, quiet,
+                         x=None if grouped else x)
+        if i == nps - 1 and i > 0:
+            certify = factors[-1]
+        else:
+            certify = certify_first if i == 0 else None
+        with host.ignore_fp_warnings() if quiet else contextlib.nullcontext():
+            _q, r, _sb = c._one_pass(host, x, precision, method, prec_name, shift=shift,
+                                     certify=certify, want_q=False, g=g)
         factors.append(r)
-        rb = get_backend(_namespace(r))
-        applied.append((r, c.inverse_and_cond(rb, r)))
-    # R on the blocks' kind of device (a device array for CuPy blocks)
-    r = c._final_r(backend, sb, factors[::-1], backend.xp.empty((0, 0), dtype=x.dtype),
-                   prec_name)
+        if one_pass and i == 0 and nps > 1 and _well_conditioned(host, g):
+            record_event("certificate", f"qr (dask): mode='r' in one pass: cond(x) <= "
+                         f"{R_ONE_PASS_COND:g} (eigenvalues of x^H x), so R = chol(x^H x)",
+                         method="cholqr", passes=1)
+            return None, r
+        applied.append((r, c.inverse_and_cond(host, r)))
+    like = host.xp.empty((0, 0), dtype=factors[0].dtype)
+    r = c._final_r(host, host, factors[::-1], like, prec_name)
     record_event("certificate", f"qr (dask): {method} " + (
-        "certified: the last pass's Gram matrix is within 1/2 of I" if len(factors) > 1
+        "certified: the last pass's Gram matrix is within 1/2 of I"
+        if len(factors) > 1 or certify_first is not None
         else "(one pass, no certificate)"), method=method, passes=len(factors))
     q = apply_factors(x, tuple(applied), method, prec_name, quiet) if want_q else None
-    return q, wrap(r)
+    return q, r
 
 
-def _namespace(a: Any) -> Any:
-    from mpqr._array_api import array_namespace
+def _well_conditioned(host: Any, g: Any) -> bool:
+    """``cond(x) <= R_ONE_PASS_COND`` from the eigenvalues of ``g = x^H x`` (host)."""
+    lam = host.xp.linalg.eigvalsh(g)
+    lo, hi = float(lam[0]), float(lam[-1])
+    return lo > 0 and hi <= R_ONE_PASS_COND**2 * lo
 
-    return array_namespace(a)
 
+def _preconditioned(run: _Run, x: Any, leaf_method: str) -> tuple[Any, Any]:
+    """``R_1`` by one TSQR pass (``leaf_method`` at its leaves), then one certified
+    CholQR pass on ``x R_1^-1`` (whose condition number is ``1 + O(u cond(x))``): ``R =
+    R_2 R_1`` and ``Q = x R_1^-1 R_2^-1`` lazily. BreakdownError if ``R_1`` is not finite
+    or the certificate fails (numerically rank-deficient ``x``)."""
+    from mpqr.qr import cholqr as c
 
-def _null() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
+    host = run.host
+    r1 = run.tsqr_r(leaf_method)
+    if not bool(host.all_finite(r1)):
+        raise BreakdownError("the TSQR pass's R is not finite (x holds NaN or Inf)",
+                             method="tsqr-cholqr", cond_estimate=float("inf"))
+    with host.ignore_fp_warnings():
+        inv = c.inverse_and_cond(host, r1)
+    _q, r2 = _cholqr(run, x, "cholqr", precision=run.precision, prec_name=run.prec_name,
+                     want_q=False, quiet=True, applied=[(r1, inv)], certify_first=r1)
+    like = host.xp.empty((0, 0), dtype=r1.dtype)
+    r = c._final_r(host, host, [r2, r1], like, run.prec_name)
+    with host.ignore_fp_warnings():
+        applied = ((r1, inv), (r2, c.inverse_and_cond(host, r2)))
+    return apply_factors(x, applied, "tsqr-cholqr", run.prec_name, True), r

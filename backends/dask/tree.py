@@ -2,8 +2,9 @@
 factored by ``mpqr.qr`` on its worker, groups of ``split_every`` R factors are stacked
 and factored again up to the root, and Q is the leaf Q times the products of the
 tree's Q blocks on the way down. Unconditionally stable (every node is a Householder
-QR); what ``mpqr.qr`` runs when CholQR's certificate fails, and for the in-core
-methods named explicitly."""
+QR); what ``mpqr.qr`` runs for ``Q`` of a numerically rank-deficient matrix (after
+the preconditioned CholQR fallback breaks down) and for the in-core methods named
+explicitly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Distributed benchmark: mpqr.qr / mpqr.lstsq on a Dask cluster against dask.array.linalg.
+"""Distributed benchmark: mpqr.qr / mpqr.lstsq on a Dask cluster against dask.array.linalg
+and against mpqr in core on one device.
 
 ``python -m mpqr bench dask [--gpus N | --workers N] [--m-per-worker M] [--n N]
 [--chunk-rows R] [--json PATH] [--png PATH]``
@@ -6,21 +7,33 @@
 With ``--gpus N`` a ``dask_cuda.LocalCUDACluster`` runs one worker per GPU and the
 matrix is generated on the workers as CuPy blocks; otherwise a ``distributed.LocalCluster``
 of ``--workers`` single-threaded CPU processes holds NumPy blocks. The matrix is
-persisted on the workers before any timing; every timed call computes its results
-onto the workers (``persist`` + ``wait``), so the times include the scheduler, the
-tree reductions and the client's ``n x n`` steps, not a transfer of ``Q`` to the client.
+persisted on the workers before any timing, and each timed call gets a fresh persisted
+copy (new keys, same workers), so nothing is served from an earlier call's results;
+every timed call computes its results onto the workers (``persist`` + ``wait``), so the
+times include the scheduler, the trees and the client's ``n x n`` steps, not a transfer
+of ``Q`` to the client.
+
+Each row counts the call's round trips: ``graphs`` (graphs sent to the scheduler:
+``compute`` and ``persist`` calls, each a synchronous wait), ``passes`` (passes over
+``A`` from the explain trace, the lazy ``Q`` pass included when ``Q`` is persisted) and
+``block_tasks`` (tasks that read a block of ``A``).
 
 Experiments (each row: workers, shape, block rows, median seconds of ``--repeat``):
 
-* ``weak_scaling``: ``M = m_per_worker * w`` rows on ``w = 1 ... N`` workers (the
-  ``2^27 x 64`` on 2 GPUs vs ``2^26 x 64`` on 1 case on GPUs); ``mpqr.qr`` and
-  ``dask.array.linalg.tsqr`` on the same cluster and data;
+* ``in_core``: ``mpqr.qr`` (reduced and ``mode="r"``) and ``mpqr.lstsq`` on the whole
+  ``m_per_worker x n`` matrix on one device, no Dask (GPU 0, or NumPy in this process);
+* ``weak_scaling``: ``M = m_per_worker * w`` rows on ``w = 1 ... N`` workers;
+  ``mpqr.qr`` with ``Q`` persisted, ``mode="r"``, and ``dask.array.linalg.tsqr`` on the
+  same cluster and chunks;
 * ``strong_scaling``: ``M = m_per_worker`` fixed (one worker must hold it), ``w = 1 ... N``;
-* ``lstsq``: ``mpqr.lstsq`` (``lapack_driver="gelsy"``, ``check_finite=False``: no
-  singular values and no finiteness pass, as dask's) against ``dask.array.linalg.lstsq``
-  (largest shape);
+* ``lstsq``: ``mpqr.lstsq`` (``lapack_driver="gelsy"``, ``check_finite=False``, as
+  dask's) and the default call (``gelsd``, finiteness checked) against
+  ``dask.array.linalg.lstsq`` and against ``mpqr.qr``'s time on the same array;
 * ``accuracy``: ``||A - QR||_F / ||A||_F`` and ``||I - Q^H Q||_F / n`` of both QRs,
   and the normal-equation residual of both solvers, all evaluated on the cluster;
+* ``overhead``: mpqr's host cost per block task on one worker: each pass's block
+  function against the bare library products on a ``chunk_rows x n`` block, and on a
+  ``2n x n`` block (almost nothing but overhead);
 * ``scheduler``: one call on a small matrix split into many blocks — the time of a
   call that does almost no arithmetic, its graph's task count and time per task;
 * ``chunk_sweep``: block heights from ``min(M / (2 N), 2 chunk_rows)`` down by factors
@@ -39,7 +52,43 @@ from typing import Any
 from mpqr.tools._charts import pyplot, save
 from mpqr.tools._timing import environment, write_json
 
-__all__ = ["main"]
+__all__ = ["RoundTrips", "main"]
+
+try:
+    from distributed.diagnostics.plugin import SchedulerPlugin
+except ImportError:  # pragma: no cover - the bench needs distributed; --help does not
+    SchedulerPlugin = object
+
+
+class RoundTrips(SchedulerPlugin):
+    """Scheduler plugin: graphs received and block tasks run since the last ``take``."""
+
+    name = "mpqr-round-trips"
+
+    def __init__(self) -> None:
+        self.graphs = 0
+        self.tasks = 0
+        self.block_tasks = 0
+
+    def update_graph(self, scheduler: Any, *, keys: Any, tasks: Any = (), **kw: Any) -> None:
+        self.graphs += 1
+        self.tasks += len(tasks)
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kw: Any) -> None:
+        # the block tasks of mpqr's passes are (name, 0, j); Q's are (name, i, 0)
+        if start == "processing" and finish == "memory" and isinstance(key, tuple) and \
+                isinstance(key[0], str) and key[0].startswith("mpqr-") and \
+                (key[1] == 0 or key[0].startswith(("mpqr-cholqr2-q", "mpqr-tsqr-cholqr-q"))):
+            self.block_tasks += 1
+
+    def take(self) -> dict[str, int]:
+        out = {"graphs": self.graphs, "tasks": self.tasks, "block_tasks": self.block_tasks}
+        self.graphs = self.tasks = self.block_tasks = 0
+        return out
+
+
+def _take(dask_scheduler: Any) -> dict[str, int]:
+    return dask_scheduler.plugins[RoundTrips.name].take()
 
 
 def _cluster(gpus: int | None, workers: int) -> Any:
@@ -76,24 +125,48 @@ def _run(client: Any, *arrays: Any) -> list[Any]:
     return out
 
 
+def _fresh(client: Any, x: Any) -> Any:
+    """``x`` under new keys, persisted where ``x``'s blocks are (dask names results by
+    content, and a repeated graph would be served from memory)."""
+    from distributed import wait
+
+    xi = x.map_blocks(_same, nonce=uuid.uuid4().hex, dtype=x.dtype, meta=x._meta)
+    xi = client.persist(xi)
+    wait(xi)
+    return xi
+
+
 def _median_time(client: Any, fn: Any, x: Any, repeat: int) -> float:
-    """Median seconds of ``fn(x)``. Each call gets ``x`` under new keys (an identity task
-    per block: dask names results by content, and a repeated graph would be served from
-    memory), and its results are released before the next call starts."""
+    """Median seconds of ``fn(x)`` on fresh copies of ``x``; each call's results are
+    released before the next call starts."""
     def one() -> float:
+        xi = _fresh(client, x)
         base = _tasks(client)
-        xi = x.map_blocks(_same, nonce=uuid.uuid4().hex, dtype=x.dtype, meta=x._meta)
         t0 = time.perf_counter()
         out = fn(xi)
         dt = time.perf_counter() - t0
         del out, xi
         deadline = time.perf_counter() + 30
-        while _tasks(client) > base and time.perf_counter() < deadline:
+        while _tasks(client) > base - len(x.chunks[0]) and time.perf_counter() < deadline:
             time.sleep(0.01)
         return dt
 
     one()  # warm-up: imports, CUDA contexts, kernel compilation
     return statistics.median(one() for _ in range(repeat))
+
+
+def _counted(client: Any, fn: Any, x: Any) -> dict[str, Any]:
+    """One call's round trips: graphs, tasks, block tasks and mpqr's passes over ``A``."""
+    import mpqr
+
+    xi = _fresh(client, x)
+    client.run_on_scheduler(_take)
+    with mpqr.explain() as trace:
+        out = fn(xi)
+    counts = client.run_on_scheduler(_take)
+    counts["passes"] = sum(e.kind == "dask-pass" for e in trace.events)
+    del out, xi
+    return counts
 
 
 def _same(block: Any, nonce: str) -> Any:
@@ -127,10 +200,19 @@ def _qr_pair(client: Any, x: Any, repeat: int) -> dict[str, Any]:
     def ours(x: Any) -> Any:
         return _run(client, *mpqr.qr(x))
 
+    def ours_r(x: Any) -> Any:
+        # R is computed during the call (a one-chunk dask array of data in memory)
+        return mpqr.qr(x, mode="r")
+
     def theirs(x: Any) -> Any:
         return _run(client, *da.linalg.tsqr(x))
 
-    out: dict[str, Any] = {"mpqr_s": _median_time(client, ours, x, repeat)}
+    out: dict[str, Any] = {"mpqr_s": _median_time(client, ours, x, repeat),
+                           "mpqr_r_s": _median_time(client, ours_r, x, repeat)}
+    rt = _counted(client, ours, x)
+    rt["passes"] += 1  # Q's lazy pass, persisted
+    out["round_trips"] = rt
+    out["round_trips_r"] = _counted(client, ours_r, x)
     q, r = ours(x)
     out["backward_error"], out["orthogonality"] = _qr_errors(q, r, x)
     del q, r  # one factorization's Q on the workers at a time
@@ -142,6 +224,7 @@ def _qr_pair(client: Any, x: Any, repeat: int) -> dict[str, Any]:
     try:
         out["dask_tsqr_s"] = _median_time(client, theirs, x, repeat)
         out["speedup"] = out["dask_tsqr_s"] / out["mpqr_s"]
+        out["dask_round_trips"] = _counted(client, theirs, x)
         q, r = theirs(x)
         out["dask_backward_error"], out["dask_orthogonality"] = _qr_errors(q, r, x)
     except Exception as exc:  # recorded, so that the rest of the run still counts
@@ -157,6 +240,7 @@ def _scaling(args: Any, gpu: bool, fixed_m: int | None) -> list[dict[str, Any]]:
     for w in range(1, top + 1):
         m = fixed_m if fixed_m else args.m_per_worker * w
         with _cluster(w if gpu else None, w) as cluster, Client(cluster) as client:
+            client.register_plugin(RoundTrips())
             x = _run(client, _matrix(gpu, m, args.n, args.chunk_rows, args.dtype))[0]
             row = {"workers": w, "shape": f"{m}x{args.n}", "block_rows": args.chunk_rows,
                    "blocks": len(x.chunks[0])}
@@ -176,18 +260,32 @@ def _lstsq(client: Any, x: Any, gpu: bool, repeat: int) -> dict[str, Any]:
     b = _matrix(gpu, m, 1, x.chunks[0][0], x.dtype.name, seed=1)[:, 0]
     b = _run(client, b)[0]
 
+    # x, residues and s are computed during the call (one-chunk dask arrays of data in
+    # memory); their .compute() would add one more round trip for the client's own data
     def ours(x: Any) -> Any:
-        return mpqr.lstsq(x, b, lapack_driver="gelsy", check_finite=False)[0].compute()
+        return mpqr.lstsq(x, b, lapack_driver="gelsy", check_finite=False)
+
+    def ours_default(x: Any) -> Any:
+        return mpqr.lstsq(x, b)
 
     def theirs(x: Any) -> Any:
         return da.linalg.lstsq(x, b)[0].compute()
 
+    def qr(x: Any) -> Any:
+        return _run(client, *mpqr.qr(x))
+
     out: dict[str, Any] = {"shape": f"{m}x{n}", "blocks": len(x.chunks[0]),
-                           "mpqr_s": _median_time(client, ours, x, repeat)}
-    sols = [("mpqr", ours(x))]
+                           "mpqr_s": _median_time(client, ours, x, repeat),
+                           "mpqr_gelsd_s": _median_time(client, ours_default, x, repeat),
+                           "mpqr_qr_s": _median_time(client, qr, x, repeat),
+                           "round_trips": _counted(client, ours, x),
+                           "round_trips_gelsd": _counted(client, ours_default, x)}
+    out["vs_mpqr_qr"] = out["mpqr_s"] / out["mpqr_qr_s"]
+    sols = [("mpqr", ours(x)[0].compute())]
     try:
         out["dask_lstsq_s"] = _median_time(client, theirs, x, repeat)
         out["speedup"] = out["dask_lstsq_s"] / out["mpqr_s"]
+        out["dask_round_trips"] = _counted(client, theirs, x)
         sols.append(("dask", theirs(x)))
     except Exception as exc:  # recorded, so that the rest of the run still counts
         out["dask_error"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -202,6 +300,94 @@ def _lstsq(client: Any, x: Any, gpu: bool, repeat: int) -> dict[str, Any]:
     it = [e.data.get("iterations") for e in trace.events if e.kind == "refine"]
     out["refine_iterations"] = it[0] if it else 0
     out["path"] = ",".join(str(e.data["path"]) for e in trace.events if "path" in e.data)
+    return out
+
+
+def _in_core(gpu: bool, m: int, n: int, dtype: str, repeat: int) -> list[dict[str, Any]]:
+    """``mpqr.qr`` and ``mpqr.lstsq`` of the whole matrix on one device, no Dask."""
+    import mpqr
+    from mpqr.tools._timing import release_pool, time_it
+
+    limit: Any = contextlib.nullcontext()
+    if gpu:
+        import cupy as xp
+    else:
+        import numpy as xp
+
+        with contextlib.suppress(ImportError):
+            from threadpoolctl import threadpool_limits
+
+            limit = threadpool_limits(1)  # as one single-threaded worker process
+    rng = xp.random.RandomState(0)
+    rows: list[dict[str, Any]] = []
+    data = [rng.standard_normal((m, n)).astype(dtype), rng.standard_normal(m).astype(dtype)]
+    try:
+        limit.__enter__()
+        cases = (("qr", lambda: mpqr.qr(data[0])),
+                 ("qr_r", lambda: mpqr.qr(data[0], mode="r")),
+                 ("lstsq", lambda: mpqr.lstsq(*data, lapack_driver="gelsy",
+                                              check_finite=False)),
+                 ("lstsq_gelsd", lambda: mpqr.lstsq(*data)))
+        for what, fn in cases:
+            try:
+                rows.append({"what": what, "shape": f"{m}x{n}",
+                             "seconds": time_it(xp, fn, repeat=repeat, warmup=1)})
+            except Exception as exc:  # out of device memory: recorded
+                rows.append({"what": what, "shape": f"{m}x{n}",
+                             "error": f"{type(exc).__name__}: {exc}"[:200]})
+            print(rows[-1])
+    finally:
+        limit.__exit__(None, None, None)
+        data.clear()
+        release_pool(xp)
+    return rows
+
+
+def _overhead(client: Any, gpu: bool, n: int, rows: int, dtype: str, repeat: int
+              ) -> list[dict[str, Any]]:
+    """Per block task, on one worker: mpqr's block functions against the bare products."""
+    worker = next(iter(client.scheduler_info()["workers"]))
+    out = []
+    for h in (rows, 2 * n):
+        res = client.submit(_overhead_on_worker, gpu, h, n, dtype, repeat, pure=False,
+                            workers=[worker]).result()
+        out.append(res)
+        print(res)
+    return out
+
+
+def _overhead_on_worker(gpu: bool, h: int, n: int, dtype: str, repeat: int) -> dict[str, Any]:
+    from mpqr.backends.dask import _blocks
+    from mpqr.tools._timing import time_it
+
+    if gpu:
+        import cupy as xp
+    else:
+        import numpy as xp
+    rng = xp.random.RandomState(0)
+    a = rng.standard_normal((h, n)).astype(dtype)
+    b = rng.standard_normal((h, 1)).astype(dtype)
+    x = _blocks.to_host(rng.standard_normal((n, 2)).astype(dtype))
+    prec = "fp64" if dtype == "float64" else "fp32"
+
+    def host(v: Any) -> Any:
+        return _blocks.to_host(v)
+
+    cases = {
+        "bare_gram": lambda: host(a.T @ a),
+        "gram_leaf": lambda: _blocks.gram_leaf(((), "cholqr2", prec, prec, True, False), a),
+        "bare_lstsq_first": lambda: (host(a.T @ a), host(a.T @ b)),
+        "lstsq_leaf": lambda: _blocks.lstsq_leaf((prec, prec, True), a, b),
+        "bare_refine": lambda: host(a.T @ (xp.concatenate([b, b], axis=1)
+                                         - a @ xp.asarray(x))),
+        "residual_leaf": lambda: _blocks.residual_leaf((x, 1, prec, 0, 0, True), a, b),
+    }
+    out: dict[str, Any] = {"block": f"{h}x{n}"}
+    for k, fn in cases.items():
+        out[f"{k}_ms"] = 1e3 * time_it(xp, fn, repeat=max(repeat, 5), warmup=2)
+    for k in ("gram", "lstsq_first", "refine"):
+        leaf = {"gram": "gram_leaf", "lstsq_first": "lstsq_leaf", "refine": "residual_leaf"}[k]
+        out[f"{k}_overhead_ms"] = out[f"{leaf}_ms"] - out[f"bare_{k}_ms"]
     return out
 
 
@@ -299,17 +485,24 @@ def main(argv: list[str] | None = None) -> int:
         "cluster": "LocalCUDACluster" if gpu else "LocalCluster (processes)", "workers": top,
         "n": args.n, "dtype": args.dtype, "m_per_worker": args.m_per_worker,
         "block_rows": args.chunk_rows, "repeat": args.repeat}
+    if "in_core" not in skip:
+        payload["in_core"] = _in_core(gpu, args.m_per_worker, args.n, args.dtype,
+                                      args.repeat)
     if "weak" not in skip:
         payload["weak_scaling"] = _scaling(args, gpu, None)
     if "strong" not in skip:  # the one-worker size, so that one worker holds it
         payload["strong_scaling"] = _scaling(args, gpu, args.m_per_worker)
     with _cluster(args.gpus, args.workers) as cluster, Client(cluster) as client:
+        client.register_plugin(RoundTrips())
         m = args.m_per_worker * top
         if "lstsq" not in skip:
             x = _run(client, _matrix(gpu, m, args.n, args.chunk_rows, args.dtype))[0]
             payload["lstsq"] = [_lstsq(client, x, gpu, args.repeat)]
             print(payload["lstsq"])
             del x
+        if "overhead" not in skip:
+            payload["overhead"] = _overhead(client, gpu, args.n, args.chunk_rows, args.dtype,
+                                            args.repeat)
         if "scheduler" not in skip:
             payload["scheduler"] = [_scheduler(client, gpu, args.n, b, args.repeat)
                                     for b in (1, 16, 128)]

@@ -1,0 +1,176 @@
+"""One pass over row-chunked dask arrays as one small graph: a task per group of blocks
+(the blocks one worker thread holds, or one block), a tree of combines of their small
+results, one root; computed with one call, so one synchronous gather.
+
+Every distributed step of :mod:`mpqr.backends.dask` that reduces over the blocks is a
+:func:`reduce_pass`: the leaf function runs on the blocks' worker and returns ``n x n``
+or ``n x k`` host arrays (so the tree and the client never need the blocks' device),
+the combines add them (or factor them, for TSQR), and the root's result is gathered.
+Small operands of the leaves (the factors ``R_j``, the current iterate) are one key of
+the graph, sent to each worker once per pass, never embedded in every task.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from mpqr.policy import record_event
+
+__all__ = ["PassStats", "Small", "compute_pass", "groups", "reduce_pass", "run_group",
+           "sum_parts"]
+
+_COUNTER = itertools.count()
+
+
+class Small:
+    """A leaf's small operands as one graph value (a plain object, so that dask never
+    reads a tuple of them as a task)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+@dataclass
+class PassStats:
+    """What one pass cost in graph terms (recorded in the explain trace)."""
+
+    what: str
+    blocks: int
+    leaf_tasks: int
+    tasks: int
+    depth: int
+
+
+def sum_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine the leaves' dicts: ``*max`` entries by maximum, ``*ok`` flags by ``and``,
+    everything else by addition (host arrays and Python scalars)."""
+    import numpy as np
+
+    out = dict(parts[0])
+    with np.errstate(all="ignore"):  # Inf + -Inf: the client reads NaN/Inf as such
+        for p in parts[1:]:
+            for k, v in p.items():
+                if k.endswith("max"):
+                    out[k] = np.maximum(out[k], v)
+                elif k.endswith("ok"):
+                    out[k] = bool(out[k]) and bool(v)
+                else:
+                    out[k] = out[k] + v
+    return out
+
+
+def run_group(leaf: Any, combine: Any, small: Small, blocks: list[list[Any]]) -> Any:
+    """The leaf function on each block of a group (in turn, so that one block's
+    temporaries are freed before the next), its results combined."""
+    parts = [leaf(small.value, *blk) for blk in blocks]
+    return parts[0] if len(parts) == 1 else combine(parts)
+
+
+def _combine_list(combine: Any, parts: list[Any]) -> Any:
+    return parts[0] if len(parts) == 1 else combine(parts)
+
+
+def _finish(finish: Any, combine: Any, parts: list[Any]) -> Any:
+    out = _combine_list(combine, parts)
+    return out if finish is None else finish(out)
+
+
+def groups(x: Any) -> list[list[int]]:
+    """Block indices of ``x`` grouped by the worker thread that will read them.
+
+    With a distributed client and ``x``'s blocks all in its workers' memory, each
+    worker's blocks are split over its threads (a task per thread and pass, however
+    many blocks it holds); otherwise one block per group, placed by the scheduler."""
+    nb = len(x.chunks[0])
+    single = [[i] for i in range(nb)]
+    client = _client()
+    if client is None or nb <= 1:
+        return single
+    keys = [k for k in _keys(x)]
+    try:
+        who = client.who_has(x)
+        threads = client.nthreads()
+    except Exception:  # pragma: no cover - a client that cannot answer: one per block
+        return single
+    by_worker: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        holders = who.get(k) or ()
+        if not holders:
+            return single  # not (all) computed yet: the scheduler places each block
+        by_worker.setdefault(sorted(holders)[0], []).append(i)
+    out = []
+    for w, idx in by_worker.items():
+        t = max(1, min(int(threads.get(w, 1)), len(idx)))
+        out.extend(idx[j::t] for j in range(t))
+    return out
+
+
+def _keys(x: Any) -> list[Any]:
+    return [k[0] if isinstance(k, list) else k for k in x.__dask_keys__()]
+
+
+def _client() -> Any:
+    """The distributed client that ``compute`` would use now, or None."""
+    try:
+        from distributed import default_client
+    except ImportError:  # pragma: no cover - threaded or synchronous scheduler only
+        return None
+    try:
+        client = default_client()
+    except ValueError:
+        return None
+    import dask.base
+
+    return client if dask.base.get_scheduler() == client.get else None
+
+
+def reduce_pass(what: str, leaf: Any, combine: Any, arrays: list[Any], small: Any, *,
+                split_every: int, finish: Any = None,
+                group: list[list[int]] | None = None) -> tuple[Any, PassStats]:
+    """A lazy ``Delayed`` of ``finish(combine over the blocks of leaf(small, A_i, B_i,
+    ...))`` for row-chunked ``arrays`` with equal row chunks, and its task counts.
+
+    ``group``: block indices per leaf task (:func:`groups`; default one block each)."""
+    import dask
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+
+    keys = [_keys(a) for a in arrays]
+    nb = len(keys[0])
+    group = group if group is not None else [[i] for i in range(nb)]
+    name = f"mpqr-{what}-{dask.base.tokenize(what, [a.name for a in arrays], next(_COUNTER))}"
+    skey = (name, "small")
+    dsk: dict[Any, Any] = {skey: Small(small)}
+    level = []
+    for j, idx in enumerate(group):
+        key = (name, 0, j)
+        dsk[key] = (run_group, leaf, combine, skey, [[ks[i] for ks in keys] for i in idx])
+        level.append(key)
+    depth = 0
+    while len(level) > split_every:
+        depth += 1
+        up = []
+        for j in range(0, len(level), split_every):
+            key = (name, depth, j // split_every)
+            dsk[key] = (_combine_list, combine, level[j:j + split_every])
+            up.append(key)
+        level = up
+    dsk[name] = (_finish, finish, combine, level)
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=arrays)
+    stats = PassStats(what, nb, len(group), len(dsk) - 1, depth + 1)
+    return Delayed(name, graph), stats
+
+
+def compute_pass(delayed: Any, stats: PassStats) -> Any:
+    """Compute one pass (one graph, one gather) and record it in the explain trace."""
+    out = delayed.compute()
+    record_event("dask-pass", f"dask: pass '{stats.what}' over {stats.blocks} row blocks: "
+                 f"{stats.leaf_tasks} block tasks, {stats.tasks} tasks in all, a tree of "
+                 f"depth {stats.depth}, one gather", what=stats.what, blocks=stats.blocks,
+                 leaf_tasks=stats.leaf_tasks, tasks=stats.tasks, depth=stats.depth,
+                 gathers=1)
+    return out
