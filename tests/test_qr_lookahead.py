@@ -54,9 +54,11 @@ def test_tiled_with_lane_is_accurate(xp, precision):
     np.testing.assert_array_equal(to_numpy(x), a)
     n = SHAPE[1]
     assert backward_error(a, q, r) <= 2 * np.sqrt(n) * unit_roundoff(precision, dt)
-    # Householder Q is orthogonal to the dtype's precision (fp16's rounded reflectors too)
+    # Householder Q is orthogonal to the dtype's precision; at fp16 the data each product
+    # rounds once leaves 4 u16 / sqrt(n) (tests/test_qr_accuracy_fp16.py)
     u_work = unit_roundoff("fp32" if dt == np.float32 else "fp64", dt)
-    assert orthogonality(q) <= np.sqrt(n) * u_work / 4
+    bound = 4 * 2.0**-11 / np.sqrt(n) if precision == "fp16" else np.sqrt(n) * u_work / 4
+    assert orthogonality(q) <= bound
 
 
 def test_every_panel_but_the_last_two_hands_its_rest_to_the_lane(monkeypatch):
