@@ -507,15 +507,19 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_lu.reconstruct(q, r)
         return super().reconstruct_panel(a)
 
-    #: QRCP of a pivoted QR's sketch by LAPACK on the host: one copy of a (b + p) x n
-    #: sketch a block against a dozen launches per column for the device loop
-    qrcp_on_host = True
+    #: where a pivoted QR's sketch is factored: "kernel" (two launches a pivot,
+    #: backends/cupy_qrcp.py), "host" (LAPACK geqp3 after a copy: ~75 ms a 128-pivot block
+    #: at 16384 columns, H200) or "loop" (the portable device loop: ~12 launches a pivot)
+    qrcp_route = "kernel"
 
     def qrcp_pivots(self, y, k):
-        # LAPACK geqp3 on the host (the same pivots as the NumPy backend's for the same
-        # sketch); the loop on the device is a dozen small launches per pivot
-        if not self.qrcp_on_host:
+        from mpqr.backends import cupy_qrcp
+
+        if self.qrcp_route == "kernel" and cupy_qrcp.supports(y):
+            return cupy_qrcp.qrcp_pivots(y, k)
+        if self.qrcp_route == "loop":
             return None
+        # complex sketches, or the host route asked for: LAPACK on the host
         from mpqr.backends.numpy_backend import NumpyBackend
 
         return NumpyBackend.qrcp_pivots(self, self._cp.asnumpy(y), k)

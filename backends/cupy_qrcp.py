@@ -1,0 +1,59 @@
+"""The pivots of QR with column pivoting of a small sketch, on the GPU.
+
+The randomized blocked QRCP (:mod:`mpqr.qr.pivoted`) chooses each block's pivots by
+QRCP of a ``(b + p) x n`` sketch. LAPACK on the host takes ~75 ms a block at
+``n = 16384`` (half of geqp3 is BLAS-2, and the sketch crosses the bus); the device loop
+of the portable code issues a dozen launches a pivot from Python. Here each pivot is
+two launches of ``kernels/qrcp_sketch.cu`` (pick and reflect; update the trailing
+columns and their norms) with no host synchronisation, and the ``k`` pivots cross once.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import cupy as cp
+
+__all__ = ["qrcp_pivots", "supports"]
+
+_SOURCE = Path(__file__).resolve().parent / "kernels" / "qrcp_sketch.cu"
+_PICK_THREADS = 1024
+_UPDATE_THREADS = 256
+
+
+def supports(y) -> bool:
+    # real sketches only: a complex reflector needs a phase (the host path takes those)
+    return y.ndim == 2 and y.dtype in (cp.float32, cp.float64)
+
+
+@functools.cache
+def _kernels(dtype_name: str):
+    t = "double" if dtype_name == "float64" else "float"
+    names = (f"qrcp_pick<{t}>", f"qrcp_update<{t}>")
+    mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
+                       name_expressions=list(names))
+    return tuple(mod.get_function(n) for n in names)
+
+
+def qrcp_pivots(y, k: int) -> list[int]:
+    """The first ``min(k, *y.shape)`` pivots of QR with column pivoting of the 2-D real
+    ``y`` (LAPACK geqp3's choice rule: largest remaining norm, the first of equals), as
+    host ints. ``y`` is not modified."""
+    rows, ncols = y.shape
+    k = min(k, rows, ncols)
+    if k <= 0:
+        return []
+    w = cp.array(y, order="C", copy=True)
+    nrm2 = cp.sum(w * w, axis=0)
+    perm = cp.arange(ncols, dtype=cp.int32)
+    tau = cp.zeros(k, dtype=w.dtype)
+    pick, update = _kernels(cp.dtype(w.dtype).name)
+    r, n, ld = cp.int32(rows), cp.int32(ncols), cp.int64(ncols)
+    for i in range(k):
+        pick((1,), (_PICK_THREADS,), (w, nrm2, perm, tau, r, n, ld, cp.int32(i)))
+        rest = ncols - i - 1
+        if rest > 0:
+            update((-(-rest // _UPDATE_THREADS),), (_UPDATE_THREADS,),
+                   (w, nrm2, tau, r, n, ld, cp.int32(i)))
+    return [int(v) for v in perm[:k].get()]
