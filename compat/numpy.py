@@ -16,7 +16,7 @@ from mpqr.compat._patch import current_precision, warn_once
 
 import mpqr
 from mpqr._array_api import array_namespace, device
-from mpqr._validation import plain_array
+from mpqr._validation import check_cutoff, plain_array
 from mpqr.qr import QRResult
 
 __all__ = ["lstsq", "qr"]
@@ -72,7 +72,11 @@ def lstsq(a, b, rcond=None):
     a : (M, N) array_like
     b : (M,) or (M, K) array_like
     rcond : float, optional
-        Cutoff ratio for small singular values (default ``eps * max(M, N)``).
+        Cutoff ratio for small singular values (default ``eps * max(M, N)``). As in
+        NumPy, whose LAPACK driver (gelsd) reads it: ``rcond <= 0`` (``-1`` included)
+        and ``rcond >= 1`` cut at the unit roundoff of double precision, ``2**-53``
+        times the largest singular value, also for single-precision input (computed
+        in double precision).
 
     Returns
     -------
@@ -83,6 +87,11 @@ def lstsq(a, b, rcond=None):
     ------
     numpy.linalg.LinAlgError
         Non-2-D input, incompatible dimensions, NaN/Inf in ``a``.
+    ValueError
+        ``rcond`` NaN or ±Inf (NumPy would silently count every singular value or
+        none).
+    TypeError
+        ``rcond`` not a real number.
 
     Examples
     --------
@@ -92,6 +101,7 @@ def lstsq(a, b, rcond=None):
     >>> np.round(x, 12).tolist(), res.shape, int(rank)
     ([1.0, 1.0], (1,), 2)
     """
+    rcond = check_cutoff(rcond, "rcond")
     a1, b1 = _as_array(a, "a"), _as_array(b, "b")
     wrap = _wrap(b)
     xp = array_namespace(a1, b1, names=("a", "b"))
@@ -120,8 +130,10 @@ def lstsq(a, b, rcond=None):
             res = xp.zeros((0,), dtype=real_t, device=dev)
         return wrap(x[:, 0] if is_1d else x), wrap(res), 0, s
     try:
+        # NumPy's driver is gelsd, which sets the cut of rcond <= 0 and rcond >= 1
         x, _, rank, s = mpqr.lstsq(xp.astype(a1, t), xp.astype(b2, t), rcond,
-                                   check_finite=False, precision=current_precision())
+                                   check_finite=False, lapack_driver="gelsd",
+                                   precision=current_precision())
     except mpqr.LinAlgError as exc:
         raise np.linalg.LinAlgError("SVD did not converge in Linear Least Squares") from exc
     if rank == n and m > n:

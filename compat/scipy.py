@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from mpqr.compat import _scipy_args as _args
 from mpqr.compat._patch import current_precision, original, patch
 
 import mpqr
@@ -56,7 +57,11 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     Raises
     ------
     ValueError
-        As SciPy.
+        As SciPy; also a NaN or infinite ``cond`` (SciPy's drivers would silently
+        count every singular value or use their default).
+    TypeError
+        As SciPy: ``overwrite_a``/``overwrite_b`` true but no integer with
+        ``lapack_driver="gelss"``.
 
     Examples
     --------
@@ -69,6 +74,11 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     a1, b1 = _as_array(a, "a"), _as_array(b, "b")
     if lapack_driver is None:
         lapack_driver = getattr(original("lstsq"), "default_lapack_driver", "gelsd")
+    if _reaches_lapack(a1, b1, lapack_driver):  # SciPy reads the flags there; gelss takes them
+        for flag in (overwrite_a, overwrite_b):
+            _args.check_flag(flag, to_lapack=False)
+        for flag in (overwrite_a, overwrite_b):
+            _args.check_flag(flag, to_lapack=lapack_driver == "gelss")
     x, res, rank, s = mpqr.lstsq(a1, b1, cond, overwrite_a, overwrite_b, check_finite,
                                  lapack_driver, precision=current_precision())
     if _is_numpy(x):
@@ -88,6 +98,14 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
 lstsq.default_lapack_driver = "gelsd"  # SciPy's body reads this off the module global
 
 
+def _reaches_lapack(a: Any, b: Any, driver: Any) -> bool:
+    """Whether SciPy's lstsq gets past its shape, empty-problem and driver checks."""
+    if a.ndim < 2 or b.ndim < 1 or driver not in rules.DRIVERS:
+        return False
+    m, n = a.shape[-2:]
+    return m > 0 and n > 0 and (b.shape[0] if b.ndim == 1 else b.shape[-2]) == m
+
+
 _QR_MODES = ("full", "qr", "r", "economic", "raw")
 
 
@@ -97,8 +115,10 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     Every mode runs on mpqr: ``"full"`` (also ``"qr"``), ``"economic"``, ``"r"``
     and ``"raw"`` (LAPACK's reflectors and ``tau``, for a 2-D ``a``), each with
     ``pivoting=True`` (``mpqr.qr(pivoting=True)``; ``P`` int32, as SciPy's).
-    ``lwork`` is accepted and unused. Results follow mpqr's sign convention
-    (``diag(R) >= 0``, the raw reflectors too); SciPy/LAPACK documents none.
+    ``lwork`` and ``overwrite_a`` are checked as SciPy's LAPACK wrappers check them,
+    with their exceptions and messages; ``lwork`` is otherwise unused. Results follow
+    mpqr's sign convention (``diag(R) >= 0``, the raw reflectors too); SciPy/LAPACK
+    documents none.
 
     Parameters
     ----------
@@ -115,6 +135,10 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     ------
     ValueError
         As SciPy: unknown mode, non-2-D input, NaN/Inf with ``check_finite``.
+    Exception
+        As SciPy: its LAPACK wrappers' error for ``lwork`` below ``N`` (or, where Q
+        is formed, below Q's column count) other than ``-1``; ``TypeError`` for an
+        ``overwrite_a`` that is true but no integer.
 
     Examples
     --------
@@ -145,6 +169,9 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     if m == 0 or n == 0:
         return _empty_qr(xp, a1, mode, pivoting)
     wdt = rules.lapack_dtype(xp, a1.dtype)
+    # what SciPy's LAPACK wrappers refuse (mpqr calls none): the overwrite flag, lwork
+    _args.check_flag(overwrite_a, to_lapack=True)
+    _args.check_qr_lwork(lwork, _args.lapack_prefix(xp, wdt), m, n, mode, pivoting)
     aw = a1 if a1.dtype == wdt else xp.astype(a1, wdt)
     prec = current_precision()
     if mode == "raw":

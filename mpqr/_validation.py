@@ -6,6 +6,7 @@ Messages name the argument, say what was expected and what was got:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mpqr._array_api import array_namespace, device
@@ -13,6 +14,7 @@ from mpqr.backends._numpy_types import plain_array
 
 __all__ = [
     "check_choice",
+    "check_cutoff",
     "check_dtype",
     "check_finite",
     "check_ndim",
@@ -85,6 +87,26 @@ def check_finite(backend: Any, x: Any, name: str, *, message: str | None = None)
     ``backend.all_finite``); ``message`` replaces SciPy's wording."""
     if not backend.all_finite(x):
         raise ValueError(message or f"array must not contain infs or NaNs (`{name}`)")
+
+
+def check_cutoff(value: Any, name: str) -> float | None:
+    """A rank cutoff (``cond``, ``rcond``) as a float, or None.
+
+    ``TypeError`` for anything but a real number (``bool`` included); ``ValueError`` for
+    NaN and ±Inf, which LAPACK would turn silently into rank 0, every singular value
+    counted, or its default.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not (isinstance(value, (int, float))
+                                       or hasattr(value, "__float__")):
+        raise TypeError(f"`{name}` must be a real number or None, got "
+                        f"{type(value).__name__} {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"`{name}` must be a finite real number or None, got {v!r}: a NaN "
+                         "or infinite cutoff does not define a rank")
+    return v
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:

@@ -84,3 +84,30 @@ def test_qr_errors_and_raw():
     with pytest.warns(UserWarning, match="mode='raw' is not supported by mpqr"):
         h, _tau = mcn.qr(a, mode="raw")
     np.testing.assert_array_equal(h, np.linalg.qr(a, mode="raw")[0])
+
+
+def _scaled_permutation(dtype, f):
+    """6 x 4, singular values 1, 1, 1 and ``f * 2**-53`` exactly (one nonzero per column,
+    which every QR and SVD keeps exact)."""
+    a = np.zeros((6, 4), dtype)
+    for col, (row, v) in enumerate(zip([2, 0, 5, 3], [1.0, -1.0, 1.0, f * 2.0**-53])):
+        a[row, col] = v
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128, np.complex64])
+def test_rcond_that_lapack_reads_as_epsilon_cuts_at_2_to_the_minus_53_as_numpy(dtype):
+    """NumPy hands ``rcond`` to LAPACK's gelsd in double precision (single-precision input
+    too), whose xLALSD reads ``rcond <= 0`` and ``rcond >= 1`` as EPSILON = 2**-53 (not
+    2**-52): a singular value of 1.5 * 2**-53 counts, one of 0.5 * 2**-53 does not."""
+    b = np.arange(1.0, 7.0).astype(dtype)
+    for f, rank in [(1.5, 4), (0.5, 3)]:
+        a = _scaled_permutation(dtype, f)
+        for rcond in (-1, -0.5, -1e-300, -(2.0**-60), 0.0, 1.0, 2.0):
+            x, res, got, s = mcn.lstsq(a, b, rcond=rcond)
+            xn, resn, want, sn = np.linalg.lstsq(a, b, rcond=rcond)
+            assert got == want == rank, (f, rcond, got, want)
+            u = float(np.finfo(np.dtype(dtype)).eps) / 2
+            np.testing.assert_allclose(s, sn, rtol=4 * u)
+            np.testing.assert_allclose(x, xn, rtol=4 * u)
+            assert res.shape == resn.shape

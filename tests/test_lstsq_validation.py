@@ -27,3 +27,28 @@ def test_bool_is_cast_like_scipy():
     x = mpqr.lstsq(a, b)[0]
     xs = sla.lstsq(a.astype(np.float64), b)[0]
     np.testing.assert_allclose(x, xs, rtol=25 * np.finfo(np.float64).eps * 10)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), np.float32("nan")])
+def test_nan_or_infinite_cond_is_refused_naming_it(bad):
+    """A NaN cutoff made LAPACK count no singular value (rank 0, x = 0), an infinite one
+    every one or LAPACK's default: each is a ValueError naming the argument, on every
+    entry point (in core, out of core, dask, the front ends)."""
+    import dask.array as da
+    import mpqr.compat.numpy as mcn
+    import mpqr.compat.scipy as mcs
+
+    a, b = np.eye(4, 3), np.ones(4)
+    got = repr(float(bad))
+    msg = "must be a finite real number or None, got " + got.replace("(", r"\(")
+    for call in (lambda: mpqr.lstsq(a, b, cond=bad),
+                 lambda: mpqr.lstsq(a, b, bad, lapack_driver="gelsy", refine=None),
+                 lambda: mpqr.lstsq(a, b, cond=bad, memory_budget="1MB"),
+                 lambda: mpqr.lstsq(da.from_array(a, chunks=(2, 3)), b, cond=bad),
+                 lambda: mcs.lstsq(a, b, cond=bad)):
+        with pytest.raises(ValueError, match=f"^`cond` {msg}"):
+            call()
+    with pytest.raises(ValueError, match=f"^`rcond` {msg}"):
+        mcn.lstsq(a, b, rcond=bad)
+    with pytest.raises(TypeError, match="^`rcond` must be a real number or None, got str"):
+        mcn.lstsq(a, b, rcond="1e-3")

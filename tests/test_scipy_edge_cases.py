@@ -466,3 +466,29 @@ def test_svd_and_orth_take_numpy_matrix_as_ndarray():
     assert type(q) is np.ndarray and q.shape == (30, 4)
     with pytest.raises(ValueError, match="masked arrays are not supported"):
         mpqr.orth(np.ma.masked_array(np.asarray(a)))
+
+
+# --- cond values LAPACK reads specially ----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize("driver", ["gelsd", "gelss", "gelsy"])
+def test_cond_that_lapack_reads_specially_cuts_as_scipys_driver(xp, dtype, driver):
+    """SciPy hands ``cond`` to its driver in the computation's precision: gelsd reads
+    ``cond <= 0`` and ``cond >= 1`` as EPSILON (``eps / 2``), gelss ``cond < 0`` as
+    PRECISION (``eps``) and 0 as "every nonzero singular value", gelsy ``cond <= 0`` as
+    "every column". Singular values at 0.5, 1.5 and 3 times ``eps / 2`` (exact: one
+    nonzero per column) tell the cutoffs apart. gelsy's rank comes from an incremental
+    condition estimate, not from singular values: only ``cond < 1`` is compared."""
+    u = float(np.finfo(np.dtype(dtype)).eps) / 2
+    b = np.arange(1.0, 7.0).astype(dtype)
+    conds = [None, -1.0, -0.5, -1e-300, 0.0, 1e-300, 2.0 * u, 0.5, 1.0, 2.0]
+    for f in (0.5, 1.5, 3.0):
+        a = np.zeros((6, 4), dtype)
+        for col, (row, v) in enumerate(zip([2, 0, 5, 3], [1.0, -1.0, 1.0, f * u])):
+            a[row, col] = v
+        for cond in conds if driver != "gelsy" else [c for c in conds if c is None or c < 1]:
+            want = sla.lstsq(a, b, cond=cond, lapack_driver=driver)[2]
+            got = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b), cond=cond,
+                             lapack_driver=driver)[2]
+            assert got == want, (f, cond, got, want)

@@ -14,6 +14,7 @@ import functools
 import itertools
 import math
 import re
+import struct
 from importlib import metadata
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "check_driver",
     "check_shapes",
     "common_type",
+    "cutoff",
     "empty_result",
     "lapack_dtype",
     "nan_residues_when_rank_deficient",
@@ -93,6 +95,39 @@ def check_driver(driver: Any) -> str:
     if driver not in DRIVERS:
         raise ValueError(f'LAPACK driver "{driver}" is not found')
     return driver
+
+
+def cutoff(cond: float | None, driver: str, eps: float, single: bool) -> float:
+    """The relative rank cutoff ``r`` (singular values ``<= r * s[0]`` count as zero) that
+    SciPy's LAPACK ``driver`` applies for ``cond`` (validated: None or finite); ``eps``:
+    the machine epsilon of the computation dtype (``numpy.finfo(dtype).eps``), ``single``:
+    whether that dtype is single precision.
+
+    ``None`` is SciPy's ``eps``. SciPy hands ``cond`` to LAPACK in the computation's
+    precision (rounded to float32 for single precision), and the drivers read it so:
+
+    * ``gelsd`` (xLALSD): ``cond <= 0`` or ``cond >= 1`` mean LAPACK's ``EPSILON``,
+      the unit roundoff ``eps / 2`` (2^-53 in double precision);
+    * ``gelss``: ``cond < 0`` means LAPACK's ``PRECISION``, ``eps``; ``0`` counts every
+      nonzero singular value, ``cond >= 1`` none;
+    * ``gelsy`` (no singular values; its incremental condition estimate accepts every
+      column for ``cond <= 0``): ``cond <= 0`` counts every nonzero singular value.
+    """
+    if cond is None:
+        return eps
+    cond = float(cond)
+    if single:  # float32 rounding: a tiny cond becomes 0.0, a huge one inf
+        try:
+            cond = struct.unpack("f", struct.pack("f", cond))[0]
+        except OverflowError:
+            cond = math.copysign(math.inf, cond)
+    if driver == "gelsd" and (cond <= 0.0 or cond >= 1.0):
+        return eps / 2
+    if driver == "gelss" and cond < 0.0:
+        return eps
+    if driver == "gelsy" and cond <= 0.0:
+        return 0.0
+    return cond
 
 
 def check_shapes(a: Any, b: Any) -> None:

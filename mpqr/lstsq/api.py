@@ -19,11 +19,15 @@ Route for one ``M x N`` problem (``M >= N``; ``M < N`` works on ``A^H``):
    below the working precision resolves singular values only to about
    ``sqrt(N) u_f ||A||``: when a singular value falls in that uncertainty
    band the rank is not decided from ``R`` (see below).
-3. Full rank: ``refine`` runs preconditioned CGLS or iterative refinement
-   (:mod:`mpqr.lstsq.refine`) with residuals in working precision, or, with
-   ``refine=None``, the direct ``x = R^-1 Q^H b``.
+3. Full rank, with ``R`` clear of singular (its smallest singular value above the
+   cutoff by more than the factorization's rounding): ``refine`` runs preconditioned
+   CGLS or iterative refinement (:mod:`mpqr.lstsq.refine`) with residuals in working
+   precision, or, with ``refine=None``, the direct ``x = R^-1 Q^H b``.
 4. Rank deficient: the minimum-norm solution of the truncated problem,
-   ``x = V_k S_k^-1 U_k^H Q^H b`` from the SVD ``R = U S V^H``.
+   ``x = V_k S_k^-1 U_k^H Q^H b`` from the SVD ``R = U S V^H``. So is a full rank
+   whose ``R`` is not clear of singular (an exactly zero column of ``A`` gives an
+   exactly zero pivot, yet a computed singular value at the rounding level that the
+   cutoff may count, as SciPy's gelsd does): ``R`` never reaches a triangular solve.
 
 ``refine="auto"`` never returns an answer less accurate than SciPy's: when the
 rank is uncertain at the factorization precision, or the refinement does not
@@ -37,8 +41,8 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
+from mpqr._validation import check_cutoff, namespace_of, plain_array
 from mpqr._validation import check_finite as _check_finite
-from mpqr._validation import namespace_of, plain_array
 from mpqr.backends import bridge, get_backend
 from mpqr.backends.dask._detect import is_dask_array
 from mpqr.lstsq import _scipy_rules as rules
@@ -73,8 +77,12 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     b : array, shape (M,) or (M, K) (or batched, as in SciPy)
         ``K = 0`` gives ``x`` of shape (N, 0) with ``rank`` and ``s`` of ``a``.
     cond : float, optional
-        Singular values ``<= cond * s[0]`` count as zero (default and
-        negative values: the machine epsilon of the computation dtype).
+        Singular values ``<= cond * s[0]`` count as zero (default: the machine
+        epsilon ``eps`` of the computation dtype, as SciPy). The values LAPACK reads
+        specially are read as SciPy's driver reads them: ``"gelsd"`` cuts
+        ``cond <= 0`` and ``cond >= 1`` at the unit roundoff ``eps / 2``; ``"gelss"``
+        cuts ``cond < 0`` at ``eps``; ``"gelsy"`` counts every nonzero singular value
+        for ``cond <= 0``. NaN and ±Inf are refused.
     overwrite_a, overwrite_b : bool
         Accepted for compatibility; the inputs are never modified (the
         refinement and the residues need them).
@@ -136,10 +144,11 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     ------
     ValueError
         SciPy's errors: ``a`` not 2-D, row-count mismatch, unknown driver,
-        NaN/Inf with ``check_finite``; also an unknown ``refine``/``precision``
-        and a masked array (its mask would be ignored).
+        NaN/Inf with ``check_finite``; also an unknown ``refine``/``precision``,
+        a NaN or infinite ``cond`` and a masked array (its mask would be ignored).
     TypeError
-        ``a`` or ``b`` not an array, or arrays of different libraries.
+        ``a`` or ``b`` not an array, or arrays of different libraries; ``cond``
+        not a real number.
     NotImplementedError
         An emulated precision whose engine the backend lacks.
     mpqr.LinAlgError
@@ -212,10 +221,7 @@ def check_options(refine: Any, precision: Any, tol: Any, maxiter: Any, cond: Any
         raise ValueError(f"`tol` must be a positive number, got {tol!r}")
     if maxiter is not None and not (isinstance(maxiter, int) and maxiter >= 1):
         raise ValueError(f"`maxiter` must be a positive integer, got {maxiter!r}")
-    if cond is not None and (isinstance(cond, bool) or (not isinstance(cond, (int, float))
-                             and not hasattr(cond, "__float__"))):
-        raise TypeError(f"`cond` must be a real number or None, got {type(cond).__name__} "
-                        f"{cond!r}")
+    check_cutoff(cond, "cond")
     return prec_name
 
 
@@ -255,9 +261,8 @@ def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     if no_rhs:
         b2 = xp.zeros((m, 1), dtype=wdt, device=device(bw))
     eps = float(xp.finfo(wdt).eps)
-    if cond is None or cond < 0:
-        cond = eps
-    solver = solver(backend, aw, b2, float(cond), prec, refine, eps, tol, maxiter,
+    cut = rules.cutoff(cond, driver, eps, single=wdt in (xp.float32, xp.complex64))
+    solver = solver(backend, aw, b2, cut, prec, refine, eps, tol, maxiter,
                     need_s=driver != "gelsy")
     x, rank, s, rsq = solver.run()
     if no_rhs:

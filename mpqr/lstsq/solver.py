@@ -26,7 +26,7 @@ from mpqr.qr._kernels import ct, pow2_scale
 from mpqr.qr.choice import factor_precision
 from mpqr.qr.cholqr import reuse_first_gram
 
-__all__ = ["RESOLUTION", "UNIT", "Solver", "ranks"]
+__all__ = ["RESOLUTION", "UNIT", "Solver", "ranks", "solvable"]
 
 #: Unit roundoff of the factorization for each precision setting ("auto": working).
 UNIT = {"fp16": 2.0**-11, "fp32": 2.0**-24, "fp32-emulated": 2.0**-24, "fp64": 2.0**-53,
@@ -46,6 +46,21 @@ def ranks(xp: Any, s: Any, cond: float, u_f: float, u: float) -> tuple[int, int,
     delta = RESOLUTION * math.sqrt(s.shape[0]) * u_f * s1 if u_f > u else 0.0
     return int(xp.sum(xp.astype(s > cut, xp.int32))), \
         int(xp.sum(xp.astype(s > cut + delta, xp.int32))), s1
+
+
+def solvable(s: Any, cond: float, u_f: float) -> bool:
+    """Whether solves with an R of singular values ``s`` (descending) factored at unit
+    roundoff ``u_f`` are safe: ``s[-1]`` lies above the cutoff ``cond * s[0]`` by more
+    than the factorization's rounding, ``RESOLUTION * sqrt(N) * u_f * s[0]``.
+
+    Below that, R may be exactly singular although its computed smallest singular value
+    is not zero: an exactly zero column of A gives an exactly zero pivot in R and a
+    singular value at the rounding level, which the default cutoff (``eps``) counts for
+    about one Gaussian 300 x 20 matrix in a hundred (so does SciPy's ``gelsd``). Such
+    problems are solved from the SVD of R, never by a triangular solve.
+    """
+    s1 = float(s[0])
+    return s1 > 0.0 and float(s[-1]) > (cond + RESOLUTION * math.sqrt(s.shape[0]) * u_f) * s1
 
 
 class Solver:
@@ -141,6 +156,7 @@ class Solver:
         if gf is not None and gf.r is not None:  # full rank, well conditioned: one pass
             r, s, s1 = gf.r, gf.s, gf.s1
             rank_cond = rank_sure = k
+            clear = True  # cond(A) certified small
         else:
             # a declined Gram route's G is the first Gram matrix of the QR route's CholQR2
             # when both run the same precision (one pass over A fewer)
@@ -151,13 +167,21 @@ class Solver:
             if s1 is None:  # no certificate (or singular values wanted): the SVD of R decides
                 s = self._svdvals(r)
                 rank_cond, rank_sure, s1 = self._ranks(s, self.u_f)
+                # full rank by the cutoff is not enough to precondition with R
+                clear = solvable(s, self.cond, self.u_f)
             else:
                 rank_cond = rank_sure = k
-        if s1 == 0.0 or rank_sure < k:
+                clear = True  # sigma_min(R) certified above the cutoff with a margin
+        if s1 == 0.0 or rank_sure < k or not clear:
             low = self.u_f > self.u
-            why = (f"rank uncertain at precision {self.prec!r}: a singular value of R lies "
-                   f"within {RESOLUTION:g} sqrt(n) u_f ||A|| of the cutoff"
-                   if low and rank_cond > rank_sure else "rank deficient")
+            if low and rank_cond > rank_sure:
+                why = (f"rank uncertain at precision {self.prec!r}: a singular value of R "
+                       f"lies within {RESOLUTION:g} sqrt(n) u_f ||A|| of the cutoff")
+            elif rank_cond < k or s1 == 0.0:
+                why = "rank deficient"
+            else:
+                why = (f"R too close to singular to precondition: its smallest singular "
+                       f"value lies within {RESOLUTION:g} sqrt(n) u ||A|| of the cutoff")
             record_event("fallback", f"lstsq: {why}; minimum-norm solution from the QR-SVD at "
                          "the working precision" + (" (refactoring)" if low else ""),
                          rank=rank_cond, path="svd")
@@ -293,7 +317,7 @@ class Solver:
                          f"below {RESOLUTION:g} sqrt(n) u_f ||A|| are not resolved by a "
                          f"{prec} factorization", rank=rank, rank_cond=rank_cond)
         b = self.b
-        if rank == k:
+        if rank == k and solvable(s, self.cond, u_f):
             record_event("method", f"lstsq: direct QR solve at precision {prec!r}",
                          path="direct", precision=prec)
             if self.under:  # A = R^H Q^H: x = Q R^-H b
@@ -303,8 +327,12 @@ class Solver:
             else:
                 x = self.backend.solve_triangular(r, self._qh_b(q))
         else:
-            record_event("method", f"lstsq: rank {rank} < {k}: minimum-norm solution from "
-                         "the SVD of R", path="svd", rank=rank, precision=prec)
+            what = (f"rank {rank} < {k}: minimum-norm solution" if rank < k else
+                    f"rank {k}, but R is too close to singular for a triangular solve (its "
+                    f"smallest singular value lies within {RESOLUTION:g} sqrt(n) u_f ||A|| "
+                    "of the cutoff): the solution")
+            record_event("method", f"lstsq: {what} from the SVD of R", path="svd", rank=rank,
+                         precision=prec)
             x = self._svd_solve(q, r, rank)
         rsq = self._resid_sq(x) if (self.m > self.n and rank == k and self.need_s) else None
         return x, rank, s, rsq

@@ -19,7 +19,7 @@ from typing import Any
 
 from mpqr._errors import LinAlgError, RefinementWarning
 from mpqr.lstsq import _scipy_rules as rules
-from mpqr.lstsq.solver import UNIT, ranks
+from mpqr.lstsq.solver import UNIT, ranks, solvable
 from mpqr.ooc.budget import format_bytes, resolve_budget, tall_plan
 from mpqr.ooc.driver import IN_CORE_FACTOR
 from mpqr.ooc.run import Run, progress_bar
@@ -134,7 +134,8 @@ class _Problem:
                          requested=prec, precision=own)
         self.prec = own
         self.u = float(self.xp.finfo(wdt).eps) / 2
-        self.cond = self.u * 2 if cond is None or cond < 0 else float(cond)
+        self.cond = rules.cutoff(cond, driver, self.u * 2,
+                                 single=A.dtype.name in ("float32", "complex64"))
         self.u_f = max(UNIT[own], self.u)
         self.wprec = "fp64" if A.dtype.name in ("float64", "complex128") else "fp32"
         self.refine, self.driver = refine, driver
@@ -178,10 +179,15 @@ class _Problem:
             if s1 == 0.0 or rank < self.n:
                 return self._min_norm(r, c, rank if s1 > 0 else 0), (rank if s1 > 0 else 0), \
                     s, None
+        rsq = be.column_norms(rho) ** 2 if rho.shape[0] else \
+            xp.zeros((c.shape[1],), dtype=s.dtype)
+        if not solvable(s, self.cond, self.u):
+            # full rank by the cutoff, but R too close to singular for its solves (an
+            # exactly zero column of A: an exactly zero pivot): gelsd's SVD formula
+            return self._min_norm(r, c, self.n), self.n, s, rsq
         x = be.solve_triangular(r, c, lower=False)
         if self.refine is None:
-            return x, self.n, s, be.column_norms(rho) ** 2 if rho.shape[0] else \
-                xp.zeros((c.shape[1],), dtype=s.dtype)
+            return x, self.n, s, rsq
         return self._refine(run, plan, r, x, s, s1)
 
     def _min_norm(self, r: Any, c: Any, k: int) -> Any:
@@ -191,8 +197,10 @@ class _Problem:
             return xp.zeros(c.shape, dtype=c.dtype)
         y = gemm(ct(xp, u[:, :k]), c, precision=self.wprec, label="lstsq:svd-Uc",
                  backend=self.backend) / xp.astype(sv[:k, None], c.dtype)
-        record_event("fallback", "lstsq: rank deficient; minimum-norm solution from the "
-                     "QR-SVD", rank=k, path="svd")
+        what = ("rank deficient; minimum-norm solution" if k < r.shape[-1] else
+                f"rank {k}, but R is too close to singular for a triangular solve; the "
+                "solution")
+        record_event("fallback", f"lstsq: {what} from the QR-SVD", rank=k, path="svd")
         return gemm(ct(xp, vh[:k, :]), y, precision=self.wprec, label="lstsq:svd-Vy",
                     backend=self.backend)
 

@@ -1,0 +1,87 @@
+"""mpqr.compat.scipy refuses the LAPACK-level arguments SciPy refuses, with SciPy's
+exception (class included) and message: ``lwork`` below what ``?geqrf`` and
+``?orgqr``/``?ungqr`` need, ``overwrite_a``/``overwrite_b`` that are true but no
+integer, or have no truth value. Each value is run through ``scipy.linalg`` itself."""
+
+from __future__ import annotations
+
+import warnings
+
+import mpqr.compat.scipy as mcs
+import numpy as np
+import pytest
+import scipy.linalg as sla
+
+#: too small for some (dtype, shape, mode) and fine for others; f2py's int conversion
+#: (floats truncate, numeric strings parse, sequences give their first item); no huge
+#: valid value: SciPy allocates the workspace asked for
+LWORKS = [None, -1, -2, 0, 1, 2, 3, 4, 5, 6, 7, 100, True, np.int64(2), -(2**31),
+          2**40, 2.5, 4.0, -1.0, -1.5, -0.5, 0.9, np.float32(6.0), 1e30, float("nan"),
+          float("inf"), "3", "6", "6.5", "abc", b"6", b"x", [6], [2], [], (6, 1),
+          np.array(6), np.array([6, 7]), 6 + 0j, 2 + 0j, object()]
+FLAGS = [True, False, 0, 1, 2, None, "", [], np.int64(1), np.array(1), "yes", [1], 1.5,
+         1 + 0j, np.bool_(True), np.array([1]), np.array([1, 2])]
+
+
+def _outcome(f, *args, **kw):
+    """``"ok"`` or the exception's class and message."""
+    try:
+        f(*args, **kw)
+    except Exception as exc:  # every outcome is compared with SciPy's
+        return type(exc), str(exc)
+    return "ok"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+def test_qr_lwork_and_overwrite_a_are_refused_as_scipy(dtype):
+    refused = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # NumPy on int(array([6]))
+        for shape in [(6, 4), (4, 6), (5, 5)]:
+            a = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+            for mode in ("full", "economic", "r"):
+                for lwork in LWORKS:
+                    want = _outcome(sla.qr, a, lwork=lwork, mode=mode)
+                    assert _outcome(mcs.qr, a, lwork=lwork, mode=mode) == want, (shape, mode,
+                                                                                  lwork)
+                    refused.add(want != "ok")
+                for flag in FLAGS:
+                    want = _outcome(sla.qr, a, overwrite_a=flag, mode=mode)
+                    assert _outcome(mcs.qr, a, overwrite_a=flag, mode=mode) == want, (
+                        shape, mode, flag)
+    assert refused == {True, False}  # the values tell both outcomes apart
+
+
+def test_qr_lwork_errors_are_scipys_lapack_error_class_and_message():
+    a = np.ones((6, 4))
+    for lwork, routine in [(0, "dgeqrf"), (2, "dgeqrf"), (5, "dorgqr")]:
+        with pytest.raises(Exception) as ours:
+            mcs.qr(a, lwork=lwork)
+        with pytest.raises(Exception) as theirs:
+            sla.qr(a, lwork=lwork)
+        assert type(ours.value) is type(theirs.value)
+        assert str(ours.value) == str(theirs.value) == (
+            f"(lwork>=n||lwork==-1) failed for 1st keyword lwork: {routine}:lwork={lwork}")
+    with pytest.raises(TypeError, match="^'str' object cannot be interpreted as an integer$"):
+        mcs.qr(a, overwrite_a="yes")
+    # an empty matrix reaches no LAPACK call in SciPy: nothing is checked
+    assert _outcome(mcs.qr, np.ones((0, 3)), lwork=0, overwrite_a="yes") == "ok" == \
+        _outcome(sla.qr, np.ones((0, 3)), lwork=0, overwrite_a="yes")
+
+
+@pytest.mark.parametrize("driver", ["gelsd", "gelss", "gelsy"])
+def test_lstsq_overwrite_flags_are_refused_as_scipy(driver):
+    """SciPy reads both flags' truth values; gelss hands them to LAPACK as integers."""
+    a = np.random.default_rng(1).standard_normal((6, 4))
+    b = np.ones(6)
+    refused = set()
+    for flag in FLAGS:
+        for name in ("overwrite_a", "overwrite_b"):
+            kw = {name: flag, "lapack_driver": driver}
+            want = _outcome(sla.lstsq, a, b, **kw)
+            assert _outcome(mcs.lstsq, a, b, **kw) == want, (name, flag)
+            refused.add(want != "ok")
+    assert refused == {True, False}
+    # SciPy's shape errors come first
+    assert _outcome(mcs.lstsq, a, b[:5], overwrite_a="yes", lapack_driver="gelss") == \
+        _outcome(sla.lstsq, a, b[:5], overwrite_a="yes", lapack_driver="gelss")
