@@ -35,7 +35,7 @@ from mpqr.lstsq.gram import (
     GRAM_MIN_ASPECT,
     factor_from_gram,
 )
-from mpqr.lstsq.solver import RESOLUTION, Solver, ranks
+from mpqr.lstsq.solver import RESOLUTION, Solver, ranks, solvable
 from mpqr.policy import record_event
 from mpqr.qr._kernels import pow2_scale
 from mpqr.qr.cholqr import gram_roundoff
@@ -211,7 +211,8 @@ class DaskSolver(Solver):
                                   "singular values, rank and solution are undefined")
             s = host.svdvals(r)
             rank_cond, rank_sure, s1 = ranks(hx, s, self.cond, self.u_f, self.u)
-            if s1 == 0.0 or rank_sure < k:
+            if s1 == 0.0 or rank_sure < k or not solvable(s, self.cond, self.u_f):
+                # R may be exactly singular: no triangular solve with it (in-core's rule)
                 return self._deficient(rank_cond)
             kappa = s1 / float(s[-1])
             if not self.need_s:

@@ -375,6 +375,11 @@ def _preconditioned(run: _Run, x: Any, leaf_method: str) -> tuple[Any, Any]:
     if not bool(host.all_finite(r1)):
         raise BreakdownError("the TSQR pass's R is not finite (x holds NaN or Inf)",
                              method="tsqr-cholqr", cond_estimate=float("inf"))
+    if not bool(host.xp.all(host.xp.linalg.diagonal(r1) != 0)):
+        # exactly rank-deficient x (a zero or repeated column): R_1 has no inverse
+        raise BreakdownError("the TSQR pass's R has a zero diagonal entry (x is exactly "
+                             "rank-deficient)", method="tsqr-cholqr",
+                             cond_estimate=float("inf"))
     with host.ignore_fp_warnings():
         inv = c.inverse_and_cond(host, r1)
     _q, r2 = _cholqr(run, x, "cholqr", precision=run.precision, prec_name=run.prec_name,
