@@ -91,16 +91,29 @@ def test_blocks_shorter_than_n(method):
     assert np.abs(r - mpqr.qr(a, mode="r")).max() <= _r_tol(u, n, 10.0) * np.linalg.norm(a, 2)
 
 
-def test_ill_conditioned_falls_back_to_tsqr():
+@pytest.mark.parametrize(("cond", "chain"), [
+    (1e13, ["preconditioned-cholqr"]),
+    (1e18, ["preconditioned-cholqr", "tsqr"]),  # numerically rank-deficient
+])
+def test_ill_conditioned_continues_with_preconditioned_cholqr(cond, chain):
+    """Past CholQR2's reach the preconditioned CholQR runs across the blocks from
+    CholQR2's Gram matrix (one Gram pass more); only a numerically rank-deficient matrix
+    falls back to the TSQR tree."""
     rng = np.random.default_rng(4)
     m, n = 900, 16
-    a = _source(rng, m, n, np.float64, cond=1e13)
+    a = _source(rng, m, n, np.float64, cond=cond)
     x = da.from_array(a, chunks=(64, n))  # 15 blocks: a tree of depth 2
     with mpqr.explain() as trace:
         q, r = mpqr.qr(x)
     q, r = q.compute(), r.compute()
-    fb = [e for e in trace.events if e.kind == "fallback" and "TSQR" in e.message]
-    assert fb and fb[0].data["fallback"] == "tsqr"
+    fb = [e for e in trace.events if e.kind == "fallback"]
+    assert [e.data["fallback"] for e in fb] == chain
+    if len(chain) == 1:
+        (route,) = [e for e in trace.events if e.kind == "route"]
+        assert route.data["grams"] == 3 and cond / 10 <= route.data["cond_estimate"] <= 10 * cond
+        assert "from CholQR2's Gram matrix" in fb[0].message
+    else:
+        assert "numerically rank-deficient" in fb[1].data["reason"]
     u = 2.0**-53
     assert backward_error(a, q, r) <= 20 * n * u
     assert orthogonality(q) <= 20 * n * u

@@ -37,7 +37,11 @@ __all__ = ["CHOLQR_METHODS", "SPLIT_EVERY", "factor", "qr"]
 SPLIT_EVERY = 8
 
 #: the methods run across the blocks; any other in-core method runs at the TSQR leaves
-CHOLQR_METHODS = ("cholqr", "cholqr2", "shifted-cholqr3")
+CHOLQR_METHODS = ("cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr")
+
+#: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from its
+#: first Gram matrix) before the TSQR tree
+RESCUE = "preconditioned-cholqr"
 
 #: the largest column exponent that needs no scaling, by single precision or not
 SAFE_RANGE = {True: SAFE_EXPONENT["float32"], False: SAFE_EXPONENT["float64"]}
@@ -128,7 +132,14 @@ def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
             return _cholqr(x, backend, cholqr, precision=own if auto else precision,
                            prec_name=own, want_q=want_q, quiet=True,
                            split_every=split_every, wrap=wrap)
-        except BreakdownError as exc:
+        except BreakdownError as exc0:
+            exc = exc0
+            if auto:
+                try:
+                    return _rescue(x, backend, exc, precision=own, want_q=want_q,
+                                   split_every=split_every, wrap=wrap)
+                except BreakdownError as exc2:
+                    exc, cholqr = exc2, RESCUE
             if not auto:
                 # a Gram matrix out of range (a column whose squares over- or underflow):
                 # again on scaled columns, as the in-core driver scales them
@@ -192,6 +203,70 @@ def _scaled(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str
     return q, wrap(pow2_scale(backend, r, backend.from_small(e, r)))
 
 
+def _rescue(x: Any, backend: Any, exc: BreakdownError, *, precision: str, want_q: bool,
+            split_every: int, wrap: Any) -> tuple[Any, Any]:
+    """``auto``'s CholQR2 broke down: :data:`RESCUE` from CholQR2's first Gram matrix
+    where it was in range, else on columns scaled where that helps (BreakdownError
+    where nothing is left to try: the caller takes the TSQR tree)."""
+    from mpqr.qr.cholqr import reuse_first_gram
+
+    first = getattr(exc, "first_gram", None)
+    reuse = first is not None and first[0] is x
+    scale = not reuse and exc.cond_estimate == float("inf")
+    if not reuse and not scale:  # CholQR2's certificate: its first Gram matrix is gone
+        scale = None
+    record_event("fallback", f"qr (dask): cholqr2 broke down (estimated cond(x) >= "
+                 f"{exc.cond_estimate:.2e}); continuing with {RESCUE} at "
+                 f"precision={precision!r}" + (" from CholQR2's Gram matrix" if reuse else
+                                               " on columns scaled where needed" if scale
+                                               else ""),
+                 method="cholqr2", fallback=RESCUE, cond_estimate=exc.cond_estimate,
+                 reason=str(exc))
+    if scale:
+        out = _scaled(x, backend, RESCUE, precision=precision, prec_name=precision,
+                      want_q=want_q, split_every=split_every, wrap=wrap, only_if_needed=True)
+        if out is None:
+            raise exc
+        return out
+    with reuse_first_gram(x, first[1], first[2]) if reuse else _null():
+        return _cholqr(x, backend, RESCUE, precision=precision, prec_name=precision,
+                       want_q=want_q, quiet=True, split_every=split_every, wrap=wrap)
+
+
+def _preconditioned(x: Any, backend: Any, *, precision: Any, prec_name: str, want_q: bool,
+                    quiet: bool, split_every: int, wrap: Any) -> tuple[Any, Any]:
+    """The preconditioned CholQR across the blocks (:mod:`mpqr.qr.cholqr_precond`): every
+    pass one Gram sum of ``A_i R_1^-1 R_2^-1 ...`` (the factors applied in the block task,
+    never stored), the ``n x n`` steps on the client."""
+    from mpqr.qr import cholqr as c
+    from mpqr.qr import cholqr_precond as p
+
+    applied: list[Any] = []
+
+    def gram_of() -> tuple[Any, Any]:
+        with backend.ignore_fp_warnings() if quiet else _null():
+            g = gram_sum(x, tuple(applied), RESCUE, precision, prec_name, quiet,
+                         split_every).compute()
+        return get_backend(_namespace(g)).small(g)
+
+    def next_gram(r: Any, _pre: Any) -> tuple[Any, Any]:
+        applied.append((r, c.inverse_and_cond(get_backend(_namespace(r)), r)))
+        return gram_of()
+
+    pair = c._first_gram(x, RESCUE) or gram_of()
+    with pair[0].ignore_fp_warnings() if quiet else _null():
+        chain = p.precondition(*pair, next_gram, n=x.shape[1], prec_name=prec_name,
+                               where=f"qr (dask): {RESCUE}")
+    applied.append((chain.rc, c.inverse_and_cond(get_backend(_namespace(chain.rc)),
+                                                 chain.rc)))
+    r = c._final_r(backend, chain.sb, [chain.rc, *chain.factors],
+                   backend.xp.empty((0, 0), dtype=x.dtype), prec_name)
+    record_event("certificate", f"qr (dask): {RESCUE} certified: the last pass's Gram "
+                 "matrix is within 1/2 of I", method=RESCUE, passes=len(applied))
+    q = apply_factors(x, tuple(applied), RESCUE, prec_name, quiet) if want_q else None
+    return q, wrap(r)
+
+
 def _delayed_small(v: Any) -> Any:
     import dask
 
@@ -240,6 +315,10 @@ def _cholqr(x: Any, backend: Any, method: str, *, precision: Any, prec_name: str
             want_q: bool, quiet: bool, split_every: int, wrap: Any) -> tuple[Any, Any]:
     """The CholQR passes across the blocks; BreakdownError as in-core."""
     from mpqr.qr import cholqr as c
+
+    if method == RESCUE:
+        return _preconditioned(x, backend, precision=precision, prec_name=prec_name,
+                               want_q=want_q, quiet=quiet, split_every=split_every, wrap=wrap)
 
     factors: list[Any] = []
     applied: list[Any] = []  # (R, (R^-1, cond_1(R))) per pass, made once, sent to the blocks

@@ -40,6 +40,8 @@ Stacks take the same products as one matrix (every pass over the whole stack); t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from mpqr._array_api import array_namespace, device
@@ -60,7 +62,8 @@ from mpqr.qr.cholqr import (
 )
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["MAX_GRAMS", "NAME", "RANK_DEFICIENT", "estimate_cond", "preconditioned_cholqr"]
+__all__ = ["MAX_GRAMS", "NAME", "RANK_DEFICIENT", "Chain", "estimate_cond", "precondition",
+           "preconditioned_cholqr"]
 
 NAME = "preconditioned-cholqr"
 
@@ -84,24 +87,30 @@ _WELL = 16.0
 _COND_ITERS = 12
 
 
-def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
-                          want_q: bool = True, **_: Any) -> tuple[Any, Any]:
-    """``(Q or None, R)`` of ``a`` (``(..., m, n)``, ``m >= n``) by preconditioned CholQR
-    (module docstring); :class:`mpqr.BreakdownError` where ``a`` is numerically
-    rank-deficient or holds NaN/Inf, or a column's squared norm leaves the range."""
-    m, n = a.shape[-2:]
-    # W = x P^-1 is never stored where the backend fuses the solve with its Gram matrix
-    # and the policy runs that product natively (as for CholQR2's second pass)
-    fused = _fusable(backend, a)
-    pair = _first_gram(a, NAME)
-    if pair is None:
-        sb, g = backend.small(gram(backend, a, precision, f"{NAME}-gram"))
-    else:
-        sb, g = pair
+@dataclass
+class Chain:
+    """The outcome of :func:`precondition`: ``R = rc @ factors[0] @ factors[1] ...``."""
+
+    sb: Any             #: the small backend the factors live in
+    rc: Any             #: the certified pass's Cholesky factor
+    factors: list[Any]  #: ``R_k, ..., R_1`` (last first)
+    pre: Any            #: their product ``P``
+    cond: float         #: estimated ``cond(x D^-1)``
+
+
+def precondition(sb: Any, g: Any, next_gram: Callable[[Any, Any], tuple[Any, Any]], *,
+                 n: int, prec_name: str, where: str = NAME) -> Chain:
+    """The preconditioner of ``x`` from its Gram matrix ``g`` (small backend ``sb``):
+    plain or shifted Cholesky factors until a Gram matrix is certified; then the rank
+    test and the explain trace's ``route`` event.
+
+    ``next_gram(R_j, P)`` returns ``(small backend, Gram matrix)`` of the next ``W``
+    (``W_{j-1} R_j^-1``, i.e. ``x P^-1``): the in-core method, the out-of-core and the
+    Dask routes differ only there. Raises :class:`mpqr.BreakdownError` (numerically
+    rank-deficient, not finite, out of range, or no certificate after ``MAX_GRAMS``)."""
     u = gram_roundoff(sb.xp, g.dtype, prec_name)
-    factors: list[Any] = []   # R_j ... R_1 in the small backend, last first
-    pre = None                # their product P (small backend)
-    w = a                     # W_j, stored where the solve is not fused
+    factors: list[Any] = []
+    pre = None
     shifts = 0
     ratio = None  # the last factors' pivot ratios (inf where shifted)
     for k in range(MAX_GRAMS):
@@ -112,8 +121,8 @@ def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: st
                                          ord="fro")
             worst = float(xs.max(dist))
             if worst <= 0.5:
-                return _finish(backend, sb, a, w, g, pre, factors, fused, want_q,
-                               prec_name, u, worst, k + 1, shifts)
+                return _certified(sb, g, pre, factors, prec_name, u, worst, k + 1, shifts,
+                                  where)
             if bool(xs.any((dist > 0.5) & (ratio <= _WELL))):
                 # the last W was well-conditioned, so this one should have been orthonormal:
                 # recomputed from x (fused), its small singular directions are rounding noise
@@ -121,7 +130,7 @@ def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: st
                                 "the preconditioned matrix does not become orthonormal")
         r, shift, ratio = _precondition(sb, g, u, n)
         shifts += shift > 0
-        record_event("precondition", f"{NAME}: pass {k + 1}: " + (
+        record_event("precondition", f"{where}: pass {k + 1}: " + (
             f"shifted Cholesky factor (shift {shift:.1e} diag(G)): its Gram matrix is "
             "beyond CholQR's reach" if shift else "plain Cholesky factor"),
             method=NAME, shift=shift, gram_pass=k + 1)
@@ -131,29 +140,16 @@ def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: st
             cond = _max(estimate_cond(sb, pre, prec_name))
             if not cond * u < RANK_DEFICIENT:
                 _rank_deficient(cond, u)
-        if fused:  # decided once (same product every pass), recorded for every pass
-            fused = fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64",
-                               precision=precision, label=f"{NAME}-gram") or k > 0
-        if fused:
-            g = backend.right_solve_gram(a, backend.from_small(pre, a))
-        else:
-            w = _apply_inverse(backend, sb, w, r, NAME, prec_name)
-            g = gram(backend, w, precision, f"{NAME}-gram")
-        sb, g = backend.small(g)
+        sb, g = next_gram(r, pre)
     raise BreakdownError(
         f"{NAME} broke down: no certified Gram matrix after {MAX_GRAMS} passes "
         "(x is too ill-conditioned); use a Householder method or method='auto'",
         method=NAME, cond_estimate=math.inf)
 
 
-def _max(v: Any) -> float:
-    return float(array_namespace(v).max(v))
-
-
-def _finish(backend: Any, sb: Any, a: Any, w: Any, g: Any, pre: Any, factors: list[Any],
-            fused: bool, want_q: bool, prec_name: str, u: float, dist: float,
-            grams: int, shifts: int) -> tuple[Any, Any]:
-    """The certified pass: ``R_c = chol(G)``, the rank test on ``R_c P``, then Q."""
+def _certified(sb: Any, g: Any, pre: Any, factors: list[Any], prec_name: str, u: float,
+               dist: float, grams: int, shifts: int, where: str) -> Chain:
+    """The certified pass: ``R_c = chol(G)`` and the rank test on ``R_c P``."""
     try:
         rc = sb.cholesky(g, upper=True)
     except LinAlgError as exc:  # ||G - I||_F <= 1/2 is positive definite: not expected
@@ -162,29 +158,59 @@ def _finish(backend: Any, sb: Any, a: Any, w: Any, g: Any, pre: Any, factors: li
     cond = _max(estimate_cond(sb, _rr(sb, rc, pre, prec_name), prec_name))
     if not cond * u < RANK_DEFICIENT:
         _rank_deficient(cond, u)
-    record_event("route", f"{NAME}: certified after {grams} Gram passes ({shifts} "
+    record_event("route", f"{where}: certified after {grams} Gram passes ({shifts} "
                  f"shifted; ||W^H W - I||_F = {dist:.1e} <= 0.5); estimated cond(x) = "
                  f"{cond:.2e} (columns scaled to unit norm)", method=NAME, grams=grams,
                  shifted=shifts, cond_estimate=cond, certificate=dist)
-    q = None
-    if want_q:
-        n = a.shape[-1]
+    return Chain(sb, rc, factors, pre, cond)
+
+
+def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
+                          want_q: bool = True, **_: Any) -> tuple[Any, Any]:
+    """``(Q or None, R)`` of ``a`` (``(..., m, n)``, ``m >= n``) by preconditioned CholQR
+    (module docstring); :class:`mpqr.BreakdownError` where ``a`` is numerically
+    rank-deficient or holds NaN/Inf, or a column's squared norm leaves the range."""
+    m, n = a.shape[-2:]
+    # W = x P^-1 is never stored where the backend fuses the solve with its Gram matrix
+    # and the policy runs that product natively (as for CholQR2's second pass)
+    fused = _fusable(backend, a)
+    w = a  # W_j, stored where the solve is not fused
+    pair = _first_gram(a, NAME)
+    if pair is None:
+        pair = backend.small(gram(backend, a, precision, f"{NAME}-gram"))
+
+    def next_gram(r: Any, pre: Any) -> tuple[Any, Any]:
+        nonlocal fused, w
+        if fused:  # decided once (the same product every pass), recorded for every pass
+            fused = fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64",
+                               precision=precision, label=f"{NAME}-gram") or w is not a
         if fused:
-            record_event("fused-solve", f"{NAME}: the W = x P^-1 are not stored: their "
-                         "Gram matrices are formed in the solves' passes over x, and Q = "
-                         "(x P^-1) R^-1 is solved from x", method=NAME)
-            q = backend.right_solve_twice(a, backend.from_small(pre, a),
-                                          backend.from_small(rc, a))
-        elif _inverse_by_gemm(backend, w, n):
-            x, kappa = inverse_and_cond(sb, rc)
-            record_event("apply-inverse", f"{NAME}: Q = W @ inv(R) by GEMM (certified "
-                         f"pass: cond_2(R) <= sqrt(3); cond_1(R) = {kappa:.3g})",
-                         cond_1=kappa)
-            q = _times_upper(backend, w, backend.from_small(x, w), f"{NAME}-apply-inverse",
-                             panel_precision(prec_name, w.dtype, backend.xp))
-        else:
-            q = _apply_inverse(backend, sb, w, rc, NAME, prec_name)
-    return q, _final_r(backend, sb, [rc, *factors], a, prec_name)
+            w = None
+            return backend.small(backend.right_solve_gram(a, backend.from_small(pre, a)))
+        w = _apply_inverse(backend, pair[0], w, r, NAME, prec_name)
+        return backend.small(gram(backend, w, precision, f"{NAME}-gram"))
+
+    c = precondition(*pair, next_gram, n=n, prec_name=prec_name)
+    q = None
+    if want_q and w is None:
+        record_event("fused-solve", f"{NAME}: the W = x P^-1 are not stored: their "
+                     "Gram matrices are formed in the solves' passes over x, and Q = "
+                     "(x P^-1) R^-1 is solved from x", method=NAME)
+        q = backend.right_solve_twice(a, backend.from_small(c.pre, a),
+                                      backend.from_small(c.rc, a))
+    elif want_q and _inverse_by_gemm(backend, w, n):
+        x, kappa = inverse_and_cond(c.sb, c.rc)
+        record_event("apply-inverse", f"{NAME}: Q = W @ inv(R) by GEMM (certified "
+                     f"pass: cond_2(R) <= sqrt(3); cond_1(R) = {kappa:.3g})", cond_1=kappa)
+        q = _times_upper(backend, w, backend.from_small(x, w), f"{NAME}-apply-inverse",
+                         panel_precision(prec_name, w.dtype, backend.xp))
+    elif want_q:
+        q = _apply_inverse(backend, c.sb, w, c.rc, NAME, prec_name)
+    return q, _final_r(backend, c.sb, [c.rc, *c.factors], a, prec_name)
+
+
+def _max(v: Any) -> float:
+    return float(array_namespace(v).max(v))
 
 
 def _rank_deficient(cond: float, u: float, why: str = "") -> None:
