@@ -68,20 +68,19 @@ def _check_route(trace, cond, u):
         assert not fb
         return
     assert [e.data["fallback"] for e in fb] == [NAME]
-    assert fb[0].data["method"] == "cholqr2" and "from CholQR2's Gram matrix" in fb[0].message
-    assert len(_events(trace, "gram-reuse")) == 1  # CholQR2's first Gram is not recomputed
+    assert fb[0].data["method"] == "cholqr2"
     (route,) = _events(trace, "route")
-    assert route.data["grams"] == 3  # CholQR2: 2 Gram passes
+    if cond**2 * u >= 100:  # CholQR2's first Cholesky fails: its Gram matrix goes on
+        assert "from CholQR2's Gram matrix" in fb[0].message
+        assert len(_events(trace, "gram-reuse")) == 1  # ... and is not computed again
+        assert route.data["grams"] == 3  # CholQR2: 2 Gram passes
     est = route.data["cond_estimate"]
     assert cond / 10 <= est <= 10 * cond, est
     assert f"estimated cond(x) = {est:.2e}" in route.message
 
 
-# n = 16: the fused solves (W = A P^-1 never stored); n = 40: W stored
-@pytest.mark.parametrize("n", [16, 40])
-@pytest.mark.parametrize("cond", [1.0, 1e4, 1e8, 1e12, 1e15])
-def test_auto_is_fast_and_fp64_accurate_up_to_the_precisions_limit(xp, n, cond):
-    a = geometric(np.random.default_rng(int(np.log10(cond)) + n), 2000, n, cond)
+def _auto(xp, n, cond):
+    a = geometric(np.random.default_rng(int(np.log10(cond)) + n), 1000, n, cond)
     x = xp.asarray(a)
     before = _checksum(x)
     with mpqr.explain() as trace:
@@ -95,16 +94,29 @@ def test_auto_is_fast_and_fp64_accurate_up_to_the_precisions_limit(xp, n, cond):
     assert np.all(np.diag(to_numpy(r)) > 0)
 
 
+# n = 16: the fused solves (W = A P^-1 never stored); n = 40: W stored
+@pytest.mark.parametrize("n", [16, 40])
+@pytest.mark.parametrize("cond", [1.0, 1e4, 1e8, 1e12, 1e15])
+def test_auto_is_fast_and_fp64_accurate_up_to_the_precisions_limit(n, cond):
+    _auto(np, n, cond)
+
+
+@pytest.mark.parametrize("n", [16, 40])
+def test_fast_route_on_every_backend(xp, n):
+    """The same at cond 1e13 on every namespace (read-only inputs, the standard alone)."""
+    _auto(xp, n, 1e13)
+
+
 @pytest.mark.parametrize("n", [16, 40])
 @pytest.mark.parametrize("cond", [1.0, 1e12, 1e15])
-def test_columns_scaled_by_1e150_take_the_fast_route(xp, n, cond):
+def test_columns_scaled_by_1e150_take_the_fast_route(n, cond):
     """Columns of ``1e150`` and ``1e-150``: CholQR2's unscaled Gram matrix leaves the range,
     the preconditioned CholQR runs on columns scaled by powers of two, and each column
     is reproduced to working accuracy relative to its own norm."""
-    a = geometric(np.random.default_rng(7), 2000, n, cond)
+    a = geometric(np.random.default_rng(7), 1000, n, cond)
     a = a * np.where(np.arange(n) % 2, 1e150, 1e-150)
     with mpqr.explain() as trace:
-        q, r = mpqr.qr(xp.asarray(a))
+        q, r = mpqr.qr(a)
     fb = _events(trace, "fallback")
     assert [e.data["fallback"] for e in fb] == [NAME]
     assert "squared column norm" in fb[0].data["reason"] or "not finite" in fb[0].data["reason"]
@@ -119,7 +131,7 @@ def test_moderate_column_scaling_needs_no_data_pass(xp):
     """Columns of ``1e±30``: the Gram matrix is in range, so the shift relative to each
     column's norm (not to ``||A||``) handles the scaling without scaling the data."""
     n = 16
-    a = geometric(np.random.default_rng(8), 2000, n, 1e10)
+    a = geometric(np.random.default_rng(8), 1000, n, 1e10)
     a = a * np.where(np.arange(n) % 2, 1e30, 1e-30)
     with mpqr.explain() as trace:
         q, r = mpqr.qr(xp.asarray(a))
@@ -130,25 +142,24 @@ def test_moderate_column_scaling_needs_no_data_pass(xp):
     assert _columnwise_backward(a, q, r) <= 8 * np.sqrt(n) * U64
 
 
-@pytest.mark.skip_xp_backend("array_api_strict", reason="complex Cholesky in NumPy's terms")
 @pytest.mark.parametrize("cond", [1e12, 1e15])
-def test_complex_ill_conditioned(xp, cond):
+def test_complex_ill_conditioned(cond):
     n = 16
-    a = _complex_geometric(np.random.default_rng(9), 2000, n, cond)
+    a = _complex_geometric(np.random.default_rng(9), 1000, n, cond)
     with mpqr.explain() as trace:
-        q, r = mpqr.qr(xp.asarray(a))
+        q, r = mpqr.qr(a)
     _check_route(trace, cond, U64)
     assert orthogonality(q) <= 8 * np.sqrt(n) * U64 / n
     assert backward_error(a, q, r) <= 8 * np.sqrt(n) * U64
 
 
 @pytest.mark.parametrize("cond", [1e5, 1e6])
-def test_float32_up_to_its_own_limit(xp, cond):
+def test_float32_up_to_its_own_limit(cond):
     """float32: CholQR2 reaches ~1e3, the preconditioned CholQR ``0.5 / u`` ~ 8e6."""
     n = 16
-    a = geometric(np.random.default_rng(10), 2000, n, cond).astype(np.float32)
+    a = geometric(np.random.default_rng(10), 1000, n, cond).astype(np.float32)
     with mpqr.explain() as trace:
-        q, r = mpqr.qr(xp.asarray(a))
+        q, r = mpqr.qr(a)
     _check_route(trace, cond, U32)
     assert to_numpy(q).dtype == np.float32
     assert orthogonality(q) <= 8 * np.sqrt(n) * U32 / n
@@ -156,24 +167,24 @@ def test_float32_up_to_its_own_limit(xp, cond):
 
 
 def _repeated_column():
-    a = geometric(np.random.default_rng(11), 2000, 16, 100.0)
+    a = geometric(np.random.default_rng(11), 1000, 16, 100.0)
     a[:, 5] = a[:, 3]
     return a
 
 
 @pytest.mark.parametrize("case", ["cond1e18", "repeated", "float32-1e9"])
-def test_numerically_rank_deficient_falls_back_and_says_so(xp, case):
+def test_numerically_rank_deficient_falls_back_and_says_so(case):
     """Beyond ``u^-1`` no route determines Q to working accuracy: the preconditioned CholQR
     says "numerically rank-deficient" in the trace and Householder factors the input,
     still orthonormal and backward stable (never silently wrong)."""
     if case == "repeated":
         a, u = _repeated_column(), U64
     elif case == "cond1e18":
-        a, u = geometric(np.random.default_rng(12), 2000, 16, 1e18), U64
+        a, u = geometric(np.random.default_rng(12), 1000, 16, 1e18), U64
     else:
-        a, u = geometric(np.random.default_rng(12), 2000, 16, 1e9).astype(np.float32), U32
+        a, u = geometric(np.random.default_rng(12), 1000, 16, 1e9).astype(np.float32), U32
     with mpqr.explain() as trace:
-        q, r = mpqr.qr(xp.asarray(a))
+        q, r = mpqr.qr(a)
     fb = _events(trace, "fallback")
     assert [e.data["fallback"] for e in fb] == [NAME, "householder-tiled"]
     assert "numerically rank-deficient" in fb[1].data["reason"]
@@ -204,7 +215,7 @@ def test_named_method_refuses_nan():
 
 @pytest.mark.parametrize("n", [16, 40])
 def test_named_method_mode_r_gives_the_same_r(xp, n):
-    a = geometric(np.random.default_rng(14), 1500, n, 1e13)
+    a = geometric(np.random.default_rng(14), 1000, n, 1e13)
     r_only = mpqr.qr(xp.asarray(a), mode="r", method=NAME)
     q, r = mpqr.qr(xp.asarray(a), method=NAME)
     np.testing.assert_array_equal(to_numpy(r_only), to_numpy(r))
@@ -238,19 +249,18 @@ def test_condition_estimate_against_the_svd():
 
 
 @pytest.mark.parametrize("cond", [1e12, 1e15])
-def test_lstsq_takes_the_fast_route(xp, cond):
+def test_lstsq_takes_the_fast_route(cond):
     """The lstsq QR route continues from its declined Gram matrix through CholQR2 into the
     preconditioned CholQR (one Gram product over A for all three), then refines; the
     normal-equation residual is as small as SciPy's."""
     import scipy.linalg as sl
 
     rng = np.random.default_rng(17)
-    m, n = 4000, 32
+    m, n = 1000, 32
     a = geometric(rng, m, n, cond)
     b = rng.standard_normal(m)
     with mpqr.explain() as trace:
-        x, _res, rank, _s = mpqr.lstsq(xp.asarray(a), xp.asarray(b))
-    x = to_numpy(x)
+        x, _res, rank, _s = mpqr.lstsq(a, b)
     assert rank == n
     fb = _events(trace, "fallback")
     assert [e.data.get("fallback") for e in fb] == [NAME]
