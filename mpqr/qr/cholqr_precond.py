@@ -83,8 +83,11 @@ _SHIFT, _SHIFT_GROWTH, _SHIFT_TRIES = 1.0, 16.0, 8
 #: within 1/2 of I (CholQR's orthogonality error is ~ n u ratio^2)
 _WELL = 16.0
 
-#: power iterations of the condition estimate (each two n x n triangular solves)
-_COND_ITERS = 12
+#: power iterations of the condition estimate: on (R^H R)^-1 (two n x n triangular
+#: solves each; close small singular values give a close estimate even unconverged),
+#: and on R^H R (one n x n product each; its columns have unit norm, so
+#: ||R||_2 lies in [1, sqrt(n)] and its top singular values are usually apart)
+_COND_ITERS, _GROW_ITERS = 12, 6
 
 
 @dataclass
@@ -281,23 +284,24 @@ def estimate_cond(sb: Any, r: Any, prec_name: str = "auto") -> Any:
     v0 = xs.zeros((*r.shape[:-2], n, 1), dtype=r.dtype, device=device(r)) + v0
     prec = panel_precision(prec_name, r.dtype, xs)
 
-    def power(step: Any) -> Any:
+    def power(step: Any, iters: int) -> Any:
         v, lam = v0, None
-        for _ in range(_COND_ITERS):
+        for _ in range(iters):
             nv = xs.linalg.matrix_norm(v, ord="fro")
             v = v / xs.reshape(nv, (*nv.shape, 1, 1))
             v = step(v)
             lam = xs.linalg.matrix_norm(v, ord="fro")
         return lam
 
+    # ||R D^-1||_2^2 from its (n x n) Gram matrix, one product through the policy
+    m = gemm(ct(xs, rn), rn, precision=prec, label="cond-estimate", backend=sb)
+
     def grow(v: Any) -> Any:
-        return gemm(ct(xs, rn), gemm(rn, v, precision=prec, label="cond-estimate",
-                                     backend=sb),
-                    precision=prec, label="cond-estimate", backend=sb)
+        return gemm(m, v, precision=prec, label="cond-estimate", backend=sb)
 
     def shrink(v: Any) -> Any:
         return sb.solve_triangular(rn, sb.solve_triangular(ct(xs, rn), v, lower=True),
                                    lower=False)
 
-    est = xs.sqrt(power(grow) * power(shrink))
+    est = xs.sqrt(power(grow, _GROW_ITERS) * power(shrink, _COND_ITERS))
     return xs.where(xs.isfinite(est), est, xs.asarray(math.inf, dtype=est.dtype))
