@@ -113,7 +113,7 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
     raise BreakdownError(
         f"{method} broke down: the Gram matrix x^H x is not numerically positive definite "
         f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}, u = {u:.1e}); "
-        "use method='svqr', a Householder method, or method='auto'",
+        "use method='preconditioned-cholqr', 'svqr', a Householder method, or 'auto'",
         method=method, cond_estimate=cond)
 
 
