@@ -273,3 +273,19 @@ def test_lstsq_takes_the_fast_route(cond):
                                                     * np.linalg.norm(x))
 
     assert ne(x) <= max(2 * ne(sl.lstsq(a, b)[0]), 4 * np.sqrt(n) * U64)
+
+
+def test_cholqr2_breakdown_hands_on_its_gram_matrix_but_does_not_pickle_it():
+    """The error of a failed first CholQR2 pass carries the input and its Gram matrix for
+    ``qr``'s next route; pickled (across processes) it leaves them behind."""
+    import pickle
+
+    a = geometric(np.random.default_rng(18), 500, 8, 1e12)
+    with pytest.raises(mpqr.BreakdownError) as info:
+        mpqr.qr(a, method="cholqr2")
+    x, _sb, g = info.value.first_gram
+    assert x.shape == a.shape and g.shape == (8, 8)
+    np.testing.assert_allclose(g, a.T @ a, rtol=0, atol=64 * U64 * np.linalg.norm(a) ** 2)
+    back = pickle.loads(pickle.dumps(info.value))
+    assert not hasattr(back, "first_gram") and back.method == "cholqr2"
+    assert str(back) == str(info.value)
