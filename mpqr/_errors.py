@@ -36,8 +36,11 @@ class BreakdownError(LinAlgError):
 
     def __reduce__(self) -> tuple:
         # keyword-only arguments: pickled so that errors cross process boundaries
+        # (not ``first_gram``: the input and Gram matrix a failed CholQR pass hands to
+        # qr's next route, meaningful only in this process)
+        state = {k: v for k, v in vars(self).items() if k != "first_gram"}
         return (functools.partial(type(self), method=self.method,
-                                  cond_estimate=self.cond_estimate), self.args, vars(self))
+                                  cond_estimate=self.cond_estimate), self.args, state)
 
 
 class RefinementWarning(UserWarning):

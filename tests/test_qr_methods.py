@@ -22,7 +22,8 @@ from tests._support import to_numpy
 
 api = sys.modules["mpqr.qr.api"]
 HOUSEHOLDER = ["householder-recursive", "householder-tiled"]
-ALL = [*HOUSEHOLDER, "gram-schmidt-recursive", "cholqr2", "shifted-cholqr3", "svqr"]
+ALL = [*HOUSEHOLDER, "gram-schmidt-recursive", "cholqr2", "shifted-cholqr3",
+       "preconditioned-cholqr", "svqr"]
 HAS_OZAKI = "ozaki-int8" in ENGINES
 
 
@@ -137,6 +138,8 @@ def test_svqr_mixed_precision_solve():
     ("cholqr2", 1e6, False), ("cholqr2", 1e10, True),
     ("shifted-cholqr3", 1e12, False), ("shifted-cholqr3", 1e17, True),
     ("svqr", 1e12, False), ("cholqr", 1e3, False),
+    ("preconditioned-cholqr", 1e12, False), ("preconditioned-cholqr", 1e15, False),
+    ("preconditioned-cholqr", 1e18, True),
 ])
 def test_cholqr_family_reach(xp, method, cond, breaks):
     a = arithmetic(np.random.default_rng(4), 400, 32, cond) if cond < 1e6 else \
@@ -153,14 +156,18 @@ def test_cholqr_family_reach(xp, method, cond, breaks):
     assert orthogonality(q) <= limit
 
 
-def test_auto_never_surfaces_breakdown(monkeypatch):
-    a = geometric(np.random.default_rng(5), 200, 40, 1e12)
+@pytest.mark.parametrize(("cond", "chain"), [
+    (1e12, ["preconditioned-cholqr"]),
+    (1e18, ["preconditioned-cholqr", "householder-tiled"]),  # numerically rank-deficient
+])
+def test_auto_never_surfaces_breakdown(monkeypatch, cond, chain):
+    a = geometric(np.random.default_rng(5), 200, 40, cond)
     monkeypatch.setattr(api, "choose_method", lambda *args, **kw: ("cholqr2", "test"))
     with mpqr.explain() as trace:
         q, r = mpqr.qr(a, precision="fp64")
     fb = [e for e in trace.events if e.kind == "fallback"]
-    assert len(fb) == 1 and fb[0].data["method"] == "cholqr2"
-    assert fb[0].data["fallback"] == "householder-tiled"
+    assert [e.data["fallback"] for e in fb] == chain
+    assert [e.data["method"] for e in fb] == ["cholqr2", *chain[:-1]]
     assert orthogonality(q) <= np.sqrt(40) * 2.0**-53 / 4
     assert backward_error(a, q, r) <= 2 * np.sqrt(40) * 2.0**-53
 

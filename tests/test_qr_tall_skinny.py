@@ -108,18 +108,22 @@ def test_auto_tall_skinny_at_the_fp16_precisions_runs_cholqr2_in_the_inputs_own(
 
 @pytest.mark.skip_xp_backend("array_api_strict", reason="no float16 GEMM engine there")
 def test_fp16_tall_skinny_beyond_cholqr2_falls_back_to_the_requested_precision(xp):
-    """cond = 1e6 in float32 is beyond CholQR2 (``u^(-1/2)`` ~ 4e3): the QR falls back to
-    the method fp16 runs without the tall-skinny rule (tiled on a backend without tensor
-    cores, the recursion on one), at fp16, and the trace says so."""
+    """cond = 1e9 in float32 is beyond CholQR2 (``u^(-1/2)`` ~ 4e3) and numerically
+    rank-deficient (``u^-1`` ~ 2e7), so beyond the preconditioned CholQR too: the QR falls
+    back to the method fp16 runs without the tall-skinny rule (tiled on a backend without
+    tensor cores, the recursion on one), at fp16, and the trace says so."""
     m, n = 3000, 60
-    a = geometric(np.random.default_rng(12), m, n, 1e6).astype(np.float32)
+    a = geometric(np.random.default_rng(12), m, n, 1e9).astype(np.float32)
     with mpqr.explain() as trace:
         q, r = mpqr.qr(xp.asarray(a), precision="fp16")
     be = get_backend(sys.modules["mpqr._array_api"].array_namespace(xp.asarray(a)))
     want = "householder-recursive" if "tensor-cores" in be.capabilities else \
         "householder-tiled"
-    (fb,) = _events(trace, "fallback")
-    assert fb.message.startswith("qr: cholqr2 broke down (estimated cond(x) >= ")
+    first, fb = _events(trace, "fallback")
+    assert first.message.startswith("qr: cholqr2 broke down (estimated cond(x) >= ")
+    assert first.data["fallback"] == "preconditioned-cholqr"
+    assert fb.message.startswith("qr: preconditioned-cholqr broke down (estimated cond(x) ")
+    assert "numerically rank-deficient" in fb.data["reason"]
     assert fb.message.endswith(f"); falling back to {want} at precision='fp16'")
     assert any(not g.engine.startswith("native") for g in trace.gemms)  # fp16 engines ran
     u16 = 2.0**-11
@@ -144,13 +148,13 @@ def test_auto_takes_cholqr2_when_the_gram_engine_is_fp64_accurate(monkeypatch, e
     assert (got == "cholqr2") == want
 
 
-def test_ill_conditioned_tall_falls_back_with_a_traced_reason(xp):
+def test_ill_conditioned_tall_continues_with_a_traced_reason(xp):
     n = 30
     a = geometric(np.random.default_rng(2), 1000, n, 1e12)  # cond^2 u >> 1: CholQR2 cannot
     with mpqr.explain() as trace:
         q, r = mpqr.qr(xp.asarray(a), precision="fp64")
     (fb,) = _events(trace, "fallback")
-    assert fb.data["method"] == "cholqr2" and fb.data["fallback"] == "householder-tiled"
+    assert fb.data["method"] == "cholqr2" and fb.data["fallback"] == "preconditioned-cholqr"
     assert orthogonality(to_numpy(q)) <= 8 * np.sqrt(n) * U64 / n
     assert backward_error(a, to_numpy(q), to_numpy(r)) <= 8 * np.sqrt(n) * U64
 

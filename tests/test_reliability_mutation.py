@@ -19,7 +19,7 @@ from tests._qr_support import geometric
 from tests._support import to_numpy
 
 METHODS = ["auto", "householder-recursive", "householder-tiled", "gram-schmidt-recursive",
-           "cholqr", "cholqr2", "shifted-cholqr3", "svqr", "geqrf"]
+           "cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr", "svqr", "geqrf"]
 
 
 def checksum(x) -> str:

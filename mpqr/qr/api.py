@@ -78,10 +78,12 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     method : str
         ``"auto"`` (chosen from shape, precision and the backend's engines and
         recorded in the explain trace; a single tall-skinny matrix at a
-        working-precision setting gets CholQR2, certified, with a Householder
-        fallback — see :func:`choose_method`), ``"householder-recursive"``,
+        working-precision setting gets CholQR2, certified; past its reach the
+        preconditioned CholQR, and Householder only for numerically rank-deficient
+        input — see :func:`choose_method`), ``"householder-recursive"``,
         ``"householder-tiled"``, ``"gram-schmidt-recursive"``, ``"cholqr"``,
-        ``"cholqr2"``, ``"shifted-cholqr3"``, ``"svqr"``, or ``"geqrf"`` (the array
+        ``"cholqr2"``, ``"shifted-cholqr3"``, ``"preconditioned-cholqr"`` (CholQR's
+        passes and certificate up to ``cond(x) ~ u^-1``), ``"svqr"``, or ``"geqrf"`` (the array
         library's own QR — LAPACK through NumPy, cuSOLVER through CuPy — in the
         input's precision; ``auto`` takes it where mpqr's methods would only add
         passes, see :func:`choose_method`).

@@ -82,7 +82,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     over ``x`` that are all memory-bound GEMM-like sweeps, versus Householder's
     ``n`` dependent column steps. CholQR2's reach depends on ``cond(x)``, so its
     second Gram matrix certifies the result (``||Q1^H Q1 - I||_F <= 1/2``) and
-    ``qr`` falls back to ``householder-tiled`` when it does not (explain shows it).
+    ``qr`` continues with ``preconditioned-cholqr`` from CholQR2's first Gram matrix
+    when it does not, falling back to ``householder-tiled`` only for numerically
+    rank-deficient input (explain shows it).
 
     A single tall-skinny matrix at ``fp16`` or ``fp32-emulated`` takes CholQR2 in the
     input's own precision (float32: fp32, float64: fp64), which is at least as
@@ -135,7 +137,8 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
             return ("cholqr2",
                     f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2, "
                     "four memory-bound passes over x, certified orthonormal by its second "
-                    "Gram matrix; falls back to householder-tiled if the certificate fails")
+                    "Gram matrix; if the certificate fails, preconditioned-cholqr continues "
+                    "from its Gram matrix")
     if batch == 1 and m >= TALL_RATIO * n and prec_name in OWN_PRECISION_CHOLQR:
         own = _own_precision(backend, dtype)
         return ("cholqr2",
@@ -143,8 +146,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 f"input's own, at least as accurate precision ({own}), four memory-bound "
                 "passes over x, beats the tensor-core recursion, whose leaf panels "
                 "factor all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
-                "65536x4096: 149 against 253 ms); if its certificate fails, what "
-                f"precision={prec_name!r} runs otherwise (the fallback event names it)")
+                "65536x4096: 149 against 253 ms); if its certificate fails, "
+                "preconditioned-cholqr in the same precision, then what "
+                f"precision={prec_name!r} runs otherwise (the fallback events name them)")
     # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
     h = n // 2
     try:

@@ -113,7 +113,7 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
     raise BreakdownError(
         f"{method} broke down: the Gram matrix x^H x is not numerically positive definite "
         f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}, u = {u:.1e}); "
-        "use method='svqr', a Householder method, or method='auto'",
+        "use method='preconditioned-cholqr', 'svqr', a Householder method, or 'auto'",
         method=method, cond_estimate=cond)
 
 
@@ -169,19 +169,7 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     sb, g = pair
     xp = sb.xp
     u = gram_roundoff(xp, g.dtype, prec_name)
-    if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
-        raise BreakdownError(
-            f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
-            method=method, cond_estimate=math.inf)
-    lo = _gram_min(xp, g, prec_name)
-    dmin = float(xp.min(xp.real(xp.linalg.diagonal(g))))
-    if dmin < lo:
-        # a zero column, or one so small that its Gram entries underflow; qr(method="auto")
-        # runs CholQR2 on unscaled input and falls back to the scaled Householder path
-        raise BreakdownError(
-            f"{method} broke down: a squared column norm of x is {dmin:.2e}, below {lo:.1e} "
-            "(a zero column, or underflow in the Gram matrix); use a Householder method "
-            "or method='auto'", method=method, cond_estimate=math.inf)
+    _check_gram(sb, g, method, prec_name)
     if certify is not None:
         n = g.shape[-1]
         dist = float(xp.max(xp.linalg.matrix_norm(
@@ -202,9 +190,35 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         s = 11 * (m * n + n * (n + 1)) * u * fro2
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
-    r = _chol_or_breakdown(sb, g, method, u)
+    try:
+        r = _chol_or_breakdown(sb, g, method, u)
+    except BreakdownError as exc:
+        if certify is None and not shift:
+            # x's Gram matrix, in range and finite: qr(method="auto") continues from it
+            # with the preconditioned method instead of paying for it again
+            exc.first_gram = (a, sb, g)
+        raise
     q = _apply_inverse(backend, sb, a, r, method, prec_name) if want_q else None
     return q, r, sb
+
+
+def _check_gram(sb: Any, g: Any, method: str, prec_name: str) -> None:
+    """BreakdownError where the Gram matrix ``g`` (small backend ``sb``) holds NaN/Inf
+    or a squared column norm below the safe range."""
+    xp = sb.xp
+    if not bool(xp.all(xp.isfinite(g))):  # nothing to factor; the cond estimate's SVD would fail
+        raise BreakdownError(
+            f"{method} broke down: the Gram matrix x^H x is not finite (x holds NaN or Inf)",
+            method=method, cond_estimate=math.inf)
+    lo = _gram_min(xp, g, prec_name)
+    dmin = float(xp.min(xp.real(xp.linalg.diagonal(g))))
+    if dmin < lo:
+        # a zero column, or one so small that its Gram entries underflow; qr(method="auto")
+        # runs CholQR2 on unscaled input and falls back to the scaled path
+        raise BreakdownError(
+            f"{method} broke down: a squared column norm of x is {dmin:.2e}, below {lo:.1e} "
+            "(a zero column, or underflow in the Gram matrix); use a Householder method "
+            "or method='auto'", method=method, cond_estimate=math.inf)
 
 
 def _gram_min(xp: Any, g: Any, prec_name: str) -> float:

@@ -56,6 +56,12 @@ def _cholqr(name):
     return run
 
 
+def _preconditioned_cholqr(backend, a, **kw):
+    from mpqr.qr.cholqr_precond import preconditioned_cholqr
+
+    return preconditioned_cholqr(backend, a, **kw)
+
+
 def _geqrf(backend, a, *, precision, prec_name, want_q, complete, overwrite):
     # the backend library's blocked Householder QR; it runs in the input's precision
     q, r = backend.library_qr(a, "complete" if complete else ("reduced" if want_q else "r"))
@@ -77,19 +83,25 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "cholqr": _cholqr("cholqr"),
     "cholqr2": _cholqr("cholqr2"),
     "shifted-cholqr3": _cholqr("shifted-cholqr3"),
+    "preconditioned-cholqr": _preconditioned_cholqr,
     "svqr": _svqr,
     "geqrf": _geqrf,
 }
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
 THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-cholqr3",
-                        "svqr"}
+                        "preconditioned-cholqr", "svqr"}
 
 
 #: methods whose R has a real, positive diagonal by construction (Cholesky factors and
 #: their products): no sign test (a reduction and a host sync; its removal measured
 #: within run-to-run noise on an H100, `python -m mpqr bench qr`) and no pass over Q
-_POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3"})
+_POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3",
+                                                 "preconditioned-cholqr"})
+
+#: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from the
+#: Gram matrix CholQR2 computed) before falling back to Householder
+RESCUE = "preconditioned-cholqr"
 
 
 def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
@@ -131,12 +143,39 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
         except BreakdownError as exc:
             if not auto:
                 raise
+            if method == "cholqr2":
+                try:
+                    return _rescue(backend, a, exc, unscaled, kw)
+                except BreakdownError as exc2:
+                    method, exc = RESCUE, exc2
             record_event("fallback", f"qr: {method} broke down (estimated cond(x) >= "
                          f"{exc.cond_estimate:.2e}); falling back to {fallback} at "
                          f"precision={prec_name!r}", method=method, fallback=fallback,
                          cond_estimate=exc.cond_estimate, reason=str(exc))
             q, r = factor_any(backend, fallback, a, **fallback_kw)
     return q, r
+
+
+def _rescue(backend: Any, a: Any, exc: BreakdownError, unscaled: bool,
+            kw: dict[str, Any]) -> tuple[Any, Any]:
+    """``method="auto"``'s CholQR2 broke down: :data:`RESCUE` from CholQR2's first Gram
+    matrix where it was in range (only its conditioning failed), else on columns
+    scaled where needed (a Gram matrix that over- or underflowed)."""
+    first = getattr(exc, "first_gram", None)
+    reuse = first is not None and first[0] is a and unscaled
+    record_event("fallback", f"qr: cholqr2 broke down (estimated cond(x) >= "
+                 f"{exc.cond_estimate:.2e}); continuing with {RESCUE} at "
+                 f"precision={kw['prec_name']!r}" + (
+                     " from CholQR2's Gram matrix" if reuse else
+                     " on columns scaled where needed"),
+                 method="cholqr2", fallback=RESCUE, cond_estimate=exc.cond_estimate,
+                 reason=str(exc))
+    if reuse:
+        from mpqr.qr.cholqr import reuse_first_gram
+
+        with reuse_first_gram(a, first[1], first[2]), backend.ignore_fp_warnings():
+            return factor_any(backend, RESCUE, a, scale=False, **kw)
+    return factor_any(backend, RESCUE, a, **kw)
 
 
 def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,

@@ -16,6 +16,11 @@ process (cuSOLVER has no geqp3), and against SciPy's geqp3
 (``scipy.linalg.qr(pivoting=True)``) on the host at ``--geqp3-shapes``; backward error
 ``||A[:, P] - QR||_F / ||A||_F``. On the CPU the NumPy backend runs against NumPy's
 unpivoted QR and SciPy's geqp3.
+
+``--conds 1,1e8,1e12,1e15``: tall-skinny shapes (``m >= 16 n``, one matrix) are also
+timed on ``A = U diag(s) V^T`` with geometric singular values from 1 to ``1/cond``
+(``U`` the Q of the Gaussian matrix's ``mpqr.qr``, built on the device); each row
+carries its ``cond`` and the route from the explain trace (fallbacks, Gram passes).
 """
 
 from __future__ import annotations
@@ -112,8 +117,28 @@ def _errors(xp, a, q, r) -> tuple[float, float]:
     return res, orth
 
 
+def with_cond(xp, a, cond: float, rng) -> Any:
+    """``U diag(s) V^T`` of ``a``'s shape and dtype, ``s`` geometric from 1 to ``1/cond``,
+    ``U`` the Q of ``mpqr.qr(a)`` (``a`` Gaussian), ``V`` that of an ``n x n`` Gaussian."""
+    n = a.shape[-1]
+    u = mpqr.qr(xp.astype(a, xp.float64)).Q
+    v = xp.linalg.qr(xp.asarray(rng.standard_normal((n, n))))[0]
+    s = xp.asarray(cond ** (-np.arange(n) / max(n - 1, 1)))
+    return xp.astype((u * s) @ xp.matrix_transpose(v), a.dtype)
+
+
+def _route(trace) -> str:
+    """``method -> fallback -> ...`` and the preconditioned route's Gram passes."""
+    steps = [e.data["fallback"] for e in trace.events
+             if e.kind == "fallback" and "fallback" in e.data]
+    rt = next((e for e in trace.events if e.kind == "route"), None)
+    tail = (f" ({rt.data['grams']} Gram passes, cond ~{rt.data['cond_estimate']:.1e})"
+            if rt is not None else "")
+    return " -> ".join(steps) + tail
+
+
 def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float,
-        measure_peaks: bool = True) -> dict[str, Any]:
+        conds: tuple[float, ...] = (1.0,), measure_peaks: bool = True) -> dict[str, Any]:
     rng = np.random.default_rng(1)
     rows = []
     bandwidth = copy_bandwidth(xp)
@@ -121,77 +146,93 @@ def run(shapes, precisions, modes, *, xp, repeat: int, max_seconds: float,
     peaks = engine_peaks(xp, precisions) if measure_peaks and is_cupy(xp) else {}
     peak_of = {p: peaks.get(p, ENGINE_RATE[p]) for p in precisions}
     for m, n, batch in shapes:
-        shape = (m, n) if batch == 1 else (batch, m, n)
-        label = f"{m}x{n}" if batch == 1 else f"{batch}x({m}x{n})"
-        data = {"float64": xp.asarray(rng.standard_normal(shape)),
-                "float32": xp.asarray(rng.standard_normal(shape).astype(np.float32))}
-        base = {}
-        for dt, a in data.items():
+        tall = batch == 1 and m >= 16 * n
+        for cond in (conds if tall else (1.0,)):
+            rows += _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth,
+                                peak_of, repeat=repeat, max_seconds=max_seconds)
             release_pool(xp)
-            try:
-                t = time_it(xp, lambda a=a: xp.linalg.qr(a), repeat=repeat,
-                            max_seconds=max_seconds)
-                q, r = xp.linalg.qr(a)
-                res, orth = _errors(xp, a, q, r)
-                del q, r
-            except Exception as exc:  # e.g. cuSOLVER without batched QR
-                base[dt] = None
-                rows.append({"shape": label, "precision": f"cusolver-{dt}", "error": str(exc)})
-                print(f"{label:>18} cusolver {dt}: {exc}")
-                continue
-            base[dt] = t
-            flops = qr_flops(m, n, "reduced") * batch
-            rows.append({"shape": label, "precision": f"cusolver-{dt}", "mode": "reduced",
-                         "time_ms": t * 1e3, "tflops": flops / t / 1e12,
-                         "backward_error": res, "orthogonality": orth})
-            print(f"{label:>18} {'cupy.linalg.qr ' + dt:<28} {t * 1e3:10.3f} ms  "
-                  f"err {res:.1e} orth {orth:.1e}")
-        for prec in precisions:
-            dt = "float64" if prec.startswith("fp64") else "float32"
-            a = data[dt]
-            for mode in modes:
-                release_pool(xp)
-                try:
-                    with mpqr.explain() as tr:
-                        out = mpqr.qr(a, mode=mode, precision=prec)
-                    method = next((e.message for e in tr.events if e.kind == "method"), "")
-                    engines = tr.engines()
-                    if mode == "reduced":
-                        res, orth = _errors(xp, a, out.Q, out.R)
-                    else:
-                        res = orth = None
-                    del out
-                    t = time_it(xp, lambda a=a, p=prec, md=mode: mpqr.qr(a, mode=md, precision=p),
-                                repeat=repeat, max_seconds=max_seconds)
-                except Exception as exc:
-                    rows.append({"shape": label, "precision": prec, "mode": mode,
-                                 "error": f"{type(exc).__name__}: {exc}"})
-                    print(f"{label:>18} {prec} {mode}: {type(exc).__name__}: {exc}")
-                    continue
-                flops = qr_flops(m, n, mode) * batch
-                itemsize = 8 if dt == "float64" else 4
-                floor_bytes = (2 if mode == "reduced" else 1) * m * n * batch * itemsize
-                floor_t = floor_bytes / bandwidth
-                row = {"shape": label, "precision": prec, "mode": mode, "dtype": dt,
-                       "time_ms": t * 1e3, "tflops": flops / t / 1e12,
-                       "memory_floor_ms": floor_t * 1e3, "floor_fraction": floor_t / t,
-                       "engine_peak_tflops": peak_of[prec] / 1e12,
-                       "engine_rate_fraction": flops / t / peak_of[prec],
-                       "backward_error": res, "orthogonality": orth,
-                       "method": method, "engines": engines}
-                if base.get(dt):
-                    row["speedup_vs_cusolver"] = base[dt] / t
-                rows.append(row)
-                sp = f"x{row['speedup_vs_cusolver']:.2f}" if "speedup_vs_cusolver" in row else ""
-                er = f"err {res:.1e} orth {orth:.1e}" if res is not None else ""
-                print(f"{label:>18} {prec + ' ' + mode:<28} {t * 1e3:10.3f} ms {sp:>8} "
-                      f"{row['tflops']:8.2f} TFLOP/s ({100 * row['engine_rate_fraction']:4.1f}% "
-                      f"of the engine) floor {100 * row['floor_fraction']:5.1f}% {er}")
-        del data
     return {"environment": {**environment(xp), "copy_bandwidth": bandwidth},
             "flop_convention": FLOP_CONVENTION,
             "engine_peaks_tflops": {p: v / 1e12 for p, v in peaks.items()},
             "results": rows}
+
+
+def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_of, *,
+                repeat, max_seconds) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    shape = (m, n) if batch == 1 else (batch, m, n)
+    label = f"{m}x{n}" if batch == 1 else f"{batch}x({m}x{n})"
+    data = {"float64": xp.asarray(rng.standard_normal(shape)),
+            "float32": xp.asarray(rng.standard_normal(shape).astype(np.float32))}
+    if cond != 1.0:
+        data = {k: with_cond(xp, v, cond, rng) for k, v in data.items()}
+        label += f" cond {cond:.0e}"
+    base = {}
+    for dt, a in data.items():
+        release_pool(xp)
+        try:
+            t = time_it(xp, lambda a=a: xp.linalg.qr(a), repeat=repeat,
+                        max_seconds=max_seconds)
+            q, r = xp.linalg.qr(a)
+            res, orth = _errors(xp, a, q, r)
+            del q, r
+        except Exception as exc:  # e.g. cuSOLVER without batched QR
+            base[dt] = None
+            rows.append({"shape": label, "precision": f"cusolver-{dt}", "error": str(exc)})
+            print(f"{label:>18} cusolver {dt}: {exc}")
+            continue
+        base[dt] = t
+        flops = qr_flops(m, n, "reduced") * batch
+        rows.append({"shape": label, "cond": cond, "precision": f"cusolver-{dt}",
+                     "mode": "reduced", "time_ms": t * 1e3, "tflops": flops / t / 1e12,
+                     "backward_error": res, "orthogonality": orth})
+        print(f"{label:>18} {'cupy.linalg.qr ' + dt:<28} {t * 1e3:10.3f} ms  "
+              f"err {res:.1e} orth {orth:.1e}")
+    for prec in precisions:
+        dt = "float64" if prec.startswith("fp64") else "float32"
+        a = data[dt]
+        for mode in modes:
+            release_pool(xp)
+            try:
+                with mpqr.explain() as tr:
+                    out = mpqr.qr(a, mode=mode, precision=prec)
+                method = next((e.message for e in tr.events if e.kind == "method"), "")
+                route = _route(tr)
+                engines = tr.engines()
+                if mode == "reduced":
+                    res, orth = _errors(xp, a, out.Q, out.R)
+                else:
+                    res = orth = None
+                del out
+                t = time_it(xp, lambda a=a, p=prec, md=mode: mpqr.qr(a, mode=md, precision=p),
+                            repeat=repeat, max_seconds=max_seconds)
+            except Exception as exc:
+                rows.append({"shape": label, "precision": prec, "mode": mode,
+                             "error": f"{type(exc).__name__}: {exc}"})
+                print(f"{label:>18} {prec} {mode}: {type(exc).__name__}: {exc}")
+                continue
+            flops = qr_flops(m, n, mode) * batch
+            itemsize = 8 if dt == "float64" else 4
+            floor_bytes = (2 if mode == "reduced" else 1) * m * n * batch * itemsize
+            floor_t = floor_bytes / bandwidth
+            row = {"shape": label, "cond": cond, "precision": prec, "mode": mode,
+                   "dtype": dt, "route": route,
+                   "time_ms": t * 1e3, "tflops": flops / t / 1e12,
+                   "memory_floor_ms": floor_t * 1e3, "floor_fraction": floor_t / t,
+                   "engine_peak_tflops": peak_of[prec] / 1e12,
+                   "engine_rate_fraction": flops / t / peak_of[prec],
+                   "backward_error": res, "orthogonality": orth,
+                   "method": method, "engines": engines}
+            if base.get(dt):
+                row["speedup_vs_cusolver"] = base[dt] / t
+            rows.append(row)
+            sp = f"x{row['speedup_vs_cusolver']:.2f}" if "speedup_vs_cusolver" in row else ""
+            er = f"err {res:.1e} orth {orth:.1e}" if res is not None else ""
+            print(f"{label:>18} {prec + ' ' + mode:<28} {t * 1e3:10.3f} ms {sp:>8} "
+                  f"{row['tflops']:8.2f} TFLOP/s ({100 * row['engine_rate_fraction']:4.1f}% "
+                  f"of the engine) floor {100 * row['floor_fraction']:5.1f}% {er} {route}")
+    del data
+    return rows
 
 
 def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
@@ -291,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="reduced,r")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=20.0, help="time cap per config")
+    p.add_argument("--conds", default="1",
+                   help="comma list of cond(A) for the tall-skinny shapes (default: Gaussian only)")
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None,
                    help="draw the speed-ups here (needs matplotlib)")
@@ -317,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = preset or shapes_or_default(args.shapes, xp, GPU_SHAPES, CPU_SHAPES)
     payload = run(shapes, args.precisions.split(","), args.modes.split(","), xp=xp,
                   repeat=args.repeat, max_seconds=args.max_seconds,
+                  conds=tuple(float(c) for c in args.conds.split(",")),
                   measure_peaks=not args.no_peak)
     write_json(args.json, payload)
     if args.png:

@@ -1,0 +1,307 @@
+"""Preconditioned Cholesky QR: CholQR's speed for ill-conditioned tall matrices.
+
+CholQR2 squares the condition number in its Gram matrix and stops at
+``cond(A) ~ u^(-1/2)``. This method keeps CholQR's passes and its certificate and
+reaches ``cond(A) ~ u^(-1)``: it builds an upper-triangular preconditioner
+``P = R_k ... R_1`` from the Gram matrices of ``W_j = A (R_j ... R_1)^-1`` until
+``W = A P^-1`` is certified orthonormal to working accuracy, then finishes as
+CholQR2's second pass does::
+
+    G = W^H W,  ||G - I||_F <= 1/2  (the certificate),  R_c = chol(G),
+    Q = A P^-1 R_c^-1,  R = R_c P.
+
+Each ``R_j`` is the Cholesky factor of ``W_{j-1}``'s Gram matrix ``G``: plain
+where its pivots say ``W_{j-1}`` is within CholQR's reach, else *shifted*,
+``chol(G + s diag(G))`` with ``s = n u`` (raised by 16x until the factorization
+succeeds). The shift bounds ``cond(W_j)`` by about ``sqrt(s) cond(W_{j-1})``
+(Fukaya et al. 2020, with the shift relative to each column's norm so that
+column scaling does not matter), so every shifted pass takes ``cond`` down by
+about ``(n u)^(-1/2)`` — seven to eight decades in float64. At float64 and
+``cond(A)`` up to ``~1e14`` this is one Gram pass more than CholQR2; up to
+``~u^-1``, two.
+
+Why not a random sketch (``R_s`` from ``qr(S A)``, Fan, Guo & Lin 2021; Higgins
+et al. 2024): its ``W = A R_s^-1`` has ``cond(W) = O(1)``, not ``1 + O(u)``, so it
+too needs two Gram passes after the sketch pass, and ``qr(method="auto")`` has
+already spent one Gram pass on CholQR2's attempt, which the shifted factor reuses.
+Why not TSQR's R: its tile kernels are compute-bound in float64 (2^24 x 32 on an
+H100: 39 ms, against ~10 ms for CholQR2).
+
+When ``u cond(A)`` is not small the matrix is numerically rank-deficient: its
+QR factorization is not determined to working accuracy, and this method raises
+:class:`mpqr.BreakdownError` (``qr(method="auto")`` falls back to Householder).
+The estimate is ``cond(R D^-1)``, ``D`` the column norms (scaling columns does
+not change what the factorization can resolve).
+
+Stacks take the same products as one matrix (every pass over the whole stack); their
+``n x n`` factorizations are chosen matrix by matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mpqr._array_api import array_namespace, device
+from mpqr._errors import BreakdownError, LinAlgError
+from mpqr.policy import fused_gemm, gemm, record_event
+from mpqr.qr._kernels import ct, panel_precision
+from mpqr.qr.cholqr import (
+    _apply_inverse,
+    _check_gram,
+    _final_r,
+    _first_gram,
+    _fusable,
+    _inverse_by_gemm,
+    _rr,
+    _times_upper,
+    gram_roundoff,
+    inverse_and_cond,
+)
+from mpqr.qr.gram_blocked import gram
+
+__all__ = ["MAX_GRAMS", "NAME", "RANK_DEFICIENT", "Chain", "estimate_cond", "precondition",
+           "preconditioned_cholqr"]
+
+NAME = "preconditioned-cholqr"
+
+#: Gram passes before the method gives up: the last must be certified. Two shifted
+#: passes and a plain one reach ``u^-1``; the rest is margin for a certificate missed
+#: by a plain pass whose pivots underestimated ``cond``.
+MAX_GRAMS = 6
+
+#: ``u cond(R D^-1) >= RANK_DEFICIENT``: numerically rank-deficient (the smallest
+#: singular value is within a rounding error of the data's largest)
+RANK_DEFICIENT = 0.5
+
+#: first shift, relative to ``n u diag(G)``, and its growth after a failed Cholesky
+_SHIFT, _SHIFT_GROWTH, _SHIFT_TRIES = 1.0, 16.0, 8
+
+#: a plain factor with pivot ratio at most this leaves a W whose next Gram matrix is
+#: within 1/2 of I (CholQR's orthogonality error is ~ n u ratio^2)
+_WELL = 16.0
+
+#: power iterations of the condition estimate: on (R^H R)^-1 (two n x n triangular
+#: solves each; close small singular values give a close estimate even unconverged),
+#: and on R^H R (one n x n product each; its columns have unit norm, so
+#: ||R||_2 lies in [1, sqrt(n)] and its top singular values are usually apart)
+_COND_ITERS, _GROW_ITERS = 12, 6
+
+
+@dataclass
+class Chain:
+    """The outcome of :func:`precondition`: ``R = rc @ factors[0] @ factors[1] ...``."""
+
+    sb: Any             #: the small backend the factors live in
+    rc: Any             #: the certified pass's Cholesky factor
+    factors: list[Any]  #: ``R_k, ..., R_1`` (last first)
+    pre: Any            #: their product ``P``
+    cond: float         #: estimated ``cond(x D^-1)``
+
+
+def precondition(sb: Any, g: Any, next_gram: Callable[[Any, Any], tuple[Any, Any]], *,
+                 n: int, prec_name: str, where: str = NAME) -> Chain:
+    """The preconditioner of ``x`` from its Gram matrix ``g`` (small backend ``sb``):
+    plain or shifted Cholesky factors until a Gram matrix is certified; then the rank
+    test and the explain trace's ``route`` event.
+
+    ``next_gram(R_j, P)`` returns ``(small backend, Gram matrix)`` of the next ``W``
+    (``W_{j-1} R_j^-1``, i.e. ``x P^-1``): the in-core method, the out-of-core and the
+    Dask routes differ only there. Raises :class:`mpqr.BreakdownError` (numerically
+    rank-deficient, not finite, out of range, or no certificate after ``MAX_GRAMS``)."""
+    u = gram_roundoff(sb.xp, g.dtype, prec_name)
+    factors: list[Any] = []
+    pre = None
+    shifts = 0
+    ratio = None  # the last factors' pivot ratios (inf where shifted)
+    for k in range(MAX_GRAMS):
+        _check_gram(sb, g, NAME, prec_name)
+        if k:
+            xs = sb.xp
+            dist = xs.linalg.matrix_norm(g - xs.eye(n, dtype=g.dtype, device=device(g)),
+                                         ord="fro")
+            worst = float(xs.max(dist))
+            if worst <= 0.5:
+                return _certified(sb, g, pre, factors, prec_name, u, worst, k + 1, shifts,
+                                  where)
+            if bool(xs.any((dist > 0.5) & (ratio <= _WELL))):
+                # the last W was well-conditioned, so this one should have been orthonormal:
+                # recomputed from x (fused), its small singular directions are rounding noise
+                _rank_deficient(_max(estimate_cond(sb, pre, prec_name)), u,
+                                "the preconditioned matrix does not become orthonormal")
+        r, shift, ratio = _precondition(sb, g, u, n)
+        shifts += shift > 0
+        record_event("precondition", f"{where}: pass {k + 1}: " + (
+            f"shifted Cholesky factor (shift {shift:.1e} diag(G)): its Gram matrix is "
+            "beyond CholQR's reach" if shift else "plain Cholesky factor"),
+            method=NAME, shift=shift, gram_pass=k + 1)
+        factors.insert(0, r)
+        pre = r if pre is None else _rr(sb, r, pre, prec_name)
+        if k:  # cond(P) approaches cond(x) from below: stop as soon as it passes the limit
+            cond = _max(estimate_cond(sb, pre, prec_name))
+            if not cond * u < RANK_DEFICIENT:
+                _rank_deficient(cond, u)
+        sb, g = next_gram(r, pre)
+    raise BreakdownError(
+        f"{NAME} broke down: no certified Gram matrix after {MAX_GRAMS} passes "
+        "(x is too ill-conditioned); use a Householder method or method='auto'",
+        method=NAME, cond_estimate=math.inf)
+
+
+def _certified(sb: Any, g: Any, pre: Any, factors: list[Any], prec_name: str, u: float,
+               dist: float, grams: int, shifts: int, where: str) -> Chain:
+    """The certified pass: ``R_c = chol(G)`` and the rank test on ``R_c P``."""
+    try:
+        rc = sb.cholesky(g, upper=True)
+    except LinAlgError as exc:  # ||G - I||_F <= 1/2 is positive definite: not expected
+        raise BreakdownError(f"{NAME} broke down: the certified Gram matrix did not "
+                             f"factor ({exc})", method=NAME, cond_estimate=math.inf) from exc
+    cond = _max(estimate_cond(sb, _rr(sb, rc, pre, prec_name), prec_name))
+    if not cond * u < RANK_DEFICIENT:
+        _rank_deficient(cond, u)
+    record_event("route", f"{where}: certified after {grams} Gram passes ({shifts} "
+                 f"shifted; ||W^H W - I||_F = {dist:.1e} <= 0.5); estimated cond(x) = "
+                 f"{cond:.2e} (columns scaled to unit norm)", method=NAME, grams=grams,
+                 shifted=shifts, cond_estimate=cond, certificate=dist)
+    return Chain(sb, rc, factors, pre, cond)
+
+
+def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
+                          want_q: bool = True, **_: Any) -> tuple[Any, Any]:
+    """``(Q or None, R)`` of ``a`` (``(..., m, n)``, ``m >= n``) by preconditioned CholQR
+    (module docstring); :class:`mpqr.BreakdownError` where ``a`` is numerically
+    rank-deficient or holds NaN/Inf, or a column's squared norm leaves the range."""
+    m, n = a.shape[-2:]
+    # W = x P^-1 is never stored where the backend fuses the solve with its Gram matrix
+    # and the policy runs that product natively (as for CholQR2's second pass)
+    fused = _fusable(backend, a)
+    w = a  # W_j, stored where the solve is not fused
+    pair = _first_gram(a, NAME)
+    if pair is None:
+        pair = backend.small(gram(backend, a, precision, f"{NAME}-gram"))
+
+    def next_gram(r: Any, pre: Any) -> tuple[Any, Any]:
+        nonlocal fused, w
+        if fused:  # decided once (the same product every pass), recorded for every pass
+            fused = fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64",
+                               precision=precision, label=f"{NAME}-gram") or w is not a
+        if fused:
+            w = None
+            return backend.small(backend.right_solve_gram(a, backend.from_small(pre, a)))
+        w = _apply_inverse(backend, pair[0], w, r, NAME, prec_name)
+        return backend.small(gram(backend, w, precision, f"{NAME}-gram"))
+
+    c = precondition(*pair, next_gram, n=n, prec_name=prec_name)
+    q = None
+    if want_q and w is None:
+        record_event("fused-solve", f"{NAME}: the W = x P^-1 are not stored: their "
+                     "Gram matrices are formed in the solves' passes over x, and Q = "
+                     "(x P^-1) R^-1 is solved from x", method=NAME)
+        q = backend.right_solve_twice(a, backend.from_small(c.pre, a),
+                                      backend.from_small(c.rc, a))
+    elif want_q and _inverse_by_gemm(backend, w, n):
+        x, kappa = inverse_and_cond(c.sb, c.rc)
+        record_event("apply-inverse", f"{NAME}: Q = W @ inv(R) by GEMM (certified "
+                     f"pass: cond_2(R) <= sqrt(3); cond_1(R) = {kappa:.3g})", cond_1=kappa)
+        q = _times_upper(backend, w, backend.from_small(x, w), f"{NAME}-apply-inverse",
+                         panel_precision(prec_name, w.dtype, backend.xp))
+    elif want_q:
+        q = _apply_inverse(backend, c.sb, w, c.rc, NAME, prec_name)
+    return q, _final_r(backend, c.sb, [c.rc, *c.factors], a, prec_name)
+
+
+def _max(v: Any) -> float:
+    return float(array_namespace(v).max(v))
+
+
+def _rank_deficient(cond: float, u: float, why: str = "") -> None:
+    limit = RANK_DEFICIENT / u
+    raise BreakdownError(
+        f"{NAME} broke down: x is numerically rank-deficient (estimated cond(x) "
+        f"{'= ' if cond >= limit else '>= '}{cond:.2e} with its columns scaled to unit "
+        f"norm; {RANK_DEFICIENT:g}/u = {limit:.1e}{'; ' + why if why else ''}): its QR "
+        "factorization is not determined to working accuracy; use a Householder method "
+        "or method='auto'", method=NAME, cond_estimate=cond)
+
+
+def _precondition(sb: Any, g: Any, u: float, n: int) -> tuple[Any, float, Any]:
+    """``(R, s, ratio)`` for a Gram matrix or a stack of them: per matrix, the plain
+    Cholesky factor where its pivots, relative to the column norms, put the matrix within
+    CholQR's reach (``ratio``: the pivots' largest over smallest), else the factor of
+    ``g + s diag(g)`` (``ratio = inf``); ``s``: the largest shift used (0: none)."""
+    xs = sb.xp
+    if g.ndim == 2:
+        r, s, ratio = _precondition_one(sb, g, u, n)
+        return r, s, xs.asarray(ratio, dtype=xs.float64)
+    *batch, _, _ = g.shape
+    flat = xs.reshape(g, (-1, n, n))
+    out = [_precondition_one(sb, flat[i, ...], u, n) for i in range(flat.shape[0])]
+    r = xs.reshape(xs.stack([o[0] for o in out]), g.shape)
+    ratio = xs.reshape(xs.asarray([o[2] for o in out], dtype=xs.float64), tuple(batch))
+    return r, max(o[1] for o in out), ratio
+
+
+def _precondition_one(sb: Any, g: Any, u: float, n: int) -> tuple[Any, float, float]:
+    xs = sb.xp
+    d2 = xs.real(xs.linalg.diagonal(g))
+    try:
+        r = sb.cholesky(g, upper=True)
+        rel = xs.abs(xs.linalg.diagonal(r)) / xs.sqrt(d2)
+        lo, hi = float(xs.min(rel)), float(xs.max(rel))
+        if math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u * n < 1:
+            return r, 0.0, hi / lo
+    except LinAlgError:
+        pass
+    eye = xs.eye(n, dtype=g.dtype, device=device(g))
+    s = _SHIFT * n * u
+    for _ in range(_SHIFT_TRIES):
+        try:
+            return sb.cholesky(g + eye * xs.astype(s * d2, g.dtype), upper=True), s, math.inf
+        except LinAlgError:
+            s *= _SHIFT_GROWTH
+    raise BreakdownError(f"{NAME} broke down: even the shifted Gram matrix did not factor "
+                         f"(shift {s:.1e} diag(G))", method=NAME, cond_estimate=math.inf)
+
+
+def estimate_cond(sb: Any, r: Any, prec_name: str = "auto") -> Any:
+    """2-norm condition number of upper-triangular ``r`` (or of each of a stack) with its
+    columns scaled to unit norm, by power iteration on ``R^H R`` and on its inverse (two
+    triangular solves per step): a lower bound, within a few percent where the extreme
+    singular values are separated; ``inf`` for a zero or non-finite diagonal. Returns a
+    float64 array of the stack's shape."""
+    xs = sb.xp
+    n = r.shape[-1]
+    norms = xs.sqrt(xs.sum(xs.abs(r) ** 2, axis=-2))  # (..., n)
+    dr = xs.abs(xs.linalg.diagonal(r))
+    bad = ~(xs.all(xs.isfinite(norms), axis=-1) & xs.all(dr > 0, axis=-1))
+    if bool(xs.any(bad)):
+        return xs.full(bad.shape, math.inf, dtype=xs.float64, device=device(r))
+    rn = r / xs.expand_dims(norms, axis=-2)
+    k = xs.arange(n, dtype=xs.float64, device=device(r))
+    v0 = xs.reshape(xs.astype((1 + k / n) * (1 - 2 * (k % 2)), r.dtype), (n, 1))
+    v0 = xs.zeros((*r.shape[:-2], n, 1), dtype=r.dtype, device=device(r)) + v0
+    prec = panel_precision(prec_name, r.dtype, xs)
+
+    def power(step: Any, iters: int) -> Any:
+        v, lam = v0, None
+        for _ in range(iters):
+            nv = xs.linalg.matrix_norm(v, ord="fro")
+            v = v / xs.reshape(nv, (*nv.shape, 1, 1))
+            v = step(v)
+            lam = xs.linalg.matrix_norm(v, ord="fro")
+        return lam
+
+    # ||R D^-1||_2^2 from its (n x n) Gram matrix, one product through the policy
+    m = gemm(ct(xs, rn), rn, precision=prec, label="cond-estimate", backend=sb)
+
+    def grow(v: Any) -> Any:
+        return gemm(m, v, precision=prec, label="cond-estimate", backend=sb)
+
+    def shrink(v: Any) -> Any:
+        return sb.solve_triangular(rn, sb.solve_triangular(ct(xs, rn), v, lower=True),
+                                   lower=False)
+
+    est = xs.sqrt(power(grow, _GROW_ITERS) * power(shrink, _COND_ITERS))
+    return xs.where(xs.isfinite(est), est, xs.asarray(math.inf, dtype=est.dtype))
