@@ -7,7 +7,8 @@
 #   tests2    the GPU tests of test files q-z, then the GPU-fault tests
 #   demo      python -m mpqr demo, timed
 #   gemm      bench gemm after mpqr.tune(), at 8192^3 and 16384^3 (the cost model's break-even)
-#   qr        bench qr: every shape, precision and mode, against cuSOLVER
+#   qr        bench qr: the square shapes, then the tall ones at cond 1 ... 1e15, against cuSOLVER
+#   pivot     QR with column pivoting on the GPU (bench/probes/pivot_sketch.py)
 #   lstsq     bench lstsq: against the cuSOLVER routes
 #   accuracy  bench accuracy at 1024^2 with the cond(A) sweep
 #   dask      bench dask on every GPU of the machine (dask_cuda.LocalCUDACluster)
@@ -45,8 +46,14 @@ for job in "$@"; do
         --shapes 8192x8192x8192,16384x16384x16384 --json "$name.json" --png "$name.png" \
         >> "$L" 2>&1 ;;
     qr)
-      timeout 280 python3 -m mpqr bench qr --repeat 3 --max-seconds 2 \
-        --json "$name.json" --png "$name.png" >> "$L" 2>&1 ;;
+      timeout 290 python3 -m mpqr bench qr --shapes square --repeat 2 --max-seconds 2 \
+        --precisions fp16,fp32-emulated,fp64-emulated \
+        --json "${name}_square.json" --png "${name}_square.png" >> "$L" 2>&1
+      timeout 290 python3 -m mpqr bench qr --shapes tall --repeat 3 --max-seconds 2 \
+        --conds 1,1e8,1e12,1e15 --json "${name}_tall.json" --png "${name}_tall.png" \
+        >> "$L" 2>&1 ;;
+    pivot)
+      timeout 300 python3 bench/probes/pivot_sketch.py "$name.json" >> "$L" 2>&1 ;;
     lstsq)
       timeout 240 python3 -m mpqr bench lstsq --json "$name.json" --png "$name.png" \
         >> "$L" 2>&1 ;;
