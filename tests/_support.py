@@ -108,7 +108,8 @@ def conditioned_lstsq_problem(m: int, n: int, kappa: float, seed: int):
 def normal_equation_residual(a, b, x) -> float:
     """``||A^T (b - A x)|| / (||A||^2 ||x||)``: the accuracy measure of lstsq."""
     r = b - a @ x
-    return np.linalg.norm(a.T @ r) / (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x))
+    # ||A||_2^2 = ||A^T A||_2: an N x N SVD instead of an M x N one
+    return np.linalg.norm(a.T @ r) / (np.linalg.norm(a.T @ a, 2) * np.linalg.norm(x))
 
 
 def exact_matmul_complex(a: np.ndarray, b: np.ndarray) -> np.ndarray:

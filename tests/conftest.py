@@ -10,6 +10,7 @@ skips one backend with a reason.
 from __future__ import annotations
 
 import importlib
+import os
 import types
 
 import numpy as np
@@ -28,6 +29,25 @@ def _gpu_available() -> bool:
 
 
 GPU = _gpu_available()
+
+
+def _limit_blas_threads_per_xdist_worker() -> None:
+    """Under pytest-xdist, the cores shared out between the worker processes: each
+    worker's BLAS and OpenMP pools get ``cores // workers`` threads (at least one), so
+    that the workers' threads do not outnumber the cores (oversubscribed OpenBLAS threads
+    spin and can make a product tens of times slower)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers < 1:
+        return
+    import scipy.linalg  # noqa: F401  (SciPy's own OpenBLAS, loaded before the limit)
+    from threadpoolctl import threadpool_limits
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    threadpool_limits(max(1, cores // workers))
+
+
+_limit_blas_threads_per_xdist_worker()
 
 
 class _ReadOnlyNumpy(types.ModuleType):

@@ -20,6 +20,9 @@ from tests._qr_support import backward_error, geometric, orthogonality  # noqa: 
 
 TIMEOUT = 60  # seconds for any one result
 
+# one cluster (the module's fixture) for all these tests: pytest-xdist keeps them together
+pytestmark = pytest.mark.xdist_group("dask_cluster")
+
 
 @pytest.fixture(scope="module")
 def client():

@@ -6,6 +6,8 @@ rounded float64 reference (exact products, math.fsum).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -26,6 +28,14 @@ def _operands(rng, m, k, n, dtype=np.float32):
     return a, b
 
 
+@functools.cache
+def _seeded_case(seed, m, k, n):
+    """``(a, b, a @ b correctly rounded)`` from ``seed``: computed once, shared by the
+    backends (the exact product takes seconds at k = 65536)."""
+    a, b = _operands(np.random.default_rng(seed), m, k, n)
+    return a, b, exact_matmul(a, b)
+
+
 def test_exact_reference_is_exact():
     rng = np.random.default_rng(0)
     a = rng.standard_normal((3, 7))
@@ -39,10 +49,8 @@ def test_exact_reference_is_exact():
 
 @pytest.mark.parametrize("k", [16, 1024, 65536])
 def test_tc_sgemm_matches_sgemm_accuracy(xp, k):
-    rng = np.random.default_rng(k)
     m = n = 16 if k == 65536 else 32
-    a, b = _operands(rng, m, k, n)
-    exact = exact_matmul(a, b)
+    a, b, exact = _seeded_case(k, m, k, n)
     da, db = xp.asarray(a), xp.asarray(b)
     emu = to_numpy(mpqr.matmul(da, db, precision="fp32-emulated"))
     nat = to_numpy(mpqr.matmul(da, db, precision="fp32"))
@@ -56,10 +64,7 @@ def test_tc_sgemm_matches_sgemm_accuracy(xp, k):
 
 @pytest.mark.parametrize("k", [16, 1024, 65536])
 def test_tc_fp16_within_documented_bound(xp, k):
-    rng = np.random.default_rng(k + 1)
-    m = n = 16
-    a, b = _operands(rng, m, k, n)
-    exact = exact_matmul(a, b)
+    a, b, exact = _seeded_case(k + 1, 16, k, 16)
     c = to_numpy(mpqr.matmul(xp.asarray(a), xp.asarray(b), precision="fp16"))
     err = rel_error_vs_abs(c, exact, a, b)
     assert err <= 2 * U16 + U16**2 + k * U32

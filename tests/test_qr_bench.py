@@ -35,7 +35,10 @@ def test_matrix_kinds_have_the_requested_condition():
 
 
 # --- the bench command line: one registry, JSON and PNG from every topic --------------
-TINY = {"gemm": ["--cpu", "--shapes", "64x48x32", "--repeat", "1"],
+# every row kind of ``bench gemm`` (real, complex, Gram with two split depths) at tiny
+# sizes: its default complex and Gram shapes take a minute on the CPU
+TINY = {"gemm": ["--cpu", "--shapes", "64x48x32", "--complex-shapes", "24x16x8",
+                 "--gram-shapes", "64x16", "--gram-levels", "0,1", "--repeat", "1"],
         "qr": ["--cpu", "--shapes", "96x24", "--precisions", "fp64", "--modes", "reduced",
                "--repeat", "1"],
         "lstsq": ["--cpu", "--shapes", "120x10", "--configs", "auto/auto/gelsd",

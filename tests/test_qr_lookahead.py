@@ -42,6 +42,8 @@ class CountingLane(SerialLane):
         self.waits += 1
 
 
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the tiled QR of read-only inputs, "
+                             "lane included: tests/test_qr_methods.py::test_householder_accuracy")
 @pytest.mark.parametrize("precision", ["fp64", "fp16", "fp32-emulated", "fp64-emulated"])
 def test_tiled_with_lane_is_accurate(xp, precision):
     ns = sys.modules["mpqr._array_api"].array_namespace(xp.asarray(1.0))

@@ -8,6 +8,7 @@ tests allow ``2 n u`` for ``gamma_n`` (``u`` of the dtype).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import numpy as np
@@ -26,18 +27,26 @@ def _backend(xp):
     return get_backend(aa.array_namespace(xp.asarray(1.0)))
 
 
+@functools.cache
+def _split_case(n: int, m: int = 64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(a, x, a @ x correctly rounded)``: the exact product once for every backend (the
+    split is over the columns, so a few rows show it)."""
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((m, n))
+    x = np.triu(rng.standard_normal((n, n))) + n * np.eye(n)
+    return a, x, exact_matmul(a, x)
+
+
 @pytest.mark.parametrize("n", [256, 300])
 def test_split_product_is_the_product_without_the_zeros(xp, n):
-    rng = np.random.default_rng(n)
-    a = rng.standard_normal((300, n))
-    x = np.triu(rng.standard_normal((n, n))) + n * np.eye(n)
+    a, x, ref = _split_case(n)
+    m = a.shape[0]
     be = _backend(xp)
     assert be.triangular_split_min_n is not None and n >= be.triangular_split_min_n
     with mpqr.explain() as trace:
         q = cholqr_mod._times_upper(be, xp.asarray(a), xp.asarray(x), "t", "fp64")
     h = (n // 2 + 7) // 8 * 8
-    assert [g.shape for g in trace.gemms] == [(300, n - h, n), (300, h, h)]
-    ref = exact_matmul(a, x)
+    assert [g.shape for g in trace.gemms] == [(m, n - h, n), (m, h, h)]
     bound = 2 * n * 2.0**-53 * (np.abs(a) @ np.abs(x))
     assert np.all(np.abs(to_numpy(q) - ref) <= bound)
     assert aa.namespace_name(aa.array_namespace(q)) == \
