@@ -35,9 +35,9 @@ for job in "$@"; do
       # the GPU tests take longer than one device command: test files a-p, then q-z
       files=$(ls tests/test_*.py | grep -E "^tests/test_[a-p]")
       [ "$job" = tests2 ] && files=$(ls tests/test_*.py | grep -E "^tests/test_[q-z]")
-      timeout 540 python3 -m pytest -q -p no:cacheprovider -k "cupy or bitwise or right_solve" \
+      timeout 540 python3 -m pytest -q -n 0 -p no:cacheprovider -k "cupy or bitwise or right_solve" \
         $files > "$OUT/pytest_$job.txt" 2>&1
-      [ "$job" = tests2 ] && timeout 40 python3 -m pytest -q -p no:cacheprovider -rs \
+      [ "$job" = tests2 ] && timeout 40 python3 -m pytest -q -n 0 -p no:cacheprovider -rs \
         tests/test_reliability_gpu_faults.py >> "$OUT/pytest_$job.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_$job.txt" | cut -c1-200 >> "$L" ;;
     demo) ( time timeout 150 python3 -m mpqr demo ) >> "$L" 2>&1 ;;
@@ -65,14 +65,14 @@ for job in "$@"; do
       timeout 580 python3 -m mpqr bench dask --gpus "$G" --repeat 3 \
         --json "$OUT/dask_${DEV}x${G}_$D.json" --png "$OUT/dask_${DEV}x${G}_$D.png" >> "$L" 2>&1 ;;
     dasktests)
-      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_dask_qr.py \
+      timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider tests/test_dask_qr.py \
         tests/test_dask_lstsq.py tests/test_dask_cluster.py > "$OUT/pytest_dask.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_dask.txt" | cut -c1-300 >> "$L" ;;
     bridge)
       XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 500 python3 -m mpqr bench bridge --repeat 7 \
         --json "$OUT/bridge_${DEV}_$D.json" --png "$OUT/bridge_${DEV}_$D.png" >> "$L" 2>&1 ;;
     bridgetests)
-      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 python3 -m pytest -q -n 0 -p no:cacheprovider -rs \
         tests/test_bridge.py tests/test_bridge_torch.py tests/test_bridge_jax.py \
         > "$OUT/pytest_bridge.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_bridge.txt" | cut -c1-300 >> "$L" ;;
@@ -82,7 +82,7 @@ for job in "$@"; do
       timeout 590 python3 -m mpqr bench ooc --rows square --merge "$name.part1.json" \
         --json "$name.json" --png "$name.png" >> "$L" 2>&1 ;;
     cplxtests)
-      timeout 500 python3 -m pytest -q -p no:cacheprovider -k cupy tests/test_engines_complex.py \
+      timeout 500 python3 -m pytest -q -n 0 -p no:cacheprovider -k cupy tests/test_engines_complex.py \
         tests/test_gram_engine.py tests/test_ozaki_moduli.py tests/test_qr_complex.py \
         tests/test_cupy_int8_lt.py tests/test_ozaki.py tests/test_engines.py tests/test_matmul.py \
         tests/test_gram_blocked.py tests/test_lstsq_gram.py > "$OUT/pytest_cplx.txt" 2>&1
