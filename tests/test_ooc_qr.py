@@ -249,3 +249,27 @@ def test_square_ill_conditioned_stays_orthogonal(device, method):
     u = 2.0**-53
     assert orthogonality(q) <= 20 * SQUARE[1] * u
     assert backward_error(a, q, r) <= 20 * SQUARE[1] * u
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cold_start_is_reported_by_the_first_call_only(device, monkeypatch):
+    """The first out-of-core call of a process says in its trace what it paid (staging
+    set-up, the first piece's extra time); later calls reuse it and say nothing."""
+    from mpqr.ooc import run
+
+    monkeypatch.setattr(run, "_WARM", set())
+    a = np.random.default_rng(14).standard_normal(TALL)
+    traces = []
+    for _ in range(2):
+        with mpqr.explain() as trace:
+            mpqr.qr(a, mode="r", device=device, memory_budget="40KB")
+        traces.append(trace)
+    cold = [[e for e in t.events if e.kind == "cold-start"] for t in traces]
+    assert len(cold[0]) == 1 and not cold[1]
+    d = cold[0][0].data
+    assert d["setup_s"] >= 0 and d["first_piece_s"] > 0 and d["median_piece_s"] > 0
+    assert d["first_piece_extra_s"] == max(0.0, d["first_piece_s"] - d["median_piece_s"])
+    assert d["cold_start_s"] == d["setup_s"] + d["first_piece_extra_s"]
+    for t in traces:  # every call reports its own set-up and first piece
+        ev = ooc_events(t)[0].data
+        assert {"setup_s", "setup", "first_piece_s", "median_piece_s"} <= set(ev)

@@ -102,8 +102,10 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
         x, rank, s, rsq = prob.solve(run, plan)
         how = ("the Gram route: A^H A and A^H b" if prob.method == "gram" else
                "TSQR of [a | b]")
+        npass = prob.refinements
         run.finish(f"out of core ({how} by row pieces of {plan.rows} x {n + kb}, then "
-                   f"{prob.refinements} refinement passes; budget {format_bytes(budget)} "
+                   f"{npass} refinement pass{'' if npass == 1 else 'es'}; budget "
+                   f"{format_bytes(budget)} "
                    f"from {source})", route="out-of-core", method=prob.method,
                    refinement_passes=prob.refinements, piece_rows=plan.rows, budget=budget)
     finally:
