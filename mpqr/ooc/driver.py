@@ -27,11 +27,18 @@ _LINK_RATE = 25e9
 
 
 def check_device_args(device: Any, memory_budget: Any, progress: Any) -> None:
-    """Validate the out-of-core keywords before any work (the api modules' branch)."""
+    """Validate the out-of-core keywords before any work (the api modules' branch); the
+    call's start and its backend's resolution are timed for the trace (a first call
+    imports and starts the device here)."""
+    import time
+
+    t0 = time.perf_counter()
     from mpqr.backends.host import device_backend
     from mpqr.ooc.budget import parse_budget
+    from mpqr.ooc.run import call_started
 
     device_backend(device)
+    call_started(t0, time.perf_counter() - t0)
     if memory_budget is not None:
         parse_budget(memory_budget)
     if progress is not None and not isinstance(progress, bool):

@@ -4,6 +4,7 @@ and the explain-trace summary (pieces, passes, bytes moved, overlap achieved).""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import sys
 import time
 from collections.abc import Iterator
@@ -12,7 +13,8 @@ from typing import Any
 from mpqr.ooc.budget import format_bytes
 from mpqr.policy import record_event
 
-__all__ = ["PROGRESS_AFTER_S", "Run", "collapsed", "progress_bar", "reset_cold_start"]
+__all__ = ["PROGRESS_AFTER_S", "Run", "call_started", "collapsed", "progress_bar",
+           "reset_cold_start", "take_call_start"]
 
 #: backends whose first out-of-core run in this process has started: the first run pays
 #: what later ones reuse (pinned buffers, copy threads, the device's memory pool, kernel
@@ -23,6 +25,26 @@ _WARM: set[str] = set()
 def reset_cold_start() -> None:
     """Forget which backends have run out of core (the next run reports a cold start)."""
     _WARM.clear()
+
+
+#: ``(when the public call reached the host-array route, seconds its device backend took
+#: to resolve)``: the imports and the device's start-up a first call pays before any piece
+_CALL: contextvars.ContextVar[tuple[float, float] | None] = contextvars.ContextVar(
+    "mpqr_ooc_call", default=None)
+
+
+def call_started(t0: float, backend_s: float) -> None:
+    """Note that a host-array call began at ``t0`` and resolved its backend in
+    ``backend_s`` seconds (read once by :func:`take_call_start`)."""
+    _CALL.set((t0, backend_s))
+
+
+def take_call_start() -> tuple[float, float]:
+    """``(start, backend seconds)`` noted by :func:`call_started` for this call (now and
+    0 where none was), and forget it."""
+    got = _CALL.get()
+    _CALL.set(None)
+    return got if got is not None else (time.perf_counter(), 0.0)
 
 #: ``progress=None`` shows a bar on an interactive terminal for runs expected to take
 #: longer than this (estimated from the bytes to move)
@@ -53,13 +75,20 @@ def progress_bar(progress: Any, total_bytes: float, expected_s: float, what: str
 class Run:
     """Counts passes and bytes of one out-of-core call; closes its staging and bar."""
 
-    def __init__(self, backend: Any, staging: Any, bar: Any, what: str):
+    def __init__(self, backend: Any, staging: Any, bar: Any, what: str,
+                 call: tuple[float, float] | None = None):
+        """``call``: ``(start, backend seconds)`` of the public call, for the time spent
+        before the first piece (default: what :func:`call_started` noted)."""
         self.backend, self.st, self.bar, self.what = backend, staging, bar, what
+        call = take_call_start() if call is None else call
         self.passes: dict[str, int] = {}
         self.t0 = time.perf_counter()
         #: host seconds the caller spent on each piece (between receiving it and asking
         #: for the next): first launches (kernel compilation, handles) show in the first
         self.piece_s: list[float] = []
+        #: seconds from the public call to this run (validation, backend, budget, plan,
+        #: staging set-up), and the backend's share
+        self.lead_in = {"before_run_s": self.t0 - call[0], "backend_s": call[1]}
         self.cold = backend.name not in _WARM
         _WARM.add(backend.name)
 
@@ -101,6 +130,7 @@ class Run:
         self.st.flush()
         s = self.st.summary()
         s.update(self._first_piece())
+        s.update(self.lead_in)
         if self.cold:
             self._cold_start(s)
         ov = s["overlap"]
@@ -127,15 +157,18 @@ class Run:
         extra = max(0.0, first - med)
         parts = ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.3g} s"
                           for k, v in s["setup"].items())
+        before = s["before_run_s"]
         record_event("cold-start", f"{self.what}: the first out-of-core call on "
-                     f"{self.backend.name} in this process: staging set up in "
-                     f"{s['setup_s']:.3g} s" + (f" ({parts})" if parts else "") +
-                     f"; the first piece took {first:.3g} s against a median of {med:.3g} s "
+                     f"{self.backend.name} in this process: {before:.3g} s from the call to "
+                     f"the first piece (the device backend {s['backend_s']:.3g} s: imports, "
+                     f"the device's start-up; the staging {s['setup_s']:.3g} s"
+                     + (f": {parts}" if parts else "") + "; the budget and the plan), then "
+                     f"the first piece took {first:.3g} s against a median of {med:.3g} s "
                      f"(+{extra:.3g} s: first launches, i.e. kernel compilation or loading, "
                      "library handles, the memory pool's growth); later calls reuse all of "
                      "it", setup_s=s["setup_s"], setup=dict(s["setup"]), first_piece_s=first,
-                     median_piece_s=med, first_piece_extra_s=extra,
-                     cold_start_s=s["setup_s"] + extra)
+                     median_piece_s=med, first_piece_extra_s=extra, before_run_s=before,
+                     backend_s=s["backend_s"], cold_start_s=before + extra)
 
     def close(self) -> None:
         try:
