@@ -200,11 +200,12 @@ def test_nonfinite_as_in_core(device):
         mpqr.lstsq(an, b, device=device, memory_budget="40KB")
     with pytest.raises(LinAlgError, match="contains NaN or Inf"):
         mpqr.lstsq(an, b, check_finite=False, device=device, memory_budget="40KB")
-    bn = b.copy()
-    bn[3] = np.nan
-    x, _res, rank, _s = mpqr.lstsq(a, bn, check_finite=False, device=device,
-                                   memory_budget="40KB")
-    assert np.isnan(x).all() and rank == N
+    for bad in (np.nan, np.inf):
+        bn = b.copy()
+        bn[3] = bad
+        x, res, rank, _s = mpqr.lstsq(a, bn, check_finite=False, device=device,
+                                      memory_budget="40KB")
+        assert np.isnan(x).all() and rank == N and np.isnan(res).all()
 
 
 def test_in_core_when_it_fits():

@@ -43,7 +43,7 @@ class GramPass:
     g: Any
     #: ``A^H b`` (``n x k``), or None without a right-hand side
     h: Any = None
-    #: ``max |b|`` (NaN where ``b`` holds NaN), or None without a right-hand side
+    #: ``max |b|`` (NaN or Inf where ``b`` holds them), or None without a right-hand side
     bmax: float | None = None
 
 

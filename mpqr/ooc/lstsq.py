@@ -206,7 +206,7 @@ class _Problem:
         why = None
         if gf is None or gf.r is None:
             why = "A^H A does not certify it"
-        elif not math.isnan(gp.bmax):
+        elif math.isfinite(gp.bmax):
             lim = 250 if self.wprec == "fp64" else 30
             ea = math.frexp(gf.s1)[1]
             eb = math.frexp(gp.bmax)[1] if gp.bmax > 0 else 0
@@ -218,7 +218,7 @@ class _Problem:
                          "of [a | b] (one more pass)", path="tsqr")
             return None
         r, s = gf.r, gf.s
-        if math.isnan(gp.bmax):  # b holds NaN/Inf (check_finite=False)
+        if not math.isfinite(gp.bmax):  # b holds NaN/Inf (check_finite=False)
             record_event("method", "lstsq: `b` holds NaN/Inf: the solution is NaN",
                          path="nonfinite")
             kb = gp.h.shape[1]

@@ -18,9 +18,13 @@ On a GPU all rows run on host (NumPy) matrices with ``device="cuda"`` and a
 * ``square-16GB``: 65536^2 float32, budget 4 GB, precisions fp16 and fp32-emulated:
   recursive out-of-core QR against mpqr's in-core QR of the same matrix on the device,
   and against the blocked (left-looking) out-of-core variant at the same budget.
+* ``staging_sweep`` (only when named in ``--rows``): ``mode="r"`` and lstsq on the tall
+  matrix with 8-32 host copy threads per direction and pieces of at most 256 MiB-1 GiB.
 
 The host memcpy rate (pageable -> pinned and back, by thread count) is measured beside
-the link's, and each staged row reports the rate its host copies reached.
+the link's, with the rate of copying straight from page-locked caller memory
+(``cudaHostRegister`` of 1 GiB, the copy, unregistering it), and each staged row reports
+the rate its host copies reached.
 
 ``--cpu``: the tall rows and the first calls on the NumPy backend (``device=None``)
 at 2^21 x 64 (``--quick``: 2^18 x 64) with a budget of 1/8 of the matrix, against the
@@ -95,8 +99,27 @@ def _link(cp) -> dict[str, float]:
     both = rate(lambda: (d1.set(h1, stream=s1), d2.get(stream=s2, out=h2)))
     pageable = rate(lambda: d1.set(page))
     nb = n * 8
-    return {"pinned_h2d_GBps": nb / h2d / 1e9, "pinned_d2h_GBps": nb / d2h / 1e9,
-            "pinned_both_GBps": 2 * nb / both / 1e9, "pageable_h2d_GBps": nb / pageable / 1e9}
+    out = {"pinned_h2d_GBps": nb / h2d / 1e9, "pinned_d2h_GBps": nb / d2h / 1e9,
+           "pinned_both_GBps": 2 * nb / both / 1e9, "pageable_h2d_GBps": nb / pageable / 1e9}
+    # the alternative to the host memcpy: page-lock the caller's memory for the piece in
+    # flight (cudaHostRegister), copy from it directly, unlock it
+    rt = cp.cuda.runtime
+    try:
+        def register() -> None:
+            rt.hostRegister(page.ctypes.data, nb, 0)
+            rt.hostUnregister(page.ctypes.data)
+
+        def registered_copy() -> None:
+            rt.hostRegister(page.ctypes.data, nb, 0)
+            rt.memcpyAsync(d1.data.ptr, page.ctypes.data, nb, rt.memcpyHostToDevice, s1.ptr)
+            s1.synchronize()
+            rt.hostUnregister(page.ctypes.data)
+
+        out["register_unregister_GBps"] = nb / rate(register) / 1e9
+        out["registered_h2d_GBps"] = nb / rate(registered_copy) / 1e9
+    except Exception as exc:  # a driver without host registration: say so
+        out["registered_h2d_error"] = str(exc)[:160]
+    return out
 
 
 def _memcpy_rates(dst_in: Any, dst_out: Any, n: int) -> dict[str, Any]:
@@ -376,6 +399,35 @@ def bench_tall_big(cp, m: int, n: int, budget: str, link: dict | None, repeat: i
     return rows
 
 
+def bench_staging_sweep(cp, m: int, n: int, budget: str, repeat: int) -> list[dict]:
+    """The host side of the staging: copy threads per direction x largest piece, for the
+    one-read call (``mode="r"``) and lstsq, each the best of ``repeat`` after a warm-up."""
+    from mpqr.backends import cupy_staging
+    from mpqr.ooc import budget as budget_mod
+
+    a = _host_matrix(cp, m, n, np.float64, 1)
+    b_fit = _fit_rhs(cp, a, 2)
+    kw = dict(device="cuda", memory_budget=budget, progress=False)
+    keep = cupy_staging.HOST_COPY_THREADS, budget_mod.MAX_BLOCK_BYTES
+    rows = []
+    try:
+        for threads in (8, 16, 24, 32):
+            if threads > 2 * (os.cpu_count() or 1):
+                break
+            for block_mib in (256, 512, 1024):
+                cupy_staging.HOST_COPY_THREADS = threads
+                budget_mod.MAX_BLOCK_BYTES = block_mib * 2**20
+                for call in ("r", "lstsq good-fit"):
+                    fn = _tall_call(a, b_fit, b_fit, None, call, kw)
+                    t, tr = _timed(fn, repeat)
+                    rows.append(_row(f"staging {call} threads={threads} piece<={block_mib}MiB",
+                                     call=call, threads=threads, max_block_mib=block_mib,
+                                     time_s=t, **_ooc_data(tr)))
+    finally:
+        cupy_staging.HOST_COPY_THREADS, budget_mod.MAX_BLOCK_BYTES = keep
+    return rows
+
+
 def _child(argv: list[str]) -> int:
     """One call in a fresh process: ``--child CALL DIR DEVICE BUDGET REPEAT``; prints one
     JSON line with the first call's time and the best of the repeated ones."""
@@ -588,8 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true",
                    help="the tall rows and first calls on the NumPy backend (no GPU)")
     p.add_argument("--rows", default=None,
-                   help="sections, comma-separated: tall_big, first_call, tall_mid, square "
-                        "(default: all on a GPU; tall_big,first_call with --cpu)")
+                   help="sections, comma-separated: tall_big, first_call, tall_mid, square, "
+                        "staging_sweep (default: all but staging_sweep on a GPU; "
+                        "tall_big,first_call with --cpu)")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None)
@@ -629,6 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = {
         "tall_big": lambda: bench_tall_big(cp, *sizes["tall_big"], link, args.repeat),
         "first_call": lambda: bench_first_call(cp, *sizes["tall_big"], args.repeat),
+        "staging_sweep": lambda: bench_staging_sweep(cp, *sizes["tall_big"], args.repeat),
         "square": lambda: bench_square(cp, *sizes["square"], args.repeat),
         "tall_mid": lambda: bench_tall_mid(cp, *sizes["tall_mid"], args.repeat, save)}
     for name in want:
