@@ -299,27 +299,35 @@ class _Problem:
             omega = float(xp.max(gn / (s1 * (s1 * xn + xp.sqrt(rr)) + 1e-300)))
             if best is None or omega < best[0]:
                 best = (omega, x, rr)
-            if omega <= self.tol or (self.floor_tol is not None and it > 0
-                                     and omega <= self.floor_tol):
-                record_event("refine", f"lstsq: out-of-core refinement converged after "
-                             f"{it} corrections ({it + 1} passes over [a | b]), "
-                             f"normal-equation residual {omega:.2e}", iterations=it,
-                             residual=omega)
-                return x, self.n, s, rr
+            converged = omega <= self.tol or (self.floor_tol is not None and it > 0
+                                              and omega <= self.floor_tol)
             if not math.isfinite(omega):
                 break
-            y = be.solve_triangular(ct(xp, r), g, lower=True)
-            d = be.solve_triangular(r, y, lower=False)
-            x = x + d
             if gram is not None:
-                bound, rr1 = self._bound(gram, g, d, y, x, rr, s1)
+                # the correction costs no pass and its error is bounded: taken whenever
+                # the bound meets tol (also after a converged measurement: it only gains)
+                y = be.solve_triangular(ct(xp, r), g, lower=True)
+                d = be.solve_triangular(r, y, lower=False)
+                x1 = x + d
+                bound, rr1 = self._bound(gram, g, d, y, x1, rr, s1)
                 if bound <= self.tol:
                     record_event("refine", f"lstsq: out-of-core refinement: normal-equation "
                                  f"residual {omega:.2e} measured in pass {it + 1} over "
                                  f"[a | b]; after its correction at most {bound:.2e} "
                                  "(bounded through A^H A, no further pass)",
                                  iterations=it + 1, residual=bound, measured=omega)
-                    return x, self.n, s, rr1
+                    return x1, self.n, s, rr1
+            if converged:
+                record_event("refine", f"lstsq: out-of-core refinement converged after "
+                             f"{it} corrections ({it + 1} passes over [a | b]), "
+                             f"normal-equation residual {omega:.2e}", iterations=it,
+                             residual=omega)
+                return x, self.n, s, rr
+            if gram is None:
+                y = be.solve_triangular(ct(xp, r), g, lower=True)
+                d = be.solve_triangular(r, y, lower=False)
+                x1 = x + d
+            x = x1
         omega, x, rr = best
         if self.refine != "auto":
             warnings.warn(f"lstsq: refinement did not reach tol={self.tol:.2e} in "

@@ -260,15 +260,19 @@ def _tall_accuracy(cp, a: np.ndarray, q: np.ndarray, r: np.ndarray) -> dict[str,
 
 def _ne_error(cp, a: np.ndarray, b: np.ndarray, x: np.ndarray) -> float:
     """``||A^T (b - A x)|| / (||A||_F^2 ||x||)``, streamed through the device in float64
-    (``cp``: CuPy, or NumPy on the host)."""
-    xd = cp.asarray(x, dtype=cp.float64)
-    g = cp.zeros(a.shape[1])
+    (``cp``: CuPy), or on the host in extended precision (``cp``: NumPy; float64 rounds
+    ``b - A x`` at ``u |b|``, above this measure for a poor fit)."""
+    wide = cp.float64 if cp is not np else np.longdouble
+    xd = cp.asarray(x, dtype=wide)
+    g = cp.zeros(a.shape[1], dtype=wide)
     fro = 0.0
-    for r0 in range(0, a.shape[0], 2**22):
-        ab = cp.asarray(a[r0:r0 + 2**22], dtype=cp.float64)
-        g += ab.T @ (cp.asarray(b[r0:r0 + 2**22], dtype=cp.float64) - ab @ xd)
+    step = 2**22 if cp is not np else 2**18
+    for r0 in range(0, a.shape[0], step):
+        ab = cp.asarray(a[r0:r0 + step], dtype=wide)
+        g += ab.T @ (cp.asarray(b[r0:r0 + step], dtype=wide) - ab @ xd)
         fro += float(cp.sum(ab**2))
-    return float(cp.linalg.norm(g)) / (fro * float(cp.linalg.norm(xd)))
+    return float(cp.linalg.norm(cp.asarray(g, dtype=cp.float64))) / (
+        fro * float(cp.linalg.norm(cp.asarray(xd, dtype=cp.float64))))
 
 
 def _probe_accuracy(cp, a_dev, q, r, probes: int = 8) -> dict[str, float]:
