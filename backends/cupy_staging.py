@@ -7,6 +7,12 @@ multi-threaded memcpy) -> device slot (an async copy on its own stream), ``nbuf`
 slots deep, while the compute stream works on an earlier block; results go back the
 same way on a second copy stream. Only ``nbuf + nout`` blocks are ever pinned.
 
+What a first call pays is paid once per process: the copy threads are shared by all
+stagings (created on first use), pinned slots are allocated on their first use in the
+copy threads (so the first slot's copy overlaps the next slots' allocation) and return
+to CuPy's pinned-memory pool at ``close()``, where the next call finds them; the device
+ring comes from CuPy's memory pool the same way. ``setup`` times each part.
+
 Events order everything: the compute stream waits for a slot's upload, the upload
 into a slot waits until the compute stream is done with its previous block, and the
 download waits until the block is computed. The same events time the copies and the
@@ -16,6 +22,7 @@ compute, from which :meth:`CupyStaging.overlap` reports how much copy time was h
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -30,6 +37,25 @@ __all__ = ["CupyStaging"]
 #: ooc` measures the scaling as link.memcpy)
 HOST_COPY_THREADS = 16
 
+#: thread pools shared by every staging of this process, by (role, threads)
+_POOLS: dict[tuple[str, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(role: str, threads: int) -> tuple[ThreadPoolExecutor, float]:
+    """The process's pool for ``role`` (made on first use) and the seconds making it took."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get((role, threads))
+        if pool is not None:
+            return pool, 0.0
+        t = time.perf_counter()
+        pool = ThreadPoolExecutor(threads, thread_name_prefix=f"mpqr-{role}")
+        # start the workers now, not on the first copy
+        for f in [pool.submit(time.sleep, 0) for _ in range(threads)]:
+            f.result()
+        _POOLS[(role, threads)] = pool
+        return pool, time.perf_counter() - t
+
 
 class CupyStaging(Staging):
     kind = "pinned"
@@ -42,14 +68,22 @@ class CupyStaging(Staging):
         self.cp = cp
         self.dev_id = cp.cuda.Device().id
         self.dtype = np.dtype(dtype)
+        self.pending: list[Any] = []
+        self._loads: list[Any] = []  # uploads submitted to the shared loader thread
+        t = time.perf_counter()
         self.s_in = cp.cuda.Stream(non_blocking=True)
         self.s_out = cp.cuda.Stream(non_blocking=True)
+        self.setup["streams_s"] = time.perf_counter() - t
         self._mems: list[Any] = []
+        self.setup["pinned_first_use_s"] = 0.0  # grows as slots are first used, in the copy threads
+        # pinned slots are allocated on first use (in _load / _store)
+        self.pin_in: list[Any] = [None] * self.nbuf
+        self.pin_out: list[Any] = [None] * max(1, nout)
         try:
-            self.pin_in = [self._pinned() for _ in range(self.nbuf)]
+            t = time.perf_counter()
             self.dev_in = [cp.empty(self.block_elems, dtype=self.dtype)
                            for _ in range(self.nbuf)]
-            self.pin_out = [self._pinned() for _ in range(max(1, nout))]
+            self.setup["device_ring_s"] = time.perf_counter() - t
         except BaseException:
             self.close()
             raise
@@ -58,21 +92,35 @@ class CupyStaging(Staging):
         self.free_out: queue.Queue[int] = queue.Queue()
         for i in range(len(self.pin_out)):
             self.free_out.put(i)
-        # uploads and downloads copy on host threads of their own: neither waits for the other
-        self.copies = ThreadPoolExecutor(HOST_COPY_THREADS, thread_name_prefix="mpqr-memcpy")
-        self.copies_out = ThreadPoolExecutor(HOST_COPY_THREADS,
-                                             thread_name_prefix="mpqr-memcpy-out")
-        self.loader = ThreadPoolExecutor(1, thread_name_prefix="mpqr-h2d")
-        self.writer = ThreadPoolExecutor(len(self.pin_out), thread_name_prefix="mpqr-d2h")
-        self.pending: list[Any] = []
+        # uploads and downloads copy on host threads of their own: neither waits for the
+        # other; the pools are the process's (made by the first staging)
+        made = 0.0
+        self.copies, dt = _pool("memcpy", HOST_COPY_THREADS)
+        made += dt
+        self.copies_out, dt = _pool("memcpy-out", HOST_COPY_THREADS)
+        made += dt
+        self.loader, dt = _pool("h2d", 1)
+        made += dt
+        self.writer, dt = _pool("d2h", len(self.pin_out))
+        self.setup["threads_s"] = made + dt
         self.copy_events: list[tuple[Any, Any]] = []
         self.compute_events: list[tuple[Any, Any]] = []
         self.host_copy_s = 0.0
+        self.setup_s = time.perf_counter() - self.t0
 
     def _pinned(self) -> Any:
+        t = time.perf_counter()
         mem = self.cp.cuda.alloc_pinned_memory(self.block_elems * self.dtype.itemsize)
         self._mems.append(mem)
+        self.setup["pinned_first_use_s"] += time.perf_counter() - t
         return np.ndarray((self.block_elems,), dtype=self.dtype, buffer=mem)
+
+    def _slot(self, bufs: list[Any], i: int) -> Any:
+        """Pinned slot ``i`` of ``bufs``, allocated on its first use (CuPy's pinned pool
+        hands back the previous call's buffers)."""
+        if bufs[i] is None:
+            bufs[i] = self._pinned()
+        return bufs[i]
 
     # --- host side copies -------------------------------------------------------
     def _par(self, fn: Any, rows: int, pool: Any = None) -> None:
@@ -114,7 +162,7 @@ class CupyStaging(Staging):
             views = []
             for src, (r0, r1, c0, c1) in parts:
                 n = (r1 - r0) * (c1 - c0)
-                pin = self.pin_in[slot][used:used + n].reshape(r1 - r0, c1 - c0)
+                pin = self._slot(self.pin_in, slot)[used:used + n].reshape(r1 - r0, c1 - c0)
                 self._host_read(src, (r0, r1, c0, c1), pin)
                 views.append((pin, used, n))
                 used += n
@@ -142,6 +190,7 @@ class CupyStaging(Staging):
 
         def submit(j: int) -> None:
             futs[j] = self.loader.submit(self._load, items[j], j % self.nbuf)
+            self._loads.append(futs[j])
 
         try:
             for j in range(min(depth, len(items))):
@@ -192,7 +241,7 @@ class CupyStaging(Staging):
         try:
             with cp.cuda.Device(self.dev_id):
                 self.s_out.wait_event(ready)
-                pin = self.pin_out[slot][:block.size].reshape(block.shape)
+                pin = self._slot(self.pin_out, slot)[:block.size].reshape(block.shape)
                 start = cp.cuda.Event()
                 start.record(self.s_out)
                 block.get(stream=self.s_out, out=pin)
@@ -234,17 +283,22 @@ class CupyStaging(Staging):
         if self.closed:
             return
         try:
-            for f in getattr(self, "pending", []):
+            loads = getattr(self, "_loads", [])
+            for f in loads:
+                f.cancel()
+            for f in [*loads, *getattr(self, "pending", [])]:
+                if f.cancelled():
+                    continue
                 try:
                     f.result()
                 except BaseException:  # reported by flush() where it matters
                     pass
-            for ex in ("loader", "writer", "copies", "copies_out"):
-                pool = getattr(self, ex, None)
-                if pool is not None:
-                    pool.shutdown(wait=True, cancel_futures=True)
-            self.s_in.synchronize()
-            self.s_out.synchronize()
+            # the thread pools are the process's: this staging's loads ended with its
+            # streams (stream_multi waits for them) and its stores just above
+            for st in ("s_in", "s_out"):
+                stream = getattr(self, st, None)
+                if stream is not None:
+                    stream.synchronize()
         finally:
             self.pin_in = self.pin_out = self.dev_in = []
             self._mems = []

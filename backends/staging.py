@@ -45,6 +45,10 @@ class Staging:
         self.compute_s = 0.0  # time the work on the staged blocks took (where measured)
         self.t0 = time.perf_counter()
         self.closed = False
+        #: what setting up took (buffers, streams, threads), and its parts by name; a
+        #: part paid during the run (a buffer allocated on first use) is added there
+        self.setup_s = 0.0
+        self.setup: dict[str, float] = {}
         OPEN.add(self)
 
     def stream(self, src: Any, regions: Iterable[Region]) -> Iterator[Any]:
@@ -72,7 +76,8 @@ class Staging:
         overlap = self.overlap(wall)
         return {"staging": self.kind, "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
                 "pieces": self.pieces, "copy_s": self.copy_s, "compute_s": self.compute_s,
-                "wall_s": wall, "overlap": overlap}
+                "wall_s": wall, "overlap": overlap, "setup_s": self.setup_s,
+                "setup": dict(self.setup)}
 
     def overlap(self, wall: float) -> float | None:
         """Fraction of the copy time hidden behind other work (None: not measured)."""

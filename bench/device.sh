@@ -15,8 +15,10 @@
 #   dasktests the dask tests (CuPy blocks included)
 #   bridge    bench bridge: mpqr on torch/JAX arrays against the same call on CuPy
 #   bridgetests the bridge tests (torch and JAX on the GPU and the CPU)
-#   ooc       bench ooc (tall rows, then square rows merged into the same JSON: two processes,
-#             each within a 10-minute command)
+#   ooc       bench ooc (tall rows, the first calls in fresh processes, then the square rows
+#             merged into the same JSON: three processes, each within a 10-minute command)
+#   oocmid    bench ooc's tall 8 GB row against NumPy and dask on the CPU cores
+#   oocsweep  bench ooc's staging sweep (host copy threads x largest piece)
 #   cplxtests the GPU tests of the complex products, Gram calls and moduli choice
 #   cplxgemm  bench gemm's complex (ZGEMM/CGEMM) and Gram rows
 set -u
@@ -77,10 +79,17 @@ for job in "$@"; do
         > "$OUT/pytest_bridge.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)|Error" "$OUT/pytest_bridge.txt" | cut -c1-300 >> "$L" ;;
     ooc)
-      timeout 590 python3 -m mpqr bench ooc --rows tall_big,tall_mid --json "$name.part1.json" \
+      timeout 590 python3 -m mpqr bench ooc --rows tall_big --json "$name.part1.json" \
         >> "$L" 2>&1
-      timeout 590 python3 -m mpqr bench ooc --rows square --merge "$name.part1.json" \
+      timeout 590 python3 -m mpqr bench ooc --rows first_call --merge "$name.part1.json" \
+        --json "$name.part2.json" >> "$L" 2>&1
+      timeout 590 python3 -m mpqr bench ooc --rows square --merge "$name.part2.json" \
         --json "$name.json" --png "$name.png" >> "$L" 2>&1 ;;
+    oocmid)
+      timeout 590 python3 -m mpqr bench ooc --rows tall_mid --json "$name.json" >> "$L" 2>&1 ;;
+    oocsweep)
+      timeout 590 python3 -m mpqr bench ooc --rows staging_sweep --repeat 1 --json "$name.json" \
+        >> "$L" 2>&1 ;;
     cplxtests)
       timeout 500 python3 -m pytest -q -n 0 -p no:cacheprovider -k cupy tests/test_engines_complex.py \
         tests/test_gram_engine.py tests/test_ozaki_moduli.py tests/test_qr_complex.py \

@@ -16,16 +16,25 @@ DEVICES = [pytest.param(None, id="numpy"),
 
 class Dataset:
     """``shape``, ``dtype`` and NumPy-style slicing over a NumPy array; ``fail_at``: the
-    read (1-based) that raises ``exc``, ``times`` times in a row."""
+    read (1-based) that raises ``exc``, ``times`` times in a row. ``rows_read`` counts
+    the rows of every read, so ``rows_read / shape[0]`` is the number of passes."""
 
     def __init__(self, arr, fail_at=None, exc=KeyboardInterrupt, times=1):
         self.arr, self.fail_at, self.exc, self.times = arr, fail_at, exc, times
         self.shape, self.dtype, self.ndim = arr.shape, arr.dtype, arr.ndim
         self.reads = 0
+        self.rows_read = 0
         self.failures = 0
+
+    @property
+    def passes(self):
+        return self.rows_read / self.shape[0]
 
     def __getitem__(self, key):
         self.reads += 1
+        rows = key[0] if isinstance(key, tuple) else key
+        self.rows_read += len(range(*rows.indices(self.shape[0]))) \
+            if isinstance(rows, slice) else self.shape[0]
         if self.fail_at is not None and self.reads >= self.fail_at and \
                 self.failures < self.times:
             self.failures += 1

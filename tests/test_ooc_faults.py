@@ -73,6 +73,21 @@ def test_interrupted_run_leaves_input_and_releases_staging(device, exc, shape, m
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fail_at", [3, 40])  # in the Gram pass / in the refinement pass
+def test_interrupted_lstsq_leaves_inputs_and_releases_staging(device, fail_at):
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal(TALL), rng.standard_normal(TALL[0])
+    keep_a, keep_b = a.copy(), b.copy()
+    src = Dataset(a, fail_at=fail_at)
+    with pytest.raises(KeyboardInterrupt, match="injected fault"):
+        mpqr.lstsq(src, b, device=device, memory_budget="40KB")
+    assert src.failures == 1
+    np.testing.assert_array_equal(a, keep_a)
+    np.testing.assert_array_equal(b, keep_b)
+    assert not list(staging.OPEN)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_overwrite_a_allows_workspace_only_when_asked(device):
     a = np.random.default_rng(4).standard_normal(SQUARE)
     keep = a.copy()

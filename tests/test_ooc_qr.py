@@ -56,8 +56,67 @@ def test_tall_passes_are_counted(device):
         mpqr.qr(a, device=device, memory_budget="40KB")
     with mpqr.explain() as tr:
         mpqr.qr(a, mode="r", device=device, memory_budget="40KB")
-    assert ooc_events(t)[0].data["passes"] == {"x": 3}  # CholQR2: two Gram passes, Q
+    assert ooc_events(t)[0].data["passes"] == {"x": 2}  # the Gram route: R, then Q
     assert ooc_events(tr)[0].data["passes"] == {"x": 1}  # mode="r": one TSQR pass
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128"])
+def test_reduced_in_two_reads_where_certified(device, dtype):
+    """cond(A) <= 4 by the eigenvalues of A^H A: R from the first read, Q = A R^-1
+    written in the second, with its check ||Q^H Q - I||_F <= 2 n u on the way."""
+    from mpqr.ooc.gram_route import ORTH_TOL_N
+
+    a = rand(np.random.default_rng(11), TALL, dtype)
+    keep = a.copy()
+    src = Dataset(a)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(src, device=device, memory_budget="40KB")
+    ev = ooc_events(trace)[0].data
+    assert ev["method"] == "gram" and ev["passes"] == {"x": 2} and src.passes == 2
+    assert ev["bytes_out"] == a.size * a.itemsize  # Q written once
+    check = [e for e in trace.events if e.kind == "check"]
+    u = unit_roundoff("auto", dtype)
+    assert len(check) == 1 and check[0].data["orthogonality"] <= ORTH_TOL_N * TALL[1] * u
+    q0, r0 = mpqr.qr(a)
+    _check(a, q, r, q0, r0, "auto", dtype)
+    np.testing.assert_array_equal(a, keep)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduced_failed_check_costs_one_pass_over_q(device, monkeypatch):
+    from mpqr.ooc import gram_route
+
+    monkeypatch.setattr(gram_route, "ORTH_TOL_N", 0.0)  # no Q passes the check now
+    a = np.random.default_rng(12).standard_normal(TALL)
+    src = Dataset(a)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(src, device=device, memory_budget="40KB")
+    ev = ooc_events(trace)[0].data
+    assert ev["method"] == "gram+cholqr2-step" and ev["passes"] == {"x": 2, "Q": 1}
+    assert src.passes == 2
+    assert any(e.kind == "fallback" and e.data.get("fallback") == "cholqr2-step"
+               for e in trace.events)
+    q0, r0 = mpqr.qr(a)
+    _check(a, q, r, q0, r0, "auto", "float64")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reduced_uncertified_continues_cholqr2_without_a_lost_read(device):
+    a = geometric(np.random.default_rng(13), *TALL, 1e3)
+    src = Dataset(a)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(src, device=device, memory_budget="40KB")
+    ev = ooc_events(trace)[0].data
+    assert ev["method"] == "cholqr2" and ev["passes"] == {"x": 3} and src.passes == 3
+    assert any(e.kind == "method" and e.data.get("path") == "cholqr2" for e in trace.events)
+    q0, r0 = mpqr.qr(a)
+    _check(a, q, r, q0, r0, "auto", "float64")
+    # asked for by name, CholQR2 runs as asked (three reads), and so does a low precision
+    for kw in ({"method": "cholqr2"}, {"precision": "fp32"}):
+        with mpqr.explain() as trace:
+            mpqr.qr(a, device=device, memory_budget="40KB", **kw)
+        assert ooc_events(trace)[0].data["passes"] == {"x": 3}
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -190,3 +249,30 @@ def test_square_ill_conditioned_stays_orthogonal(device, method):
     u = 2.0**-53
     assert orthogonality(q) <= 20 * SQUARE[1] * u
     assert backward_error(a, q, r) <= 20 * SQUARE[1] * u
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cold_start_is_reported_by_the_first_call_only(device, monkeypatch):
+    """The first out-of-core call of a process says in its trace what it paid (staging
+    set-up, the first piece's extra time); later calls reuse it and say nothing."""
+    from mpqr.ooc import run
+
+    monkeypatch.setattr(run, "_WARM", set())
+    a = np.random.default_rng(14).standard_normal(TALL)
+    traces = []
+    for _ in range(2):
+        with mpqr.explain() as trace:
+            mpqr.qr(a, mode="r", device=device, memory_budget="40KB")
+        traces.append(trace)
+    cold = [[e for e in t.events if e.kind == "cold-start"] for t in traces]
+    assert len(cold[0]) == 1 and not cold[1]
+    d = cold[0][0].data
+    assert d["setup_s"] >= 0 and d["first_piece_s"] > 0 and d["median_piece_s"] > 0
+    assert d["first_piece_extra_s"] == max(0.0, d["first_piece_s"] - d["median_piece_s"])
+    # from the call to the first piece: the backend's resolution and the staging within
+    assert d["before_run_s"] >= d["backend_s"] > 0 and d["before_run_s"] >= d["setup_s"]
+    assert d["cold_start_s"] == d["before_run_s"] + d["first_piece_extra_s"]
+    for t in traces:  # every call reports its own lead-in, set-up and first piece
+        ev = ooc_events(t)[0].data
+        assert {"before_run_s", "backend_s", "setup_s", "setup", "first_piece_s",
+                "median_piece_s"} <= set(ev)

@@ -200,11 +200,12 @@ def gram_factor(backend: Any, f: Any, *, precision: str, need_s: bool, cutoff: f
 
 
 def factor_from_gram(backend: Any, sb: Any, g: Any, shape: tuple[int, int], like: Any, *,
-                     precision: str, need_s: bool, cutoff: float, resolution: float
-                     ) -> GramFactor | None:
+                     precision: str, need_s: bool, cutoff: float, resolution: float,
+                     use: str = "preconditions CGLS") -> GramFactor | None:
     """:func:`gram_factor`'s decision from a Gram matrix ``g`` of an ``M x N`` matrix
     already formed (in the small backend ``sb``); ``R`` and ``s`` are returned on
-    ``like``'s device (``mpqr.backends.dask`` sums ``g`` over row blocks)."""
+    ``like``'s device (``mpqr.backends.dask`` sums ``g`` over row blocks, the
+    out-of-core route over row pieces). ``use``: what ``R`` is for, in the trace."""
     m, n = shape
     xs = sb.xp
     if not bool(xs.all(xs.isfinite(g))):
@@ -264,7 +265,7 @@ def factor_from_gram(backend: Any, sb: Any, g: Any, shape: tuple[int, int], like
                          "Cholesky test")
                 return declined
             cond = s1 / tau
-    record_event("method", "lstsq: Gram route: R = chol(A^H A) preconditions CGLS"
+    record_event("method", f"lstsq: Gram route: R = chol(A^H A) {use}"
                  + ((", s = sqrt(eig(A^H A))" if need_s else "")
                     + f" (cond(A) = {cond:.3g} <= {cond_max:g})"
                     if by_eig else f" (cond(A) <= {cond:.3g}, {how})"),

@@ -27,11 +27,18 @@ _LINK_RATE = 25e9
 
 
 def check_device_args(device: Any, memory_budget: Any, progress: Any) -> None:
-    """Validate the out-of-core keywords before any work (the api modules' branch)."""
+    """Validate the out-of-core keywords before any work (the api modules' branch); the
+    call's start and its backend's resolution are timed for the trace (a first call
+    imports and starts the device here)."""
+    import time
+
+    t0 = time.perf_counter()
     from mpqr.backends.host import device_backend
     from mpqr.ooc.budget import parse_budget
+    from mpqr.ooc.run import call_started
 
     device_backend(device)
+    call_started(t0, time.perf_counter() - t0)
     if memory_budget is not None:
         parse_budget(memory_budget)
     if progress is not None and not isinstance(progress, bool):
@@ -187,7 +194,7 @@ def _ooc_once(backend: Any, src: Any, method: str, precision: Any, prec_name: st
               want_q: bool, q_dst: Any, check: str | None, budget: int, source: str,
               progress: Any, overwrite_a: bool) -> Any:
     from mpqr.backends import host
-    from mpqr.ooc import square, tall
+    from mpqr.ooc import gram_route, square, tall
 
     m, n = src.shape
     tall_shape = m >= TALL_RATIO * n
@@ -203,8 +210,17 @@ def _ooc_once(backend: Any, src: Any, method: str, precision: Any, prec_name: st
         st = backend.host_staging(src.dtype, plan.block_elems)
         run = Run(backend, st, bar, "qr")
         try:
-            r = tall.tall_qr(run, src, plan, method=method, auto=auto, precision=precision,
-                             prec_name=prec_name, want_q=want_q, q_out=q_dst, check=check)
+            def cholqr(first_gram: Any = None) -> Any:
+                return tall.tall_qr(run, src, plan, method=method, auto=auto,
+                                    precision=precision, prec_name=prec_name, want_q=want_q,
+                                    q_out=q_dst, check=check, first_gram=first_gram)
+
+            if auto and want_q and gram_route.applies(backend, src.dtype, prec_name):
+                r, method = gram_route.two_read_qr(run, src, plan, gram_prec=precision,
+                                                   prec_name=prec_name, q_out=q_dst,
+                                                   check=check, fallback=cholqr)
+            else:
+                r = cholqr()
             r = host.to_host(r)
             run.finish(f"out of core ({method} by row pieces of {plan.rows} x {n}, "
                        f"{format_bytes(plan.piece_bytes)} each; budget "

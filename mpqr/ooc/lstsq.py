@@ -1,14 +1,30 @@
 """``mpqr.lstsq`` on host arrays, out of core when ``[A | b]`` exceeds the budget.
 
-Pass 1 is one TSQR pass over ``[A | b]`` by row pieces: its ``R_aug`` holds ``R``,
-``Q^H b`` and, in its trailing block, the residual norms. The singular values of
-``R`` give ``s`` and the rank (SciPy's ``cond`` cutoff, with the in-core rule for
-an uncertain rank at a low factorization precision: refactor at the working
-precision). Full rank: ``x = R^-1 Q^H b``, then, unless ``refine=None``, refinement
-on the semi-normal equations, ``x += R^-1 R^-H A^H (b - A x)``, one pass over
-``[A | b]`` each, residuals in the working precision, until the normal-equation
-backward error meets ``tol``. Rank deficient: the minimum-norm solution from the
-SVD of ``R``. The explain trace counts the passes.
+**Gram route** (with refinement, at the working precision, ``M >= 16 N``; the route of
+:mod:`mpqr.lstsq.gram` in core): one pass over ``[A | b]`` forms ``G = A^H A`` and
+``A^H b``. The eigenvalues of ``G`` alone decide (``b`` never enters the certificate:
+for a good fit ``[A | b]`` is ill-conditioned however well conditioned ``A`` is):
+``cond(A) <= GRAM_COND_MAX`` and a certainly full rank give ``R = chol(G)``, SciPy's
+``s = sqrt(eig(G))`` and ``x0 = R^-1 R^-H A^H b`` from ``n x n`` work only. One
+refinement pass over ``[A | b]`` then forms ``r = b - A x0``, ``A^H r`` and ``||r||``
+in the working precision, measures the normal-equation backward error of ``x0`` and
+corrects ``x1 = x0 + R^-1 R^-H A^H r``. The error of ``x1`` is bounded without
+another pass: ``A^H (b - A x1) = A^H r - G d - (A^H A - G) d`` with ``d = x1 - x0``,
+so ``||A^H (b - A x1)|| <= ||A^H r - G d|| + (M + N) u ||A||^2 ||d||`` beyond the
+rounding of the measurement itself, and ``||b - A x1||^2 = ||r||^2 - ||R^-H A^H r||^2``.
+When that bound meets ``tol`` (it does by orders of magnitude at ``cond(A) <= 4``),
+``x1`` is returned after two passes in all; otherwise refinement continues.
+
+**QR route** (ill-conditioned or rank-deficient ``A``, a low-precision factorization,
+``refine=None``): one TSQR pass over ``[A | b]`` by row pieces: its ``R_aug`` holds
+``R``, ``Q^H b`` and, in its trailing block, the residual norms. The singular values of
+``R`` give ``s`` and the rank (SciPy's ``cond`` cutoff, with the in-core rule for an
+uncertain rank at a low factorization precision: refactor at the working precision).
+Full rank: ``x = R^-1 Q^H b``, then, unless ``refine=None``, refinement on the
+semi-normal equations, ``x += R^-1 R^-H A^H (b - A x)``, one pass over ``[A | b]``
+each, residuals in the working precision, until the normal-equation backward error
+meets ``tol``. Rank deficient: the minimum-norm solution from the SVD of ``R``. A
+declined Gram route costs its one pass. The explain trace counts the passes.
 """
 
 from __future__ import annotations
@@ -19,9 +35,11 @@ from typing import Any
 
 from mpqr._errors import LinAlgError, RefinementWarning
 from mpqr.lstsq import _scipy_rules as rules
-from mpqr.lstsq.solver import UNIT, ranks, solvable
+from mpqr.lstsq.gram import GRAM_COND_MAX, GRAM_MIN_ASPECT, factor_from_gram
+from mpqr.lstsq.solver import RESOLUTION, UNIT, ranks, solvable
 from mpqr.ooc.budget import format_bytes, resolve_budget, tall_plan
 from mpqr.ooc.driver import IN_CORE_FACTOR
+from mpqr.ooc.gram_route import gram_pass
 from mpqr.ooc.run import Run, progress_bar
 from mpqr.ooc.tall import tsqr_stream
 from mpqr.policy import gemm, record_event
@@ -82,9 +100,13 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     run = Run(backend, backend.host_staging(wdt, plan.block_elems), bar, "lstsq")
     try:
         x, rank, s, rsq = prob.solve(run, plan)
-        run.finish(f"out of core (TSQR of [a | b] by row pieces of {plan.rows} x {n + kb}, "
-                   f"then {prob.refinements} refinement passes; budget "
-                   f"{format_bytes(budget)} from {source})", route="out-of-core",
+        how = ("the Gram route: A^H A and A^H b" if prob.method == "gram" else
+               "TSQR of [a | b]")
+        npass = prob.refinements
+        run.finish(f"out of core ({how} by row pieces of {plan.rows} x {n + kb}, then "
+                   f"{npass} refinement pass{'' if npass == 1 else 'es'}; budget "
+                   f"{format_bytes(budget)} "
+                   f"from {source})", route="out-of-core", method=prob.method,
                    refinement_passes=prob.refinements, piece_rows=plan.rows, budget=budget)
     finally:
         run.close()
@@ -144,6 +166,7 @@ class _Problem:
         self.maxiter = maxiter if maxiter is not None else 50
         self.check = _NONFINITE if check_finite else None
         self.refinements = 0
+        self.method = "tsqr"
 
     def _factor(self, run: Any, plan: Any, prec: str) -> tuple[Any, Any, Any]:
         raug = tsqr_stream(run, self.A, plan, precision=prec, want_q=False, q_out=None,
@@ -155,6 +178,58 @@ class _Problem:
         return ranks(self.xp, s, self.cond, u_f, self.u)
 
     def solve(self, run: Any, plan: Any) -> tuple[Any, int, Any, Any]:
+        if self.refine is not None and self.u_f <= self.u and \
+                self.m >= GRAM_MIN_ASPECT * self.n:
+            out = self._gram_route(run, plan)
+            if out is not None:
+                self.method = "gram"
+                return out
+        return self._qr_route(run, plan)
+
+    def _gram_precision(self) -> str:
+        # as in core: "auto", or fp64 on float32 input: the working precision's GEMM
+        return self.wprec if self.prec == "auto" or UNIT[self.prec] < self.u else self.prec
+
+    def _gram_route(self, run: Any, plan: Any) -> tuple[Any, int, Any, Any] | None:
+        """One pass over ``[a | b]``, then the refinement (see the module docstring);
+        None where the Gram matrix does not certify the route (the pass is then lost)."""
+        xp, be = self.xp, self.backend
+        m, n = self.m, self.n
+        gp = gram_pass(run, self.A, plan, precision=self._gram_precision(),
+                       label="lstsq:gram", check=self.check, rhs=self.B, wprec=self.wprec,
+                       name="[a | b]")
+        with be.ignore_fp_warnings():  # an over- or underflowing G is declined below
+            sb, g = be.small(gp.g)
+            gf = factor_from_gram(be, sb, g, (m, n), gp.g, precision=self._gram_precision(),
+                                  need_s=True, cutoff=self.cond,
+                                  resolution=RESOLUTION * math.sqrt(n) * self.u *
+                                  GRAM_COND_MAX / 2, use="gives x0 = R^-1 R^-H A^H b")
+        why = None
+        if gf is None or gf.r is None:
+            why = "A^H A does not certify it"
+        elif math.isfinite(gp.bmax):
+            lim = 250 if self.wprec == "fp64" else 30
+            ea = math.frexp(gf.s1)[1]
+            eb = math.frexp(gp.bmax)[1] if gp.bmax > 0 else 0
+            if abs(ea) > lim or abs(eb) > lim or not bool(xp.all(xp.isfinite(gp.h))):
+                why = (f"||A|| ~ 2^{ea} or max |b| ~ 2^{eb}: its products with A and b "
+                       "could under- or overflow")
+        if why is not None:
+            record_event("fallback", f"lstsq: out-of-core Gram route declined ({why}); TSQR "
+                         "of [a | b] (one more pass)", path="tsqr")
+            return None
+        r, s = gf.r, gf.s
+        if not math.isfinite(gp.bmax):  # b holds NaN/Inf (check_finite=False)
+            record_event("method", "lstsq: `b` holds NaN/Inf: the solution is NaN",
+                         path="nonfinite")
+            kb = gp.h.shape[1]
+            return (xp.full((n, kb), float("nan"), dtype=gp.h.dtype), n, s,
+                    xp.full((kb,), float("nan"), dtype=s.dtype))
+        y = be.solve_triangular(ct(xp, r), gp.h, lower=True)
+        x = be.solve_triangular(r, y, lower=False)
+        return self._refine(run, plan, r, x, s, gf.s1, gram=be.from_small(g, gp.g))
+
+    def _qr_route(self, run: Any, plan: Any) -> tuple[Any, int, Any, Any]:
         xp, be = self.xp, self.backend
         r, c, rho = self._factor(run, plan, self.prec)
         if not bool(xp.all(xp.isfinite(r))):
@@ -204,7 +279,11 @@ class _Problem:
         return gemm(ct(xp, vh[:k, :]), y, precision=self.wprec, label="lstsq:svd-Vy",
                     backend=self.backend)
 
-    def _refine(self, run: Any, plan: Any, r: Any, x: Any, s: Any, s1: float) -> Any:
+    def _refine(self, run: Any, plan: Any, r: Any, x: Any, s: Any, s1: float,
+                gram: Any = None) -> Any:
+        """Refinement passes from ``x``; with ``gram`` (``G``, ``R^H R = G``) each
+        correction's normal-equation error is bounded without a pass (module docstring)
+        and returned once the bound meets ``tol``."""
         xp, be = self.xp, self.backend
         kb = self.B.shape[1]
         items = [[(self.A, (r0, r1, 0, self.n)), (self.B, (r0, r1, 0, kb))]
@@ -228,17 +307,35 @@ class _Problem:
             omega = float(xp.max(gn / (s1 * (s1 * xn + xp.sqrt(rr)) + 1e-300)))
             if best is None or omega < best[0]:
                 best = (omega, x, rr)
-            if omega <= self.tol or (self.floor_tol is not None and it > 0
-                                     and omega <= self.floor_tol):
+            converged = omega <= self.tol or (self.floor_tol is not None and it > 0
+                                              and omega <= self.floor_tol)
+            if not math.isfinite(omega):
+                break
+            if gram is not None:
+                # the correction costs no pass and its error is bounded: taken whenever
+                # the bound meets tol (also after a converged measurement: it only gains)
+                y = be.solve_triangular(ct(xp, r), g, lower=True)
+                d = be.solve_triangular(r, y, lower=False)
+                x1 = x + d
+                bound, rr1 = self._bound(gram, g, d, y, x1, rr, s1)
+                if bound <= self.tol:
+                    record_event("refine", f"lstsq: out-of-core refinement: normal-equation "
+                                 f"residual {omega:.2e} measured in pass {it + 1} over "
+                                 f"[a | b]; after its correction at most {bound:.2e} "
+                                 "(bounded through A^H A, no further pass)",
+                                 iterations=it + 1, residual=bound, measured=omega)
+                    return x1, self.n, s, rr1
+            if converged:
                 record_event("refine", f"lstsq: out-of-core refinement converged after "
                              f"{it} corrections ({it + 1} passes over [a | b]), "
                              f"normal-equation residual {omega:.2e}", iterations=it,
                              residual=omega)
                 return x, self.n, s, rr
-            if not math.isfinite(omega):
-                break
-            y = be.solve_triangular(ct(xp, r), g, lower=True)
-            x = x + be.solve_triangular(r, y, lower=False)
+            if gram is None:
+                y = be.solve_triangular(ct(xp, r), g, lower=True)
+                d = be.solve_triangular(r, y, lower=False)
+                x1 = x + d
+            x = x1
         omega, x, rr = best
         if self.refine != "auto":
             warnings.warn(f"lstsq: refinement did not reach tol={self.tol:.2e} in "
@@ -248,3 +345,16 @@ class _Problem:
         record_event("refine", f"lstsq: out-of-core refinement stopped at normal-equation "
                      f"residual {omega:.2e}", residual=omega, converged=False)
         return x, self.n, s, rr
+
+    def _bound(self, gram: Any, g: Any, d: Any, y: Any, x: Any, rr: Any, s1: float
+               ) -> tuple[float, Any]:
+        """``(bound on the normal-equation error of x = x_prev + d, ||b - A x||^2)`` from
+        ``g = A^H (b - A x_prev)``, ``rr = ||b - A x_prev||^2``, ``y = R^-H g``: see the
+        module docstring (``(M + N) u ||A||^2`` bounds the rounding of ``G``)."""
+        xp, be = self.xp, self.backend
+        e = g - gemm(gram, d, precision=self.wprec, label="lstsq:gram-bound", backend=be)
+        rr1 = rr - be.column_norms(y) ** 2
+        rr1 = xp.where(rr1 > 0, rr1, xp.zeros_like(rr1))
+        num = be.column_norms(e) + (self.m + self.n) * self.u * s1 * s1 * be.column_norms(d)
+        den = s1 * (s1 * be.column_norms(x) + xp.sqrt(rr1)) + 1e-300
+        return float(xp.max(num / den)), rr1

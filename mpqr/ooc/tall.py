@@ -73,9 +73,11 @@ def _inverse(backend: Any, r: Any, method: str, prec_name: str) -> Any:
 
 
 def cholqr_stream(run: Any, src: Any, plan: Any, *, method: str, precision: Any,
-                  prec_name: str, want_q: bool, q_out: Any, check: str | None) -> Any:
+                  prec_name: str, want_q: bool, q_out: Any, check: str | None,
+                  first_gram: Any = None) -> Any:
     """Streaming CholQR2 / shifted CholQR3; returns R on the device. BreakdownError
-    as in core (the caller falls back to TSQR for ``method="auto"``)."""
+    as in core (the caller falls back to TSQR for ``method="auto"``). ``first_gram``:
+    ``A^H A`` already formed (on the device) in place of the first pass."""
     backend = run.backend
     xp = backend.xp
     m, n = src.shape
@@ -93,8 +95,8 @@ def cholqr_stream(run: Any, src: Any, plan: Any, *, method: str, precision: Any,
         return blk
 
     for k in range(npass):
-        g = None
-        for _region, blk in run.over(src, regions, "x"):
+        g = first_gram if k == 0 else None
+        for _region, blk in (run.over(src, regions, "x") if g is None else ()):
             if k == 0:
                 _check_finite(run, blk, check)
             gi = gram(backend, transform(blk), precision, f"ooc-{method}-gram")
@@ -153,14 +155,17 @@ def tsqr_stream(run: Any, src: Any, plan: Any, *, precision: Any, want_q: bool, 
 
 
 def tall_qr(run: Any, src: Any, plan: Any, *, method: str, auto: bool, precision: Any,
-            prec_name: str, want_q: bool, q_out: Any, check: str | None) -> Any:
-    """R on the device (and Q in ``q_out``) by ``method``; ``auto`` falls back to TSQR."""
+            prec_name: str, want_q: bool, q_out: Any, check: str | None,
+            first_gram: Any = None) -> Any:
+    """R on the device (and Q in ``q_out``) by ``method``; ``auto`` falls back to TSQR.
+    ``first_gram``: the CholQR methods' first Gram matrix, already formed."""
     if method == "tsqr":
         return tsqr_stream(run, src, plan, precision=precision, want_q=want_q, q_out=q_out,
                            check=check)
     try:
         return cholqr_stream(run, src, plan, method=method, precision=precision,
-                             prec_name=prec_name, want_q=want_q, q_out=q_out, check=check)
+                             prec_name=prec_name, want_q=want_q, q_out=q_out, check=check,
+                             first_gram=first_gram)
     except BreakdownError as exc:
         if not auto:
             raise
