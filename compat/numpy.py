@@ -130,8 +130,9 @@ def lstsq(a, b, rcond=None):
             res = xp.zeros((0,), dtype=real_t, device=dev)
         return wrap(x[:, 0] if is_1d else x), wrap(res), 0, s
     try:
-        # NumPy's driver is gelsd, which sets the cut of rcond <= 0 and rcond >= 1
-        x, _, rank, s = mpqr.lstsq(xp.astype(a1, t), xp.astype(b2, t), rcond,
+        # NumPy's driver is gelsd, which sets the cut of rcond <= 0 and rcond >= 1; a
+        # negative rcond goes on as 0, which gelsd reads the same (newer SciPy refuses < 0)
+        x, _, rank, s = mpqr.lstsq(xp.astype(a1, t), xp.astype(b2, t), max(rcond, 0.0),
                                    check_finite=False, lapack_driver="gelsd",
                                    precision=current_precision())
     except mpqr.LinAlgError as exc:

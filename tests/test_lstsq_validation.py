@@ -52,3 +52,24 @@ def test_nan_or_infinite_cond_is_refused_naming_it(bad):
         mcn.lstsq(a, b, rcond=bad)
     with pytest.raises(TypeError, match="^`rcond` must be a real number or None, got str"):
         mcn.lstsq(a, b, rcond="1e-3")
+
+
+def test_negative_cond_follows_the_installed_scipy(monkeypatch):
+    """SciPy >= 1.18 raises ``ValueError: Expected rcond >= 0.`` for a negative cond,
+    older SciPy reads it as LAPACK's default: mpqr.lstsq does what the installed SciPy
+    does, and NumPy's front end (whose rcond=-1 is documented) works under either."""
+    import importlib
+
+    import mpqr.compat.numpy as mnp
+
+    rules = importlib.import_module("mpqr.lstsq._scipy_rules")
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((8, 3)), rng.standard_normal(8)
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: True)
+    with pytest.raises(ValueError, match=r"`cond` must be >= 0 or None, got -1.0"):
+        mpqr.lstsq(a, b, cond=-1)
+    assert mpqr.lstsq(a, b, cond=0.0)[2] == 3
+    np.testing.assert_allclose(mnp.lstsq(a, b, rcond=-1)[0],
+                               np.linalg.lstsq(a, b, rcond=-1)[0], rtol=1e-12)
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: False)
+    assert mpqr.lstsq(a, b, cond=-1)[2] == 3

@@ -278,7 +278,9 @@ def test_gaussian_is_the_same_on_every_backend(xp):
     g = to_numpy(pivoted.gaussian(ns, (6, 50), ns.float64, None, 3))
     ref = to_numpy(pivoted.gaussian(mpqr._array_api.array_namespace(np.zeros(1)),
                                       (6, 50), np.float64, None, 3))
-    np.testing.assert_array_equal(g, ref)
+    # Box-Muller's log, sqrt and cos are not correctly rounded: a GPU's differ in the
+    # last bit (the sketch's pivots are the same but for ties within that rounding)
+    np.testing.assert_allclose(g, ref, rtol=4 * np.finfo(np.float64).eps, atol=0)
     assert abs(g.mean()) < 0.3 and 0.7 < g.std() < 1.3
 
 

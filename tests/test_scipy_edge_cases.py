@@ -488,7 +488,13 @@ def test_cond_that_lapack_reads_specially_cuts_as_scipys_driver(xp, dtype, drive
         for col, (row, v) in enumerate(zip([2, 0, 5, 3], [1.0, -1.0, 1.0, f * u])):
             a[row, col] = v
         for cond in conds if driver != "gelsy" else [c for c in conds if c is None or c < 1]:
-            want = sla.lstsq(a, b, cond=cond, lapack_driver=driver)[2]
+            try:
+                want = sla.lstsq(a, b, cond=cond, lapack_driver=driver)[2]
+            except ValueError:  # SciPy >= 1.18 refuses a negative cond
+                with pytest.raises(ValueError, match=r"`cond` must be >= 0 or None"):
+                    mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b), cond=cond,
+                               lapack_driver=driver)
+                continue
             got = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b), cond=cond,
                              lapack_driver=driver)[2]
             assert got == want, (f, cond, got, want)

@@ -24,6 +24,7 @@ __all__ = [
     "DRIVERS",
     "apply_over_batch",
     "check_driver",
+    "check_negative_cond",
     "check_shapes",
     "common_type",
     "cutoff",
@@ -154,6 +155,15 @@ def empty_result(xp: Any, a: Any, b: Any) -> tuple[Any, Any, int, Any]:
     else:
         res = xp.empty((0,), dtype=xp.float64, device=dev)
     return x, res, 0, xp.empty((0,), dtype=xp.float64, device=dev)
+
+
+def check_negative_cond(cond: float | None) -> None:
+    """SciPy >= 1.18 refuses a negative ``cond`` (its lstsq raises ``ValueError:
+    Expected rcond >= 0.``); before, LAPACK read it as its default. Follow the installed
+    SciPy."""
+    if cond is not None and cond < 0 and scipy_1_18_results():
+        raise ValueError(f"`cond` must be >= 0 or None, got {cond!r} (as the installed "
+                         "SciPy's lstsq requires: Expected rcond >= 0.)")
 
 
 def scipy_1_18_results() -> bool:

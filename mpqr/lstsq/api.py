@@ -221,7 +221,7 @@ def check_options(refine: Any, precision: Any, tol: Any, maxiter: Any, cond: Any
         raise ValueError(f"`tol` must be a positive number, got {tol!r}")
     if maxiter is not None and not (isinstance(maxiter, int) and maxiter >= 1):
         raise ValueError(f"`maxiter` must be a positive integer, got {maxiter!r}")
-    check_cutoff(cond, "cond")
+    rules.check_negative_cond(check_cutoff(cond, "cond"))
     return prec_name
 
 
