@@ -213,7 +213,7 @@ class DaskSolver(Solver):
             rank_cond, rank_sure, s1 = ranks(hx, s, self.cond, self.u_f, self.u)
             if s1 == 0.0 or rank_sure < k or not solvable(s, self.cond, self.u_f):
                 # R may be exactly singular: no triangular solve with it (in-core's rule)
-                return self._deficient(rank_cond)
+                return self.svd_fallback(rank_cond, rank_sure, s1, stacklevel=6)
             kappa = s1 / float(s[-1])
             if not self.need_s:
                 s = None
@@ -275,23 +275,6 @@ class DaskSolver(Solver):
         lim = 250 if self.wprec == "fp64" else 30
         ea, eb = math.frexp(s1)[1], math.frexp(bmax)[1]
         return (0, 0) if abs(ea) <= lim and abs(eb) <= lim else (ea, eb)
-
-    def _deficient(self, rank_cond: int) -> tuple[Any, int, Any, Any]:
-        low = self.u_f > self.u
-        why = (f"rank uncertain at precision {self.prec!r}: a singular value of R lies "
-               f"within {RESOLUTION:g} sqrt(n) u_f ||A|| of the cutoff" if low else
-               "rank deficient")
-        record_event("fallback", f"lstsq: {why}; minimum-norm solution from the QR-SVD at "
-                     "the working precision" + (" (refactoring)" if low else ""),
-                     rank=rank_cond, path="svd")
-        if low and self.refine != "auto":  # the caller asked for refinement by name
-            warnings.warn(
-                f"lstsq: refine={self.refine!r} was not run: {why}, so the problem was "
-                "refactored at the working precision and solved directly (the answer "
-                "is as accurate as SciPy's; the time is not that of the requested "
-                "path). Use a higher `precision` for ill-conditioned problems.",
-                RefinementWarning, stacklevel=5)
-        return self.direct("auto" if low else self.prec)
 
     def _nonfinite_b(self) -> tuple[Any, int, Any, Any]:
         """NaN/Inf in ``b`` (``check_finite=False``): ``x`` is NaN, never a

@@ -173,26 +173,7 @@ class Solver:
                 rank_cond = rank_sure = k
                 clear = True  # sigma_min(R) certified above the cutoff with a margin
         if s1 == 0.0 or rank_sure < k or not clear:
-            low = self.u_f > self.u
-            if low and rank_cond > rank_sure:
-                why = (f"rank uncertain at precision {self.prec!r}: a singular value of R "
-                       f"lies within {RESOLUTION:g} sqrt(n) u_f ||A|| of the cutoff")
-            elif rank_cond < k or s1 == 0.0:
-                why = "rank deficient"
-            else:
-                why = (f"R too close to singular to precondition: its smallest singular "
-                       f"value lies within {RESOLUTION:g} sqrt(n) u ||A|| of the cutoff")
-            record_event("fallback", f"lstsq: {why}; minimum-norm solution from the QR-SVD at "
-                         "the working precision" + (" (refactoring)" if low else ""),
-                         rank=rank_cond, path="svd")
-            if low and self.refine != "auto":  # the caller asked for refinement by name
-                warnings.warn(
-                    f"lstsq: refine={self.refine!r} was not run: {why}, so the problem was "
-                    "refactored at the working precision and solved directly (the answer "
-                    "is as accurate as SciPy's; the time is not that of the requested "
-                    "path). Use a higher `precision` for ill-conditioned problems.",
-                    RefinementWarning, stacklevel=4)
-            return self.direct("auto" if low else self.prec)
+            return self.svd_fallback(rank_cond, rank_sure, s1, stacklevel=5)
         side = "left" if self.under else "right"
         method = "ir" if self.refine == "ir" else "cgls"
         run = self._refiner(method)
@@ -294,6 +275,34 @@ class Solver:
         record_event("rank", f"lstsq: full rank certified without an SVD (sigma_min(R) > "
                      f"{tau:.2e}, Cholesky test)", rank=k, tau=tau)
         return math.ldexp(est, e)
+
+    def svd_fallback(self, rank_cond: int, rank_sure: int, s1: float, *,
+                     stacklevel: int) -> tuple[Any, int, Any, Any]:
+        """The minimum-norm solution from the QR-SVD at the working precision, for an R
+        that is rank deficient, whose rank is uncertain at a low factorization precision
+        (refactored then), or that lies too close to singular to precondition
+        (:func:`solvable`); the reason goes to the explain trace."""
+        k = min(self.m, self.n)
+        low = self.u_f > self.u
+        if low and rank_cond > rank_sure:
+            why = (f"rank uncertain at precision {self.prec!r}: a singular value of R "
+                   f"lies within {RESOLUTION:g} sqrt(n) u_f ||A|| of the cutoff")
+        elif rank_cond < k or s1 == 0.0:
+            why = "rank deficient"
+        else:
+            why = (f"R too close to singular to precondition: its smallest singular "
+                   f"value lies within {RESOLUTION:g} sqrt(n) u ||A|| of the cutoff")
+        record_event("fallback", f"lstsq: {why}; minimum-norm solution from the QR-SVD at "
+                     "the working precision" + (" (refactoring)" if low else ""),
+                     rank=rank_cond, path="svd")
+        if low and self.refine != "auto":  # the caller asked for refinement by name
+            warnings.warn(
+                f"lstsq: refine={self.refine!r} was not run: {why}, so the problem was "
+                "refactored at the working precision and solved directly (the answer "
+                "is as accurate as SciPy's; the time is not that of the requested "
+                "path). Use a higher `precision` for ill-conditioned problems.",
+                RefinementWarning, stacklevel=stacklevel)
+        return self.direct("auto" if low else self.prec)
 
     def direct(self, prec: str) -> tuple[Any, int, Any, Any]:
         """QR (with Q) at ``prec``, then ``R^-1 Q^H b`` or the truncated SVD solution;
