@@ -1,13 +1,16 @@
-"""``scipy.linalg`` front ends: ``lstsq`` and ``qr`` with SciPy's exact signatures.
+"""``scipy.linalg`` front ends: ``lstsq``, ``qr``, ``qr_multiply`` and ``rq`` with SciPy's
+exact signatures.
 
 Array-likes are converted with NumPy (as SciPy does); arrays of any Array API
-library (CuPy...) stay where they are. What mpqr does not do natively
-(``qr(pivoting=True)``, ``qr(mode="raw")``) is delegated to SciPy with a
-one-time warning. :func:`patch` routes existing ``scipy.linalg`` callers here.
+library (CuPy...) stay where they are. Every mode runs on mpqr, ``pivoting=True`` and
+``mode="raw"`` included. Batched calls (more than two dimensions) hand their results
+back as the installed SciPy does (a list of stacked outputs, a lone output bare).
+:func:`patch` routes existing ``scipy.linalg`` callers here.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -34,6 +37,36 @@ def _as_array(x: Any, name: str) -> Any:
 
 def _is_numpy(x: Any) -> bool:
     return isinstance(x, np.ndarray)
+
+
+@functools.cache
+def _batch_packing(name: str) -> tuple[type, bool]:
+    """How the installed SciPy's ``name`` hands back a batched call's results: the
+    container of several outputs, and whether a lone output comes back bare. SciPy's
+    batched linear algebra (``_apply_over_batch``, 1.15 on) gives a list, and one array
+    where a 2-D call gives ``(R,)``; read once from SciPy itself on a 2 x 2 x 2 problem,
+    so a release that changes it is followed."""
+    f = original(name)
+    a = np.stack([np.eye(2), 2 * np.eye(2)])
+    try:
+        if name == "lstsq":
+            several, lone = f(a, np.ones((2, 2, 1))), None
+        elif name == "qr_multiply":
+            several, lone = f(a, np.ones((2, 2, 2))), None
+        else:
+            several, lone = f(a), f(a, mode="r")
+    except Exception:  # a SciPy without batched calls: mpqr's own tuples
+        return tuple, False
+    container = type(several) if isinstance(several, (list, tuple)) else tuple
+    return container, lone is not None and not isinstance(lone, (list, tuple))
+
+
+def _batched(name: str, out: Any) -> Any:
+    """A batched call's results packed as the installed SciPy packs them."""
+    if not isinstance(out, tuple):
+        return out
+    container, bare = _batch_packing(name)
+    return out[0] if bare and len(out) == 1 else container(out)
 
 
 def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=True,
@@ -92,6 +125,10 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
             rank = np.asarray(rank)
         elif 0 not in np.shape(a1)[-2:] and rules.scipy_1_18_results():  # SciPy >= 1.18
             rank = np.int64(rank)
+    if a1.ndim > 2:
+        if s is None and _is_numpy(x) and _batch_packing("lstsq")[0] is list:
+            s = np.full(a1.shape[:-2], None, dtype=object)  # SciPy stacks gelsy's Nones
+        return _batched("lstsq", (x, res, rank, s))
     return x, res, rank, s
 
 
@@ -183,10 +220,10 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
         if m > n:  # SciPy's mode='r' R is (M, N)
             pad = xp.zeros((*batch, m - n, n), dtype=r.dtype, device=mpqr._array_api.device(r))
             r = xp.concat([r, pad], axis=-2)
-        return (r, *extra)
+        return _batched("qr", (r, *extra)) if batch else (r, *extra)
     out = mpqr.qr(aw, mode="complete" if mode in ("full", "qr") else "reduced",
                   precision=prec, overwrite_a=overwrite_a and aw is a1, pivoting=pivoting)
-    return tuple(out)
+    return _batched("qr", tuple(out)) if batch else tuple(out)
 
 
 def _qr_raw(xp: Any, a: Any, pivoting: bool, prec: Any) -> tuple[Any, ...]:
@@ -269,8 +306,9 @@ def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a
     a1, c1 = _as_array(a, "a"), _as_array(c, "c")
     xp = mpqr._array_api.array_namespace(a1, c1, names=("a", "c"))
     if a1.ndim > 2 or c1.ndim > 2:
-        return _over_batch(xp, lambda x, y: qr_multiply(x, y, mode, pivoting, conjugate),
-                           a1, c1, 2, 2 if c1.ndim > 1 else 1)
+        return _batched("qr_multiply", _over_batch(
+            xp, lambda x, y: qr_multiply(x, y, mode, pivoting, conjugate), a1, c1, 2,
+            2 if c1.ndim > 1 else 1))
     cf = c1 if xp.isdtype(c1.dtype, ("real floating", "complex floating")) else \
         xp.astype(c1, xp.float64)
     if not bool(xp.all(xp.isfinite(cf))):
@@ -343,8 +381,8 @@ def rq(a, overwrite_a=False, lwork=None, mode="full", check_finite=True):
     a1 = _as_array(a, "a")
     xp = mpqr._array_api.array_namespace(a1, names=("a",))
     if a1.ndim > 2:
-        return _over_batch(xp, lambda x: rq(x, mode=mode, check_finite=check_finite), a1,
-                           None, 2, None)
+        return _batched("rq", _over_batch(
+            xp, lambda x: rq(x, mode=mode, check_finite=check_finite), a1, None, 2, None))
     if check_finite:
         fv = a1 if xp.isdtype(a1.dtype, ("real floating", "complex floating")) else \
             xp.astype(a1, xp.float64)

@@ -1,0 +1,56 @@
+"""Batched calls of the SciPy front ends hand their results back as the installed SciPy
+does (1.15 on: a list of stacked outputs, a lone output bare, gelsy's ``s`` an object
+array of None), with SciPy's shapes and dtypes and, where the result is unique, its
+values; compared with SciPy itself on the same input."""
+
+from __future__ import annotations
+
+import mpqr.compat.scipy as cs
+import numpy as np
+import pytest
+import scipy.linalg as sla
+
+RNG = np.random.default_rng(11)
+A = RNG.standard_normal((2, 5, 3))
+CASES = [
+    ("qr", (A,), {}), ("qr", (A,), {"mode": "economic"}), ("qr", (A,), {"mode": "r"}),
+    ("qr", (A,), {"pivoting": True}), ("qr", (A,), {"mode": "r", "pivoting": True}),
+    ("rq", (A,), {}), ("rq", (A,), {"mode": "r"}), ("rq", (A,), {"mode": "economic"}),
+    ("qr_multiply", (A, RNG.standard_normal((2, 4, 5))), {}),
+    ("qr_multiply", (A, RNG.standard_normal((2, 3, 2))), {"mode": "left"}),
+    ("lstsq", (A, RNG.standard_normal((2, 5, 2))), {}),
+    ("lstsq", (A, RNG.standard_normal((2, 5, 2))), {"lapack_driver": "gelsy"}),
+]
+
+
+def _shape_of(out):
+    if isinstance(out, (list, tuple)):
+        return type(out), [_shape_of(o) for o in out]
+    if out is None:
+        return None
+    return type(out), np.shape(out), np.asarray(out).dtype
+
+
+@pytest.mark.parametrize("name,args,kwargs", CASES)
+def test_batched_results_are_packed_as_scipy_packs_them(name, args, kwargs):
+    want = getattr(sla, name)(*args, **kwargs)
+    got = getattr(cs, name)(*args, **kwargs)
+    assert _shape_of(got) == _shape_of(want)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"lapack_driver": "gelsy"}])
+def test_batched_lstsq_values_match_scipy(kwargs):
+    b = RNG.standard_normal((2, 5, 2))
+    want, got = sla.lstsq(A, b, **kwargs), cs.lstsq(A, b, **kwargs)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(got[2], want[2])
+    if kwargs:  # gelsy: no singular values, SciPy stacks its Nones
+        assert got[3].tolist() == want[3].tolist() == [None, None]
+    else:
+        np.testing.assert_allclose(got[3], want[3], rtol=1e-12)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-10)
+
+
+def test_two_dimensional_calls_keep_scipys_tuples():
+    assert type(cs.qr(A[0])) is type(sla.qr(A[0])) is tuple
+    assert type(cs.qr(A[0], mode="r")) is type(sla.qr(A[0], mode="r")) is tuple
