@@ -9,6 +9,7 @@ for 1-D ``b`` and empty unless ``rank == N < M`` (real dtype); errors are
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,7 @@ __all__ = ["lstsq", "qr"]
 def _as_array(x: Any, name: str) -> Any:
     from mpqr._array_api import _compat
 
-    if _compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):
+    if _compat.is_array_api_obj(x) and not isinstance(x, (np.ndarray, np.generic)):
         return x
     return np.asarray(plain_array(x, name))  # a masked array's mask would be ignored
 
@@ -103,6 +104,10 @@ def lstsq(a, b, rcond=None):
     """
     rcond = check_cutoff(rcond, "rcond")
     a1, b1 = _as_array(a, "a"), _as_array(b, "b")
+    for i, (v, name) in enumerate(((a1, "a"), (b1, "b"))):
+        if getattr(v, "dtype", None) == np.dtype("O"):  # NumPy's gufunc has no object loop
+            raise TypeError(f"Cannot cast ufunc 'lstsq' input {i} from dtype('O') to "
+                            f"dtype('float64') with casting rule 'same_kind' (`{name}`)")
     wrap = _wrap(b)
     xp = array_namespace(a1, b1, names=("a", "b"))
     is_1d = b1.ndim == 1
@@ -128,7 +133,7 @@ def lstsq(a, b, rcond=None):
             res = xp.astype(xp.sum(xp.real(bt * xp.conj(bt)), axis=0), real_t)
         else:
             res = xp.zeros((0,), dtype=real_t, device=dev)
-        return wrap(x[:, 0] if is_1d else x), wrap(res), 0, s
+        return wrap(x[:, 0] if is_1d else x), wrap(res), _rank(0), s
     try:
         # NumPy's driver is gelsd, which sets the cut of rcond <= 0 and rcond >= 1; a
         # negative rcond goes on as 0, which gelsd reads the same (newer SciPy refuses < 0)
@@ -143,7 +148,18 @@ def lstsq(a, b, rcond=None):
     else:
         res = xp.zeros((0,), dtype=real_t, device=dev)
     x = xp.astype(x, result_t)
-    return wrap(x[:, 0] if is_1d else x), wrap(res), rank, xp.astype(s, real_t)
+    return wrap(x[:, 0] if is_1d else x), wrap(res), _rank(int(rank)), xp.astype(s, real_t)
+
+
+@functools.cache
+def _rank_type() -> type:
+    """The type of ``rank`` the installed NumPy's lstsq returns (``numpy.int32`` in
+    NumPy 2, a Python ``int`` before), read once from NumPy itself."""
+    return type(np.linalg.lstsq(np.eye(1), np.ones(1), rcond=None)[2])
+
+
+def _rank(r: int) -> Any:
+    return _rank_type()(r)
 
 
 _MODES = ("reduced", "complete", "r", "raw")

@@ -11,6 +11,7 @@ back as the installed SciPy does (a list of stacked outputs, a lone output bare)
 from __future__ import annotations
 
 import functools
+import numbers
 from typing import Any
 
 import numpy as np
@@ -24,13 +25,18 @@ from mpqr.lstsq import _scipy_rules as rules
 __all__ = ["lstsq", "patch", "qr", "qr_multiply", "rq"]
 
 
-def _as_array(x: Any, name: str) -> Any:
+def _as_array(x: Any, name: str, *, real_objects: bool = False) -> Any:
     from mpqr._array_api import _compat
 
-    if _compat.is_array_api_obj(x) and not isinstance(x, np.ndarray):
+    if _compat.is_array_api_obj(x) and not isinstance(x, (np.ndarray, np.generic)):
         return x  # CuPy & co. stay on their device
     arr = np.asarray(plain_array(x, name))  # masked arrays refused, numpy.matrix as ndarray
     if arr.dtype == np.dtype("O"):
+        # SciPy's QR functions take an object array of real numbers as float64 (its lstsq
+        # refuses every object array); None (which SciPy turns into NaN), text or complex
+        # entries are refused
+        if real_objects and all(isinstance(v, numbers.Real) for v in arr.flat):
+            return arr.astype(np.float64)
         raise ValueError(f"object arrays are not supported (`{name}`)")
     return arr
 
@@ -187,7 +193,7 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     """
     if mode not in _QR_MODES:
         raise ValueError("Mode argument should be one of ['full', 'r', 'economic', 'raw']")
-    a1 = _as_array(a, "a")
+    a1 = _as_array(a, "a", real_objects=True)
     xp = mpqr._array_api.array_namespace(a1, names=("a",))
     if check_finite:
         fv = a1 if xp.isdtype(a1.dtype, ("real floating", "complex floating")) else \
@@ -303,7 +309,7 @@ def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a
     """
     if mode not in ("left", "right"):
         raise ValueError(f"Mode argument can only be 'left' or 'right' but not '{mode}'")
-    a1, c1 = _as_array(a, "a"), _as_array(c, "c")
+    a1, c1 = _as_array(a, "a", real_objects=True), _as_array(c, "c", real_objects=True)
     xp = mpqr._array_api.array_namespace(a1, c1, names=("a", "c"))
     if a1.ndim > 2 or c1.ndim > 2:
         return _batched("qr_multiply", _over_batch(
@@ -378,7 +384,7 @@ def rq(a, overwrite_a=False, lwork=None, mode="full", check_finite=True):
     """
     if mode not in ("full", "r", "economic"):
         raise ValueError("Mode argument should be one of ['full', 'r', 'economic']")
-    a1 = _as_array(a, "a")
+    a1 = _as_array(a, "a", real_objects=True)
     xp = mpqr._array_api.array_namespace(a1, names=("a",))
     if a1.ndim > 2:
         return _batched("rq", _over_batch(

@@ -54,3 +54,36 @@ def test_batched_lstsq_values_match_scipy(kwargs):
 def test_two_dimensional_calls_keep_scipys_tuples():
     assert type(cs.qr(A[0])) is type(sla.qr(A[0])) is tuple
     assert type(cs.qr(A[0], mode="r")) is type(sla.qr(A[0], mode="r")) is tuple
+
+
+def test_object_arrays_of_real_numbers_as_scipy_and_numpy_take_them():
+    """SciPy's QR functions factor an object array of real numbers as float64 (its lstsq
+    refuses object arrays); None, text or complex entries are refused by name, where
+    SciPy would make None a NaN. NumPy's lstsq has no object loop: TypeError."""
+    import mpqr.compat.numpy as cn
+
+    a = np.array([[1, 2.5], [3, True], [5, np.float32(7)]], dtype=object)
+    for name in ("qr", "rq"):
+        want, got = getattr(sla, name)(a), getattr(cs, name)(a)
+        assert [g.dtype for g in got] == [w.dtype for w in want]
+        np.testing.assert_allclose(np.abs(got[0]), np.abs(want[0]), rtol=1e-12, atol=1e-13)
+    for bad in (None, "2", 1j):
+        a_bad = a.copy()
+        a_bad[0, 0] = bad
+        with pytest.raises(ValueError, match=r"^object arrays are not supported \(`a`\)$"):
+            cs.qr(a_bad)
+    with pytest.raises(TypeError) as want:
+        np.linalg.lstsq(a, np.ones(3), rcond=None)
+    with pytest.raises(TypeError, match=r"`a`\)$") as got:
+        cn.lstsq(a, np.ones(3))
+    assert str(got.value).startswith(str(want.value))
+
+
+@pytest.mark.parametrize("name,msg", [("qr", "expected a 2-D array"), ("rq", "expected matrix")])
+def test_numpy_scalar_gets_scipys_error(name, msg):
+    """A NumPy scalar is an array-like as for SciPy: the same ValueError, not a TypeError
+    from namespace detection."""
+    with pytest.raises(ValueError, match=msg):
+        getattr(sla, name)(np.float64(1.0))
+    with pytest.raises(ValueError, match=msg):
+        getattr(cs, name)(np.float64(1.0))
