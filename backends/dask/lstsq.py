@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from typing import Any
 
 from mpqr.backends.dask import _blocks
@@ -27,7 +26,7 @@ from mpqr.backends.dask._validate import check_layout, require_dask
 from mpqr.backends.dask.qr import SPLIT_EVERY, factor
 from mpqr.backends.dask.refine import refine_fused
 
-from mpqr._errors import LinAlgError, RefinementWarning
+from mpqr._errors import LinAlgError
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.gram import (
     GRAM_COND_MAX,
@@ -244,16 +243,9 @@ class DaskSolver(Solver):
                      "over A in all", method=method, iterations=out.iterations,
                      residual=out.ratio * self.tol, converged=out.converged,
                      precision=self.prec, passes=self.passes[0])
-        if not out.converged and not out.nonfinite:
-            if self.refine == "auto":
-                record_event("fallback", "lstsq: refinement did not converge; refactoring at "
-                             "the working precision and solving directly", path="direct")
-                return self.direct("auto")
-            warnings.warn(
-                f"lstsq: {method} did not reach tol={self.tol:.2e} in {out.iterations} "
-                f"iterations (normal-equation residual {out.ratio * self.tol:.2e}); returning "
-                "the best iterate. Use refine='auto' or a higher `precision`.",
-                RefinementWarning, stacklevel=4)
+        done = self.unconverged(out, method, stacklevel=5)
+        if done is not None:
+            return done
         return (self._to_blocks(x), k, self._to_blocks(s),
                 self._to_blocks(rr) if self.need_s else None)
 

@@ -190,16 +190,9 @@ class Solver:
                      f"{out.ratio * self.tol:.2e} (tol {self.tol:.2e})", method=method,
                      iterations=out.iterations, residual=out.ratio * self.tol,
                      converged=out.converged, precision=self.prec)
-        if not out.converged and not out.nonfinite:
-            if self.refine == "auto":
-                record_event("fallback", "lstsq: refinement did not converge; refactoring at "
-                             "the working precision and solving directly", path="direct")
-                return self.direct("auto")
-            warnings.warn(
-                f"lstsq: {method} did not reach tol={self.tol:.2e} in {out.iterations} "
-                f"iterations (normal-equation residual {out.ratio * self.tol:.2e}); returning "
-                "the best iterate. Use refine='auto' or a higher `precision`.",
-                RefinementWarning, stacklevel=4)
+        done = self.unconverged(out, method, stacklevel=5)
+        if done is not None:
+            return done
         rsq = None
         if out.residual is not None and self.need_s:  # gelsy returns no residues either
             rsq = self._column_sq(out.residual)
@@ -275,6 +268,25 @@ class Solver:
         record_event("rank", f"lstsq: full rank certified without an SVD (sigma_min(R) > "
                      f"{tau:.2e}, Cholesky test)", rank=k, tau=tau)
         return math.ldexp(est, e)
+
+    def unconverged(self, out: Any, method: str, *, stacklevel: int) -> Any:
+        """What a refinement that did not reach ``tol`` leads to: with ``refine="auto"``
+        the direct solution at the working precision (a ``fallback`` event); with a
+        refinement asked for by name its best iterate stands, after a
+        ``RefinementWarning`` (None: the caller returns it). None too where it converged
+        or met a non-finite value (which the caller reports)."""
+        if out.converged or out.nonfinite:
+            return None
+        if self.refine == "auto":
+            record_event("fallback", "lstsq: refinement did not converge; refactoring at "
+                         "the working precision and solving directly", path="direct")
+            return self.direct("auto")
+        warnings.warn(
+            f"lstsq: {method} did not reach tol={self.tol:.2e} in {out.iterations} "
+            f"iterations (normal-equation residual {out.ratio * self.tol:.2e}); returning "
+            "the best iterate. Use refine='auto' or a higher `precision`.",
+            RefinementWarning, stacklevel=stacklevel)
+        return None
 
     def svd_fallback(self, rank_cond: int, rank_sure: int, s1: float, *,
                      stacklevel: int) -> tuple[Any, int, Any, Any]:
