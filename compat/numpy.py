@@ -13,7 +13,7 @@ import functools
 from typing import Any
 
 import numpy as np
-from mpqr.compat._patch import current_precision, warn_once
+from mpqr.compat._patch import current_precision
 
 import mpqr
 from mpqr._array_api import array_namespace, device
@@ -165,11 +165,35 @@ def _rank(r: int) -> Any:
 _MODES = ("reduced", "complete", "r", "raw")
 
 
+def _raw(xp: Any, a: Any) -> tuple[Any, Any]:
+    """NumPy's raw ``(h, tau)`` of a stack ``a``: mpqr's reflectors (:mod:`mpqr.qr.raw`),
+    each matrix's array transposed as NumPy returns it."""
+    from mpqr.backends import get_backend
+
+    from mpqr.policy import resolve_precision
+    from mpqr.qr.raw import householder_raw
+
+    backend = get_backend(xp)
+    prec = current_precision()
+    *batch, m, n = a.shape
+    k = min(m, n)
+    h = xp.empty((*batch, n, m), dtype=a.dtype, device=device(a))
+    tau = xp.empty((*batch, k), dtype=a.dtype, device=device(a))
+    for idx in np.ndindex(*batch):
+        hi, ti = householder_raw(backend, a[idx], precision=prec,
+                                 prec_name=resolve_precision(prec)[0])
+        h[idx] = xp.matrix_transpose(hi)
+        tau[idx] = ti
+    return h, tau
+
+
 def qr(a, mode="reduced"):
     """:func:`numpy.linalg.qr` computed by :func:`mpqr.qr` (stacks supported).
 
-    ``mode="raw"`` (Householder reflectors in LAPACK's layout) is delegated to
-    NumPy with a one-time warning. Signs follow mpqr's ``diag(R) >= 0``.
+    Every mode runs on mpqr, ``mode="raw"`` too: NumPy's ``(h, tau)``, ``h`` the
+    transpose of LAPACK's reflectors-and-R array (``(..., N, M)``), from mpqr's
+    reflectors. Signs follow mpqr's ``diag(R) >= 0`` (the raw reflectors' too, so LAPACK's
+    ``orgqr`` of them gives the ``Q`` of the other modes).
 
     Parameters
     ----------
@@ -197,16 +221,15 @@ def qr(a, mode="reduced"):
     """
     if mode not in _MODES:
         raise ValueError(f"Unrecognized mode '{mode}'")
-    if mode == "raw":
-        warn_once("np-qr-raw", "mpqr.compat.numpy.qr: mode='raw' is not supported by mpqr; "
-                  "delegating to numpy.linalg.qr (warned once)")
-        return np.linalg.qr(a, mode="raw")
     a1, wrap = _as_array(a, "a"), _wrap(a)
     xp = array_namespace(a1, names=("a",))
     if a1.ndim < 2:
         raise np.linalg.LinAlgError(
             f"{a1.ndim}-dimensional array given. Array must be at least two-dimensional")
     t, result_t = _types(xp, a1)
+    if mode == "raw":
+        h, tau = _raw(xp, xp.astype(a1, t))
+        return wrap(xp.astype(h, result_t)), xp.astype(tau, result_t)
     out = mpqr.qr(xp.astype(a1, t), mode=mode, precision=current_precision())
     if mode == "r":
         return wrap(xp.astype(out, result_t))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import mpqr.compat.numpy as mcn
 import numpy as np
 import pytest
-from mpqr.compat import _patch
 
 
 @pytest.mark.parametrize("shape", [(12, 4), (4, 12), (6, 6)])
@@ -79,11 +78,38 @@ def test_qr_errors_and_raw():
         mcn.qr(np.eye(2), mode="x")
     with pytest.raises(np.linalg.LinAlgError, match="1-dimensional array given"):
         mcn.qr(np.ones(3))
-    _patch._WARNED.discard("np-qr-raw")
-    a = np.random.default_rng(3).standard_normal((5, 3))
-    with pytest.warns(UserWarning, match="mode='raw' is not supported by mpqr"):
-        h, _tau = mcn.qr(a, mode="raw")
-    np.testing.assert_array_equal(h, np.linalg.qr(a, mode="raw")[0])
+
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 6, 4), (0, 3), (3, 0)])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128, np.int64])
+def test_qr_raw_is_numpys_layout_from_mpqrs_reflectors(shape, dtype):
+    """``mode="raw"``: NumPy's shapes and dtypes (``h`` the transposed LAPACK array,
+    ``(..., N, M)``); LAPACK's ``orgqr`` of the reflectors gives the ``Q`` of mpqr's other
+    modes (the same signs) to working precision, and ``triu(h^T)`` its ``R``."""
+    import scipy.linalg.lapack as lapack
+
+    rng = np.random.default_rng(sum(shape))
+    a = rng.standard_normal(shape)
+    if dtype is np.complex128:
+        a = a + 1j * rng.standard_normal(shape)
+    a = a.astype(dtype)
+    h, tau = mcn.qr(a, mode="raw")
+    h0, tau0 = np.linalg.qr(a, mode="raw")
+    assert (h.shape, h.dtype, tau.shape, tau.dtype) == (h0.shape, h0.dtype, tau0.shape,
+                                                         tau0.dtype)
+    if a.ndim != 2 or 0 in shape:
+        return
+    m, n = shape
+    k = min(m, n)
+    ref = mcn.qr(a)
+    lapack_h = np.array(np.swapaxes(h, -1, -2), order="F")
+    orgqr = lapack.zungqr if np.iscomplexobj(h) else lapack.dorgqr
+    q, _, info = orgqr(lapack_h[:, :k].astype(ref.Q.dtype), tau.astype(ref.Q.dtype))
+    assert info == 0
+    u = np.finfo(h.dtype).eps
+    np.testing.assert_allclose(q, ref.Q, atol=10 * max(m, n) * u)
+    np.testing.assert_allclose(np.triu(lapack_h[:k, :]), ref.R, atol=10 * max(m, n) * u * 10)
 
 
 def _scaled_permutation(dtype, f):
