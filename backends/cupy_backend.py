@@ -520,9 +520,9 @@ class CupyBackend(ArrayAPIBackend):
         if self.qrcp_route == "loop":
             return None
         # complex sketches, or the host route asked for: LAPACK on the host
-        from mpqr.backends.numpy_backend import NumpyBackend
+        from mpqr.backends.numpy_backend import lapack_qrcp_pivots
 
-        return NumpyBackend.qrcp_pivots(self, self._cp.asnumpy(y), k)
+        return lapack_qrcp_pivots(self._cp.asnumpy(y), k)
 
     def permute_columns(self, x, dst, src):
         # one gather and one scatter kernel instead of a slice copy per column

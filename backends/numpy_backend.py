@@ -20,7 +20,17 @@ from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
 from mpqr._errors import LinAlgError
 
-__all__ = ["NumpyBackend"]
+__all__ = ["NumpyBackend", "lapack_qrcp_pivots"]
+
+
+def lapack_qrcp_pivots(y: np.ndarray, k: int) -> list[int]:
+    """The first ``k`` pivots of LAPACK geqp3 on a small host sketch ``y`` (R only, no Q
+    formed); also the CuPy backend's route for sketches its kernel does not take."""
+    if min(y.shape) == 0 or k <= 0:
+        return []
+    with np.errstate(all="ignore"):
+        _, piv = sla.qr(y, mode="r", pivoting=True, check_finite=False)
+    return piv[:min(k, *y.shape)].tolist()
 
 
 class NumpyBackend(ArrayAPIBackend):
@@ -122,12 +132,7 @@ class NumpyBackend(ArrayAPIBackend):
                 w[i + 1:hi, i + 1:hi] -= np.outer(w[i + 1:hi, i], w[i, i + 1:hi])
 
     def qrcp_pivots(self, y, k):
-        # LAPACK geqp3 of the small sketch (R only, no Q formed)
-        if min(y.shape) == 0 or k <= 0:
-            return []
-        with np.errstate(all="ignore"):
-            _, piv = sla.qr(y, mode="r", pivoting=True, check_finite=False)
-        return piv[:min(k, *y.shape)].tolist()
+        return lapack_qrcp_pivots(y, k)
 
     def permute_columns(self, x, dst, src):
         x[..., dst] = x[..., src]
