@@ -130,6 +130,12 @@ class ArrayAPIBackend:
         """2-norms of the columns of a 2-D ``v`` (shape ``(k,)``, real dtype)."""
         return self.xp.linalg.vector_norm(v, axis=0)
 
+    def column_sumsq(self, v: Any) -> Any:
+        """Squared 2-norms of the columns of a 2-D ``v``: ``sum_i |v_ij|^2`` (shape
+        ``(k,)``, real dtype; no scaling, so squares over- and underflow as they are)."""
+        xp = self.xp
+        return xp.sum(xp.real(v * xp.conj(v)), axis=0)
+
     def max_abs_finite(self, x: Any, axis: int) -> Any:
         """Largest finite ``|x|`` along ``axis`` (keepdims; 0 where none)."""
         xp = self.xp

@@ -256,6 +256,17 @@ def column_norms(v):
     return cp.sqrt(_column_sumsq(v))
 
 
+def column_sumsq(v):
+    """Squared 2-norms of the columns of a 2-D ``v`` (real dtype), by the chunked
+    reduction of :func:`column_norms` on tall arrays."""
+    if v.dtype.kind == "c":
+        return column_sumsq(cp.ascontiguousarray(v.real)) + \
+            column_sumsq(cp.ascontiguousarray(v.imag))
+    if v.shape[0] < 64 * _NORM_CHUNKS:
+        return _sumsq_kernel()(v, axis=0)
+    return _column_sumsq(cp.ascontiguousarray(v))
+
+
 def _column_sumsq(v):
     m, k = v.shape
     step = m // _NORM_CHUNKS

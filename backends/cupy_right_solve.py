@@ -6,7 +6,7 @@ CholQR2 on narrow float64 matrices: the Gram matrix of ``A R1^{-1}`` without
 writing it (:func:`right_solve_gram`), and ``(A R1^{-1}) R2^{-1}`` from ``A``
 (:func:`right_solve_twice`), the same rounded intermediate rows in both; they
 solve a tile by 8-column blocks, the off-diagonal updates on the fp64 MMA. Kernel
-source: ``kernels/right_solve.cu``; one instantiation per ``(dtype, n)``,
+source: ``kernels/right_solve.cu``; one instantiation per ``(dtype, n, kernel)``,
 compiled on first use and cached by CuPy.
 """
 
@@ -50,20 +50,21 @@ def supports_gram(a) -> bool:
 
 
 @functools.cache
-def _module(dtype_name: str, n: int, rows: int):
+def _kernel(dtype_name: str, n: int, rows: int, variant: str):
+    """One instantiation, compiled on first use (a route pays only for the kernels it
+    runs, and a parallel warm-up compiles each one apart)."""
     t, minb = ("double", 3) if dtype_name == "float64" else ("float", 1)
-    names = {"one": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, false>",
-             "twice": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, true>"}
-    if dtype_name == "float64" and n <= GRAM_MAX_N:
-        names["gram"] = f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_GRAM_MINB}>"
-        names["twice_tiles"] = f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>"
+    name = {"one": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, false>",
+            "twice": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, true>",
+            "gram": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_GRAM_MINB}>",
+            "twice_tiles": f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>",
+            }[variant]
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=list(names.values()))
-    fns = {k: mod.get_function(v) for k, v in names.items()}
-    for k, nr in (("gram", 1), ("twice_tiles", 2)):
-        if k in fns:  # beyond 48 KiB a kernel has to opt in to dynamic shared memory
-            fns[k].max_dynamic_shared_size_bytes = _fused_smem(n, nr)
-    return fns
+                       name_expressions=[name])
+    fn = mod.get_function(name)
+    if variant in ("gram", "twice_tiles"):  # past 48 KiB a kernel opts in to dynamic smem
+        fn.max_dynamic_shared_size_bytes = _fused_smem(n, 1 if variant == "gram" else 2)
+    return fn
 
 
 def _fused_smem(n: int, nr: int) -> int:
@@ -110,7 +111,7 @@ def _solve(a, rs, out, variant):
     rows = _rows(n, a.dtype)
     rt, dinv = _factor(rs[0], a.dtype)
     rt2, dinv2 = _factor(rs[1], a.dtype) if len(rs) > 1 else (rt, dinv)  # unused by "one"
-    _module(np.dtype(a.dtype).name, n, rows)[variant](
+    _kernel(np.dtype(a.dtype).name, n, rows, variant)(
         (-(-m // rows),), (rows,), (a, lda, rt, dinv, out, ldq, np.int64(m), rt2, dinv2))
     return out
 
@@ -147,7 +148,7 @@ def right_solve_twice(a, r1, r2, out=None):
     if m == 0:
         return out
     (rp1, dp1), (rp2, dp2) = _padded(r1), _padded(r2)
-    kernel, smem = _module("float64", n, _rows(n, a.dtype))["twice_tiles"], _fused_smem(n, 2)
+    kernel, smem = _kernel("float64", n, _rows(n, a.dtype), "twice_tiles"), _fused_smem(n, 2)
     blocks = max(1, min(-(-m // _GRAM_ROWS), _resident_blocks(kernel, _GRAM_ROWS, smem)))
     kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp1, dp1, rp2, dp2, out, ldq, np.int64(m)),
            shared_mem=smem)
@@ -163,7 +164,7 @@ def right_solve_gram(a, r):
     rp, dp = _padded(r)
     n16 = (n + 15) // 16 * 16
     tiles = -(-m // _GRAM_ROWS)
-    kernel, smem = _module("float64", n, _rows(n, a.dtype))["gram"], _fused_smem(n, 1)
+    kernel, smem = _kernel("float64", n, _rows(n, a.dtype), "gram"), _fused_smem(n, 1)
     # persistent blocks, one wave of them: few partial Gram matrices, no tail
     blocks = max(1, min(tiles, _resident_blocks(kernel, _GRAM_ROWS, smem)))
     partial = cp.zeros((blocks * (_GRAM_ROWS // 32), n16, n16), dtype=cp.float64)  # per warp

@@ -3,9 +3,12 @@
 # `python3 -m pip install -e ".[cuda13,test,plot]"` (or cuda12). The log, JSON and PNG
 # files go to $OUT, named TOPIC_DEVICE_DATE; copy the ones to keep into bench/results/
 # and run `python -m mpqr.tools.render_results`.
-#   tests     the GPU tests of test files a-p (one device command each half)
+#   tests     the GPU tests of test files a-p (one device command each half), or of the
+#             files in $TEST_FILES when set
 #   tests2    the GPU tests of test files q-z, then the GPU-fault tests
 #   demo      python -m mpqr demo, timed
+#   warmup    re-record the kernel list (python -m mpqr warmup --record, into the package and
+#             $OUT), then the demo in a fresh kernel cache: the first run on a new machine
 #   gemm      bench gemm after mpqr.tune(), at 8192^3 and 16384^3 (the cost model's break-even)
 #   qr        bench qr: the square shapes, then the tall ones at cond 1 ... 1e15, against cuSOLVER
 #   pivot     QR with column pivoting on the GPU (bench/probes/pivot_sketch.py)
@@ -37,12 +40,17 @@ for job in "$@"; do
       # the GPU tests take longer than one device command: test files a-p, then q-z
       files=$(ls tests/test_*.py | grep -E "^tests/test_[a-p]")
       [ "$job" = tests2 ] && files=$(ls tests/test_*.py | grep -E "^tests/test_[q-z]")
+      [ "$job" = tests ] && [ -n "${TEST_FILES:-}" ] && files=$TEST_FILES
       timeout 540 python3 -m pytest -q -n 0 -p no:cacheprovider -k "cupy or bitwise or right_solve" \
         $files > "$OUT/pytest_$job.txt" 2>&1
       [ "$job" = tests2 ] && timeout 40 python3 -m pytest -q -n 0 -p no:cacheprovider -rs \
         tests/test_reliability_gpu_faults.py >> "$OUT/pytest_$job.txt" 2>&1
       grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_$job.txt" | cut -c1-200 >> "$L" ;;
     demo) ( time timeout 150 python3 -m mpqr demo ) >> "$L" 2>&1 ;;
+    warmup)
+      timeout 200 python3 -m mpqr warmup --record backends/data/cupy_kernels.json.gz >> "$L" 2>&1
+      cp backends/data/cupy_kernels.json.gz "$OUT/"
+      ( export CUPY_CACHE_DIR=$(mktemp -d); time timeout 150 python3 -m mpqr demo ) >> "$L" 2>&1 ;;
     gemm)
       timeout 150 python3 -m mpqr bench gemm --tune --repeat 5 \
         --shapes 8192x8192x8192,16384x16384x16384 --json "$name.json" --png "$name.png" \
@@ -99,7 +107,7 @@ for job in "$@"; do
     cplxgemm)
       timeout 560 python3 -m mpqr bench gemm --tune --repeat 3 --kinds complex,gram \
         --json "$OUT/gemm_cplx_${DEV}_$D.json" --png "$OUT/gemm_cplx_${DEV}_$D.png" >> "$L" 2>&1 ;;
-    *) echo "unknown job $job (tests, demo, gemm, qr, lstsq, accuracy, dask, dasktests, bridge, bridgetests, ooc, cplxtests, cplxgemm)" >> "$L" ;;
+    *) echo "unknown job $job (tests, demo, warmup, gemm, qr, lstsq, accuracy, dask, dasktests, bridge, bridgetests, ooc, cplxtests, cplxgemm)" >> "$L" ;;
   esac
 done
 grep -v "^\s\s\s\s" "$L" | cut -c1-220 | tail -100

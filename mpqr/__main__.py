@@ -1,4 +1,5 @@
-"""Command line: ``python -m mpqr demo`` and ``python -m mpqr bench [TOPIC] ...``.
+"""Command line: ``python -m mpqr demo``, ``python -m mpqr warmup`` and
+``python -m mpqr bench [TOPIC] ...``.
 
 ``python -m mpqr bench`` alone lists the benchmarks; ``python -m mpqr bench TOPIC -h``
 shows one's options. Each writes ``--json PATH`` and ``--png PATH``.
@@ -14,13 +15,17 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m mpqr", description="mpqr command line")
-    p.add_argument("command", choices=["demo", "bench"], help="what to run")
+    p.add_argument("command", choices=["demo", "warmup", "bench"], help="what to run")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.command == "demo":
         from mpqr.tools.demo import main as demo
 
         return demo(args.rest)
+    if args.command == "warmup":
+        from mpqr.tools.warmup import main as warmup
+
+        return warmup(args.rest)
     # the one registry of benchmarks: topic -> module with main(argv)
     benches = {"gemm": "mpqr.tools.bench_gemm", "qr": "mpqr.tools.bench_qr",
                "lstsq": "mpqr.tools.bench_lstsq", "accuracy": "mpqr.tools.bench_accuracy",

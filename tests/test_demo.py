@@ -57,3 +57,81 @@ def test_demo_problem_is_built_on_the_arrays_namespace(monkeypatch):
     assert s[0] == pytest.approx(anorm, rel=1e-12)
     assert s[0] / s[-1] == pytest.approx(1e4, rel=1e-8)
     assert b.shape == (300,)
+
+
+# -- the GPU kernel warm-up (its CPU-side parts; the compiles themselves run on a GPU) --
+
+def test_warmup_stores_mpqr_kernels_by_file_and_reads_them_back_exactly():
+    """A source that embeds one of mpqr's .cu files is stored by name with what CuPy put
+    around it, so a warm-up always compiles the current file, byte for byte."""
+    from pathlib import Path
+
+    from mpqr.backends import cupy_warmup as w
+
+    path = sorted(Path(w.__file__).parent.joinpath("kernels").glob("*.cu"))[0]
+    source = "#include <cupy/carray.cuh>\n" + path.read_text() + "\n// tail"
+    entry = w._source_entry(source)
+    assert entry["file"] == path.name and "source" not in entry
+    assert w._source_of(entry) == source
+    other = "extern \"C\" __global__ void k() {}"
+    assert w._source_entry(other) == {"source": other}
+    assert w._source_of(w._source_entry(other)) == other
+
+
+def test_warmup_skips_a_list_it_cannot_use(tmp_path):
+    """A missing or unreadable kernel list is reported, never an exception; without CuPy
+    there is nothing to compile."""
+    from mpqr.backends import cupy_warmup as w
+
+    bad = tmp_path / "k.json.gz"
+    bad.write_bytes(b"not gzip")
+    done = w.warm(bad)
+    assert done["kernels"] == 0 and done["skipped"]
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert done["skipped"] == "CuPy is not installed"
+    else:
+        assert done["skipped"].startswith("no usable kernel list (BadGzipFile")
+
+
+def test_shipped_kernel_list_names_existing_sources():
+    from mpqr.backends import cupy_warmup as w
+
+    manifest = w.load()
+    assert manifest["cupy"] and manifest["entries"]
+    for e in manifest["entries"]:
+        assert ("file" in e) != ("source" in e), e.keys()
+        assert isinstance(e["options"], list) and isinstance(e["kwargs"], dict)
+        assert w._source_of(e)  # a stored file name still exists
+
+
+def test_warmup_command_without_a_gpu(capsys):
+    from mpqr.tools import warmup
+
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        assert warmup.main([]) == 0
+        assert "no CuPy: nothing to compile" in capsys.readouterr().out
+    else:
+        pytest.skip("CuPy is installed: the warm-up compiles (GPU job)")
+
+
+def test_every_package_directory_is_in_the_distribution():
+    """pyproject's explicit package list names every directory of Python modules (a
+    subpackage left out is missing from a non-editable install)."""
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    conf = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(conf["packages"])
+    dirs = conf["package-dir"]
+    found = set()
+    for pkg, d in dirs.items():
+        for init in (root / d).rglob("__init__.py"):
+            rel = init.parent.relative_to(root / d)
+            found.add(".".join([pkg, *rel.parts]) if rel.parts else pkg)
+    assert found <= listed, sorted(found - listed)

@@ -198,7 +198,7 @@ def lstsq_leaf(small: tuple[Any, ...], a: Any, b: Any) -> dict[str, Any]:
     with backend.ignore_fp_warnings():  # an over- or underflowing G is declined on the client
         g = gram(backend, a, gprec, "lstsq:gram")
         c = gemm(ct(xp, a), b, precision=wprec, label="lstsq:AHb", backend=backend)
-        bb = xp.sum(xp.real(b * xp.conj(b)), axis=0)
+        bb = backend.column_sumsq(b)
     bmax = xp.max(xp.abs(b)) if b.shape[0] else xp.zeros((), dtype=bb.dtype)
     return {"g": to_host(g), "c": to_host(c), "bb": to_host(bb), "bmax": to_host(bmax),
             "aok": _finite(backend, a, g, True) if check else True,
@@ -226,7 +226,7 @@ def residual_leaf(small: tuple[Any, ...], a: Any, b: Any) -> dict[str, Any]:
         v = -ax
     else:
         v = xp.concat([b - ax[:, :kx], -ax[:, kx:]], axis=1)
-    out = {"vv": to_host(xp.sum(xp.real(v * xp.conj(v)), axis=0))}
+    out = {"vv": to_host(backend.column_sumsq(v))}
     if want_w:
         out["w"] = to_host(gemm(ct(xp, a), v, precision=wprec, label="lstsq:refine-AHV",
                                 backend=backend))

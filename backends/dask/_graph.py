@@ -18,8 +18,8 @@ from typing import Any
 
 from mpqr.policy import record_event
 
-__all__ = ["PassStats", "Small", "compute_pass", "groups", "reduce_pass", "run_group",
-           "sum_parts"]
+__all__ = ["PassStats", "Small", "as_column", "compute_pass", "groups", "reduce_pass",
+           "run_group", "sum_parts"]
 
 _COUNTER = itertools.count()
 
@@ -63,11 +63,21 @@ def sum_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run_group(leaf: Any, combine: Any, small: Small, blocks: list[list[Any]]) -> Any:
+def run_group(leaf: Any, combine: Any, small: Small, blocks: list[list[Any]],
+              views: tuple[Any, ...] = ()) -> Any:
     """The leaf function on each block of a group (in turn, so that one block's
-    temporaries are freed before the next), its results combined."""
+    temporaries are freed before the next), its results combined. ``views[j]``, where
+    not None, is applied to the ``j``-th array's block first."""
+    if views:
+        blocks = [[v if f is None else f(v) for v, f in zip(blk, views)] for blk in blocks]
     parts = [leaf(small.value, *blk) for blk in blocks]
     return parts[0] if len(parts) == 1 else combine(parts)
+
+
+def as_column(v: Any) -> Any:
+    """A 1-D block as an ``(h, 1)`` view: a vector ``b`` read as one column inside the
+    block task (a dask-level ``b[:, None]`` would add a task per block to every pass)."""
+    return v[:, None]
 
 
 def _combine_list(combine: Any, parts: list[Any]) -> Any:
@@ -130,11 +140,14 @@ def _client() -> Any:
 
 def reduce_pass(what: str, leaf: Any, combine: Any, arrays: list[Any], small: Any, *,
                 split_every: int, finish: Any = None,
-                group: list[list[int]] | None = None) -> tuple[Any, PassStats]:
+                group: list[list[int]] | None = None,
+                views: tuple[Any, ...] = ()) -> tuple[Any, PassStats]:
     """A lazy ``Delayed`` of ``finish(combine over the blocks of leaf(small, A_i, B_i,
     ...))`` for row-chunked ``arrays`` with equal row chunks, and its task counts.
 
-    ``group``: block indices per leaf task (:func:`groups`; default one block each)."""
+    ``group``: block indices per leaf task (:func:`groups`; default one block each).
+    ``views``: per array, None or a function of its block applied in the leaf task
+    (:func:`as_column`)."""
     import dask
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
@@ -148,7 +161,8 @@ def reduce_pass(what: str, leaf: Any, combine: Any, arrays: list[Any], small: An
     level = []
     for j, idx in enumerate(group):
         key = (name, 0, j)
-        dsk[key] = (run_group, leaf, combine, skey, [[ks[i] for ks in keys] for i in idx])
+        dsk[key] = (run_group, leaf, combine, skey, [[ks[i] for ks in keys] for i in idx],
+                    tuple(views))
         level.append(key)
     depth = 0
     while len(level) > split_every:

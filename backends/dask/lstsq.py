@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from mpqr.backends.dask import _blocks
-from mpqr.backends.dask._graph import compute_pass, groups, reduce_pass, sum_parts
+from mpqr.backends.dask._graph import as_column, compute_pass, groups, reduce_pass, sum_parts
 from mpqr.backends.dask._validate import check_layout, require_dask
 from mpqr.backends.dask.qr import SPLIT_EVERY, factor
 from mpqr.backends.dask.refine import refine_fused
@@ -101,7 +101,8 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     bw = b if b.dtype == wdt else b.astype(wdt)
     x, res, rank, s = lstsq_2d(backend, aw, bw, cond, lapack_driver, prec_name, refine, tol,
                                maxiter,
-                               solver=functools.partial(DaskSolver, check_finite=check_finite))
+                               solver=functools.partial(DaskSolver, check_finite=check_finite,
+                                                        vector=bw if bw.ndim == 1 else None))
     return _wrap(da, x), _wrap(da, res), rank, (None if s is None else _wrap(da, s))
 
 
@@ -119,9 +120,13 @@ class DaskSolver(Solver):
     split_every = SPLIT_EVERY
 
     def __init__(self, backend: Any, a: Any, b: Any, *args: Any, check_finite: bool = True,
-                 **kw: Any):
+                 vector: Any = None, **kw: Any):
         super().__init__(backend, a, b, *args, **kw)
         self.check_finite = check_finite
+        # a vector b (which lstsq reads as the column b[:, None]) is read in its own
+        # blocks, each viewed as a column inside the block task: no getitem task per block
+        self.vector = vector if vector is not None and b.shape == (*vector.shape, 1) \
+            else None
         self.host = _blocks.host_backend()
         self.groups = groups(a)
         self.passes = [0]  # passes over A, the factorization's included
@@ -138,9 +143,12 @@ class DaskSolver(Solver):
               ) -> dict[str, Any]:
         arrays = [self.a, self.b] if arrays is None else arrays
         grouped = arrays[0] is self.a
+        views = tuple(as_column if v is self.b and self.vector is not None else None
+                      for v in arrays)
+        arrays = [self.vector if f is not None else v for v, f in zip(arrays, views)]
         d, stats = reduce_pass(what, _blocks.bind(leaf), sum_parts, arrays, small,
                                split_every=self.split_every,
-                               group=self.groups if grouped else None)
+                               group=self.groups if grouped else None, views=views)
         self.passes[0] += 1
         return compute_pass(d, stats)
 

@@ -2,7 +2,8 @@
 and against mpqr in core on one device.
 
 ``python -m mpqr bench dask [--gpus N | --workers N] [--m-per-worker M] [--n N]
-[--chunk-rows R] [--json PATH] [--png PATH]``
+[--chunk-rows R] [--strong-m M] [--scale-workers 1,2,4] [--sweep-rows H1,H2]
+[--no-reference] [--json PATH] [--png PATH]``
 
 With ``--gpus N`` a ``dask_cuda.LocalCUDACluster`` runs one worker per GPU and the
 matrix is generated on the workers as CuPy blocks; otherwise a ``distributed.LocalCluster``
@@ -25,9 +26,10 @@ Experiments (each row: workers, shape, block rows, median seconds of ``--repeat`
 * ``weak_scaling``: ``M = m_per_worker * w`` rows on ``w = 1 ... N`` workers;
   ``mpqr.qr`` with ``Q`` persisted, ``mode="r"``, and ``dask.array.linalg.tsqr`` on the
   same cluster and chunks;
-* ``strong_scaling``: ``M = m_per_worker`` fixed (one worker must hold it), ``w = 1 ... N``;
-* ``lstsq``: ``mpqr.lstsq`` (``lapack_driver="gelsy"``, ``check_finite=False``, as
-  dask's) and the default call (``gelsd``, finiteness checked) against
+* ``strong_scaling``: ``M`` fixed (``--strong-m``; by default ``m_per_worker``, which one
+  worker holds), ``w = 1 ... N`` (or ``--scale-workers``, as the weak rows);
+* ``lstsq``: weak scaling as the QR rows: ``mpqr.lstsq`` (``lapack_driver="gelsy"``,
+  ``check_finite=False``, as dask's) and the default call (``gelsd``, finiteness checked) against
   ``dask.array.linalg.lstsq`` and against ``mpqr.qr``'s time on the same array;
 * ``accuracy``: ``||A - QR||_F / ||A||_F`` and ``||I - Q^H Q||_F / n`` of both QRs,
   and the normal-equation residual of both solvers, all evaluated on the cluster;
@@ -95,8 +97,11 @@ def _cluster(gpus: int | None, workers: int) -> Any:
     if gpus:
         from dask_cuda import LocalCUDACluster
 
+        # no spilling to host: the timed calls' fresh copies of A share A's device memory,
+        # which dask_cuda's accounting (80% of the device by default) counts twice
         return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))),
-                                dashboard_address=None, silence_logs=40)
+                                device_memory_limit=None, dashboard_address=None,
+                                silence_logs=40)
     from distributed import LocalCluster
 
     return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
@@ -146,9 +151,7 @@ def _median_time(client: Any, fn: Any, x: Any, repeat: int) -> float:
         out = fn(xi)
         dt = time.perf_counter() - t0
         del out, xi
-        deadline = time.perf_counter() + 30
-        while _tasks(client) > base - len(x.chunks[0]) and time.perf_counter() < deadline:
-            time.sleep(0.01)
+        _released(client, base - len(x.chunks[0]))
         return dt
 
     one()  # warm-up: imports, CUDA contexts, kernel compilation
@@ -160,13 +163,23 @@ def _counted(client: Any, fn: Any, x: Any) -> dict[str, Any]:
     import mpqr
 
     xi = _fresh(client, x)
+    base = _tasks(client)
     client.run_on_scheduler(_take)
     with mpqr.explain() as trace:
         out = fn(xi)
     counts = client.run_on_scheduler(_take)
     counts["passes"] = sum(e.kind == "dask-pass" for e in trace.events)
     del out, xi
+    _released(client, base - len(x.chunks[0]))
     return counts
+
+
+def _released(client: Any, tasks: int) -> None:
+    """Wait until the scheduler holds no more than ``tasks`` tasks (a call's results
+    released before the next call allocates its own: a GPU holds ``A`` and one ``Q``)."""
+    deadline = time.perf_counter() + 30
+    while _tasks(client) > tasks and time.perf_counter() < deadline:
+        time.sleep(0.01)
 
 
 def _same(block: Any, nonce: str) -> Any:
@@ -178,21 +191,40 @@ def _tasks(client: Any) -> int:
 
 
 def _qr_errors(q: Any, r: Any, a: Any) -> tuple[float, float]:
-    """Backward error and orthogonality, evaluated on the cluster in the working dtype."""
-    import dask.array as da
+    """Backward error and orthogonality, evaluated on the cluster in the working dtype,
+    one block task per row block (a block's temporaries only: the whole-array
+    expression ``a - q @ r`` held many blocks' worth on a GPU at once)."""
+    import dask
     import numpy as np
 
     n = a.shape[1]
-    num, den, g = da.compute(da.linalg.norm(a - q @ r), da.linalg.norm(a), q.conj().T @ q)
-    orth = np.linalg.norm(_host(g) - np.eye(n))
-    return float(num) / float(den), float(orth) / n
+    rh = _host(r.compute() if hasattr(r, "compute") else r)
+    parts = [dask.delayed(_block_errors)(ai, qi, rh)
+             for ai, qi in zip(a.to_delayed().ravel(), q.to_delayed().ravel())]
+    res = dask.compute(*parts)
+    num = sum(p[0] for p in res)
+    den = sum(p[1] for p in res)
+    g = sum(p[2] for p in res)
+    orth = np.linalg.norm(g - np.eye(n))
+    return float(np.sqrt(num / den)), float(orth) / n
+
+
+def _block_errors(a: Any, q: Any, r: Any) -> tuple[float, float, Any]:
+    """``(||a - q r||_F^2, ||a||_F^2, q^H q)`` of one row block (host scalars and matrix)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy as xp
+    else:
+        import numpy as xp
+    res = a - q @ xp.asarray(r)
+    return (float(xp.sum(xp.abs(res) ** 2)), float(xp.sum(xp.abs(a) ** 2)),
+            _host(q.conj().T @ q))
 
 
 def _host(v: Any) -> Any:
     return v.get() if hasattr(v, "get") else v
 
 
-def _qr_pair(client: Any, x: Any, repeat: int) -> dict[str, Any]:
+def _qr_pair(client: Any, x: Any, repeat: int, reference: bool = True) -> dict[str, Any]:
     import dask.array as da
 
     import mpqr
@@ -221,6 +253,8 @@ def _qr_pair(client: Any, x: Any, repeat: int) -> dict[str, Any]:
     route = next((e.data.get("route") for e in trace.events if e.data.get("route")), "?")
     out["route"] = route + ("->tsqr" if any(e.kind == "fallback" for e in trace.events)
                             else "")
+    if not reference:
+        return out
     try:
         out["dask_tsqr_s"] = _median_time(client, theirs, x, repeat)
         out["speedup"] = out["dask_tsqr_s"] / out["mpqr_s"]
@@ -236,8 +270,7 @@ def _scaling(args: Any, gpu: bool, fixed_m: int | None) -> list[dict[str, Any]]:
     from distributed import Client
 
     rows_out = []
-    top = args.gpus or args.workers
-    for w in range(1, top + 1):
+    for w in args.scale_workers:
         m = fixed_m if fixed_m else args.m_per_worker * w
         with _cluster(w if gpu else None, w) as cluster, Client(cluster) as client:
             client.register_plugin(RoundTrips())
@@ -257,7 +290,9 @@ def _lstsq(client: Any, x: Any, gpu: bool, repeat: int) -> dict[str, Any]:
     import mpqr
 
     m, n = x.shape
-    b = _matrix(gpu, m, 1, x.chunks[0][0], x.dtype.name, seed=1)[:, 0]
+    # b's blocks drawn where A's live (a b generated apart is placed apart, and each pass
+    # would move its blocks between the workers)
+    b = x.map_blocks(_rhs_block, drop_axis=1, dtype=x.dtype, meta=x._meta.reshape((0,)))
     b = _run(client, b)[0]
 
     # x, residues and s are computed during the call (one-chunk dask arrays of data in
@@ -301,6 +336,16 @@ def _lstsq(client: Any, x: Any, gpu: bool, repeat: int) -> dict[str, Any]:
     out["refine_iterations"] = it[0] if it else 0
     out["path"] = ",".join(str(e.data["path"]) for e in trace.events if "path" in e.data)
     return out
+
+
+def _rhs_block(a: Any, block_id: Any = None) -> Any:
+    """A Gaussian right-hand side block for row block ``a``, on ``a``'s device."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy as xp
+    else:
+        import numpy as xp
+    rng = xp.random.default_rng(1000 + block_id[0])
+    return rng.standard_normal(a.shape[0]).astype(a.dtype)
 
 
 def _in_core(gpu: bool, m: int, n: int, dtype: str, repeat: int) -> list[dict[str, Any]]:
@@ -405,14 +450,20 @@ def _scheduler(client: Any, gpu: bool, n: int, blocks: int, repeat: int) -> dict
 
 def _sweep(client: Any, gpu: bool, args: Any, m: int, workers: int) -> list[dict[str, Any]]:
     out = []
-    rows = min(m // (2 * workers), 2 * args.chunk_rows)
-    while rows >= max(args.n, m // (128 * workers)):
+    if args.sweep_rows:
+        heights = [int(h) for h in args.sweep_rows.split(",")]
+    else:
+        heights, rows = [], min(m // (2 * workers), 2 * args.chunk_rows)
+        while rows >= max(args.n, m // (128 * workers)):
+            heights.append(rows)
+            rows //= 2
+    for rows in heights:
         x = _run(client, _matrix(gpu, m, args.n, rows, args.dtype))[0]
         row = {"shape": f"{m}x{args.n}", "block_rows": rows, "blocks": len(x.chunks[0])}
-        row.update(_qr_pair(client, x, args.repeat))
+        row.update(_qr_pair(client, x, args.repeat, reference=not args.no_reference))
         out.append(row)
         print(row)
-        rows //= 2
+        del x
     return out
 
 
@@ -460,6 +511,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=64)
     p.add_argument("--chunk-rows", type=int, default=None,
                    help="rows per block (default: 2^22 on GPUs, 2^13 on CPUs)")
+    p.add_argument("--strong-m", type=int, default=None,
+                   help="rows of the strong-scaling matrix (default: --m-per-worker, which one "
+                        "worker holds)")
+    p.add_argument("--scale-workers", default=None,
+                   help="comma-separated worker counts of the scaling rows (default 1 ... N)")
+    p.add_argument("--sweep-rows", default=None,
+                   help="comma-separated block heights of the chunk sweep (default: from "
+                        "min(M / 2N, 2 chunk_rows) down by 2 to M / 128N)")
+    p.add_argument("--no-reference", action="store_true",
+                   help="leave dask.array.linalg's tsqr out of the chunk sweep")
     p.add_argument("--dtype", default="float64")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--skip", default="", help="comma-separated experiments to leave out")
@@ -473,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         args.chunk_rows = 2**22 if gpu else 2**13
     skip = set(filter(None, args.skip.split(",")))
     top = args.gpus or args.workers
+    args.scale_workers = ([int(w) for w in args.scale_workers.split(",")]
+                          if args.scale_workers else list(range(1, top + 1)))
     if gpu:
         import cupy as xp
     else:
@@ -484,22 +547,47 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "dask", "environment": environment(xp), "dask": dask.__version__,
         "cluster": "LocalCUDACluster" if gpu else "LocalCluster (processes)", "workers": top,
         "n": args.n, "dtype": args.dtype, "m_per_worker": args.m_per_worker,
-        "block_rows": args.chunk_rows, "repeat": args.repeat}
+        "block_rows": args.chunk_rows, "strong_m": args.strong_m or args.m_per_worker,
+        "repeat": args.repeat}
     if "in_core" not in skip:
         payload["in_core"] = _in_core(gpu, args.m_per_worker, args.n, args.dtype,
                                       args.repeat)
     if "weak" not in skip:
         payload["weak_scaling"] = _scaling(args, gpu, None)
-    if "strong" not in skip:  # the one-worker size, so that one worker holds it
-        payload["strong_scaling"] = _scaling(args, gpu, args.m_per_worker)
+        write_json(args.json, payload)  # each experiment kept, should a later one fail
+    if "strong" not in skip:  # by default the one-worker size, so that one worker holds it
+        payload["strong_scaling"] = _scaling(args, gpu, args.strong_m or args.m_per_worker)
+        write_json(args.json, payload)
+    if "lstsq" not in skip:  # weak scaling, as the QR rows
+        payload["lstsq"] = []
+        for w in args.scale_workers:
+            with _cluster(w if gpu else None, w) as cluster, Client(cluster) as client:
+                client.register_plugin(RoundTrips())
+                x = _run(client, _matrix(gpu, args.m_per_worker * w, args.n, args.chunk_rows,
+                                         args.dtype))[0]
+                payload["lstsq"].append({"workers": w, **_lstsq(client, x, gpu, args.repeat)})
+                print(payload["lstsq"][-1])
+                write_json(args.json, payload)
+                del x
+    if not {"overhead", "scheduler", "sweep"} <= skip:
+        _last(args, gpu, skip, payload)
+    with contextlib.suppress(KeyError):
+        weak = payload["weak_scaling"]
+        payload["weak_efficiency"] = weak[0]["mpqr_s"] / weak[-1]["mpqr_s"]
+    write_json(args.json, payload)
+    if args.png:
+        plot(payload, args.png)
+    return 0
+
+
+def _last(args: Any, gpu: bool, skip: set[str], payload: dict[str, Any]) -> None:
+    """The per-task rows, on a cluster of every worker."""
+    from distributed import Client
+
+    top = args.gpus or args.workers
     with _cluster(args.gpus, args.workers) as cluster, Client(cluster) as client:
         client.register_plugin(RoundTrips())
         m = args.m_per_worker * top
-        if "lstsq" not in skip:
-            x = _run(client, _matrix(gpu, m, args.n, args.chunk_rows, args.dtype))[0]
-            payload["lstsq"] = [_lstsq(client, x, gpu, args.repeat)]
-            print(payload["lstsq"])
-            del x
         if "overhead" not in skip:
             payload["overhead"] = _overhead(client, gpu, args.n, args.chunk_rows, args.dtype,
                                             args.repeat)
@@ -509,10 +597,3 @@ def main(argv: list[str] | None = None) -> int:
             print(payload["scheduler"])
         if "sweep" not in skip:
             payload["chunk_sweep"] = _sweep(client, gpu, args, m, top)
-    with contextlib.suppress(KeyError):
-        weak = payload["weak_scaling"]
-        payload["weak_efficiency"] = weak[0]["mpqr_s"] / weak[-1]["mpqr_s"]
-    write_json(args.json, payload)
-    if args.png:
-        plot(payload, args.png)
-    return 0

@@ -4,10 +4,11 @@ with the plain SciPy (CPU) or CuPy/cuSOLVER (GPU) route.
 Runs on CuPy when a CUDA GPU is visible, otherwise on NumPy. The test problem is
 built, and every error measured, where the arrays live (on the GPU: no host
 factorization, no host copy of ``A``), so the demo's time is the routes' time. A
-line is printed before each step, so a long one (a first call that compiles GPU
-kernels, say) is visible while it runs. Prints time, backward error and
-orthogonality of QR, and time and accuracy of least squares, for mpqr at several
-precisions.
+line is printed before each step, so a long one is visible while it runs. On a GPU
+the kernels the demo's routes use are first compiled in parallel processes (``python
+-m mpqr warmup``; ``--no-warmup`` shows each first call compiling its own). Prints
+time, backward error and orthogonality of QR, and time and accuracy of least squares,
+for mpqr at several precisions.
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", type=int, default=None)
     p.add_argument("--n", type=int, default=None)
     p.add_argument("--cond", type=float, default=1e4)
+    p.add_argument("--no-warmup", action="store_true",
+                   help="on a GPU, let each first call compile its kernels as it reaches them "
+                        "(by default they are compiled ahead, in parallel, as "
+                        "`python -m mpqr warmup` does)")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     xp = np if args.cpu else default_xp()
@@ -79,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     n = args.n or (256 if gpu else 100)
     _say(f"mpqr {mpqr.__version__} demo on {'CuPy (GPU)' if gpu else 'NumPy (CPU)'}: "
          f"A is {m} x {n} float64, cond(A) = {args.cond:.0e}")
+    if gpu and not args.no_warmup:
+        from mpqr.backends.cupy_warmup import warm
+        from mpqr.tools.warmup import _summary
+
+        _say("compiling the GPU kernels ahead of first use ...", end=" ")
+        _say(_summary(warm()))
     _say("building A and b ...", end=" ")
     t0 = time.perf_counter()
     a, b, anorm = _problem(xp, m, n, args.cond)
