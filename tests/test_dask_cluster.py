@@ -150,12 +150,12 @@ def test_round_trips_on_the_cluster(client):
     counts = client.run_on_scheduler(_take)
     assert counts["graphs"] == 2 and counts["block_tasks"] == 2 * threads
     assert sum(e.kind == "dask-pass" for e in trace.events) == 2
-    # each graph: the 16 + 16 persisted blocks of a and b, and the pass's own few tasks
-    # (block tasks, tree, root, small operands); no task per block (a vector b is read
+    # each graph: the 16 + 16 persisted blocks of a and b, and the pass's own tasks (a
+    # block task per worker thread, no tree below 8 of them); no task per block (a vector b is read
     # as a column inside the block tasks, not through a getitem layer)
     passes = [e for e in trace.events if e.kind == "dask-pass"]
-    assert counts["tasks"] == sum(32 + e.data["tasks"] + 1 for e in passes), counts
-    assert all(e.data["tasks"] <= threads + 4 for e in passes), [e.data for e in passes]
+    assert counts["tasks"] == sum(32 + e.data["tasks"] for e in passes), counts
+    assert all(e.data["tasks"] == threads for e in passes), [e.data for e in passes]
     x0, res0, rank0, s0 = mpqr.lstsq(a, b)
     u = 2.0**-53
     assert rank == rank0 == 16

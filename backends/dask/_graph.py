@@ -1,13 +1,16 @@
 """One pass over row-chunked dask arrays as one small graph: a task per group of blocks
-(the blocks one worker thread holds, or one block), a tree of combines of their small
-results, one root; computed with one call, so one synchronous gather.
+(the blocks one worker thread holds, or one block) and, past ``split_every`` of them, a
+tree of combines of their small results; computed with one call, so one synchronous
+gather, and finished on the client.
 
 Every distributed step of :mod:`mpqr.backends.dask` that reduces over the blocks is a
 :func:`reduce_pass`: the leaf function runs on the blocks' worker and returns ``n x n``
 or ``n x k`` host arrays (so the tree and the client never need the blocks' device),
-the combines add them (or factor them, for TSQR), and the root's result is gathered.
-Small operands of the leaves (the factors ``R_j``, the current iterate) are one key of
-the graph, sent to each worker once per pass, never embedded in every task.
+the combines add them (or factor them, for TSQR), and the top level's results (at most
+``split_every``) are gathered and combined by the client. Small operands of the leaves
+(the factors ``R_j``, the current iterate: ``n x n`` or ``n x k``) travel inside each
+block task, of which there is one per worker thread on persisted blocks: no task of their
+own, and no root task, whose scheduling would each add a hop to every pass.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 
 from mpqr.policy import record_event
 
-__all__ = ["PassStats", "Small", "as_column", "compute_pass", "groups", "reduce_pass",
+__all__ = ["Pass", "PassStats", "Small", "as_column", "compute_pass", "groups", "reduce_pass",
            "run_group", "sum_parts"]
 
 _COUNTER = itertools.count()
@@ -138,31 +141,42 @@ def _client() -> Any:
     return client if dask.base.get_scheduler() == client.get else None
 
 
+@dataclass
+class Pass:
+    """A built pass: its graph, the keys of its top level and how the client finishes."""
+
+    graph: Any
+    layer: str
+    keys: list[Any]
+    combine: Any
+    finish: Any
+
+
 def reduce_pass(what: str, leaf: Any, combine: Any, arrays: list[Any], small: Any, *,
                 split_every: int, finish: Any = None,
                 group: list[list[int]] | None = None,
-                views: tuple[Any, ...] = ()) -> tuple[Any, PassStats]:
-    """A lazy ``Delayed`` of ``finish(combine over the blocks of leaf(small, A_i, B_i,
-    ...))`` for row-chunked ``arrays`` with equal row chunks, and its task counts.
+                views: tuple[Any, ...] = ()) -> tuple[Pass, PassStats]:
+    """The pass computing ``finish(combine over the blocks of leaf(small, A_i, B_i,
+    ...))`` for row-chunked ``arrays`` with equal row chunks (run it with
+    :func:`compute_pass`), and its task counts.
 
     ``group``: block indices per leaf task (:func:`groups`; default one block each).
     ``views``: per array, None or a function of its block applied in the leaf task
     (:func:`as_column`)."""
     import dask
-    from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
 
     keys = [_keys(a) for a in arrays]
     nb = len(keys[0])
     group = group if group is not None else [[i] for i in range(nb)]
     name = f"mpqr-{what}-{dask.base.tokenize(what, [a.name for a in arrays], next(_COUNTER))}"
-    skey = (name, "small")
-    dsk: dict[Any, Any] = {skey: Small(small)}
+    operands = Small(small)
+    dsk: dict[Any, Any] = {}
     level = []
     for j, idx in enumerate(group):
         key = (name, 0, j)
-        dsk[key] = (run_group, leaf, combine, skey, [[ks[i] for ks in keys] for i in idx],
-                    tuple(views))
+        dsk[key] = (run_group, leaf, combine, operands,
+                    [[ks[i] for ks in keys] for i in idx], tuple(views))
         level.append(key)
     depth = 0
     while len(level) > split_every:
@@ -173,15 +187,19 @@ def reduce_pass(what: str, leaf: Any, combine: Any, arrays: list[Any], small: An
             dsk[key] = (_combine_list, combine, level[j:j + split_every])
             up.append(key)
         level = up
-    dsk[name] = (_finish, finish, combine, level)
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=arrays)
-    stats = PassStats(what, nb, len(group), len(dsk) - 1, depth + 1)
-    return Delayed(name, graph), stats
+    stats = PassStats(what, nb, len(group), len(dsk), depth + 1)
+    return Pass(graph, name, level, combine, finish), stats
 
 
-def compute_pass(delayed: Any, stats: PassStats) -> Any:
-    """Compute one pass (one graph, one gather) and record it in the explain trace."""
-    out = delayed.compute()
+def compute_pass(built: Pass, stats: PassStats) -> Any:
+    """Compute one pass (one graph, one gather of its top level's small results), finish
+    it on the client, and record it in the explain trace."""
+    import dask
+    from dask.delayed import Delayed
+
+    parts = dask.compute(*[Delayed(k, built.graph, layer=built.layer) for k in built.keys])
+    out = _finish(built.finish, built.combine, list(parts))
     record_event("dask-pass", f"dask: pass '{stats.what}' over {stats.blocks} row blocks: "
                  f"{stats.leaf_tasks} block tasks, {stats.tasks} tasks in all, a tree of "
                  f"depth {stats.depth}, one gather", what=stats.what, blocks=stats.blocks,
