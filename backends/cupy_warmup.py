@@ -168,6 +168,13 @@ def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None) -> di
         out["skipped"] = "CuPy is not installed"
         return {**out, "seconds": time.perf_counter() - t0}
     try:
+        visible = cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver: CuPy raises its CUDARuntimeError
+        visible = False
+    if not visible:
+        out["skipped"] = "no CUDA GPU visible"
+        return {**out, "seconds": time.perf_counter() - t0}
+    try:
         manifest = load(path)
     except (OSError, ValueError) as exc:  # gzip.BadGzipFile is an OSError
         out["skipped"] = f"no usable kernel list ({type(exc).__name__}: {exc})"
