@@ -146,3 +146,26 @@ def test_device_errors_enters_the_backends_host_blas_scope():
     with device_errors(Fake(), "mpqr.qr"):
         assert seen == ["in"]
     assert seen == ["in", "out"]
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (70_000, 1), (200_003, 2), (0, 2)])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128"])
+def test_column_norms_and_sumsq(xp, shape, dtype):
+    """Squared column norms and column norms on every backend (on CuPy, the chunked
+    reduction of tall arrays past 65536 rows, with a row tail) against exact sums of
+    the float64 values; relative error within the summation bound ``m u``."""
+    rng = np.random.default_rng(7)
+    v0 = rng.standard_normal(shape)
+    if dtype.startswith("complex"):
+        v0 = v0 + 1j * rng.standard_normal(shape)
+    v0 = v0.astype(dtype)
+    be = get_backend(array_namespace(xp.ones(1)))
+    v = xp.asarray(v0)
+    exact = np.sum(np.abs(v0.astype(np.complex128)) ** 2, axis=0).real
+    u = float(np.finfo(np.dtype(dtype)).eps) / 2
+    tol = (shape[0] + 2) * u * exact + 1e-300
+    got = to_numpy(be.column_sumsq(v))
+    assert got.shape == (shape[1],) and got.dtype == np.finfo(np.dtype(dtype)).dtype
+    assert np.all(np.abs(got - exact) <= tol), (got, exact)
+    norms = to_numpy(be.column_norms(v))
+    assert np.all(np.abs(norms - np.sqrt(exact)) <= tol / np.maximum(np.sqrt(exact), 1e-300))
