@@ -28,8 +28,8 @@ _COUNTER = itertools.count()
 
 
 class Small:
-    """A leaf's small operands as one graph value (a plain object, so that dask never
-    reads a tuple of them as a task)."""
+    """A leaf's small operands as one argument of each block task (a plain object, so
+    that dask never reads a tuple of them as a task or a key)."""
 
     __slots__ = ("value",)
 

@@ -211,13 +211,25 @@ def _qr_errors(q: Any, r: Any, a: Any) -> tuple[float, float]:
 
 def _block_errors(a: Any, q: Any, r: Any) -> tuple[float, float, Any]:
     """``(||a - q r||_F^2, ||a||_F^2, q^H q)`` of one row block (host scalars and matrix)."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy as xp
-    else:
-        import numpy as xp
+    xp = _module(_on_gpu(a))
     res = a - q @ xp.asarray(r)
     return (float(xp.sum(xp.abs(res) ** 2)), float(xp.sum(xp.abs(a) ** 2)),
             _host(q.conj().T @ q))
+
+
+def _module(gpu: bool) -> Any:
+    """CuPy for GPU workers and arrays, NumPy otherwise."""
+    if gpu:
+        import cupy
+
+        return cupy
+    import numpy
+
+    return numpy
+
+
+def _on_gpu(a: Any) -> bool:
+    return type(a).__module__.startswith("cupy")
 
 
 def _host(v: Any) -> Any:
@@ -343,11 +355,7 @@ def _lstsq(client: Any, x: Any, gpu: bool, repeat: int, reference: bool = True
 
 def _rhs_block(a: Any, block_id: Any = None) -> Any:
     """A Gaussian right-hand side block for row block ``a``, on ``a``'s device."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy as xp
-    else:
-        import numpy as xp
-    rng = xp.random.default_rng(1000 + block_id[0])
+    rng = _module(_on_gpu(a)).random.default_rng(1000 + block_id[0])
     return rng.standard_normal(a.shape[0]).astype(a.dtype)
 
 
@@ -357,11 +365,8 @@ def _in_core(gpu: bool, m: int, n: int, dtype: str, repeat: int) -> list[dict[st
     from mpqr.tools._timing import release_pool, time_it
 
     limit: Any = contextlib.nullcontext()
-    if gpu:
-        import cupy as xp
-    else:
-        import numpy as xp
-
+    xp = _module(gpu)
+    if not gpu:
         with contextlib.suppress(ImportError):
             from threadpoolctl import threadpool_limits
 
@@ -408,10 +413,7 @@ def _overhead_on_worker(gpu: bool, h: int, n: int, dtype: str, repeat: int) -> d
     from mpqr.backends.dask import _blocks
     from mpqr.tools._timing import time_it
 
-    if gpu:
-        import cupy as xp
-    else:
-        import numpy as xp
+    xp = _module(gpu)
     rng = xp.random.RandomState(0)
     a = rng.standard_normal((h, n)).astype(dtype)
     b = rng.standard_normal((h, 1)).astype(dtype)
@@ -539,10 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     top = args.gpus or args.workers
     args.scale_workers = ([int(w) for w in args.scale_workers.split(",")]
                           if args.scale_workers else list(range(1, top + 1)))
-    if gpu:
-        import cupy as xp
-    else:
-        import numpy as xp
+    xp = _module(gpu)
     import dask
     from distributed import Client
 

@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> int:
          f"A is {m} x {n} float64, cond(A) = {args.cond:.0e}")
     if gpu and not args.no_warmup:
         from mpqr.backends.cupy_warmup import warm
-        from mpqr.tools.warmup import _summary
+        from mpqr.tools.warmup import describe
 
         _say("compiling the GPU kernels ahead of first use ...", end=" ")
-        _say(_summary(warm()))
+        _say(describe(warm()))
     _say("building A and b ...", end=" ")
     t0 = time.perf_counter()
     a, b, anorm = _problem(xp, m, n, args.cond)

@@ -14,7 +14,7 @@ import argparse
 import os
 import tempfile
 
-__all__ = ["main"]
+__all__ = ["describe", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,11 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     from mpqr.backends.cupy_warmup import warm
 
     done = warm(processes=args.processes)
-    print(_summary(done))
+    print(describe(done))
     return 0
 
 
-def _summary(done: dict) -> str:
+def describe(done: dict) -> str:
+    """One line on what :func:`mpqr.backends.cupy_warmup.warm` did."""
     if done["skipped"]:
         return f"GPU kernels not compiled ahead: {done['skipped']}"
     failed = f", {done['failed']} failed (they compile on first use)" if done["failed"] else ""
