@@ -200,6 +200,21 @@ class ArrayAPIBackend:
         version cannot: :func:`~mpqr.policy.gemm_into` then copies the product in."""
         return False
 
+    def fused_fp16_kernel(self, m: int, n: int, k: int, dtype: Any) -> str | None:
+        """The name of the backend's fused ``tc-fp16`` kernel (the unscaling and any
+        accumulation into the output in the GEMM's epilogue) for a 2-D ``m x n x k``
+        product with a ``dtype`` result, or None where the engine's separate passes run.
+        The portable version has none."""
+        return None
+
+    def fused_fp16_gemm(self, a16: Any, b16: Any, sa: Any, sb: Any, c: Any, *,
+                        accumulate: bool, subtract: bool) -> bool:
+        """``c = P``, ``c += P`` or ``c -= P`` for ``P = 2**-(sa_i + sb_j) (a16 b16)_ij``,
+        the ``tc-fp16`` product of the engine's scaled fp16 operands
+        (:mod:`mpqr.engines.tc_fp16`), in one kernel where :meth:`fused_fp16_kernel`
+        names one; returns whether it ran."""
+        return False
+
     def add_partials(self, c: Any, parts: Any) -> None:
         """``c[...] = c + sum(parts, axis=0)`` for float32 partial products ``parts``
         (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest."""

@@ -357,6 +357,18 @@ class CupyBackend(ArrayAPIBackend):
         return self._gemm_ex(a16, b16, out, alpha, beta, runtime.CUDA_R_16F, runtime.CUDA_R_32F,
                              cublas.CUBLAS_COMPUTE_32F, np.float32)
 
+    def fused_fp16_kernel(self, m, n, k, dtype):
+        from mpqr.backends import triton_gemm
+
+        return triton_gemm.kernel_name(m, n, k, dtype)
+
+    def fused_fp16_gemm(self, a16, b16, sa, sb, c, *, accumulate, subtract):
+        # the unscaling and C -= P in a Triton GEMM's epilogue (optional: Triton, PyTorch)
+        from mpqr.backends import triton_gemm
+
+        return triton_gemm.fp16_gemm(a16, b16, sa, sb, c, accumulate=accumulate,
+                                     subtract=subtract)
+
     def add_partials(self, c, parts):
         cp = self._cp
         if not (c.flags.c_contiguous and parts.flags.c_contiguous and parts.ndim == 3

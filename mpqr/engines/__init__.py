@@ -44,6 +44,10 @@ class Engine:
     #: ``complex_gram(backend, x, out_dtype=, **params)``: a complex Gram matrix in one
     #: call, or None where it declines (the two real triangles of the Gram call run)
     complex_gram: Callable[..., Any] | None = None
+    #: ``accumulate(backend, a, b, c, subtract=, out_dtype=, **params) -> bool``: ``c = a b``
+    #: (``subtract=None``), ``c -= a b`` or ``c += a b`` for 2-D operands in one pass of a
+    #: fused backend kernel, False where it declines (the policy then forms the product)
+    accumulate: Callable[..., Any] | None = None
 
     def available(self, backend: Any) -> bool:
         return self.requires <= backend.capabilities
@@ -75,6 +79,9 @@ def _native_predict(rate_key: str, flop_factor: float = 1.0) -> Callable[..., fl
 
 def _tc_fp16_predict(backend, m, n, k, batch, in_bytes, params):
     r = backend.rates()
+    if params.get("kernel"):  # fused epilogue: no unscaling pass over the output
+        moved = ((m * k + k * n) * (2 * in_bytes + 2) + m * n * in_bytes) * batch
+        return _flops(m, n, k, batch) / r["tc-fp16"] + moved / r["bandwidth"] + 6 * r["launch_s"]
     # scale + convert both operands (read in, write fp16), GEMM, unscale output
     moved = ((m * k + k * n) * (2 * in_bytes + 2) + m * n * (4 + 2 * in_bytes)) * batch
     return _flops(m, n, k, batch) / r["tc-fp16"] + moved / r["bandwidth"] + 8 * r["launch_s"]
@@ -108,7 +115,7 @@ def _tc_sgemm_params(backend, m, n, k, dtype, options):
 def _register_builtin() -> None:
     from mpqr.engines.gram import gram_tc_fp16, gram_tc_sgemm
     from mpqr.engines.native import run_native
-    from mpqr.engines.tc_fp16 import run_tc_fp16
+    from mpqr.engines.tc_fp16 import accumulate_tc_fp16, run_tc_fp16, tc_fp16_params
     from mpqr.engines.tc_fp16_splitb import run_tc_fp16_splitb
     from mpqr.engines.tc_sgemm import run_tc_sgemm
 
@@ -119,7 +126,7 @@ def _register_builtin() -> None:
         register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key, factor),
                                _no_params))
     register_engine(Engine("tc-fp16", 11, frozenset({"fp16"}), run_tc_fp16, _tc_fp16_predict,
-                           _no_params, gram=gram_tc_fp16))
+                           tc_fp16_params, gram=gram_tc_fp16, accumulate=accumulate_tc_fp16))
     # fp16 A (rounded), B split into two fp16 parts: for products whose A is
     # already fp16 numbers (the fp16 QR's rounded reflectors); never picked by
     # a precision setting, only by name (GemmOptions.engine)

@@ -6,20 +6,47 @@ fp32 inputs as small as 1e-38 or as large as 3e38 keep fp16's 11 significant
 bits. Error bound (elementwise, for entries within 2^-24 of their row/column
 maximum): |C - AB| <= (2 u16 + u16^2 + k u32) |A||B| with u16 = 2^-11,
 u32 = 2^-24 (round-to-nearest inputs; fp32 accumulation).
+
+Where the backend has a fused kernel for the product (``backend.fused_fp16_kernel``; on
+CuPy with Triton installed: :mod:`mpqr.backends.triton_gemm`), the unscaling, and any
+accumulation into an output (:func:`accumulate_tc_fp16`: ``C -= A B`` in place), happen in
+the GEMM's epilogue: the same roundings without the passes over the product. The policy's
+``kernel`` parameter (shown in the explain trace) says where it runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 
-__all__ = ["FP16_TARGET_EXP", "run_tc_fp16"]
+__all__ = ["FP16_TARGET_EXP", "accumulate_tc_fp16", "run_tc_fp16", "tc_fp16_params"]
 
 FP16_TARGET_EXP = 14
 
 
-def run_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any) -> Any:
+def tc_fp16_params(backend: Any, m: int, n: int, k: int, dtype: Any, options: Any
+                   ) -> dict[str, Any]:
+    """``{"kernel": name}`` where the backend runs this product as a fused kernel."""
+    name = backend.fused_fp16_kernel(m, n, k, dtype)
+    return {} if name is None else {"kernel": name}
+
+
+def accumulate_tc_fp16(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool | None,
+                       out_dtype: Any, kernel: str | None = None) -> bool:
+    """``c = P`` (``subtract=None``), ``c -= P`` or ``c += P`` for the ``tc-fp16`` product
+    ``P = a @ b`` (2-D) with the backend's fused epilogue; False, doing nothing, where the
+    policy picked no fused kernel (``kernel``) or it declines these operands."""
+    if kernel is None or a.ndim != 2 or b.ndim != 2 or c.dtype != out_dtype:
+        return False
+    sa, sb, a16, b16 = _scaled(backend, a, b)
+    return backend.fused_fp16_gemm(a16, b16, sa, sb, c, accumulate=subtract is not None,
+                                   subtract=bool(subtract))
+
+
+def _scaled(backend: Any, a: Any, b: Any) -> tuple[Any, Any, Any, Any]:
+    """The shifts and the scaled fp16 operands: ``(sa, sb, a16, b16)``."""
     xp = backend.xp
     sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
@@ -27,4 +54,14 @@ def run_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any) -> Any:
     b16 = backend.empty_for(b, b.shape, xp.float16)
     backend.split_fp16(a, sa, a16)
     backend.split_fp16(b, sb, b16)
+    return sa, sb, a16, b16
+
+
+def run_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any, kernel: str | None = None
+                ) -> Any:
+    sa, sb, a16, b16 = _scaled(backend, a, b)
+    if kernel is not None and a.ndim == 2 and b.ndim == 2:
+        c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a))
+        if backend.fused_fp16_gemm(a16, b16, sa, sb, c, accumulate=False, subtract=False):
+            return c
     return unscale(backend, backend.gemm_fp16(a16, b16), sa, sb, out_dtype)

@@ -149,6 +149,8 @@ def decide(backend: Any, dtype: Any, m: int, n: int, k: int, batch: int, precisi
     def params_for(name: str) -> dict[str, Any]:
         (mr, nr, kr), _ = dims(name)
         p = ENGINES[name].params(backend, mr, nr, kr, dtype, options)
+        if batch > 1 or via_parts(name):  # fused kernels take one real 2-D product
+            p.pop("kernel", None)
         if name.startswith("native"):
             p = {**p, "compute_dtype": {"native-fp64": xp.float64, "native-fp32": xp.float32,
                                         "native-complex128": xp.complex128,
@@ -310,6 +312,7 @@ def gram(x: Any, *, precision: str | None = None, label: str = "", options: Any 
     params = {kk: v for kk, v in d.params.items() if kk != "complex"}
     if "complex" in d.params:  # Re and Im: two real triangles of length 2m
         params = ENGINES[d.engine].params(backend, n, n, 2 * m, out_dtype, opts)
+    params.pop("kernel", None)  # a fused product kernel: the triangle runs the engine's passes
     if tracing():
         frac = product_fraction(n)
         one_call = "complex" in d.params and engine.complex_gram is not None
@@ -362,6 +365,8 @@ def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str
             and a.dtype == b.dtype == c.dtype == d.params["compute_dtype"]
             and backend.gemm_sub_into(c, a, b)):
         return
+    if _accumulate(backend, d, out_dtype, c, a, b, subtract=True):
+        return
     c -= _run(backend, d, out_dtype, a, b)
 
 
@@ -379,7 +384,21 @@ def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: 
             and a.dtype == b.dtype == out.dtype == d.params["compute_dtype"]
             and backend.gemm_into(out, a, b)):
         return
+    if _accumulate(backend, d, out_dtype, out, a, b, subtract=None):
+        return
     out[...] = _run(backend, d, out_dtype, a, b)
+
+
+def _accumulate(backend: Any, d: Decision, out_dtype: Any, c: Any, a: Any, b: Any, *,
+                subtract: bool | None) -> bool:
+    """The engine's fused ``c = a b`` / ``c -= a b`` where it has one and takes these
+    operands (:attr:`~mpqr.engines.Engine.accumulate`)."""
+    engine = ENGINES[d.engine]
+    if (engine.accumulate is None or a.ndim != 2 or b.ndim != 2 or "complex" in d.params
+            or a.dtype != out_dtype or b.dtype != out_dtype or 0 in a.shape or 0 in b.shape):
+        return False
+    return engine.accumulate(backend, a, b, c, subtract=subtract, out_dtype=out_dtype,
+                             **d.params)
 
 
 def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backend: Any

@@ -45,7 +45,7 @@ from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
 from mpqr.engines.scaling import pow2_shift
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
-from mpqr.policy import active_gemm_options, gemm, gemm_into, gemm_options, record_event
+from mpqr.policy import active_gemm_options, gemm, gemm_into, gemm_options, gemm_sub, record_event
 from mpqr.qr._kernels import (
     CERTIFIED_PANEL_MAX_N,
     TRMM_CUTOFF,
@@ -263,29 +263,29 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             # that C is converted once (two GEMMs would split it twice).
             r1 = xp.triu(work[..., c0:cm, c0:cm])
             work[..., c0:cm, c0:cm] = unit_lower(xp, work[..., c0:cm, c0:cm])
-            upd = gemm(work[..., c0:, c0:cm], c, precision=precision, label="rec-update-YC",
-                       options=opt_y, backend=backend)
+            # in place (one fused pass where the engine has one; a view where the
+            # library has them)
+            gemm_sub(work[..., c0:, cm:c1], work[..., c0:, c0:cm], c, precision=precision,
+                     label="rec-update-YC", options=opt_y, backend=backend)
             work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
             r1 = None
-            work[..., c0:, cm:c1] -= upd  # in place (a view where the library has them)
         else:
             with y_ctx():
                 upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
                             label="rec-update-trmm", backend=backend)
             work[..., c0:cm, cm:c1] -= upd
             upd = None
-            work[..., cm:, cm:c1] -= gemm(work[..., cm:, c0:cm], c, precision=precision,
-                                          label="rec-update-YC", options=opt_y,
-                                          backend=backend)
-        upd = c = b = None
+            gemm_sub(work[..., cm:, cm:c1], work[..., cm:, c0:cm], c, precision=precision,
+                     label="rec-update-YC", options=opt_y, backend=backend)
+        c = b = None
         rec(cm, c1, need_w)
         if not need_w:
             return
         # merge: W2 <- W2 - W1 (Y1^H W2); rows cm: of Y1 lie below the diagonal
         d = gemm(ct(xp, work[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
                  label="rec-merge-YhW", options=opt_y, backend=backend)
-        w_all[..., c0:, cm:c1] -= gemm(w_all[..., c0:, c0:cm], d, precision=precision,
-                                       label="rec-merge-WD", options=opt_w, backend=backend)
+        gemm_sub(w_all[..., c0:, cm:c1], w_all[..., c0:, c0:cm], d, precision=precision,
+                 label="rec-merge-WD", options=opt_w, backend=backend)
 
     # after a failed certificate the rest runs on meaningless numbers that are thrown
     # away: no floating-point warnings from them (a certified run has none to give)
