@@ -16,20 +16,33 @@ the fp16 QR 1-6% faster. Scaling and rounding float32 operands as they are loade
 operand passes) was measured too and dropped: its main loop ran at 200-260 TFLOP/s, against
 430 for fp16 operands, because the converted tiles go back through shared memory.
 
-Optional: needs ``triton`` (whose CUDA runtime needs PyTorch for the device and stream
-queries). The CuPy backend takes the separate passes where either is missing, for products
-too small to fill the GPU, and where :data:`ENABLED` is False.
+Triton is the compiler only: each variant of the kernel (the operands' layouts, the mode,
+the tile shape) is compiled once per machine by ``triton.compile`` for the device's
+architecture, its cubin kept on disk (:func:`cache_dir`), and loaded and launched through
+CuPy on CuPy's current stream, specialized as Triton's own launcher would (16-byte aligned
+pointers, strides and sizes divisible by 16: without the sizes' the masks broke the 16-byte
+loads and the QR ran 1.6x slower). A process whose variants are on disk imports neither
+Triton nor PyTorch: its first 8192^2 fp16 QR took 0.72 s, against 4.1-4.8 s through
+Triton's launcher (PyTorch's import and CUDA start), and 3.2 s where the variants were
+compiled first (H200, ``python3 bench/probes/fused_launch.py --first on``). Optional: needs
+``triton`` to compile; the CuPy backend
+takes the separate passes where it is missing, for products too small to fill the GPU or
+with operands it does not take (a stride of 1 in neither dimension, unaligned, over 2**31),
+and where :data:`ENABLED` is False.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import hashlib
 import importlib.util
+import json
+import os
+from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIGS", "ENABLED", "MIN_TILES", "WIDE_FROM", "available", "fp16_gemm",
-           "kernel_name"]
+__all__ = ["CONFIGS", "ENABLED", "MIN_TILES", "WIDE_FROM", "available", "cache_dir",
+           "fp16_gemm", "kernel_name"]
 
 #: Switch for A/B measurements (and a way out should a Triton release misbehave).
 ENABLED = True
@@ -46,35 +59,127 @@ WIDE_FROM = 2**31
 
 @functools.cache
 def available() -> bool:
-    """Whether Triton and PyTorch (its CUDA runtime's device and stream queries) import."""
-    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+    """Whether the kernel can run: a GPU of compute capability 8.0 or newer, and Triton
+    installed (to compile a variant not yet on disk)."""
+    if importlib.util.find_spec("triton") is None:
         return False
     try:
-        import torch
-        import triton  # noqa: F401
+        import cupy as cp
 
-        return bool(torch.cuda.is_available())
-    except Exception:  # a broken install counts as absent: the separate passes run
+        return int(cp.cuda.Device().compute_capability) >= 80
+    except Exception:  # no usable GPU: the separate passes run (and fail or not) as before
         return False
+
+
+def cache_dir() -> Path:
+    """Where compiled variants are kept: ``$MPQR_CACHE_DIR/triton``, by default
+    ``~/.cache/mpqr/triton``."""
+    root = os.environ.get("MPQR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mpqr")
+    return Path(root) / "triton"
+
+
+def _layout(x: Any) -> tuple[str, int] | None:
+    """``("r", row stride)`` for unit column stride, ``("c", column stride)`` for unit row
+    stride (a dimension of one counts as unit), None for neither."""
+    s0, s1 = (x.strides[i] // x.itemsize for i in (0, 1))
+    if s1 == 1 or x.shape[1] == 1:
+        return "r", s0
+    if s0 == 1 or x.shape[0] == 1:
+        return "c", s1
+    return None
+
+
+_STRIDES = (("s_am", "s_ak"), ("s_bk", "s_bn"), ("s_cm", "s_cn"))
+
+
+@functools.cache
+def _source_hash() -> str:
+    src = Path(__file__).with_name("triton_kernels.py").read_bytes()
+    try:
+        from importlib.metadata import version
+
+        tv = version("triton")
+    except Exception:
+        tv = "?"
+    return hashlib.sha256(src + tv.encode()).hexdigest()[:20]
+
+
+_FUNCTIONS: dict[tuple, tuple[Any, int, int, Any]] = {}
+
+
+def _function(variant: tuple) -> tuple[Any, int, int, Any]:
+    """``(CuPy function, shared bytes, threads, module)`` of a variant: in memory, on disk,
+    or compiled now."""
+    got = _FUNCTIONS.get(variant)
+    if got is not None:
+        return got
+    import cupy as cp
+
+    cc = int(cp.cuda.Device().compute_capability)
+    key = hashlib.sha256(repr((_source_hash(), cc, variant)).encode()).hexdigest()[:32]
+    path = cache_dir() / f"{key}.cubin"
+    meta = path.with_suffix(".json")
+    if not (path.exists() and meta.exists()):
+        _compile(variant, cc, path, meta)
+    info = json.loads(meta.read_text())
+    mod = cp.cuda.function.Module()
+    mod.load(path.read_bytes())
+    fn = mod.get_function(info["name"])
+    if info["shared"] > 48 * 1024:
+        attr = getattr(cp.cuda.driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
+        cp.cuda.driver.funcSetAttribute(fn.ptr, attr, info["shared"])
+    got = (fn, info["shared"], 32 * info["num_warps"], mod)
+    _FUNCTIONS[variant] = got
+    return got
+
+
+def _compile(variant: tuple, cc: int, path: Path, meta: Path) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    layouts, divs, dims16, accumulate, subtract, wide, (bm, bn, bk, warps, stages) = variant
+    fn = _kernel()
+    sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "sa_ptr": "*i32",
+           "sb_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
+    const = {"ACCUMULATE": accumulate, "SUBTRACT": subtract, "WIDE": wide, "BM": bm, "BN": bn,
+             "BK": bk, "GROUP_M": 8}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
+    # sizes divisible by 16, as Triton's own launcher would specialize them: the masks
+    # along a contiguous dimension then keep 16-byte loads
+    for name, div in zip(("M", "N", "K"), dims16):
+        if div:
+            attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+    for (outer, inner), lay, div in zip(_STRIDES, layouts, divs):
+        unit, ld = (inner, outer) if lay == "r" else (outer, inner)
+        sig[unit] = "constexpr"
+        const[unit] = 1
+        sig[ld] = "i32"
+        if div:
+            attrs[(fn.arg_names.index(ld),)] = [["tt.divisibility", 16]]
+    for name in ("ACCUMULATE", "SUBTRACT", "WIDE", "BM", "BN", "BK", "GROUP_M"):
+        sig[name] = "constexpr"
+    sig = {name: sig[name] for name in fn.arg_names}
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                       target=GPUTarget("cuda", cc, 32),
+                       options={"num_warps": warps, "num_stages": stages})
+    md = k.metadata
+    if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+        raise RuntimeError("internal: the fp16 epilogue kernel asks for scratch memory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(k.asm["cubin"])
+    os.replace(tmp, path)  # atomic: concurrent processes write the same bytes
+    tmp.write_text(json.dumps({"name": md.name, "shared": md.shared,
+                               "num_warps": md.num_warps}))
+    os.replace(tmp, meta)
 
 
 def _kernel() -> Any:
     from mpqr.backends.triton_kernels import fp16_gemm as kernel
 
     return kernel
-
-
-class _Ptr:
-    """A CuPy array as Triton's launcher takes a pointer argument."""
-
-    __slots__ = ("_ptr", "dtype")
-
-    def __init__(self, x: Any):
-        self._ptr = x.data.ptr
-        self.dtype = str(x.dtype)
-
-    def data_ptr(self) -> int:
-        return self._ptr
 
 
 def _config(m: int, n: int) -> tuple[int, int, int, int, int] | None:
@@ -91,8 +196,8 @@ def kernel_name(m: int, n: int, k: int, dtype: Any) -> str | None:
     with a ``dtype`` (float32) result, else None."""
     import numpy as np
 
-    if not (ENABLED and k > 0 and np.dtype(dtype) == np.float32 and _config(m, n) is not None
-            and available()):
+    if not (ENABLED and 0 < k < 2**31 and max(m, n) < 2**31 and np.dtype(dtype) == np.float32
+            and _config(m, n) is not None and available()):
         return None
     return "triton-epilogue"
 
@@ -102,9 +207,10 @@ def fp16_gemm(a16: Any, b16: Any, sa: Any, sb: Any, out: Any, *, accumulate: boo
     """``out = P``, ``out += P`` or ``out -= P`` (``accumulate``, ``subtract``) for the
     ``tc-fp16`` product ``P = 2**-(sa_i + sb_j) (a16 b16)_ij`` of the engine's scaled fp16
     operands ``a16`` (m x k) and ``b16`` (k x n), int32 shifts ``sa`` (m x 1) and ``sb``
-    (1 x n), any strides, into float32 ``out``. Returns False, doing nothing, where the
-    kernel does not take the product (:func:`kernel_name`)."""
+    (1 x n), into float32 ``out``; each operand with a unit stride in one dimension.
+    Returns False, doing nothing, where the kernel does not take the product."""
     import cupy as cp
+    import numpy as np
 
     if not (a16.ndim == b16.ndim == out.ndim == 2 and a16.dtype == b16.dtype == cp.float16
             and out.dtype == cp.float32):
@@ -113,28 +219,25 @@ def fp16_gemm(a16: Any, b16: Any, sa: Any, sb: Any, out: Any, *, accumulate: boo
     n = b16.shape[1]
     if kernel_name(m, n, k, out.dtype) is None:
         return False
-    bm, bn, bk, warps, stages = _config(m, n)
+    lays = [_layout(x) for x in (a16, b16, out)]
+    if any(lay is None or not 0 < lay[1] < 2**31 for lay in lays):
+        return False
     sa = cp.ascontiguousarray(sa.reshape(m), dtype=cp.int32)
     sb = cp.ascontiguousarray(sb.reshape(n), dtype=cp.int32)
-    strides = tuple(x.strides[i] // x.itemsize for x in (a16, b16, out) for i in (0, 1))
+    ptrs = [x.data.ptr for x in (a16, b16, out, sa, sb)]
+    if any(p % 16 for p in ptrs):
+        return False
+    cfg = _config(m, n)
     # offsets in int32 unless an operand spans 2**31 elements
-    reach = max(abs(s) * (d - 1) for s, d in zip(strides, (m, k, k, n, m, n)))
-    grid = (-(-m // bm) * -(-n // bn),)
-    with _on_cupy_stream():
-        _kernel()[grid](_Ptr(a16), _Ptr(b16), _Ptr(out), _Ptr(sa), _Ptr(sb), m, n, k, *strides,
-                        ACCUMULATE=accumulate, SUBTRACT=subtract,
-                        WIDE=2 * reach >= WIDE_FROM, BM=bm, BN=bn, BK=bk, GROUP_M=8,
-                        num_warps=warps, num_stages=stages)
+    outer = [(m, k), (k, n), (m, n)]  # (rows, columns) of a16, b16, out
+    reach = max(ld * ((r if lay == "r" else c) - 1) for (lay, ld), (r, c) in zip(lays, outer))
+    wide = 2 * (reach + max(m, n, k)) >= WIDE_FROM
+    variant = (tuple(lay for lay, _ in lays), tuple(ld % 16 == 0 for _, ld in lays),
+               tuple(v % 16 == 0 for v in (m, n, k)), bool(accumulate), bool(subtract), wide,
+               cfg)
+    fn, shared, threads, _ = _function(variant)
+    grid = (-(-m // cfg[0]) * -(-n // cfg[1]), 1, 1)
+    args = (*(np.uint64(p) for p in ptrs), *(np.int32(v) for v in (m, n, k)),
+            *(np.int32(ld) for _, ld in lays), np.uint64(0), np.uint64(0))
+    fn(grid, (threads, 1, 1), args, shared_mem=shared, stream=cp.cuda.get_current_stream())
     return True
-
-
-def _on_cupy_stream() -> Any:
-    """Triton launches on PyTorch's current stream: make it CuPy's for the call."""
-    import cupy as cp
-    import torch
-
-    ptr = cp.cuda.get_current_stream().ptr
-    dev = cp.cuda.Device().id
-    if torch.cuda.current_stream(dev).cuda_stream == ptr:
-        return contextlib.nullcontext()
-    return torch.cuda.stream(torch.cuda.ExternalStream(ptr, device=dev))

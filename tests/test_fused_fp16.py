@@ -226,3 +226,26 @@ def test_triton_epilogue_fp16_qr_accuracy():
     orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(4096)) / 4096)
     # the fp16 QR's documented accuracy (docs/precision.md): backward <= 1e-3, orth <= 2e-4
     assert back <= 1e-3 and orth <= 2e-4
+
+
+def test_layouts_the_kernel_takes():
+    from mpqr.backends.triton_gemm import _layout
+
+    x = np.zeros((6, 10), dtype=np.float16)
+    assert _layout(x) == ("r", 10)
+    assert _layout(x.T) == ("c", 10)
+    assert _layout(x[1:5, 2:7]) == ("r", 10)
+    assert _layout(x[:, 2:7].T) == ("c", 10)
+    assert _layout(x[::2, ::2]) is None  # a unit stride in neither dimension: declined
+    assert _layout(x[:1, ::3]) == ("c", 3)  # one row: its stride never applies
+    assert _layout(x[::2, :1]) == ("r", 20)
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    from mpqr.backends.triton_gemm import cache_dir
+
+    monkeypatch.setenv("MPQR_CACHE_DIR", str(tmp_path))
+    assert cache_dir() == tmp_path / "triton"
+    monkeypatch.delenv("MPQR_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "mpqr" / "triton"

@@ -1,8 +1,11 @@
 """Host cost of the fused fp16 epilogue's launches: the fp16 QR's wall time and enqueue
-time with the Triton kernel on and off, and the host time per launch.
+time with the Triton-compiled kernel on and off, the host time per launch, and the first
+call of a fresh process (``--first``: one QR, timed, then the modules this process
+imported that the kernel might pull in).
 
 ``python3 bench/probes/fused_launch.py [--import-profiler]`` (prints; ``--import-profiler``
-imports ``torch.profiler`` first, as ``bench/probes/kernel_time.py`` does).
+imports ``torch.profiler`` first, as ``bench/probes/kernel_time.py`` does);
+``python3 bench/probes/fused_launch.py --first on|off``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,23 @@ def timed(fn, n=3):
     return min(out)
 
 
+def first(on):
+    """The first fp16 QR of this process (8192^2), with the kernel on or off."""
+    tg.ENABLED = on
+    a = cp.random.default_rng(0).standard_normal((8192, 8192), dtype=cp.float32)
+    sync()
+    for i in range(2):
+        t0 = time.perf_counter()
+        mpqr.qr(a, precision="fp16", method="householder-recursive")
+        sync()
+        print(f"fused={on} call {i}: {time.perf_counter() - t0:.3f} s", flush=True)
+    print("imported:", sorted(m for m in ("torch", "triton") if m in sys.modules), flush=True)
+
+
 def main():
+    if "--first" in sys.argv:
+        first(sys.argv[-1] == "on")
+        return
     a = cp.random.default_rng(0).standard_normal((16384, 16384), dtype=cp.float32)
 
     def qr():
@@ -63,10 +82,6 @@ def main():
                                         for _ in range(200)], n=2)
         print(f"gemm_sub 2048x2048x512 x200 fused={on}: {total / 200 * 1e6:.0f} us per call, "
               f"enqueue {enqueue / 200 * 1e6:.0f} us", flush=True)
-    import torch
-
-    print("torch stream", torch.cuda.current_stream().cuda_stream,
-          "cupy stream", cp.cuda.get_current_stream().ptr)
 
 
 if __name__ == "__main__":
