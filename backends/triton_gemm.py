@@ -38,6 +38,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -109,32 +110,62 @@ _FUNCTIONS: dict[tuple, tuple[Any, int, int, Any]] = {}
 
 
 def _function(variant: tuple) -> tuple[Any, int, int, Any]:
-    """``(CuPy function, shared bytes, threads, module)`` of a variant: in memory, on disk,
-    or compiled now."""
-    got = _FUNCTIONS.get(variant)
-    if got is not None:
-        return got
+    """``(CuPy function, shared bytes, threads, module)`` of a variant on the current
+    device: loaded already, from disk, or compiled now (and kept on disk where it can be)."""
     import cupy as cp
 
-    cc = int(cp.cuda.Device().compute_capability)
+    dev = cp.cuda.Device()
+    got = _FUNCTIONS.get((dev.id, variant))
+    if got is not None:
+        return got
+    cc = int(dev.compute_capability)
     key = hashlib.sha256(repr((_source_hash(), cc, variant)).encode()).hexdigest()[:32]
     path = cache_dir() / f"{key}.cubin"
-    meta = path.with_suffix(".json")
-    if not (path.exists() and meta.exists()):
-        _compile(variant, cc, path, meta)
-    info = json.loads(meta.read_text())
+    found = _cached(path)
+    if found is None:
+        found = _compile(variant, cc)
+        _store(path, *found)  # best effort: a read-only cache compiles again next time
+    cubin, info = found
     mod = cp.cuda.function.Module()
-    mod.load(path.read_bytes())
+    mod.load(cubin)
     fn = mod.get_function(info["name"])
     if info["shared"] > 48 * 1024:
         attr = getattr(cp.cuda.driver, "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 8)
         cp.cuda.driver.funcSetAttribute(fn.ptr, attr, info["shared"])
     got = (fn, info["shared"], 32 * info["num_warps"], mod)
-    _FUNCTIONS[variant] = got
+    _FUNCTIONS[(dev.id, variant)] = got
     return got
 
 
-def _compile(variant: tuple, cc: int, path: Path, meta: Path) -> None:
+def _cached(path: Path) -> tuple[bytes, dict[str, Any]] | None:
+    """The cubin at ``path`` and its ``.json`` beside it, or None (absent or unreadable)."""
+    try:
+        info = json.loads(path.with_suffix(".json").read_text())
+        cubin = path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if not (cubin and {"name", "shared", "num_warps"} <= set(info)):
+        return None
+    return cubin, info
+
+
+def _store(path: Path, cubin: bytes, info: dict[str, Any]) -> bool:
+    """Write the cubin and its ``.json`` (each atomically: concurrent processes write the
+    same bytes); False where the directory cannot be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for dst, data in ((path, cubin), (path.with_suffix(".json"),
+                                          json.dumps(info).encode())):
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, dst)
+    except OSError:
+        return False
+    return True
+
+
+def _compile(variant: tuple, cc: int) -> tuple[bytes, dict[str, Any]]:
+    """The cubin of one variant for compute capability ``cc``, and its launch facts."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -166,14 +197,18 @@ def _compile(variant: tuple, cc: int, path: Path, meta: Path) -> None:
                        options={"num_warps": warps, "num_stages": stages})
     md = k.metadata
     if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
-        raise RuntimeError("internal: the fp16 epilogue kernel asks for scratch memory")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_bytes(k.asm["cubin"])
-    os.replace(tmp, path)  # atomic: concurrent processes write the same bytes
-    tmp.write_text(json.dumps({"name": md.name, "shared": md.shared,
-                               "num_warps": md.num_warps}))
-    os.replace(tmp, meta)
+        raise RuntimeError("the kernel asks for scratch memory, which its launch does not pass")
+    return k.asm["cubin"], {"name": md.name, "shared": md.shared, "num_warps": md.num_warps}
+
+
+def _disable(exc: BaseException) -> None:
+    """Turn the kernel off for the process, saying why once: a compiler or driver failure
+    must cost speed, not the product."""
+    global ENABLED
+    ENABLED = False
+    warnings.warn(f"mpqr: the fp16 GEMM with the fused epilogue is off for this process "
+                  f"({type(exc).__name__}: {exc}); the engine's separate passes run",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _kernel() -> Any:
@@ -235,7 +270,11 @@ def fp16_gemm(a16: Any, b16: Any, sa: Any, sb: Any, out: Any, *, accumulate: boo
     variant = (tuple(lay for lay, _ in lays), tuple(ld % 16 == 0 for _, ld in lays),
                tuple(v % 16 == 0 for v in (m, n, k)), bool(accumulate), bool(subtract), wide,
                cfg)
-    fn, shared, threads, _ = _function(variant)
+    try:
+        fn, shared, threads, _ = _function(variant)
+    except Exception as exc:  # Triton or the driver refused the variant
+        _disable(exc)
+        return False
     grid = (-(-m // cfg[0]) * -(-n // cfg[1]), 1, 1)
     args = (*(np.uint64(p) for p in ptrs), *(np.int32(v) for v in (m, n, k)),
             *(np.int32(ld) for _, ld in lays), np.uint64(0), np.uint64(0))

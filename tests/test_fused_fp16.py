@@ -249,3 +249,29 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("MPQR_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert cache_dir() == tmp_path / "xdg" / "mpqr" / "triton"
+
+
+def test_compiled_variants_on_disk(tmp_path):
+    from mpqr.backends.triton_gemm import _cached, _store
+
+    path = tmp_path / "sub" / "k.cubin"
+    assert _cached(path) is None
+    info = {"name": "fp16_gemm", "shared": 65536, "num_warps": 8}
+    assert _store(path, b"\x7fELF cubin", info)
+    assert _cached(path) == (b"\x7fELF cubin", info)
+    path.with_suffix(".json").write_text("{not json")
+    assert _cached(path) is None  # unreadable: compiled again
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache directory would go")
+    assert not _store(blocked / "k.cubin", b"x", info)  # not writable: kept in memory only
+
+
+def test_a_failed_compile_turns_the_kernel_off(monkeypatch):
+    from mpqr.backends import triton_gemm as tg
+
+    monkeypatch.setattr(tg, "ENABLED", True)
+    with pytest.warns(RuntimeWarning, match="fused epilogue is off for this process "
+                      r"\(RuntimeError: no ptxas\); the engine's separate passes run"):
+        tg._disable(RuntimeError("no ptxas"))
+    assert tg.ENABLED is False
+    assert tg.kernel_name(4096, 4096, 4096, np.float32) is None
