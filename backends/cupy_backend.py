@@ -363,7 +363,7 @@ class CupyBackend(ArrayAPIBackend):
         return triton_gemm.kernel_name(m, n, k, dtype)
 
     def fused_fp16_gemm(self, a16, b16, sa, sb, c, *, accumulate, subtract):
-        # the unscaling and C -= P in a Triton GEMM's epilogue (optional: Triton, PyTorch)
+        # the unscaling and C -= P in the epilogue of a Triton-compiled GEMM (optional: Triton)
         from mpqr.backends import triton_gemm
 
         return triton_gemm.fp16_gemm(a16, b16, sa, sb, c, accumulate=accumulate,

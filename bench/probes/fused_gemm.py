@@ -2,7 +2,7 @@
 passes: checks, product timings, tile configurations and the fp16 QR, A/B in one process.
 
 ``python3 bench/probes/fused_gemm.py OUT.json [checks] [gemm] [configs] [qr]`` (default:
-all; a GPU with Triton and PyTorch).
+all; a GPU with Triton installed).
 
 * ``checks``: the fused result against the separate passes' on odd shapes, strides, views,
   rows scaled over float32's range, subnormal rows, Inf/NaN and 64-bit offsets; the
