@@ -115,12 +115,18 @@ def test_stacks_grams_and_small_products_take_the_separate_passes(fused):
     assert g.shape == (16, 16) and s.shape == (4, 4)
 
 
-def test_a_declined_product_is_still_right(fused):
+def test_a_declined_product_is_still_right(fused, monkeypatch):
     fused.state["decline"] = True
     a, b, c = _operands(seed=4)
     want = c - _separate(a, b)
+    be = get_backend(array_namespace(a))
+    splits = []
+    split = be.split_fp16
+    monkeypatch.setattr(be, "split_fp16", lambda *args, **kw: (splits.append(1),
+                                                               split(*args, **kw))[1])
     gemm_sub(c, a, b, precision="fp16", options=FP16)
     np.testing.assert_array_equal(c, want)
+    assert len(splits) == 2  # each operand split once, also when the kernel declines
     np.testing.assert_array_equal(gemm(a, b, precision="fp16", options=FP16), _separate(a, b))
 
 

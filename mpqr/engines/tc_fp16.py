@@ -37,12 +37,21 @@ def accumulate_tc_fp16(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool |
                        out_dtype: Any, kernel: str | None = None) -> bool:
     """``c = P`` (``subtract=None``), ``c -= P`` or ``c += P`` for the ``tc-fp16`` product
     ``P = a @ b`` (2-D) with the backend's fused epilogue; False, doing nothing, where the
-    policy picked no fused kernel (``kernel``) or it declines these operands."""
+    policy picked no fused kernel (``kernel``). Operands the kernel declines after the
+    split (an output view it does not take) finish from the split parts, not split again."""
     if kernel is None or a.ndim != 2 or b.ndim != 2 or c.dtype != out_dtype:
         return False
     sa, sb, a16, b16 = _scaled(backend, a, b)
-    return backend.fused_fp16_gemm(a16, b16, sa, sb, c, accumulate=subtract is not None,
-                                   subtract=bool(subtract))
+    if not backend.fused_fp16_gemm(a16, b16, sa, sb, c, accumulate=subtract is not None,
+                                   subtract=bool(subtract)):
+        p = unscale(backend, backend.gemm_fp16(a16, b16), sa, sb, out_dtype)
+        if subtract is None:
+            c[...] = p
+        elif subtract:
+            c -= p
+        else:
+            c += p
+    return True
 
 
 def _scaled(backend: Any, a: Any, b: Any) -> tuple[Any, Any, Any, Any]:

@@ -4,27 +4,11 @@ since mpqr's NumPy backend calls it. Call counts go to ``$MPQR_ROUTED_CALLS``.""
 
 from __future__ import annotations
 
-import collections
-import functools
-import json
-import os
 import types
 
 import mpqr.compat.numpy as mn
 import numpy.linalg as linalg
-
-_calls: collections.Counter[str] = collections.Counter()
-
-
-def _counted(name):
-    f = getattr(mn, name)
-
-    @functools.wraps(f)  # the suites inspect signatures
-    def g(*args, **kwargs):
-        _calls[name] += 1
-        return f(*args, **kwargs)
-
-    return g
+from counting import counted, dump
 
 
 class _Linalg(types.ModuleType):
@@ -33,8 +17,8 @@ class _Linalg(types.ModuleType):
 
 
 _proxy = _Linalg("numpy.linalg (qr and lstsq by mpqr)")
-_proxy.qr = _counted("qr")
-_proxy.lstsq = _counted("lstsq")
+_proxy.qr = counted(mn, "qr")
+_proxy.lstsq = counted(mn, "lstsq")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -47,5 +31,4 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_unconfigure(config):
-    with open(os.environ["MPQR_ROUTED_CALLS"], "w") as f:
-        json.dump(dict(_calls), f)
+    dump()
