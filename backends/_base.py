@@ -225,6 +225,15 @@ class ArrayAPIBackend:
         fp16 numbers at a power-of-two scaling (``shift`` int32, broadcasting)."""
         return self.ldexp(self.xp.astype(self.to_fp16(self.ldexp(x, shift)), x.dtype), -shift)
 
+    def unit_lower_fp16(self, src: Any, out: Any) -> None:
+        """``out[...] = fp16(tril(src, -1)) + I``: the Householder vectors stored below the
+        diagonal of ``src`` (``..., m, n``, ``m >= n``; R above is not read) as an explicit
+        unit-lower-trapezoidal float16 array, each entry rounded to nearest (no scaling)."""
+        xp = self.xp
+        m, n = src.shape[-2:]
+        out[...] = self.to_fp16(xp.tril(src, k=-1)
+                                + xp.eye(m, n, dtype=src.dtype, device=device(src)))
+
     def to_fp16(self, x: Any) -> Any:
         raise NotImplementedError(
             f"the {self.name} backend has no float16 support (needed by the fp16 engines)"

@@ -252,6 +252,12 @@ class CupyBackend(ArrayAPIBackend):
 
         return k.round_fp16_scaled(x, shift)
 
+    def unit_lower_fp16(self, src, out):
+        # one pass (tril, eye, add and the cast are four), correctly rounded from float64
+        from mpqr.backends import cupy_engine_kernels as k
+
+        k.unit_lower_fp16(src, out)
+
     def empty_for(self, like, shape, dtype):
         # a transposed operand (F-order) gets F-order parts: the split pass then
         # reads and writes consecutive addresses, and cuBLAS takes either order

@@ -25,7 +25,7 @@ import functools
 import cupy as cp
 
 __all__ = ["all_finite", "max_abs_finite", "round_fp16_scaled", "shift_of_max", "split_fp16",
-           "unscale"]
+           "unit_lower_fp16", "unscale"]
 
 # float32 widened through its bits: exact for subnormals in any FTZ mode
 _WIDEN = r"""
@@ -193,6 +193,24 @@ def round_fp16_scaled(x, shift):
     out = cp.empty(x.shape, dtype=x.dtype)
     _widen_fp16_kernel()(h, shift, out)
     return out
+
+
+@functools.cache
+def _unit_lower_fp16_kernel():
+    # row and column indices as broadcast inputs: right for any strides and batch shape
+    return cp.ElementwiseKernel(
+        "T x, int64 r, int64 c", "float16 y",
+        "y = r > c ? float16(mpqr_odd_f32(mpqr_f64(x))) : float16(r == c ? 1.0f : 0.0f);",
+        "mpqr_unit_lower_fp16", preamble=_PREAMBLE,
+    )
+
+
+def unit_lower_fp16(src, out):
+    """``out[...] = fp16(tril(src, -1)) + I`` in one pass (``src`` real, ``..., m, n``)."""
+    m, n = src.shape[-2:]
+    rows = cp.arange(m, dtype=cp.int64)[:, None]
+    cols = cp.arange(n, dtype=cp.int64)[None, :]
+    _unit_lower_fp16_kernel()(src, rows, cols, out)
 
 
 def split_fp16(x, shift, hi, hf=None, lo=None, lo_shift=11):

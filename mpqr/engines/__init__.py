@@ -48,6 +48,9 @@ class Engine:
     #: (``subtract=None``), ``c -= a b`` or ``c += a b`` for 2-D operands in one pass of a
     #: fused backend kernel, False where it declines (the policy then forms the product)
     accumulate: Callable[..., Any] | None = None
+    #: True for engines that take a float16 operand as it is (its entries are fp16 numbers
+    #: already: no conversion pass); the policy widens float16 operands for the others
+    fp16_operands: bool = False
 
     def available(self, backend: Any) -> bool:
         return self.requires <= backend.capabilities
@@ -126,12 +129,13 @@ def _register_builtin() -> None:
         register_engine(Engine(name, bits, frozenset(), run_native, _native_predict(key, factor),
                                _no_params))
     register_engine(Engine("tc-fp16", 11, frozenset({"fp16"}), run_tc_fp16, _tc_fp16_predict,
-                           tc_fp16_params, gram=gram_tc_fp16, accumulate=accumulate_tc_fp16))
+                           tc_fp16_params, gram=gram_tc_fp16, accumulate=accumulate_tc_fp16,
+                           fp16_operands=True))
     # fp16 A (rounded), B split into two fp16 parts: for products whose A is
     # already fp16 numbers (the fp16 QR's rounded reflectors); never picked by
     # a precision setting, only by name (GemmOptions.engine)
     register_engine(Engine("tc-fp16-splitb", 11, frozenset({"fp16"}), run_tc_fp16_splitb,
-                           _tc_fp16_splitb_predict, _no_params))
+                           _tc_fp16_splitb_predict, _no_params, fp16_operands=True))
     register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
                            _tc_sgemm_params, gram=gram_tc_sgemm))
     # "ozaki-int8" registers itself; its 2M complex products are added to it

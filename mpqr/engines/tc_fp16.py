@@ -12,6 +12,10 @@ CuPy with Triton installed: :mod:`mpqr.backends.triton_gemm`), the unscaling, an
 accumulation into an output (:func:`accumulate_tc_fp16`: ``C -= A B`` in place), happen in
 the GEMM's epilogue: the same roundings without the passes over the product. The policy's
 ``kernel`` parameter (shown in the explain trace) says where it runs.
+
+An operand that is float16 already (the fp16 QR keeps its rounded Householder vectors so)
+is used as it is, at shift 0: its entries are fp16 numbers, so scaling and rounding them
+would change no bit, and skipping the pass saves a read, a write and the range scan.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 
-__all__ = ["FP16_TARGET_EXP", "accumulate_tc_fp16", "run_tc_fp16", "tc_fp16_params"]
+__all__ = ["FP16_TARGET_EXP", "accumulate_tc_fp16", "fp16_operand", "run_tc_fp16",
+           "tc_fp16_params"]
 
 FP16_TARGET_EXP = 14
 
@@ -54,15 +59,25 @@ def accumulate_tc_fp16(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool |
     return True
 
 
+def fp16_operand(backend: Any, x: Any, axis: int) -> tuple[Any, Any]:
+    """``(shift, x16)``: ``x`` scaled along ``axis`` (rows of a left operand: ``-1``;
+    columns of a right one: ``-2``) and rounded to fp16, or a float16 ``x`` as it is at
+    shift 0."""
+    xp = backend.xp
+    if x.dtype == xp.float16:
+        shape = list(x.shape)
+        shape[axis] = 1
+        return xp.zeros(tuple(shape), dtype=xp.int32, device=device(x)), x
+    s = pow2_shift(backend, x, axis=axis, target=FP16_TARGET_EXP)
+    x16 = backend.empty_for(x, x.shape, xp.float16)
+    backend.split_fp16(x, s, x16)
+    return s, x16
+
+
 def _scaled(backend: Any, a: Any, b: Any) -> tuple[Any, Any, Any, Any]:
     """The shifts and the scaled fp16 operands: ``(sa, sb, a16, b16)``."""
-    xp = backend.xp
-    sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
-    sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a16 = backend.empty_for(a, a.shape, xp.float16)
-    b16 = backend.empty_for(b, b.shape, xp.float16)
-    backend.split_fp16(a, sa, a16)
-    backend.split_fp16(b, sb, b16)
+    sa, a16 = fp16_operand(backend, a, -1)
+    sb, b16 = fp16_operand(backend, b, -2)
     return sa, sb, a16, b16
 
 

@@ -18,6 +18,9 @@ accuracy, at 2x the tensor-core flops of ``tc-fp16``. Only the rounding of A
 remains, which is why the QR rounds its reflectors once and rebuilds their
 ``T`` factor from the rounded vectors (:mod:`mpqr.qr.householder_recursive`).
 
+A float16 A is used as it is (shift 0, no pass); a float16 B is widened first (its low
+part is zero).
+
 NaN/Inf: ``lo`` is 0 where ``hi`` is not finite and the ``lo`` product uses A
 with non-finite entries zeroed, so Inf and NaN land where ``tc-fp16`` puts them.
 """
@@ -27,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr.engines.scaling import pow2_shift, unscale
-from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
+from mpqr.engines.tc_fp16 import FP16_TARGET_EXP, fp16_operand
 from mpqr.engines.tc_sgemm import LO_SHIFT
 
 __all__ = ["run_tc_fp16_splitb"]
@@ -35,17 +38,24 @@ __all__ = ["run_tc_fp16_splitb"]
 
 def run_tc_fp16_splitb(backend: Any, a: Any, b: Any, *, out_dtype: Any) -> Any:
     xp = backend.xp
-    sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
+    if b.dtype == xp.float16:
+        b = xp.astype(b, out_dtype)
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a16 = backend.empty_for(a, a.shape, xp.float16)
-    a16f = backend.empty_for(a, a.shape, xp.float16)
-    scratch = backend.empty_for(a, a.shape, xp.float16)  # A's residual: not used
+    if a.dtype == xp.float16:
+        sa, a16 = fp16_operand(backend, a, -1)
+        a16f = xp.where(xp.isfinite(a16), a16, xp.zeros_like(a16))
+    else:
+        sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
+        a16 = backend.empty_for(a, a.shape, xp.float16)
+        a16f = backend.empty_for(a, a.shape, xp.float16)
+        scratch = backend.empty_for(a, a.shape, xp.float16)  # A's residual: not used
+        backend.split_fp16(a, sa, a16, hf=a16f, lo=scratch, lo_shift=LO_SHIFT)
+        del scratch
     b_hi = backend.empty_for(b, b.shape, xp.float16)
     b_hf = backend.empty_for(b, b.shape, xp.float16)
     b_lo = backend.empty_for(b, b.shape, xp.float16)
-    backend.split_fp16(a, sa, a16, hf=a16f, lo=scratch, lo_shift=LO_SHIFT)
     backend.split_fp16(b, sb, b_hi, hf=b_hf, lo=b_lo, lo_shift=LO_SHIFT)
-    del scratch, b_hf
+    del b_hf
     c = backend.gemm_fp16(a16, b_hi)
     backend.gemm_fp16(a16f, b_lo, out=c, alpha=2.0**-LO_SHIFT, beta=1.0)
     return unscale(backend, c, sa, sb, out_dtype)

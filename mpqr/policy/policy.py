@@ -395,10 +395,17 @@ def _accumulate(backend: Any, d: Decision, out_dtype: Any, c: Any, a: Any, b: An
     operands (:attr:`~mpqr.engines.Engine.accumulate`)."""
     engine = ENGINES[d.engine]
     if (engine.accumulate is None or a.ndim != 2 or b.ndim != 2 or "complex" in d.params
-            or a.dtype != out_dtype or b.dtype != out_dtype or 0 in a.shape or 0 in b.shape):
+            or not (_takes(backend, engine, a, out_dtype) and _takes(backend, engine, b, out_dtype))
+            or 0 in a.shape or 0 in b.shape):
         return False
     return engine.accumulate(backend, a, b, c, subtract=subtract, out_dtype=out_dtype,
                              **d.params)
+
+
+def _takes(backend: Any, engine: Any, x: Any, out_dtype: Any) -> bool:
+    """Whether ``engine`` takes ``x`` without a cast: of the result's dtype, or float16 for
+    an engine that reads fp16 operands as they are."""
+    return x.dtype == out_dtype or (engine.fp16_operands and x.dtype == backend.xp.float16)
 
 
 def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backend: Any
@@ -426,13 +433,18 @@ def _run(backend: Any, d: Decision, out_dtype: Any, a: Any, b: Any) -> Any:
     n = b.shape[-1]
     if m == 0 or n == 0 or k == 0:
         return xp.zeros((*a.shape[:-1], n), dtype=out_dtype, device=device(a))
-    if a.dtype != out_dtype and not d.engine.startswith("native"):
-        a = xp.astype(a, out_dtype)
-    if b.dtype != out_dtype and not d.engine.startswith("native"):
-        b = xp.astype(b, out_dtype)
     engine = ENGINES[d.engine]
     params = dict(d.params)
     scheme = params.pop("complex", None)
+    # the emulated engines get out_dtype operands, or float16 ones where they take them as
+    # they are (not the complex parts, which are split in out_dtype)
+    if not d.engine.startswith("native"):
+        if a.dtype != out_dtype and (scheme is not None or not _takes(backend, engine, a,
+                                                                       out_dtype)):
+            a = xp.astype(a, out_dtype)
+        if b.dtype != out_dtype and (scheme is not None or not _takes(backend, engine, b,
+                                                                       out_dtype)):
+            b = xp.astype(b, out_dtype)
     if scheme == "2m":
         return _run_engine(backend, dataclasses.replace(engine, run=engine.complex_2m),
                            params, out_dtype, a, b)

@@ -26,7 +26,10 @@ product to fp16 costs about ``2.3 u16`` of backward error at ``n = 1024``, most 
 because rounding W makes the applied block reflector non-orthogonal. Instead the
 Householder vectors are rounded to fp16 *once*, at the leaf, and ``T`` is rebuilt
 from the rounded vectors (:func:`round_reflectors_fp16`), so ``I - Ŷ T̂ Ŷ^T`` is
-orthogonal in working precision. The products then run on plain ``tc-fp16`` (one FP16
+orthogonal in working precision. ``Ŷ`` is kept as a float16 array of its own (explicit
+unit diagonal, zeros above): the products read it as it is (no conversion pass, no swap
+of R's triangle out of the way), at a quarter of the working copy's bytes for float32
+input. The products then run on plain ``tc-fp16`` (one FP16
 GEMM each; :data:`FP16_SCHEME`): backward error 1.3-1.7 ``u16`` and orthogonality
 ``<= 4 u16 / sqrt(n)`` from 1024^2 to 32768^2, inside the TC-QR table's ``1e-3`` and
 ``2e-4``. Keeping the other operand of every product with ``Ŷ`` to 22 bits
@@ -43,8 +46,6 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
-from mpqr.engines.scaling import pow2_shift
-from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 from mpqr.policy import active_gemm_options, gemm, gemm_into, gemm_options, gemm_sub, record_event
 from mpqr.qr._kernels import (
     CERTIFIED_PANEL_MAX_N,
@@ -60,9 +61,10 @@ from mpqr.qr._kernels import (
 )
 from mpqr.qr.panel_blocked import certified_leaf
 
-__all__ = ["FP16_SCHEME", "FP16_SCHEMES", "MAX_CERTIFIED_LEAF_WIDTH", "MAX_LEAF_WIDTH",
-           "MAX_LEAVES", "RECURSION_CUTOFF", "fp16_products", "fp16_scheme",
-           "householder_recursive", "leaf_width", "round_reflectors_fp16"]
+__all__ = ["EXACT_FP16", "FP16_SCHEME", "FP16_SCHEMES", "MAX_CERTIFIED_LEAF_WIDTH",
+           "MAX_LEAF_WIDTH", "MAX_LEAVES", "RECURSION_CUTOFF", "SPLIT_FP16", "fp16_products",
+           "fp16_scheme", "householder_recursive", "leaf_width", "round_reflectors_fp16",
+           "rounded_wy"]
 
 #: Narrowest leaf (Leng et al. use 32-wide tiles).
 RECURSION_CUTOFF = 32
@@ -102,6 +104,10 @@ FP16_SCHEMES = {
 #: against 252 / 1161 ms for ``vectors-exact``, backward 8.1e-4 / 8.3e-4 against 1.7e-4
 #: (``python3 bench/probes/fp16_schemes.py OUT.json 1024 16384 32768``).
 FP16_SCHEME = "rounded-vectors"
+#: The engines of the leaves' products with the fp16 vectors (float32 working precision):
+#: ``Ŷ^T Ŷ`` (exact products, float32 sums) and ``Ŷ T̂`` (:func:`rounded_wy`).
+EXACT_FP16 = {"engine": "tc-fp16"}
+SPLIT_FP16 = {"engine": "tc-fp16-splitb"}
 
 
 def fp16_products() -> tuple[dict[str, str], dict[str, str]]:
@@ -120,29 +126,41 @@ def fp16_scheme(prec_name: str, a: Any, xp: Any) -> bool:
 
 
 def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str,
-                          tau: Any = None) -> tuple[Any, Any]:
-    """``(Ŷ, T̂)``: the Householder vectors ``Y`` rounded to fp16 numbers and the
-    upper-triangular ``T̂`` that makes ``I - Ŷ T̂ Ŷ^H`` orthogonal (to working precision).
+                          tau: Any = None, out: Any = None) -> tuple[Any, Any]:
+    """``(Ŷ, T̂)``: the Householder vectors ``Y`` rounded to fp16 numbers (in ``Y``'s
+    dtype) and the upper-triangular ``T̂`` that makes ``I - Ŷ T̂ Ŷ^H`` orthogonal (to
+    working precision). ``out`` (float16, ``Y``'s shape) receives ``Ŷ`` as float16 too.
 
-    Each entry is rounded with the smaller of its row's and its column's fp16
-    scaling (:func:`~mpqr.engines.scaling.pow2_shift`), so the fp16 engines,
-    which scale rows of their left and columns of their right operand (and of
-    any sub-block, whose shifts are at least as large), take ``Ŷ`` and ``Ŷ^T``
-    without rounding them again. ``T̂`` is the UT transform of ``Ŷ``:
+    ``Y`` is read below its diagonal only (R may sit above: LAPACK's layout). Entries are
+    rounded to nearest without scaling: Householder vectors in LAPACK's convention have
+    ``|y_ij| <= 1`` (``|x_1 - beta| >= ||x||``), so none overflows, and one below fp16's
+    normal range (``2^-14``) is off by at most ``2^-25``, far under ``u16`` against the
+    vector's norm (at least 1). Scaled up by any power of two that keeps them below
+    ``2^15``, fp16 numbers stay fp16 numbers: the engines' row and column scalings take
+    ``Ŷ`` without rounding it again. ``T̂`` is the UT transform of ``Ŷ``:
     ``T̂^-1 = diag(1/τ) + striu(Ŷ^H Ŷ)`` with ``τ_i = 2 / ||ŷ_i||^2`` — the
     only ``τ`` for which the block reflector is orthogonal — except where ``τ_i = 0``
     (``H_i = I``: LAPACK's reflector of a column that is already zero below the
     diagonal), recognised by a zero column of ``W = Y T`` (of its top ``k x k``
     block, which is the unit lower top of ``Y`` times ``T``) or, with ``w=None``, by
     the unrounded reflectors' ``tau``. ``Ŷ^H Ŷ`` runs at
-    ``precision`` (the panel's working precision).
+    ``precision`` (the panel's working precision; for float32 ``Y`` on the fp16 tensor
+    cores, whose float32 sums of exact products are a float32 GEMM's). Returns ``Ŷ`` as
+    ``out`` (float16) where given, else in ``Y``'s dtype.
     """
     xp = backend.xp
-    s = xp.minimum(pow2_shift(backend, y, axis=-1, target=FP16_TARGET_EXP),
-                   pow2_shift(backend, y, axis=-2, target=FP16_TARGET_EXP))
-    yh = backend.round_fp16_scaled(y, s)
+    y16 = xp.empty(y.shape, dtype=xp.float16, device=device(y)) if out is None else out
+    backend.unit_lower_fp16(y, y16)
+    yh = xp.astype(y16, y.dtype) if out is None else y16
     k = y.shape[-1]
-    g = gemm(ct(xp, yh), yh, precision=precision, label="panel-YhY", backend=backend)
+    if y.dtype == xp.float32:
+        # products of fp16 numbers are exact in float32, and the tensor cores sum them in
+        # float32: the float32 GEMM's Gram matrix, from the fp16 operands as they are
+        g = gemm(ct(xp, y16), y16, precision=precision, label="panel-YhY",
+                 options=EXACT_FP16, backend=backend)
+    else:
+        yw = xp.astype(y16, y.dtype) if out is not None else yh
+        g = gemm(ct(xp, yw), yw, precision=precision, label="panel-YhY", backend=backend)
     d = xp.linalg.diagonal(g)
     # W = Y T with Y's top k x k block unit lower (nonsingular): column i of T is
     # zero iff column i of W's top block is (k rows: no reduction over all m rows);
@@ -157,6 +175,20 @@ def round_reflectors_fp16(backend: Any, w: Any, y: Any, *, precision: str,
     return yh, t
 
 
+def rounded_wy(backend: Any, out: Any, y16: Any, t: Any, *, precision: str) -> None:
+    """``out[...] = Ŷ T̂`` for the float16 ``Ŷ`` of :func:`round_reflectors_fp16`. For
+    float32 ``T̂`` on ``tc-fp16-splitb``: ``Ŷ`` as it is and ``T̂`` to about 22 bits, an
+    error ``2^-22 |Ŷ||T̂|`` well inside the float32 GEMM's own ``k u32 |Ŷ||T̂|``, at 2x the
+    products of a single FP16 GEMM instead of a float32 GEMM's rate."""
+    xp = backend.xp
+    if t.dtype == xp.float32:
+        gemm_into(out, y16, t, precision=precision, label="panel-wy-rounded",
+                  options=SPLIT_FP16, backend=backend)
+    else:
+        gemm_into(out, xp.astype(y16, t.dtype), t, precision=precision,
+                  label="panel-wy-rounded", backend=backend)
+
+
 def leaf_width(n: int, cap: int | None = None) -> int:
     """Leaf width for ``n`` columns: a power of two times :data:`RECURSION_CUTOFF`,
     the smallest with at most :data:`MAX_LEAVES` leaves, capped at ``cap`` (default
@@ -168,11 +200,12 @@ def leaf_width(n: int, cap: int | None = None) -> int:
     return nb
 
 
-def _trmm(l: Any, b: Any, *, precision: Any, label: str, backend: Any) -> Any:
-    # l: unit lower, stored below R in the working array (diagonal and above not read)
+def _trmm(l: Any, b: Any, *, precision: Any, label: str, backend: Any, explicit: bool) -> Any:
+    # l: unit lower, stored below R in the working array (diagonal and above not read), or
+    # an explicit one (the fp16 vectors' own array)
     cutoff = max(TRMM_CUTOFF, l.shape[-1] // TRMM_DEPTH_FRACTION)
     return trmm_lower(l, b, precision=precision, label=label, backend=backend, cutoff=cutoff,
-                      unit_implicit=True)
+                      unit_implicit=not explicit)
 
 
 def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: str,
@@ -210,6 +243,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                      "(geqrf panels if a check fails)", leaf=nb, panel=CERTIFIED_PANEL_MAX_N)
     work = a if overwrite else xp.asarray(a, copy=True)
     w_all = xp.zeros((*batch, m, n), dtype=a.dtype, device=dev)
+    # fp16: the rounded vectors as float16, explicit (zeros above: a diagonal block of Q's
+    # formation may span leaves); the products with Y read these, not the working copy
+    yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if f16 else None
+    ysrc = yh_all if f16 else work
 
     def leaf(c0: int, c1: int, need_w: bool) -> None:
         k = c1 - c0
@@ -219,27 +256,27 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             tau = certified_leaf(backend, work, w_all, c0, c1, cert=cert, precision=pp)
             if not need_w:
                 return
+            if f16:  # Ŷ into its float16 array; the working copy keeps the unrounded Y
+                y16, t = round_reflectors_fp16(backend, None, work[..., c0:, c0:c1],
+                                               precision=pp, tau=tau,
+                                               out=yh_all[..., c0:, c0:c1])
+                rounded_wy(backend, w_all[..., c0:, c0:c1], y16, t, precision=pp)
+                return
             y = unit_lower(xp, work[..., c0:, c0:c1])
-            if f16:
-                y, t = round_reflectors_fp16(backend, None, y, precision=pp, tau=tau)
-                work[..., c0:c1, c0:c1] = xp.triu(work[..., c0:c1, c0:c1]) + \
-                    xp.tril(y[..., :k, :], k=-1)
-                work[..., c1:, c0:c1] = y[..., k:, :]
-            else:
-                t = compact_wy_t(backend, y, tau)
-            label = "panel-wy-rounded" if f16 else "panel-wy"
-            gemm_into(w_all[..., c0:, c0:c1], y, t, precision=pp, label=label,
+            t = compact_wy_t(backend, y, tau)
+            gemm_into(w_all[..., c0:, c0:c1], y, t, precision=pp, label="panel-wy",
                       backend=backend)
             return
         else:
             w, y, r = householder_panel(backend, work[..., c0:, c0:c1], precision=pp,
                                         need_w=need_w)
-            if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
-                y, t = round_reflectors_fp16(backend, w, y, precision=pp)
-                w = gemm(y, t, precision=pp, label="panel-wy-rounded", backend=backend)
             work[..., c0:c1, c0:c1] = xp.triu(r) + xp.tril(y[..., :k, :], k=-1)
             work[..., c1:, c0:c1] = y[..., k:, :]
-            if need_w:
+            if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
+                y16, t = round_reflectors_fp16(backend, w, y, precision=pp,
+                                               out=yh_all[..., c0:, c0:c1])
+                rounded_wy(backend, w_all[..., c0:, c0:c1], y16, t, precision=pp)
+            elif need_w:
                 w_all[..., c0:, c0:c1] = w
 
     def rec(c0: int, c1: int, need_w: bool) -> None:
@@ -257,7 +294,11 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         b = work[..., c0:, cm:c1]
         c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
                  label="rec-update-WhB", options=opt_w, backend=backend)
-        if TRIANGLE_AS_GEMM * k1 <= m - c0:
+        if TRIANGLE_AS_GEMM * k1 <= m - c0 and f16:
+            # one GEMM over all of Y1, zeros included, from the explicit fp16 vectors
+            gemm_sub(work[..., c0:, cm:c1], yh_all[..., c0:, c0:cm], c, precision=precision,
+                     label="rec-update-YC", options=opt_y, backend=backend)
+        elif TRIANGLE_AS_GEMM * k1 <= m - c0:
             # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
             # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
             # that C is converted once (two GEMMs would split it twice).
@@ -271,18 +312,18 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             r1 = None
         else:
             with y_ctx():
-                upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
-                            label="rec-update-trmm", backend=backend)
+                upd = _trmm(ysrc[..., c0:cm, c0:cm], c, precision=precision,
+                            label="rec-update-trmm", backend=backend, explicit=f16)
             work[..., c0:cm, cm:c1] -= upd
             upd = None
-            gemm_sub(work[..., cm:, cm:c1], work[..., cm:, c0:cm], c, precision=precision,
+            gemm_sub(work[..., cm:, cm:c1], ysrc[..., cm:, c0:cm], c, precision=precision,
                      label="rec-update-YC", options=opt_y, backend=backend)
         c = b = None
         rec(cm, c1, need_w)
         if not need_w:
             return
         # merge: W2 <- W2 - W1 (Y1^H W2); rows cm: of Y1 lie below the diagonal
-        d = gemm(ct(xp, work[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
+        d = gemm(ct(xp, ysrc[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
                  label="rec-merge-YhW", options=opt_y, backend=backend)
         gemm_sub(w_all[..., c0:, cm:c1], w_all[..., c0:, c0:cm], d, precision=precision,
                  label="rec-merge-WD", options=opt_w, backend=backend)
@@ -302,8 +343,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         return None, r
     if complete:
         # Q = I - W Y^H (m x m); fp16: as (Y W^H)^H, the rounded vectors on the left
-        y_all = unit_lower(xp, work)
-        work = None
+        y_all = yh_all if f16 else unit_lower(xp, work)
+        work = yh_all = ysrc = None
         if f16:
             wy = ct(xp, gemm(y_all, ct(xp, w_all), precision=precision, label="rec-formq-WYh",
                              options=opt_y, backend=backend))
@@ -312,9 +353,11 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                       backend=backend)
         return xp.eye(m, dtype=a.dtype, device=dev) - wy, r
     # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage
-    _times_unit_upper(backend, w_all, work[..., :n, :n], 0, n, precision=precision,
-                      options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION))
-    work = None  # Y1 was its last use: free it before the sign normalisation copies Q
+    _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
+                      options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
+                      explicit=f16)
+    # Y1 was their last use: free them before the sign normalisation copies Q
+    work = yh_all = ysrc = None
     q = w_all
     q *= -1
     q[..., :n, :] = q[..., :n, :] + xp.eye(n, dtype=a.dtype, device=dev)
@@ -322,9 +365,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
 
 
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
-                      options: Any, cutoff: int) -> None:
+                      options: Any, cutoff: int, explicit: bool = False) -> None:
     """``W[:, lo:hi] <- W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
-    with its vectors below the diagonal of ``y1`` (R above is not read).
+    with its vectors below the diagonal of ``y1`` (R above is not read), or ``y1`` itself
+    where ``explicit`` (unit diagonal and zeros stored).
 
     With ``Y1^H = [U11 U12; 0 U22]``: ``[W1 W2] Y1^H = [W1 U11, W1 U12 + W2 U22]``, so
     ``W2`` is done first and ``W1`` last; ``W1 U12`` is one large GEMM (the only
@@ -334,18 +378,19 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     xp = backend.xp
     k = hi - lo
     if k <= cutoff:
-        blk = gemm(unit_lower(xp, y1[..., lo:hi, lo:hi]), ct(xp, w[..., :, lo:hi]),
+        diag = y1[..., lo:hi, lo:hi]
+        blk = gemm(diag if explicit else unit_lower(xp, diag), ct(xp, w[..., :, lo:hi]),
                    precision=precision, label="rec-formq-trmm", options=options,
                    backend=backend)
         w[..., :, lo:hi] = ct(xp, blk)
         return
     mid = lo + k // 2
     _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
-                      cutoff=cutoff)
+                      cutoff=cutoff, explicit=explicit)
     g = ct(xp, gemm(y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]), precision=precision,
                     label="rec-formq-trmm-gemm", options=options, backend=backend))
     g += w[..., :, mid:hi]
     w[..., :, mid:hi] = g
     del g
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
-                      cutoff=cutoff)
+                      cutoff=cutoff, explicit=explicit)
