@@ -15,15 +15,11 @@ from pathlib import Path
 
 import cupy as cp
 import numpy as np
-from mpqr.backends.panel_cholqr import CERTIFIED_LEAF_BLOCK
 
-__all__ = ["LEAF_BLOCK", "MAX_N", "certified_leaf", "certified_panel", "supports",
-           "supports_leaf"]
+__all__ = ["MAX_N", "certified_leaf", "certified_panel", "supports", "supports_leaf"]
 
 #: widest panel (one column per lane of a warp)
 MAX_N = 32
-#: a leaf's blocks of panels (:data:`mpqr.backends.panel_cholqr.CERTIFIED_LEAF_BLOCK`)
-LEAF_BLOCK = CERTIFIED_LEAF_BLOCK
 _THREADS = 256
 _WARPS = _THREADS // 32
 #: rows per tile (one tile in shared memory at a time per block)
@@ -105,14 +101,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     tau = cp.empty(k, dtype=work.dtype)
     ltop = cp.empty(MAX_N * MAX_N, dtype=work.dtype)
     zld = max(k - MAX_N, 1)
-    # Z^T as column-major (q x nn, ld zld), nn up to a block's width
-    z = cp.empty((LEAF_BLOCK, zld), dtype=work.dtype)
-    d = cp.empty((LEAF_BLOCK, MAX_N), dtype=work.dtype)  # a merge's D^T (nn x kk, ld MAX_N)
-    d0 = d.data.ptr
-    kb = min(LEAF_BLOCK, k)
-    lbuf = cp.empty((kb, kb), dtype=work.dtype)
-    rows = cp.arange(kb, dtype=cp.int32)[:, None]
-    cols = cp.arange(kb, dtype=cp.int32)[None, :]
+    z = cp.empty((MAX_N, zld), dtype=work.dtype)  # Z^T as column-major (q x nn, ld zld)
     one, zero, mone = np.array(1.0, dt), np.array(0.0, dt), np.array(-1.0, dt)
     handle = backend._cublas_handle()
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
@@ -125,64 +114,32 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
         cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha.ctypes.data, pa, rtype, la, pb, rtype,
                       lb, beta.ctypes.data, pc, rtype, lc, ctype, cublas.CUBLAS_GEMM_DEFAULT)
 
-    def at(base, r, c):  # address of entry (r, c) of a row-major matrix of work's shape
-        return base + (r * ld + c) * it
-
-    def update(c, e, stop, lp, lld):
-        # B = work[c:, e:stop] <- B - Y (W^T B), W = w_all[c:, c:e], Y's top lp (explicit
-        # unit lower, ld lld) and its rows below in work[e:, c:e]; row-major products as
-        # column-major ones of the transposes. Z^T (q x nn) = B^T W as one GEMM (split over
-        # 512-row chunks and summed, the QR was no faster: 16384^2 fp16 299-320 ms against
-        # 296-299, H100, bench/NOTES.md 2026-11-24)
-        q, nn, mr = stop - e, e - c, m - c
-        pb = at(a0, c, e)
-        gemm(op_n, op_t, q, nn, mr, one, pb, ld, at(w0, c, c), ld, zero, z0, zld)
-        # B's top rows -= L Z, the rows below -= Y2 Z
-        gemm(op_n, op_n, q, nn, nn, mone, z0, zld, lp, lld, one, pb, ld)
-        if e < m:
-            gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, at(a0, e, c), ld, one,
-                 at(a0, e, e), ld)
-
-    for b0 in range(c0, c1, LEAF_BLOCK):
-        b1 = min(b0 + LEAF_BLOCK, c1)
-        for c in range(b0, b1, MAX_N):
-            e = min(c + MAX_N, b1)
-            nn, mr = e - c, m - c
-            pa, pw = np.uint64(at(a0, c, c)), np.uint64(at(w0, c, c))
-            blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
-            args = (pa, lda, np.int64(mr), np.int32(nn))
-            for p in (1, 2):
-                pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, lda,
-                                                np.uint64(l0), np.uint64(tau0 + (c - c0) * it)))
-            if mr > nn:
-                ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
-                apply_k((ab,), (_THREADS,), (*args, ws, pw, lda))
-            if e < b1:  # the rest of the block: a rank-nn update
-                update(c, e, b1, l0, nn)
-        if b1 == c1:
+    for c in range(c0, c1, MAX_N):
+        e = min(c + MAX_N, c1)
+        nn, mr = e - c, m - c
+        pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ld + c) * it)
+        blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
+        args = (pa, lda, np.int64(mr), np.int32(nn))
+        for p in (1, 2):
+            pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, lda,
+                                            np.uint64(l0), np.uint64(tau0 + (c - c0) * it)))
+        if mr > nn:
+            ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
+            apply_k((ab,), (_THREADS,), (*args, ws, pw, lda))
+        if e == c1:
             break
-        # the block's W from its panels' (the recursive QR's merge, left to right):
-        # W_j -= W_<j (Y_<j^T W_j), rows c: of Y_<j below its diagonal, W_j zero above c
-        for c in range(b0 + MAX_N, b1, MAX_N):
-            e = min(c + MAX_N, b1)
-            nn, kk = e - c, c - b0
-            # D^T (nn x kk) = W_j^T Y_<j, then W_j^T -= D^T W_<j^T
-            gemm(op_n, op_t, nn, kk, m - c, one, at(w0, c, c), ld, at(a0, c, b0), ld, zero,
-                 d0, MAX_N)
-            gemm(op_n, op_n, nn, m - b0, kk, mone, d0, MAX_N, at(w0, b0, b0), ld, one,
-                 at(w0, b0, c), ld)
-        # the leaf's columns right of the block: one rank-(b1 - b0) update
-        kb = b1 - b0
-        lb = lbuf[:kb, :kb]
-        _unit_lower_kernel()(work[b0:b1, b0:b1], rows[:kb], cols[:, :kb], lb)
-        update(b0, b1, c1, lb.data.ptr, kb)
+        q = c1 - e
+        pb = a0 + (c * ld + e) * it
+        # Z^T (q x nn) = B^T W, B = work[c:, e:c1], W = w_all[c:, c:e], as one GEMM (split
+        # over 512-row chunks and summed, the QR was no faster: 16384^2 fp16 299-320 ms
+        # against 296-299, H100, bench/NOTES.md 2026-11-24)
+        gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ld, zero, z0, zld)
+        # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
+        gemm(op_n, op_n, q, nn, nn, mone, z0, zld, l0, nn, one, pb, ld)
+        if e < m:
+            gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld, one,
+                 a0 + (e * ld + e) * it, ld)
     return tau
-
-
-@functools.cache
-def _unit_lower_kernel():
-    return cp.ElementwiseKernel("T x, int32 r, int32 c", "T y",
-                                "y = r > c ? x : (r == c ? (T)1 : (T)0)", "mpqr_unit_lower")
 
 
 def supports_leaf(work, w_all) -> bool:

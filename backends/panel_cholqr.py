@@ -29,14 +29,11 @@ from typing import Any
 
 from mpqr._array_api import device
 
-__all__ = ["CERTIFIED_LEAF_BLOCK", "CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY",
-           "certificate_failed", "certified_leaf", "certified_panel", "new_certificate"]
+__all__ = ["CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY", "certificate_failed", "certified_leaf",
+           "certified_panel", "new_certificate"]
 
 #: widest certified panel (the kernels hold one column per lane of a warp)
 CERTIFIED_PANEL_MAX_N = 32
-#: a certified leaf's blocks of panels: the rank of the updates of the leaf's columns
-#: right of a block (:func:`mpqr.qr.panel_blocked.certified_leaf`)
-CERTIFIED_LEAF_BLOCK = 128
 #: ``||Q1^T Q1 - I||_F^2`` at or below which ``R2`` and ``R2^-1`` are taken to first order
 #: (float64's unit roundoff: the second-order terms are below its rounding)
 NEAR_IDENTITY = 2.0**-53

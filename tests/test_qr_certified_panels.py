@@ -315,39 +315,8 @@ def test_fused_leaf_matches_the_portable_loop(xp):
                                                    precision="fp64")
             finally:
                 type(backend).certified_leaf = orig
-        out.append((to_numpy(work), to_numpy(tau), int(to_numpy(cert)[0]), to_numpy(w)))
-    (w1, t1, f1, ww1), (w2, t2, f2, ww2) = out
+        out.append((to_numpy(work), to_numpy(tau), int(to_numpy(cert)[0])))
+    (w1, t1, f1), (w2, t2, f2) = out
     assert f1 == f2 == 0
     assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
     assert np.abs(t1 - t2).max() <= 1e-12
-    assert np.abs(ww1 - ww2).max() <= 1e-12 * np.abs(ww2).max()  # the blocks' merged W
-
-
-def test_blocked_leaf_matches_the_panel_by_panel_loop(xp, monkeypatch):
-    """Blocks of 128 columns (rank-128 updates of the columns right of a block) factor the
-    leaf as the panel-by-panel loop does, to float64 rounding; each block but the last
-    (which updates nothing) leaves its ``Y T`` as W (the panels' W merged)."""
-    from mpqr.qr import panel_blocked
-
-    if is_cupy_namespace(xp):
-        pytest.skip("the portable loop (CuPy's leaf: test_fused_leaf_matches_the_portable_loop)")
-    a = np.random.default_rng(43).standard_normal((700, 420))
-    c0, c1 = 20, 420  # blocks 20-148, 148-276, 276-404 and a 16-column one
-    out = []
-    for block in (128, 10**6):
-        monkeypatch.setattr(panel_blocked, "LEAF_BLOCK", block)
-        backend, work, w, cert = _working(xp, a)
-        tau = panel_blocked.certified_leaf(backend, work, w, c0, c1, cert=cert,
-                                           precision="fp64")
-        out.append((to_numpy(work), to_numpy(tau), int(to_numpy(cert)[0]), to_numpy(w)))
-    (wk1, t1, f1, ww1), (wk2, t2, f2, _) = out
-    assert f1 == f2 == 0
-    assert np.abs(wk1 - wk2).max() <= 1e-12 * np.abs(wk2).max()
-    assert np.abs(t1 - t2).max() <= 1e-12
-    for b0 in range(c0, c1 - 128, 128):
-        b1 = b0 + 128
-        y = np.tril(wk1[b0:, b0:b1], -1) + np.eye(700 - b0, b1 - b0)
-        backend = get_backend(array_namespace(np.zeros(1)))
-        t = compact_wy_t(backend, y, t1[b0 - c0:b1 - c0])
-        want = y @ t
-        assert np.abs(ww1[b0:, b0:b1] - want).max() <= 1e-13 * np.abs(want).max(), b0

@@ -28,11 +28,10 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
-from mpqr.backends.panel_cholqr import CERTIFIED_LEAF_BLOCK
 from mpqr.policy import gemm, gemm_sub
 from mpqr.qr._kernels import CERTIFIED_PANEL_MAX_N, ct
 
-__all__ = ["LEAF_BLOCK", "blocked_householder_panel", "certified_leaf"]
+__all__ = ["blocked_householder_panel", "certified_leaf"]
 
 
 def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: str
@@ -64,73 +63,28 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     """Factor the leaf ``work[c0:, c0:c1]`` (2-D, LAPACK's layout) in place in certified
     panels of :data:`~mpqr.qr._kernels.CERTIFIED_PANEL_MAX_N` columns, left to right
     (``backend.certified_panel``: CholQR2 + reconstruction, the check counted into
-    ``cert``), in blocks of :data:`LEAF_BLOCK` columns. Each panel's ``W`` goes to
-    ``w_all[c:, c:e]``; it updates the later columns *of its block*, ``B <- B - Y (W^H B)``
-    (a rank-32 update), and once the block is factored its panels' ``W`` are merged into
-    the block's (:func:`_merge_w`) and the leaf's columns right of the block are updated
-    by the block's reflector at once (a rank-128 update: on the GPU a rank-32 update runs
-    at the memory's rate, a rank-128 one at the GEMM's). Products at ``precision``, each
-    update in place in two parts (``Y``'s explicit unit-lower top and the rows below it).
-    Returns the leaf's ``tau`` (for its ``T``: :func:`~mpqr.backends._base.compact_wy_t`);
-    ``w_all[c0:, c0:c1]`` then holds the blocks' ``W`` (the caller forms the leaf's).
+    ``cert``). Each panel's ``W`` goes to ``w_all[c:, c:e]`` for the update of the leaf's
+    later columns, ``B <- B - Y (W^H B)``, by products at ``precision`` (the second in
+    place, in two parts: ``Y``'s explicit unit-lower top and the rows below it).
+    Returns the leaf's ``tau`` (for its ``T``: :func:`~mpqr.backends._base.compact_wy_t`).
     """
     tau = backend.certified_leaf(work, w_all, c0, c1, cert)
     if tau is not None:  # the backend's own loop (the same steps)
         return tau
     xp = backend.xp
-    taus = []
-    for b0 in range(c0, c1, LEAF_BLOCK):
-        b1 = min(b0 + LEAF_BLOCK, c1)
-        for c in range(b0, b1, CERTIFIED_PANEL_MAX_N):
-            e = min(c + CERTIFIED_PANEL_MAX_N, b1)
-            l, tau = backend.certified_panel(work[c:, c:e], w_all[c:, c:e], cert)
-            taus.append(tau)
-            if e < b1:
-                _update(backend, work, w_all[c:, c:e], l, c, e, b1, precision=precision)
-        if b1 == c1:
-            break
-        _merge_w(backend, work, w_all, b0, b1, precision=precision)
-        _update(backend, work, w_all[b0:, b0:b1], _unit_lower_top(xp, work, b0, b1), b0, b1,
-                c1, precision=precision)
-    return xp.concat(taus)
-
-
-#: Columns of the leaf's blocks (four 32-column panels): the rank of the updates of the
-#: leaf's later columns.
-LEAF_BLOCK = CERTIFIED_LEAF_BLOCK
-
-
-def _update(backend: Any, work: Any, w: Any, l: Any, c: int, e: int, stop: int, *,
-            precision: str) -> None:
-    """``work[c:, e:stop] <- B - Y (W^H B)`` for the reflectors of columns ``c:e`` (``W``
-    = ``w``, rows ``c:``; ``Y``'s top ``l`` explicit, its rows below in ``work[e:, c:e]``)."""
-    xp = backend.xp
     m = work.shape[-2]
-    z = gemm(ct(xp, w), work[c:, e:stop], precision=precision, label="panel-update-WhB",
-             backend=backend)
-    gemm_sub(work[c:e, e:stop], l, z, precision=precision, label="panel-update-YZ",
-             backend=backend)
-    if e < m:
-        gemm_sub(work[e:, e:stop], work[e:, c:e], z, precision=precision,
-                 label="panel-update-YZ", backend=backend)
-
-
-def _merge_w(backend: Any, work: Any, w_all: Any, b0: int, b1: int, *, precision: str
-             ) -> None:
-    """The block's ``W`` from its panels' (``W = Y T`` of the block, in ``w_all[b0:, b0:b1]``):
-    left to right, ``W_j <- W_j - W_{<j} (Y_{<j}^H W_j)``, the recursive QR's merge. Rows
-    ``c_j:`` of ``Y_{<j}`` lie below its diagonal, and ``W_j`` is zero above row ``c_j``."""
-    xp = backend.xp
-    for c in range(b0 + CERTIFIED_PANEL_MAX_N, b1, CERTIFIED_PANEL_MAX_N):
-        e = min(c + CERTIFIED_PANEL_MAX_N, b1)
-        d = gemm(ct(xp, work[c:, b0:c]), w_all[c:, c:e], precision=precision,
-                 label="panel-merge-YhW", backend=backend)
-        gemm_sub(w_all[b0:, c:e], w_all[b0:, b0:c], d, precision=precision,
-                 label="panel-merge-WD", backend=backend)
-
-
-def _unit_lower_top(xp: Any, work: Any, b0: int, b1: int) -> Any:
-    """The block's ``Y`` top ``(b1 - b0)^2``, explicit unit lower (R sits above)."""
-    k = b1 - b0
-    return xp.tril(work[b0:b1, b0:b1], k=-1) + xp.eye(k, dtype=work.dtype,
-                                                        device=device(work))
+    taus = []
+    for c in range(c0, c1, CERTIFIED_PANEL_MAX_N):
+        e = min(c + CERTIFIED_PANEL_MAX_N, c1)
+        l, tau = backend.certified_panel(work[c:, c:e], w_all[c:, c:e], cert)
+        taus.append(tau)
+        if e == c1:
+            break
+        z = gemm(ct(xp, w_all[c:, c:e]), work[c:, e:c1], precision=precision,
+                 label="panel-update-WhB", backend=backend)
+        gemm_sub(work[c:e, e:c1], l, z, precision=precision, label="panel-update-YZ",
+                 backend=backend)
+        if e < m:
+            gemm_sub(work[e:, e:c1], work[e:, c:e], z, precision=precision,
+                     label="panel-update-YZ", backend=backend)
+    return xp.concat(taus)
