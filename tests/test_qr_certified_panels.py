@@ -315,8 +315,9 @@ def test_fused_leaf_matches_the_portable_loop(xp):
                                                    precision="fp64")
             finally:
                 type(backend).certified_leaf = orig
-        out.append((to_numpy(work), to_numpy(tau), int(to_numpy(cert)[0])))
-    (w1, t1, f1), (w2, t2, f2) = out
+        out.append((to_numpy(work), to_numpy(tau), int(to_numpy(cert)[0]), to_numpy(w)))
+    (w1, t1, f1, ww1), (w2, t2, f2, ww2) = out
     assert f1 == f2 == 0
     assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
     assert np.abs(t1 - t2).max() <= 1e-12
+    assert np.abs(ww1 - ww2).max() <= 1e-12 * np.abs(ww2).max()  # the panels' W
