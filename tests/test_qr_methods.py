@@ -231,6 +231,11 @@ def test_explain_shows_every_gemm_engine():
     assert "qr: householder-recursive (requested)" in text
     assert all(g.engine in ("tc-fp16", "native-fp64") for g in trace.gemms)
     assert {g.engine for g in trace.gemms if g.label.startswith("rec-")} == {"tc-fp16"}
+    # fp16: the vectors' own float16 array stores the triangle's zeros, so the update is
+    # one GEMM; the other precisions split the product with Y's triangle (TRMM)
+    assert "rec-update-trmm" not in {g.label for g in trace.gemms}
+    with mpqr.explain() as trace:
+        mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
     assert "rec-update-trmm" in {g.label for g in trace.gemms}
 
 

@@ -28,8 +28,9 @@ Householder vectors are rounded to fp16 *once*, at the leaf, and ``T`` is rebuil
 from the rounded vectors (:func:`round_reflectors_fp16`), so ``I - Ŷ T̂ Ŷ^T`` is
 orthogonal in working precision. ``Ŷ`` is kept as a float16 array of its own (explicit
 unit diagonal, zeros above): the products read it as it is (no conversion pass, no swap
-of R's triangle out of the way), at a quarter of the working copy's bytes for float32
-input. The products then run on plain ``tc-fp16`` (one FP16
+of R's triangle out of the way, and no TRMM split: ``C -= Y1 C'`` is one GEMM over the
+stored zeros with the subtraction in its epilogue), at a quarter of the working copy's
+bytes for float32 input. The products then run on plain ``tc-fp16`` (one FP16
 GEMM each; :data:`FP16_SCHEME`): backward error 1.3-1.7 ``u16`` and orthogonality
 ``<= 4 u16 / sqrt(n)`` from 1024^2 to 32768^2, inside the TC-QR table's ``1e-3`` and
 ``2e-4``. Keeping the other operand of every product with ``Ŷ`` to 22 bits
@@ -200,12 +201,11 @@ def leaf_width(n: int, cap: int | None = None) -> int:
     return nb
 
 
-def _trmm(l: Any, b: Any, *, precision: Any, label: str, backend: Any, explicit: bool) -> Any:
-    # l: unit lower, stored below R in the working array (diagonal and above not read), or
-    # an explicit one (the fp16 vectors' own array)
+def _trmm(l: Any, b: Any, *, precision: Any, label: str, backend: Any) -> Any:
+    # l: unit lower, stored below R in the working array (diagonal and above not read)
     cutoff = max(TRMM_CUTOFF, l.shape[-1] // TRMM_DEPTH_FRACTION)
     return trmm_lower(l, b, precision=precision, label=label, backend=backend, cutoff=cutoff,
-                      unit_implicit=not explicit)
+                      unit_implicit=True)
 
 
 def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: str,
@@ -294,8 +294,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         b = work[..., c0:, cm:c1]
         c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
                  label="rec-update-WhB", options=opt_w, backend=backend)
-        if TRIANGLE_AS_GEMM * k1 <= m - c0 and f16:
-            # one GEMM over all of Y1, zeros included, from the explicit fp16 vectors
+        if f16:
+            # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
+            # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
+            # below would add half-size products and copies of them
             gemm_sub(work[..., c0:, cm:c1], yh_all[..., c0:, c0:cm], c, precision=precision,
                      label="rec-update-YC", options=opt_y, backend=backend)
         elif TRIANGLE_AS_GEMM * k1 <= m - c0:
@@ -312,11 +314,11 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             r1 = None
         else:
             with y_ctx():
-                upd = _trmm(ysrc[..., c0:cm, c0:cm], c, precision=precision,
-                            label="rec-update-trmm", backend=backend, explicit=f16)
+                upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
+                            label="rec-update-trmm", backend=backend)
             work[..., c0:cm, cm:c1] -= upd
             upd = None
-            gemm_sub(work[..., cm:, cm:c1], ysrc[..., cm:, c0:cm], c, precision=precision,
+            gemm_sub(work[..., cm:, cm:c1], work[..., cm:, c0:cm], c, precision=precision,
                      label="rec-update-YC", options=opt_y, backend=backend)
         c = b = None
         rec(cm, c1, need_w)
@@ -387,10 +389,18 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     mid = lo + k // 2
     _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)
-    g = ct(xp, gemm(y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]), precision=precision,
-                    label="rec-formq-trmm-gemm", options=options, backend=backend))
-    g += w[..., :, mid:hi]
-    w[..., :, mid:hi] = g
-    del g
+    if explicit:
+        # W2^H -= (-Y12) W1^H, accumulated in the GEMM's epilogue (fp16: exact negation),
+        # the vectors still the left operand
+        gemm_sub(ct(xp, w[..., :, mid:hi]), -y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
+                 precision=precision, label="rec-formq-trmm-gemm", options=options,
+                 backend=backend)
+    else:
+        g = ct(xp, gemm(y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
+                        precision=precision, label="rec-formq-trmm-gemm", options=options,
+                        backend=backend))
+        g += w[..., :, mid:hi]
+        w[..., :, mid:hi] = g
+        del g
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)
