@@ -9,6 +9,7 @@ dimension. Anything else is copied to C order first.
 from __future__ import annotations
 
 import functools
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -179,12 +180,15 @@ class CupyBackend(ArrayAPIBackend):
     #: 2 ms slower there than on the GPU on an H100; n <= 64 saves ~0.5 ms per QR)
     small_max = 128 * 128
 
-    #: below ~2^27 elements cuSOLVER's QR in the input's precision beats the tensor-core
-    #: recursion, whose leaf panels and launches do not amortise (H100, certified panels,
-    #: one process: 8192^2 fp16 150 ms, fp32-emulated 141, fp64-emulated 128 against 98-104;
-    #: 16384^2 331 / 404 / 461 against 493-508; ``python3 bench/probes/square_panels.py
-    #: OUT qr 16384 8192``): a cut between the two measured sizes, for every precision
+    #: below ~2^27 elements cuSOLVER's QR in the input's precision beats the fp32-emulated
+    #: recursion, whose leaf panels and launches do not amortise (H200, one process:
+    #: 8192^2 106 ms against 97; 16384^2 283 against 486), and below ~2^25 the fp16 and
+    #: fp64-emulated ones (4096^2 41 / 40-49 ms against 29-30; 6144^2 44-45 / 51-52 against
+    #: 57-59; 8192^2 56-61 / 82-83 against 97-100; ``python3 bench/probes/square_ab.py
+    #: OUT small=2048,4096,6144,8192``): cuts between the measured sizes
     library_qr_square_max = 2**27
+    library_qr_square_max_by_precision = MappingProxyType({"fp16": 2**25,
+                                                           "fp64-emulated": 2**25})
 
     def small(self, x):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,

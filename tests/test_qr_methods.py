@@ -267,6 +267,37 @@ def test_geqrf_method_keeps_the_qr_contract(xp, mode, shape):
     assert orthogonality(q) <= np.sqrt(q.shape[1]) * u / 4
 
 
+@pytest.mark.parametrize("exps", [(0, 0, 0), (40, 0, -40), (100, 0, 0), (0, -70, 0)],
+                         ids=["unit", "2^40..2^-40", "2^100", "2^-70"])
+@pytest.mark.parametrize("precision", ["fp16", "fp32-emulated"])
+def test_geqrf_at_tensor_core_precisions_checks_the_range_after(xp, precision, exps):
+    """At ``fp16`` and ``fp32-emulated`` the library's QR runs in the input's own
+    precision (float32 here): as at the native precisions, on the unscaled input with the
+    range checked after it, again on scaled columns only where a column is beyond
+    float32's safe range."""
+    from mpqr.qr._kernels import SAFE_EXPONENT
+
+    ns = mpqr._array_api.array_namespace(xp.asarray(1.0))
+    if "fp16" not in mpqr.backends.get_backend(ns).capabilities:
+        pytest.skip("backend without the fp16 engines")
+    m, n = 300, 60
+    a0 = np.random.default_rng(6).standard_normal((m, n)).astype(np.float32)
+    e = np.resize(np.asarray(exps), n)
+    a = np.ldexp(a0, e).astype(np.float32)
+    x = xp.asarray(a)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(x, precision=precision, method="geqrf")
+    rerun = [ev for ev in trace.events if ev.kind == "scale"]
+    col_exp = np.frexp(np.max(np.abs(a), axis=0))[1] - 1
+    assert bool(rerun) == (int(np.max(np.abs(col_exp))) > SAFE_EXPONENT["float32"])
+    np.testing.assert_array_equal(to_numpy(x), a)
+    q, r = to_numpy(q).astype(np.float64), to_numpy(r).astype(np.float64)
+    assert np.isfinite(q).all() and np.isfinite(r).all() and np.all(np.diag(r) >= 0)
+    u = 2.0**-24
+    assert backward_error(a0.astype(np.float64), q, np.ldexp(r, -e)) <= 2 * np.sqrt(n) * u
+    assert orthogonality(q) <= np.sqrt(n) * u
+
+
 @pytest.mark.parametrize("exps", [(0, 0, 0), (1000, 0, -1000), (-1060, -1060, -1060),
                                   (420, 0, 0), (0, -403, 0), (0, -390, 0)],
                          ids=["unit", "2^1000..2^-1000", "subnormal", "2^420", "2^-403",

@@ -282,7 +282,7 @@ def test_library_qr_cut_per_precision(monkeypatch, precision, shape, want):
     if want == "geqrf":
         assert why.startswith(f"{shape[0]}x{shape[1]} <= {2**28} elements at "
                               f"precision='{precision}'")
-        assert "fp64-emulated recursion was no faster up to this size" in why
+        assert "beats the fp64-emulated tensor-core recursion" in why
 
 
 def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):

@@ -175,11 +175,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
             return ("geqrf",
                     f"{m}x{n} <= {cut} elements at "
                     f"precision={prec_name!r}: the backend library's QR in the input's own, "
-                    "at least as accurate precision beats the tensor-core recursion, whose "
-                    "leaf panels and launches do not amortise at this size (H100, " + (
-                        "8192^2 fp16: 98 ms against 150 ms; from 16384^2 the recursion "
-                        "wins, 331 against 493 ms)" if cut == backend.library_qr_square_max
-                        else f"the {prec_name} recursion was no faster up to this size)"))
+                    f"at least as accurate precision beats the {prec_name} tensor-core "
+                    "recursion, whose leaf panels and launches do not amortise at this size "
+                    "(the backend's measured cut for this precision)")
         return ("householder-recursive",
                 f"precision={prec_name!r} runs the {h}x{n - h}x{m} update on {engine}, a "
                 "tensor-core engine, which is shape-sensitive: recursion gives square GEMMs")

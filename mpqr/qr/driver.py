@@ -189,7 +189,9 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
     underflow a Gram matrix or a norm (the scaling pass costs a read and a write
     of ``x``).
     """
-    only_if_needed = prec_name in NATIVE_PRECISIONS
+    # the library's QR runs natively in the input's precision whatever was asked (fp16 and
+    # fp32-emulated take it where it beats their recursion): no fp16 range to respect
+    only_if_needed = prec_name in NATIVE_PRECISIONS or method == "geqrf"
     if scale and only_if_needed and method == "geqrf":
         # The library's QR is queued first and the range checked after it, so one host
         # sync serves both (on a GPU the check alone cost ~0.3 ms per call before the
