@@ -393,6 +393,10 @@ class ArrayAPIBackend:
     def svd(self, a: Any, *, full_matrices: bool = False) -> tuple[Any, Any, Any]:
         return self.xp.linalg.svd(a, full_matrices=full_matrices)
 
+    #: whether :meth:`library_qr` gives ``diag(R) >= 0`` where it can (the driver then
+    #: checks before normalising the signs, instead of rescaling Q and R unchecked)
+    library_qr_positive: bool = False
+
     def library_qr(self, a: Any, mode: str) -> tuple[Any | None, Any]:
         """The array library's own QR of a 2-D ``a`` (``mode``: reduced, complete or r;
         Q is None for r): ``qr(method="geqrf")``."""

@@ -557,8 +557,16 @@ class CupyBackend(ArrayAPIBackend):
         # one gather and one scatter kernel instead of a slice copy per column
         x[..., dst] = x[..., src]
 
+    library_qr_positive = True  # real 2-D inputs (cupy_geqrf)
+
     def library_qr(self, a, mode):
-        # cuSOLVER geqrf (+ orgqr unless mode "r"), CuPy's own modes
+        # cuSOLVER geqrf (+ orgqr unless mode "r"): real 2-D inputs with the layout copies
+        # as tiled transposes and diag(R) >= 0 in the same passes (cupy_geqrf); others by
+        # CuPy's own modes
+        from mpqr.backends import cupy_geqrf
+
+        if cupy_geqrf.supports(a):
+            return cupy_geqrf.qr(a, mode)
         if mode == "r":
             return None, self._cp.linalg.qr(a, mode="r")
         return tuple(self._cp.linalg.qr(a, mode=mode))

@@ -200,7 +200,8 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
         with backend.ignore_fp_warnings():
             q, r = _factor_scaled(backend, method, a, precision=precision,
                                   prec_name=prec_name, want_q=want_q, complete=complete,
-                                  overwrite=False, check_signs=False)
+                                  overwrite=False,
+                                  check_signs=backend.library_qr_positive)
             e = column_exponents(backend, a)
         if in_safe_range(backend.xp, a, e, single=prec_name == "fp32"):
             return q, r
@@ -212,7 +213,7 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
     a2, e = scale_columns(backend, a, only_if_needed=only_if_needed,
                           single=prec_name == "fp32") if scale else (a, None)
     kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
-              check_signs=method != "geqrf")
+              check_signs=method != "geqrf" or backend.library_qr_positive)
     # certified panels only where the input survives to be factored again
     redo = not (overwrite and a2 is a)
     try:
