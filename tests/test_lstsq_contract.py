@@ -56,6 +56,7 @@ def tensor_core_qr(monkeypatch, xp):
 
     backend = mpqr.backends.get_backend(array_namespace(xp.zeros(1)))
     monkeypatch.setattr(type(backend), "library_qr_square_max", 0)
+    monkeypatch.setattr(type(backend), "library_qr_square_max_by_precision", {})
 
 
 

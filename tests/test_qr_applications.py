@@ -57,6 +57,7 @@ def test_orth_reaches_working_precision(xp, precision, monkeypatch):
     # the low-precision QR itself, not the library's float64 QR that `auto` takes at
     # this size on a GPU (library_qr_square_max)
     monkeypatch.setattr(type(backend), "library_qr_square_max", 0)
+    monkeypatch.setattr(type(backend), "library_qr_square_max_by_precision", {})
     a = geometric(np.random.default_rng(3), 256, 48, 1e5)
     with mpqr.explain() as trace:
         q = mpqr.orth(xp.asarray(a), precision=precision)
