@@ -47,6 +47,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
+from mpqr.engines.tc_fp16 import fp16_operand
 from mpqr.policy import active_gemm_options, gemm, gemm_into, gemm_options, gemm_sub, record_event
 from mpqr.qr._kernels import (
     CERTIFIED_PANEL_MAX_N,
@@ -229,6 +230,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     f16 = fp16_scheme(prec_name, a, xp)
     # engines of the products with the (rounded) vectors and with W (module docstring)
     opt_y, opt_w = fp16_products() if f16 else (None, None)
+    # the products of W on plain tc-fp16: W1's fp16 copy serves two of them
+    w16 = f16 and opt_w.get("engine") == "tc-fp16"
 
     def y_ctx() -> Any:  # for the TRMMs, whose GEMMs take no options argument
         return gemm_options(**opt_y) if f16 else contextlib.nullcontext()
@@ -292,8 +295,18 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         rec(c0, cm, True)
         # right half <- (I - W1 Y1^H)^H right half = B - Y1 (W1^H B)
         b = work[..., c0:, cm:c1]
-        c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
-                 label="rec-update-WhB", options=opt_w, backend=backend)
+        w1h = s1 = None
+        if need_w and w16:
+            # W1 rounded to fp16 once, its columns scaled (the engine's own rounding of
+            # W1^H's rows), for both products with it: C = S^-1 ((W1 S)^H B) here and
+            # W2 -= (W1 S)(S^-1 D) in the merge (S = diag(2^s1): exact)
+            s1, w1h = fp16_operand(backend, w_all[..., c0:, c0:cm], -2)
+            c = backend.ldexp(gemm(ct(xp, w1h), b, precision=precision,
+                                   label="rec-update-WhB", options=opt_w, backend=backend),
+                              -ct(xp, s1))
+        else:
+            c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
+                     label="rec-update-WhB", options=opt_w, backend=backend)
         if f16:
             # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
             # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
@@ -327,8 +340,14 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # merge: W2 <- W2 - W1 (Y1^H W2); rows cm: of Y1 lie below the diagonal
         d = gemm(ct(xp, ysrc[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
                  label="rec-merge-YhW", options=opt_y, backend=backend)
-        gemm_sub(w_all[..., c0:, cm:c1], w_all[..., c0:, c0:cm], d, precision=precision,
-                 label="rec-merge-WD", options=opt_w, backend=backend)
+        if w1h is not None:
+            gemm_sub(w_all[..., c0:, cm:c1], w1h, backend.ldexp(d, -ct(xp, s1)),
+                     precision=precision, label="rec-merge-WD", options=opt_w,
+                     backend=backend)
+            w1h = None
+        else:
+            gemm_sub(w_all[..., c0:, cm:c1], w_all[..., c0:, c0:cm], d, precision=precision,
+                     label="rec-merge-WD", options=opt_w, backend=backend)
 
     # after a failed certificate the rest runs on meaningless numbers that are thrown
     # away: no floating-point warnings from them (a certified run has none to give)
