@@ -225,6 +225,12 @@ class ArrayAPIBackend:
         fp16 numbers at a power-of-two scaling (``shift`` int32, broadcasting)."""
         return self.ldexp(self.xp.astype(self.to_fp16(self.ldexp(x, shift)), x.dtype), -shift)
 
+    def add_identity(self, x: Any) -> None:
+        """``x[..., i, i] += 1`` for ``i < min(m, n)``, in place."""
+        xp = self.xp
+        k = min(x.shape[-2:])
+        x[..., :k, :k] = x[..., :k, :k] + xp.eye(k, dtype=x.dtype, device=device(x))
+
     def unit_lower_fp16(self, src: Any, out: Any) -> None:
         """``out[...] = fp16(tril(src, -1)) + I``: the Householder vectors stored below the
         diagonal of ``src`` (``..., m, n``, ``m >= n``; R above is not read) as an explicit

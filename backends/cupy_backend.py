@@ -256,6 +256,15 @@ class CupyBackend(ArrayAPIBackend):
 
         return k.round_fp16_scaled(x, shift)
 
+    def add_identity(self, x):
+        # the diagonal of a C-contiguous matrix is a strided view of its memory: k entries
+        # touched instead of a k x k identity built and added
+        if x.ndim == 2 and x.flags.c_contiguous:
+            k = min(x.shape)
+            x.reshape(-1)[: (k - 1) * (x.shape[1] + 1) + 1: x.shape[1] + 1] += 1
+            return
+        super().add_identity(x)
+
     def unit_lower_fp16(self, src, out):
         # one pass (tril, eye, add and the cast are four), correctly rounded from float64
         from mpqr.backends import cupy_engine_kernels as k

@@ -169,3 +169,23 @@ def test_column_norms_and_sumsq(xp, shape, dtype):
     assert np.all(np.abs(got - exact) <= tol), (got, exact)
     norms = to_numpy(be.column_norms(v))
     assert np.all(np.abs(norms - np.sqrt(exact)) <= tol / np.maximum(np.sqrt(exact), 1e-300))
+
+
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="writes into its argument")
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (1, 1), (6, 1), (0, 4), (2, 4, 3)])
+def test_add_identity_adds_one_to_the_diagonal_in_place(xp, shape):
+    be = get_backend(array_namespace(xp.asarray(1.0)))
+    want = np.arange(float(np.prod(shape))).reshape(shape)
+    x = xp.asarray(want.copy())
+    k = min(shape[-2:])
+    want[..., range(k), range(k)] += 1
+    be.add_identity(x)
+    np.testing.assert_array_equal(to_numpy(x), want)
+    if len(shape) == 2 and k:  # a column block of a wider array: not contiguous
+        base = xp.zeros((shape[0], shape[1] + 3))
+        view = base[:, 1:shape[1] + 1]
+        be.add_identity(view)
+        got = to_numpy(base)
+        ref = np.zeros((shape[0], shape[1] + 3))
+        ref[range(k), [i + 1 for i in range(k)]] = 1
+        np.testing.assert_array_equal(got, ref)

@@ -373,34 +373,35 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             wy = gemm(w_all, ct(xp, y_all), precision=precision, label="rec-formq-WYh",
                       backend=backend)
         return xp.eye(m, dtype=a.dtype, device=dev) - wy, r
-    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage
+    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there)
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
                       explicit=f16)
     # Y1 was their last use: free them before the sign normalisation copies Q
     work = yh_all = ysrc = None
-    q = w_all
-    q *= -1
-    q[..., :n, :] = q[..., :n, :] + xp.eye(n, dtype=a.dtype, device=dev)
+    q = w_all  # -W Y1^H already
+    backend.add_identity(q)
     return q, r
 
 
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
                       options: Any, cutoff: int, explicit: bool = False) -> None:
-    """``W[:, lo:hi] <- W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
+    """``W[:, lo:hi] <- -W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
     with its vectors below the diagonal of ``y1`` (R above is not read), or ``y1`` itself
-    where ``explicit`` (unit diagonal and zeros stored).
+    where ``explicit`` (unit diagonal and zeros stored). Negated, so that the reduced Q is
+    ``E - W Y1^H`` with no pass of its own for the sign.
 
-    With ``Y1^H = [U11 U12; 0 U22]``: ``[W1 W2] Y1^H = [W1 U11, W1 U12 + W2 U22]``, so
-    ``W2`` is done first and ``W1`` last; ``W1 U12`` is one large GEMM (the only
-    temporary, half of the block at most). Products run as ``(Y W^H)^H`` so that the
-    vectors are the left operand, as the fp16 scheme's engines expect.
+    With ``Y1^H = [U11 U12; 0 U22]``: ``-[W1 W2] Y1^H = [-W1 U11, -W2 U22 - W1 U12]``, so
+    ``W2`` is done first and ``W1`` last; ``W1 U12`` is one large GEMM subtracted in
+    place (in the GEMM's epilogue where the engine has one). The diagonal blocks take
+    their sign from the (small) negated triangle. Products run as ``(Y W^H)^H`` so that
+    the vectors are the left operand, as the fp16 scheme's engines expect.
     """
     xp = backend.xp
     k = hi - lo
     if k <= cutoff:
         diag = y1[..., lo:hi, lo:hi]
-        blk = gemm(diag if explicit else unit_lower(xp, diag), ct(xp, w[..., :, lo:hi]),
+        blk = gemm(-(diag if explicit else unit_lower(xp, diag)), ct(xp, w[..., :, lo:hi]),
                    precision=precision, label="rec-formq-trmm", options=options,
                    backend=backend)
         w[..., :, lo:hi] = ct(xp, blk)
@@ -409,17 +410,15 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)
     if explicit:
-        # W2^H -= (-Y12) W1^H, accumulated in the GEMM's epilogue (fp16: exact negation),
-        # the vectors still the left operand
-        gemm_sub(ct(xp, w[..., :, mid:hi]), -y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
+        # W2^H -= Y12 W1^H in the GEMM's epilogue, the vectors still the left operand
+        gemm_sub(ct(xp, w[..., :, mid:hi]), y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
                  precision=precision, label="rec-formq-trmm-gemm", options=options,
                  backend=backend)
     else:
         g = ct(xp, gemm(y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
                         precision=precision, label="rec-formq-trmm-gemm", options=options,
                         backend=backend))
-        g += w[..., :, mid:hi]
-        w[..., :, mid:hi] = g
+        w[..., :, mid:hi] -= g
         del g
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)
