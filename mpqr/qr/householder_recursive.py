@@ -373,7 +373,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             wy = gemm(w_all, ct(xp, y_all), precision=precision, label="rec-formq-WYh",
                       backend=backend)
         return xp.eye(m, dtype=a.dtype, device=dev) - wy, r
-    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there)
+    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there);
+    # fp16 reads Y1 from its own array, so the working copy goes first (R is out of it)
+    if f16:
+        work = None
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
                       explicit=f16)
