@@ -220,11 +220,6 @@ class ArrayAPIBackend:
         (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest."""
         c[...] = c + self.xp.sum(parts, axis=0)
 
-    def round_fp16_scaled(self, x: Any, shift: Any) -> Any:
-        """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype: ``x`` rounded to the
-        fp16 numbers at a power-of-two scaling (``shift`` int32, broadcasting)."""
-        return self.ldexp(self.xp.astype(self.to_fp16(self.ldexp(x, shift)), x.dtype), -shift)
-
     def add_identity(self, x: Any) -> None:
         """``x[..., i, i] += 1`` for ``i < min(m, n)``, in place."""
         xp = self.xp

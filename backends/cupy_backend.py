@@ -249,13 +249,6 @@ class CupyBackend(ArrayAPIBackend):
 
         return k.shift_of_max(k.max_abs_finite(x, axis), target)
 
-    def round_fp16_scaled(self, x, shift):
-        # one pass instead of four, and the correctly rounded fp16 (astype rounds
-        # double -> float -> half, twice)
-        from mpqr.backends import cupy_engine_kernels as k
-
-        return k.round_fp16_scaled(x, shift)
-
     def add_identity(self, x):
         # the diagonal of a C-contiguous matrix is a strided view of its memory: k entries
         # touched instead of a k x k identity built and added

@@ -24,8 +24,8 @@ import functools
 
 import cupy as cp
 
-__all__ = ["all_finite", "max_abs_finite", "round_fp16_scaled", "shift_of_max", "split_fp16",
-           "unit_lower_fp16", "unscale"]
+__all__ = ["all_finite", "max_abs_finite", "shift_of_max", "split_fp16", "unit_lower_fp16",
+           "unscale"]
 
 # float32 widened through its bits: exact for subnormals in any FTZ mode
 _WIDEN = r"""
@@ -172,27 +172,6 @@ def shift_of_max(mx, target):
     """Int32 ``target - floor(log2(mx))`` where ``mx`` (float64) is finite and
     positive, else 0: :meth:`ArrayAPIBackend.pow2_shift` from its maxima."""
     return _shift_kernel()(mx, cp.int32(target))
-
-
-@functools.cache
-def _widen_fp16_kernel():
-    return cp.ElementwiseKernel(
-        "float16 h, int32 s", "T y",
-        "y = mpqr_narrow(ldexp((double)(float)h, -s), y);",
-        "mpqr_unscale_fp16", preamble=_PREAMBLE,
-    )
-
-
-def round_fp16_scaled(x, shift):
-    """``2**-shift * fp16(2**shift * x)`` in ``x``'s dtype: the split kernel's
-    correctly rounded fp16, then one exact widening pass (two launches; the
-    float16 type exists in a kernel only through a float16 argument)."""
-    hi_only, _ = _split_kernels()
-    h = cp.empty(x.shape, dtype=cp.float16)
-    hi_only(x, shift, h)
-    out = cp.empty(x.shape, dtype=x.dtype)
-    _widen_fp16_kernel()(h, shift, out)
-    return out
 
 
 @functools.cache

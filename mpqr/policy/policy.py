@@ -436,15 +436,15 @@ def _run(backend: Any, d: Decision, out_dtype: Any, a: Any, b: Any) -> Any:
     engine = ENGINES[d.engine]
     params = dict(d.params)
     scheme = params.pop("complex", None)
-    # the emulated engines get out_dtype operands, or float16 ones where they take them as
-    # they are (not the complex parts, which are split in out_dtype)
-    if not d.engine.startswith("native"):
-        if a.dtype != out_dtype and (scheme is not None or not _takes(backend, engine, a,
-                                                                       out_dtype)):
-            a = xp.astype(a, out_dtype)
-        if b.dtype != out_dtype and (scheme is not None or not _takes(backend, engine, b,
-                                                                       out_dtype)):
-            b = xp.astype(b, out_dtype)
+    def widened(x: Any) -> Any:
+        # the emulated engines get out_dtype operands, or float16 ones where they take them
+        # as they are (not the complex parts, which are split in out_dtype)
+        if (d.engine.startswith("native") or x.dtype == out_dtype
+                or (scheme is None and _takes(backend, engine, x, out_dtype))):
+            return x
+        return xp.astype(x, out_dtype)
+
+    a, b = widened(a), widened(b)
     if scheme == "2m":
         return _run_engine(backend, dataclasses.replace(engine, run=engine.complex_2m),
                            params, out_dtype, a, b)
