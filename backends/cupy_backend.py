@@ -448,12 +448,12 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_right_solve.right_solve_upper(a, r, out=out)
         return super().right_solve_upper(a, r, out=out)
 
-    def right_solve_gram(self, a, r):
+    def right_solve_gram(self, a, r, out=None):
         from mpqr.backends import cupy_right_solve
 
-        if cupy_right_solve.supports_gram(a):  # one read of A: Q1 never goes to memory
-            return cupy_right_solve.right_solve_gram(a, r)
-        return super().right_solve_gram(a, r)
+        if cupy_right_solve.supports_gram(a):  # one read of A (Q1 written only into out)
+            return cupy_right_solve.right_solve_gram(a, r, out=out)
+        return super().right_solve_gram(a, r, out=out)
 
     def right_solve_twice(self, a, r1, r2):
         from mpqr.backends import cupy_right_solve

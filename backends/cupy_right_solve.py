@@ -23,14 +23,19 @@ __all__ = ["GRAM_MAX_N", "MAX_N", "right_solve_gram", "right_solve_twice", "righ
 
 #: widest R the kernel takes (a thread keeps its row in registers)
 MAX_N = 64
-#: widest float64 A of the fused Gram kernel (a warp's share of G's 8 x 8 tiles stays small)
-GRAM_MAX_N = 32
+#: widest float64 A of the fused kernels (a warp holds its share of G's upper 8 x 8 tiles:
+#: 72 doubles at 64 columns, one block per SM)
+GRAM_MAX_N = 64
 _GRAM_ROWS = 128
 # blocks per SM asked of the register allocator (H100, 2^24 x 32, ``python -m mpqr bench qr
 # --shapes 16777216x32 --precisions fp64``: the Gram kernel 2.54 ms at 3, 2.70 at 1; the
 # two-solve kernel 4.6 ms at 1 or 2); the double-buffered tiles leave room for at most 3 and 2
-_GRAM_MINB = 3
 _TWICE_MINB = 1
+
+
+def _gram_minb(n: int) -> int:
+    # past 32 columns one block per SM (H200, 2^22 x 64: 2.77 ms at 1 or 2, the same)
+    return 3 if n <= 32 else 1
 _SOURCE = Path(__file__).resolve().parent / "kernels" / "right_solve.cu"
 
 
@@ -56,14 +61,15 @@ def _kernel(dtype_name: str, n: int, rows: int, variant: str):
     t, minb = ("double", 3) if dtype_name == "float64" else ("float", 1)
     name = {"one": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, false>",
             "twice": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, true>",
-            "gram": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_GRAM_MINB}>",
+            "gram": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, false>",
+            "gram_store": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, true>",
             "twice_tiles": f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>",
             }[variant]
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
                        name_expressions=[name])
     fn = mod.get_function(name)
-    if variant in ("gram", "twice_tiles"):  # past 48 KiB a kernel opts in to dynamic smem
-        fn.max_dynamic_shared_size_bytes = _fused_smem(n, 1 if variant == "gram" else 2)
+    if variant in ("gram", "gram_store", "twice_tiles"):  # past 48 KiB: dynamic smem opt-in
+        fn.max_dynamic_shared_size_bytes = _fused_smem(n, 2 if variant == "twice_tiles" else 1)
     return fn
 
 
@@ -155,21 +161,28 @@ def right_solve_twice(a, r1, r2, out=None):
     return out
 
 
-def right_solve_gram(a, r):
+def right_solve_gram(a, r, out=None):
     """``Q1^T Q1`` for ``Q1 = a @ inv(r)`` (float64, n <= GRAM_MAX_N) in one read of ``a``:
     ``Q1`` solved by 8-column blocks as :func:`right_solve_twice` solves it, the Gram
-    products on the fp64 tensor cores; exactly symmetric."""
+    products on the fp64 tensor cores; exactly symmetric. ``out`` (as in
+    :func:`right_solve_upper`): ``Q1`` is also written there, in the same pass."""
     m, n = a.shape
-    a, lda = _rows_operand(a)
+    if out is None:
+        a, lda = _rows_operand(a)
+        extra = (np.uint64(0), np.int64(0))  # a null q: every parameter is passed (no defaults)
+    else:
+        a, lda, out, ldq = _operands(a, out, "right_solve_gram")
+        extra = (out, ldq)
     rp, dp = _padded(r)
     n16 = (n + 15) // 16 * 16
     tiles = -(-m // _GRAM_ROWS)
-    kernel, smem = _kernel("float64", n, _rows(n, a.dtype), "gram"), _fused_smem(n, 1)
+    variant = "gram" if out is None else "gram_store"
+    kernel, smem = _kernel("float64", n, _rows(n, a.dtype), variant), _fused_smem(n, 1)
     # persistent blocks, one wave of them: few partial Gram matrices, no tail
     blocks = max(1, min(tiles, _resident_blocks(kernel, _GRAM_ROWS, smem)))
     partial = cp.zeros((blocks * (_GRAM_ROWS // 32), n16, n16), dtype=cp.float64)  # per warp
     if m:
-        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp, dp, partial, np.int64(m)),
+        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp, dp, partial, np.int64(m), *extra),
                shared_mem=smem)
     g = cp.triu(partial.sum(axis=0)[:n, :n])
     return g + cp.triu(g, 1).T

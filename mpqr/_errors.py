@@ -18,6 +18,10 @@ class LinAlgError(LINALG_ERROR):
     """
 
 
+#: attributes of a BreakdownError that stay in the process that raised it
+_IN_PROCESS = frozenset({"first_gram", "certify_gram", "chain"})
+
+
 class BreakdownError(LinAlgError):
     """A factorization method cannot handle this matrix.
 
@@ -36,9 +40,9 @@ class BreakdownError(LinAlgError):
 
     def __reduce__(self) -> tuple:
         # keyword-only arguments: pickled so that errors cross process boundaries
-        # (not ``first_gram``: the input and Gram matrix a failed CholQR pass hands to
-        # qr's next route, meaningful only in this process)
-        state = {k: v for k, v in vars(self).items() if k != "first_gram"}
+        # (not the arrays a failed CholQR pass hands to qr's next route: the input, its
+        # Gram matrices and factors, meaningful only in this process)
+        state = {k: v for k, v in vars(self).items() if k not in _IN_PROCESS}
         return (functools.partial(type(self), method=self.method,
                                   cond_estimate=self.cond_estimate), self.args, state)
 

@@ -105,7 +105,7 @@ def _blocked_q1(a, r):
     return right_solve_twice(a, r, cp.eye(n))  # solving with I is exact
 
 
-@pytest.mark.parametrize("n", [1, 7, 16, 20, 32])
+@pytest.mark.parametrize("n", [1, 7, 16, 20, 32, 40, 64])
 @pytest.mark.parametrize("m", [1037, 140_001])  # one partial tile; more tiles than blocks
 def test_gram_kernel_is_the_gram_matrix_of_backward_stable_rows(n, m):
     rng = np.random.default_rng(n + m)
@@ -126,6 +126,20 @@ def test_gram_kernel_is_the_gram_matrix_of_backward_stable_rows(n, m):
     assert bool((a == before).all())
 
 
+@pytest.mark.parametrize("n", [20, 48, 64])
+def test_gram_kernel_stores_the_rows_whose_gram_matrix_it_forms(n):
+    """``out``: the same pass writes ``a R^-1`` (bitwise the blocked solve's rows) and
+    returns the same Gram matrix as without it."""
+    rng = np.random.default_rng(n + 1)
+    a = cp.asarray(rng.standard_normal((140_001, n)))
+    r = cp.asarray(_triu_factor(rng, n))
+    full = cp.zeros((140_001, n + 3))
+    g = right_solve_gram(a, r, out=full[:, 1:n + 1])  # a column slice as the output
+    assert bool((full[:, 1:n + 1] == _blocked_q1(a, r)).all())
+    assert not bool(full[:, 0].any()) and not bool(full[:, n + 1:].any())
+    assert bool((g == right_solve_gram(a, r)).all())
+
+
 def test_gram_kernel_takes_column_slices_and_propagates_nan():
     rng = np.random.default_rng(3)
     full = cp.asarray(rng.standard_normal((2000, 40)))
@@ -142,7 +156,7 @@ def test_gram_kernel_takes_column_slices_and_propagates_nan():
     assert not supports_gram(cp.ones((10, 8), cp.float32))
 
 
-@pytest.mark.parametrize("n", [1, 7, 16, 20, 32])
+@pytest.mark.parametrize("n", [1, 7, 16, 20, 32, 40, 64])
 @pytest.mark.parametrize("m", [1037, 140_001])  # one partial tile; more tiles than blocks
 def test_blocked_two_solve_kernel_rounds_the_intermediate_as_one_solve(n, m):
     rng = np.random.default_rng(n)
@@ -159,8 +173,8 @@ def test_blocked_two_solve_kernel_rounds_the_intermediate_as_one_solve(n, m):
     assert bool((full[:, 2:n + 2] == q).all()) and not bool(full[:, :2].any())
 
 
-@pytest.mark.parametrize(("dtype", "n"), [(np.float32, 7), (np.float32, 32), (np.float64, 33),
-                                          (np.float64, 64)])
+# float64 up to GRAM_MAX_N columns takes the blocked kernel (above)
+@pytest.mark.parametrize(("dtype", "n"), [(np.float32, 7), (np.float32, 32), (np.float32, 64)])
 def test_row_wise_two_solve_kernel_equals_two_plain_solves_bitwise(dtype, n):
     rng = np.random.default_rng(n)
     a = cp.asarray(rng.standard_normal((1037, n)), dtype=dtype)

@@ -311,3 +311,68 @@ def test_cholqr2_breakdown_hands_on_its_gram_matrix_but_does_not_pickle_it():
     back = pickle.loads(pickle.dumps(info.value))
     assert not hasattr(back, "first_gram") and back.method == "cholqr2"
     assert str(back) == str(info.value)
+
+
+# cond(A) just past CholQR2's reach, where its first Cholesky succeeds and its second Gram
+# matrix may miss the certificate (which cases do depends on the BLAS's rounding, so a few
+# are tried; n = 16: W fused, 40: stored, 70: stored, R^-1 by GEMM)
+@pytest.mark.parametrize(("n", "m"), [(16, 1000), (40, 2000), (70, 2000)])
+def test_uncertified_cholqr2_is_continued_not_restarted(n, m):
+    """CholQR2's first factor and second Gram matrix go on into the preconditioned CholQR:
+    three Gram products over A in all (a restart would take five), FP64 accuracy."""
+    handed = 0
+    for cond in (10**8.3, 10**8.4, 10**8.44, 10**8.48):
+        for seed in (0, 1):
+            a = geometric(np.random.default_rng(seed), m, n, cond)
+            before = _checksum(a)
+            with mpqr.explain() as trace:
+                q, r = mpqr.qr(a)
+            assert _checksum(a) == before
+            assert orthogonality(q) <= 8 * np.sqrt(n) * U64 / n
+            assert backward_error(a, q, r) <= 8 * np.sqrt(n) * U64
+            assert np.all(np.diag(r) > 0)
+            fb = _events(trace, "fallback")
+            if not fb or "first factor" not in fb[0].message:
+                continue
+            handed += 1
+            (fb,) = fb
+            assert "from CholQR2's first factor and second Gram matrix" in fb.message
+            assert any("continues from CholQR2's first factor" in e.message
+                       for e in _events(trace, "gram-reuse"))
+            assert sum(g.label.endswith("gram") for g in trace.gemms) == 3
+            (route,) = _events(trace, "route")
+            assert route.data["grams"] == 3
+            assert cond / 10 <= route.data["cond_estimate"] <= 10 * cond
+    assert handed >= 2  # 4 to 8 of these 8 hand over with OpenBLAS (2-core CPU)
+
+
+def test_uncertified_cholqr2_hands_on_its_chain_but_does_not_pickle_it():
+    import pickle
+
+    for seed in range(20):
+        a = geometric(np.random.default_rng(seed), 1000, 16, 10**8.48)
+        with pytest.raises(mpqr.BreakdownError) as info:
+            mpqr.qr(a, method="cholqr2")
+        if hasattr(info.value, "chain"):
+            break
+    x, _sb, g, factors, w = info.value.chain
+    assert x is a and g.shape == (16, 16) and len(factors) == 1 and w is None
+    # g is the Gram matrix of a R1^-1: close to I, but not within the certificate's 1/2
+    w1 = np.linalg.solve(np.asarray(factors[0]).T, a.T).T
+    np.testing.assert_allclose(g, w1.T @ w1, rtol=0, atol=1e-6)
+    assert np.linalg.norm(g - np.eye(16)) > 0.5
+    back = pickle.loads(pickle.dumps(info.value))
+    assert not hasattr(back, "chain") and not hasattr(back, "certify_gram")
+    assert str(back) == str(info.value)
+
+
+def test_condition_estimate_by_power_iteration_past_the_svd_width():
+    """Past ``_SVD_MAX_N`` columns the estimate is the power iterations' lower bound."""
+    rng = np.random.default_rng(19)
+    be = mpqr.backends.get_backend(mpqr._array_api.array_namespace(np.zeros(1)))
+    n = precond._SVD_MAX_N + 16
+    for cond in (1.0, 1e6, 1e13):
+        r = np.linalg.qr(geometric(rng, 4 * n, n, cond))[1]
+        ref = np.linalg.cond(r / np.linalg.norm(r, axis=0))
+        est = float(precond.estimate_cond(be, r))
+        assert ref / 1.5 <= est <= ref * (1 + 1e-6)

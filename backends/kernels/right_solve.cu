@@ -88,7 +88,7 @@ right_solve_upper_rows(const T* __restrict__ a, long long lda, const T* __restri
   }
 }
 
-// --- CholQR2's fused passes (float64, N <= 32) -------------------------------------
+// --- CholQR's fused passes (float64, N <= 64) ---------------------------------------
 // A tile of ROWS rows sits in shared memory as ROWS x N16 doubles, element (r, c) at
 // r * N16 + (c ^ swz(r)), swz(r) = ((r & 3) << 2) | ((r >> 2) & 3): conflict-free both
 // for a thread reading its row and for MMA fragments (lanes read 4 rows x 4 columns).
@@ -238,12 +238,14 @@ __device__ __forceinline__ void solve_tile(double* tile, const double* rsh, cons
 // its ROWS / W rows of the tile on the MMA (a lane's A and B fragments of column block c
 // are the same values, so TB loads serve TB (TB + 1) / 2 products). Each warp writes its
 // partial G (N16 x N16, upper tiles only) to partial[blockIdx.x * W + warp]; the caller
-// sums them (a fixed order: deterministic).
-template <int N, int ROWS, int MINB>
+// sums them (a fixed order: deterministic). STORE: the solved rows are also written to q
+// (ldq; unused and null otherwise), so that the Gram matrix is that of the stored A R^{-1}.
+template <int N, int ROWS, int MINB, bool STORE = false>
 __global__ void __launch_bounds__(ROWS, MINB)
 right_solve_gram_rows(const double* __restrict__ a, long long lda,
                       const double* __restrict__ rp, const double* __restrict__ dp,
-                      double* __restrict__ partial, long long m) {
+                      double* __restrict__ partial, long long m,
+                      double* __restrict__ q, long long ldq) {
   constexpr int N16 = Blk<N>::N16, N8 = Blk<N>::N8, RS = Blk<N>::RS;
   constexpr int TB = N16 / 8, TS = ROWS * N16;  // 8 x 8 tiles per side of G; tile size
   constexpr int W = ROWS / 32, KW = ROWS / W;  // warps, tile rows per warp
@@ -269,6 +271,16 @@ right_solve_gram_rows(const double* __restrict__ a, long long lda,
     async_wait_prev();
     __syncthreads();  // every thread's copies of this tile (and R, the first time)
     solve_tile<N, ROWS>(tile, rsh, dsh);
+    if (STORE) {
+      const long long row0 = tb * ROWS;
+      const int rows = (int)min((long long)ROWS, m - row0);
+#pragma unroll
+      for (int t = 0; t < N; ++t) {
+        const int idx = threadIdx.x + t * ROWS;
+        const int i = idx / N, j = idx - (idx / N) * N;
+        if (i < rows) q[(row0 + i) * ldq + j] = tile[i * N16 + (j ^ swz(i))];
+      }
+    }
 #pragma unroll 2
     for (int k0 = warp * KW; k0 < (warp + 1) * KW; k0 += 4) {
       const int r = k0 + t;

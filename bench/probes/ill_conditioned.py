@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 import cupy as cp
 import cupyx.scipy.linalg as cxl
@@ -75,7 +76,18 @@ def route(trace) -> dict:
     return out
 
 
-def bench_qr(m: int, n: int, cond: float, repeat: int) -> dict:
+def kernel_profile(call) -> dict:
+    """GPU busy time and the top kernels of one call (CUPTI through PyTorch's profiler,
+    as ``kernel_time.py`` records them), beside the wall time: what the host adds."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from kernel_time import profiled
+
+    summary, top = profiled(call)
+    summary["top_kernels"] = top[:15]
+    return summary
+
+
+def bench_qr(m: int, n: int, cond: float, repeat: int, prof: bool = False) -> dict:
     a = matrix(m, n, cond)
     t_ref = time_it(cp, lambda: cp.linalg.qr(a), repeat=repeat, max_seconds=10)
     q, r = cp.linalg.qr(a)
@@ -92,6 +104,9 @@ def bench_qr(m: int, n: int, cond: float, repeat: int) -> dict:
            "cusolver_ms": t_ref * 1e3, "speedup": t_ref / t, "orthogonality": orth,
            "backward_error": back, "cusolver_orthogonality": ref_orth,
            "cusolver_backward_error": ref_back, "route": route(trace)}
+    if prof:
+        row["profile"] = kernel_profile(lambda: mpqr.qr(a))
+        row["events"] = [f"{e.kind}: {e.message}"[:200] for e in trace.events]
     return row
 
 
@@ -128,22 +143,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conds", default=None, help="comma list (default: 1,1e8,1e12,1e15)")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--no-lstsq", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="also record each qr row's kernels (needs PyTorch with CUDA)")
     args = p.parse_args(argv)
     shapes = SHAPES if not args.shapes else [
         tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     conds = CONDS if not args.conds else [float(c) for c in args.conds.split(",")]
+    if args.profile:
+        import torch
+        torch.zeros(1, device="cuda")  # CUPTI and the primary context, before CuPy's work
     rows = []
     print(f"{'':5} {'shape':>11} {'cond':>7} {'mpqr ms':>9} {'cuSOLVER':>9} {'ratio':>6} "
           f"{'orth':>8} {'backward':>8}  route")
     for m, n in shapes:
         for cond in conds:
-            row = bench_qr(m, n, cond, args.repeat)
+            row = bench_qr(m, n, cond, args.repeat, args.profile)
             release_pool(cp)
             rows.append(row)
             print(f"{'qr':5} {row['shape']:>11} {cond:7.0e} {row['mpqr_ms']:9.2f} "
                   f"{row['cusolver_ms']:9.2f} {row['speedup']:6.2f} "
                   f"{row['orthogonality']:8.1e} {row['backward_error']:8.1e}  "
                   f"{row['route']['text']}", flush=True)
+            if args.profile:
+                pr = row["profile"]
+                print(f"      GPU busy {pr['gpu_busy_ms']:.2f} ms of span "
+                      f"{pr['gpu_span_ms']:.2f}, {pr['kernels']} kernels", flush=True)
+                for t in pr["top_kernels"][:10]:
+                    print(f"      {t['ms']:8.3f} ms {t['count']:4d}x {t['name'][:100]}")
+                for e in row["events"]:
+                    print(f"      . {e}")
     if not args.no_lstsq:
         row = bench_lstsq(2**22, 64, 1e12, args.repeat)
         release_pool(cp)

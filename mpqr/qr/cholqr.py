@@ -86,7 +86,7 @@ def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: st
 def _cond_from_gram(backend: Any, g: Any) -> float:
     """``sqrt(cond(G))`` from the singular values of the (small) Gram matrix."""
     xp = backend.xp
-    s = backend.svd(g)[1]
+    s = backend.svdvals(g)
     hi = float(xp.max(s))
     lo = float(xp.min(s))
     if not math.isfinite(hi):
@@ -178,12 +178,12 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
             cx = array_namespace(certify)  # the first pass may have run on the device
             d = cx.abs(cx.linalg.diagonal(certify))
             cond = float(cx.max(d)) / float(cx.min(d)) if float(cx.min(d)) > 0 else math.inf
-            raise BreakdownError(
+            raise _with_gram(BreakdownError(
                 f"{method} broke down: after the first pass ||Q1^H Q1 - I||_F = {dist:.2e} > "
                 f"0.5, so the result would not be orthonormal to working accuracy "
                 f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}); use "
                 "method='svqr', a Householder method, or method='auto'",
-                method=method, cond_estimate=cond)
+                method=method, cond_estimate=cond), sb, g)
     if shift:
         m, n = a.shape[-2:]
         fro2 = xp.sum(xp.abs(xp.linalg.diagonal(g)), axis=-1)  # ||A||_F^2 per matrix
@@ -197,9 +197,34 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
             # x's Gram matrix, in range and finite: qr(method="auto") continues from it
             # with the preconditioned method instead of paying for it again
             exc.first_gram = (a, sb, g)
+        elif certify is not None:
+            _with_gram(exc, sb, g)
         raise
     q = _apply_inverse(backend, sb, a, r, method, prec_name) if want_q else None
     return q, r, sb
+
+
+def _with_gram(exc: BreakdownError, sb: Any, g: Any) -> BreakdownError:
+    """``exc`` carrying the (finite, in-range) Gram matrix its certified pass could not
+    certify: CholQR2 hands it over with its first factor (see :func:`cholqr2`)."""
+    exc.certify_gram = (sb, g)
+    return exc
+
+
+def _hand_over(exc: BreakdownError, backend: Any, a: Any, r1: Any, w: Any) -> None:
+    """Attach what ``qr(method="auto")`` needs to continue a CholQR2 whose second Gram
+    matrix was not certified with the preconditioned method (``exc.chain``: ``a``, the
+    Gram matrix's small backend and itself, ``[R1]`` there, ``W = a R1^-1`` or None where
+    it was not stored)."""
+    pair = getattr(exc, "certify_gram", None)
+    if pair is None:
+        return
+    sb, g = pair
+    if array_namespace(r1) is not sb.xp:  # R1 from the device's steps, G2 on the host
+        r1 = backend.small(r1)[1]
+        if array_namespace(r1) is not sb.xp:
+            return
+    exc.chain = (a, sb, g, [r1], w)
 
 
 def _check_gram(sb: Any, g: Any, method: str, prec_name: str) -> None:
@@ -385,13 +410,22 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
             record_event("fused-solve", "cholqr2: Q1 = x R1^-1 is not stored: its Gram "
                          "matrix is formed in the solve's pass over x, and Q = (x R1^-1) "
                          "R2^-1 is solved from x (two passes over x fewer)", method="cholqr2")
-            _q, r2, sb = _one_pass(backend, a, precision, "cholqr2", prec_name, certify=r1,
-                                   want_q=False, g=backend.right_solve_gram(a, r1d))
+            try:
+                _q, r2, sb = _one_pass(backend, a, precision, "cholqr2", prec_name,
+                                       certify=r1, want_q=False,
+                                       g=backend.right_solve_gram(a, r1d))
+            except BreakdownError as exc:
+                _hand_over(exc, backend, a, r1, None)
+                raise
             q = backend.right_solve_twice(a, r1d, backend.from_small(r2, a)) if want_q else None
             return q, _final_r(backend, sb, [r2, r1], a, prec_name)
         q1 = _apply_inverse(backend, sb1, a, r1, "cholqr2", prec_name)
-    q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
-                          want_q=want_q)
+    try:
+        q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
+                              want_q=want_q)
+    except BreakdownError as exc:
+        _hand_over(exc, backend, a, r1, q1)
+        raise
     return q, _final_r(backend, sb, [r2, r1], a, prec_name)
 
 

@@ -162,14 +162,22 @@ def _rescue(backend: Any, a: Any, exc: BreakdownError, unscaled: bool,
     matrix where it was in range (only its conditioning failed), else on columns
     scaled where needed (a Gram matrix that over- or underflowed)."""
     first = getattr(exc, "first_gram", None)
+    chain = getattr(exc, "chain", None)
+    resume = chain is not None and chain[0] is a and unscaled
     reuse = first is not None and first[0] is a and unscaled
     record_event("fallback", f"qr: cholqr2 broke down (estimated cond(x) >= "
                  f"{exc.cond_estimate:.2e}); continuing with {RESCUE} at "
                  f"precision={kw['prec_name']!r}" + (
+                     " from CholQR2's first factor and second Gram matrix" if resume else
                      " from CholQR2's Gram matrix" if reuse else
                      " on columns scaled where needed"),
                  method="cholqr2", fallback=RESCUE, cond_estimate=exc.cond_estimate,
                  reason=str(exc))
+    if resume:
+        from mpqr.qr.cholqr_precond import Resume, resume_chain
+
+        with resume_chain(Resume(*chain)), backend.ignore_fp_warnings():
+            return factor_any(backend, RESCUE, a, scale=False, **kw)
     if reuse:
         from mpqr.qr.cholqr import reuse_first_gram
 
