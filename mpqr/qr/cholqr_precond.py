@@ -27,6 +27,10 @@ already spent one Gram pass on CholQR2's attempt, which the shifted factor reuse
 Why not TSQR's R: its tile kernels are compute-bound in float64 (2^24 x 32 on an
 H100: 39 ms, against ~10 ms for CholQR2).
 
+Under ``qr(method="auto")`` the chain continues CholQR2: from its Gram matrix where its
+first Cholesky failed, from its first factor and second Gram matrix where only its
+certificate failed (:func:`resume_chain`); no pass over A is repeated.
+
 When ``u cond(A)`` is not small the matrix is numerically rank-deficient: its
 QR factorization is not determined to working accuracy, and this method raises
 :class:`mpqr.BreakdownError` (``qr(method="auto")`` falls back to Householder).
