@@ -116,11 +116,17 @@ class ArrayAPIBackend:
         xp = self.xp
         return bool(xp.all(xp.isfinite(x)))
 
-    def small(self, x: Any) -> tuple[ArrayAPIBackend, Any]:
+    def small(self, x: Any, limit: int | None = None) -> tuple[ArrayAPIBackend, Any]:
         """``(backend, array)`` to run the small n x n steps on ``x`` with (Cholesky of a
         Gram matrix, its checks), or to read a few scalars with one transfer: here, this
-        backend and ``x`` itself."""
+        backend and ``x`` itself. ``limit``: the caller's own largest size (elements) for
+        the host, where a device backend has one."""
         return self, x
+
+    #: largest Gram matrix (elements) whose n x n steps the preconditioned CholQR runs
+    #: where :meth:`small` puts them with this ``limit`` (its steps are many small
+    #: factorizations, products and solves; see the GPU backend)
+    precondition_small_max: int | None = None
 
     def from_small(self, x: Any, like: Any) -> Any:
         """An array from :meth:`small`'s namespace back on ``like``'s device."""

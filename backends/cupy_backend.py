@@ -179,6 +179,13 @@ class CupyBackend(ArrayAPIBackend):
     #: largest Gram matrix (elements) whose small steps run on the host (n = 256 was
     #: 2 ms slower there than on the GPU on an H100; n <= 64 saves ~0.5 ms per QR)
     small_max = 128 * 128
+    #: the preconditioned CholQR's steps (shifted factors, P = R P, condition estimates)
+    #: launch hundreds of kernels on the GPU at 256 columns: on the host up to 256
+    #: (H200, 2^20 x 256 at cond 1e12: 788 kernels, 38-40 ms on the GPU; 177 kernels,
+    #: 36.8 ms on the host; `python3 bench/probes/ill_conditioned.py OUT --shapes
+    #: 1048576x256 --profile`). CholQR2's own steps stay on the GPU past 128 columns
+    #: (the same shape at cond 1 with its steps on the host: 14.1 ms against 11.5)
+    precondition_small_max = 256 * 256
 
     #: below ~2^27 elements cuSOLVER's QR in the input's precision beats the fp32-emulated
     #: recursion, whose leaf panels and launches do not amortise (H200, one process:
@@ -190,11 +197,11 @@ class CupyBackend(ArrayAPIBackend):
     library_qr_square_max_by_precision = MappingProxyType({"fp16": 2**25,
                                                            "fp64-emulated": 2**25})
 
-    def small(self, x):
+    def small(self, x, limit=None):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,
         # R2 R1) are ~20 tiny launches and ~7 syncs on the GPU: ~0.7 ms per pass (H100).
         # On the host they cost one transfer each way.
-        if x.size > self.small_max:
+        if x.size > (self.small_max if limit is None else limit):
             return self, x
         from mpqr.backends import get_backend
         from mpqr.backends.numpy_backend import host_namespace

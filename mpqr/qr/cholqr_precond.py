@@ -57,7 +57,6 @@ from mpqr.qr._kernels import ct, panel_precision
 from mpqr.qr.cholqr import (
     _apply_inverse,
     _check_gram,
-    _final_r,
     _first_gram,
     _fusable,
     _inverse_by_gemm,
@@ -121,13 +120,22 @@ class Chain:
     shifts: int         #: shifted factors among them
     where: str
     cond: float | None = None  #: estimated ``cond(x D^-1)``, once verified
+    _r: Any = None
+
+    @property
+    def r(self) -> Any:
+        """``R = R_c P``: the same products, in the same order, as ``rc @ factors[0] @
+        factors[1] ...`` (``P`` was built factor by factor)."""
+        if self._r is None:
+            self._r = _rr(self.sb, self.rc, self.pre, self.prec_name)
+        return self._r
 
     def verify(self) -> float:
         """The rank test on ``R_c P`` (:class:`mpqr.BreakdownError` where ``x`` is
         numerically rank-deficient) and the ``route`` event; the estimated cond."""
         if self.cond is None:
             sb, prec = self.sb, self.prec_name
-            cond = _max(estimate_cond(sb, _rr(sb, self.rc, self.pre, prec), prec))
+            cond = _max(estimate_cond(sb, self.r, prec))
             if not cond * self.u < RANK_DEFICIENT:
                 _rank_deficient(cond, self.u)
             record_event("route", f"{self.where}: certified after {self.grams} Gram passes "
@@ -270,13 +278,22 @@ def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: st
     solve_twice = _fusable(backend, a)  # Q solved twice from a beats storing the last W
     w = a  # the last W stored (a: none yet); None where the last W was not stored
     start = None
+    lim = backend.precondition_small_max
+
+    def small(g: Any) -> tuple[Any, Any]:
+        return backend.small(g) if lim is None else backend.small(g, limit=lim)
+
     state = _resumed(a)
     if state is not None:
         pair, start, w = (state.sb, state.g), state.factors, state.w
     else:
         pair = _first_gram(a, NAME)
         if pair is None:
-            pair = backend.small(gram(backend, a, precision, f"{NAME}-gram"))
+            pair = small(gram(backend, a, precision, f"{NAME}-gram"))
+    if pair[0] is backend and lim is not None:  # handed over where the backend keeps it
+        pair = small(pair[1])
+        if start is not None and pair[0] is not backend:
+            start = [small(f)[1] for f in start]
 
     def next_gram(r: Any, pre: Any, final: bool) -> Callable[[], tuple[Any, Any]]:
         nonlocal w
@@ -293,7 +310,7 @@ def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: st
             else:
                 w = _apply_inverse(backend, pair[0], w, r, NAME, prec_name)
             g = gram(backend, w, precision, f"{NAME}-gram")
-        return lambda: backend.small(g)
+        return lambda: small(g)
 
     c = precondition(*pair, next_gram, n=n, prec_name=prec_name, start=start)
     if not want_q:
@@ -314,7 +331,7 @@ def preconditioned_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: st
     elif want_q:
         q = _apply_inverse(backend, c.sb, w, c.rc, NAME, prec_name)
     c.verify()  # Q's pass is queued: the rank test runs beside it
-    return q, _final_r(backend, c.sb, [c.rc, *c.factors], a, prec_name)
+    return q, backend.from_small(c.r, a)
 
 
 def _fusable_gram(backend: Any, a: Any) -> bool:
