@@ -5,7 +5,8 @@ QRCP of a ``(b + p) x n`` sketch. LAPACK on the host takes ~75 ms a block at
 ``n = 16384`` (half of geqp3 is BLAS-2, and the sketch crosses the bus); the device loop
 of the portable code issues a dozen launches a pivot from Python. Here each pivot is
 two launches of ``kernels/qrcp_sketch.cu`` (pick and reflect; update the trailing
-columns and their norms) with no host synchronisation, and the ``k`` pivots cross once.
+columns and their norms, 32 columns and 8 row groups a thread block) with no host
+synchronisation, and the ``k`` pivots cross once.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ __all__ = ["qrcp_pivots", "supports"]
 
 _SOURCE = Path(__file__).resolve().parent / "kernels" / "qrcp_sketch.cu"
 _PICK_THREADS = 1024
-_UPDATE_THREADS = 256
+#: row groups of the update's thread blocks (32 columns each)
+_ROW_GROUPS = 8
 
 
 def supports(y) -> bool:
@@ -30,7 +32,7 @@ def supports(y) -> bool:
 @functools.cache
 def _kernels(dtype_name: str):
     t = "double" if dtype_name == "float64" else "float"
-    names = (f"qrcp_pick<{t}>", f"qrcp_update<{t}>")
+    names = (f"qrcp_pick<{t}>", f"qrcp_update<{t}, {_ROW_GROUPS}>")
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
                        name_expressions=list(names))
     return tuple(mod.get_function(n) for n in names)
@@ -50,10 +52,11 @@ def qrcp_pivots(y, k: int) -> list[int]:
     tau = cp.zeros(k, dtype=w.dtype)
     pick, update = _kernels(cp.dtype(w.dtype).name)
     r, n, ld = cp.int32(rows), cp.int32(ncols), cp.int64(ncols)
+    smem = max(rows, 1) * w.itemsize  # the reflector's column
     for i in range(k):
         pick((1,), (_PICK_THREADS,), (w, nrm2, perm, tau, r, n, ld, cp.int32(i)))
         rest = ncols - i - 1
-        if rest > 0:
-            update((-(-rest // _UPDATE_THREADS),), (_UPDATE_THREADS,),
-                   (w, nrm2, tau, r, n, ld, cp.int32(i)))
+        if rest > 0 and i < rows:
+            update((-(-rest // 32),), (32, _ROW_GROUPS),
+                   (w, nrm2, tau, r, n, ld, cp.int32(i)), shared_mem=smem)
     return [int(v) for v in perm[:k].get()]

@@ -8,9 +8,11 @@
 // -sign(alpha) ||x||, tau = (beta - alpha) / beta, v = x / (alpha - beta) below the
 // diagonal), written in place, tau into tau[i].
 //
-// qrcp_update (one thread a column c > i): Y[i:, c] -= tau v (v^T Y[i:, c]), then the
-// remaining norm of column c over rows i+1.. recomputed from its entries (rows is small:
-// no downdating, so no cancellation to guard against).
+// qrcp_update (a thread block of 32 columns c > i and RG row groups): Y[i:, c] -= tau v
+// (v^T Y[i:, c]), then the remaining norm of column c over rows i+1.. recomputed from
+// its entries in the same pass (rows is small: no downdating, so no cancellation to
+// guard against). The row groups split each column's sums (partial sums in shared
+// memory): with one thread a column the GPU held ~4 warps per SM, latency-bound.
 //
 // NaN norms are never picked (a NaN compares false); the caller checks finiteness.
 
@@ -91,23 +93,51 @@ __global__ void qrcp_pick(T* __restrict__ y, T* __restrict__ nrm2, int* __restri
   for (int r = i + 1 + t; r < rows; r += blockDim.x) y[r * ld + i] *= sc;
 }
 
-template <typename T>
-__global__ void qrcp_update(T* __restrict__ y, T* __restrict__ nrm2, const T* __restrict__ tau,
-                            int rows, int ncols, long long ld, int i) {
-  const int c = i + 1 + blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= ncols || i >= rows) return;
+template <typename T, int RG>
+__global__ void __launch_bounds__(32 * RG)
+qrcp_update(T* __restrict__ y, T* __restrict__ nrm2, const T* __restrict__ tau,
+            int rows, int ncols, long long ld, int i) {
+  extern __shared__ unsigned char smem_raw[];
+  T* v = reinterpret_cast<T*>(smem_raw);  // the reflector below the diagonal, rows i+1..
+  __shared__ T part[RG][33];
+  __shared__ T wsh[32];
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * 32 + tx;
+  if (i >= rows) return;  // uniform over the grid
+  for (int r = i + 1 + tid; r < rows; r += 32 * RG) v[r - i - 1] = y[r * ld + i];
+  __syncthreads();
+  const int c = i + 1 + blockIdx.x * 32 + tx;
+  const bool ok = c < ncols;
   const T tv = tau[i];
-  if (tv != T(0)) {
-    T w = y[i * ld + c];
-    for (int r = i + 1; r < rows; ++r) w += y[r * ld + i] * y[r * ld + c];
-    w *= tv;
-    y[i * ld + c] -= w;
-    for (int r = i + 1; r < rows; ++r) y[r * ld + c] -= y[r * ld + i] * w;
+  T acc = T(0);
+  if (ok)
+    for (int r = i + 1 + ty; r < rows; r += RG) acc += v[r - i - 1] * y[r * ld + c];
+  part[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0) {
+    T w = T(0);
+    if (ok) {
+      w = y[i * ld + c];
+      for (int g = 0; g < RG; ++g) w += part[g][tx];
+      w *= tv;
+      y[i * ld + c] -= w;
+    }
+    wsh[tx] = w;
   }
-  T s = T(0);
-  for (int r = i + 1; r < rows; ++r) {
-    const T v = y[r * ld + c];
-    s += v * v;
+  __syncthreads();
+  const T w = wsh[tx];
+  T sq = T(0);
+  if (ok)
+    for (int r = i + 1 + ty; r < rows; r += RG) {
+      const T val = y[r * ld + c] - v[r - i - 1] * w;
+      y[r * ld + c] = val;
+      sq += val * val;
+    }
+  __syncthreads();  // part's dot products are read
+  part[ty][tx] = sq;
+  __syncthreads();
+  if (ty == 0 && ok) {
+    T s = T(0);
+    for (int g = 0; g < RG; ++g) s += part[g][tx];
+    nrm2[c] = s;
   }
-  nrm2[c] = s;
 }
