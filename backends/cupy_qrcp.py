@@ -4,9 +4,10 @@ The randomized blocked QRCP (:mod:`mpqr.qr.pivoted`) chooses each block's pivots
 QRCP of a ``(b + p) x n`` sketch. LAPACK on the host takes ~75 ms a block at
 ``n = 16384`` (half of geqp3 is BLAS-2, and the sketch crosses the bus); the device loop
 of the portable code issues a dozen launches a pivot from Python. Here each pivot is
-two launches of ``kernels/qrcp_sketch.cu`` (pick and reflect; update the trailing
-columns and their norms, 32 columns and 8 row groups a thread block) with no host
-synchronisation, and the ``k`` pivots cross once.
+one launch of ``kernels/qrcp_sketch.cu`` (``qrcp_step``: update the trailing columns
+and their norms, 32 columns and 8 row groups a thread block, then the last block to
+finish picks and reflects the next pivot), with no host synchronisation, and the ``k``
+pivots cross once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def supports(y) -> bool:
 @functools.cache
 def _kernels(dtype_name: str):
     t = "double" if dtype_name == "float64" else "float"
-    names = (f"qrcp_pick<{t}>", f"qrcp_update<{t}, {_ROW_GROUPS}>")
+    names = (f"qrcp_pick<{t}>", f"qrcp_step<{t}, {_ROW_GROUPS}>")
     mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
                        name_expressions=list(names))
     return tuple(mod.get_function(n) for n in names)
@@ -50,13 +51,16 @@ def qrcp_pivots(y, k: int) -> list[int]:
     nrm2 = cp.sum(w * w, axis=0)
     perm = cp.arange(ncols, dtype=cp.int32)
     tau = cp.zeros(k, dtype=w.dtype)
-    pick, update = _kernels(cp.dtype(w.dtype).name)
+    pick, step = _kernels(cp.dtype(w.dtype).name)
     r, n, ld = cp.int32(rows), cp.int32(ncols), cp.int64(ncols)
     smem = max(rows, 1) * w.itemsize  # the reflector's column
-    for i in range(k):
-        pick((1,), (_PICK_THREADS,), (w, nrm2, perm, tau, r, n, ld, cp.int32(i)))
-        rest = ncols - i - 1
-        if rest > 0 and i < rows:
-            update((-(-rest // 32),), (32, _ROW_GROUPS),
-                   (w, nrm2, tau, r, n, ld, cp.int32(i)), shared_mem=smem)
+    blocks = -(-ncols // 32)
+    pval = cp.empty(blocks, dtype=w.dtype)
+    pidx = cp.empty(blocks, dtype=cp.int32)
+    counter = cp.zeros(1, dtype=cp.uint32)
+    pick((1,), (_PICK_THREADS,), (w, nrm2, perm, tau, r, n, ld, cp.int32(0)))
+    for i in range(k - 1):  # step i's update and step i + 1's pick (k <= rows, ncols)
+        step((-(-(ncols - i - 1) // 32),), (32, _ROW_GROUPS),
+             (w, nrm2, perm, tau, pval, pidx, counter, r, n, ld, cp.int32(i)),
+             shared_mem=smem)
     return [int(v) for v in perm[:k].get()]

@@ -1,4 +1,4 @@
-"""QR with column pivoting on CuPy: the sketch's pivots by the two-launch kernel, by LAPACK
+"""QR with column pivoting on CuPy: the sketch's pivots by the kernel (a launch a step), by LAPACK
 on the host or by the portable loop on the device, A/B in one process, against cuSOLVER's
 unpivoted QR; and the kernel's pivots against LAPACK's on random sketches.
 
