@@ -545,7 +545,7 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_lu.reconstruct(q, r)
         return super().reconstruct_panel(a)
 
-    #: where a pivoted QR's sketch is factored: "kernel" (two launches a pivot,
+    #: where a pivoted QR's sketch is factored: "kernel" (a launch a pivot,
     #: backends/cupy_qrcp.py), "host" (LAPACK geqp3 after a copy: ~75 ms a 128-pivot block
     #: at 16384 columns, H200) or "loop" (the portable device loop: ~12 launches a pivot)
     qrcp_route = "kernel"
