@@ -376,3 +376,18 @@ def test_condition_estimate_by_power_iteration_past_the_svd_width():
         ref = np.linalg.cond(r / np.linalg.norm(r, axis=0))
         est = float(precond.estimate_cond(be, r))
         assert ref / 1.5 <= est <= ref * (1 + 1e-6)
+
+
+def test_wide_chain_moves_its_steps_to_the_host(xp):
+    """160 columns: on a GPU, CholQR2's Gram matrix stays on the device (past the host's
+    n x n limit) and the preconditioned chain moves it and its factors to the host
+    (``precondition_small_max``); every backend gives the FP64-accurate factorization."""
+    n = 160
+    a = geometric(np.random.default_rng(21), 16 * n + 40, n, 1e12)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a))
+    (route,) = _events(trace, "route")
+    assert route.data["grams"] == 3 and 1e11 <= route.data["cond_estimate"] <= 1e13
+    assert orthogonality(to_numpy(q)) <= 8 * np.sqrt(n) * U64 / n
+    assert backward_error(a, to_numpy(q), to_numpy(r)) <= 8 * np.sqrt(n) * U64
+    assert np.all(np.diag(to_numpy(r)) > 0)
