@@ -391,3 +391,46 @@ def test_wide_chain_moves_its_steps_to_the_host(xp):
     assert orthogonality(to_numpy(q)) <= 8 * np.sqrt(n) * U64 / n
     assert backward_error(a, to_numpy(q), to_numpy(r)) <= 8 * np.sqrt(n) * U64
     assert np.all(np.diag(to_numpy(r)) > 0)
+
+
+@pytest.mark.parametrize("cond", [1e12, 10**8.48])
+def test_chain_takes_device_steps_to_the_host(monkeypatch, cond):
+    """A backend whose n x n steps stay on the device past ``small``'s own limit, with a
+    larger ``precondition_small_max`` (as on CuPy): the chain moves CholQR2's Gram matrix
+    and factors over and continues there. Emulated with array-api-strict as the device
+    and NumPy as the host: the same factorization as without the move."""
+    import array_api_strict as xs
+
+    from mpqr.backends import get_backend
+
+    strict = get_backend(xs)
+    host = get_backend(mpqr._array_api.array_namespace(np.zeros(1)))
+    for seed in range(8):  # at 10^8.48: a matrix whose CholQR2 hands its chain over
+        a = geometric(np.random.default_rng(seed), 1500, 24, cond)
+        with mpqr.explain() as trace:
+            q0, r0 = mpqr.qr(xs.asarray(a))
+        if cond > 1e10 or any("first factor" in e.message for e in _events(trace, "fallback")):
+            break
+    moved = []
+
+    def small(x, limit=None):
+        if x.size > (16 * 16 if limit is None else limit):
+            return strict, x
+        moved.append(limit)
+        return host, np.asarray(x)
+
+    monkeypatch.setattr(strict, "small", small)
+    monkeypatch.setattr(strict, "from_small", lambda x, like: xs.asarray(x))
+    monkeypatch.setattr(strict, "precondition_small_max", 64 * 64)
+    with mpqr.explain() as trace:
+        q1, r1 = mpqr.qr(xs.asarray(a))
+    assert moved and all(lim == 64 * 64 for lim in moved)
+    assert type(q1) is type(q0) and type(r1) is type(r0)
+    (fb,) = _events(trace, "fallback")
+    assert ("first factor" in fb.message) == (cond < 1e10)  # the handed-over factor moved
+    (route,) = _events(trace, "route")
+    assert route.data["grams"] == 3
+    np.testing.assert_allclose(to_numpy(r1), to_numpy(r0), rtol=0,
+                               atol=64 * U64 * np.linalg.norm(a))
+    assert orthogonality(to_numpy(q1)) <= 8 * np.sqrt(24) * U64 / 24
+    assert backward_error(a, to_numpy(q1), to_numpy(r1)) <= 8 * np.sqrt(24) * U64
