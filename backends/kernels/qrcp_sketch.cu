@@ -17,6 +17,54 @@
 //
 // NaN norms are never picked (a NaN compares false); the caller checks finiteness.
 
+// The first of equals among two candidates (largest value; on a tie the smaller index;
+// NaN never wins).
+template <typename T>
+__device__ __forceinline__ void better(T& bv, int& bi, T v, int idx) {
+  if (v > bv || (v == bv && idx < bi)) {
+    bv = v;
+    bi = idx;
+  }
+}
+
+// Column p swapped into column i (every row), with its norm and its index in perm (a
+// thread block: thread t of nt). Reads go around L1: in qrcp_step another block wrote
+// them in this launch.
+template <typename T>
+__device__ __forceinline__ void swap_in(T* __restrict__ y, T* __restrict__ nrm2,
+                                        int* __restrict__ perm, int rows, long long ld, int i,
+                                        int p, int t, int nt) {
+  for (int r = t; r < rows; r += nt) {
+    const T a = __ldcg(y + r * ld + i);
+    y[r * ld + i] = __ldcg(y + r * ld + p);
+    y[r * ld + p] = a;
+  }
+  if (t == 0) {
+    const T a = __ldcg(nrm2 + i);
+    nrm2[i] = __ldcg(nrm2 + p);
+    nrm2[p] = a;
+    const int q = perm[i];
+    perm[i] = perm[p];
+    perm[p] = q;
+  }
+}
+
+// dlarfg on column i (one thread), sigma = ||Y[i+1:, i]||^2: tau[i] and beta on the
+// diagonal; returns the factor that scales the entries below it into v.
+template <typename T>
+__device__ __forceinline__ T householder(T* __restrict__ y, T* __restrict__ tau, int rows,
+                                         long long ld, int i, T sigma) {
+  const T alpha = i < rows ? __ldcg(y + i * ld + i) : T(0);
+  if (sigma == T(0) || i >= rows) {
+    tau[i] = T(0);  // nothing below the diagonal: H = I (dlarfg)
+    return T(1);
+  }
+  const T beta = -copysign(sqrt(alpha * alpha + sigma), alpha);
+  tau[i] = (beta - alpha) / beta;
+  y[i * ld + i] = beta;
+  return T(1) / (alpha - beta);
+}
+
 template <typename T>
 __global__ void qrcp_pick(T* __restrict__ y, T* __restrict__ nrm2, int* __restrict__ perm,
                           T* __restrict__ tau, int rows, int ncols, long long ld, int i) {
@@ -49,21 +97,7 @@ __global__ void qrcp_pick(T* __restrict__ y, T* __restrict__ nrm2, int* __restri
   }
   const int p = sidx[0];
   __syncthreads();
-  if (p != i && p < ncols) {
-    for (int r = t; r < rows; r += blockDim.x) {
-      const T a = y[r * ld + i];
-      y[r * ld + i] = y[r * ld + p];
-      y[r * ld + p] = a;
-    }
-    if (t == 0) {
-      const T a = nrm2[i];
-      nrm2[i] = nrm2[p];
-      nrm2[p] = a;
-      const int q = perm[i];
-      perm[i] = perm[p];
-      perm[p] = q;
-    }
-  }
+  if (p != i && p < ncols) swap_in(y, nrm2, perm, rows, ld, i, p, t, (int)blockDim.x);
   __syncthreads();
   T part = T(0);
   for (int r = i + 1 + t; r < rows; r += blockDim.x) {
@@ -76,32 +110,10 @@ __global__ void qrcp_pick(T* __restrict__ y, T* __restrict__ nrm2, int* __restri
     if (t < s) sval[t] += sval[t + s];
     __syncthreads();
   }
-  if (t == 0) {
-    const T sigma = sval[0];
-    const T alpha = i < rows ? y[i * ld + i] : T(0);
-    if (sigma == T(0) || i >= rows) {
-      tau[i] = T(0);  // nothing below the diagonal: H = I (dlarfg)
-      scale = T(1);
-    } else {
-      const T beta = -copysign(sqrt(alpha * alpha + sigma), alpha);
-      tau[i] = (beta - alpha) / beta;
-      scale = T(1) / (alpha - beta);
-      y[i * ld + i] = beta;
-    }
-  }
+  if (t == 0) scale = householder(y, tau, rows, ld, i, sval[0]);
   __syncthreads();
   const T sc = scale;
   for (int r = i + 1 + t; r < rows; r += blockDim.x) y[r * ld + i] *= sc;
-}
-
-// The first of equals among two candidates (largest value; on a tie the smaller index;
-// NaN never wins).
-template <typename T>
-__device__ __forceinline__ void better(T& bv, int& bi, T v, int idx) {
-  if (v > bv || (v == bv && idx < bi)) {
-    bv = v;
-    bi = idx;
-  }
 }
 
 // qrcp_step: the update of step i, then qrcp_pick for step i + 1, in one launch. Each
@@ -204,21 +216,7 @@ qrcp_step(T* __restrict__ y, T* __restrict__ nrm2, int* __restrict__ perm,
   }
   __syncthreads();
   const int p = ipart[0][1];
-  if (p != j && p < ncols) {
-    for (int r = tid; r < rows; r += nt) {
-      const T a = __ldcg(y + r * ld + j);
-      y[r * ld + j] = __ldcg(y + r * ld + p);
-      y[r * ld + p] = a;
-    }
-    if (tid == 0) {
-      const T a = __ldcg(nrm2 + j);
-      nrm2[j] = __ldcg(nrm2 + p);
-      nrm2[p] = a;
-      const int q = perm[j];
-      perm[j] = perm[p];
-      perm[p] = q;
-    }
-  }
+  if (p != j && p < ncols) swap_in(y, nrm2, perm, rows, ld, j, p, tid, nt);
   __syncthreads();
   T sum = T(0);
   for (int r = j + 1 + tid; r < rows; r += nt) {
@@ -231,16 +229,7 @@ qrcp_step(T* __restrict__ y, T* __restrict__ nrm2, int* __restrict__ perm,
   if (tid == 0) {
     T sigma = T(0);
     for (int g = 0; g < RG; ++g) sigma += part[g][0];
-    const T alpha = j < rows ? __ldcg(y + j * ld + j) : T(0);
-    if (sigma == T(0) || j >= rows) {
-      tau[j] = T(0);
-      scale = T(1);
-    } else {
-      const T beta = -copysign(sqrt(alpha * alpha + sigma), alpha);
-      tau[j] = (beta - alpha) / beta;
-      scale = T(1) / (alpha - beta);
-      y[j * ld + j] = beta;
-    }
+    scale = householder(y, tau, rows, ld, j, sigma);
   }
   __syncthreads();
   const T sc = scale;
