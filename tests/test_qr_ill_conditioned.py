@@ -400,7 +400,6 @@ def test_chain_takes_device_steps_to_the_host(monkeypatch, cond):
     and factors over and continues there. Emulated with array-api-strict as the device
     and NumPy as the host: the same factorization as without the move."""
     import array_api_strict as xs
-
     from mpqr.backends import get_backend
 
     strict = get_backend(xs)
