@@ -10,17 +10,14 @@ for the device's architecture and cached by CuPy.
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import cupy as cp
+from mpqr.backends.cupy_modules import ctype, functions
 
 __all__ = ["MAX_N", "chol_steps", "supports"]
 
 #: widest Gram matrix of the one-block kernel (shared memory: 64 x 65 doubles)
 MAX_N = 64
 _THREADS = 256
-_SOURCE = Path(__file__).resolve().parent / "kernels" / "chol_steps.cu"
 
 
 def supports(g) -> bool:
@@ -29,13 +26,8 @@ def supports(g) -> bool:
             and g.dtype in (cp.float32, cp.float64))
 
 
-@functools.cache
 def _kernel(dtype_name: str):
-    t = "double" if dtype_name == "float64" else "float"
-    name = f"chol_steps<{t}, {MAX_N}, {_THREADS}>"
-    mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=[name])
-    return mod.get_function(name)
+    return functions("chol_steps.cu", (f"chol_steps<{ctype(dtype_name)}, {MAX_N}, {_THREADS}>",))[0]
 
 
 def chol_steps(g):

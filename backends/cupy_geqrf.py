@@ -14,15 +14,12 @@ takes ``cupy.linalg.qr`` (:func:`supports`).
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import cupy as cp
 import numpy as np
+from mpqr.backends.cupy_modules import ctype, functions
 
 __all__ = ["qr", "supports"]
 
-_SOURCE = Path(__file__).resolve().parent / "kernels" / "qr_layout.cu"
 _TILE = 32
 
 
@@ -32,13 +29,8 @@ def supports(a) -> bool:
             and a.shape[0] >= a.shape[1] > 0)
 
 
-@functools.cache
 def _kernel(dtype_name: str):
-    t = "double" if dtype_name == "float64" else "float"
-    name = f"transpose_tile<{t}>"
-    mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=[name])
-    return mod.get_function(name)
+    return functions("qr_layout.cu", (f"transpose_tile<{ctype(dtype_name)}>",))[0]
 
 
 def _transpose(src, out, *, upper=False, sgn=None) -> None:

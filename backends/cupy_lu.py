@@ -17,10 +17,8 @@ columns (``Y``, ``W = Y T``, ``tau``, ``diag(s) R``) in one launch
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import cupy as cp
+from mpqr.backends.cupy_modules import ctype, functions
 
 __all__ = ["BLOCK", "PANEL", "lu_signed", "reconstruct", "supports"]
 
@@ -29,7 +27,6 @@ BLOCK = 64
 _THREADS = 256
 #: widest panel :func:`reconstruct` takes (its rows are held in registers)
 PANEL = 32
-_SOURCE = Path(__file__).resolve().parent / "kernels" / "lu_signed.cu"
 
 
 def supports(a) -> bool:
@@ -37,18 +34,10 @@ def supports(a) -> bool:
     return a.ndim == 2 and a.shape[0] == a.shape[1] and a.dtype in (cp.float32, cp.float64)
 
 
-@functools.cache
-def _module(dtype_name: str):
-    t = "double" if dtype_name == "float64" else "float"
-    names = (f"lu_signed_block<{t}, {BLOCK}>", f"reconstruct_rows<{t}, {PANEL}>")
-    mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=list(names))
-    return mod, names
-
-
 def _kernel(dtype_name: str, which: int = 0):
-    mod, names = _module(dtype_name)
-    return mod.get_function(names[which])
+    t = ctype(dtype_name)
+    return functions("lu_signed.cu", (f"lu_signed_block<{t}, {BLOCK}>",
+                                      f"reconstruct_rows<{t}, {PANEL}>"))[which]
 
 
 def lu_signed(a):

@@ -10,11 +10,9 @@ same steps in the same order, is :meth:`mpqr.backends._base.ArrayAPIBackend.cert
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import cupy as cp
 import numpy as np
+from mpqr.backends.cupy_modules import ctype, functions
 
 __all__ = ["MAX_N", "certified_leaf", "certified_panel", "supports", "supports_leaf"]
 
@@ -27,7 +25,6 @@ _TILE = 32
 #: most blocks of a pass: the last block sums one partial Gram per block
 _MAX_BLOCKS = 96
 _WS_FIXED = 5 * MAX_N * MAX_N
-_DIR = Path(__file__).resolve().parent / "kernels"
 
 
 def supports(a) -> bool:
@@ -39,13 +36,9 @@ def supports(a) -> bool:
         a.strides[0] % a.itemsize == 0
 
 
-@functools.cache
 def _module(dtype_name: str):
-    t = "double" if dtype_name == "float64" else "float"
-    names = (f"panel_pass<{t}>", f"panel_apply<{t}>")
-    mod = cp.RawModule(code=(_DIR / "panel_cholqr.cu").read_text(), options=("--std=c++17",),
-                       name_expressions=list(names))
-    return tuple(mod.get_function(n) for n in names)
+    t = ctype(dtype_name)
+    return functions("panel_cholqr.cu", (f"panel_pass<{t}>", f"panel_apply<{t}>"))
 
 
 def _launch(a, w, cert, ws, ltop, tau) -> None:
@@ -94,7 +87,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     f64 = work.dtype == cp.float64
     dt = np.float64 if f64 else np.float32
     rtype = runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F
-    ctype = cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F
+    compute = cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F
     k = c1 - c0
     pass_k, apply_k = _module(cp.dtype(work.dtype).name)
     ws = _workspace()
@@ -112,7 +105,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
 
     def gemm(ta, tb, mm, nn, kk, alpha, pa, la, pb, lb, beta, pc, lc):
         cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha.ctypes.data, pa, rtype, la, pb, rtype,
-                      lb, beta.ctypes.data, pc, rtype, lc, ctype, cublas.CUBLAS_GEMM_DEFAULT)
+                      lb, beta.ctypes.data, pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
     for c in range(c0, c1, MAX_N):
         e = min(c + MAX_N, c1)

@@ -12,14 +12,11 @@ pivots cross once.
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import cupy as cp
+from mpqr.backends.cupy_modules import ctype, functions
 
 __all__ = ["qrcp_pivots", "supports"]
 
-_SOURCE = Path(__file__).resolve().parent / "kernels" / "qrcp_sketch.cu"
 _PICK_THREADS = 1024
 #: row groups of the update's thread blocks (32 columns each)
 _ROW_GROUPS = 8
@@ -30,13 +27,9 @@ def supports(y) -> bool:
     return y.ndim == 2 and y.dtype in (cp.float32, cp.float64)
 
 
-@functools.cache
 def _kernels(dtype_name: str):
-    t = "double" if dtype_name == "float64" else "float"
-    names = (f"qrcp_pick<{t}>", f"qrcp_step<{t}, {_ROW_GROUPS}>")
-    mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=list(names))
-    return tuple(mod.get_function(n) for n in names)
+    t = ctype(dtype_name)
+    return functions("qrcp_sketch.cu", (f"qrcp_pick<{t}>", f"qrcp_step<{t}, {_ROW_GROUPS}>"))
 
 
 def qrcp_pivots(y, k: int) -> list[int]:

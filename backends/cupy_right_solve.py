@@ -13,10 +13,10 @@ compiled on first use and cached by CuPy.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import cupy as cp
 import numpy as np
+from mpqr.backends.cupy_modules import functions
 
 __all__ = ["GRAM_MAX_N", "MAX_N", "right_solve_gram", "right_solve_twice", "right_solve_upper",
            "supports", "supports_gram"]
@@ -36,7 +36,6 @@ _TWICE_MINB = 1
 def _gram_minb(n: int) -> int:
     # past 32 columns one block per SM (H200, 2^22 x 64: 2.77 ms at 1 or 2, the same)
     return 3 if n <= 32 else 1
-_SOURCE = Path(__file__).resolve().parent / "kernels" / "right_solve.cu"
 
 
 def _rows(n: int, dtype) -> int:
@@ -65,9 +64,7 @@ def _kernel(dtype_name: str, n: int, rows: int, variant: str):
             "gram_store": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, true>",
             "twice_tiles": f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>",
             }[variant]
-    mod = cp.RawModule(code=_SOURCE.read_text(), options=("--std=c++17",),
-                       name_expressions=[name])
-    fn = mod.get_function(name)
+    fn = functions("right_solve.cu", (name,))[0]
     if variant in ("gram", "gram_store", "twice_tiles"):  # past 48 KiB: dynamic smem opt-in
         fn.max_dynamic_shared_size_bytes = _fused_smem(n, 2 if variant == "twice_tiles" else 1)
     return fn

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,7 +56,6 @@ TILE_ROWS = 256
 MAX_N = 64
 
 _FLAG_V, _FLAG_R, _FLAG_TAU, _FLAG_C = 1, 2, 4, 8
-_KERNEL_FILE = Path(__file__).resolve().parent / "kernels" / "tsqr.cu"
 
 
 # --- the tree (host side, shared by the GPU driver and the NumPy reference) -----
@@ -246,21 +244,12 @@ def _rows_per_lane(max_rows: int) -> int:
     raise AssertionError(f"internal: tile of {max_rows} rows exceeds {TILE_ROWS}")
 
 
-_MODULES: dict[tuple[str, int, int], Any] = {}
-_SOURCE: list[str] = []
-
-
 def _kernel(cp, dtype, cpw: int, rpl: int, mode: int, smem: int):
-    ctype = {"float32": "float", "float64": "double"}[np.dtype(dtype).name]
-    key = (ctype, cpw, rpl)
-    mod = _MODULES.get(key)
-    names = [f"tsqr_tile<{ctype},{cpw},{rpl},{md}>" for md in range(3)]
-    if mod is None:
-        if not _SOURCE:
-            _SOURCE.append(_KERNEL_FILE.read_text())
-        mod = cp.RawModule(code=_SOURCE[0], options=("--std=c++17",), name_expressions=names)
-        _MODULES[key] = mod
-    kern = mod.get_function(names[mode])
+    from mpqr.backends.cupy_modules import ctype, functions
+
+    t = ctype(np.dtype(dtype).name)
+    kern = functions("tsqr.cu", tuple(f"tsqr_tile<{t},{cpw},{rpl},{md}>"
+                                      for md in range(3)))[mode]
     if smem > 48 * 1024 and kern.max_dynamic_shared_size_bytes < smem:
         # beyond 48 KiB a kernel has to opt in to dynamic shared memory
         kern.max_dynamic_shared_size_bytes = smem
