@@ -10,8 +10,15 @@ same way on a second copy stream. Only ``nbuf + nout`` blocks are ever pinned.
 What a first call pays is paid once per process: the copy threads are shared by all
 stagings (created on first use), pinned slots are allocated on their first use in the
 copy threads (so the first slot's copy overlaps the next slots' allocation) and return
-to CuPy's pinned-memory pool at ``close()``, where the next call finds them; the device
-ring comes from CuPy's memory pool the same way. ``setup`` times each part.
+to this process's pool of page-locked buffers at ``close()``, where the next call finds
+them; the device ring comes from CuPy's memory pool the same way. ``setup`` times each
+part. A slot is anonymous memory touched by the copy threads and then page-locked
+(``cudaHostRegister``), five to ten times faster than ``cudaHostAlloc``.
+
+The host side is bound by the host's memory bandwidth, not by the link: each staged
+byte is read and written by the memcpy and read again by the DMA (three bytes of DRAM
+traffic), so on a host whose DRAM sustains ~120 GB/s the staging delivers ~35 GB/s of
+the link's ~55 (H200 host, 16 cores: ``python -m mpqr bench ooc`` reports both).
 
 Events order everything: the compute stream waits for a slot's upload, the upload
 into a slot waits until the compute stream is done with its previous block, and the
@@ -21,6 +28,8 @@ compute, from which :meth:`CupyStaging.overlap` reports how much copy time was h
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import queue
 import threading
 import time
@@ -30,12 +39,20 @@ from typing import Any
 import numpy as np
 from mpqr.backends.staging import Staging
 
-__all__ = ["CupyStaging"]
+__all__ = ["HOST_COPY_THREADS", "PINNED_POOL_BYTES", "CupyStaging", "release_pinned"]
 
-#: host memcpy threads per direction: one thread copies ~10 GB/s into pinned memory, 16
-#: ~49 GB/s, the link takes ~54 GB/s each way (H100 host, 16 cores; `python -m mpqr bench
-#: ooc` measures the scaling as link.memcpy)
-HOST_COPY_THREADS = 16
+#: host memcpy threads per direction: with the DMA reading pinned memory at the same
+#: time, 24 threads stage 35-37 GB/s and 16 threads 31-33 (alone, 16 copy fastest: 48
+#: GB/s); H200 host, 16 cores, 2^25 x 64 float64 in 512 MiB pieces (`python -m mpqr
+#: bench ooc --rows staging_sweep`)
+HOST_COPY_THREADS = 24
+
+#: the least a host copy thread is given (64 rows of 64 float64 columns)
+_CHUNK_BYTES = 32 * 2**10
+
+#: page-locked buffers kept for the next staging once this many bytes are free in the
+#: pool (the largest first); more are unregistered and released
+PINNED_POOL_BYTES = 8 * 2**30
 
 #: thread pools shared by every staging of this process, by (role, threads)
 _POOLS: dict[tuple[str, int], ThreadPoolExecutor] = {}
@@ -57,6 +74,74 @@ def _pool(role: str, threads: int) -> tuple[ThreadPoolExecutor, float]:
         return pool, time.perf_counter() - t
 
 
+class _Locked:
+    """A page-locked host buffer: anonymous (page-aligned) memory, touched in parallel
+    by the copy threads, then registered with the driver. 512 MiB took 40 ms (touch 23 +
+    register 18) against 200-550 ms by ``cudaHostAlloc``, and the DMA reads it at the
+    same rate (H200 host)."""
+
+    def __init__(self, nbytes: int, touch: Any):
+        import cupy as cp
+
+        self.nbytes = int(nbytes)
+        self.mm = mmap.mmap(-1, self.nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        # transparent huge pages where the host allows them (fewer faults)
+        with contextlib.suppress(AttributeError, OSError):
+            self.mm.madvise(mmap.MADV_HUGEPAGE)
+        self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
+        touch(self.bytes)
+        self.ptr = self.bytes.ctypes.data
+        cp.cuda.runtime.hostRegister(self.ptr, self.nbytes, 0)
+        self.registered = True
+
+    def view(self, dtype: Any, count: int) -> Any:
+        return self.bytes[:count * np.dtype(dtype).itemsize].view(dtype)
+
+    def release(self) -> None:
+        import cupy as cp
+
+        if self.registered:
+            self.registered = False
+            with contextlib.suppress(Exception):  # at interpreter exit the context may be gone
+                cp.cuda.runtime.hostUnregister(self.ptr)
+
+
+#: free page-locked buffers of this process, smallest first
+_LOCKED: list[_Locked] = []
+_LOCKED_LOCK = threading.Lock()
+
+
+def _take_locked(nbytes: int) -> _Locked | None:
+    """The smallest free page-locked buffer of at least ``nbytes``, or None."""
+    with _LOCKED_LOCK:
+        for i, buf in enumerate(_LOCKED):
+            if buf.nbytes >= nbytes:
+                return _LOCKED.pop(i)
+    return None
+
+
+def _give_locked(bufs: list[_Locked]) -> None:
+    """Back to the pool; beyond :data:`PINNED_POOL_BYTES` free, the smallest go."""
+    drop = []
+    with _LOCKED_LOCK:
+        _LOCKED.extend(bufs)
+        _LOCKED.sort(key=lambda b: b.nbytes)
+        while _LOCKED and sum(b.nbytes for b in _LOCKED) > PINNED_POOL_BYTES:
+            drop.append(_LOCKED.pop(0))
+    for b in drop:
+        b.release()
+
+
+def release_pinned() -> int:
+    """Unregister and free the page-locked buffers the stagings of this process keep
+    for later calls; returns the bytes released."""
+    with _LOCKED_LOCK:
+        bufs, _LOCKED[:] = list(_LOCKED), []
+    for b in bufs:
+        b.release()
+    return sum(b.nbytes for b in bufs)
+
+
 class CupyStaging(Staging):
     kind = "pinned"
 
@@ -74,7 +159,8 @@ class CupyStaging(Staging):
         self.s_in = cp.cuda.Stream(non_blocking=True)
         self.s_out = cp.cuda.Stream(non_blocking=True)
         self.setup["streams_s"] = time.perf_counter() - t
-        self._mems: list[Any] = []
+        self._mems: list[Any] = []  # CuPy pinned allocations (where registering fails)
+        self._locked: list[_Locked] = []
         self.setup["pinned_first_use_s"] = 0.0  # grows as slots are first used, in the copy threads
         # pinned slots are allocated on first use (in _load / _store)
         self.pin_in: list[Any] = [None] * self.nbuf
@@ -108,24 +194,43 @@ class CupyStaging(Staging):
         self.host_copy_s = 0.0
         self.setup_s = time.perf_counter() - self.t0
 
-    def _pinned(self) -> Any:
+    def _pinned(self, pool: Any) -> Any:
+        """A pinned slot: a free buffer of this process's pool, else a new page-locked
+        one touched by ``pool``'s threads (CuPy's ``cudaHostAlloc`` where the driver
+        cannot register host memory)."""
         t = time.perf_counter()
-        mem = self.cp.cuda.alloc_pinned_memory(self.block_elems * self.dtype.itemsize)
-        self._mems.append(mem)
+        nbytes = self.block_elems * self.dtype.itemsize
+        buf = _take_locked(nbytes)
+        if buf is None:
+            try:
+                buf = _Locked(nbytes, lambda b: self._par(
+                    lambda lo, hi: b[lo * 4096:hi * 4096].fill(0), -(-b.size // 4096), pool,
+                    row_bytes=4096))
+            except Exception:  # no host registration on this driver: CuPy's allocator
+                buf = None
+        if buf is not None:
+            self._locked.append(buf)
+            out = buf.view(self.dtype, self.block_elems)
+        else:
+            mem = self.cp.cuda.alloc_pinned_memory(nbytes)
+            self._mems.append(mem)
+            out = np.ndarray((self.block_elems,), dtype=self.dtype, buffer=mem)
         self.setup["pinned_first_use_s"] += time.perf_counter() - t
-        return np.ndarray((self.block_elems,), dtype=self.dtype, buffer=mem)
+        return out
 
-    def _slot(self, bufs: list[Any], i: int) -> Any:
-        """Pinned slot ``i`` of ``bufs``, allocated on its first use (CuPy's pinned pool
-        hands back the previous call's buffers)."""
+    def _slot(self, bufs: list[Any], i: int, pool: Any) -> Any:
+        """Pinned slot ``i`` of ``bufs``, allocated on its first use (the pool of
+        page-locked buffers hands back the previous call's)."""
         if bufs[i] is None:
-            bufs[i] = self._pinned()
+            bufs[i] = self._pinned(pool)
         return bufs[i]
 
     # --- host side copies -------------------------------------------------------
-    def _par(self, fn: Any, rows: int, pool: Any = None) -> None:
-        """Run ``fn(a, b)`` over row chunks ``[a, b)`` on the memcpy threads."""
-        k = max(1, min(HOST_COPY_THREADS, rows // 64))
+    def _par(self, fn: Any, rows: int, pool: Any = None, row_bytes: int = 512) -> None:
+        """Run ``fn(a, b)`` over row chunks ``[a, b)`` on the memcpy threads, at least
+        :data:`_CHUNK_BYTES` a chunk (by bytes, not rows: a few wide rows of a square
+        matrix's column block still take every thread)."""
+        k = max(1, min(HOST_COPY_THREADS, rows, rows * row_bytes // _CHUNK_BYTES))
         cuts = [rows * i // k for i in range(k + 1)]
         pool = pool or self.copies
         futs = [pool.submit(fn, cuts[i], cuts[i + 1]) for i in range(k)]
@@ -136,19 +241,21 @@ class CupyStaging(Staging):
         r0, r1, c0, c1 = region
         t = time.perf_counter()
         if isinstance(src.x, np.ndarray):  # memmaps too; other datasets: one reader
-            self._par(lambda a, b: src.read(r0 + a, r0 + b, c0, c1, into=pin[a:b]), r1 - r0)
+            self._par(lambda a, b: src.read(r0 + a, r0 + b, c0, c1, into=pin[a:b]), r1 - r0,
+                      row_bytes=(c1 - c0) * pin.itemsize)
         else:
             src.read(r0, r1, c0, c1, into=pin)
         self.host_copy_s += time.perf_counter() - t
 
-    def _host_write(self, dst: Any, region: tuple[int, int, int, int], pin: Any) -> None:
+    def _host_write(self, dst: Any, region: tuple[int, int, int, int], pin: Any,
+                    add: bool = False) -> None:
         r0, r1, c0, c1 = region
         t = time.perf_counter()
         if isinstance(dst.x, np.ndarray):
-            self._par(lambda a, b: dst.write(r0 + a, r0 + b, c0, c1, pin[a:b]), r1 - r0,
-                      self.copies_out)
+            self._par(lambda a, b: dst.write(r0 + a, r0 + b, c0, c1, pin[a:b], add=add),
+                      r1 - r0, self.copies_out, row_bytes=(c1 - c0) * pin.itemsize)
         else:  # h5py/zarr: one writer (their chunks are not thread-safe to share)
-            dst.write(r0, r1, c0, c1, pin)
+            dst.write(r0, r1, c0, c1, pin, add=add)
         self.host_copy_s += time.perf_counter() - t
 
     # --- uploads ------------------------------------------------------------------
@@ -162,7 +269,8 @@ class CupyStaging(Staging):
             views = []
             for src, (r0, r1, c0, c1) in parts:
                 n = (r1 - r0) * (c1 - c0)
-                pin = self._slot(self.pin_in, slot)[used:used + n].reshape(r1 - r0, c1 - c0)
+                ring = self._slot(self.pin_in, slot, self.copies)
+                pin = ring[used:used + n].reshape(r1 - r0, c1 - c0)
                 self._host_read(src, (r0, r1, c0, c1), pin)
                 views.append((pin, used, n))
                 used += n
@@ -236,12 +344,13 @@ class CupyStaging(Staging):
 
     # --- downloads ----------------------------------------------------------------
     def _store(self, dst: Any, region: tuple[int, int, int, int], block: Any, ready: Any,
-               slot: int) -> None:
+               slot: int, add: bool) -> None:
         cp = self.cp
         try:
             with cp.cuda.Device(self.dev_id):
                 self.s_out.wait_event(ready)
-                pin = self._slot(self.pin_out, slot)[:block.size].reshape(block.shape)
+                ring = self._slot(self.pin_out, slot, self.copies_out)
+                pin = ring[:block.size].reshape(block.shape)
                 start = cp.cuda.Event()
                 start.record(self.s_out)
                 block.get(stream=self.s_out, out=pin)
@@ -249,11 +358,12 @@ class CupyStaging(Staging):
                 done.record(self.s_out)
                 self.copy_events.append((start, done))
                 done.synchronize()
-                self._host_write(dst, region, pin)
+                self._host_write(dst, region, pin, add)
         finally:
             self.free_out.put(slot)
 
-    def store(self, dst: Any, region: tuple[int, int, int, int], block: Any) -> None:
+    def store(self, dst: Any, region: tuple[int, int, int, int], block: Any,
+              add: bool = False) -> None:
         cp = self.cp
         r0, r1, c0, c1 = region
         if block.size > self.block_elems:
@@ -261,14 +371,15 @@ class CupyStaging(Staging):
             step = max(1, self.block_elems // max(1, c1 - c0))
             for a in range(0, r1 - r0, step):
                 b = min(r1 - r0, a + step)
-                self.store(dst, (r0 + a, r0 + b, c0, c1), block[a:b])
+                self.store(dst, (r0 + a, r0 + b, c0, c1), block[a:b], add)
             return
         block = cp.ascontiguousarray(block)
         ready = cp.cuda.Event()
         ready.record(cp.cuda.get_current_stream())
         slot = self.free_out.get()
         self.pending = [f for f in self.pending if not f.done() or f.exception()]
-        self.pending.append(self.writer.submit(self._store, dst, region, block, ready, slot))
+        self.pending.append(self.writer.submit(self._store, dst, region, block, ready, slot,
+                                               add))
         self.bytes_out += block.nbytes
 
     def flush(self) -> None:
@@ -302,6 +413,8 @@ class CupyStaging(Staging):
         finally:
             self.pin_in = self.pin_out = self.dev_in = []
             self._mems = []
+            locked, self._locked = getattr(self, "_locked", []), []
+            _give_locked(locked)
             self.h2d_done = self.consumed = []
             super().close()
 

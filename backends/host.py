@@ -77,9 +77,16 @@ class HostArray:
         np.copyto(into, src, casting="unsafe")
         return into
 
-    def write(self, r0: int, r1: int, c0: int, c1: int, block: Any) -> None:
+    def write(self, r0: int, r1: int, c0: int, c1: int, block: Any, add: bool = False
+              ) -> None:
+        """``x[r0:r1, c0:c1] = block`` (``+= block`` with ``add``)."""
         if self.vector:
-            self.x[r0:r1] = block[:, 0]
+            if add:
+                self.x[r0:r1] += block[:, 0]
+            else:
+                self.x[r0:r1] = block[:, 0]
+        elif add:
+            self.x[r0:r1, c0:c1] += block
         else:
             self.x[r0:r1, c0:c1] = block
 

@@ -6,8 +6,9 @@ to device arrays and back, and counts what it moved:
 
 * ``stream(src, regions)`` yields each region of ``src`` as a device array, in order;
   a yielded block is valid until the next one is requested (its buffer is reused).
-* ``store(dst, region, block)`` writes a device block into ``dst``; it may complete
-  later, and always before ``flush()`` or ``close()`` return.
+* ``store(dst, region, block, add=False)`` writes a device block into ``dst`` (adds it
+  with ``add``); it may complete later, and always before ``flush()`` or ``close()``
+  return.
 * ``close()`` releases buffers, threads and streams; also on an exception.
 
 :class:`SyncStaging` is the synchronous staging of host-memory backends (NumPy): the
@@ -61,7 +62,7 @@ class Staging:
         """One region as a device array of its own (not a reused buffer)."""
         raise NotImplementedError
 
-    def store(self, dst: Any, region: Region, block: Any) -> None:
+    def store(self, dst: Any, region: Region, block: Any, add: bool = False) -> None:
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -116,9 +117,9 @@ class SyncStaging(Staging):
     def load(self, src: Any, region: Region) -> Any:
         return self._read(src, region)
 
-    def store(self, dst: Any, region: Region, block: Any) -> None:
+    def store(self, dst: Any, region: Region, block: Any, add: bool = False) -> None:
         t = time.perf_counter()
         r0, r1, c0, c1 = region
-        dst.write(r0, r1, c0, c1, block)
+        dst.write(r0, r1, c0, c1, block, add=add)
         self.bytes_out += (r1 - r0) * (c1 - c0) * dst.itemsize
         self.copy_s += time.perf_counter() - t

@@ -13,6 +13,7 @@ import mpqr
 from mpqr.ooc import BudgetTooSmall
 from tests._ooc_support import DEVICES, Dataset, ooc_events
 from tests._qr_support import backward_error
+from tests.conftest import GPU
 
 TALL = (1101, 12)
 SQUARE = (157, 101)
@@ -139,3 +140,34 @@ def test_progress_bar():
     else:
         q, r = mpqr.qr(a, memory_budget="40KB", progress=True)
     assert backward_error(a, q, r) <= 20 * 12 * 2.0**-53
+
+
+@pytest.mark.skipif(not GPU, reason="no CUDA GPU")
+def test_pinned_slots_page_locked_reused_capped_and_released(monkeypatch):
+    """The staging's pinned slots are page-locked host buffers of a process pool: a
+    second call takes the first call's, an interrupted call gives its own back, the pool
+    keeps at most PINNED_POOL_BYTES, and release_pinned() unregisters them."""
+    import cupy as cp
+    from mpqr.backends import cupy_staging as cs
+
+    cs.release_pinned()
+    a = np.random.default_rng(6).standard_normal(TALL)
+    r1 = mpqr.qr(a, mode="r", device="cuda", memory_budget="40KB")
+    kept = list(cs._LOCKED)
+    assert kept, "the call's slots went back to the pool"
+    for buf in kept:  # registered: the driver sees page-locked host memory
+        attrs = cp.cuda.runtime.pointerGetAttributes(buf.ptr)
+        assert attrs.type == cp.cuda.runtime.memoryTypeHost
+    r2 = mpqr.qr(a, mode="r", device="cuda", memory_budget="40KB")
+    np.testing.assert_array_equal(r2, r1)
+    assert sorted(map(id, cs._LOCKED)) == sorted(map(id, kept)), "slots reused, none new"
+    src = Dataset(a, fail_at=3)
+    with pytest.raises(KeyboardInterrupt, match="injected fault"):
+        mpqr.qr(src, mode="r", device="cuda", memory_budget="40KB")
+    assert len(cs._LOCKED) == len(kept) and not list(staging.OPEN)
+    one = max(b.nbytes for b in kept)
+    monkeypatch.setattr(cs, "PINNED_POOL_BYTES", one)
+    mpqr.qr(a, mode="r", device="cuda", memory_budget="40KB")
+    assert sum(b.nbytes for b in cs._LOCKED) <= one
+    assert cs.release_pinned() > 0 and not cs._LOCKED
+    assert all(not b.registered for b in kept)

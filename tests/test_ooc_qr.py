@@ -252,6 +252,25 @@ def test_square_ill_conditioned_stays_orthogonal(device, method):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("method", ["ooc-recursive", "ooc-blocked"])
+def test_square_deep_recursion_stays_orthogonal(device, method):
+    """Four levels of recursion (leaves of at most 32 of 256 columns), cond(A) = 1e10: a
+    right half's second projection is against every earlier column, not only its left
+    sibling's. Gram-Schmidt twice keeps ``||I - Q^T Q||_2 <= c u``, so ``||I - Q^T Q||_F /
+    n <= c u / sqrt(n)``; reorthogonalising against the sibling alone left 1.8e-13 here
+    (1600 u)."""
+    n = 256
+    a = geometric(np.random.default_rng(11), 600, n, 1e10)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64", method=method, device=device,
+                       memory_budget="700KB")
+    assert ooc_events(trace)[0].data["panel_cols"] <= 32
+    u = 2.0**-53
+    assert orthogonality(q) <= 10 * np.sqrt(n) * u
+    assert backward_error(a, q, r) <= 20 * n * u
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_cold_start_is_reported_by_the_first_call_only(device, monkeypatch):
     """The first out-of-core call of a process says in its trace what it paid (staging
     set-up, the first piece's extra time); later calls reuse it and say nothing."""

@@ -120,8 +120,10 @@ class Run:
             self.piece_s.append(time.perf_counter() - t)
             self._tick(sum((r[1] - r[0]) * (r[3] - r[2]) * s.itemsize for s, r in item))
 
-    def store(self, dst: Any, region: tuple[int, int, int, int], block: Any) -> None:
-        self.st.store(dst, region, block)
+    def store(self, dst: Any, region: tuple[int, int, int, int], block: Any,
+              add: bool = False) -> None:
+        """``dst[region] = block`` (``+=`` with ``add``), completed by ``flush``."""
+        self.st.store(dst, region, block, add=add)
         self._tick((region[1] - region[0]) * (region[3] - region[2]) * dst.itemsize)
 
     def finish(self, message: str, unit: str = "passes", **data: Any) -> dict[str, Any]:

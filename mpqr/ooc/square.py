@@ -1,21 +1,30 @@
 """Out-of-core QR of a square or wide-ish host matrix (``m >= n``) by column panels.
 
+Both variants are block Gram-Schmidt with reorthogonalisation ("twice is enough"):
+every leaf panel is projected against each earlier column twice, the second time
+against all of them at once, right before it is factored in core (:func:`mpqr.qr` at the
+requested precision). The second projection is what makes ``||I - Q^H Q||`` independent
+of how much a projection shrinks the panel; Gram-Schmidt's loss still grows with
+``cond(A) u`` (Householder's does not), so where that is not small the in-core QR keeps
+a more orthogonal ``Q``.
+
 * ``"ooc-recursive"`` (Zhang & Wu, ICPP'21): split the columns in halves, factor the
   left half recursively, project it out of the right half with the two large
   products ``R12 = Q1^H A2`` and ``A2 -= Q1 R12`` streamed by row blocks through the
-  device (twice: block Gram-Schmidt with reorthogonalisation), recurse on the right
-  half; a half that fits the budget is factored in core
-  (:func:`mpqr.qr` at the requested precision). The products near the top of the
-  recursion are large, so their copies hide behind them; ``A`` is read once.
+  device, recurse on the right half. Those first projections are large near the top
+  of the recursion, so their copies hide behind them; each leaf then takes its second
+  projection against every earlier column while it is on the device for its in-core
+  QR. (A second projection against the left half alone, at each node, is not enough:
+  the columns before it were removed relative to the right half's norm before the
+  node, and projecting out the left half can shrink it by up to ``cond(A)``, which
+  leaves ``||I - Q^H Q||`` near ``cond(A) u``.)
 * ``"ooc-blocked"``: the conventional left-looking variant with panels of the same
   width: each panel is loaded, every earlier ``Q`` column is streamed past it twice
   (``R = Q^H P``, ``P -= Q R``), and it is factored in core. Its traffic grows like
   ``m n^2 / w`` for panel width ``w``.
 
-Both orthogonalise between panels by block Gram-Schmidt, each projection done twice
-("twice is enough": ``||I - Q^H Q||`` near ``u`` for ``cond(A) < ~1/u``; once would
-leave ``cond(A) u``). ``Q`` is built in the output array
-(or a host workspace for ``mode="r"``), which also holds the updated columns.
+``Q`` is built in the output array (or a host workspace for ``mode="r"``), which also
+holds the updated columns.
 """
 
 from __future__ import annotations
@@ -65,9 +74,13 @@ class _Square:
             p[r0:r1] = blk
         return p
 
-    def _factor_panel(self, p: Any, c0: int, c1: int) -> None:
+    def _factor_panel(self, panel: list[Any], c0: int, c1: int) -> None:
+        """Factor the device panel in ``panel`` (taken out of the list, so that its
+        memory goes as soon as the in-core QR is done with it) and store ``Q`` and
+        ``R``."""
         from mpqr.qr.api import qr
 
+        p = panel.pop()
         with collapsed("out-of-core panels"):
             q, r = qr(p, mode="reduced", precision=self.precision)
         del p
@@ -81,65 +94,84 @@ class _Square:
         """``R[j0:h, c0:c1] = Q1^H A2``, ``A2 -= Q1 R12`` with ``Q1 = W[:, j0:h]``, by
         column chunks of ``A2`` and row blocks streamed through the device."""
         k, n2, m = h - j0, c1 - c0, self.m
-        # column chunks of A2: streamed twice with only R12's chunk on the device, or
-        # kept on the device with it (A2 read once, narrower chunks): the fewer bytes
+        # column chunks of A2: streamed twice (read, then read and written) with only
+        # R12's chunk on the device, or kept on the device with it (read once, narrower
+        # chunks, each re-reading Q1): the fewer bytes
         c_s = max(1, min(n2, self.chunk_bytes // (k * self.isz)))
         c_r = min(n2, self.chunk_bytes // ((m + k) * self.isz))
-        vol_s = -(-n2 // c_s) * 4 * k + 6 * n2  # two projections: Q1 four times
-        vol_r = -(-n2 // c_r) * 4 * k + 2 * n2 if c_r >= 1 else math.inf
+        vol_s = -(-n2 // c_s) * 2 * k + 3 * n2
+        vol_r = -(-n2 // c_r) * 2 * k + 2 * n2 if c_r >= 1 else math.inf
         resident = vol_r < vol_s
         c = c_r if resident else c_s
         for a0 in range(c0, c1, c):
             self._chunk(j0, h, a0, min(c1, a0 + c), resident)
 
     def _chunk(self, j0: int, h: int, a0: int, a1: int, resident: bool) -> None:
-        """Project ``Q1 = W[:, j0:h]`` out of columns ``[a0, a1)`` twice ("twice is
-        enough": orthogonal to working accuracy for ``cond(A) < ~1/u``; once leaves
-        ``cond(A) u``), accumulating ``R12``; ``resident``: the chunk stays on the device
-        between the passes (read once, written once)."""
+        """Project ``Q1 = W[:, j0:h]`` out of columns ``[a0, a1)`` once; ``resident``:
+        the chunk stays on the device between the product and the update (read once,
+        written once)."""
         xp, run = self.xp, self.run
         rows = self._rows(h - j0 + (a1 - a0))
         q_items = [[(self.w, (r0, r1, j0, h))] for r0, r1 in rows]
         keep = xp.empty((self.m, a1 - a0), dtype=getattr(xp, self.src.dtype.name)) \
             if resident else None
-        r12 = None
-        for rep in range(2):
-            src = self._cur(a0, a1)
-            run.st.flush()  # the workspace columns read here may still be on their way
-            items = q_items if keep is not None and rep else \
-                [[(self.w, (r0, r1, j0, h)), (src, (r0, r1, a0, a1))] for r0, r1 in rows]
-            s = None
-            for blks, (r0, r1) in zip(run.over_multi(items, "workspace"), rows):
-                ab = keep[r0:r1] if keep is not None and rep else blks[1]
-                if rep == 0 and self.check is not None and src is self.src and \
-                        not self.be.all_finite(ab):
-                    raise ValueError(self.check)
-                t = gemm(ct(xp, blks[0]), ab, precision=self.precision,
-                         label="ooc-R12=Q1^H A2", backend=self.be)
-                s = t if s is None else s + t
-                if keep is not None and not rep:
-                    keep[r0:r1] = ab
-            for blks, (r0, r1) in zip(run.over_multi(q_items if keep is not None
-                                                     else items, "workspace"), rows):
-                # the staged block is reused by the ring: update a copy (or the kept chunk)
-                ab = keep[r0:r1] if keep is not None else xp.asarray(blks[1], copy=True)
-                gemm_sub(ab, blks[0], s, precision=self.precision, label="ooc-A2-=Q1 R12",
-                         backend=self.be)
-                if keep is None:
-                    run.store(self.w, (r0, r1, a0, a1), ab)
-            for j in range(a0, a1):
-                self.fresh[j] = False
-            r12 = s if r12 is None else r12 + s
-        if keep is not None:
-            for r0, r1 in rows:
-                run.store(self.w, (r0, r1, a0, a1), keep[r0:r1])
-        run.store(self.r_dst, (j0, h, a0, a1), r12)
+        src = self._cur(a0, a1)
+        run.st.flush()  # the workspace columns read here may still be on their way
+        items = [[(self.w, (r0, r1, j0, h)), (src, (r0, r1, a0, a1))] for r0, r1 in rows]
+        s = None
+        for blks, (r0, r1) in zip(run.over_multi(items, "workspace"), rows):
+            ab = blks[1]
+            if self.check is not None and src is self.src and not self.be.all_finite(ab):
+                raise ValueError(self.check)
+            t = gemm(ct(xp, blks[0]), ab, precision=self.precision,
+                     label="ooc-R12=Q1^H A2", backend=self.be)
+            s = t if s is None else s + t
+            if keep is not None:
+                keep[r0:r1] = ab
+        for blks, (r0, r1) in zip(run.over_multi(q_items if keep is not None else items,
+                                                 "workspace"), rows):
+            # the staged block is reused by the ring: update a copy (or the kept chunk)
+            ab = keep[r0:r1] if keep is not None else xp.asarray(blks[1], copy=True)
+            gemm_sub(ab, blks[0], s, precision=self.precision, label="ooc-A2-=Q1 R12",
+                     backend=self.be)
+            run.store(self.w, (r0, r1, a0, a1), ab)
+        for j in range(a0, a1):
+            self.fresh[j] = False
+        run.store(self.r_dst, (j0, h, a0, a1), s)
+
+    def _reproject(self, p: Any, j0: int, c0: int, c1: int) -> None:
+        """Project every earlier column ``W[:, :j0]`` out of the device panel ``p``
+        (columns ``[c0, c1)``): ``S = W^H p`` streamed, ``p -= W S`` streamed again,
+        ``R[:j0, c0:c1] += S``."""
+        xp, run = self.xp, self.run
+        rows = self._rows(j0)
+        items = [[(self.w, (r0, r1, 0, j0))] for r0, r1 in rows]
+        run.st.flush()  # the earlier Q columns may still be on their way
+        s = None
+        for (blk,), (r0, r1) in zip(run.over_multi(items, "workspace"), rows):
+            t = gemm(ct(xp, blk), p[r0:r1], precision=self.precision,
+                     label="ooc-R12=Q1^H A2", backend=self.be)
+            s = t if s is None else s + t
+        for (blk,), (r0, r1) in zip(run.over_multi(items, "workspace"), rows):
+            gemm_sub(p[r0:r1], blk, s, precision=self.precision, label="ooc-A2-=Q1 R12",
+                     backend=self.be)
+        run.store(self.r_dst, (0, j0, c0, c1), s, add=True)
+
+    def _leaf(self, j0: int, j1: int, projections: int) -> None:
+        """Load panel ``[j0, j1)``, project every earlier column out of it
+        ``projections`` times on the device, factor it in core."""
+        self.run.st.flush()
+        p = self._load_panel(j0, j1)
+        for _ in range(projections if j0 else 0):
+            self._reproject(p, j0, j0, j1)
+        panel = [p]
+        del p
+        self._factor_panel(panel, j0, j1)
 
     # --- the two variants -----------------------------------------------------------
     def recursive(self, j0: int, j1: int) -> None:
         if j1 - j0 <= self.leaf:
-            self.run.st.flush()
-            self._factor_panel(self._load_panel(j0, j1), j0, j1)
+            self._leaf(j0, j1, 1)  # the second projection; the first came from above
             return
         h = j0 + (j1 - j0) // 2
         self.recursive(j0, h)
@@ -148,11 +180,7 @@ class _Square:
 
     def blocked(self) -> None:
         for p0 in range(0, self.n, self.leaf):
-            p1 = min(self.n, p0 + self.leaf)
-            if p0:
-                self._project(0, p0, p0, p1)
-            self.run.st.flush()
-            self._factor_panel(self._load_panel(p0, p1), p0, p1)
+            self._leaf(p0, min(self.n, p0 + self.leaf), 2)
 
 
 #: shares of the budget: the staging slots (all of them), then either an in-core panel

@@ -109,10 +109,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         default ``MPQR_MEMORY_BUDGET``, else 80% of the free device memory (none
         for the host backend). When the working set exceeds it the factorization
         runs out of core: tall-skinny inputs by streaming CholQR2 (TSQR fallback;
-        ``mode="r"``: one-pass TSQR), others by recursive out-of-core QR
-        (``method="ooc-recursive"``; ``"ooc-blocked"``: the left-looking
-        variant). ``mpqr.explain()`` records the route, piece sizes, passes,
-        bytes moved and the overlap achieved.
+        ``mode="r"``: one-pass TSQR), others by block Gram-Schmidt with
+        reorthogonalisation over column panels (``method="ooc-recursive"``;
+        ``"ooc-blocked"``: the left-looking variant).
+        ``mpqr.explain()`` records the route, piece sizes, passes, bytes moved and
+        the overlap achieved.
     progress : bool, optional
         A tqdm progress bar for out-of-core runs; None: on for interactive
         terminals and runs expected to take more than a few seconds.
