@@ -11,6 +11,7 @@ from mpqr._errors import BreakdownError
 from mpqr.ooc import parse_budget
 from tests._ooc_support import DEVICES, Dataset, ooc_events, rand
 from tests._qr_support import backward_error, geometric, orthogonality, unit_roundoff
+from tests.conftest import GPU
 
 TALL = (1101, 12)  # 1101 rows: the last piece is ragged at every budget below
 SQUARE = (157, 101)
@@ -202,6 +203,31 @@ def test_in_core_when_it_fits(monkeypatch):
     with mpqr.explain() as trace:
         mpqr.qr(a, progress=False)
     assert ooc_events(trace)[0].data["budget"] == 40_000
+
+
+def test_staging_rows_for_the_in_core_route_fit_a_small_budget():
+    """The in-core route stages the whole matrix in row pieces of at most a 16th of the
+    budget and MAX_BLOCK_BYTES, whatever the column count (a square matrix's n x n
+    terms are no part of it)."""
+    from mpqr.ooc.budget import MAX_BLOCK_BYTES, staging_rows
+
+    assert staging_rows(1024, 1024, 4, 16_000_000) == 1_000_000 // 4096
+    assert staging_rows(4096, 4096, 4, 256_000_000) == 16_000_000 // 16384
+    assert staging_rows(2**26, 64, 8, None) == MAX_BLOCK_BYTES // 512
+    assert staging_rows(10, 3, 4, 64) == 1  # below one row: one row at a time
+    assert staging_rows(10, 3, 4, 10**9) == 10
+
+
+@pytest.mark.skipif(not GPU, reason="no CUDA GPU")
+def test_in_core_route_with_a_budget_below_the_tall_plans():
+    """A 1024 x 1024 float32 host matrix with a 16 MB budget: its in-core working set
+    (12.6 MB) fits, so it runs in core; the staging no longer asks for the tall plan's
+    n x n terms (33.5 MB) and raises nothing."""
+    a = np.random.default_rng(12).standard_normal((1024, 1024)).astype(np.float32)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, device="cuda", memory_budget="16MB")
+    assert len(ooc_events(trace, "in-core")) == 1
+    assert backward_error(a, q, r) <= 20 * 1024 * 2.0**-24
 
 
 def test_parse_budget():

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["DEFAULT_FRACTION", "ENV", "MAX_BLOCK_BYTES", "BudgetTooSmall", "TallPlan",
-           "format_bytes", "parse_budget", "resolve_budget", "tall_plan"]
+           "format_bytes", "parse_budget", "resolve_budget", "staging_rows", "tall_plan"]
 
 ENV = "MPQR_MEMORY_BUDGET"
 #: share of the free device memory taken by default (the rest: the library's own
@@ -139,3 +139,12 @@ def tall_plan(m: int, cols: int, itemsize: int, budget: int, *, min_rows: int = 
     rows = (budget - fixed) // per_row
     rows = min(rows, max(min_rows, MAX_BLOCK_BYTES // max(1, cols * itemsize)), m)
     return TallPlan(m, cols, max(min_rows, int(rows)), itemsize, budget)
+
+
+def staging_rows(m: int, cols: int, itemsize: int, budget: int | None) -> int:
+    """Rows per piece that stage a whole ``m x cols`` matrix into device memory for the
+    in-core route (whose working set already fits ``budget``): at most
+    :data:`MAX_BLOCK_BYTES` and a 16th of the budget, so the ring's slots take under a
+    fifth of it; no ``cols x cols`` terms (nothing is factored by pieces)."""
+    cap = MAX_BLOCK_BYTES if budget is None else min(MAX_BLOCK_BYTES, budget // 16)
+    return max(1, min(m, cap // max(1, cols * itemsize)))

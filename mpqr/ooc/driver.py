@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpqr.ooc import budget as plans
 from mpqr.ooc.budget import BudgetTooSmall, format_bytes, resolve_budget, tall_plan
 from mpqr.ooc.run import Run, progress_bar
 from mpqr.policy import record_event, resolve_precision, validate_precision
@@ -145,12 +146,13 @@ def _in_core(backend: Any, src: Any, mode: str, precision: Any, method: str,
                          check_finite=check_finite, overwrite_a=overwrite_a)
         return (None, res) if mode == "r" else (res.Q, res.R)
     xp = backend.xp
-    plan = tall_plan(m, n, src.itemsize, budget or 2**62)
-    st = backend.host_staging(src.dtype, plan.block_elems)
+    rows = plans.staging_rows(m, n, src.itemsize, budget)
+    regions = [(r0, min(m, r0 + rows), 0, n) for r0 in range(0, m, rows)]
+    st = backend.host_staging(src.dtype, rows * n)
     run = Run(backend, st, None, "qr")
     try:
         a = xp.empty((m, n), dtype=getattr(xp, src.dtype.name))
-        for (r0, r1, _c0, _c1), blk in run.over(src, plan.regions, "x"):
+        for (r0, r1, _c0, _c1), blk in run.over(src, regions, "x"):
             a[r0:r1] = blk
         res = qr_in_core(a, mode=mode, precision=precision, method=method,
                          check_finite=check_finite, overwrite_a=True)
