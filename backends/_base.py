@@ -481,6 +481,11 @@ class ArrayAPIBackend:
         (:func:`mpqr.qr.pivoted.deterministic_pivots`). ``y`` is not modified."""
         return None
 
+    def permutable_copy(self, a: Any) -> Any:
+        """A copy of 2-D ``a`` to permute the columns of (the pivoted QR's workspace),
+        in the layout where :meth:`permute_columns` is cheapest; here a plain copy."""
+        return self.xp.asarray(a, copy=True)
+
     def permute_columns(self, x: Any, dst: list[int], src: list[int]) -> None:
         """``x[..., dst] = x[..., src]`` in place (the right side read first), for host
         index lists; here one slice copy per column."""

@@ -698,24 +698,11 @@ CupyBackend.ozaki_gauss_residues = _cupy_ozaki_gauss_residues
 CupyBackend.ozaki_gauss_combine = _cupy_ozaki_gauss_combine
 
 
-_blas_controller: list[Any] = []
-
-
 def _host_blas_one_thread() -> Any:
-    """threadpoolctl's limit of the host BLAS to one thread (a no-op without threadpoolctl).
+    """The host BLAS on one thread (:func:`mpqr.backends.host_blas.one_thread`)."""
+    from mpqr.backends.host_blas import one_thread
 
-    The limit is process-wide while it holds, as threadpoolctl's limits are."""
-    import contextlib
-
-    if not _blas_controller:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _blas_controller.append(ThreadpoolController())
-        except Exception:  # not installed (it is a dependency) or no BLAS found: no limit
-            _blas_controller.append(None)
-    ctl = _blas_controller[0]
-    return ctl.limit(limits=1, user_api="blas") if ctl is not None else contextlib.nullcontext()
+    return one_thread()
 
 
 def gpu_namespace() -> Any:

@@ -28,7 +28,9 @@ def lapack_qrcp_pivots(y: np.ndarray, k: int) -> list[int]:
     formed); also the CuPy backend's route for sketches its kernel does not take."""
     if min(y.shape) == 0 or k <= 0:
         return []
-    with np.errstate(all="ignore"):
+    from mpqr.backends.host_blas import small_lapack
+
+    with np.errstate(all="ignore"), small_lapack(y.size):
         _, piv = sla.qr(y, mode="r", pivoting=True, check_finite=False)
     return piv[:min(k, *y.shape)].tolist()
 
@@ -60,6 +62,16 @@ class NumpyBackend(ArrayAPIBackend):
         # a GEMM propagates NaN/Inf silently, as cuBLAS does; NumPy >= 2.4 flags them
         with np.errstate(over="ignore", invalid="ignore"):
             return np.matmul(a, b)
+
+    def gemm_sub_into(self, c, a, b):
+        # c laid out by columns (the pivoted QR's workspace): the product is made in the
+        # same order (as (b^T a^T)^T), else the subtraction reads it across its rows
+        # (4000^2 pivoted QR, 2-core CPU: 1.6 s of subtraction -> 0.4 s)
+        if c.ndim != 2 or c.flags.c_contiguous or c.strides[0] != c.itemsize:
+            return False
+        with np.errstate(over="ignore", invalid="ignore"):
+            c -= np.matmul(b.T, a.T).T
+        return True
 
     def complex_from_parts(self, re, im):
         # the parts written in place: exact, also for non-finite parts
@@ -144,6 +156,11 @@ class NumpyBackend(ArrayAPIBackend):
     def permute_columns(self, x, dst, src):
         x[..., dst] = x[..., src]
 
+    def permutable_copy(self, a):
+        # column order: a permute of 128 of 4000 columns takes 0.6 ms instead of 7
+        # (rows of a C-order array are gathered element by element)
+        return np.array(a, order="F", copy=True)
+
     def cholesky(self, a, *, upper=False, check=True):
         try:
             l = np.linalg.cholesky(a)
@@ -166,8 +183,10 @@ class NumpyBackend(ArrayAPIBackend):
     def householder_panel(self, a):
         # LAPACK geqrf (stacks too) gives the reflectors directly: no reconstruction
         from mpqr.backends._base import compact_wy_from_raw
+        from mpqr.backends.host_blas import small_lapack
 
-        h, tau = np.linalg.qr(a, mode="raw")
+        with small_lapack(a.size):
+            h, tau = np.linalg.qr(a, mode="raw")
         return compact_wy_from_raw(self, h, tau, *a.shape[-2:])
 
 

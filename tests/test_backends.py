@@ -189,3 +189,23 @@ def test_add_identity_adds_one_to_the_diagonal_in_place(xp, shape):
         ref = np.zeros((shape[0], shape[1] + 3))
         ref[range(k), [i + 1 for i in range(k)]] = 1
         np.testing.assert_array_equal(got, ref)
+
+
+def test_small_lapack_calls_run_the_host_blas_on_one_thread():
+    """Up to ONE_THREAD_MAX_ELEMENTS the host BLAS runs on one thread, beyond it on the
+    library's own count; both restored after."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    from mpqr.backends.host_blas import ONE_THREAD_MAX_ELEMENTS, small_lapack
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    if not before:
+        pytest.skip("no BLAS found by threadpoolctl")
+    with small_lapack(ONE_THREAD_MAX_ELEMENTS):
+        assert set(blas_threads()) == {1}
+    assert blas_threads() == before
+    with small_lapack(ONE_THREAD_MAX_ELEMENTS + 1):
+        assert blas_threads() == before

@@ -234,7 +234,7 @@ def hqrrp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
     rdt = xp.float64 if a.dtype in (xp.float64, xp.complex128) else xp.float32
     sqrt_u = math.sqrt(float(xp.finfo(rdt).eps))
     rows = block + oversample
-    work = xp.asarray(a, copy=True)
+    work = backend.permutable_copy(a)
     perm = list(range(n))
     n_sketch = 0
 
