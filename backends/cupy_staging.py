@@ -41,17 +41,16 @@ from mpqr.backends.staging import Staging
 
 __all__ = ["HOST_COPY_THREADS", "PINNED_POOL_BYTES", "CupyStaging", "release_pinned"]
 
-#: host memcpy threads per direction: with the DMA reading pinned memory at the same
-#: time, 24 threads stage 35-37 GB/s and 16 threads 31-33 (alone, 16 copy fastest: 48
-#: GB/s); H200 host, 16 cores, 2^25 x 64 float64 in 512 MiB pieces (`python -m mpqr
-#: bench ooc --rows staging_sweep`)
+#: host memcpy threads per direction: beside a DMA reading pinned memory, 24 threads
+#: copy 39 GB/s and 16 threads 34 (alone, 16 copy fastest: 45-49 GB/s); H200 host, 16
+#: cores (`python -m mpqr bench ooc`: link.memcpy, `in_threads_*_with_dma_GBps`)
 HOST_COPY_THREADS = 24
 
 #: the least a host copy thread is given (64 rows of 64 float64 columns)
 _CHUNK_BYTES = 32 * 2**10
 
-#: page-locked buffers kept for the next staging once this many bytes are free in the
-#: pool (the largest first); more are unregistered and released
+#: free page-locked buffers the pool keeps for the next staging, in bytes; beyond it
+#: the smallest are unregistered and released
 PINNED_POOL_BYTES = 8 * 2**30
 
 #: thread pools shared by every staging of this process, by (role, threads)
