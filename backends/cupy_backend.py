@@ -219,7 +219,9 @@ class CupyBackend(ArrayAPIBackend):
         # Host BLAS on one thread during a call: its host work is the n x n steps of
         # small() (n <= 128), where OpenBLAS's thread wake-ups cost more than the work
         # (H100 host, 16 cores: qr of 2048x128 16-20 ms -> 5.4 ms).
-        return _host_blas_one_thread()
+        from mpqr.backends.host_blas import one_thread
+
+        return one_thread()
 
     def from_small(self, x, like):
         cp = self._cp
@@ -696,13 +698,6 @@ def _cupy_ozaki_gauss_combine(self, prods, moduli, js):
 
 CupyBackend.ozaki_gauss_residues = _cupy_ozaki_gauss_residues
 CupyBackend.ozaki_gauss_combine = _cupy_ozaki_gauss_combine
-
-
-def _host_blas_one_thread() -> Any:
-    """The host BLAS on one thread (:func:`mpqr.backends.host_blas.one_thread`)."""
-    from mpqr.backends.host_blas import one_thread
-
-    return one_thread()
 
 
 def gpu_namespace() -> Any:

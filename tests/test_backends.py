@@ -113,9 +113,9 @@ def test_array_api_compat_imported_in_one_place():
 
 def test_gpu_backend_keeps_host_blas_on_one_thread_during_a_call():
     # the CuPy backend's host work is n x n steps, where BLAS thread wake-ups dominate;
-    # the helper needs no GPU, so this runs in CI
+    # its host_blas_scope is the shared helper, which needs no GPU, so this runs in CI
     threadpoolctl = pytest.importorskip("threadpoolctl")
-    from mpqr.backends.cupy_backend import _host_blas_one_thread
+    from mpqr.backends.host_blas import one_thread as _host_blas_one_thread
 
     def blas_threads():
         return [i["num_threads"] for i in threadpoolctl.threadpool_info()

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr.ooc import budget as plans
-from mpqr.ooc.budget import BudgetTooSmall, format_bytes, resolve_budget, tall_plan
+from mpqr.ooc.budget import (
+    BudgetTooSmall,
+    format_bytes,
+    resolve_budget,
+    staging_rows,
+    tall_plan,
+)
 from mpqr.ooc.run import Run, progress_bar
 from mpqr.policy import record_event, resolve_precision, validate_precision
 
@@ -146,7 +151,7 @@ def _in_core(backend: Any, src: Any, mode: str, precision: Any, method: str,
                          check_finite=check_finite, overwrite_a=overwrite_a)
         return (None, res) if mode == "r" else (res.Q, res.R)
     xp = backend.xp
-    rows = plans.staging_rows(m, n, src.itemsize, budget)
+    rows = staging_rows(m, n, src.itemsize, budget)
     regions = [(r0, min(m, r0 + rows), 0, n) for r0 in range(0, m, rows)]
     st = backend.host_staging(src.dtype, rows * n)
     run = Run(backend, st, None, "qr")
