@@ -474,11 +474,23 @@ class ArrayAPIBackend:
                                               - xp.expand_dims(col, axis=-1)
                                               * w[..., i:i + 1, i + 1:hi])
 
-    def qrcp_pivots(self, y: Any, k: int) -> list[int] | None:
-        """The first ``k`` pivots of QR with column pivoting of a small 2-D ``y`` (a
-        sketch of a few dozen rows) as host integers, from the array library's own QRCP
-        (NumPy: LAPACK ``geqp3``); None here: the caller runs its vectorized loop
-        (:func:`mpqr.qr.pivoted.deterministic_pivots`). ``y`` is not modified."""
+    #: block width of the blocked randomized QRCP (None: ``mpqr.qr.pivoted.BLOCK``)
+    qrcp_block: int | None = None
+
+    def read_later(self, x: Any) -> Any:
+        """A callable returning the values of a small array ``x`` on the host (anything
+        ``float()`` and ``bool()`` take per entry), its transfer started now so the
+        device can go on with work queued after it; here ``x`` itself."""
+        return lambda: x
+
+    def qrcp_order(self, y: Any, k: int) -> Any | None:
+        """The column order of a small 2-D ``y`` (a sketch of a few dozen rows) after
+        ``min(k, *y.shape)`` steps of QR with column pivoting, step ``i`` swapping
+        column ``i`` with its pivot (LAPACK ``geqp3``'s rule and swaps; the pivots come
+        first, see :func:`swap_order`): int32 ``(n,)`` on ``y``'s device, from the
+        array library's own QRCP (NumPy: LAPACK ``geqp3``); None here: the caller runs
+        its vectorized loop (:func:`mpqr.qr.pivoted.deterministic_pivots`). ``y`` is not
+        modified."""
         return None
 
     def permutable_copy(self, a: Any) -> Any:
@@ -486,10 +498,13 @@ class ArrayAPIBackend:
         in the layout where :meth:`permute_columns` is cheapest; here a plain copy."""
         return self.xp.asarray(a, copy=True)
 
-    def permute_columns(self, x: Any, dst: list[int], src: list[int]) -> None:
-        """``x[..., dst] = x[..., src]`` in place (the right side read first), for host
-        index lists; here one slice copy per column."""
+    def permute_columns(self, x: Any, dst: Any, src: Any) -> None:
+        """``x[..., dst] = x[..., src]`` in place (the right side read first; a repeated
+        ``dst`` always comes with the same ``src``) for integer index arrays on ``x``'s
+        device; here, without integer-array assignment in the standard, one slice copy
+        per column after reading the indices."""
         xp = self.xp
+        dst, src = [int(v) for v in dst], [int(v) for v in src]
         cols = [xp.asarray(x[..., s:s + 1], copy=True) for s in src]
         for d, col in zip(dst, cols):
             x[..., d:d + 1] = col
@@ -751,6 +766,19 @@ def _reconstruct_panel(self: ArrayAPIBackend, a: Any) -> tuple[Any, Any, Any, An
     w = ct(self.solve_triangular(l1, ct(z), lower=True, unit_diagonal=True))
     tau = -xp.linalg.diagonal(u) * sc
     return y, w, tau, xp.expand_dims(s, axis=-1) * r
+
+
+def swap_order(pivots: list[int], n: int) -> list[int]:
+    """The order of ``n`` columns after QR with column pivoting swapped column ``i``
+    with pivot ``pivots[i]`` (an original column index) at each step ``i``: the pivots
+    first, each column they displaced where the pivot came from."""
+    order = list(range(n))
+    where = list(range(n))  # position of each original column
+    for i, c in enumerate(pivots):
+        p = where[c]
+        order[i], order[p] = order[p], order[i]
+        where[order[i]], where[order[p]] = i, p
+    return order
 
 
 def compact_wy_t(backend: ArrayAPIBackend, y: Any, tau: Any) -> Any:

@@ -513,12 +513,17 @@ class CupyBackend(ArrayAPIBackend):
     def householder_panel(self, a):
         # one cuSOLVER geqrf instead of qr_panel + a host-side signed LU and two solves;
         # stacks keep the portable path (raw mode of stacks is not cuSOLVER-batched)
+        from mpqr.backends import cupy_geqrf
         from mpqr.backends._base import compact_wy_from_raw
 
         if a.ndim != 2:
             return super().householder_panel(a)
-        h, tau = self._cp.linalg.qr(a, mode="raw")  # h: (k, m), transposed like NumPy's
-        h, tau = h.astype(a.dtype, copy=False), tau.astype(a.dtype, copy=False)
+        if a.dtype in (self._cp.float32, self._cp.float64):
+            # cuSOLVER directly: CuPy's mode "raw" waits for geqrf's info on every panel
+            h, tau = cupy_geqrf.raw(a)
+        else:
+            h, tau = self._cp.linalg.qr(a, mode="raw")  # h: (k, m), transposed like NumPy's
+            h, tau = h.astype(a.dtype, copy=False), tau.astype(a.dtype, copy=False)
         return compact_wy_from_raw(self, h, tau, *a.shape)
 
     def certified_panel(self, a, w, fails):
@@ -552,17 +557,40 @@ class CupyBackend(ArrayAPIBackend):
     #: at 16384 columns, H200) or "loop" (the portable device loop: ~12 launches a pivot)
     qrcp_route = "kernel"
 
-    def qrcp_pivots(self, y, k):
+    #: H200: 16384^2 float64 655 / 630 ms at 192 / 256 columns, 65536 x 4096 235 / 220 ms
+    #: (`python -m mpqr bench qr --pivoting --qrcp-blocks 192,256`)
+    qrcp_block = 256
+
+    def read_later(self, x):
+        # a pinned buffer, an asynchronous copy and an event: the host waits only when it
+        # reads, and work queued after the copy keeps the device busy meanwhile
+        cp = self._cp
+        import cupyx
+
+        buf = cupyx.empty_pinned(x.shape, dtype=x.dtype)
+        x.get(out=buf, blocking=False)
+        done = cp.cuda.Event(block=False, disable_timing=True)
+        done.record()
+
+        def read():
+            done.synchronize()
+            return buf
+
+        return read
+
+    def qrcp_order(self, y, k):
         from mpqr.backends import cupy_qrcp
 
         if self.qrcp_route == "kernel" and cupy_qrcp.supports(y):
-            return cupy_qrcp.qrcp_pivots(y, k)
+            return cupy_qrcp.qrcp_order(y, k)
         if self.qrcp_route == "loop":
             return None
         # complex sketches, or the host route asked for: LAPACK on the host
+        from mpqr.backends._base import swap_order
         from mpqr.backends.numpy_backend import lapack_qrcp_pivots
 
-        return lapack_qrcp_pivots(self._cp.asnumpy(y), k)
+        piv = lapack_qrcp_pivots(self._cp.asnumpy(y), k)
+        return self._cp.asarray(swap_order(piv, y.shape[1]), dtype=self._cp.int32)
 
     def permute_columns(self, x, dst, src):
         # one gather and one scatter kernel instead of a slice copy per column

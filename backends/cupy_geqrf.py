@@ -18,7 +18,7 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy_modules import ctype, functions
 
-__all__ = ["qr", "supports"]
+__all__ = ["qr", "raw", "supports"]
 
 _TILE = 32
 
@@ -85,3 +85,24 @@ def qr(a, mode: str):
           info.data.ptr)
     buf[:n] *= sgn[:, None]  # Q's first n columns: rows of its column-major storage
     return buf.T, r
+
+
+def raw(a):
+    """``(h, tau)`` as ``cupy.linalg.qr(a, mode="raw")`` gives them (``h`` the transpose of
+    geqrf's column-major array, ``(n, m)``) for a real float32/float64 2-D ``a``, without
+    its wait for geqrf's ``info`` (which reports only invalid arguments)."""
+    from cupy.cuda import device
+
+    m, n = a.shape
+    h = cp.empty((n, m), dtype=a.dtype)
+    h[...] = a.T
+    tau = cp.empty(min(m, n), dtype=a.dtype)
+    if min(m, n) == 0:
+        return h, tau
+    handle = device.get_cusolver_handle()
+    geqrf_size, geqrf, _, _ = _solver(a.dtype)
+    lwork = geqrf_size(handle, m, n, h.data.ptr, m)
+    work = cp.empty(max(lwork, 1), dtype=a.dtype)
+    info = cp.empty((), dtype=cp.int32)
+    geqrf(handle, m, n, h.data.ptr, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
+    return h, tau

@@ -4,21 +4,25 @@ The randomized blocked QRCP (:mod:`mpqr.qr.pivoted`) chooses each block's pivots
 QRCP of a ``(b + p) x n`` sketch. LAPACK on the host takes ~75 ms a block at
 ``n = 16384`` (half of geqp3 is BLAS-2, and the sketch crosses the bus); the device loop
 of the portable code issues a dozen launches a pivot from Python. Here each pivot is
-one launch of ``kernels/qrcp_sketch.cu`` (``qrcp_step``: update the trailing columns
-and their norms, 32 columns and 8 row groups a thread block, then the last block to
-finish picks and reflects the next pivot), with no host synchronisation, and the ``k``
-pivots cross once.
+one launch of ``kernels/qrcp_sketch.cu`` (``qrcp_step``: every thread block makes the
+step's pick from the previous launch's per-block maxima, then updates its 32 columns and
+their norms), with no host synchronisation; the column order stays on the device.
+
+The ``k`` launches of a block differ only in the step number, so their arguments are
+packed once and each launch is one driver call: CuPy's per-call argument handling
+(~10 us) exceeded the kernel's time past a few thousand columns.
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import cupy as cp
 from mpqr.backends.cupy_modules import ctype, functions
 
-__all__ = ["qrcp_pivots", "supports"]
+__all__ = ["qrcp_order", "qrcp_pivots", "supports"]
 
-_PICK_THREADS = 1024
-#: row groups of the update's thread blocks (32 columns each)
+#: row groups of the thread blocks (32 columns each)
 _ROW_GROUPS = 8
 
 
@@ -29,31 +33,48 @@ def supports(y) -> bool:
 
 def _kernels(dtype_name: str):
     t = ctype(dtype_name)
-    return functions("qrcp_sketch.cu", (f"qrcp_pick<{t}>", f"qrcp_step<{t}, {_ROW_GROUPS}>"))
+    return functions("qrcp_sketch.cu", (f"qrcp_init<{t}, {_ROW_GROUPS}>",
+                                        f"qrcp_step<{t}, {_ROW_GROUPS}>"))
 
 
-def qrcp_pivots(y, k: int) -> list[int]:
-    """The first ``min(k, *y.shape)`` pivots of QR with column pivoting of the 2-D real
-    ``y`` (LAPACK geqp3's choice rule: largest remaining norm, the first of equals), as
-    host ints. ``y`` is not modified."""
+def qrcp_order(y, k: int):
+    """The column order of the 2-D real ``y`` after ``min(k, *y.shape)`` steps of QR with
+    column pivoting (LAPACK geqp3's choice rule: largest remaining norm, the first of
+    equals by position; step ``i`` swaps column ``i`` with its pivot): int32 ``(n,)`` on
+    the device, the pivots first. ``y`` is not modified; nothing waits for the device."""
     rows, ncols = y.shape
     k = min(k, rows, ncols)
     if k <= 0:
-        return []
+        return cp.arange(ncols, dtype=cp.int32)
     w = cp.array(y, order="C", copy=True)
-    nrm2 = cp.sum(w * w, axis=0)
-    perm = cp.arange(ncols, dtype=cp.int32)
-    tau = cp.zeros(k, dtype=w.dtype)
-    pick, step = _kernels(cp.dtype(w.dtype).name)
+    nb = -(-ncols // 32)
+    nrm2 = cp.empty(ncols, dtype=w.dtype)
+    pos = cp.empty(ncols, dtype=cp.int32)
+    col_at = cp.empty(ncols, dtype=cp.int32)
+    piv = cp.empty(k, dtype=cp.int32)
+    pval = cp.empty(2 * nb, dtype=w.dtype)  # per-block maxima, two halves by step parity
+    ppos = cp.empty(2 * nb, dtype=cp.int32)
+    pcol = cp.empty(2 * nb, dtype=cp.int32)
+    init, step = _kernels(cp.dtype(w.dtype).name)
     r, n, ld = cp.int32(rows), cp.int32(ncols), cp.int64(ncols)
-    smem = max(rows, 1) * w.itemsize  # the reflector's column
-    blocks = -(-ncols // 32)
-    pval = cp.empty(blocks, dtype=w.dtype)
-    pidx = cp.empty(blocks, dtype=cp.int32)
-    counter = cp.zeros(1, dtype=cp.uint32)
-    pick((1,), (_PICK_THREADS,), (w, nrm2, perm, tau, r, n, ld, cp.int32(0)))
-    for i in range(k - 1):  # step i's update and step i + 1's pick (k <= rows, ncols)
-        step((-(-(ncols - i - 1) // 32),), (32, _ROW_GROUPS),
-             (w, nrm2, perm, tau, pval, pidx, counter, r, n, ld, cp.int32(i)),
-             shared_mem=smem)
-    return [int(v) for v in perm[:k].get()]
+    init((nb,), (32, _ROW_GROUPS), (w, nrm2, pos, col_at, pval, ppos, pcol, r, n, ld))
+    arrays = (w, nrm2, pos, col_at, piv, pval, ppos, pcol)
+    held = [ctypes.c_void_p(x.data.ptr) for x in arrays]
+    held += [ctypes.c_int32(rows), ctypes.c_int32(ncols), ctypes.c_int64(ncols)]
+    i_arg = ctypes.c_int32(0)
+    held.append(i_arg)
+    params = (ctypes.c_void_p * len(held))(*(ctypes.addressof(h) for h in held))
+    stream = cp.cuda.get_current_stream().ptr
+    smem = rows * w.itemsize  # the reflector
+    launch, fn, pp = cp.cuda.driver.launchKernel, step.kernel.ptr, ctypes.addressof(params)
+    for i in range(k):
+        i_arg.value = i
+        launch(fn, nb, 1, 1, 32, _ROW_GROUPS, 1, smem, stream, pp, 0)
+    col_at[:k] = piv
+    return col_at
+
+
+def qrcp_pivots(y, k: int) -> list[int]:
+    """The first ``min(k, *y.shape)`` pivots of :func:`qrcp_order` as host ints."""
+    k = max(min(k, *y.shape), 0)
+    return [int(v) for v in qrcp_order(y, k)[:k].get()]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import scipy.linalg as sla
-from mpqr.backends._base import ArrayAPIBackend, EngineRates
+from mpqr.backends._base import ArrayAPIBackend, EngineRates, swap_order
 
 from mpqr._errors import LinAlgError
 
@@ -150,8 +150,8 @@ class NumpyBackend(ArrayAPIBackend):
                 w[i + 1:hi, i] /= w[i, i]
                 w[i + 1:hi, i + 1:hi] -= np.outer(w[i + 1:hi, i], w[i, i + 1:hi])
 
-    def qrcp_pivots(self, y, k):
-        return lapack_qrcp_pivots(y, k)
+    def qrcp_order(self, y, k):
+        return np.asarray(swap_order(lapack_qrcp_pivots(y, k), y.shape[1]), dtype=np.int32)
 
     def permute_columns(self, x, dst, src):
         x[..., dst] = x[..., src]

@@ -55,6 +55,19 @@ def test_kernel_pivots_are_the_textbook_choice(dtype, shape, k):
     assert len(set(got)) == len(got)
 
 
+def test_kernel_order_is_the_swap_order_of_its_pivots():
+    """The device order the pivoted QR moves columns by: the pivots first, each displaced
+    column where its pivot came from (LAPACK's swaps), nothing read back to the host."""
+    from mpqr.backends._base import swap_order
+
+    rng = np.random.default_rng(5)
+    y = rng.standard_normal((40, 300)) * np.geomspace(1, 1e-2, 300)[rng.permutation(300)]
+    order = cupy_qrcp.qrcp_order(cp.asarray(y), 40)
+    assert isinstance(order, cp.ndarray) and order.dtype == cp.int32
+    piv = _textbook_pivots(y, 40)
+    assert order.get().tolist() == swap_order(piv, 300)
+
+
 def test_kernel_takes_zero_columns_in_place_order():
     """All remaining norms zero: the first of equals, after the swaps of earlier steps
     (as geqp3: column 0 went where column 4 was)."""

@@ -263,6 +263,32 @@ def test_resketch_on_rank_deficiency(monkeypatch):
     assert np.linalg.norm(z[:, p] - q @ r) <= 4 * 60 * U64 * np.linalg.norm(z)
 
 
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="moves columns in place")
+def test_swap_order_and_its_move_lists(xp):
+    """The column moves of a block: the order after LAPACK-style swaps, applied with
+    fixed-length index arrays (repeated slots write the same column twice)."""
+    from mpqr.backends import get_backend
+    from mpqr.backends._base import swap_order
+
+    assert swap_order([4, 0, 2], 6) == [4, 0, 2, 3, 1, 5]
+    assert swap_order([], 3) == [0, 1, 2]
+    from mpqr._array_api import array_namespace
+
+    rng = np.random.default_rng(4)
+    for n, k, off in ((30, 5, 0), (30, 5, 7), (12, 12, 0), (9, 3, 2)):
+        piv = [int(v) for v in rng.permutation(n - off)[:k]]
+        order = swap_order(piv, n - off)
+        assert sorted(order) == list(range(n - off)) and order[:k] == piv
+        x = xp.asarray(np.arange(3 * n, dtype=np.float64).reshape(3, n))
+        bxp = array_namespace(x)  # the Array API namespace the algorithms use
+        backend = get_backend(bxp)
+        dst, src = pivoted.move_lists(bxp, bxp.asarray(order, dtype=bxp.int32), k, off)
+        backend.permute_columns(x, dst, src)
+        want = np.arange(3 * n, dtype=np.float64).reshape(3, n)
+        want[:, off:] = want[:, off:][:, order]
+        np.testing.assert_array_equal(to_numpy(x), want)
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
 def test_non_finite(xp, route, bad):
     a = family("algebraic", 60, 40)

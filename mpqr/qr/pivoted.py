@@ -8,10 +8,11 @@ Two routes, both ending in mpqr's Householder machinery:
   in for the matrix when pivots are chosen: for each block of ``b`` columns,
 
   1. choose ``b`` pivots by QR with column pivoting of the small sketch's remaining
-     columns (``backend.qrcp_pivots``: LAPACK ``geqp3`` on NumPy; elsewhere
+     columns (``backend.qrcp_order``: LAPACK ``geqp3`` on NumPy; elsewhere
      :func:`deterministic_pivots`, whose steps need no host synchronization);
-  2. move them to the front and factor that block column with Householder
-     reflectors in compact WY form (:func:`~mpqr.qr._kernels.householder_panel`);
+  2. swap them to the front (LAPACK's swaps, as index arrays on the device) and
+     factor that block column with Householder reflectors in compact WY form
+     (:func:`~mpqr.qr._kernels.householder_panel`);
   3. apply the block reflector to the trailing columns (two products through the
      precision policy, as in :mod:`mpqr.qr.householder_tiled`), which gives ``R12``;
   4. downdate the sketch to one of the trailing matrix,
@@ -20,7 +21,8 @@ Two routes, both ending in mpqr's Householder machinery:
      ``nu_j^2 <- nu_j^2 - |R12[:, j]|^2`` (recomputed when the difference has lost
      half the digits, LAPACK's rule).
 
-  The sketch's choice is checked against the exact column norms at every block: when
+  The sketch's choice is checked against the exact column norms at every block (one
+  transfer of three numbers, the block's only wait for the device): when
   the downdated sketch no longer represents them (an ill-conditioned ``R11`` at a
   rank deficiency amplifies its rounding, or a non-finite downdate), the trailing
   matrix is sketched again with a fresh ``Ω``; when every remaining column is exactly
@@ -46,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mpqr._array_api import device
+from mpqr.backends._base import swap_order
 from mpqr.policy import gemm, record_event
 from mpqr.qr._kernels import (
     eye_like,
@@ -226,7 +229,7 @@ def hqrrp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
     xp = backend.xp
     m, n = a.shape
     dev = device(a)
-    block = BLOCK if block is None else block
+    block = (backend.qrcp_block or BLOCK) if block is None else block
     kmax = min(m, n) if max_rank is None else min(m, n, max_rank)
     pp = panel_precision(prec_name, a.dtype, xp)
     reflector, _, apply_into = block_reflector_ops(backend, a, precision=precision,
@@ -235,7 +238,6 @@ def hqrrp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
     sqrt_u = math.sqrt(float(xp.finfo(rdt).eps))
     rows = block + oversample
     work = backend.permutable_copy(a)
-    perm = list(range(n))
     n_sketch = 0
 
     def sketch(j: int) -> Any:
@@ -246,41 +248,43 @@ def hqrrp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
         return gemm(omega, work[j:, j:], precision=precision, label="qrcp-sketch",
                     backend=backend)
 
+    def pivots(j: int) -> Any:
+        """The column order of the trailing sketch after the next block's QRCP steps."""
+        bk = min(block, kmax - j)
+        order = backend.qrcp_order(y[:, j:], bk)
+        if order is None:  # no library QRCP: the vectorized loop, one transfer of bk ints
+            _sb, ph = backend.small(deterministic_pivots(backend, y[:, j:], bk)[:bk])
+            order = xp.asarray(swap_order([int(v) for v in ph], n - j), dtype=xp.int32,
+                               device=dev)
+        return order
+
     y = xp.empty((rows, n), dtype=a.dtype, device=dev)
     y[...] = sketch(0)
     nu = backend.column_norms(work)  # exact norms of the trailing columns (from j on)
     nu_ref = xp.asarray(nu, copy=True)  # at their last exact computation
+    perm = xp.arange(n, dtype=xp.int32, device=dev)
     blocks = []  # (j, block reflector) for forming Q
     r00 = None
     j = k = 0
+    order = pivots(0) if kmax > 0 else None
     while j < kmax:
         bk = min(block, kmax - j)
-        # 1. pivots from the sketch; moved to the front of the trailing columns
-        piv = backend.qrcp_pivots(y[:, j:], bk)
-        if piv is None:  # no library QRCP: the vectorized loop, one transfer of bk ints
-            _sb, ph = backend.small(deterministic_pivots(backend, y[:, j:], bk)[:bk])
-            piv = [int(v) for v in ph]
-        dst, src = _moves(piv, bk)
-        if dst:
-            gd, gs = [j + d for d in dst], [j + s for s in src]
-            backend.permute_columns(work, gd, gs)
-            backend.permute_columns(y, gd, gs)
-            backend.permute_columns(nu, gd, gs)
-            backend.permute_columns(nu_ref, gd, gs)
-            moved = [perm[s] for s in gs]
-            for d, pv in zip(gd, moved):
-                perm[d] = pv
+        # 1. the block's pivots (chosen from the sketch at the end of the previous step),
+        # swapped to the front of the trailing columns by index arrays on the device
+        dst, src = move_lists(xp, order, bk, j)
+        for x in (work, y, nu, nu_ref, perm):
+            backend.permute_columns(x, dst, src)
         # 2. factor the block column
         w, yv, r11 = householder_panel(backend, work[j:, j:j + bk], precision=pp)
         work[j:j + bk, j:j + bk] = xp.triu(r11)
         blk = reflector(w, yv)
         blocks.append((j, blk))
-        d11 = xp.abs(xp.linalg.diagonal(r11))
-        if r00 is None:
-            r00 = float(d11[0])
         j2 = j + bk
         k = j2
         if rtol is not None:
+            d11 = xp.abs(xp.linalg.diagonal(r11))
+            if r00 is None:
+                r00 = float(d11[0])
             small = d11 <= rtol * r00
             if bool(xp.any(small)):
                 k = j + int(xp.argmax(xp.astype(small, xp.int32)))
@@ -292,28 +296,49 @@ def hqrrp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
         if k < j2 or j2 >= kmax:
             break
         r12 = work[j:j2, j2:]
-        # 4. downdate the norms and the sketch
+        # 4. downdate the norms and the sketch, and choose the next block's pivots from
+        # it before reading whether either needed more (norms that lost half their
+        # digits, a sketch that no longer represents them: rare), so the device never
+        # waits for the host's decision
         nu2 = nu[j2:] ** 2 - backend.column_norms(r12) ** 2
-        if bool(xp.any(nu2 <= sqrt_u * nu_ref[j2:] ** 2)):
+        low = nu2 <= sqrt_u * nu_ref[j2:] ** 2
+        nu_new = xp.sqrt(xp.where(low, xp.zeros_like(nu2), nu2))
+        r11 = work[j:j2, j:j2]
+        # an exactly zero pivot (a zero or exactly dependent column) takes 1 in the solve:
+        # Y1 R11^-1 stays finite, and the check below decides whether the sketch holds
+        r11 = r11 + xp.where(r11 == 0, eye_like(xp, (), bk, bk, r11.dtype, dev),
+                             xp.zeros_like(r11))
+        y1r = backend.right_solve_upper(y[:, j:j2], r11)
+        y_new = y[:, j2:] - gemm(y1r, r12, precision=pp, label="qrcp-sketch-downdate",
+                                 backend=backend)
+        est = backend.column_norms(y_new) / math.sqrt(rows)
+        nu_max_d = xp.max(nu_new)
+        checks = backend.read_later(xp.stack([
+            xp.astype(xp.any(low), rdt), nu_max_d, xp.max(xp.abs(est - nu_new))]))
+        y_old = xp.asarray(y[:, j2:], copy=True)
+        _select_sketch(xp, y, j2, y_new, y_old, nu_max_d)
+        order = pivots(j2)
+        hc = checks()
+        if bool(hc[0]):  # rare: recompute the norms, then check the sketch against them
             nu[j2:] = backend.column_norms(work[j2:, j2:])
             nu_ref[j2:] = nu[j2:]
+            nu_max_d = xp.max(nu[j2:])
+            _sb, hc = backend.small(xp.stack([nu_max_d, xp.max(xp.abs(est - nu[j2:]))]))
+            nu_max, dev_max = float(hc[0]), float(hc[1])
+            _select_sketch(xp, y, j2, y_new, y_old, nu_max_d)
+            order = None
         else:
-            nu[j2:] = xp.sqrt(nu2)
-        nu_max = float(xp.max(nu[j2:]))
-        if nu_max == 0:
-            y[:, j2:] = 0  # nothing left to choose from: the order stays
-        elif math.isfinite(nu_max):
-            y1r = backend.right_solve_upper(y[:, j:j2], work[j:j2, j:j2])
-            y[:, j2:] = y[:, j2:] - gemm(y1r, r12, precision=pp, label="qrcp-sketch-downdate",
-                                         backend=backend)
-            est = backend.column_norms(y[:, j2:]) / math.sqrt(rows)
-            dev_max = float(xp.max(xp.abs(est - nu[j2:])))
-            if not dev_max <= SKETCH_TOLERANCE * nu_max:
-                record_event("pivot", f"qr(pivoting=True): the downdated sketch no longer "
-                             f"represents the trailing column norms after column {j2} "
-                             f"(deviation {dev_max:.2e} of largest norm {nu_max:.2e}): "
-                             "sketched again", column=j2)
-                y[:, j2:] = sketch(j2)
+            nu[j2:] = nu_new
+            nu_max, dev_max = float(hc[1]), float(hc[2])
+        if nu_max != 0 and math.isfinite(nu_max) and not dev_max <= SKETCH_TOLERANCE * nu_max:
+            record_event("pivot", f"qr(pivoting=True): the downdated sketch no longer "
+                         f"represents the trailing column norms after column {j2} "
+                         f"(deviation {dev_max:.2e} of largest norm {nu_max:.2e}): "
+                         "sketched again", column=j2)
+            y[:, j2:] = sketch(j2)
+            order = None
+        if order is None:
+            order = pivots(j2)
         j = j2
 
     # R (rows below min(m, n) of a complete R: zero), Q, signs
@@ -325,23 +350,28 @@ def hqrrp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
             if jb < q.shape[-1]:
                 apply_into(blk, q[jb:, jb:], "formq")
     q, r = normalize_signs(xp, q, r, check=False)
-    p = xp.asarray(perm, dtype=xp.int32, device=dev)
-    return q, r, p
+    return q, r, perm
 
 
-def _moves(piv: list[int], bk: int) -> tuple[list[int], list[int]]:
-    """``(dst, src)`` putting the local columns ``piv`` first in their order, each column
-    of the first ``bk`` displaced by them going where a chosen one came from; at most
-    ``2 bk`` columns move."""
-    chosen = set(piv)
-    vacated = sorted(c for c in piv if c >= bk)
-    displaced = [i for i in range(bk) if i not in chosen]
-    dst, src = [], []
-    for pos, c in enumerate(piv):
-        if c != pos:
-            dst.append(pos)
-            src.append(c)
-    for slot, c in zip(vacated, displaced):
-        dst.append(slot)
-        src.append(c)
-    return dst, src
+def _select_sketch(xp: Any, y: Any, j2: int, y_new: Any, y_old: Any, nu_max: Any) -> None:
+    """``y[:, j2:]`` after a block, chosen on the device by the largest remaining norm
+    ``nu_max`` (a 0-d array): the downdated sketch ``y_new``; zeros when every remaining
+    column is zero (nothing left to choose: the order stays); the sketch before the
+    downdate ``y_old`` when the norms are not finite."""
+    zero = xp.zeros_like(y_old)
+    y[:, j2:] = xp.where(nu_max == 0, zero, xp.where(xp.isfinite(nu_max), y_new, y_old))
+
+
+def move_lists(xp: Any, order: Any, bk: int, offset: int) -> tuple[Any, Any]:
+    """``(dst, src)`` index arrays (``2 bk`` each, on ``order``'s device) that apply the
+    column order ``order`` of a QRCP's first ``bk`` swap steps (:func:`swap_order`) to
+    the columns from ``offset`` on: ``x[..., dst] = x[..., src]``.
+
+    After ``bk`` swaps only the first ``bk`` positions and the positions the pivots
+    came from (``order[i] >= bk``) hold other columns; the rest of the ``2 bk`` slots
+    repeat the first move (the same value written twice)."""
+    head = order[:bk]
+    front = xp.arange(bk, dtype=order.dtype, device=device(order))
+    dst = xp.concat([front, xp.where(head >= bk, head, xp.zeros_like(head))])
+    src = xp.take(order, dst)
+    return dst + offset, src + offset

@@ -15,7 +15,8 @@ against the unpivoted ``cupy.linalg.qr`` (geqrf + orgqr) of the same dtype in th
 process (cuSOLVER has no geqp3), and against SciPy's geqp3
 (``scipy.linalg.qr(pivoting=True)``) on the host at ``--geqp3-shapes``; backward error
 ``||A[:, P] - QR||_F / ||A||_F``. On the CPU the NumPy backend runs against NumPy's
-unpivoted QR and SciPy's geqp3.
+unpivoted QR and SciPy's geqp3. ``--qrcp-blocks 128,256`` times the first precision
+once per block width of the randomized QRCP (the row's ``qrcp_block``).
 
 ``--conds 1,1e8,1e12,1e15``: tall-skinny shapes (``m >= 16 n``, one matrix) are also
 timed on ``A = U diag(s) V^T`` with geometric singular values from 1 to ``1/cond``
@@ -32,6 +33,8 @@ from typing import Any
 import numpy as np
 
 import mpqr
+from mpqr._array_api import array_namespace
+from mpqr.backends import get_backend
 from mpqr.tools._charts import grouped_bars
 from mpqr.tools._timing import (
     default_xp,
@@ -236,8 +239,9 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
 
 
 def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
-                max_seconds: float) -> dict[str, Any]:
-    """The ``--pivoting`` rows (module docstring)."""
+                max_seconds: float, qrcp_blocks: list[int] | None = None) -> dict[str, Any]:
+    """The ``--pivoting`` rows (module docstring); with ``qrcp_blocks``, the first
+    precision's rows once per randomized-QRCP block width."""
     import scipy.linalg as sla
 
     rng = np.random.default_rng(2)
@@ -275,10 +279,17 @@ def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
             rows.append({"shape": label, "precision": "scipy-geqp3-float64", "mode": "reduced",
                          "time_ms": geqp3 * 1e3})
             print(f"{label:>12} {'scipy geqp3 float64 (host)':<40} {geqp3 * 1e3:10.1f} ms")
-        for prec in precisions if (m, n, 1) in shapes else precisions[:1]:
+        runs = [(prec, None) for prec in (precisions if (m, n, 1) in shapes else precisions[:1])]
+        if qrcp_blocks and (m, n, 1) in shapes:
+            runs[:1] = [(precisions[0], b) for b in qrcp_blocks]
+        for prec, blk in runs:
             dt = "float64" if prec in ("auto", "fp64", "fp64-emulated") else "float32"
             a = data[dt]
             release_pool(xp)
+            backend_cls = type(get_backend(array_namespace(a)))
+            saved = backend_cls.qrcp_block
+            if blk is not None:
+                backend_cls.qrcp_block = blk
             try:
                 with mpqr.explain() as tr:
                     q, r, p = mpqr.qr(a, pivoting=True, precision=prec)
@@ -292,17 +303,22 @@ def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
                              "error": f"{type(exc).__name__}: {exc}"})
                 print(f"{label:>12} {prec} pivoting: {type(exc).__name__}: {exc}")
                 continue
+            finally:
+                backend_cls.qrcp_block = saved
             row = {"shape": label, "precision": prec, "mode": "reduced", "pivoting": True,
                    "dtype": dt, "time_ms": t * 1e3, "backward_error": res,
                    "orthogonality": orth, "method": method,
                    "time_vs_unpivoted": t / base[dt]}
+            if blk is not None:
+                row["qrcp_block"] = blk
             if geqp3 is not None and dt == "float64":
                 row["speedup_vs_geqp3"] = geqp3 / t
             rows.append(row)
             vs = f"{row['time_vs_unpivoted']:.2f}x unpivoted"
             gq = f", {row['speedup_vs_geqp3']:.1f}x faster than geqp3" if \
                 "speedup_vs_geqp3" in row else ""
-            print(f"{label:>12} {'mpqr pivoting ' + prec + ' ' + dt:<40} {t * 1e3:10.1f} ms "
+            tag = f"mpqr pivoting {prec} {dt}" + (f" b={blk}" if blk is not None else "")
+            print(f"{label:>12} {tag:<40} {t * 1e3:10.1f} ms "
                   f"({vs}{gq}) err {res:.1e} orth {orth:.1e}")
         del data
     return {"environment": environment(xp), "results": rows}
@@ -345,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--geqp3-shapes", default=None,
                    help="--pivoting: shapes also timed with SciPy's geqp3 on the host "
                    "(default 4096x4096 on the GPU, the --shapes on the CPU)")
+    p.add_argument("--qrcp-blocks", default=None,
+                   help="--pivoting: comma list of block widths of the randomized QRCP to "
+                   "time the first precision at (default: the backend's own)")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
     if args.pivoting:
@@ -352,8 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         geqp3 = shapes_or_default(args.geqp3_shapes, xp, GEQP3_GPU_SHAPES, shapes)
         precs = args.precisions.split(",") if args.precisions != ",".join(PRECISIONS) \
             else PIVOTED_PRECISIONS
+        blocks = [int(b) for b in args.qrcp_blocks.split(",")] if args.qrcp_blocks else None
         payload = run_pivoted(shapes, precs, geqp3, xp=xp, repeat=args.repeat,
-                              max_seconds=args.max_seconds)
+                              max_seconds=args.max_seconds, qrcp_blocks=blocks)
         write_json(args.json, payload)
         return 0
     preset = {"square": SQUARE_SHAPES, "tall": TALL_SHAPES}.get(args.shapes or "")
