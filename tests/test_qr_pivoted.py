@@ -17,6 +17,7 @@ import scipy.linalg as sla
 
 import mpqr
 from tests._support import to_numpy
+from tests.conftest import GPU
 
 pivoted = importlib.import_module("mpqr.qr.pivoted")
 
@@ -24,10 +25,20 @@ U64 = np.finfo(np.float64).eps / 2
 U32 = np.finfo(np.float32).eps / 2
 
 
+def _small_blocks(monkeypatch, block=16):
+    """Blocks of ``block`` columns on every backend (the GPU's own width is wider), so
+    that the test matrices span many blocks."""
+    monkeypatch.setattr(pivoted, "BLOCK", block)
+    if GPU:
+        from mpqr.backends.cupy_backend import CupyBackend
+
+        monkeypatch.setattr(CupyBackend, "qrcp_block", block)
+
+
 @pytest.fixture(params=["hqrrp", "deterministic"])
 def route(request, monkeypatch):
     if request.param == "hqrrp":
-        monkeypatch.setattr(pivoted, "BLOCK", 16)
+        _small_blocks(monkeypatch)
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
     else:
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 10**9)
@@ -242,15 +253,20 @@ def test_truncated_rtol(xp, route):
     assert np.linalg.norm(a[:, p] - q @ r) <= 10 * np.sqrt(90 * 70) * 1e-10
 
 
-def test_resketch_on_rank_deficiency(monkeypatch):
+@pytest.mark.parametrize("lib", ["numpy", "cupy"])
+def test_resketch_on_rank_deficiency(monkeypatch, lib):
     """An exactly rank-deficient matrix makes R11 singular inside a block: the
-    downdated sketch is refused and the trailing matrix sketched again."""
-    monkeypatch.setattr(pivoted, "BLOCK", 16)
+    downdated sketch is refused and the trailing matrix sketched again (on the GPU after
+    the next block's pivots were already chosen from the refused sketch)."""
+    if lib == "cupy" and not GPU:
+        pytest.skip("no CUDA GPU visible")
+    xp = importlib.import_module(lib)
+    _small_blocks(monkeypatch)
     monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
     rng = np.random.default_rng(9)
     a = rng.standard_normal((80, 20)) @ rng.standard_normal((20, 60))
     with mpqr.explain() as trace:
-        q, r, p = mpqr.qr(a, pivoting=True)
+        q, r, p = _np(*mpqr.qr(xp.asarray(a), pivoting=True))
     assert any("sketched again" in e.message for e in trace.events)
     assert np.linalg.norm(a[:, p] - q @ r) <= 4 * 60 * U64 * np.linalg.norm(a)
     d = np.abs(np.diagonal(r))
@@ -258,7 +274,7 @@ def test_resketch_on_rank_deficiency(monkeypatch):
     # zero columns: nothing to choose after them, the order is kept
     z = np.zeros((80, 60))
     z[:, 5] = 1.0
-    q, r, p = mpqr.qr(z, pivoting=True)
+    q, r, p = _np(*mpqr.qr(xp.asarray(z), pivoting=True))
     assert p[0] == 5 and np.all(np.isfinite(r))
     assert np.linalg.norm(z[:, p] - q @ r) <= 4 * 60 * U64 * np.linalg.norm(z)
 

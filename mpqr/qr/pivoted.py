@@ -70,7 +70,8 @@ __all__ = [
     "truncation_rank",
 ]
 
-#: Block width ``b`` of the randomized QRCP: the panel width of the trailing updates.
+#: Block width ``b`` of the randomized QRCP (the panel width of the trailing updates) where
+#: the backend sets none of its own (``backend.qrcp_block``).
 #: 2-core CPU, 2000^2 float64 (NumPy backend, `python -m mpqr bench qr --pivoting`): 64 ->
 #: 128 took the time from 2.9 to 1.7 s (192: 1.6 s, a sketch 1.5x taller).
 BLOCK = 128
@@ -148,9 +149,10 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
             return q, r, p
         k = truncation_rank(xp, r, kmax, rtol)
         return (None if q is None else q[:, :k]), r[:k, :], p
+    block = backend.qrcp_block or BLOCK
     record_event("method", f"qr(pivoting=True): blocked randomized QRCP (HQRRP) on {m}x{n}, "
-                 f"blocks of {BLOCK}, sketch of {BLOCK + OVERSAMPLE} rows",
-                 method="hqrrp", shape=(m, n), block=BLOCK)
+                 f"blocks of {block}, sketch of {block + OVERSAMPLE} rows",
+                 method="hqrrp", shape=(m, n), block=block)
     with backend.ignore_fp_warnings():
         return hqrrp(backend, a, precision=precision, prec_name=prec_name, want_q=want_q,
                      complete=complete, max_rank=max_rank, rtol=rtol)
