@@ -22,7 +22,7 @@ Two routes, both ending in mpqr's Householder machinery:
      half the digits, LAPACK's rule).
 
   The sketch's choice is checked against the exact column norms at every block (one
-  transfer of three numbers, the block's only wait for the device): when
+  transfer of three numbers; without ``rtol``, the block's only wait for the device): when
   the downdated sketch no longer represents them (an ill-conditioned ``R11`` at a
   rank deficiency amplifies its rounding, or a non-finite downdate), the trailing
   matrix is sketched again with a fresh ``Ω``; when every remaining column is exactly
