@@ -39,6 +39,19 @@ __device__ __forceinline__ void warp_best(T& bv, int& bq, int& bc) {
   }
 }
 
+// The warp's best (one warp: a block's 32 columns) into slot b of the per-block maxima.
+template <typename T>
+__device__ __forceinline__ void put_block_best(T* __restrict__ pval, int* __restrict__ ppos,
+                                               int* __restrict__ pcol, int b, T bv, int bq,
+                                               int bc) {
+  warp_best(bv, bq, bc);
+  if (threadIdx.x == 0) {
+    pval[b] = bv;
+    ppos[b] = bq;
+    pcol[b] = bc;
+  }
+}
+
 // Norms over all rows, positions, and the per-block maxima for step 0 (buffer 0).
 template <typename T, int RG>
 __global__ void __launch_bounds__(32 * RG)
@@ -70,12 +83,7 @@ qrcp_init(const T* __restrict__ y, T* __restrict__ nrm2, int* __restrict__ pos,
       bq = c;
       bc = c;
     }
-    warp_best(bv, bq, bc);
-    if (tx == 0) {
-      pval[blockIdx.x] = bv;
-      ppos[blockIdx.x] = bq;
-      pcol[blockIdx.x] = bc;
-    }
+    put_block_best(pval, ppos, pcol, blockIdx.x, bv, bq, bc);
   }
 }
 
@@ -191,11 +199,6 @@ qrcp_step(T* __restrict__ y, T* __restrict__ nrm2, int* __restrict__ pos,
     } else if (c == p) {
       nrm2[c] = T(-1);  // chosen
     }
-    warp_best(cv, cq, cc);
-    if (tx == 0) {
-      pval[wr + blockIdx.x] = cv;
-      ppos[wr + blockIdx.x] = cq;
-      pcol[wr + blockIdx.x] = cc;
-    }
+    put_block_best(pval, ppos, pcol, wr + blockIdx.x, cv, cq, cc);
   }
 }
