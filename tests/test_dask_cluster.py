@@ -168,3 +168,25 @@ def test_round_trips_on_the_cluster(client):
     assert counts["graphs"] == 1 and counts["block_tasks"] == threads
     assert np.abs(r.compute() - mpqr.qr(a, mode="r")).max() <= 40 * 16 * u * 2.0 * \
         np.linalg.norm(a, 2)
+
+
+def test_pass_results_released_after_the_call(client):
+    """A pass's result keys are held on the scheduler until the next graph is sent (or
+    a moment after the call), then released: nothing stays behind."""
+    from distributed import wait
+
+    rng = np.random.default_rng(7)
+    x = client.persist(da.from_array(geometric(rng, 1600, 8, 10.0), chunks=(200, 8)))
+    wait(x)
+
+    def ours(dask_scheduler):
+        return sorted(str(k) for k in dask_scheduler.tasks if "mpqr-" in str(k))
+
+    q, r = mpqr.qr(x)
+    qv, rv = client.compute([q, r], sync=True)
+    assert backward_error(x.compute(), qv, rv) <= 20 * 8 * 2.0**-53
+    del q, r
+    deadline = time.monotonic() + 10
+    while client.run_on_scheduler(ours) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert client.run_on_scheduler(ours) == []

@@ -325,6 +325,57 @@ def test_q_is_one_lazy_pass():
     assert orthogonality(q) <= 20 * 10 * u
 
 
+@pytest.mark.parametrize("cond, merged", [(2.0, True), (1e4, False)])
+def test_q_pass_takes_one_gemm_where_r_allows(cond, merged):
+    """The lazy Q pass applies R^-1 itself (one GEMM per block) where cond_1(R) <= 8,
+    else R_1^-1 and R_2^-1 in turn as the passes did; the factors travel inside the
+    block tasks (the Q graph adds one task per block and nothing else)."""
+    from mpqr.backends.dask import _blocks
+
+    from mpqr.qr import cholqr as c
+
+    rng = np.random.default_rng(11)
+    n = 12
+    a = _source(rng, 1440, n, np.float64, cond=cond)
+    x = da.from_array(a, chunks=(180, n))
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(x)
+    ev = [e for e in trace.events if e.kind == "apply-inverse" and "qr (dask)" in e.message]
+    assert bool(ev) == merged, [e.message for e in trace.events]
+    if merged:
+        assert ev[0].data["factors"] == 2 and ev[0].data["cond_1"] <= c.INVERSE_COND_MAX
+    assert set(q.dask.layers) - set(x.dask.layers) == {q.name}
+    assert len(q.dask.layers[q.name]) == len(x.chunks[0])
+    qv, rv = q.compute(), r.compute()
+    u = 2.0**-53
+    assert backward_error(a, qv, rv) <= 20 * n * u
+    assert orthogonality(qv) <= 20 * n * u
+    # the same Q as applying R^-1 to each block by the in-core rule, to rounding
+    inv = c.inverse_and_cond(_blocks.host_backend(), rv)
+    q1 = _blocks.apply_inverses(np.asarray(a), ((rv, inv),), "cholqr2", "fp64", True)
+    assert np.abs(qv - q1).max() <= 20 * n * u * cond
+
+
+def test_device_copies_of_small_operands_are_kept_per_key():
+    """A worker moves a keyed operand tuple to its blocks' device once (a few keys
+    kept); unkeyed operands are moved every time."""
+    from mpqr.backends.dask import _blocks
+    from mpqr.backends.dask._graph import Small
+
+    backend = _blocks.host_backend()
+    a = np.ones((4, 2))
+    value = (np.eye(2), (np.eye(2), 1.0), "cholqr2", None)
+    first = _blocks.on_device(Small(value, key="k0"), a, backend)
+    # NumPy blocks: the host arrays themselves
+    assert first[0] is value[0] and first[1][0] is value[1][0] and first[2:] == value[2:]
+    assert _blocks.on_device(Small(value, key="k0"), a, backend) is first
+    for i in range(1, 6):
+        _blocks.on_device(Small(value, key=f"k{i}"), a, backend)
+    assert ("k0", str(a.device)) not in _blocks._ON_DEVICE
+    assert len(_blocks._ON_DEVICE) <= _blocks._ON_DEVICE_KEEP
+    assert _blocks.on_device(Small(value), a, backend) is not first
+
+
 def test_check_finite_rides_along_with_pass_one():
     a = np.ones((64, 3)) + np.eye(64, 3)
     a[40, 2] = np.inf

@@ -7,6 +7,7 @@ pickles to a process or remote worker; none modifies its input block.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 from typing import Any
@@ -28,6 +29,8 @@ __all__ = [
     "leaf_qr",
     "lstsq_leaf",
     "node_qr",
+    "on_device",
+    "on_gpu",
     "pow2",
     "product",
     "qh_leaf",
@@ -65,16 +68,51 @@ def apply_inverses(a: Any, rs: tuple[Any, ...], method: str, prec_name: str,
                    quiet: bool = False) -> Any:
     """``a R1^-1 R2^-1 ...`` for the factors ``rs``, each ``(R, (R^-1, cond_1(R)))`` as
     the client made them once (in order), each step as the in-core CholQR pass applies
-    it (substitution, or a GEMM by the inverse where it is well conditioned)."""
+    it (substitution, or a GEMM by the inverse where it is well conditioned). ``rs`` may
+    come wrapped in a :class:`~mpqr.backends.dask._graph.Small`."""
+    from mpqr.backends.dask._graph import Small
+
     from mpqr.qr.cholqr import _apply_inverse
 
     backend = block_backend(a)
+    if isinstance(rs, Small):
+        rs = on_device(rs, a, backend)
     q = a
     with _guard(backend, quiet):
         for r, inverse in rs:
             q = _apply_inverse(backend, block_backend(r), q, r, method, prec_name,
                                inverse=inverse)
     return q
+
+
+#: device copies of small operands, by the key the client gave them, for the block
+#: tasks of one call on this worker process (a few calls' worth; each is n x n)
+_ON_DEVICE: collections.OrderedDict[tuple[str, str], Any] = collections.OrderedDict()
+_ON_DEVICE_KEEP = 4
+
+
+def on_device(small: Any, a: Any, backend: Any) -> Any:
+    """``small.value`` (nested tuples; their host arrays moved) on ``a``'s device, made
+    once per worker process and key: a copy from pageable host memory first waits for
+    the work the previous block queued on the GPU, so one copy per block would keep the
+    host from running ahead of the device."""
+    if small.key is None:
+        return _moved(small.value, a, backend)
+    key = (small.key, str(getattr(a, "device", "")))
+    hit = _ON_DEVICE.get(key)
+    if hit is None:
+        hit = _ON_DEVICE[key] = _moved(small.value, a, backend)
+        while len(_ON_DEVICE) > _ON_DEVICE_KEEP:
+            _ON_DEVICE.popitem(last=False)
+    return hit
+
+
+def _moved(v: Any, a: Any, backend: Any) -> Any:
+    import numpy as np
+
+    if isinstance(v, tuple):
+        return tuple(_moved(e, a, backend) for e in v)
+    return backend.from_small(v, a) if isinstance(v, np.ndarray) and v.ndim else v
 
 
 def product(a: Any, x: Any, precision: str, label: str) -> Any:
@@ -117,7 +155,7 @@ def column_max(a: Any) -> Any:
     return backend.max_abs_finite(a, -2)
 
 
-# --- the leaves of one pass (mpqr.backends.dask._graph): small host results ---------------
+# --- the leaves of one pass (mpqr.backends.dask._graph): small results -----------------
 
 def host_backend() -> Any:
     """The NumPy backend: the client's ``n x n`` steps and the trees' sums run on the host."""
@@ -126,9 +164,14 @@ def host_backend() -> Any:
     return get_backend(host_namespace())
 
 
+def on_gpu(v: Any) -> bool:
+    """Whether ``v`` is a CuPy array (a GPU worker's block or result)."""
+    return hasattr(v, "get") and type(v).__module__.startswith("cupy")
+
+
 def to_host(v: Any) -> Any:
     """A small device array as a NumPy array (one transfer; NumPy arrays as they are)."""
-    if hasattr(v, "get") and type(v).__module__.startswith("cupy"):
+    if on_gpu(v):
         return v.get()
     import numpy as np
 
@@ -158,7 +201,7 @@ def gram_leaf(small: tuple[Any, ...], a: Any) -> dict[str, Any]:
     with _guard(backend, quiet):
         g = gram(backend, q, precision, f"{method}-gram")
     ok = _finite(backend, a, g, prec_name in NATIVE_PRECISIONS) if check else True
-    return {"g": to_host(g), "ok": ok}
+    return {"g": g, "ok": ok}
 
 
 def r_leaf(small: tuple[Any, ...], a: Any) -> dict[str, Any]:
@@ -200,9 +243,9 @@ def lstsq_leaf(small: tuple[Any, ...], a: Any, b: Any) -> dict[str, Any]:
         c = gemm(ct(xp, a), b, precision=wprec, label="lstsq:AHb", backend=backend)
         bb = backend.column_sumsq(b)
     bmax = xp.max(xp.abs(b)) if b.shape[0] else xp.zeros((), dtype=bb.dtype)
-    return {"g": to_host(g), "c": to_host(c), "bb": to_host(bb), "bmax": to_host(bmax),
+    return {"g": g, "c": c, "bb": bb, "bmax": bmax,
             "aok": _finite(backend, a, g, True) if check else True,
-            "bok": bool(backend.all_finite(b))}
+            "bok": xp.all(xp.isfinite(b))}
 
 
 def residual_leaf(small: tuple[Any, ...], a: Any, b: Any) -> dict[str, Any]:
@@ -226,20 +269,20 @@ def residual_leaf(small: tuple[Any, ...], a: Any, b: Any) -> dict[str, Any]:
         v = -ax
     else:
         v = xp.concat([b - ax[:, :kx], -ax[:, kx:]], axis=1)
-    out = {"vv": to_host(backend.column_sumsq(v))}
+    out = {"vv": backend.column_sumsq(v)}
     if want_w:
-        out["w"] = to_host(gemm(ct(xp, a), v, precision=wprec, label="lstsq:refine-AHV",
-                                backend=backend))
+        out["w"] = gemm(ct(xp, a), v, precision=wprec, label="lstsq:refine-AHV",
+                        backend=backend)
     return out
 
 
 def qh_leaf(small: tuple[Any, ...], q: Any, b: Any) -> dict[str, Any]:
     """``{"c": Q_i^H b_i}`` of one block pair (``small``: ``(wprec,)``)."""
     backend = block_backend(q)
-    return {"c": to_host(gemm(ct(backend.xp, q), b, precision=small[0], label="lstsq:QHb",
-                              backend=backend))}
+    return {"c": gemm(ct(backend.xp, q), b, precision=small[0], label="lstsq:QHb",
+                      backend=backend)}
 
 
 def column_max_leaf(small: Any, a: Any) -> dict[str, Any]:
     """``{"colmax": ...}``: :func:`column_max` of one block, for a max over the blocks."""
-    return {"colmax": to_host(column_max(a))}
+    return {"colmax": column_max(a)}

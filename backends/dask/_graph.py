@@ -5,12 +5,13 @@ gather, and finished on the client.
 
 Every distributed step of :mod:`mpqr.backends.dask` that reduces over the blocks is a
 :func:`reduce_pass`: the leaf function runs on the blocks' worker and returns ``n x n``
-or ``n x k`` host arrays (so the tree and the client never need the blocks' device),
-the combines add them (or factor them, for TSQR), and the top level's results (at most
-``split_every``) are gathered and combined by the client. Small operands of the leaves
-(the factors ``R_j``, the current iterate: ``n x n`` or ``n x k``) travel inside each
-block task, of which there is one per worker thread on persisted blocks: no task of their
-own, and no root task, whose scheduling would each add a hop to every pass.
+or ``n x k`` arrays, moved to the host once per block task (so the tree and the client
+never need the blocks' device), the combines add them (or factor them, for TSQR), and
+the top level's results (at most ``split_every``) are gathered and combined by the
+client. Small operands of the leaves (the factors ``R_j``, the current iterate: ``n x n``
+or ``n x k``) travel inside each block task, of which there is one per worker thread on
+persisted blocks: no task of their own, and no root task, whose scheduling would each add
+a hop to every pass.
 """
 
 from __future__ import annotations
@@ -31,10 +32,18 @@ class Small:
     """A leaf's small operands as one argument of each block task (a plain object, so
     that dask never reads a tuple of them as a task or a key)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("key", "value")
 
-    def __init__(self, value: Any):
+    def __init__(self, value: Any, key: str | None = None):
         self.value = value
+        # where set, a worker keeps its device copy of ``value`` under this key for the
+        # call's later block tasks (:func:`mpqr.backends.dask._blocks.on_device`)
+        self.key = key
+
+    def __dask_tokenize__(self) -> Any:
+        from dask.base import tokenize
+
+        return ("mpqr-small", tokenize(self.value))
 
 
 @dataclass
@@ -50,7 +59,7 @@ class PassStats:
 
 def sum_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Combine the leaves' dicts: ``*max`` entries by maximum, ``*ok`` flags by ``and``,
-    everything else by addition (host arrays and Python scalars)."""
+    everything else by addition (arrays of one namespace, and Python scalars)."""
     import numpy as np
 
     out = dict(parts[0])
@@ -60,7 +69,7 @@ def sum_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 if k.endswith("max"):
                     out[k] = np.maximum(out[k], v)
                 elif k.endswith("ok"):
-                    out[k] = bool(out[k]) and bool(v)
+                    out[k] = out[k] & v  # flags may still be on the device
                 else:
                     out[k] = out[k] + v
     return out
@@ -71,10 +80,26 @@ def run_group(leaf: Any, combine: Any, small: Small, blocks: list[list[Any]],
     """The leaf function on each block of a group (in turn, so that one block's
     temporaries are freed before the next), its results combined. ``views[j]``, where
     not None, is applied to the ``j``-th array's block first."""
+    from mpqr.backends.dask._blocks import block_backend, on_device, on_gpu
+
     if views:
         blocks = [[v if f is None else f(v) for v, f in zip(blk, views)] for blk in blocks]
-    parts = [leaf(small.value, *blk) for blk in blocks]
-    return parts[0] if len(parts) == 1 else combine(parts)
+    first = blocks[0][0] if blocks and blocks[0] else None
+    value = (on_device(small, first, block_backend(first)) if on_gpu(first)
+             else small.value)
+    parts = [leaf(value, *blk) for blk in blocks]
+    return _on_host(parts[0] if len(parts) == 1 else combine(parts))
+
+
+def _on_host(out: Any) -> Any:
+    """A group's combined result with its device arrays moved to the host: the leaves
+    leave theirs on the device, so that the group's blocks run without a wait for the
+    GPU between them, and the group reads its result back once."""
+    if not isinstance(out, dict):
+        return out
+    from mpqr.backends.dask._blocks import on_gpu, to_host
+
+    return {k: to_host(v) if on_gpu(v) else v for k, v in out.items()}
 
 
 def as_column(v: Any) -> Any:
@@ -141,6 +166,34 @@ def _client() -> Any:
     return client if dask.base.get_scheduler() == client.get else None
 
 
+class _Held:
+    """The last pass's result futures, released after the next pass's graph is sent, or
+    a moment after the call (whichever comes first).
+
+    A client sends its messages to the scheduler in batches at most every 10 ms: had a
+    pass's futures been released when it ended, that message would hold the next pass's
+    graph (or the caller's next graph, such as ``Q``'s) back by up to 10 ms."""
+
+    DELAY_S = 0.05
+
+    def __init__(self) -> None:
+        self.futures: list[Any] = []
+
+    def hold(self, client: Any, futures: list[Any]) -> None:
+        self.futures = futures
+        client.loop.call_later(self.DELAY_S, self._drop, futures)
+
+    def _drop(self, futures: list[Any]) -> None:
+        if self.futures is futures:
+            self.futures = []
+
+    def release(self) -> None:
+        self.futures = []
+
+
+_held = _Held()
+
+
 @dataclass
 class Pass:
     """A built pass: its graph, the keys of its top level and how the client finishes."""
@@ -170,7 +223,8 @@ def reduce_pass(what: str, leaf: Any, combine: Any, arrays: list[Any], small: An
     nb = len(keys[0])
     group = group if group is not None else [[i] for i in range(nb)]
     name = f"mpqr-{what}-{dask.base.tokenize(what, [a.name for a in arrays], next(_COUNTER))}"
-    operands = Small(small)
+    # keyed: each worker moves the operands to its device once a pass
+    operands = Small(small, key=name)
     dsk: dict[Any, Any] = {}
     level = []
     for j, idx in enumerate(group):
@@ -198,7 +252,15 @@ def compute_pass(built: Pass, stats: PassStats) -> Any:
     import dask
     from dask.delayed import Delayed
 
-    parts = dask.compute(*[Delayed(k, built.graph, layer=built.layer) for k in built.keys])
+    delayed = [Delayed(k, built.graph, layer=built.layer) for k in built.keys]
+    client = _client()
+    if client is None:
+        parts = dask.compute(*delayed)
+    else:
+        futures = client.compute(delayed)
+        _held.release()  # the previous pass's results: told to the scheduler after this pass
+        parts = client.gather(futures)
+        _held.hold(client, futures)
     out = _finish(built.finish, built.combine, list(parts))
     record_event("dask-pass", f"dask: pass '{stats.what}' over {stats.blocks} row blocks: "
                  f"{stats.leaf_tasks} block tasks, {stats.tasks} tasks in all, a tree of "

@@ -24,11 +24,12 @@ lazy). The ``n x n`` steps run on the client's host whatever the blocks' device.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from typing import Any
 
 from mpqr.backends import get_backend
 from mpqr.backends.dask import _blocks
-from mpqr.backends.dask._graph import compute_pass, groups, reduce_pass, sum_parts
+from mpqr.backends.dask._graph import Small, compute_pass, groups, reduce_pass, sum_parts
 from mpqr.backends.dask._validate import as_float, check_layout, require_dask
 from mpqr.backends.dask.tree import tree_depth, tsqr
 
@@ -297,14 +298,34 @@ def _fallback_method(backend: Any, prec_name: str, n: int) -> str:
 
 
 def apply_factors(x: Any, rs: tuple[Any, ...], method: str, prec_name: str,
-                  quiet: bool = False) -> Any:
+                  quiet: bool = False, r: Any = None) -> Any:
     """Lazy ``Q = A R1^-1 R2^-1 ...`` block by block (``x``'s chunks): one task per
-    block, the factors one key of the graph."""
-    import dask
-
-    return x.map_blocks(_blocks.bind(_blocks.apply_inverses), dask.delayed(rs, pure=True),
+    block, the factors inside each task (no key of their own, whose task would add a
+    scheduler hop before the blocks' tasks). ``r``: the factors' product ``R`` as
+    returned; where ``R^-1`` itself is well conditioned enough for a GEMM, the blocks
+    take that one GEMM instead of one pass per factor."""
+    if r is not None and len(rs) > 1:
+        rs = _merged(rs, r, method)
+    # keyed: each worker moves the factors to its device once for all its blocks
+    return x.map_blocks(_blocks.bind(_blocks.apply_inverses), Small(rs, key=uuid.uuid4().hex),
                         method, prec_name, quiet, dtype=x.dtype, meta=x._meta,
                         token=f"mpqr-{method}-q")
+
+
+def _merged(rs: tuple[Any, ...], r: Any, method: str) -> tuple[Any, ...]:
+    """``((R, (R^-1, cond_1(R))),)`` where ``cond_1(R) <= INVERSE_COND_MAX`` (the in-core
+    rule for a GEMM by the inverse), else ``rs`` unchanged."""
+    from mpqr.qr import cholqr as c
+
+    host = _blocks.host_backend()
+    with host.ignore_fp_warnings():
+        inv = c.inverse_and_cond(host, r)
+    if not inv[1] <= c.INVERSE_COND_MAX:
+        return rs
+    record_event("apply-inverse", f"qr (dask): Q = A @ inv(R) by one GEMM per block for the "
+                 f"{len(rs)} factors (cond_1(R) = {inv[1]:.3g} <= {c.INVERSE_COND_MAX:g})",
+                 method=method, cond_1=inv[1], factors=len(rs))
+    return ((r, inv),)
 
 
 def _cholqr(run: _Run, x: Any, method: str, *, precision: Any, prec_name: str,
@@ -352,7 +373,7 @@ def _cholqr(run: _Run, x: Any, method: str, *, precision: Any, prec_name: str,
         "certified: the last pass's Gram matrix is within 1/2 of I"
         if len(factors) > 1 or certify_first is not None
         else "(one pass, no certificate)"), method=method, passes=len(factors))
-    q = apply_factors(x, tuple(applied), method, prec_name, quiet) if want_q else None
+    q = apply_factors(x, tuple(applied), method, prec_name, quiet, r=r) if want_q else None
     return q, r
 
 
@@ -388,4 +409,4 @@ def _preconditioned(run: _Run, x: Any, leaf_method: str) -> tuple[Any, Any]:
     r = c._final_r(host, host, [r2, r1], like, run.prec_name)
     with host.ignore_fp_warnings():
         applied = ((r1, inv), (r2, c.inverse_and_cond(host, r2)))
-    return apply_factors(x, applied, "tsqr-cholqr", run.prec_name, True), r
+    return apply_factors(x, applied, "tsqr-cholqr", run.prec_name, True, r=r), r

@@ -490,15 +490,28 @@ def plot(payload: dict[str, Any], path: str) -> None:
         ax.set_xticks(w)
         ax.legend()
     rows = payload.get("chunk_sweep") or []
-    axes[2].plot([r["block_rows"] for r in rows], [r["mpqr_s"] for r in rows], "o-",
-                 label="mpqr.qr")
-    axes[2].plot([r["block_rows"] for r in rows],
-                 [r.get("dask_tsqr_s", float("nan")) for r in rows], "s--", label="dask tsqr")
-    axes[2].set_xscale("log", base=2)
-    axes[2].set_xlabel("rows per block")
+    if rows:
+        axes[2].plot([r["block_rows"] for r in rows], [r["mpqr_s"] for r in rows], "o-",
+                     label="mpqr.qr")
+        axes[2].plot([r["block_rows"] for r in rows],
+                     [r.get("dask_tsqr_s", float("nan")) for r in rows], "s--",
+                     label="dask tsqr")
+        axes[2].set_xscale("log", base=2)
+        axes[2].set_xlabel("rows per block")
+        axes[2].set_title("block height sweep")
+    else:  # no sweep run: lstsq by workers (rows per worker fixed)
+        rows = payload.get("lstsq") or []
+        w = [r["workers"] for r in rows]
+        axes[2].plot(w, [r["mpqr_s"] for r in rows], "o-", label="mpqr.lstsq")
+        axes[2].plot(w, [r.get("dask_lstsq_s", float("nan")) for r in rows], "s--",
+                     label="dask.array.linalg.lstsq")
+        axes[2].set_xticks(w)
+        axes[2].set_xlabel("workers")
+        axes[2].set_title("lstsq (rows per worker fixed)")
     axes[2].set_ylabel("seconds")
-    axes[2].set_title("block height sweep")
     axes[2].legend()
+    for ax in axes:
+        ax.set_yscale("log")  # mpqr's rows sit 5-20x below dask's own
     env = payload["environment"]
     fig.suptitle(f"mpqr on Dask: {env.get('device', '?')} x {payload['workers']} "
                  f"({payload['cluster']})")
