@@ -364,6 +364,22 @@ class ArrayAPIBackend:
         g = self.gemm(self.xp.matrix_transpose(q), q)
         return (g + self.xp.matrix_transpose(g)) / 2
 
+    #: widest ``[a | b]`` (columns) :meth:`gram_dd_update` takes (its temporaries here
+    #: are ``256 N^2`` values; a GPU kernel keeps its sums in registers)
+    gram_dd_max_n: int = 128
+
+    def gram_dd_update(self, a: Any, b: Any, acc: Any) -> Any:
+        """``acc + [a | b]^T [a | b]`` in double-double arithmetic (exact products,
+        compensated sums: :mod:`mpqr.lstsq.double_double`) for real float64 ``a`` (``h x
+        n``) and ``b`` (``h x k``); ``acc`` is ``2 x N x N`` (hi, lo), ``N = n + k``,
+        symmetric. A new array; ``acc`` is not modified."""
+        from mpqr.lstsq import double_double as dd
+
+        xp = self.xp
+        hi, lo = dd.add(xp, (acc[0, ...], acc[1, ...]),
+                        dd.gram(xp, xp.concat([a, b], axis=1)))
+        return xp.stack([hi, lo])
+
     def right_solve_twice(self, a: Any, r1: Any, r2: Any) -> Any:
         """``(a @ inv(r1)) @ inv(r2)``, the intermediate rounded as :meth:`right_solve_gram`
         rounds it (here both as :meth:`right_solve_upper`)."""

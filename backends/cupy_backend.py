@@ -464,6 +464,14 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_right_solve.right_solve_gram(a, r, out=out)
         return super().right_solve_gram(a, r, out=out)
 
+    def gram_dd_update(self, a, b, acc):
+        from mpqr.backends import cupy_gram_dd
+
+        if (a.ndim == b.ndim == 2 and a.dtype == b.dtype == self._cp.float64
+                and a.shape[1] + b.shape[1] <= cupy_gram_dd.MAX_N):  # sums in registers
+            return cupy_gram_dd.gram_dd_update(a, b, acc)
+        return super().gram_dd_update(a, b, acc)
+
     def right_solve_twice(self, a, r1, r2):
         from mpqr.backends import cupy_right_solve
 

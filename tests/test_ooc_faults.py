@@ -74,10 +74,13 @@ def test_interrupted_run_leaves_input_and_releases_staging(device, exc, shape, m
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("fail_at", [3, 40])  # in the Gram pass / in the refinement pass
-def test_interrupted_lstsq_leaves_inputs_and_releases_staging(device, fail_at):
+@pytest.mark.parametrize("dtype, fail_at", [
+    ("float64", 3), ("float64", 30),  # early / late in the one double-double pass
+    ("float32", 3), ("float32", 24)])  # in the Gram pass / in the refinement pass
+def test_interrupted_lstsq_leaves_inputs_and_releases_staging(device, dtype, fail_at):
     rng = np.random.default_rng(8)
-    a, b = rng.standard_normal(TALL), rng.standard_normal(TALL[0])
+    a = rng.standard_normal(TALL).astype(dtype)
+    b = rng.standard_normal(TALL[0]).astype(dtype)
     keep_a, keep_b = a.copy(), b.copy()
     src = Dataset(a, fail_at=fail_at)
     with pytest.raises(KeyboardInterrupt, match="injected fault"):

@@ -1,5 +1,18 @@
 """``mpqr.lstsq`` on host arrays, out of core when ``[A | b]`` exceeds the budget.
 
+**One-pass Gram route** (float64, ``N + k <= backend.gram_dd_max_n``, otherwise as the
+Gram route below): the one pass forms the Gram matrix of ``[A | b]`` in double-double
+arithmetic (exact products, compensated sums: :mod:`mpqr.lstsq.double_double`), which
+holds ``G = A^H A``, ``C = A^H b`` and ``||b||^2`` to about ``M 2^-104`` relative. The
+same certificate as below gives ``R = chol(G)`` and ``s``; then ``x`` is corrected by
+``x += R^-1 R^-H (C - G x)`` with ``C - G x`` formed in double-double, which is
+``A^H (b - A x)`` to far below float64's rounding: the normal-equation residual is
+measured without a pass (plus a bound on the pass's own rounding), and
+``||b - A x||^2 = ||b||^2 - x^H C - x^H (C - G x)`` keeps its relative accuracy even for a
+near-exact fit. An out-of-core pass is bound by the host link, so the GPU's extra
+arithmetic costs no time; where the corrections do not meet ``tol``, refinement passes
+follow as below.
+
 **Gram route** (with refinement, at the working precision, ``M >= 16 N``; the route of
 :mod:`mpqr.lstsq.gram` in core): one pass over ``[A | b]`` forms ``G = A^H A`` and
 ``A^H b``. The eigenvalues of ``G`` alone decide (``b`` never enters the certificate:
@@ -33,8 +46,10 @@ import math
 import warnings
 from typing import Any
 
+from mpqr._array_api import device
 from mpqr._errors import LinAlgError, RefinementWarning
 from mpqr.lstsq import _scipy_rules as rules
+from mpqr.lstsq import double_double as dd
 from mpqr.lstsq.gram import GRAM_COND_MAX, GRAM_MIN_ASPECT, factor_from_gram
 from mpqr.lstsq.solver import RESOLUTION, UNIT, ranks, solvable
 from mpqr.ooc.budget import format_bytes, resolve_budget, tall_plan
@@ -42,7 +57,7 @@ from mpqr.ooc.driver import IN_CORE_FACTOR
 from mpqr.ooc.gram_route import gram_pass
 from mpqr.ooc.run import Run, progress_bar
 from mpqr.ooc.tall import tsqr_stream
-from mpqr.policy import gemm, record_event
+from mpqr.policy import double_double_gram, gemm, record_event
 from mpqr.qr._kernels import ct
 from mpqr.qr.choice import factor_precision
 
@@ -100,8 +115,9 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     run = Run(backend, backend.host_staging(wdt, plan.block_elems), bar, "lstsq")
     try:
         x, rank, s, rsq = prob.solve(run, plan)
-        how = ("the Gram route: A^H A and A^H b" if prob.method == "gram" else
-               "TSQR of [a | b]")
+        how = {"gram": "the Gram route: A^H A and A^H b",
+               "gram-dd": "the Gram route: A^H A and A^H b in double-double"}.get(
+                   prob.method, "TSQR of [a | b]")
         npass = prob.refinements
         run.finish(f"out of core ({how} by row pieces of {plan.rows} x {n + kb}, then "
                    f"{npass} refinement pass{'' if npass == 1 else 'es'}; budget "
@@ -180,11 +196,121 @@ class _Problem:
     def solve(self, run: Any, plan: Any) -> tuple[Any, int, Any, Any]:
         if self.refine is not None and self.u_f <= self.u and \
                 self.m >= GRAM_MIN_ASPECT * self.n:
-            out = self._gram_route(run, plan)
+            dd = self._dd_applies()
+            out = self._dd_route(run, plan) if dd else self._gram_route(run, plan)
             if out is not None:
-                self.method = "gram"
+                self.method = "gram-dd" if dd else "gram"
                 return out
         return self._qr_route(run, plan)
+
+    def _dd_applies(self) -> bool:
+        return (self.A.dtype.name == "float64"
+                and self.n + self.B.shape[1] <= self.backend.gram_dd_max_n)
+
+    def _dd_route(self, run: Any, plan: Any) -> tuple[Any, int, Any, Any] | None:
+        """One pass over ``[a | b]`` for its Gram matrix in double-double, then every step
+        on ``n x n`` quantities (module docstring); None where ``A^H A`` does not certify
+        the route (the pass is then lost)."""
+        xp, be = self.xp, self.backend
+        m, n, kb = self.m, self.n, self.B.shape[1]
+        nt = n + kb
+        double_double_gram(self.A.dtype.name, (m, nt), label="lstsq:gram-dd",
+                           why="the solution, its normal-equation residual and the residual "
+                               "norms then follow from A^H A, A^H b and ||b||^2 alone, "
+                               "without a refinement pass over [a | b]")
+        items = [[(self.A, (r0, r1, 0, n)), (self.B, (r0, r1, 0, kb))]
+                 for r0, r1, _c0, _c1 in plan.regions]
+        acc = bmax = None
+        with be.ignore_fp_warnings():  # NaN/Inf in b are reported through max |b|
+            for ai, bi in run.over_multi(items, "[a | b]"):
+                for blk in (ai, bi):
+                    if self.check is not None and not be.all_finite(blk):
+                        raise ValueError(self.check)
+                if acc is None:
+                    acc = xp.zeros((2, nt, nt), dtype=ai.dtype, device=device(ai))
+                acc = be.gram_dd_update(ai, bi, acc)
+                mi = xp.max(xp.abs(bi)) if kb else xp.zeros((), dtype=ai.dtype)
+                # NaN must survive the running maximum (a comparison would drop it)
+                bmax = mi if bmax is None else xp.where(xp.isnan(mi) | xp.isnan(bmax),
+                                                         mi + bmax, xp.maximum(mi, bmax))
+        bmax = float(bmax)
+        sb, acc = be.small(acc, limit=2 * nt * nt)
+        xs = sb.xp
+        g, c = (acc[0, :n, :n], acc[1, :n, :n]), (acc[0, :n, n:], acc[1, :n, n:])
+        bb = (xs.linalg.diagonal(acc[0, n:, n:]), xs.linalg.diagonal(acc[1, n:, n:]))
+        with be.ignore_fp_warnings():  # an over- or underflowing G is declined below
+            # the n x n work stays in the small backend (R, s, x on the host)
+            gf = factor_from_gram(sb, sb, g[0], (m, n), g[0], precision="fp64", need_s=True,
+                                  cutoff=self.cond, resolution=RESOLUTION * math.sqrt(n) *
+                                  self.u * GRAM_COND_MAX / 2,
+                                  use="gives x = R^-1 R^-H A^H b, corrected from A^H A")
+        why = None
+        if gf is None or gf.r is None:
+            why = "A^H A does not certify it"
+        elif math.isfinite(bmax):
+            ea = math.frexp(gf.s1)[1]
+            eb = math.frexp(bmax)[1] if bmax > 0 else 0
+            if abs(ea) > 250 or abs(eb) > 250 or not bool(xs.all(xs.isfinite(c[0]))):
+                why = (f"||A|| ~ 2^{ea} or max |b| ~ 2^{eb}: its products with A and b "
+                       "could under- or overflow")
+        if why is not None:
+            record_event("fallback", f"lstsq: out-of-core Gram route declined ({why}); TSQR "
+                         "of [a | b] (one more pass)", path="tsqr")
+            return None
+        r, s = gf.r, gf.s
+        if not math.isfinite(bmax):  # b holds NaN/Inf (check_finite=False)
+            record_event("method", "lstsq: `b` holds NaN/Inf: the solution is NaN",
+                         path="nonfinite")
+            return (xp.full((n, kb), float("nan"), dtype=ai.dtype), n, s,
+                    xp.full((kb,), float("nan"), dtype=s.dtype))
+        x, rsq = self._dd_solve(sb, r, g, c, bb, gf.s1)
+        if rsq is None:
+            record_event("fallback", "lstsq: the corrections from the double-double Gram "
+                         "matrix did not reach tol; refinement passes over [a | b]",
+                         path="refine")
+            return self._refine(run, plan, be.from_small(r, ai), be.from_small(x, ai), s,
+                                gf.s1, gram=be.from_small(g[0], ai))
+        return x, n, s, rsq
+
+    def _dd_solve(self, sb: Any, r: Any, g: Any, c: Any, bb: Any, s1: float
+                  ) -> tuple[Any, Any]:
+        """``x`` solving ``G x = C`` (double-double ``G``, ``C``; ``R^H R = G``) by
+        corrections ``x += R^-1 R^-H (C - G x)``, the residual formed in double-double, and
+        ``||b - A x||^2 = ||b||^2 - x^H C - x^H (C - G x)``, as ``(x, that)``; where the
+        normal-equation residual does not reach ``tol`` in 10 corrections (then ``(x,
+        None)``)."""
+        xs = sb.xp
+        m, n = self.m, self.n
+        x = sb.solve_triangular(r, sb.solve_triangular(ct(xs, r), c[0], lower=True),
+                                lower=False)
+        trace_g = float(xs.sum(xs.linalg.diagonal(g[0])))
+        bnorm = xs.sqrt(xs.abs(bb[0]))
+        for it in range(10):
+            gx = dd.matvec(xs, g, x)
+            t = dd.add(xs, c, (-gx[0], -gx[1]))
+            xc, xt = dd.dot_rows(xs, x, c), dd.dot_rows(xs, x, t)
+            rsq = dd.add(xs, dd.add(xs, bb, (-xc[0], -xc[1])), (-xt[0], -xt[1]))[0]
+            rsq = xs.where(rsq > 0, rsq, xs.zeros_like(rsq))
+            tf = t[0] + t[1]
+            xn = xs.sqrt(xs.sum(x * x, axis=0))
+            den = s1 * (s1 * xn + xs.sqrt(rsq)) + 1e-300
+            # the pass's own rounding: |C - G x - A^H (b - A x)| <= gamma (|A|^H |b| +
+            # |A|^H |A| |x|), gamma = 4 (m + n) u_dd, ||A||_F^2 = trace(G)
+            slack = 4 * (m + n) * dd.UNIT_DD * (trace_g * xn + math.sqrt(trace_g) * bnorm)
+            omega = float(xs.max((xs.sqrt(xs.sum(tf * tf, axis=0)) + slack) / den))
+            if omega <= self.tol or (self.floor_tol is not None and it > 0
+                                     and omega <= self.floor_tol):
+                record_event("refine", f"lstsq: out of core in one pass: A^H A, A^H b and "
+                             f"||b||^2 in double-double, {it} correction"
+                             f"{'' if it == 1 else 's'} from them (no pass over [a | b]), "
+                             f"normal-equation residual {omega:.2e}", iterations=it,
+                             residual=omega, passes=1)
+                return x, rsq
+            if not math.isfinite(omega):
+                break
+            x = x + sb.solve_triangular(r, sb.solve_triangular(ct(xs, r), tf, lower=True),
+                                        lower=False)
+        return x, None
 
     def _gram_precision(self) -> str:
         # as in core: "auto", or fp64 on float32 input: the working precision's GEMM

@@ -39,8 +39,8 @@ from mpqr.policy.options import GemmOptions, as_gemm_options
 from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
-__all__ = ["Decision", "active_gemm_options", "decide", "fused_gemm", "gemm", "gemm_into",
-           "gemm_options", "gemm_sub", "gram", "result_dtype"]
+__all__ = ["Decision", "active_gemm_options", "decide", "double_double_gram", "fused_gemm",
+           "gemm", "gemm_into", "gemm_options", "gemm_sub", "gram", "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
     "mpqr_gemm_options", default=None
@@ -284,6 +284,19 @@ def fused_gemm(backend: Any, dtype: Any, shape: tuple[int, int, int], *, engine:
                                  {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
                                  d.reason, d.predicted_s))
     return True
+
+
+def double_double_gram(dtype: Any, shape: tuple[int, int], *, label: str, why: str) -> None:
+    """Record the product ``W^T W`` of an ``h x N`` float64 ``W`` (``shape``) that a
+    backend kernel computes in double-double arithmetic: no engine of the policy is
+    accurate enough for it (a caller that reads exact-to-float64 results from ``n x n``
+    quantities, ``why``), so the policy does not choose; it states the engine."""
+    h, n = shape
+    if tracing():
+        record_gemm(GemmDecision(label, (n, n, h), 1, str(dtype), "double-double", "route",
+                                 "double-double", {"products": "exact (fma or Dekker)",
+                                                   "sums": "compensated (TwoSum)"},
+                                 f"relative error ~h 2^-104 per entry: {why}", {}))
 
 
 def gram(x: Any, *, precision: str | None = None, label: str = "", options: Any = None,
