@@ -145,3 +145,24 @@ def test_one_pass_lstsq_falls_back_to_passes_below_its_reach(device):
     assert ooc_events(trace)[0].data["refinement_passes"] >= 1
     x0 = np.linalg.lstsq(a, b, rcond=None)[0]
     assert rank == 8 and np.linalg.norm(x - x0) <= 100 * UNIT * np.linalg.norm(x0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_pass_lstsq_edge_cases_as_in_core(device):
+    """``b`` with no columns, ``b = 0`` and an exact fit: the shapes, dtypes and values of
+    the in-core call (the exact fit's residue is the computed ``x``'s own, tiny)."""
+    rng = np.random.default_rng(9)
+    a = rand(rng, (1200, 8), "float64")
+    for b in (np.zeros((1200, 0)), np.zeros((1200, 2)), a @ np.ones(8)):
+        with mpqr.explain() as trace:
+            got = mpqr.lstsq(a, b, device=device, memory_budget="40KB")
+        assert ooc_events(trace)[0].data["method"] == "gram-dd"
+        want = mpqr.lstsq(a, b)
+        for g, w in zip(got, want):
+            if isinstance(w, np.ndarray):
+                assert g.shape == w.shape and g.dtype == w.dtype
+        assert got[2] == want[2] == 8
+        if b.size:
+            x0 = np.linalg.lstsq(a, b, rcond=None)[0]
+            assert np.abs(got[0] - x0).max() <= 20 * 8 * UNIT * max(1.0, np.abs(x0).max())
+            assert np.all(np.asarray(got[1]) <= 1e-20 * (1 + np.sum(b * b)))

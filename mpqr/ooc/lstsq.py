@@ -281,6 +281,9 @@ class _Problem:
         None)``)."""
         xs = sb.xp
         m, n = self.m, self.n
+        if c[0].shape[1] == 0:  # b with no columns: nothing to solve
+            return (xs.zeros((n, 0), dtype=c[0].dtype, device=device(c[0])),
+                    xs.zeros((0,), dtype=c[0].dtype, device=device(c[0])))
         x = sb.solve_triangular(r, sb.solve_triangular(ct(xs, r), c[0], lower=True),
                                 lower=False)
         trace_g = float(xs.sum(xs.linalg.diagonal(g[0])))
