@@ -75,8 +75,8 @@ def test_interrupted_run_leaves_input_and_releases_staging(device, exc, shape, m
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype, fail_at", [
-    ("float64", 3), ("float64", 30),  # early / late in the one double-double pass
-    ("float32", 3), ("float32", 24)])  # in the Gram pass / in the refinement pass
+    ("float64", 3), ("float64", 30), ("float32", 12),  # in the one double-double pass
+    ("complex128", 3), ("complex128", 150)])  # in the Gram pass / the refinement pass
 def test_interrupted_lstsq_leaves_inputs_and_releases_staging(device, dtype, fail_at):
     rng = np.random.default_rng(8)
     a = rng.standard_normal(TALL).astype(dtype)

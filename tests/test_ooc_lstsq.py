@@ -62,9 +62,9 @@ def test_matches_scipy(device, dtype, nrhs, refine):
 
 
 def _gram_route(dtype):
-    """(method, passes over [a | b], refinement passes) of the Gram route: float64 in one
-    pass (its Gram matrix in double-double), other dtypes one pass plus one refinement."""
-    return ("gram-dd", 1, 0) if dtype == "float64" else ("gram", 2, 1)
+    """(method, passes over [a | b], refinement passes) of the Gram route: real dtypes in
+    one pass (its Gram matrix in double-double), complex one pass plus one refinement."""
+    return ("gram-dd", 1, 0) if dtype in ("float64", "float32") else ("gram", 2, 1)
 
 
 def _good_fit(rng, a, k):

@@ -1,7 +1,8 @@
 """``mpqr.lstsq`` on host arrays, out of core when ``[A | b]`` exceeds the budget.
 
-**One-pass Gram route** (float64, ``N + k <= backend.gram_dd_max_n``, otherwise as the
-Gram route below): the one pass forms the Gram matrix of ``[A | b]`` in double-double
+**One-pass Gram route** (float64 and float32, ``N + k <= backend.gram_dd_max_n``,
+otherwise as the Gram route below; float32 pieces are widened to float64 on the
+device): the one pass forms the Gram matrix of ``[A | b]`` in double-double
 arithmetic (exact products, compensated sums: :mod:`mpqr.lstsq.double_double`), which
 holds ``G = A^H A``, ``C = A^H b`` and ``||b||^2`` to about ``M 2^-104`` relative. The
 same certificate as below gives ``R = chol(G)`` and ``s``; then ``x`` is corrected by
@@ -204,7 +205,8 @@ class _Problem:
         return self._qr_route(run, plan)
 
     def _dd_applies(self) -> bool:
-        return (self.A.dtype.name == "float64"
+        # float32 pieces are widened to float64 on the device (the pass is link-bound)
+        return (self.A.dtype.name in ("float64", "float32")
                 and self.n + self.B.shape[1] <= self.backend.gram_dd_max_n)
 
     def _dd_route(self, run: Any, plan: Any) -> tuple[Any, int, Any, Any] | None:
@@ -227,8 +229,9 @@ class _Problem:
                     if self.check is not None and not be.all_finite(blk):
                         raise ValueError(self.check)
                 if acc is None:
-                    acc = xp.zeros((2, nt, nt), dtype=ai.dtype, device=device(ai))
-                acc = be.gram_dd_update(ai, bi, acc)
+                    acc = xp.zeros((2, nt, nt), dtype=xp.float64, device=device(ai))
+                acc = be.gram_dd_update(xp.astype(ai, xp.float64), xp.astype(bi, xp.float64),
+                                        acc)
                 mi = xp.max(xp.abs(bi)) if kb else xp.zeros((), dtype=ai.dtype)
                 # NaN must survive the running maximum (a comparison would drop it)
                 bmax = mi if bmax is None else xp.where(xp.isnan(mi) | xp.isnan(bmax),
@@ -250,14 +253,16 @@ class _Problem:
         elif math.isfinite(bmax):
             ea = math.frexp(gf.s1)[1]
             eb = math.frexp(bmax)[1] if bmax > 0 else 0
-            if abs(ea) > 250 or abs(eb) > 250 or not bool(xs.all(xs.isfinite(c[0]))):
+            lim = 250 if self.wprec == "fp64" else 30  # the refinement's own products
+            if abs(ea) > lim or abs(eb) > lim or not bool(xs.all(xs.isfinite(c[0]))):
                 why = (f"||A|| ~ 2^{ea} or max |b| ~ 2^{eb}: its products with A and b "
                        "could under- or overflow")
         if why is not None:
             record_event("fallback", f"lstsq: out-of-core Gram route declined ({why}); TSQR "
                          "of [a | b] (one more pass)", path="tsqr")
             return None
-        r, s = gf.r, gf.s
+        wdt = getattr(xs, self.A.dtype.name)  # the results in the working dtype
+        r, s = gf.r, xs.astype(gf.s, wdt)
         if not math.isfinite(bmax):  # b holds NaN/Inf (check_finite=False)
             record_event("method", "lstsq: `b` holds NaN/Inf: the solution is NaN",
                          path="nonfinite")
@@ -268,9 +273,9 @@ class _Problem:
             record_event("fallback", "lstsq: the corrections from the double-double Gram "
                          "matrix did not reach tol; refinement passes over [a | b]",
                          path="refine")
-            return self._refine(run, plan, be.from_small(r, ai), be.from_small(x, ai), s,
-                                gf.s1, gram=be.from_small(g[0], ai))
-        return x, n, s, rsq
+            r, x, g0 = (be.from_small(xs.astype(v, wdt), ai) for v in (r, x, g[0]))
+            return self._refine(run, plan, r, x, s, gf.s1, gram=g0)
+        return xs.astype(x, wdt), n, s, xs.astype(rsq, wdt)
 
     def _dd_solve(self, sb: Any, r: Any, g: Any, c: Any, bb: Any, s1: float
                   ) -> tuple[Any, Any]:
