@@ -258,7 +258,7 @@ def compute_pass(built: Pass, stats: PassStats) -> Any:
         parts = dask.compute(*delayed)
     else:
         futures = client.compute(delayed)
-        _held.release()  # the previous pass's results: told to the scheduler after this pass
+        _held.release()  # the previous pass's results, now that this graph has gone out
         parts = client.gather(futures)
         _held.hold(client, futures)
     out = _finish(built.finish, built.combine, list(parts))

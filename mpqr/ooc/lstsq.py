@@ -268,7 +268,7 @@ class _Problem:
                          path="nonfinite")
             return (xp.full((n, kb), float("nan"), dtype=ai.dtype), n, s,
                     xp.full((kb,), float("nan"), dtype=s.dtype))
-        x, rsq = self._dd_solve(sb, r, g, c, bb, gf.s1)
+        x, rsq = self._dd_solve(sb, r, g, c, bb, gf.s1, wdt)
         if rsq is None:
             record_event("fallback", "lstsq: the corrections from the double-double Gram "
                          "matrix did not reach tol; refinement passes over [a | b]",
@@ -277,13 +277,14 @@ class _Problem:
             return self._refine(run, plan, r, x, s, gf.s1, gram=g0)
         return xs.astype(x, wdt), n, s, xs.astype(rsq, wdt)
 
-    def _dd_solve(self, sb: Any, r: Any, g: Any, c: Any, bb: Any, s1: float
+    def _dd_solve(self, sb: Any, r: Any, g: Any, c: Any, bb: Any, s1: float, wdt: Any
                   ) -> tuple[Any, Any]:
         """``x`` solving ``G x = C`` (double-double ``G``, ``C``; ``R^H R = G``) by
         corrections ``x += R^-1 R^-H (C - G x)``, the residual formed in double-double, and
         ``||b - A x||^2 = ||b||^2 - x^H C - x^H (C - G x)``, as ``(x, that)``; where the
         normal-equation residual does not reach ``tol`` in 10 corrections (then ``(x,
-        None)``)."""
+        None)``). For a working dtype ``wdt`` below float64 the residual and its norm are
+        those of ``x`` rounded to it."""
         xs = sb.xp
         m, n = self.m, self.n
         if c[0].shape[1] == 0:  # b with no columns: nothing to solve
@@ -293,7 +294,8 @@ class _Problem:
                                 lower=False)
         trace_g = float(xs.sum(xs.linalg.diagonal(g[0])))
         bnorm = xs.sqrt(xs.abs(bb[0]))
-        for it in range(10):
+        def measure(x: Any) -> tuple[Any, Any, float]:
+            # (C - G x rounded, ||b - A x||^2, the normal-equation residual), in double-double
             gx = dd.matvec(xs, g, x)
             t = dd.add(xs, c, (-gx[0], -gx[1]))
             xc, xt = dd.dot_rows(xs, x, c), dd.dot_rows(xs, x, t)
@@ -305,9 +307,15 @@ class _Problem:
             # the pass's own rounding: |C - G x - A^H (b - A x)| <= gamma (|A|^H |b| +
             # |A|^H |A| |x|), gamma = 4 (m + n) u_dd, ||A||_F^2 = trace(G)
             slack = 4 * (m + n) * dd.UNIT_DD * (trace_g * xn + math.sqrt(trace_g) * bnorm)
-            omega = float(xs.max((xs.sqrt(xs.sum(tf * tf, axis=0)) + slack) / den))
+            return tf, rsq, float(xs.max((xs.sqrt(xs.sum(tf * tf, axis=0)) + slack) / den))
+
+        for it in range(10):
+            tf, rsq, omega = measure(x)
             if omega <= self.tol or (self.floor_tol is not None and it > 0
                                      and omega <= self.floor_tol):
+                if wdt != xs.float64:  # what is returned: x rounded to the working dtype
+                    x = xs.astype(xs.astype(x, wdt), xs.float64)
+                    _tf, rsq, omega = measure(x)
                 record_event("refine", f"lstsq: out of core in one pass: A^H A, A^H b and "
                              f"||b||^2 in double-double, {it} correction"
                              f"{'' if it == 1 else 's'} from them (no pass over [a | b]), "
