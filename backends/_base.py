@@ -364,9 +364,12 @@ class ArrayAPIBackend:
         g = self.gemm(self.xp.matrix_transpose(q), q)
         return (g + self.xp.matrix_transpose(g)) / 2
 
-    #: widest ``[a | b]`` (columns) :meth:`gram_dd_update` takes (its temporaries here
-    #: are ``256 N^2`` values; a GPU kernel keeps its sums in registers)
-    gram_dd_max_n: int = 128
+    #: widest ``[a | b]`` whose double-double Gram matrix the out-of-core ``lstsq`` forms
+    #: in its one pass (0: it takes two passes instead). 0 here: this portable
+    #: :meth:`gram_dd_update` (the reference of a GPU kernel) was ~280x slower than two
+    #: BLAS passes on a host, which moves no data over a link (2-core CPU, 2^19 x 64:
+    #: ``mpqr.lstsq(a, b, memory_budget="64MB")`` 75.5 s with this at 128, 0.27 s at 0)
+    gram_dd_max_n: int = 0
 
     def gram_dd_update(self, a: Any, b: Any, acc: Any) -> Any:
         """``acc + [a | b]^T [a | b]`` in double-double arithmetic (exact products,

@@ -464,6 +464,11 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_right_solve.right_solve_gram(a, r, out=out)
         return super().right_solve_gram(a, r, out=out)
 
+    #: the one-pass out-of-core lstsq (kernels/gram_dd.cu: 183-193 GB/s of float64 input
+    #: on an H200 against a link-bound pass's ~36 GB/s; `python3 -m mpqr bench ooc --rows
+    #: tall_big`)
+    gram_dd_max_n = 128
+
     def gram_dd_update(self, a, b, acc):
         from mpqr.backends import cupy_gram_dd
 

@@ -55,3 +55,12 @@ def rand(rng, shape, dtype):
     if np.dtype(dtype).kind == "c":
         a = a + 1j * rng.standard_normal(shape)
     return a.astype(dtype)
+
+
+@pytest.fixture
+def one_pass_lstsq(monkeypatch):
+    """The one-pass out-of-core lstsq on the NumPy backend too (its portable double-double
+    Gram matrix is the GPU kernel's reference; the backend leaves it off for speed)."""
+    from mpqr.backends import get_backend
+
+    monkeypatch.setattr(type(get_backend(np)), "gram_dd_max_n", 128)

@@ -13,7 +13,7 @@ from mpqr.backends import get_backend
 
 import mpqr
 from mpqr.lstsq import double_double as dd
-from tests._ooc_support import DEVICES, Dataset, ooc_events, rand
+from tests._ooc_support import DEVICES, Dataset, one_pass_lstsq, ooc_events, rand  # noqa: F401
 
 UNIT = 2.0**-53
 
@@ -100,17 +100,21 @@ def _ne_residual(a, b, x):
                  (np.linalg.norm(a, 2) ** 2 * np.linalg.norm(x)))
 
 
+@pytest.mark.usefixtures("one_pass_lstsq")
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("noise", [1e-9, 1e3])
-def test_one_pass_lstsq(device, noise):
-    """float64, cond(A) ~ 1.3: one pass over ``[a | b]`` (the inputs' own read count),
-    the normal-equation residual at float64's floor without a second pass, and residues
-    that keep their relative accuracy for a near-exact fit (``||b||^2 - ...`` in
-    double-double: no cancellation of float64's ``||b||^2``)."""
+def test_one_pass_lstsq(device, dtype, noise):
+    """cond(A) ~ 1.3: one pass over ``[a | b]`` (the inputs' own read count), the
+    normal-equation residual at the working precision's floor without a second pass, and
+    residues that keep their relative accuracy for a near-exact fit (``||b||^2 - ...`` in
+    double-double: no cancellation of ``||b||^2``); float32 data widened for the pass, the
+    results in float32 and the residues those of the float32 ``x``."""
     rng = np.random.default_rng(6)
     m, n = 2400, 12
-    a = rand(rng, (m, n), "float64")
-    b = a @ (1e3 * rng.standard_normal((n, 2))) + noise * rng.standard_normal((m, 2))
+    a = rand(rng, (m, n), dtype)
+    b = (a @ (1e3 * rng.standard_normal((n, 2))) +
+         noise * rng.standard_normal((m, 2))).astype(dtype)
     da, db = Dataset(a), Dataset(b)
     with mpqr.explain() as trace:
         x, res, rank, s = mpqr.lstsq(da, db, device=device, memory_budget="40KB")
@@ -119,16 +123,19 @@ def test_one_pass_lstsq(device, noise):
     assert da.passes == db.passes == 1
     assert any(g.engine == "double-double" and g.label == "lstsq:gram-dd"
                for g in trace.gemms)
-    assert rank == n
+    assert rank == n and x.dtype == res.dtype == s.dtype == np.dtype(dtype)
+    u = float(np.finfo(np.dtype(dtype)).eps) / 2
     for j in range(2):
-        assert _ne_residual(a, b[:, j], x[:, j]) <= 2 * np.sqrt(m) * UNIT
+        assert _ne_residual(a, b[:, j], x[:, j]) <= 2 * np.sqrt(m) * u
     r = b.astype(np.longdouble) - a.astype(np.longdouble) @ x.astype(np.longdouble)
     exact = np.sum(r * r, axis=0).astype(np.float64)
-    # double-double: ||b||^2 ~ 1e11 m against ||r||^2 ~ 1e-18 m (noise 1e-9)
-    np.testing.assert_allclose(res, exact, rtol=1e-6)
-    np.testing.assert_allclose(s, np.linalg.svd(a, compute_uv=False), rtol=1e-13)
+    # double-double: ||b||^2 ~ 1e11 m against ||r||^2 ~ 1e-18 m (float64, noise 1e-9)
+    np.testing.assert_allclose(res, exact, rtol=1e-6 if dtype == "float64" else 1e-5)
+    np.testing.assert_allclose(s, np.linalg.svd(a.astype(np.float64), compute_uv=False),
+                               rtol=100 * u)
 
 
+@pytest.mark.usefixtures("one_pass_lstsq")
 @pytest.mark.parametrize("device", DEVICES)
 def test_one_pass_lstsq_falls_back_to_passes_below_its_reach(device):
     """A ``tol`` no float64 solution meets: the corrections from the double-double Gram
@@ -147,6 +154,7 @@ def test_one_pass_lstsq_falls_back_to_passes_below_its_reach(device):
     assert rank == 8 and np.linalg.norm(x - x0) <= 100 * UNIT * np.linalg.norm(x0)
 
 
+@pytest.mark.usefixtures("one_pass_lstsq")
 @pytest.mark.parametrize("device", DEVICES)
 def test_one_pass_lstsq_edge_cases_as_in_core(device):
     """``b`` with no columns, ``b = 0`` and an exact fit: the shapes, dtypes and values of

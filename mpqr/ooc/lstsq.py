@@ -1,8 +1,8 @@
 """``mpqr.lstsq`` on host arrays, out of core when ``[A | b]`` exceeds the budget.
 
-**One-pass Gram route** (float64 and float32, ``N + k <= backend.gram_dd_max_n``,
-otherwise as the Gram route below; float32 pieces are widened to float64 on the
-device): the one pass forms the Gram matrix of ``[A | b]`` in double-double
+**One-pass Gram route** (float64 and float32, ``N + k <= backend.gram_dd_max_n``: a GPU
+backend's kernel; otherwise as the Gram route below; float32 pieces are widened to
+float64 on the device): the one pass forms the Gram matrix of ``[A | b]`` in double-double
 arithmetic (exact products, compensated sums: :mod:`mpqr.lstsq.double_double`), which
 holds ``G = A^H A``, ``C = A^H b`` and ``||b||^2`` to about ``M 2^-104`` relative. The
 same certificate as below gives ``R = chol(G)`` and ``s``; then ``x`` is corrected by
