@@ -174,3 +174,23 @@ def test_one_pass_lstsq_edge_cases_as_in_core(device):
             x0 = np.linalg.lstsq(a, b, rcond=None)[0]
             assert np.abs(got[0] - x0).max() <= 20 * 8 * UNIT * max(1.0, np.abs(x0).max())
             assert np.all(np.asarray(got[1]) <= 1e-20 * (1 + np.sum(b * b)))
+
+
+@pytest.mark.usefixtures("one_pass_lstsq")
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_pieces_widened_a_sub_block_at_a_time(device, monkeypatch):
+    """float32 pieces go to the double-double Gram matrix widened in sub-blocks (bounded
+    device memory); the result does not depend on where the sub-blocks end."""
+    from mpqr.ooc import lstsq as ooc_lstsq
+
+    rng = np.random.default_rng(12)
+    a = rand(rng, (1500, 6), "float32")
+    b = rng.standard_normal(1500).astype(np.float32)
+    whole = mpqr.lstsq(a, b, device=device, memory_budget="40KB")
+    monkeypatch.setattr(ooc_lstsq, "_WIDEN_ROWS", 7)
+    with mpqr.explain() as trace:
+        parts = mpqr.lstsq(a, b, device=device, memory_budget="40KB")
+    assert ooc_events(trace)[0].data["method"] == "gram-dd"
+    np.testing.assert_array_equal(parts[0], whole[0])
+    np.testing.assert_array_equal(parts[3], whole[3])
+    np.testing.assert_allclose(parts[1], whole[1], rtol=1e-6)
