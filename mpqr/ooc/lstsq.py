@@ -68,7 +68,7 @@ _NONFINITE = "array must not contain infs or NaNs"
 
 #: rows of a float32 piece widened to float64 at a time for the double-double Gram
 #: matrix (at most ``2^18 (n + k)`` float64 values of temporary device memory; H200,
-#: 2^26 x 64 float32: 0.63 s a call in sub-blocks of 2^16 rows, 0.55 s unsplit)
+#: 2^26 x 64 float32: 0.63 s a call in sub-blocks of 2^16 rows, 0.55 s in 2^18 or unsplit)
 _WIDEN_ROWS = 2**18
 
 
