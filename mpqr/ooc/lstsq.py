@@ -258,19 +258,7 @@ class _Problem:
                                   cutoff=self.cond, resolution=RESOLUTION * math.sqrt(n) *
                                   self.u * GRAM_COND_MAX / 2,
                                   use="gives x = R^-1 R^-H A^H b, corrected from A^H A")
-        why = None
-        if gf is None or gf.r is None:
-            why = "A^H A does not certify it"
-        elif math.isfinite(bmax):
-            ea = math.frexp(gf.s1)[1]
-            eb = math.frexp(bmax)[1] if bmax > 0 else 0
-            lim = 250 if self.wprec == "fp64" else 30  # the refinement's own products
-            if abs(ea) > lim or abs(eb) > lim or not bool(xs.all(xs.isfinite(c[0]))):
-                why = (f"||A|| ~ 2^{ea} or max |b| ~ 2^{eb}: its products with A and b "
-                       "could under- or overflow")
-        if why is not None:
-            record_event("fallback", f"lstsq: out-of-core Gram route declined ({why}); TSQR "
-                         "of [a | b] (one more pass)", path="tsqr")
+        if self._declined(gf, bmax, bool(xs.all(xs.isfinite(c[0])))):
             return None
         wdt = getattr(xs, self.A.dtype.name)  # the results in the working dtype
         r, s = gf.r, xs.astype(gf.s, wdt)
@@ -339,6 +327,27 @@ class _Problem:
                                         lower=False)
         return x, None
 
+    def _declined(self, gf: Any, bmax: float, h_finite: bool) -> bool:
+        """Whether the Gram route is declined (recorded in the trace): ``A^H A`` does not
+        certify it (``gf`` from :func:`factor_from_gram`), or ``A`` or ``b`` (``bmax``: the
+        largest ``|b|``) is large or small enough for the refinement's products to under-
+        or overflow, or ``A^H b`` is not finite (``h_finite``)."""
+        why = None
+        if gf is None or gf.r is None:
+            why = "A^H A does not certify it"
+        elif math.isfinite(bmax):
+            lim = 250 if self.wprec == "fp64" else 30  # the refinement's own products
+            ea = math.frexp(gf.s1)[1]
+            eb = math.frexp(bmax)[1] if bmax > 0 else 0
+            if abs(ea) > lim or abs(eb) > lim or not h_finite:
+                why = (f"||A|| ~ 2^{ea} or max |b| ~ 2^{eb}: its products with A and b "
+                       "could under- or overflow")
+        if why is None:
+            return False
+        record_event("fallback", f"lstsq: out-of-core Gram route declined ({why}); TSQR of "
+                     "[a | b] (one more pass)", path="tsqr")
+        return True
+
     def _gram_precision(self) -> str:
         # as in core: "auto", or fp64 on float32 input: the working precision's GEMM
         return self.wprec if self.prec == "auto" or UNIT[self.prec] < self.u else self.prec
@@ -357,19 +366,7 @@ class _Problem:
                                   need_s=True, cutoff=self.cond,
                                   resolution=RESOLUTION * math.sqrt(n) * self.u *
                                   GRAM_COND_MAX / 2, use="gives x0 = R^-1 R^-H A^H b")
-        why = None
-        if gf is None or gf.r is None:
-            why = "A^H A does not certify it"
-        elif math.isfinite(gp.bmax):
-            lim = 250 if self.wprec == "fp64" else 30
-            ea = math.frexp(gf.s1)[1]
-            eb = math.frexp(gp.bmax)[1] if gp.bmax > 0 else 0
-            if abs(ea) > lim or abs(eb) > lim or not bool(xp.all(xp.isfinite(gp.h))):
-                why = (f"||A|| ~ 2^{ea} or max |b| ~ 2^{eb}: its products with A and b "
-                       "could under- or overflow")
-        if why is not None:
-            record_event("fallback", f"lstsq: out-of-core Gram route declined ({why}); TSQR "
-                         "of [a | b] (one more pass)", path="tsqr")
+        if self._declined(gf, gp.bmax, bool(xp.all(xp.isfinite(gp.h)))):
             return None
         r, s = gf.r, gf.s
         if not math.isfinite(gp.bmax):  # b holds NaN/Inf (check_finite=False)
