@@ -27,7 +27,7 @@ from mpqr.qr._kernels import ct
 from mpqr.qr.cholqr import SAFE_GRAM_MIN, _rr
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["ORTH_TOL_N", "GramPass", "applies", "gram_pass", "two_read_qr"]
+__all__ = ["ORTH_TOL_N", "GramPass", "applies", "check_piece", "gram_pass", "two_read_qr"]
 
 #: the two-read QR accepts its ``Q`` when ``||Q^H Q - I||_F <= ORTH_TOL_N * n * u``: within
 #: the ``8 n u`` the documentation promises for CholQR2, and about what CholQR2 reaches in
@@ -47,7 +47,8 @@ class GramPass:
     bmax: float | None = None
 
 
-def _check_finite(backend: Any, blk: Any, check: str | None) -> None:
+def check_piece(backend: Any, blk: Any, check: str | None) -> None:
+    """Raise ``ValueError(check)`` where ``blk`` holds NaN/Inf (``check`` None: no check)."""
     if check is not None and not backend.all_finite(blk):
         raise ValueError(check)
 
@@ -64,7 +65,7 @@ def gram_pass(run: Any, src: Any, plan: Any, *, precision: Any, label: str,
     g = h = bmax = None
     if rhs is None:
         for _region, blk in run.over(src, plan.regions, name):
-            _check_finite(backend, blk, check)
+            check_piece(backend, blk, check)
             gi = gram(backend, blk, precision, label)
             g = gi if g is None else g + gi
         return GramPass(g)
@@ -72,8 +73,8 @@ def gram_pass(run: Any, src: Any, plan: Any, *, precision: Any, label: str,
     items = [[(src, (r0, r1, 0, n)), (rhs, (r0, r1, 0, kb))] for r0, r1, _, _ in plan.regions]
     with backend.ignore_fp_warnings():  # NaN/Inf in b are reported through max |b|
         for ai, bi in run.over_multi(items, name):
-            _check_finite(backend, ai, check)
-            _check_finite(backend, bi, check)
+            check_piece(backend, ai, check)
+            check_piece(backend, bi, check)
             gi = gram(backend, ai, precision, label)
             hi = gemm(ct(xp, ai), bi, precision=wprec, label=f"{label}-AHb", backend=backend)
             mi = xp.max(xp.abs(bi)) if bi.shape[1] else xp.zeros((), dtype=xp.abs(bi).dtype)

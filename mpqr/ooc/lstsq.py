@@ -55,7 +55,7 @@ from mpqr.lstsq.gram import GRAM_COND_MAX, GRAM_MIN_ASPECT, factor_from_gram
 from mpqr.lstsq.solver import RESOLUTION, UNIT, ranks, solvable
 from mpqr.ooc.budget import format_bytes, resolve_budget, tall_plan
 from mpqr.ooc.driver import IN_CORE_FACTOR
-from mpqr.ooc.gram_route import gram_pass
+from mpqr.ooc.gram_route import check_piece, gram_pass
 from mpqr.ooc.run import Run, progress_bar
 from mpqr.ooc.tall import tsqr_stream
 from mpqr.policy import double_double_gram, gemm, record_event
@@ -230,9 +230,8 @@ class _Problem:
         acc = bmax = None
         with be.ignore_fp_warnings():  # NaN/Inf in b are reported through max |b|
             for ai, bi in run.over_multi(items, "[a | b]"):
-                for blk in (ai, bi):
-                    if self.check is not None and not be.all_finite(blk):
-                        raise ValueError(self.check)
+                check_piece(be, ai, self.check)
+                check_piece(be, bi, self.check)
                 if acc is None:
                     acc = xp.zeros((2, nt, nt), dtype=xp.float64, device=device(ai))
                 # float32 widened a sub-block at a time: the piece's float64 copy would
