@@ -40,8 +40,8 @@ def _load_builtin_and_entry_points() -> None:
     global _loaded_entry_points
     if _loaded_entry_points:
         return
-    from mpqr.backends.cupy_backend import CupyBackend
-    from mpqr.backends.numpy_backend import NumpyBackend
+    from mpqr.backends.cupy.backend import CupyBackend
+    from mpqr.backends.numpy.backend import NumpyBackend
 
     found: list[type[ArrayAPIBackend]] = [NumpyBackend, CupyBackend]
     for ep in entry_points(group="mpqr.backends"):

@@ -159,7 +159,7 @@ def column_max(a: Any) -> Any:
 
 def host_backend() -> Any:
     """The NumPy backend: the client's ``n x n`` steps and the trees' sums run on the host."""
-    from mpqr.backends.numpy_backend import host_namespace
+    from mpqr.backends.numpy.backend import host_namespace
 
     return get_backend(host_namespace())
 

@@ -230,7 +230,7 @@ def _host_route(a: Any, b: Any, device: Any, memory_budget: Any, progress: Any) 
     host ``a`` and host ``b`` with any of the device keywords, or host datasets that are
     no Array API arrays (h5py, zarr)."""
     from mpqr._array_api import is_array_api_obj
-    from mpqr.backends.host import is_host_array
+    from mpqr.backends.host.arrays import is_host_array
 
     if not (is_host_array(a) and is_host_array(b)) or len(a.shape) != 2:
         return False

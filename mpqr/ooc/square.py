@@ -210,7 +210,7 @@ def square_qr(backend: Any, src: Any, *, method: str, precision: Any, prec_name:
               want_q: bool, q_dst: Any, check: str | None, budget: int, source: str,
               progress: Any, overwrite_a: bool) -> Any:
     """R (host) and Q in ``q_dst`` by ``method`` ("ooc-recursive" or "ooc-blocked")."""
-    from mpqr.backends import host
+    from mpqr.backends.host import arrays as host
 
     m, n = src.shape
     isz = src.itemsize

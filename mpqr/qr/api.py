@@ -314,7 +314,7 @@ def _host_route(x: Any, device: Any, out: Any, memory_budget: Any, progress: Any
     input with any of the device keywords, or a host dataset that is no Array API
     array (h5py, zarr). Device arrays with ``out=`` are refused."""
     from mpqr._array_api import is_array_api_obj
-    from mpqr.backends.host import is_host_array
+    from mpqr.backends.host.arrays import is_host_array
 
     given = device is not None or out is not None or memory_budget is not None or \
         progress is not None
