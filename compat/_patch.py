@@ -23,7 +23,7 @@ from typing import Any
 
 from mpqr.policy import validate_precision
 
-__all__ = ["current_precision", "original", "patch", "warn_once"]
+__all__ = ["current_precision", "front_ends", "original", "patch", "warn_once"]
 
 _LOCK = threading.RLock()
 _depth = 0
@@ -32,6 +32,7 @@ _loaded_before: set[str] = set()  # the names in sys.modules when the patch was 
 _precision: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mpqr_compat_precision", default=None)
 _ORIGINALS: dict[str, Any] = {}
+_FRONT_ENDS: dict[str, Any] = {}  # name -> mpqr's replacement (front_ends)
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
@@ -70,10 +71,19 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def _replacements() -> dict[int, tuple[str, Any]]:
-    from mpqr.compat import scipy as cs
+def front_ends(**funcs: Any) -> None:
+    """Register the functions that replace SciPy's inside a :class:`patch` block, by name
+    (:mod:`mpqr.compat.scipy` registers its own when it is imported)."""
+    unknown = set(funcs) - set(_NAMES)
+    if unknown:
+        raise ValueError(f"no SciPy function to replace by {sorted(unknown)}; "
+                         f"expected names among {list(_NAMES)}")
+    with _LOCK:
+        _FRONT_ENDS.update(funcs)
 
-    return {id(original(name)): (name, getattr(cs, name)) for name in _NAMES}
+
+def _replacements() -> dict[int, tuple[str, Any]]:
+    return {id(original(name)): (name, _FRONT_ENDS[name]) for name in _NAMES}
 
 
 def _module_globals(skip: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:

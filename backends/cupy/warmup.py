@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MANIFEST", "Recorder", "load", "record", "warm"]
+__all__ = ["MANIFEST", "Recorder", "describe", "load", "record", "warm"]
 
 #: the kernel list shipped with mpqr (recorded by ``python -m mpqr warmup --record``)
 MANIFEST = Path(__file__).resolve().parent / "data" / "cupy_kernels.json.gz"
@@ -198,3 +198,13 @@ def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None) -> di
     out["processes"] = procs
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def describe(done: dict) -> str:
+    """One line on what :func:`warm` did."""
+    if done["skipped"]:
+        return f"GPU kernels not compiled ahead: {done['skipped']}"
+    failed = f", {done['failed']} failed (they compile on first use)" if done["failed"] else ""
+    return (f"{done['kernels']} GPU kernels ready in {done['seconds']:.1f} s "
+            f"({done['processes']} processes, {done['compile_seconds']:.1f} s of compiles"
+            f"{failed})")

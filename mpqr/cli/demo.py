@@ -85,8 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"mpqr {mpqr.__version__} demo on {'CuPy (GPU)' if gpu else 'NumPy (CPU)'}: "
          f"A is {m} x {n} float64, cond(A) = {args.cond:.0e}")
     if gpu and not args.no_warmup:
-        from mpqr.backends.cupy.warmup import warm
-        from mpqr.cli.warmup import describe
+        from mpqr.backends.cupy.warmup import describe, warm
 
         _say("compiling the GPU kernels ahead of first use ...", end=" ")
         _say(describe(warm()))

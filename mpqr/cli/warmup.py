@@ -16,6 +16,8 @@ import argparse
 import os
 import tempfile
 
+from mpqr.backends.cupy.warmup import describe
+
 __all__ = ["describe", "main"]
 
 
@@ -80,13 +82,3 @@ def _routes() -> None:
         mpqr.qr(ill)
         mpqr.lstsq(ill, cp.asarray(fit))
     mpqr.qr(cp.asarray(rng.standard_normal((1024, 1024))), pivoting=True)
-
-
-def describe(done: dict) -> str:
-    """One line on what :func:`mpqr.backends.cupy.warmup.warm` did."""
-    if done["skipped"]:
-        return f"GPU kernels not compiled ahead: {done['skipped']}"
-    failed = f", {done['failed']} failed (they compile on first use)" if done["failed"] else ""
-    return (f"{done['kernels']} GPU kernels ready in {done['seconds']:.1f} s "
-            f"({done['processes']} processes, {done['compile_seconds']:.1f} s of compiles"
-            f"{failed})")

@@ -77,8 +77,8 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
     """:func:`mpqr.qr` for a host array (see there); validation first, then the route."""
     from mpqr._validation import check_choice
     from mpqr.backends.host import arrays as host
-    from mpqr.qr.api import MODES, QRResult
     from mpqr.qr.driver import METHODS
+    from mpqr.qr.in_memory import MODES, QRResult
 
     backend = host.device_backend(device)
     src = host.HostArray(x, "x")
@@ -142,7 +142,7 @@ def _in_core(backend: Any, src: Any, mode: str, precision: Any, method: str,
              check_finite: bool, overwrite_a: bool, budget: int | None) -> tuple[Any, Any]:
     """The whole matrix on the device (staged in pieces), the in-core QR, results back."""
     from mpqr.backends.host import arrays as host
-    from mpqr.qr.api import qr as qr_in_core
+    from mpqr.qr.in_memory import qr as qr_in_core
 
     m, n = src.shape
     if backend.name == "numpy":

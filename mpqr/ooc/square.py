@@ -78,7 +78,7 @@ class _Square:
         """Factor the device panel in ``panel`` (taken out of the list, so that its
         memory goes as soon as the in-core QR is done with it) and store ``Q`` and
         ``R``."""
-        from mpqr.qr.api import qr
+        from mpqr.qr.in_memory import qr
 
         p = panel.pop()
         with collapsed("out-of-core panels"):
