@@ -46,6 +46,10 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[2]
 
 #: page (relative to the docs dir) -> the generated blocks it holds
+#: subfolders of bench/results beside the benchmarks' files (``python -m mpqr bench``),
+#: by what they hold; the pages render them after the benchmarks
+SUBFOLDERS = {"probes": "Probe outputs (bench/probes, demo timings)",
+              "ab": "A/B comparisons of variants"}
 BLOCKS = {"performance.md": ("bench-results",),
           "precision.md": ("gemm-summary", "accuracy-table"),
           "frameworks.md": ("bridge-table",)}
@@ -281,11 +285,17 @@ def _files(results_dir: Path, pattern: str) -> list[Path]:
 
 
 def render_all(results_dir: Path) -> str:
-    """The ``bench-results`` block: every JSON file, then the PNG charts."""
+    """The ``bench-results`` block: every JSON file of the benchmarks, then those of
+    each subfolder (:data:`SUBFOLDERS`), then the PNG charts."""
     files = _files(results_dir, "*.json")
     if not files:
         return "_No benchmark results are committed yet._\n"
     parts = [render_file(p.name, _load(p)) for p in files]
+    for sub, title in SUBFOLDERS.items():
+        extra = _files(results_dir / sub, "*.json")
+        if extra:
+            parts.append(f"**{title}** (`bench/results/{sub}/`)\n")
+            parts += [render_file(f"{sub}/{p.name}", _load(p)) for p in extra]
     pngs = _files(results_dir, "*.png")
     if pngs:
         parts.append("### Charts\n")
