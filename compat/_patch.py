@@ -32,7 +32,7 @@ _loaded_before: set[str] = set()  # the names in sys.modules when the patch was 
 _precision: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mpqr_compat_precision", default=None)
 _ORIGINALS: dict[str, Any] = {}
-_FRONT_ENDS: dict[str, Any] = {}  # name -> mpqr's replacement (front_ends)
+_FRONT_ENDS: list[Any] = []  # the module of mpqr's replacements (front_ends)
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
@@ -71,19 +71,22 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def front_ends(**funcs: Any) -> None:
-    """Register the functions that replace SciPy's inside a :class:`patch` block, by name
-    (:mod:`mpqr.compat.scipy` registers its own when it is imported)."""
-    unknown = set(funcs) - set(_NAMES)
-    if unknown:
-        raise ValueError(f"no SciPy function to replace by {sorted(unknown)}; "
-                         f"expected names among {list(_NAMES)}")
+def front_ends(module: Any) -> None:
+    """Register the module whose functions, by SciPy's names, replace SciPy's inside a
+    :class:`patch` block; they are looked up as each outermost block starts (so a wrapper
+    set on the module later is what gets installed). :mod:`mpqr.compat.scipy` registers
+    itself when it is imported."""
+    missing = [n for n in _NAMES if not callable(getattr(module, n, None))]
+    if missing:
+        raise ValueError(f"{getattr(module, '__name__', module)!r} lacks the front ends "
+                         f"{missing}")
     with _LOCK:
-        _FRONT_ENDS.update(funcs)
+        _FRONT_ENDS[:] = [module]
 
 
 def _replacements() -> dict[int, tuple[str, Any]]:
-    return {id(original(name)): (name, _FRONT_ENDS[name]) for name in _NAMES}
+    (module,) = _FRONT_ENDS
+    return {id(original(name)): (name, getattr(module, name)) for name in _NAMES}
 
 
 def _module_globals(skip: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
