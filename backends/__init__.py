@@ -9,12 +9,14 @@ backend class in the entry-point group ``mpqr.backends``; it must subclass
 
 from __future__ import annotations
 
+import importlib
 import threading
 from importlib.metadata import entry_points
 from typing import Any
 
 from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
+from mpqr import _aliases
 from mpqr._array_api import namespace_name
 
 __all__ = ["ArrayAPIBackend", "EngineRates", "get_backend", "register_backend"]
@@ -40,8 +42,8 @@ def _load_builtin_and_entry_points() -> None:
     global _loaded_entry_points
     if _loaded_entry_points:
         return
-    from mpqr.backends.cupy_backend import CupyBackend
-    from mpqr.backends.numpy_backend import NumpyBackend
+    from mpqr.backends.cupy.backend import CupyBackend
+    from mpqr.backends.numpy.backend import NumpyBackend
 
     found: list[type[ArrayAPIBackend]] = [NumpyBackend, CupyBackend]
     for ep in entry_points(group="mpqr.backends"):
@@ -80,3 +82,18 @@ def get_backend(xp: Any) -> ArrayAPIBackend:
         be = ArrayAPIBackend(xp)
     _cache[key] = be
     return be
+
+
+#: the built-in backend classes, by name, in the modules that define them
+_BUILTIN = {"NumpyBackend": "mpqr.backends.numpy.backend",
+            "CupyBackend": "mpqr.backends.cupy.backend"}
+
+
+def __getattr__(name: str) -> Any:
+    # looked up late: the built-in classes (their modules import NumPy or CuPy) and the
+    # module paths of earlier releases (mpqr.backends.numpy_backend, ...)
+    if name in _BUILTIN:
+        return getattr(importlib.import_module(_BUILTIN[name]), name)
+    if f"{__name__}.{name}" in _aliases.ALIASES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -865,8 +865,8 @@ def _device_memory_free(self: ArrayAPIBackend) -> int | None:
 def _host_staging(self: ArrayAPIBackend, dtype: Any, block_elems: int, *, nbuf: int = 3,
                   nout: int = 2) -> Any:
     """The staging between host arrays and this backend's arrays (see
-    :mod:`mpqr.backends.staging`); here synchronous copies on the host."""
-    from mpqr.backends.staging import SyncStaging
+    :mod:`mpqr.backends.host.staging`); here synchronous copies on the host."""
+    from mpqr.backends.host.staging import SyncStaging
 
     return SyncStaging(self, dtype, block_elems, nbuf)
 

@@ -1,7 +1,7 @@
 """Certified Householder panels (portable): CholQR2 with float64 Gram matrices and the
 reconstruction of the reflectors, in LAPACK's layout, in place.
 
-The steps of ``kernels/panel_cholqr.cu`` (:mod:`mpqr.backends.cupy_panel_cholqr`) in the
+The steps of ``kernels/panel_cholqr.cu`` (:mod:`mpqr.backends.cupy.panel_cholqr`) in the
 same order, with the Array API: every backend without the kernels runs these, so the
 CPU tests check the GPU route's numerics.
 

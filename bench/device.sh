@@ -2,7 +2,7 @@
 # GPU runs: `OUT=DIR bash bench/device.sh JOB [JOB ...]` after
 # `python3 -m pip install -e ".[cuda13,test,plot]"` (or cuda12). The log, JSON and PNG
 # files go to $OUT, named TOPIC_DEVICE_DATE; copy the ones to keep into bench/results/
-# and run `python -m mpqr.tools.render_results`.
+# and run `python -m mpqr.bench.render_results`.
 #   tests     the GPU tests of test files a-p (one device command each half), or of the
 #             files in $TEST_FILES when set
 #   tests2    the GPU tests of test files q-z, then the GPU-fault tests
@@ -48,8 +48,8 @@ for job in "$@"; do
       grep -E "passed|failed|^(FAILED|ERROR)" "$OUT/pytest_$job.txt" | cut -c1-200 >> "$L" ;;
     demo) ( time timeout 150 python3 -m mpqr demo ) >> "$L" 2>&1 ;;
     warmup)
-      timeout 200 python3 -m mpqr warmup --record backends/data/cupy_kernels.json.gz >> "$L" 2>&1
-      cp backends/data/cupy_kernels.json.gz "$OUT/"
+      timeout 200 python3 -m mpqr warmup --record backends/cupy/data/cupy_kernels.json.gz >> "$L" 2>&1
+      cp backends/cupy/data/cupy_kernels.json.gz "$OUT/"
       ( export CUPY_CACHE_DIR=$(mktemp -d); time timeout 150 python3 -m mpqr demo ) >> "$L" 2>&1 ;;
     gemm)
       timeout 150 python3 -m mpqr bench gemm --tune --repeat 5 \

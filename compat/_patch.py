@@ -23,7 +23,7 @@ from typing import Any
 
 from mpqr.policy import validate_precision
 
-__all__ = ["current_precision", "original", "patch", "warn_once"]
+__all__ = ["current_precision", "front_ends", "original", "patch", "warn_once"]
 
 _LOCK = threading.RLock()
 _depth = 0
@@ -32,6 +32,7 @@ _loaded_before: set[str] = set()  # the names in sys.modules when the patch was 
 _precision: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mpqr_compat_precision", default=None)
 _ORIGINALS: dict[str, Any] = {}
+_FRONT_ENDS: list[Any] = []  # the module of mpqr's replacements (front_ends)
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
@@ -70,10 +71,22 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, UserWarning, stacklevel=3)
 
 
-def _replacements() -> dict[int, tuple[str, Any]]:
-    from mpqr.compat import scipy as cs
+def front_ends(module: Any) -> None:
+    """Register the module whose functions, by SciPy's names, replace SciPy's inside a
+    :class:`patch` block; they are looked up as each outermost block starts (so a wrapper
+    set on the module later is what gets installed). :mod:`mpqr.compat.scipy` registers
+    itself when it is imported."""
+    missing = [n for n in _NAMES if not callable(getattr(module, n, None))]
+    if missing:
+        raise ValueError(f"{getattr(module, '__name__', module)!r} lacks the front ends "
+                         f"{missing}")
+    with _LOCK:
+        _FRONT_ENDS[:] = [module]
 
-    return {id(original(name)): (name, getattr(cs, name)) for name in _NAMES}
+
+def _replacements() -> dict[int, tuple[str, Any]]:
+    (module,) = _FRONT_ENDS
+    return {id(original(name)): (name, getattr(module, name)) for name in _NAMES}
 
 
 def _module_globals(skip: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:

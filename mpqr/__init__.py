@@ -6,6 +6,7 @@ Every matrix product goes through the precision policy, which can explain
 what it chose: ``with mpqr.explain() as trace: ...``.
 """
 
+from mpqr import _aliases  # noqa: F401  (first: the module paths of earlier releases)
 from mpqr._errors import BreakdownError, LinAlgError, RefinementWarning
 from mpqr.lstsq import lstsq
 from mpqr.matmul import matmul

@@ -19,18 +19,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("rest", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if args.command == "demo":
-        from mpqr.tools.demo import main as demo
+        from mpqr.cli.demo import main as demo
 
         return demo(args.rest)
     if args.command == "warmup":
-        from mpqr.tools.warmup import main as warmup
+        from mpqr.cli.warmup import main as warmup
 
         return warmup(args.rest)
     # the one registry of benchmarks: topic -> module with main(argv)
-    benches = {"gemm": "mpqr.tools.bench_gemm", "qr": "mpqr.tools.bench_qr",
-               "lstsq": "mpqr.tools.bench_lstsq", "accuracy": "mpqr.tools.bench_accuracy",
-               "dask": "mpqr.tools.bench_dask", "bridge": "mpqr.tools.bench_bridge",
-               "ooc": "mpqr.tools.bench_ooc"}
+    benches = {"gemm": "mpqr.bench.gemm", "qr": "mpqr.bench.qr",
+               "lstsq": "mpqr.bench.lstsq", "accuracy": "mpqr.bench.accuracy",
+               "dask": "mpqr.bench.dask", "bridge": "mpqr.bench.bridge",
+               "ooc": "mpqr.bench.ooc"}
     if not args.rest:
         print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
         for topic, modname in benches.items():

@@ -12,8 +12,10 @@ import array_api_compat as _compat
 
 __all__ = [
     "array_namespace",
+    "ct",
     "device",
     "is_array_api_obj",
+    "is_complex",
     "is_cupy_namespace",
     "is_numpy_namespace",
     "is_strict_namespace",
@@ -75,3 +77,13 @@ def namespace_name(xp: Any) -> str:
 
 def _is_scalar(a: Any) -> bool:
     return isinstance(a, (bool, int, float, complex))
+
+
+def is_complex(xp: Any, x: Any) -> bool:
+    return xp.isdtype(x.dtype, "complex floating")
+
+
+def ct(xp: Any, a: Any) -> Any:
+    """Conjugate transpose of the last two axes (a view for real input)."""
+    t = xp.matrix_transpose(a)
+    return xp.conj(t) if is_complex(xp, a) else t

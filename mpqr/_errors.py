@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from mpqr.backends._numpy_types import LINALG_ERROR
+from mpqr.backends.numpy.types import LINALG_ERROR
 
 __all__ = ["BreakdownError", "LinAlgError", "RefinementWarning"]
 

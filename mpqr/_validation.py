@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from mpqr._array_api import array_namespace, device
-from mpqr.backends._numpy_types import plain_array
+from mpqr.backends.numpy.types import plain_array
 
 __all__ = [
     "check_choice",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpqr import _route
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_dtype, check_ndim, namespace_of, plain_array
-from mpqr.backends import bridge, get_backend
+from mpqr.backends import get_backend
 from mpqr.policy.policy import gemm
 
 __all__ = ["matmul"]
@@ -56,9 +57,12 @@ def matmul(a: Any, b: Any, precision: str | None = None, *, options: Any = None)
     array([[ 3.,  3.],
            [12., 12.]])
     """
-    if bridge.is_foreign(a, b):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        return bridge.call("matmul", matmul, (a, b), ("a", "b"), precision=precision,
-                           options=options)
+    return _route.call("matmul", _matmul, (a, b), ("a", "b"), precision=precision,
+                       options=options)
+
+
+def _matmul(a: Any, b: Any, precision: str | None, options: Any) -> Any:
+    """:func:`matmul` of arrays in memory."""
     a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     xp = namespace_of(a, b, names=("a", "b"))
     check_ndim(a, "a", exact=2, what="2-D (the GEMM engines are 2-D)")

@@ -193,8 +193,8 @@ def tune(xp: Any = None, *, size: int = 4096, repeats: int = 3, save: bool = Tru
 
 
 def _default_namespace() -> Any:
-    from mpqr.backends.cupy_backend import gpu_namespace
-    from mpqr.backends.numpy_backend import host_namespace
+    from mpqr.backends.cupy.backend import gpu_namespace
+    from mpqr.backends.numpy.backend import host_namespace
 
     return gpu_namespace() or host_namespace()
 

@@ -252,7 +252,7 @@ def test_bench_rows_render_into_the_frameworks_page(tmp_path):
     """`python -m mpqr bench bridge` JSON becomes the table of "From PyTorch / JAX"."""
     import json
 
-    from mpqr.tools import render_results as rr
+    from mpqr.bench import render_results as rr
 
     env = {"device": "Test GPU", "date": "2026-01-02", "torch": "2.13.0", "jax": "0.10.2"}
     row = {"call": "qr", "shape": "4194304x64", "dtype": "float64", "mpqr-native (ms)": 5.0,

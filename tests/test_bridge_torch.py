@@ -180,7 +180,7 @@ def test_tracers_get_a_clear_error(trace, what):
 
 def test_cpu_view_is_read_only_for_the_call():
     """A stray write into the NumPy view would raise instead of changing the tensor."""
-    from mpqr.backends import bridge_torch
+    from mpqr.backends.bridges import torch as bridge_torch
 
     seen = {}
 
@@ -238,7 +238,7 @@ def test_runs_on_the_callers_stream():
     import cupy
 
     seen = {}
-    from mpqr.backends import bridge_torch
+    from mpqr.backends.bridges import torch as bridge_torch
 
     def spy(x, **kw):
         seen["stream"] = cupy.cuda.get_current_stream().ptr

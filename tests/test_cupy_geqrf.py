@@ -1,4 +1,4 @@
-"""GPU tests of the library QR route with fused layout steps (``backends/cupy_geqrf.py``).
+"""GPU tests of the library QR route with fused layout steps (``backends/cupy/geqrf.py``).
 
 It runs the same cuSOLVER ``geqrf``/``orgqr`` as ``cupy.linalg.qr`` on the same numbers,
 only with its own copies into and out of cuSOLVER's column-major layout and ``diag(R)``
@@ -18,7 +18,7 @@ from tests.conftest import GPU
 if not GPU:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
 import cupy as cp
-from mpqr.backends import cupy_geqrf
+from mpqr.backends.cupy import geqrf as cupy_geqrf
 
 import mpqr
 

@@ -15,7 +15,8 @@ from tests.conftest import GPU
 if not GPU:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
 import cupy as cp
-from mpqr.backends import cupy_int8_lt, get_backend
+from mpqr.backends import get_backend
+from mpqr.backends.cupy import int8_lt as cupy_int8_lt
 
 import mpqr
 

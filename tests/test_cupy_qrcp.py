@@ -1,4 +1,4 @@
-"""GPU tests of the sketch-QRCP kernels (``backends/cupy_qrcp.py``, CuPy only).
+"""GPU tests of the sketch-QRCP kernels (``backends/cupy/qrcp.py``, CuPy only).
 
 The kernels run LAPACK geqp3's choice rule — the column of largest remaining norm,
 the first of equals — with each remaining norm recomputed from its entries instead of
@@ -18,7 +18,7 @@ from tests.conftest import GPU
 if not GPU:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
 import cupy as cp
-from mpqr.backends import cupy_qrcp
+from mpqr.backends.cupy import qrcp as cupy_qrcp
 
 import mpqr
 

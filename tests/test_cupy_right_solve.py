@@ -21,7 +21,7 @@ from tests.conftest import GPU
 if not GPU:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
 import cupy as cp
-from mpqr.backends.cupy_right_solve import (
+from mpqr.backends.cupy.right_solve import (
     GRAM_MAX_N,
     MAX_N,
     right_solve_gram,
@@ -79,7 +79,7 @@ def test_support_rules_and_nan_propagation():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_native_gemm_of_row_strided_views_matches_matmul(dtype):
-    from mpqr.backends.cupy_backend import CupyBackend
+    from mpqr.backends.cupy.backend import CupyBackend
 
     be = CupyBackend(cp)
     rng = np.random.default_rng(1)

@@ -16,8 +16,8 @@ from tests.conftest import GPU
 if not GPU:
     pytest.skip("no CUDA GPU visible", allow_module_level=True)
 import cupy as cp
-from mpqr.backends.cupy_backend import CupyBackend
-from mpqr.backends.cupy_tsqr import MAX_N, plan_tree, tsqr, tsqr_reference
+from mpqr.backends.cupy.backend import CupyBackend
+from mpqr.backends.cupy.tsqr import MAX_N, plan_tree, tsqr, tsqr_reference
 
 from mpqr.engines.tc_sgemm import LO_SHIFT
 
@@ -197,7 +197,7 @@ def _same_bits(a, b):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_scale_split_fp16_bitwise_vs_numpy(dtype):
-    from mpqr.backends.numpy_backend import NumpyBackend
+    from mpqr.backends.numpy.backend import NumpyBackend
 
     rng = np.random.default_rng(4)
     x = (rng.standard_normal((300, 70)) * 2.0 ** rng.integers(-30, 30, (300, 70))).astype(dtype)
@@ -230,7 +230,7 @@ def _extremes(rng, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pow2_shift_bitwise_vs_numpy(dtype):
     """The fused shift (one reduction, one elementwise launch) is the NumPy backend's."""
-    from mpqr.backends.numpy_backend import NumpyBackend
+    from mpqr.backends.numpy.backend import NumpyBackend
 
     from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 

@@ -134,7 +134,7 @@ def test_round_trips_on_the_cluster(client):
     thread (a worker's blocks in one task), counted by a scheduler plugin."""
     from distributed import wait
 
-    from mpqr.tools.bench_dask import RoundTrips, _take
+    from mpqr.bench.dask import RoundTrips, _take
 
     client.register_plugin(RoundTrips())
     rng = np.random.default_rng(5)

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from mpqr.tools import demo
+from mpqr.cli import demo
 
 
 def test_demo_announces_each_step_and_reports_accurate_rows(capsys):
@@ -66,7 +66,7 @@ def test_warmup_stores_mpqr_kernels_by_file_and_reads_them_back_exactly():
     around it, so a warm-up always compiles the current file, byte for byte."""
     from pathlib import Path
 
-    from mpqr.backends import cupy_warmup as w
+    from mpqr.backends.cupy import warmup as w
 
     path = sorted(Path(w.__file__).parent.joinpath("kernels").glob("*.cu"))[0]
     source = "#include <cupy/carray.cuh>\n" + path.read_text() + "\n// tail"
@@ -81,7 +81,7 @@ def test_warmup_stores_mpqr_kernels_by_file_and_reads_them_back_exactly():
 def test_warmup_skips_a_list_it_cannot_use(tmp_path):
     """A missing or unreadable kernel list is reported, never an exception; without CuPy
     there is nothing to compile."""
-    from mpqr.backends import cupy_warmup as w
+    from mpqr.backends.cupy import warmup as w
 
     bad = tmp_path / "k.json.gz"
     bad.write_bytes(b"not gzip")
@@ -96,7 +96,7 @@ def test_warmup_skips_a_list_it_cannot_use(tmp_path):
 
 
 def test_shipped_kernel_list_names_existing_sources():
-    from mpqr.backends import cupy_warmup as w
+    from mpqr.backends.cupy import warmup as w
 
     manifest = w.load()
     assert manifest["cupy"] and manifest["entries"]
@@ -107,7 +107,7 @@ def test_shipped_kernel_list_names_existing_sources():
 
 
 def test_warmup_command_without_a_gpu(capsys):
-    from mpqr.tools import warmup
+    from mpqr.cli import warmup
 
     try:
         import cupy  # noqa: F401

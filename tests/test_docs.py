@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import mpqr
-from mpqr.tools import render_results as rr
+from mpqr.bench import render_results as rr
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -209,7 +209,7 @@ def test_rendered_results_are_current():
     for path, text in pages.items():
         assert path.read_text() == text, (
             f"{path.name} is out of date with bench/results: run "
-            "python -m mpqr.tools.render_results")
+            "python -m mpqr.bench.render_results")
     for src, dst in rr._chart_copies(DOCS, ROOT / "bench" / "results"):
         assert dst.is_file() and dst.read_bytes() == src.read_bytes(), f"{dst} is stale"
     assert rr.main(["--check"]) == 0

@@ -167,7 +167,7 @@ def _triton_cupy():
             return None
     except Exception:
         return None
-    from mpqr.backends import triton_gemm
+    from mpqr.backends.cupy import triton_gemm
 
     return cp if triton_gemm.available() else None
 
@@ -176,7 +176,7 @@ gpu = pytest.mark.skipif(_triton_cupy() is None, reason="needs a CUDA GPU with T
 
 
 def _check_gpu(cp, a, b, c0, sub=True):
-    from mpqr.backends import triton_gemm as tg
+    from mpqr.backends.cupy import triton_gemm as tg
 
     def run():
         c = c0.copy()
@@ -235,7 +235,7 @@ def test_triton_epilogue_fp16_qr_accuracy():
 
 
 def test_layouts_the_kernel_takes():
-    from mpqr.backends.triton_gemm import _layout
+    from mpqr.backends.cupy.triton_gemm import _layout
 
     x = np.zeros((6, 10), dtype=np.float16)
     assert _layout(x) == ("r", 10)
@@ -248,7 +248,7 @@ def test_layouts_the_kernel_takes():
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-    from mpqr.backends.triton_gemm import cache_dir
+    from mpqr.backends.cupy.triton_gemm import cache_dir
 
     monkeypatch.setenv("MPQR_CACHE_DIR", str(tmp_path))
     assert cache_dir() == tmp_path / "triton"
@@ -258,7 +258,7 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
 
 
 def test_compiled_variants_on_disk(tmp_path):
-    from mpqr.backends.triton_gemm import _cached, _store
+    from mpqr.backends.cupy.triton_gemm import _cached, _store
 
     path = tmp_path / "sub" / "k.cubin"
     assert _cached(path) is None
@@ -273,7 +273,7 @@ def test_compiled_variants_on_disk(tmp_path):
 
 
 def test_a_failed_compile_turns_the_kernel_off(monkeypatch):
-    from mpqr.backends import triton_gemm as tg
+    from mpqr.backends.cupy import triton_gemm as tg
 
     monkeypatch.setattr(tg, "ENABLED", True)
     with pytest.warns(RuntimeWarning, match="fused epilogue is off for this process "

@@ -199,7 +199,7 @@ def test_default_tol_as_accurate_as_householder_qr():
 def test_certificate_not_fooled_by_silent_cholesky_failure(monkeypatch):
     # cuSOLVER's potrf reports a non-positive-definite matrix only through devInfo and
     # leaves the unfactored part in place; emulate that and check nothing is certified
-    from mpqr.backends.numpy_backend import NumpyBackend
+    from mpqr.backends.numpy.backend import NumpyBackend
 
     def silent(self, a, *, upper=False, check=True):
         try:

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from mpqr.backends import staging
+from mpqr.backends.host import staging
 
 import mpqr
 from mpqr.ooc import BudgetTooSmall
@@ -158,7 +158,7 @@ def test_pinned_slots_page_locked_reused_capped_and_released(monkeypatch):
     second call takes the first call's, an interrupted call gives its own back, the pool
     keeps at most PINNED_POOL_BYTES, and release_pinned() unregisters them."""
     import cupy as cp
-    from mpqr.backends import cupy_staging as cs
+    from mpqr.backends.cupy import staging as cs
 
     cs.release_pinned()
     a = np.random.default_rng(6).standard_normal(TALL)

@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 
 import mpqr
+from mpqr.bench.accuracy import KINDS, make_matrix
 from mpqr.engines.scaling import pow2_shift
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
-from mpqr.tools.bench_accuracy import KINDS, make_matrix
 from tests._qr_support import backward_error
 from tests._support import exact_matmul, from_numpy, to_numpy
 

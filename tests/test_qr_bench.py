@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mpqr.__main__ import main as mpqr_main
-from mpqr.tools import bench_accuracy
+from mpqr.bench import accuracy as bench_accuracy
 
 
 def test_bench_accuracy_small(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """The ``n x n`` steps of a CholQR pass on the device (``backend.chol_steps``).
 
 The CuPy backend makes ``R = chol(G)``, ``X = R^-1`` and the checks' numbers in one
-launch (``backends/kernels/chol_steps.cu``); :func:`portable_chol_steps` is the Array
+launch (``backends/cupy/kernels/chol_steps.cu``); :func:`portable_chol_steps` is the Array
 API reference. The ``device_steps`` fixture gives every other backend the reference, so
 CI runs the device route's logic (certified GEMM first, checks read once, the host
 route's own errors where a check fails) on NumPy.
@@ -206,7 +206,7 @@ def test_device_route_certificate_failure_names_the_distance(monkeypatch, device
 @pytest.mark.parametrize("n", [20, 64])
 def test_device_and_host_routes_agree(xp, n, device_steps, monkeypatch):
     """The same R to working accuracy (float64), whichever route the steps took."""
-    from mpqr.backends.cupy_backend import CupyBackend
+    from mpqr.backends.cupy.backend import CupyBackend
 
     a = geometric(np.random.default_rng(11), 30 * n, n, 1e3)
     with mpqr.explain() as trace:

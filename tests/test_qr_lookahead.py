@@ -81,7 +81,7 @@ def test_cupy_lane_matches_the_serial_run(monkeypatch, mode, precision):
 
     if not GPU:
         pytest.skip("no CUDA GPU visible")
-    from mpqr.backends.cupy_backend import CupyBackend
+    from mpqr.backends.cupy.backend import CupyBackend
 
     dt = cp.float32 if precision == "fp16" else cp.float64
     a = cp.asarray(geometric(np.random.default_rng(3), *SHAPE, 1e3)).astype(dt)
@@ -104,7 +104,7 @@ def test_cupy_lane_has_its_own_stream_and_handle_per_thread():
 
     if not GPU:
         pytest.skip("no CUDA GPU visible")
-    from mpqr.backends import cupy_lane
+    from mpqr.backends.cupy import lane as cupy_lane
 
     be = get_backend(sys.modules["mpqr._array_api"].array_namespace(cp.zeros(1)))
     a = cp.zeros((8, 4))

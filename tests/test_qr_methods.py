@@ -163,7 +163,9 @@ def test_cholqr_family_reach(xp, method, cond, breaks):
 ])
 def test_auto_never_surfaces_breakdown(monkeypatch, cond, chain):
     a = geometric(np.random.default_rng(5), 200, 40, cond)
-    monkeypatch.setattr(api, "choose_method", lambda *args, **kw: ("cholqr2", "test"))
+    # the in-memory route is the one that chooses
+    monkeypatch.setattr(sys.modules["mpqr.qr.in_memory"], "choose_method",
+                        lambda *args, **kw: ("cholqr2", "test"))
     with mpqr.explain() as trace:
         q, r = mpqr.qr(a, precision="fp64")
     fb = [e for e in trace.events if e.kind == "fallback"]

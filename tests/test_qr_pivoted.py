@@ -30,7 +30,7 @@ def _small_blocks(monkeypatch, block=16):
     that the test matrices span many blocks."""
     monkeypatch.setattr(pivoted, "BLOCK", block)
     if GPU:
-        from mpqr.backends.cupy_backend import CupyBackend
+        from mpqr.backends.cupy.backend import CupyBackend
 
         monkeypatch.setattr(CupyBackend, "qrcp_block", block)
 

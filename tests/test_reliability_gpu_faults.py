@@ -133,7 +133,7 @@ def test_oom_error_is_also_cupys_outofmemoryerror(capped_pool):
 @needs_gpu
 def test_nvrtc_failure_names_kernel_and_architecture(monkeypatch):
     import cupy as cp
-    import mpqr.backends.cupy_engine_kernels as k
+    import mpqr.backends.cupy.engine_kernels as k
 
     for f in (k._split_kernels, k._max_abs_finite_kernel, k._unscale_kernel):
         f.cache_clear()

@@ -1,6 +1,6 @@
 """CPU checks of the TSQR tree and tile arithmetic the CuPy kernels implement.
 
-``mpqr.backends.cupy_tsqr`` plans the tree (``plan_tree``) and emulates the
+``mpqr.backends.cupy.tsqr`` plans the tree (``plan_tree``) and emulates the
 tile kernel (``householder_tile`` / ``apply_householder``) in NumPy; these
 tests run them against LAPACK (numpy.linalg.qr) and against residuals taken
 in extended precision, so the tree, the tile bounds and the Q assembly the GPU
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mpqr.backends.cupy_tsqr import (
+from mpqr.backends.cupy.tsqr import (
     MAX_N,
     TILE_ROWS,
     apply_householder,

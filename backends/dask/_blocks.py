@@ -19,6 +19,7 @@ from mpqr.policy import active_gemm_options, gemm, gemm_options
 from mpqr.qr._kernels import ct
 
 __all__ = [
+    "Small",
     "apply_inverses",
     "bind",
     "block_backend",
@@ -40,6 +41,24 @@ __all__ = [
     "run_with",
     "to_host",
 ]
+
+
+class Small:
+    """A leaf's small operands as one argument of each block task (a plain object, so
+    that dask never reads a tuple of them as a task or a key)."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, value: Any, key: str | None = None):
+        self.value = value
+        # where set, a worker keeps its device copy of ``value`` under this key for the
+        # call's later block tasks (:func:`on_device`)
+        self.key = key
+
+    def __dask_tokenize__(self) -> Any:
+        from dask.base import tokenize
+
+        return ("mpqr-small", tokenize(self.value))
 
 
 def bind(func: Any) -> Any:
@@ -69,9 +88,7 @@ def apply_inverses(a: Any, rs: tuple[Any, ...], method: str, prec_name: str,
     """``a R1^-1 R2^-1 ...`` for the factors ``rs``, each ``(R, (R^-1, cond_1(R)))`` as
     the client made them once (in order), each step as the in-core CholQR pass applies
     it (substitution, or a GEMM by the inverse where it is well conditioned). ``rs`` may
-    come wrapped in a :class:`~mpqr.backends.dask._graph.Small`."""
-    from mpqr.backends.dask._graph import Small
-
+    come wrapped in a :class:`Small`."""
     from mpqr.qr.cholqr import _apply_inverse
 
     backend = block_backend(a)
@@ -123,7 +140,7 @@ def product(a: Any, x: Any, precision: str, label: str) -> Any:
 
 def leaf_qr(a: Any, precision: Any, method: str) -> tuple[Any, Any]:
     """The in-core QR of a leaf block (``mpqr.qr``, reduced): ``(Q, R)``."""
-    from mpqr.qr.api import qr
+    from mpqr.qr.in_memory import qr
 
     return tuple(qr(a, mode="reduced", precision=precision, method=method))
 
@@ -159,7 +176,7 @@ def column_max(a: Any) -> Any:
 
 def host_backend() -> Any:
     """The NumPy backend: the client's ``n x n`` steps and the trees' sums run on the host."""
-    from mpqr.backends.numpy_backend import host_namespace
+    from mpqr.backends.numpy.backend import host_namespace
 
     return get_backend(host_namespace())
 
@@ -207,7 +224,7 @@ def gram_leaf(small: tuple[Any, ...], a: Any) -> dict[str, Any]:
 def r_leaf(small: tuple[Any, ...], a: Any) -> dict[str, Any]:
     """``{"r": R, "ok": A finite}``: the in-core ``mpqr.qr(mode="r")`` of one block
     (``small``: ``(precision, method, check)``), the leaf of a TSQR pass for ``R``."""
-    from mpqr.qr.api import qr
+    from mpqr.qr.in_memory import qr
 
     precision, method, check = small
     backend = block_backend(a)
@@ -221,7 +238,7 @@ def r_combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
     ``mpqr.qr`` on the host, at the precision and method of the leaves)."""
     import numpy as np
 
-    from mpqr.qr.api import qr
+    from mpqr.qr.in_memory import qr
 
     precision, method = parts[0]["how"]
     r = qr(np.concatenate([p["r"] for p in parts], axis=0), mode="r", precision=precision,

@@ -20,30 +20,14 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
+from mpqr.backends.dask._blocks import Small
+
 from mpqr.policy import record_event
 
 __all__ = ["Pass", "PassStats", "Small", "as_column", "compute_pass", "groups", "reduce_pass",
            "run_group", "sum_parts"]
 
 _COUNTER = itertools.count()
-
-
-class Small:
-    """A leaf's small operands as one argument of each block task (a plain object, so
-    that dask never reads a tuple of them as a task or a key)."""
-
-    __slots__ = ("key", "value")
-
-    def __init__(self, value: Any, key: str | None = None):
-        self.value = value
-        # where set, a worker keeps its device copy of ``value`` under this key for the
-        # call's later block tasks (:func:`mpqr.backends.dask._blocks.on_device`)
-        self.key = key
-
-    def __dask_tokenize__(self) -> Any:
-        from dask.base import tokenize
-
-        return ("mpqr-small", tokenize(self.value))
 
 
 @dataclass

@@ -61,7 +61,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     from mpqr.backends import get_backend
 
     from mpqr._array_api import array_namespace
-    from mpqr.lstsq.api import check_options, lstsq_2d
+    from mpqr.lstsq.in_memory import check_options, lstsq_2d
 
     da = require_dask()
     prec_name = check_options(refine, precision, tol, maxiter, cond)

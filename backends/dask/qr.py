@@ -70,8 +70,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     array computed during the call (CholQR's certificate chooses the route). Only
     ``mode="reduced"`` and ``"r"``; ``x`` is never modified (``overwrite_a`` is ignored).
     """
-    from mpqr.qr.api import MODES, QRResult
     from mpqr.qr.driver import METHODS
+    from mpqr.qr.in_memory import MODES, QRResult
 
     check_choice(mode, "mode", MODES)
     check_choice(method, "method", ("auto", *sorted(METHODS)))

@@ -14,10 +14,10 @@ import sys
 import cupy as cp
 from mpqr.backends.dask import _blocks
 
+from mpqr.bench._timing import time_it
 from mpqr.policy import gemm
 from mpqr.qr._kernels import ct
 from mpqr.qr.gram_blocked import gram
-from mpqr.tools._timing import time_it
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ import sys
 import numpy as np
 
 import mpqr
-from mpqr.tools._timing import default_xp, environment, is_cupy, release_pool, time_it
-from mpqr.tools.bench_accuracy import make_matrix
+from mpqr.bench._timing import default_xp, environment, is_cupy, release_pool, time_it
+from mpqr.bench.accuracy import make_matrix
 
 hr = importlib.import_module("mpqr.qr.householder_recursive")  # mpqr.qr is the function
 

@@ -9,7 +9,7 @@ all; a GPU with Triton installed).
   differences must lie within the float32 accumulation's bound ``2 k u32 |A||B|`` (and
   ``2 u32 |C|`` for ``C -= A B``) and the non-finite outputs must be the same.
 * ``gemm``: ``C -= A B`` through the policy (engine ``tc-fp16``) at the fp16 QR's shapes.
-* ``configs``: the tile shapes of :data:`mpqr.backends.triton_gemm.CONFIGS` and others.
+* ``configs``: the tile shapes of :data:`mpqr.backends.cupy.triton_gemm.CONFIGS` and others.
 * ``qr``: ``householder-recursive`` at ``precision="fp16"`` (16384^2, 32768^2,
   65536 x 8192; modes reduced and r), fused and separate alternating twice, beside
   cuSOLVER, with backward error and orthogonality.
@@ -22,11 +22,11 @@ import sys
 import time
 
 import cupy as cp
-from mpqr.backends import triton_gemm as tg
+from mpqr.backends.cupy import triton_gemm as tg
 
 import mpqr
+from mpqr.bench._timing import environment, release_pool, time_it
 from mpqr.policy import gemm_into, gemm_sub
-from mpqr.tools._timing import environment, release_pool, time_it
 
 U32 = 2.0**-24
 FP16 = {"engine": "tc-fp16"}

@@ -17,7 +17,7 @@ if "--import-profiler" in sys.argv:
     import torch.profiler  # noqa: F401
 
 import cupy as cp
-from mpqr.backends import triton_gemm as tg
+from mpqr.backends.cupy import triton_gemm as tg
 
 import mpqr
 from mpqr.policy import gemm_sub

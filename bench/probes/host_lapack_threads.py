@@ -1,7 +1,7 @@
 """The host BLAS's thread count on mpqr's small LAPACK calls: a panel's ``geqrf``
 (``m x 128``) and a sketch's ``geqp3`` (``136 x N``), with the library's threads and
 with one (``python bench/probes/host_lapack_threads.py``; the CPU run behind
-:data:`mpqr.backends.host_blas.ONE_THREAD_MAX_ELEMENTS`)."""
+:data:`mpqr.backends.host.blas.ONE_THREAD_MAX_ELEMENTS`)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ import cupy as cp
 import cupyx.scipy.linalg as cxl
 
 import mpqr
-from mpqr.tools._timing import environment, release_pool, time_it
+from mpqr.bench._timing import environment, release_pool, time_it
 
 SHAPES = [(2**22, 64), (2**24, 32), (2**20, 256)]
 CONDS = [1.0, 1e8, 1e12, 1e15]

@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import mpqr
-from mpqr.tools._timing import release_pool, time_it
+from mpqr.bench._timing import release_pool, time_it
 
 #: kernel classes, first match wins (cuBLAS names its kernels by type: "i8"/"imma" int8,
 #: "h"/"f16"/"hmma" half, "d" double; nvjet kernels carry the types in their names)

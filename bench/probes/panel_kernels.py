@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 import cupy as cp
-from mpqr.backends import cupy_panel_cholqr as k
+from mpqr.backends.cupy import panel_cholqr as k
 
 
 def launches(m: int, n: int) -> tuple[cp.ndarray, cp.ndarray, dict]:

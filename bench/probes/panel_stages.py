@@ -1,6 +1,6 @@
 """Where a certified panel's launch spends its time: ``python3 bench/probes/panel_stages.py``.
 
-Compiles variants of ``backends/kernels/panel_cholqr.cu`` that return after a given stage
+Compiles variants of ``backends/cupy/kernels/panel_cholqr.cu`` that return after a given stage
 of the last thread block (the rest of the launch unchanged) and times each with CUDA
 events over 100 launches (float64, n = 32, m = 32 and 16384); the differences between
 consecutive stops are the stages' times. Without hardware counters, this is how the
@@ -10,7 +10,7 @@ launch is taken apart (METHOD.md: variants that leave a stage out).
 from __future__ import annotations
 
 import cupy as cp
-from mpqr.backends import cupy_panel_cholqr as k
+from mpqr.backends.cupy import panel_cholqr as k
 from panel_kernels import per_launch_us  # the sibling probe's timing (run from bench/probes)
 
 #: (pass, name of the stage that ends here, the source line the return goes before)

@@ -14,10 +14,10 @@ import sys
 
 import cupy as cp
 import numpy as np
-from mpqr.backends.cupy_backend import CupyBackend
+from mpqr.backends.cupy.backend import CupyBackend
 
 import mpqr
-from mpqr.tools._timing import environment, release_pool, time_it
+from mpqr.bench._timing import environment, release_pool, time_it
 
 ROUTES = ("kernel", "host")  # "loop": 11.4 s at 16384^2 (bench/NOTES.md)
 
@@ -52,7 +52,7 @@ def main(argv):
     CupyBackend.qrcp_route = "kernel"
     # the kernel's pivots against LAPACK geqp3 on random sketches (ties have measure zero)
     import scipy.linalg as sla
-    from mpqr.backends import cupy_qrcp
+    from mpqr.backends.cupy import qrcp as cupy_qrcp
     rng = np.random.default_rng(0)
     agree = 0
     for _ in range(20):

@@ -21,7 +21,7 @@ import sys
 import cupy as cp
 
 import mpqr
-from mpqr.tools._timing import environment, release_pool, time_it
+from mpqr.bench._timing import environment, release_pool, time_it
 
 hr = importlib.import_module("mpqr.qr.householder_recursive")  # mpqr.qr is the function
 

@@ -18,7 +18,7 @@ import cupyx.scipy.linalg as cxl
 import numpy as np
 
 import mpqr
-from mpqr.tools._timing import release_pool, time_it
+from mpqr.bench._timing import release_pool, time_it
 
 
 def matrix(n: int, cond: float | None, dtype, seed: int = 0):

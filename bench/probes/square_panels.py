@@ -26,7 +26,7 @@ from square_cholqr import errors  # the sibling probe's measures (run from bench
 
 import mpqr
 from mpqr._array_api import array_namespace
-from mpqr.tools._timing import release_pool, time_it
+from mpqr.bench._timing import release_pool, time_it
 
 B = get_backend(array_namespace(cp.empty(1)))
 CLS = type(B)
@@ -206,7 +206,7 @@ def kernel_variants(other):
     """The library's panel kernels against ``other/panel_cholqr.cu``."""
     from pathlib import Path
 
-    from mpqr.backends import cupy_panel_cholqr as k
+    from mpqr.backends.cupy import panel_cholqr as k
 
     mine = k._DIR
 

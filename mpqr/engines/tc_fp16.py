@@ -8,7 +8,7 @@ maximum): |C - AB| <= (2 u16 + u16^2 + k u32) |A||B| with u16 = 2^-11,
 u32 = 2^-24 (round-to-nearest inputs; fp32 accumulation).
 
 Where the backend has a fused kernel for the product (``backend.fused_fp16_kernel``; on
-CuPy with Triton installed: :mod:`mpqr.backends.triton_gemm`), the unscaling, and any
+CuPy with Triton installed: :mod:`mpqr.backends.cupy.triton_gemm`), the unscaling, and any
 accumulation into an output (:func:`accumulate_tc_fp16`: ``C -= A B`` in place), happen in
 the GEMM's epilogue: the same roundings without the passes over the product. The policy's
 ``kernel`` parameter (shown in the explain trace) says where it runs.

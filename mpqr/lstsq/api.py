@@ -39,20 +39,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr._array_api import device
-from mpqr._gpu_errors import device_errors
-from mpqr._validation import check_cutoff, namespace_of, plain_array
-from mpqr._validation import check_finite as _check_finite
-from mpqr.backends import bridge, get_backend
-from mpqr.backends.dask._detect import is_dask_array
-from mpqr.lstsq import _scipy_rules as rules
-from mpqr.lstsq.solver import Solver
-from mpqr.policy import resolve_precision, validate_precision
+from mpqr import _route
+from mpqr.lstsq.in_memory import REFINE, check_options, lstsq_2d
 
 __all__ = ["REFINE", "check_options", "lstsq", "lstsq_2d"]
-
-#: Accepted values of ``refine``.
-REFINE = ("auto", "cgls", "ir", None)
 
 
 def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
@@ -169,107 +159,6 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> np.round(x, 6).tolist(), rank
     ([0.666667, 0.5], 2)
     """
-    if is_dask_array(a):  # a matrix chunked by rows: the distributed solver
-        from mpqr.backends.dask.lstsq import lstsq as dask_lstsq
-
-        return dask_lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite, lapack_driver,
-                          precision=precision, refine=refine, tol=tol, maxiter=maxiter)
-    if bridge.is_foreign(a, b):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        return bridge.call("lstsq", lstsq, (a, b), ("a", "b"), cond=cond,
-                           overwrite_a=overwrite_a, overwrite_b=overwrite_b,
-                           check_finite=check_finite, lapack_driver=lapack_driver,
-                           precision=precision, refine=refine, tol=tol, maxiter=maxiter)
-    a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
-    if _host_route(a, b, device, memory_budget, progress):
-        from mpqr.ooc.lstsq import lstsq as host_lstsq
-
-        prec_name = check_options(refine, precision, tol, maxiter, cond)
-        return host_lstsq(a, b, cond, check_finite, lapack_driver, prec_name=prec_name,
-                          refine=refine, tol=tol, maxiter=maxiter, device=device,
-                          memory_budget=memory_budget, progress=progress)
-    xp = namespace_of(a, b, names=("a", "b"))
-    prec_name = check_options(refine, precision, tol, maxiter, cond)
-    for name, v in (("a", a), ("b", b)):
-        # SciPy casts bool and integers to float64; anything non-numeric is refused
-        if not (v.dtype == xp.bool or xp.isdtype(v.dtype, "numeric")):
-            raise TypeError(f"`{name}` must have a numeric dtype, got {v.dtype}")
-    backend = get_backend(xp)
-    if check_finite:
-        for name, v in (("a", a), ("b", b)):
-            if xp.isdtype(v.dtype, ("real floating", "complex floating")):
-                _check_finite(backend, v, name)  # integers and bools are always finite
-
-    def one(a2: Any, b2: Any) -> tuple[Any, Any, Any, Any]:
-        rules.check_shapes(a2, b2)
-        return lstsq_2d(backend, a2, b2, cond, lapack_driver, prec_name, refine, tol,
-                        maxiter)
-
-    if a.ndim < 2:
-        raise ValueError("Input array a should be 2D")
-    with device_errors(backend, "mpqr.lstsq"):
-        return rules.apply_over_batch(xp, a, b, one)
-
-
-def check_options(refine: Any, precision: Any, tol: Any, maxiter: Any, cond: Any) -> str:
-    """Validate lstsq's scalar options; the resolved precision name."""
-    if refine not in REFINE:
-        raise ValueError(f"`refine` must be one of 'auto', 'cgls', 'ir' or None; got {refine!r}")
-    if precision is not None:
-        validate_precision(precision)
-    prec_name, _ = resolve_precision(precision)
-    if tol is not None and not (isinstance(tol, (int, float)) and tol > 0):
-        raise ValueError(f"`tol` must be a positive number, got {tol!r}")
-    if maxiter is not None and not (isinstance(maxiter, int) and maxiter >= 1):
-        raise ValueError(f"`maxiter` must be a positive integer, got {maxiter!r}")
-    rules.check_negative_cond(check_cutoff(cond, "cond"))
-    return prec_name
-
-
-def _host_route(a: Any, b: Any, device: Any, memory_budget: Any, progress: Any) -> bool:
-    """Whether the problem goes to the host-array driver (:mod:`mpqr.ooc.lstsq`): 2-D
-    host ``a`` and host ``b`` with any of the device keywords, or host datasets that are
-    no Array API arrays (h5py, zarr)."""
-    from mpqr._array_api import is_array_api_obj
-    from mpqr.backends.host import is_host_array
-
-    if not (is_host_array(a) and is_host_array(b)) or len(a.shape) != 2:
-        return False
-    if device is not None or memory_budget is not None or progress is not None:
-        from mpqr.ooc.driver import check_device_args
-
-        check_device_args(device, memory_budget, progress)
-        return True
-    return not (is_array_api_obj(a) and is_array_api_obj(b))
-
-
-def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
-             refine: str | None, tol: float | None, maxiter: int | None,
-             solver: Any = Solver) -> tuple[Any, Any, int, Any]:
-    """One 2-D problem (``solver``: the class that solves it; ``mpqr.backends.dask`` passes its
-    distributed one)."""
-    xp = backend.xp
-    m, n = a.shape
-    if m == 0 or n == 0:  # SciPy answers before validating the driver
-        return rules.empty_result(xp, a, b)
-    driver = rules.check_driver(driver)
-    wdt = rules.lapack_dtype(xp, a.dtype, b.dtype)
-    aw = a if a.dtype == wdt else xp.astype(a, wdt)
-    bw = b if b.dtype == wdt else xp.astype(b, wdt)
-    vec = bw.ndim == 1
-    b2 = bw[:, None] if vec else bw
-    no_rhs = b2.shape[1] == 0  # rank and s still come from `a`: solve for a zero column
-    if no_rhs:
-        b2 = xp.zeros((m, 1), dtype=wdt, device=device(bw))
-    eps = float(xp.finfo(wdt).eps)
-    cut = rules.cutoff(cond, driver, eps, single=wdt in (xp.float32, xp.complex64))
-    solver = solver(backend, aw, b2, cut, prec, refine, eps, tol, maxiter,
-                    need_s=driver != "gelsy")
-    x, rank, s, rsq = solver.run()
-    if no_rhs:
-        x, rsq = x[:, :0], (None if rsq is None else rsq[:0])
-    dev = device(x)
-    res = rules.residues(xp, rsq, x.dtype, m=m, n=n, rank=rank, driver=driver, vec=vec,
-                         k=0 if no_rhs else b2.shape[1], dev=dev)
-    if vec:
-        x = x[:, 0]
-    return x, res, rank, (None if driver == "gelsy" else s)
+    return _route.lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite, lapack_driver,
+                        precision=precision, refine=refine, tol=tol, maxiter=maxiter,
+                        device=device, memory_budget=memory_budget, progress=progress)

@@ -94,7 +94,7 @@ def solve(backend: Any, a: Any, b: Any, rcond: float, prec: str, wprec: str
     """``(x, rank)`` for 2-D ``a`` (``m x n``) and 2-D ``b`` (``m x nrhs``), any shape
     (module docstring); ``prec`` the precision of the factorizations, ``wprec`` that of
     the products with ``b``."""
-    from mpqr.qr.api import qr
+    from mpqr.qr.in_memory import qr
 
     xp = backend.xp
     n = a.shape[1]

@@ -21,10 +21,10 @@ from mpqr.lstsq.gram import (
 )
 from mpqr.lstsq.refine import cgls, iterative_refinement
 from mpqr.policy import gemm, record_event
-from mpqr.qr import qr
 from mpqr.qr._kernels import ct, pow2_scale
 from mpqr.qr.choice import factor_precision
 from mpqr.qr.cholqr import reuse_first_gram
+from mpqr.qr.in_memory import qr
 
 __all__ = ["RESOLUTION", "UNIT", "Solver", "ranks", "solvable"]
 

@@ -44,7 +44,7 @@ def check_device_args(device: Any, memory_budget: Any, progress: Any) -> None:
     import time
 
     t0 = time.perf_counter()
-    from mpqr.backends.host import device_backend
+    from mpqr.backends.host.arrays import device_backend
     from mpqr.ooc.budget import parse_budget
     from mpqr.ooc.run import call_started
 
@@ -58,7 +58,7 @@ def check_device_args(device: Any, memory_budget: Any, progress: Any) -> None:
 
 def _outs(out: Any, mode: str, qshape: tuple[int, int], rshape: tuple[int, int], dtype: Any
           ) -> tuple[Any, Any]:
-    from mpqr.backends import host
+    from mpqr.backends.host import arrays as host
 
     if out is None:
         return None, None
@@ -76,9 +76,9 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
        memory_budget: Any, progress: Any, check_finite: bool, overwrite_a: bool) -> Any:
     """:func:`mpqr.qr` for a host array (see there); validation first, then the route."""
     from mpqr._validation import check_choice
-    from mpqr.backends import host
-    from mpqr.qr.api import MODES, QRResult
+    from mpqr.backends.host import arrays as host
     from mpqr.qr.driver import METHODS
+    from mpqr.qr.in_memory import MODES, QRResult
 
     backend = host.device_backend(device)
     src = host.HostArray(x, "x")
@@ -141,8 +141,8 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
 def _in_core(backend: Any, src: Any, mode: str, precision: Any, method: str,
              check_finite: bool, overwrite_a: bool, budget: int | None) -> tuple[Any, Any]:
     """The whole matrix on the device (staged in pieces), the in-core QR, results back."""
-    from mpqr.backends import host
-    from mpqr.qr.api import qr as qr_in_core
+    from mpqr.backends.host import arrays as host
+    from mpqr.qr.in_memory import qr as qr_in_core
 
     m, n = src.shape
     if backend.name == "numpy":
@@ -174,7 +174,7 @@ def _out_of_core(backend: Any, src: Any, method: str, precision: Any, prec_name:
                  progress: Any, overwrite_a: bool) -> tuple[Any, Any]:
     """The out-of-core QR; a device out-of-memory error mid-way retries once with pieces
     of half the budget, then raises a MemoryError saying what to change."""
-    from mpqr.backends import host
+    from mpqr.backends.host import arrays as host
 
     m, n = src.shape
     q_host = q_out if q_out is not None else (host.empty((m, n), src.dtype) if want_q else None)
@@ -205,7 +205,7 @@ def _out_of_core(backend: Any, src: Any, method: str, precision: Any, prec_name:
 def _ooc_once(backend: Any, src: Any, method: str, precision: Any, prec_name: str,
               want_q: bool, q_dst: Any, check: str | None, budget: int, source: str,
               progress: Any, overwrite_a: bool) -> Any:
-    from mpqr.backends import host
+    from mpqr.backends.host import arrays as host
     from mpqr.ooc import gram_route, square, tall
 
     m, n = src.shape

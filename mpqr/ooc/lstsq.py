@@ -82,7 +82,7 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
           prec_name: str, refine: Any, tol: Any, maxiter: Any, device: Any,
           memory_budget: Any, progress: Any) -> tuple[Any, Any, Any, Any]:
     """:func:`mpqr.lstsq` for host ``a`` and ``b`` (already validated by the api)."""
-    from mpqr.backends import host
+    from mpqr.backends.host import arrays as host
 
     backend = host.device_backend(device)
     hx = host.device_backend(None).xp  # the host namespace of the results
@@ -144,8 +144,8 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
 
 def _in_core(backend: Any, A: Any, B: Any, a: Any, b: Any, cond: Any, check_finite: bool,
              driver: Any, prec_name: str, refine: Any, tol: Any, maxiter: Any) -> Any:
-    from mpqr.backends import host
-    from mpqr.lstsq.api import lstsq as lstsq_in_core
+    from mpqr.backends.host import arrays as host
+    from mpqr.lstsq.in_memory import lstsq as lstsq_in_core
 
     kw = dict(cond=cond, check_finite=check_finite, lapack_driver=driver,
               precision=prec_name, refine=refine, tol=tol, maxiter=maxiter)

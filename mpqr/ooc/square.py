@@ -78,7 +78,7 @@ class _Square:
         """Factor the device panel in ``panel`` (taken out of the list, so that its
         memory goes as soon as the in-core QR is done with it) and store ``Q`` and
         ``R``."""
-        from mpqr.qr.api import qr
+        from mpqr.qr.in_memory import qr
 
         p = panel.pop()
         with collapsed("out-of-core panels"):
@@ -210,7 +210,7 @@ def square_qr(backend: Any, src: Any, *, method: str, precision: Any, prec_name:
               want_q: bool, q_dst: Any, check: str | None, budget: int, source: str,
               progress: Any, overwrite_a: bool) -> Any:
     """R (host) and Q in ``q_dst`` by ``method`` ("ooc-recursive" or "ooc-blocked")."""
-    from mpqr.backends import host
+    from mpqr.backends.host import arrays as host
 
     m, n = src.shape
     isz = src.itemsize

@@ -116,7 +116,7 @@ def tsqr_stream(run: Any, src: Any, plan: Any, *, precision: Any, want_q: bool, 
                 check: str | None, extra: Any = None) -> Any:
     """TSQR by row pieces; returns R (``n x n``) on the device. ``extra``: a second host
     array whose columns are appended to each piece (``[A | b]`` for least squares)."""
-    from mpqr.qr.api import qr
+    from mpqr.qr.in_memory import qr
 
     backend = run.backend
     xp = backend.xp

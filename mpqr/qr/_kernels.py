@@ -24,7 +24,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
-from mpqr._array_api import device
+from mpqr._array_api import ct, device, is_complex
 from mpqr.backends._base import phase  # one definition, shared with the backends
 from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm
@@ -99,16 +99,6 @@ def certified_route(backend: Any, a: Any) -> Any | None:
             and a.ndim == 2 and a.dtype in (xp.float32, xp.float64)):
         return None
     return backend.new_certificate(a)
-
-
-def is_complex(xp: Any, x: Any) -> bool:
-    return xp.isdtype(x.dtype, "complex floating")
-
-
-def ct(xp: Any, a: Any) -> Any:
-    """Conjugate transpose of the last two axes (a view for real input)."""
-    t = xp.matrix_transpose(a)
-    return xp.conj(t) if is_complex(xp, a) else t
 
 
 def eye_like(xp: Any, batch: tuple[int, ...], m: int, n: int, dtype: Any, dev: Any) -> Any:

@@ -1,47 +1,20 @@
-"""The public QR entry point: validate, choose a method, run it (:mod:`mpqr.qr.driver`)."""
+"""The public QR entry point: validate the arguments every route shares and hand the call to
+the router (:mod:`mpqr._route`), which sends it to the Dask, bridge, host (out-of-core) or
+in-memory route (:mod:`mpqr.qr.in_memory`)."""
 
 from __future__ import annotations
 
 import math
 import operator
-from typing import Any, NamedTuple
+from typing import Any
 
-from mpqr._array_api import device
-from mpqr._gpu_errors import device_errors
-from mpqr._validation import (
-    check_choice,
-    check_dtype,
-    check_ndim,
-    namespace_of,
-    plain_array,
-)
-from mpqr._validation import check_finite as _check_finite
-from mpqr.backends import bridge, get_backend
-from mpqr.backends.dask._detect import is_dask_array
-from mpqr.policy import record_event, resolve_precision, validate_precision
-from mpqr.qr import driver
+from mpqr import _route
 from mpqr.qr.choice import choose_method, factor_precision
 from mpqr.qr.driver import METHODS
+from mpqr.qr.in_memory import MODES, PivotedQRResult, QRResult
 
-__all__ = ["METHODS", "MODES", "PivotedQRResult", "QRResult", "choose_method",
-           "factor_precision", "qr"]
-
-MODES = ("reduced", "complete", "r")
-
-
-class QRResult(NamedTuple):
-    """``Q`` with orthonormal columns and upper-triangular ``R`` with ``A = Q @ R``."""
-
-    Q: Any
-    R: Any
-
-
-class PivotedQRResult(NamedTuple):
-    """``Q``, ``R`` and the column order ``P`` with ``A[..., :, P] = Q @ R``."""
-
-    Q: Any
-    R: Any
-    P: Any
+__all__ = ["METHODS", "MODES", "PivotedQRResult", "QRResult", "check_pivoting",
+           "choose_method", "factor_precision", "qr"]
 
 
 def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str = "auto", *,
@@ -176,78 +149,14 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     >>> bool(np.allclose(q @ r, a[:, p])), p.dtype.name
     (True, 'int32')
     """
-    _check_pivoting(pivoting, max_rank, rtol, mode)
-    if pivoting and (is_dask_array(x) or _host_route(x, device, out, memory_budget,
-                                                      progress)):
-        raise NotImplementedError(
-            "qr(pivoting=True) runs on arrays in memory (NumPy, CuPy, ...); it is not "
-            "available for Dask arrays, host datasets or with `device`, `out`, "
-            "`memory_budget` or `progress`")
-    if is_dask_array(x):  # a matrix chunked by rows: the distributed factorization
-        from mpqr.backends.dask.qr import qr as dask_qr
-
-        return dask_qr(x, mode, precision, method, check_finite=check_finite,
-                       overwrite_a=overwrite_a)
-    if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        extra = dict(pivoting=True, max_rank=max_rank, rtol=rtol) if pivoting else {}
-        return bridge.call("qr", qr, (x,), ("x",), mode=mode, precision=precision,
-                           method=method, check_finite=check_finite, overwrite_a=overwrite_a,
-                           **extra)
-    x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
-    if _host_route(x, device, out, memory_budget, progress):
-        from mpqr.ooc.driver import qr as host_qr
-
-        return host_qr(x, mode, precision, method, device=device, out=out,
-                       memory_budget=memory_budget, progress=progress,
-                       check_finite=check_finite, overwrite_a=overwrite_a)
-    xp = namespace_of(x, names=("x",))
-    check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
-    check_choice(mode, "mode", MODES)
-    check_choice(method, "method", ("auto", *sorted(METHODS)))
-    if precision is not None:
-        validate_precision(precision)
-    prec_name, _ = resolve_precision(precision)
-    a = check_dtype(xp, x, "x")
-    overwrite = bool(overwrite_a) and a is x
-    backend = get_backend(xp)
-    if check_finite:
-        _check_finite(backend, a, "x",
-                      message="`x` must not contain infs or NaNs (check_finite=True)")
-    *batch, m, n = a.shape
-    complete = mode == "complete"
-    want_q = mode != "r"
-    if prec_name in ("fp16", "fp32-emulated") and "fp16" not in backend.capabilities:
-        # checked up front: a single-panel QR would run no GEMM to notice it
-        raise NotImplementedError(
-            f"precision={prec_name!r} needs a float16 GEMM engine, which the {backend.name} "
-            "backend does not provide (it has no float16 GEMM); use 'fp32' or 'fp64'")
-
-    if rtol is not None and batch:
-        raise ValueError("`rtol` needs a single matrix (the rank it finds differs across a "
-                         f"stack); got x of shape {tuple(a.shape)}: use `max_rank`")
-    if pivoting:
-        return _qr_pivoted(backend, a, mode=mode, method=method, precision=precision,
-                           prec_name=prec_name, max_rank=max_rank, rtol=rtol)
-
-    auto = method == "auto"
-    if auto:
-        method, why = choose_method(backend, prec_name, a.dtype, m, n, batch=math.prod(batch))
-        record_event("method", f"qr: {method} ({why})", method=method, shape=(m, n),
-                     batch=math.prod(batch), precision=prec_name)
-    else:
-        record_event("method", f"qr: {method} (requested)", method=method, shape=(m, n),
-                     batch=math.prod(batch), precision=prec_name)
-
-    if m == 0 or n == 0 or math.prod(batch) == 0:
-        q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
-    else:
-        q, r = driver.run(backend, a, method, auto=auto, precision=precision,
-                          prec_name=prec_name, want_q=want_q, complete=complete,
-                          overwrite=overwrite)
-    return QRResult(q, r) if want_q else r
+    check_pivoting(pivoting, max_rank, rtol, mode)
+    return _route.qr(x, mode, precision, method, check_finite=check_finite,
+                     overwrite_a=overwrite_a, device=device, out=out,
+                     memory_budget=memory_budget, progress=progress, pivoting=pivoting,
+                     max_rank=max_rank, rtol=rtol)
 
 
-def _check_pivoting(pivoting: Any, max_rank: Any, rtol: Any, mode: str) -> None:
+def check_pivoting(pivoting: Any, max_rank: Any, rtol: Any, mode: str) -> None:
     """Validate ``pivoting``, ``max_rank`` and ``rtol`` (naming the argument)."""
     if not isinstance(pivoting, bool) and type(pivoting).__name__ != "bool_":
         raise TypeError(f"`pivoting` must be True or False, got {pivoting!r}")
@@ -268,66 +177,3 @@ def _check_pivoting(pivoting: Any, max_rank: Any, rtol: Any, mode: str) -> None:
     if (max_rank is not None or rtol is not None) and mode == "complete":
         raise ValueError("a truncated factorization (`max_rank`/`rtol`) has no complete Q: "
                          "use mode='reduced' or 'r'")
-
-
-def _qr_pivoted(backend: Any, a: Any, *, mode: str, method: str, precision: Any,
-                prec_name: str, max_rank: Any, rtol: Any) -> Any:
-    """``qr(pivoting=True)`` after validation (:mod:`mpqr.qr.pivoted`)."""
-    from mpqr.qr.pivoted import qr_pivoted
-
-    xp = backend.xp
-    *batch, m, n = a.shape
-    complete = mode == "complete"
-    want_q = mode != "r"
-    max_rank = None if max_rank is None else operator.index(max_rank)
-    rtol = None if rtol is None else float(rtol)
-    if m == 0 or n == 0 or math.prod(batch) == 0:
-        q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
-        if max_rank is not None:
-            k = min(m, n, max_rank)
-            q = None if q is None else q[..., :, :k]
-            r = r[..., :k, :]
-        p = xp.broadcast_to(xp.arange(n, dtype=xp.int32, device=device(a)), (*batch, n))
-        p = xp.asarray(p, copy=True)
-    else:
-        def factor(ap: Any) -> tuple[Any, Any]:
-            mth, auto = method, method == "auto"
-            if auto:
-                mth, why = choose_method(backend, prec_name, ap.dtype, m, n,
-                                         batch=math.prod(batch))
-                record_event("method", f"qr: {mth} ({why}) of the permuted matrix",
-                             method=mth, shape=(m, n), batch=math.prod(batch),
-                             precision=prec_name)
-            return driver.run(backend, ap, mth, auto=auto, precision=precision,
-                              prec_name=prec_name, want_q=want_q, complete=complete,
-                              overwrite=True)
-
-        with device_errors(backend, "mpqr.qr"):
-            q, r, p = qr_pivoted(backend, a, factor=factor, precision=precision,
-                                 prec_name=prec_name, want_q=want_q, complete=complete,
-                                 max_rank=max_rank, rtol=rtol)
-    return PivotedQRResult(q, r, p) if want_q else (r, p)
-
-
-def _host_route(x: Any, device: Any, out: Any, memory_budget: Any, progress: Any) -> bool:
-    """Whether ``x`` goes to the host-array driver (:mod:`mpqr.ooc.driver`): a host
-    input with any of the device keywords, or a host dataset that is no Array API
-    array (h5py, zarr). Device arrays with ``out=`` are refused."""
-    from mpqr._array_api import is_array_api_obj
-    from mpqr.backends.host import is_host_array
-
-    given = device is not None or out is not None or memory_budget is not None or \
-        progress is not None
-    if not is_host_array(x) or getattr(x, "ndim", len(getattr(x, "shape", ()))) != 2:
-        if out is not None and not is_array_api_obj(x):
-            return False  # namespace_of names the bad argument
-        if out is not None:
-            raise TypeError("`out` is for host inputs (NumPy arrays, memmaps, datasets); "
-                            f"got x of type {type(x).__module__}.{type(x).__qualname__}")
-        return False
-    if given:
-        from mpqr.ooc.driver import check_device_args
-
-        check_device_args(device, memory_budget, progress)
-        return True
-    return not is_array_api_obj(x)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpqr import _route
 from mpqr._array_api import device
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_dtype, check_ndim, namespace_of, plain_array
-from mpqr.backends import bridge, get_backend
+from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import ct, panel_precision
-from mpqr.qr.api import qr
 from mpqr.qr.cholqr import right_solve_upper, unit_roundoff
 from mpqr.qr.gram_blocked import gram
+from mpqr.qr.in_memory import qr
 
 __all__ = ["orth", "svd"]
 
@@ -52,9 +53,12 @@ def svd(x: Any, full_matrices: bool = False, precision: str | None = None) -> tu
     >>> bool(np.allclose(s, np.linalg.svd(a, compute_uv=False)))
     True
     """
-    if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        return bridge.call("svd", svd, (x,), ("x",), full_matrices=full_matrices,
-                           precision=precision)
+    return _route.call("svd", _svd, (x,), ("x",), full_matrices=full_matrices,
+                       precision=precision)
+
+
+def _svd(x: Any, full_matrices: bool, precision: str | None) -> tuple[Any, Any, Any]:
+    """:func:`svd` of an array in memory."""
     x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
@@ -63,7 +67,7 @@ def svd(x: Any, full_matrices: bool = False, precision: str | None = None) -> tu
     a = check_dtype(xp, x, "x")
     m, n = a.shape[-2:]
     if m < n:
-        u, s, vh = svd(ct(xp, a), full_matrices=full_matrices, precision=precision)
+        u, s, vh = _svd(ct(xp, a), full_matrices, precision)
         return ct(xp, vh), s, ct(xp, u)
     backend = get_backend(xp)
     q, r = qr(a, mode="complete" if full_matrices else "reduced", precision=precision)
@@ -110,8 +114,11 @@ def orth(x: Any, precision: str | None = None) -> Any:
     >>> bool(np.linalg.norm(q.T @ q - np.eye(5)) < 1e-14)
     True
     """
-    if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        return bridge.call("orth", orth, (x,), ("x",), precision=precision)
+    return _route.call("orth", _orth, (x,), ("x",), precision=precision)
+
+
+def _orth(x: Any, precision: str | None) -> Any:
+    """:func:`orth` of an array in memory."""
     x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")

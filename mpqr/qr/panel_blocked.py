@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr._array_api import device
+from mpqr._array_api import ct, device
 from mpqr.backends._base import compact_wy_t
+from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm, gemm_sub
-from mpqr.qr._kernels import CERTIFIED_PANEL_MAX_N, ct
 
 __all__ = ["blocked_householder_panel", "certified_leaf"]
 

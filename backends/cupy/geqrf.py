@@ -1,0 +1,108 @@
+"""The library's QR (cuSOLVER ``geqrf`` + ``orgqr``) with mpqr's layout steps fused.
+
+``cupy.linalg.qr`` copies a row-major input into cuSOLVER's column-major layout and R back
+out of it with element-wise kernels whose reads or writes are strided, and mpqr then made
+``diag(R) >= 0`` in two more passes. Here the input's copy and R's extraction are tiled
+transposes (``kernels/qr_layout.cu``), R's rows take their signs in the same pass, ``geqrf``
+and ``orgqr`` work in one buffer (no copy of the factored matrix into Q's), and Q's columns
+take their signs in one pass over its memory order. Same cuSOLVER calls, same numbers
+(the signs are exact); Q comes back in cuSOLVER's column-major order, as from CuPy.
+
+Real float32/float64 2-D inputs with ``m >= n`` (the driver's only kind); anything else
+takes ``cupy.linalg.qr`` (:func:`supports`).
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+from mpqr.backends.cupy.modules import ctype, functions
+
+__all__ = ["qr", "raw", "supports"]
+
+_TILE = 32
+
+
+def supports(a) -> bool:
+    """A real float32/float64 2-D array with ``m >= n > 0``."""
+    return (a.ndim == 2 and a.dtype in (cp.float32, cp.float64)
+            and a.shape[0] >= a.shape[1] > 0)
+
+
+def _kernel(dtype_name: str):
+    return functions("qr_layout.cu", (f"transpose_tile<{ctype(dtype_name)}>",))[0]
+
+
+def _transpose(src, out, *, upper=False, sgn=None) -> None:
+    """``out[c, r] = src[r, c]`` (2-D views with unit column stride), the lower triangle of
+    ``out`` (``r < c``) zeroed where ``upper``, row ``c`` of ``out`` times ``sgn[c]``."""
+    rows, cols = src.shape
+    it = src.itemsize
+    grid = (-(-rows // _TILE), -(-cols // _TILE), 1)
+    _kernel(src.dtype.name)(grid, (_TILE, 8, 1), (
+        src, np.int64(src.strides[0] // it), out, np.int64(out.strides[0] // it),
+        np.int64(rows), np.int64(cols), np.int32(bool(upper)),
+        sgn if sgn is not None else np.uint64(0)))
+
+
+def _solver(dtype):
+    from cupy.cuda import cusolver
+
+    p = "d" if dtype == cp.float64 else "s"
+    return (getattr(cusolver, f"{p}geqrf_bufferSize"), getattr(cusolver, f"{p}geqrf"),
+            getattr(cusolver, f"{p}orgqr_bufferSize"), getattr(cusolver, f"{p}orgqr"))
+
+
+def qr(a, mode: str):
+    """``(Q or None, R)`` of ``a`` (``m x n``, :func:`supports`) with ``diag(R) >= 0``;
+    ``mode`` ``"reduced"``, ``"complete"`` or ``"r"`` (Q None)."""
+    from cupy.cuda import device
+
+    m, n = a.shape
+    cols = m if mode == "complete" else n
+    # buf is Q's column-major (m x cols) storage: C-order (cols x m); A goes into its top
+    buf = cp.empty((cols, m), dtype=a.dtype)
+    if a.flags.f_contiguous and not a.flags.c_contiguous:
+        buf[:n] = a.T  # a's memory is column-major already: a plain copy
+    else:
+        _transpose(a if a.strides[1] == a.itemsize else cp.ascontiguousarray(a), buf[:n])
+    handle = device.get_cusolver_handle()
+    geqrf_size, geqrf, orgqr_size, orgqr = _solver(a.dtype)
+    info = cp.empty((), dtype=cp.int32)
+    tau = cp.empty(n, dtype=a.dtype)
+    lwork = geqrf_size(handle, m, n, buf.data.ptr, m)
+    if mode != "r":
+        lwork = max(lwork, orgqr_size(handle, m, cols, n, buf.data.ptr, m, tau.data.ptr))
+    work = cp.empty(max(lwork, 1), dtype=a.dtype)
+    geqrf(handle, m, n, buf.data.ptr, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
+    # diag(R) >= 0: R's row i and Q's column i times sign(r_ii) (+1 for 0 or NaN)
+    sgn = cp.where(cp.diagonal(buf[:n, :n]) < 0, -1.0, 1.0).astype(a.dtype)
+    r = cp.empty((n, n), dtype=a.dtype)
+    _transpose(buf[:n, :n], r, upper=True, sgn=sgn)
+    if mode == "r":
+        return None, r
+    orgqr(handle, m, cols, n, buf.data.ptr, m, tau.data.ptr, work.data.ptr, lwork,
+          info.data.ptr)
+    buf[:n] *= sgn[:, None]  # Q's first n columns: rows of its column-major storage
+    return buf.T, r
+
+
+def raw(a):
+    """``(h, tau)`` as ``cupy.linalg.qr(a, mode="raw")`` gives them (``h`` the transpose of
+    geqrf's column-major array, ``(n, m)``) for a real float32/float64 2-D ``a``, without
+    its wait for geqrf's ``info`` (which reports only invalid arguments)."""
+    from cupy.cuda import device
+
+    m, n = a.shape
+    h = cp.empty((n, m), dtype=a.dtype)
+    h[...] = a.T
+    tau = cp.empty(min(m, n), dtype=a.dtype)
+    if min(m, n) == 0:
+        return h, tau
+    handle = device.get_cusolver_handle()
+    geqrf_size, geqrf, _, _ = _solver(a.dtype)
+    lwork = geqrf_size(handle, m, n, h.data.ptr, m)
+    work = cp.empty(max(lwork, 1), dtype=a.dtype)
+    info = cp.empty((), dtype=cp.int32)
+    geqrf(handle, m, n, h.data.ptr, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
+    return h, tau

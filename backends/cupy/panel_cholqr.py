@@ -1,0 +1,142 @@
+"""Certified Householder panels of at most 32 columns in three launches
+(``kernels/panel_cholqr.cu``): CholQR2 with the Gram matrices in float64 and the
+reconstruction of the reflectors, written in LAPACK's layout in place.
+
+cuSOLVER's ``geqrf`` spends a fixed latency on every column of a panel (about 11 us per
+column, H100); these kernels take the panel's rows in two reads and one write, with the
+``n x n`` steps in the last thread block of each pass. The portable version, with the
+same steps in the same order, is :meth:`mpqr.backends._base.ArrayAPIBackend.certified_panel`.
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+import numpy as np
+from mpqr.backends.cupy.modules import ctype, functions
+
+__all__ = ["MAX_N", "certified_leaf", "certified_panel", "supports", "supports_leaf"]
+
+#: widest panel (one column per lane of a warp)
+MAX_N = 32
+_THREADS = 256
+_WARPS = _THREADS // 32
+#: rows per tile (one tile in shared memory at a time per block)
+_TILE = 32
+#: most blocks of a pass: the last block sums one partial Gram per block
+_MAX_BLOCKS = 96
+_WS_FIXED = 5 * MAX_N * MAX_N
+
+
+def supports(a) -> bool:
+    """A 2-D real float32/float64 view with contiguous rows, ``m >= n``, ``n <= 32``."""
+    if a.ndim != 2 or a.dtype not in (cp.float32, cp.float64):
+        return False
+    m, n = a.shape
+    return 0 < n <= MAX_N and m >= n and a.strides[1] == a.itemsize and \
+        a.strides[0] % a.itemsize == 0
+
+
+def _module(dtype_name: str):
+    t = ctype(dtype_name)
+    return functions("panel_cholqr.cu", (f"panel_pass<{t}>", f"panel_apply<{t}>"))
+
+
+def _launch(a, w, cert, ws, ltop, tau) -> None:
+    m, n = a.shape
+    pass_k, apply_k = _module(cp.dtype(a.dtype).name)
+    lda = cp.int64(a.strides[0] // a.itemsize)
+    ldw = cp.int64(w.strides[0] // w.itemsize) if w is not None else cp.int64(0)
+    wp = w if w is not None else cp.uint64(0)
+    blocks = max(1, min(_MAX_BLOCKS, -(-m // _TILE)))
+    args = (a, lda, cp.int64(m), cp.int32(n))
+    for p in (1, 2):
+        pass_k((blocks,), (_THREADS,), (*args, cp.int32(p), ws, cert, wp, ldw, ltop, tau))
+    if m > n:
+        ab = max(1, min(4 * 132, -(-(m - n) // _TILE)))
+        apply_k((ab,), (_THREADS,), (*args, ws, wp, ldw))
+
+
+def _workspace():
+    return cp.empty(_WS_FIXED + _MAX_BLOCKS * MAX_N * MAX_N, dtype=cp.float64)
+
+
+def certified_panel(a, w, cert):
+    """Factor the panel view ``a`` (``m x n``) in place: ``S R`` on and above its diagonal
+    and the Householder vectors ``Y`` (unit diagonal implied) below; ``w`` (an ``m x n``
+    view, or None) receives ``W = Y T``. Returns ``(L, tau)``: ``Y``'s top ``n x n``
+    block (explicit unit lower) and ``diag(T)``. A failed certificate adds one to
+    ``cert[0]`` (int32, four elements, :func:`mpqr.backends.panel_cholqr.new_certificate`)
+    and leaves ``a``, ``w``, ``L`` and ``tau`` meaningless."""
+    n = a.shape[1]
+    ltop = cp.empty((n, n), dtype=a.dtype)
+    tau = cp.empty(n, dtype=a.dtype)
+    _launch(a, w, cert, _workspace(), ltop, tau)
+    return ltop, tau
+
+
+def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
+    """:func:`mpqr.qr.panel_blocked.certified_leaf` with its buffers allocated once, the
+    kernels launched on raw pointers and the update products as direct cuBLAS calls
+    (column-major views of the row-major blocks): through array views and the policy's
+    calls a leaf of 16 panels took ~4 ms of host time, ~250 us per panel (H100,
+    ``python3 bench/probes/square_panels.py OUT leaf``)."""
+    from cupy.cuda import cublas, runtime
+
+    m, ld = work.shape
+    it = work.itemsize
+    f64 = work.dtype == cp.float64
+    dt = np.float64 if f64 else np.float32
+    rtype = runtime.CUDA_R_64F if f64 else runtime.CUDA_R_32F
+    compute = cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F
+    k = c1 - c0
+    pass_k, apply_k = _module(cp.dtype(work.dtype).name)
+    ws = _workspace()
+    tau = cp.empty(k, dtype=work.dtype)
+    ltop = cp.empty(MAX_N * MAX_N, dtype=work.dtype)
+    zld = max(k - MAX_N, 1)
+    z = cp.empty((MAX_N, zld), dtype=work.dtype)  # Z^T as column-major (q x nn, ld zld)
+    one, zero, mone = np.array(1.0, dt), np.array(0.0, dt), np.array(-1.0, dt)
+    handle = backend._cublas_handle()
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    a0, w0 = work.data.ptr, w_all.data.ptr
+    tau0, l0, z0 = tau.data.ptr, ltop.data.ptr, z.data.ptr
+    lda = np.int64(ld)
+    op_n, op_t = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
+
+    def gemm(ta, tb, mm, nn, kk, alpha, pa, la, pb, lb, beta, pc, lc):
+        cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha.ctypes.data, pa, rtype, la, pb, rtype,
+                      lb, beta.ctypes.data, pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
+
+    for c in range(c0, c1, MAX_N):
+        e = min(c + MAX_N, c1)
+        nn, mr = e - c, m - c
+        pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ld + c) * it)
+        blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
+        args = (pa, lda, np.int64(mr), np.int32(nn))
+        for p in (1, 2):
+            pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, lda,
+                                            np.uint64(l0), np.uint64(tau0 + (c - c0) * it)))
+        if mr > nn:
+            ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
+            apply_k((ab,), (_THREADS,), (*args, ws, pw, lda))
+        if e == c1:
+            break
+        q = c1 - e
+        pb = a0 + (c * ld + e) * it
+        # Z^T (q x nn) = B^T W, B = work[c:, e:c1], W = w_all[c:, c:e], as one GEMM (split
+        # over 512-row chunks and summed, the QR was no faster: 16384^2 fp16 299-320 ms
+        # against 296-299, H100, bench/NOTES.md 2026-11-24)
+        gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ld, zero, z0, zld)
+        # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
+        gemm(op_n, op_n, q, nn, nn, mone, z0, zld, l0, nn, one, pb, ld)
+        if e < m:
+            gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld, one,
+                 a0 + (e * ld + e) * it, ld)
+    return tau
+
+
+def supports_leaf(work, w_all) -> bool:
+    """A 2-D C-contiguous float32/float64 working matrix and W of the same shape."""
+    return (work.ndim == 2 and work.dtype in (cp.float32, cp.float64)
+            and work.flags.c_contiguous and w_all.flags.c_contiguous
+            and w_all.shape == work.shape and w_all.dtype == work.dtype)

@@ -1,0 +1,198 @@
+"""NumPy reference backend: emulates each tensor-core engine on the CPU.
+
+* fp16 engine: inputs are rounded to float16 exactly as the GPU's
+  ``__float2half_rn`` does (NumPy's float16 cast is IEEE round-to-nearest-even,
+  subnormals included); fp16 x fp16 products are exact in float32, and the
+  accumulation is float32 (BLAS sgemm). The only difference from the tensor
+  cores is the rounding *inside* one k-slice: BLAS rounds to nearest, tensor
+  cores truncate; across slices both round to nearest.
+* int8 engine: int8 x int8 products are < 2^14 and sums of them stay exact in
+  float64 while below 2^53, so float64 BLAS computes the exact int32 result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import scipy.linalg as sla
+from mpqr.backends._base import ArrayAPIBackend, EngineRates, swap_order
+
+from mpqr._errors import LinAlgError
+
+__all__ = ["NumpyBackend", "lapack_qrcp_pivots"]
+
+
+def lapack_qrcp_pivots(y: np.ndarray, k: int) -> list[int]:
+    """The first ``k`` pivots of LAPACK geqp3 on a small host sketch ``y`` (R only, no Q
+    formed); also the CuPy backend's route for sketches its kernel does not take."""
+    if min(y.shape) == 0 or k <= 0:
+        return []
+    from mpqr.backends.host.blas import small_lapack
+
+    with np.errstate(all="ignore"), small_lapack(y.size):
+        _, piv = sla.qr(y, mode="r", pivoting=True, check_finite=False)
+    return piv[:min(k, *y.shape)].tolist()
+
+
+class NumpyBackend(ArrayAPIBackend):
+    name = "numpy"
+    capabilities = frozenset({"fp16", "int8"})  # emulated: correct, not faster
+
+    @classmethod
+    def matches(cls, xp: Any) -> bool:
+        from mpqr._array_api import is_numpy_namespace
+
+        return is_numpy_namespace(xp)
+
+    def device_name(self) -> str:
+        return "cpu"
+
+    def ignore_fp_warnings(self) -> Any:
+        # NumPy warns where the GPU silently gives IEEE inf/0; the caller checks the result
+        return np.errstate(over="ignore", under="ignore", invalid="ignore")
+
+    def rates(self) -> EngineRates:
+        # Emulated engines run on the same float BLAS as the native ones, so
+        # they can never be faster here; the cost model sees that.
+        return EngineRates({"native-fp64": 5e10, "native-fp32": 1e11, "tc-fp16": 1e11,
+                            "int8": 5e10, "bandwidth": 1e10, "launch_s": 5e-6})
+
+    def gemm(self, a: Any, b: Any) -> Any:
+        # a GEMM propagates NaN/Inf silently, as cuBLAS does; NumPy >= 2.4 flags them
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.matmul(a, b)
+
+    def gemm_sub_into(self, c, a, b):
+        # c laid out by columns (the pivoted QR's workspace): the product is made in the
+        # same order (as (b^T a^T)^T), else the subtraction reads it across its rows
+        # (4000^2 pivoted QR, 2-core CPU: 1.6 s of subtraction -> 0.4 s)
+        if c.ndim != 2 or c.flags.c_contiguous or c.strides[0] != c.itemsize:
+            return False
+        with np.errstate(over="ignore", invalid="ignore"):
+            c -= np.matmul(b.T, a.T).T
+        return True
+
+    def complex_from_parts(self, re, im):
+        # the parts written in place: exact, also for non-finite parts
+        c = np.empty(re.shape, dtype=np.complex128 if re.dtype == np.float64 else np.complex64)
+        c.real, c.imag = re, im
+        return c
+
+    def exponent(self, x):
+        # frexp is exact where log2 can round up just below a power of two
+        e = np.frexp(x)[1] - 1
+        return np.where(np.isfinite(x) & (x > 0), e, 0).astype(np.int32)
+
+    def ldexp(self, x, e):
+        with np.errstate(over="ignore", under="ignore"):  # IEEE result is what we want
+            return np.ldexp(x, e)
+
+    def to_fp16(self, x: Any) -> Any:
+        with np.errstate(over="ignore"):  # beyond 65504 is inf, as on the GPU
+            return np.asarray(x).astype(np.float16)
+
+    def gemm_fp16(self, a16, b16, out=None, alpha=1.0, beta=0.0):
+        with np.errstate(over="ignore", invalid="ignore"):  # as gemm: IEEE, no flags
+            prod = np.matmul(a16.astype(np.float32), b16.astype(np.float32))
+        if alpha != 1.0:
+            prod *= np.float32(alpha)
+        if out is None:
+            return prod
+        if beta == 0.0:
+            out[...] = prod
+        else:
+            out *= np.float32(beta)
+            out += prod
+        return out
+
+    def add_identity(self, x):
+        if x.ndim == 2 and x.flags.c_contiguous and x.flags.writeable:
+            k = min(x.shape)
+            x.reshape(-1)[: (k - 1) * (x.shape[1] + 1) + 1: x.shape[1] + 1] += 1
+            return
+        super().add_identity(x)
+
+    def gemm_int8(self, a8, b8):
+        k = a8.shape[-1]
+        if k * 128 * 128 >= 2**31:  # worst case: every entry -128
+            raise ValueError(f"int8 GEMM with k={k} can overflow int32; split k first")
+        return np.matmul(a8.astype(np.float64), b8.astype(np.float64)).astype(np.int32)
+
+    def solve_triangular(self, a, b, *, lower=False, unit_diagonal=False):
+        if a.ndim == 2 and b.ndim == 2:
+            return sla.solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal,
+                                        check_finite=False)
+        return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
+
+    def max_abs_finite(self, x, axis):
+        # one full-size temporary (|x|, zeroed in place where not finite) instead of
+        # three: the range check of every QR peaked at 3x the input here
+        if x.dtype.kind != "f":
+            return super().max_abs_finite(x, axis)
+        t = np.abs(x)
+        t[~np.isfinite(t)] = 0
+        return np.max(t, axis=axis, keepdims=True)
+
+    def _lu_signed_columns(self, w, s, lo, hi):
+        # scalar NumPy steps: the array-API loop costs ~4x per column here (phase,
+        # expand_dims), ~2.5x on the whole LU at n = 64
+        if w.ndim != 2:
+            super()._lu_signed_columns(w, s, lo, hi)
+            return
+        cplx = np.iscomplexobj(w)
+        for i in range(lo, hi):
+            d = w[i, i]
+            si = (-(d / abs(d)) if d != 0 else -1.0) if cplx else (1.0 if d < 0 else -1.0)
+            s[i] = si
+            w[i, i] = d - si
+            if i + 1 < hi:
+                w[i + 1:hi, i] /= w[i, i]
+                w[i + 1:hi, i + 1:hi] -= np.outer(w[i + 1:hi, i], w[i, i + 1:hi])
+
+    def qrcp_order(self, y, k):
+        return np.asarray(swap_order(lapack_qrcp_pivots(y, k), y.shape[1]), dtype=np.int32)
+
+    def permute_columns(self, x, dst, src):
+        x[..., dst] = x[..., src]
+
+    def permutable_copy(self, a):
+        # column order: a permute of 128 of 4000 columns takes 0.6 ms instead of 7
+        # (rows of a C-order array are gathered element by element)
+        return np.array(a, order="F", copy=True)
+
+    def cholesky(self, a, *, upper=False, check=True):
+        try:
+            l = np.linalg.cholesky(a)
+        except np.linalg.LinAlgError as exc:
+            raise LinAlgError(f"Cholesky factorization failed: {exc}") from exc
+        return np.swapaxes(l, -1, -2).conj() if upper else l
+
+    def svd(self, a, *, full_matrices=False):
+        return np.linalg.svd(a, full_matrices=full_matrices)
+
+    def qr_panel(self, a):
+        return np.linalg.qr(a)
+
+    def library_qr(self, a, mode):
+        # NumPy's own mode "r" skips forming Q (LAPACK orgqr)
+        if mode == "r":
+            return None, np.linalg.qr(a, mode="r")
+        return tuple(np.linalg.qr(a, mode=mode))
+
+    def householder_panel(self, a):
+        # LAPACK geqrf (stacks too) gives the reflectors directly: no reconstruction
+        from mpqr.backends._base import compact_wy_from_raw
+        from mpqr.backends.host.blas import small_lapack
+
+        with small_lapack(a.size):
+            h, tau = np.linalg.qr(a, mode="raw")
+        return compact_wy_from_raw(self, h, tau, *a.shape[-2:])
+
+
+def host_namespace() -> Any:
+    """The NumPy namespace (``mpqr.tune``'s fallback device: the host)."""
+    from mpqr._array_api import array_namespace
+
+    return array_namespace(np.zeros(1))
+
