@@ -623,6 +623,21 @@ class CupyBackend(ArrayAPIBackend):
             return None, self._cp.linalg.qr(a, mode="r")
         return tuple(self._cp.linalg.qr(a, mode=mode))
 
+    def batched_qr(self, a, mode):
+        from mpqr.backends import cupy_batched_qr as k
+
+        if a.dtype in (self._cp.float32, self._cp.float64) and k.fits(a.dtype, *a.shape[-2:]):
+            # one block per matrix, one launch for the stack, diag(R) >= 0 in the kernel
+            return k.qr(a, mode)
+        return None
+
+    def batched_qr_apply(self, a, b):
+        from mpqr.backends import cupy_batched_qr as k
+
+        if a.dtype in (self._cp.float32, self._cp.float64) and k.fits(a.dtype, *a.shape[-2:]):
+            return k.qr_apply(a, b)
+        return None
+
     def qr_panel(self, a):
         from mpqr.backends.cupy_tsqr import supports, tsqr
 
