@@ -152,7 +152,7 @@ def _steps(backend: Any, a: Any, mode: str, b: Any, *, precision: Any):
 
 
 def _reflect(xp, w, tau, c, j, k0, precision, backend):
-    """``c[..., j:, k0:] = H_j c[..., j:, k0:]``, ``H_j = I - tau v v^T``, ``v = [1; w[j+1:, j]]``."""
+    """``c[..., j:, k0:] = H_j c[..., j:, k0:]``, ``H_j = I - tau v v^T``, v = [1; w[j+1:, j]]."""
     v = w[..., j:, j]
     v = xp.concat([xp.ones_like(v[..., :1]), v[..., 1:]], axis=-1)
     d = gemm(v[..., None, :], c[..., j:, k0:], precision=precision,
@@ -165,4 +165,6 @@ def _hypot(xp, x, y):
 
 
 def _copysign(xp, x, y):
-    return xp.copysign(x, y) if hasattr(xp, "copysign") else xp.where(y < 0, -xp.abs(x), xp.abs(x))
+    if hasattr(xp, "copysign"):
+        return xp.copysign(x, y)
+    return xp.where(y < 0, -xp.abs(x), xp.abs(x))

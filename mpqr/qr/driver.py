@@ -101,8 +101,9 @@ THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-c
 
 
 #: methods whose R has a real, positive diagonal by construction (Cholesky factors and
-#: their products; householder-batched flips its signs in the same pass): no sign test (a reduction and a host sync; its removal measured
-#: within run-to-run noise on an H100, `python -m mpqr bench qr`) and no pass over Q
+#: their products; householder-batched flips its signs in its own pass): no sign test
+#: (a reduction and a host sync; its removal measured within run-to-run noise on an
+#: H100, `python -m mpqr bench qr`) and no pass over Q
 _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3",
                                                  "preconditioned-cholqr",
                                                  "householder-batched"})
