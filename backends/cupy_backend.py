@@ -619,6 +619,12 @@ class CupyBackend(ArrayAPIBackend):
 
         if cupy_geqrf.supports(a):
             return cupy_geqrf.qr(a, mode)
+        if a.ndim > 2 and mode != "complete":
+            from mpqr.backends import cupy_tsqr
+
+            if cupy_tsqr.supports(a):  # a stack of n <= 64: TSQR tile kernels, no loop
+                q, r = cupy_tsqr.tsqr(a)
+                return (None if mode == "r" else q), r
         if mode == "r":
             return None, self._cp.linalg.qr(a, mode="r")
         return tuple(self._cp.linalg.qr(a, mode=mode))

@@ -20,7 +20,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.policy import gemm
-from mpqr.qr._kernels import eye_like, panel_precision
+from mpqr.qr._kernels import eye_like, is_complex, panel_precision
 
 __all__ = ["householder_batched", "householder_batched_steps", "qr_apply"]
 
@@ -97,6 +97,7 @@ def _steps(backend: Any, a: Any, mode: str, b: Any, *, precision: Any):
     xp = backend.xp
     *batch, m, n = a.shape
     dev = device(a)
+    cplx = is_complex(xp, a)
     w = xp.asarray(a, copy=True)
     taus = []
     lo, hi = _SUMSQ_RANGE["float32" if a.dtype in (xp.float32, xp.complex64) else "float64"]
@@ -104,41 +105,49 @@ def _steps(backend: Any, a: Any, mode: str, b: Any, *, precision: Any):
     for j in range(n):
         alpha = w[..., j, j]
         x = w[..., j + 1:, j]
-        ss = xp.sum(x * x, axis=-1)
+        ax = xp.abs(x) if cplx else x
+        ss = xp.sum(ax * ax, axis=-1)
         with backend.ignore_fp_warnings():
             xnorm = xp.sqrt(ss)
             risky = (ss < lo) | (ss > hi)
             if bool(xp.any(risky)):  # as the kernel: rescale by the largest entry
                 amax = xp.max(xp.abs(x), axis=-1) if m > j + 1 else xp.zeros_like(ss)
                 safe = xp.where(amax > 0, amax, xp.ones_like(amax))
-                y = x / safe[..., None]
+                y = ax / safe[..., None]
                 scaled = amax * xp.sqrt(xp.sum(y * y, axis=-1))
                 xnorm = xp.where(risky & ~xp.isnan(ss), scaled, xnorm)
-            nz = xnorm != 0
-            beta = -_copysign(xp, _hypot(xp, alpha, xnorm), alpha)
-            tau = xp.where(nz, (beta - alpha) / xp.where(nz, beta, xp.ones_like(beta)), zero)
-            scal = xp.where(nz, 1 / xp.where(nz, alpha - beta, xp.ones_like(beta)), zero)
+            # LAPACK's larfg: H = I only where the column below is zero and alpha real
+            ar = xp.real(alpha) if cplx else alpha
+            nz = (xnorm != 0) | (xp.imag(alpha) != 0) if cplx else xnorm != 0
+            norm = _hypot(xp, xp.abs(alpha) if cplx else alpha, xnorm)
+            beta = xp.astype(-_copysign(xp, norm, ar), a.dtype) if cplx else -_copysign(
+                xp, norm, ar)
+            one_b = xp.ones_like(beta)
+            tau = xp.where(nz, (beta - alpha) / xp.where(nz, beta, one_b), zero)
+            scal = xp.where(nz, 1 / xp.where(nz, alpha - beta, one_b), zero)
         beta = xp.where(nz, beta, alpha)
         v = x * scal[..., None]
         w[..., j + 1:, j] = v
         w[..., j, j] = beta
         taus.append(tau)
         if j + 1 < n:
-            # trailing columns: a_k -= tau (v^H a_k) v with v = [1; v]
-            d = w[..., j, j + 1:] + gemm(v[..., None, :], w[..., j + 1:, j + 1:],
+            # trailing columns: a_k -= conj(tau) (v^H a_k) v with v = [1; v] (H_j^H)
+            vh = xp.conj(v) if cplx else v
+            d = w[..., j, j + 1:] + gemm(vh[..., None, :], w[..., j + 1:, j + 1:],
                                          precision=precision, label="batched-householder",
                                          backend=backend)[..., 0, :]
-            f = tau[..., None] * d
+            f = (xp.conj(tau) if cplx else tau)[..., None] * d
             w[..., j, j + 1:] = w[..., j, j + 1:] - f
             w[..., j + 1:, j + 1:] = w[..., j + 1:, j + 1:] - v[..., :, None] * f[..., None, :]
     diag = xp.stack([w[..., j, j] for j in range(n)], axis=-1)
+    diag = xp.real(diag) if cplx else diag
     one = xp.ones_like(diag)
-    s = xp.where(diag < 0, -one, one)
+    s = xp.astype(xp.where(diag < 0, -one, one), a.dtype)
     r = xp.triu(w[..., :n, :]) * s[..., :, None]
-    if b is not None:  # Q^T b = H_{n-1} ... H_0 b
+    if b is not None:  # Q^H b = H_{n-1}^H ... H_0^H b
         c = xp.asarray(b, copy=True)
         for j in range(n):
-            _reflect(xp, w, taus[j], c, j, 0, precision, backend)
+            _reflect(xp, w, xp.conj(taus[j]) if cplx else taus[j], c, j, 0, precision, backend)
         c[..., :n, :] = c[..., :n, :] * s[..., :, None]
         return None, r, c
     if mode == "r":
@@ -152,10 +161,11 @@ def _steps(backend: Any, a: Any, mode: str, b: Any, *, precision: Any):
 
 
 def _reflect(xp, w, tau, c, j, k0, precision, backend):
-    """``c[..., j:, k0:] = H_j c[..., j:, k0:]``, ``H_j = I - tau v v^T``, v = [1; w[j+1:, j]]."""
+    """``c[..., j:, k0:] = (I - tau v v^H) c[..., j:, k0:]``, v = [1; w[j+1:, j]]."""
     v = w[..., j:, j]
     v = xp.concat([xp.ones_like(v[..., :1]), v[..., 1:]], axis=-1)
-    d = gemm(v[..., None, :], c[..., j:, k0:], precision=precision,
+    vh = xp.conj(v) if is_complex(xp, v) else v
+    d = gemm(vh[..., None, :], c[..., j:, k0:], precision=precision,
              label="batched-householder", backend=backend)
     c[..., j:, k0:] = c[..., j:, k0:] - v[..., :, None] * (tau[..., None, None] * d)
 
