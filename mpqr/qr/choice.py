@@ -98,9 +98,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     (``backend.batched_qr_fits``: up to 128 x 128 float32 and float64, 256 rows)
     takes ``householder-batched`` where the input's own precision covers the one
     asked for: one launch for the whole stack instead of per-panel launches or a
-    library call per matrix. Larger stacks take ``geqrf`` (the library's QR per
-    matrix; CuPy's TSQR tile kernels for reduced tall-skinny members up to 64
-    columns) where that precision covers the request, else the routes below.
+    library call per matrix. Larger stacks in their own working precision take
+    ``geqrf`` (the library's QR per matrix; CuPy's TSQR tile kernels for reduced
+    tall-skinny members up to 64 columns), others the routes below.
 
     Small tall-skinny matrices in their own working precision, or at ``fp16`` /
     ``fp32-emulated`` (at most ``backend.library_qr_tall_max`` elements), take
@@ -136,7 +136,7 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 "block's registers): unblocked Householder QR of every matrix at once in the "
                 "input's own, at least as accurate precision (one fused launch on CuPy; "
                 "H100, 8192 x (64x64) float32: 3.1 ms against 627 ms for torch.linalg.qr)")
-    if batch > 1 and _covers_precision(backend, prec_name, dtype):
+    if batch > 1 and _in_working_precision(backend, prec_name, dtype):
         return ("geqrf",
                 f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "
                 "backend library's QR per matrix (cuSOLVER; on CuPy the TSQR tile kernels "
