@@ -438,6 +438,28 @@ class ArrayAPIBackend:
         q, r = self.xp.linalg.qr(a, mode="complete" if mode == "complete" else "reduced")
         return (None if mode == "r" else q), r
 
+    def batched_qr_fits(self, dtype: Any, m: int, n: int) -> bool:
+        """Whether stacks of ``m x n`` (``m >= n``) matrices of ``dtype`` take
+        ``householder-batched``: the GPU kernel's limits (one block's registers and
+        shared memory, :func:`mpqr.backends.cupy.batched_qr.fits`) on every backend, so
+        that the route, and the scheme CI tests, are the same everywhere."""
+        from mpqr.backends.cupy.batched_qr import fits
+
+        xp = self.xp
+        if dtype not in (xp.float32, xp.float64):
+            return False
+        return fits("float32" if dtype == xp.float32 else "float64", m, n)
+
+    def batched_qr(self, a: Any, mode: str) -> tuple[Any | None, Any] | None:
+        """``householder-batched`` in one fused kernel: ``(Q or None, R)`` with
+        ``diag(R) >= 0`` for ``mode`` reduced, complete or r, or None where the backend
+        has no such kernel for ``a`` (the portable scheme runs instead)."""
+        return None
+
+    def batched_qr_apply(self, a: Any, b: Any) -> tuple[Any, Any] | None:
+        """``(R, Q^H b)`` as :meth:`batched_qr`'s kernel gives them, or None."""
+        return None
+
     def qr_panel(self, a: Any) -> tuple[Any, Any]:
         """Reduced Householder QR of a (small or tall-skinny) panel, native precision."""
         return self.xp.linalg.qr(a)

@@ -224,7 +224,7 @@ def test_choose_method_follows_the_update_gemms_engine(precision, want):
     ("fp32", "float64", 1, "householder-tiled"),  # fp32 arithmetic on float64 data: ours
     ("fp64", "float32", 1, "householder-tiled"),
     ("fp64-emulated", "float32", 1, "householder-tiled"),
-    ("fp64", "float64", 5, "householder-tiled"),  # stacks: our batched panels
+    ("fp64", "float64", 5, "geqrf"),  # stacks beyond one block: the library per matrix
     ("fp64", "float64", 1, "geqrf"), ("fp32", "float32", 1, "geqrf"),
     ("fp64-emulated", "float64", 1, "geqrf"), ("auto", "float32", 1, "geqrf")])
 def test_choose_method_takes_the_library_qr_only_in_the_inputs_precision(precision, dtype,
@@ -328,8 +328,8 @@ def test_small_tall_skinny_takes_the_library_qr():
     assert api.choose_method(be, "fp64", ns.float64, 2 * cap // 64, 64)[0] == "cholqr2"
     # not the input's own arithmetic (fp32 products on float64 data): CholQR2 as before
     assert api.choose_method(be, "fp32", ns.float64, cap // 64, 64)[0] == "cholqr2"
-    # stacks keep the batched methods
-    assert api.choose_method(be, "fp64", ns.float64, 2048, 64, batch=4)[0] != "geqrf"
+    # stacks beyond one block: the library per matrix (TSQR tile kernels on CuPy)
+    assert api.choose_method(be, "fp64", ns.float64, 2048, 64, batch=4)[0] == "geqrf"
 
 
 def test_small_tall_skinny_qr_through_the_library_is_accurate(xp):

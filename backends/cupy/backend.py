@@ -620,9 +620,30 @@ class CupyBackend(ArrayAPIBackend):
 
         if cupy_geqrf.supports(a):
             return cupy_geqrf.qr(a, mode)
+        if a.ndim > 2 and mode != "complete":
+            from mpqr.backends import cupy_tsqr
+
+            if cupy_tsqr.supports(a):  # a stack of n <= 64: TSQR tile kernels, no loop
+                q, r = cupy_tsqr.tsqr(a)
+                return (None if mode == "r" else q), r
         if mode == "r":
             return None, self._cp.linalg.qr(a, mode="r")
         return tuple(self._cp.linalg.qr(a, mode=mode))
+
+    def batched_qr(self, a, mode):
+        from mpqr.backends.cupy import batched_qr as k
+
+        if a.dtype in (self._cp.float32, self._cp.float64) and k.fits(a.dtype, *a.shape[-2:]):
+            # one block per matrix, one launch for the stack, diag(R) >= 0 in the kernel
+            return k.qr(a, mode)
+        return None
+
+    def batched_qr_apply(self, a, b):
+        from mpqr.backends.cupy import batched_qr as k
+
+        if a.dtype in (self._cp.float32, self._cp.float64) and k.fits(a.dtype, *a.shape[-2:]):
+            return k.qr_apply(a, b)
+        return None
 
     def qr_panel(self, a):
         from mpqr.backends.cupy.tsqr import supports, tsqr

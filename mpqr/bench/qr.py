@@ -341,7 +341,8 @@ def plot(payload: dict[str, Any], path: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpqr bench qr", description=__doc__)
     p.add_argument("--shapes", default=None,
-                   help="comma list of MxN or BxMxN, or 'square' / 'tall' (default: both)")
+                   help="comma list of MxN or BxMxN, or 'square' / 'tall' (default: both) / "
+                   "'batched' (stacks of small matrices)")
     p.add_argument("--no-peak", action="store_true",
                    help="skip measuring each engine's GEMM rate (shares use H200 constants)")
     p.add_argument("--precisions", default=",".join(PRECISIONS))
@@ -376,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
                               max_seconds=args.max_seconds, qrcp_blocks=blocks)
         write_json(args.json, payload)
         return 0
-    preset = {"square": SQUARE_SHAPES, "tall": TALL_SHAPES}.get(args.shapes or "")
+    from mpqr.bench.batched_shapes import BATCHED_SHAPES
+
+    preset = {"square": SQUARE_SHAPES, "tall": TALL_SHAPES,
+              "batched": BATCHED_SHAPES}.get(args.shapes or "")
     shapes = preset or shapes_or_default(args.shapes, xp, GPU_SHAPES, CPU_SHAPES)
     payload = run(shapes, args.precisions.split(","), args.modes.split(","), xp=xp,
                   repeat=args.repeat, max_seconds=args.max_seconds,

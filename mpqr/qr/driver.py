@@ -68,6 +68,12 @@ def _geqrf(backend, a, *, precision, prec_name, want_q, complete, overwrite):
     return q, r[..., :a.shape[-1], :]  # complete: R's zero rows are added by the caller
 
 
+def _householder_batched(backend, a, **kw):
+    from mpqr.qr.batched_small import householder_batched
+
+    return householder_batched(backend, a, **kw)
+
+
 def _svqr(backend, a, **kw):
     from mpqr.qr.svqr import svqr
 
@@ -86,6 +92,7 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "preconditioned-cholqr": _preconditioned_cholqr,
     "svqr": _svqr,
     "geqrf": _geqrf,
+    "householder-batched": _householder_batched,
 }
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
@@ -94,10 +101,12 @@ THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-c
 
 
 #: methods whose R has a real, positive diagonal by construction (Cholesky factors and
-#: their products): no sign test (a reduction and a host sync; its removal measured
-#: within run-to-run noise on an H100, `python -m mpqr bench qr`) and no pass over Q
+#: their products; householder-batched flips its signs in its own pass): no sign test
+#: (a reduction and a host sync; its removal measured within run-to-run noise on an
+#: H100, `python -m mpqr bench qr`) and no pass over Q
 _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3",
-                                                 "preconditioned-cholqr"})
+                                                 "preconditioned-cholqr",
+                                                 "householder-batched"})
 
 #: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from the
 #: Gram matrix CholQR2 computed) before falling back to Householder
