@@ -1,7 +1,8 @@
-"""Drop-in front ends that follow SciPy's and NumPy's conventions.
+"""Drop-in front ends that follow SciPy's, NumPy's and the Array API's conventions.
 
-``mpqr.compat.scipy`` (``lstsq``, ``qr``, ``patch``) and ``mpqr.compat.numpy``
-(``lstsq``, ``qr``); import the submodules explicitly.
+``mpqr.compat.scipy`` (``lstsq``, ``qr``, ``patch``), ``mpqr.compat.numpy``
+(``lstsq``, ``qr``) and ``mpqr.compat.array_api`` (``namespace``, ``patch``: mpqr in
+Array-API code such as scikit-learn's); import the submodules explicitly.
 """
 
-__all__ = ["numpy", "scipy"]
+__all__ = ["array_api", "numpy", "scipy"]
