@@ -336,7 +336,8 @@ def lstsq(A, B, rcond=None, *, driver=None, out=None):
         Batch dimensions broadcast with ``A``'s.
     rcond : float, optional
         Singular values ``<= rcond * s_max`` count as zero; default
-        ``eps(A.dtype) * max(m, n)`` (torch's).
+        ``eps(A.dtype) * max(m, n)`` (torch's; float32's ``eps`` for float16 and
+        bfloat16, which are computed in float32).
     driver : {"gels", "gelsy", "gelsd", "gelss"}, optional
         As torch (any case): default ``"gelsy"`` on CPU, ``"gels"`` on CUDA (its only
         one). The result's fields follow it: ``rank`` for gelsy/gelsd/gelss,
@@ -383,8 +384,11 @@ def lstsq(A, B, rcond=None, *, driver=None, out=None):
     b2 = B.unsqueeze(-1) if vector else B
     (m, n), k = A.shape[-2:], b2.shape[-1]
     batch = torch.broadcast_shapes(A.shape[:-2], b2.shape[:-2])
+    # float16/bfloat16 are computed in float32: the default cutoff is float32's (their
+    # own eps times max(m, n) would drop most of the spectrum of a few dozen rows)
+    work = torch.float32 if A.dtype in (torch.float16, torch.bfloat16) else A.dtype
     cutoff = float(rcond) if rcond is not None else \
-        torch.finfo(_real(A.dtype)).eps * max(m, n)
+        torch.finfo(_real(work)).eps * max(m, n)
     _route("lstsq", "mpqr.lstsq", A, driver=drv, rcond=cutoff)
     a3 = A.expand(*batch, m, n).reshape(-1, m, n)
     b3 = b2.expand(*batch, m, k).reshape(-1, m, k)
