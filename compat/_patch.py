@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 
 from mpqr.policy import validate_precision
 
-__all__ = ["Frontend", "Patch", "current_precision", "inside", "original", "patch",
-           "routing", "warn_once"]
+__all__ = ["Frontend", "Patch", "called_from_mpqr", "current_precision", "inside",
+           "original", "patch", "routing", "warn_once"]
 
 _LOCK = threading.RLock()
 _precision: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -52,6 +52,17 @@ def current_precision() -> str | None:
 def inside() -> bool:
     """True while this thread/task runs a call a patch routed to mpqr."""
     return _inside.get()
+
+
+def called_from_mpqr(depth: int) -> bool:
+    """True when the frame ``depth`` levels up from here (1: the caller) runs mpqr's own
+    code (its backends call the array libraries' ``linalg`` by attribute, e.g.
+    ``cupy.linalg.qr`` for ``method="geqrf"``): such calls go to the library."""
+    try:
+        name = sys._getframe(depth).f_globals.get("__name__", "")
+    except ValueError:  # no such frame
+        return False
+    return name == "mpqr" or name.startswith("mpqr.")
 
 
 @contextlib.contextmanager

@@ -112,9 +112,10 @@ def _traced(t: torch.Tensor) -> bool:
     return t.is_meta or is_fake(t) or wrapped(t) or get_proxy_mode() is not None
 
 
-def _kept(tensors: dict[str, Any], out: Any = None) -> str | None:
-    """Why a call keeps torch's path (None: route it)."""
-    if _patch.inside():
+def _kept(tensors: dict[str, Any], out: Any = None, depth: int = 3) -> str | None:
+    """Why a call keeps torch's path (None: route it); ``depth``: the frames up to the
+    front end's caller."""
+    if _patch.inside() or _patch.called_from_mpqr(depth):
         return "called from inside mpqr"
     if out is not None:
         return "`out=` given"
@@ -216,7 +217,7 @@ def qr(A, mode="reduced", *, out=None):
 
 
 def _svd_kept(A: Any, driver: Any, out: Any) -> str | None:
-    reason = _kept({"A": A}, out)
+    reason = _kept({"A": A}, out, depth=4)
     if reason is None and driver is not None:
         reason = "`driver=` given"
     if reason is None and A.ndim < 2:

@@ -367,3 +367,17 @@ def test_torch_internals_reach_the_patch():
         torch.nn.init.orthogonal_(w)
     assert _routed(trace, "qr") == 1
     _close(w.T @ w, torch.eye(8, dtype=torch.float64), 1e-13)
+
+
+def test_calls_from_mpqrs_own_modules_reach_torch():
+    """mpqr's backends call the libraries' linalg by attribute: under the patch those
+    calls reach the library, never mpqr again."""
+    inner = types.ModuleType("mpqr.backends._probe")
+    exec("import torch\ndef f(a):\n    return torch.linalg.qr(a), torch.linalg.svdvals(a)\n",
+         inner.__dict__)
+    a = torch.randn(20, 3, dtype=torch.float64)
+    with mpqr.explain() as trace, mct.patch(**CPU):
+        (q, r), s = inner.f(a)
+    assert torch.equal(r, ORIG["qr"](a).R)
+    assert _routed(trace, "qr") == 0 and _routed(trace, "svdvals") == 0
+    assert torch.equal(q, ORIG["qr"](a).Q) and torch.equal(s, ORIG["svdvals"](a))
