@@ -62,7 +62,8 @@ def called_from_mpqr(depth: int) -> bool:
         name = sys._getframe(depth).f_globals.get("__name__", "")
     except ValueError:  # no such frame
         return False
-    return name == "mpqr" or name.startswith("mpqr.")
+    # the command-line tools (benchmarks, demo) are callers like any program
+    return name == "mpqr" or (name.startswith("mpqr.") and not name.startswith("mpqr.tools"))
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     benches = {"gemm": "mpqr.tools.bench_gemm", "qr": "mpqr.tools.bench_qr",
                "lstsq": "mpqr.tools.bench_lstsq", "accuracy": "mpqr.tools.bench_accuracy",
                "dask": "mpqr.tools.bench_dask", "bridge": "mpqr.tools.bench_bridge",
-               "ooc": "mpqr.tools.bench_ooc"}
+               "ooc": "mpqr.tools.bench_ooc", "frameworks": "mpqr.tools.bench_frameworks"}
     if not args.rest:
         print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
         for topic, modname in benches.items():
