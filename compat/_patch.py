@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import functools
 import importlib
+import os
 import sys
 import threading
 import warnings
@@ -57,13 +58,27 @@ def inside() -> bool:
 def called_from_mpqr(depth: int) -> bool:
     """True when the frame ``depth`` levels up from here (1: the caller) runs mpqr's own
     code (its backends call the array libraries' ``linalg`` by attribute, e.g.
-    ``cupy.linalg.qr`` for ``method="geqrf"``): such calls go to the library."""
+    ``cupy.linalg.qr`` for ``method="geqrf"``): such calls go to the library. Judged by
+    the code's file, so that doctests and programs run in a module's namespace count
+    as callers; the command-line tools (benchmarks, demo) are callers too."""
     try:
-        name = sys._getframe(depth).f_globals.get("__name__", "")
+        filename = sys._getframe(depth).f_code.co_filename
     except ValueError:  # no such frame
         return False
-    # the command-line tools (benchmarks, demo) are callers like any program
-    return name == "mpqr" or (name.startswith("mpqr.") and not name.startswith("mpqr.tools"))
+    inner, tools = _mpqr_dirs()
+    return filename.startswith(inner) and not filename.startswith(tools)
+
+
+@functools.cache
+def _mpqr_dirs() -> tuple[tuple[str, ...], str]:
+    import mpqr.backends
+    import mpqr.compat
+
+    import mpqr
+
+    dirs = tuple(os.path.dirname(m.__file__) + os.sep
+                 for m in (mpqr, mpqr.backends, mpqr.compat))
+    return dirs, os.path.join(os.path.dirname(mpqr.__file__), "tools") + os.sep
 
 
 @contextlib.contextmanager

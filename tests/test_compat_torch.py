@@ -369,15 +369,26 @@ def test_torch_internals_reach_the_patch():
     _close(w.T @ w, torch.eye(8, dtype=torch.float64), 1e-13)
 
 
-def test_calls_from_mpqrs_own_modules_reach_torch():
+def test_calls_from_mpqrs_own_modules_reach_torch(tmp_path, monkeypatch):
     """mpqr's backends call the libraries' linalg by attribute: under the patch those
-    calls reach the library, never mpqr again."""
-    inner = types.ModuleType("mpqr.backends._probe")
-    exec("import torch\ndef f(a):\n    return torch.linalg.qr(a), torch.linalg.svdvals(a)\n",
-         inner.__dict__)
+    calls reach the library, never mpqr again (judged by the calling code's file)."""
+    import importlib.util
+
+    from mpqr.compat import _patch
+
+    src = tmp_path / "probe.py"
+    src.write_text("import torch\ndef f(a):\n    return torch.linalg.qr(a), "
+                   "torch.linalg.svdvals(a)\n")
+    spec = importlib.util.spec_from_file_location("mpqr_probe", src)
+    inner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inner)
+    monkeypatch.setattr(_patch, "_mpqr_dirs", lambda: ((str(tmp_path),), "/nowhere/"))
     a = torch.randn(20, 3, dtype=torch.float64)
     with mpqr.explain() as trace, mct.patch(**CPU):
         (q, r), s = inner.f(a)
+        assert _routed(trace, "qr") == 0 and _routed(trace, "svdvals") == 0
+        monkeypatch.undo()  # the same code as a program's: routed
+        inner.f(a)
+    assert _routed(trace, "qr") == 1 and _routed(trace, "svdvals") == 1
     assert torch.equal(r, ORIG["qr"](a).R)
-    assert _routed(trace, "qr") == 0 and _routed(trace, "svdvals") == 0
     assert torch.equal(q, ORIG["qr"](a).Q) and torch.equal(s, ORIG["svdvals"](a))
