@@ -296,6 +296,11 @@ class ArrayAPIBackend:
     #: CholQR2's 3.1, so the cut is 2^20. Every backend uses the GPU's value so CI runs
     #: the same choice.
     library_qr_tall_max: int = 2**20
+    #: whether ``qr(method="auto")`` gives stacks of small matrices to
+    #: ``householder-batched``: only where one fused kernel runs the whole stack (CuPy);
+    #: elsewhere the library's QR per matrix is faster (NumPy, 40 x (16x16) float64: the
+    #: portable steps 15.5 ms) and gives each member exactly the single-matrix result
+    batched_qr_fused: bool = False
     #: ``qr(method="auto")`` gives a single matrix (not tall-skinny) of at most this many
     #: elements to the library's own QR in the input's precision where the recursive
     #: tensor-core QR would run otherwise (0: never; backends with tensor cores set it).

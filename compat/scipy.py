@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import functools
 import numbers
-import sys
 from typing import Any
 
 import numpy as np
 from mpqr.compat import _scipy_args as _args
-from mpqr.compat._patch import current_precision, front_ends, original, patch
+from mpqr.compat._patch import current_precision, original, patch
 
 import mpqr
 from mpqr._validation import plain_array
@@ -449,4 +448,3 @@ def _over_batch(xp: Any, func: Any, a: Any, c: Any, core_a: int, core_c: int | N
                  for i in range(len(outs[0])))
 
 
-front_ends(sys.modules[__name__])  # this module's functions are what patch() installs

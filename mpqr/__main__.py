@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     benches = {"gemm": "mpqr.bench.gemm", "qr": "mpqr.bench.qr",
                "lstsq": "mpqr.bench.lstsq", "accuracy": "mpqr.bench.accuracy",
                "dask": "mpqr.bench.dask", "bridge": "mpqr.bench.bridge",
-               "ooc": "mpqr.bench.ooc", "arrayapi": "mpqr.bench.arrayapi"}
+               "ooc": "mpqr.bench.ooc", "arrayapi": "mpqr.bench.arrayapi",
+               "frameworks": "mpqr.bench.frameworks"}
     if not args.rest:
         print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
         for topic, modname in benches.items():

@@ -136,6 +136,8 @@ DOCTEST_MODULES = [
     "mpqr.tune",
     "mpqr.compat.scipy",
     "mpqr.compat.numpy",
+    "mpqr.compat.torch",
+    "mpqr.compat.cupy",
     "mpqr.backends",
 ]
 

@@ -35,6 +35,7 @@ _AMPERE_RATES = {"native-fp64": 18e12, "native-fp32": 18e12, "tc-fp16": 250e12,
 class CupyBackend(ArrayAPIBackend):
     name = "cupy"
     capabilities = frozenset({"fp16", "int8", "tensor-cores"})
+    batched_qr_fused = True  # kernels/batched_qr.cu: a stack's whole QR in one launch
     # `precision="auto"` uses no emulated engine: on random data their error on
     # the H200 was at most native's (bench/results/gemm_H200_*), but with
     # per-row/column scaling a product of a matrix graded along k by more than

@@ -94,11 +94,12 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     ``qr`` runs what the requested precision would have run otherwise (the recursion
     where the backend has tensor cores).
 
-    A stack (``batch > 1``) of matrices that fit one GPU thread block
+    On a backend with the fused kernel (``backend.batched_qr_fused``: CuPy), a stack
+    (``batch > 1``) of matrices that fit one GPU thread block
     (``backend.batched_qr_fits``: up to 128 x 128 float32 and float64, 256 rows)
     takes ``householder-batched`` where the input's own precision covers the one
     asked for: one launch for the whole stack instead of per-panel launches or a
-    library call per matrix. Larger stacks in their own working precision take
+    library call per matrix. Elsewhere such stacks take the library's QR per matrix. Larger stacks in their own working precision take
     ``geqrf`` (the library's QR per matrix; CuPy's TSQR tile kernels for reduced
     tall-skinny members up to 64 columns), others the routes below.
 
@@ -129,7 +130,7 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     from mpqr.policy import as_gemm_options, decide
 
     k = min(m, n)
-    if (batch > 1 and backend.batched_qr_fits(dtype, m, k)
+    if (batch > 1 and backend.batched_qr_fused and backend.batched_qr_fits(dtype, m, k)
             and _covers_precision(backend, prec_name, dtype)):
         return ("householder-batched",
                 f"a stack of {batch} small matrices ({m}x{n}, each within one GPU thread "
