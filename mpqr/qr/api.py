@@ -117,16 +117,26 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     progress : bool, optional
         A tqdm progress bar for out-of-core runs; None: on for interactive
         terminals and runs expected to take more than a few seconds.
-    pivoting : bool
-        QR with column pivoting (rank-revealing, SciPy's ``pivoting=True``):
-        ``x[..., :, P] = Q @ R`` with ``|diag(R)|`` non-increasing in the
-        rank-revealing sense. A single matrix of more than 2**16 entries is
-        factored by blocked randomized QRCP (a Gaussian sketch chooses each
-        block's pivots; the large products go through the precision policy);
-        stacks and smaller matrices by column-norm pivoting (LAPACK's rule)
-        followed by the unpivoted QR of the permuted matrix with ``method``.
-        See :mod:`mpqr.qr.pivoted` and the "Choosing a method" page. Not for
-        out-of-core or Dask inputs.
+    pivoting : bool or "randomized"
+        ``True``: QR with column pivoting as SciPy's ``pivoting=True``:
+        ``x[..., :, P] = Q @ R`` with ``abs(diag(R))`` non-increasing exactly
+        (``d[..., 1:] <= d[..., :-1]`` for the returned numbers), ``P`` the greedy
+        order of LAPACK ``geqp3`` (largest remaining column norm first, the first
+        of equals) up to rounding. On NumPy the order comes from ``geqp3`` itself;
+        stacks and matrices of at most 2**16 entries use column-norm pivoting on
+        the array's device; other single matrices a blocked QRCP in the greedy
+        order (:mod:`mpqr.qr.pivoted_exact`). The permuted matrix is factored
+        through the precision policy, and a last pass repairs increases of the
+        stored diagonal (rounding: lowered within the backward error; larger:
+        two columns exchanged by a Givens rotation).
+        ``"randomized"``: the blocked randomized QRCP (HQRRP, a Gaussian sketch
+        chooses each block's pivots; :func:`mpqr.qr.pivoted.hqrrp`), for single
+        matrices of more than 2**16 entries: rank-revealing (``|R_kk|`` within a
+        small factor of ``sigma_k``, the same numerical rank) but ``abs(diag(R))``
+        NOT monotone (increases up to ~1.7x at block boundaries); on a 2-core CPU
+        2000x500 it took 2.7 s against 10 s for ``True`` (bench/NOTES.md).
+        Smaller matrices and stacks take the ``True`` route. Not for out-of-core
+        or Dask inputs.
     max_rank : int, optional
         With ``pivoting=True``: stop after this many columns (a truncated
         factorization for low-rank work, ``O(m n k)`` flops): Q is
@@ -189,7 +199,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         return dask_qr(x, mode, precision, method, check_finite=check_finite,
                        overwrite_a=overwrite_a)
     if bridge.is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        extra = dict(pivoting=True, max_rank=max_rank, rtol=rtol) if pivoting else {}
+        extra = dict(pivoting=pivoting, max_rank=max_rank, rtol=rtol) if pivoting else {}
         return bridge.call("qr", qr, (x,), ("x",), mode=mode, precision=precision,
                            method=method, check_finite=check_finite, overwrite_a=overwrite_a,
                            **extra)
@@ -227,7 +237,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
                          f"stack); got x of shape {tuple(a.shape)}: use `max_rank`")
     if pivoting:
         return _qr_pivoted(backend, a, mode=mode, method=method, precision=precision,
-                           prec_name=prec_name, max_rank=max_rank, rtol=rtol)
+                           prec_name=prec_name, max_rank=max_rank, rtol=rtol,
+                           ordering="randomized" if pivoting == "randomized" else "greedy")
 
     auto = method == "auto"
     if auto:
@@ -249,8 +260,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
 def _check_pivoting(pivoting: Any, max_rank: Any, rtol: Any, mode: str) -> None:
     """Validate ``pivoting``, ``max_rank`` and ``rtol`` (naming the argument)."""
-    if not isinstance(pivoting, bool) and type(pivoting).__name__ != "bool_":
-        raise TypeError(f"`pivoting` must be True or False, got {pivoting!r}")
+    if isinstance(pivoting, str):
+        if pivoting != "randomized":
+            raise ValueError(f"`pivoting` must be True, False or 'randomized', got {pivoting!r}")
+    elif not isinstance(pivoting, bool) and type(pivoting).__name__ != "bool_":
+        raise TypeError(f"`pivoting` must be True, False or 'randomized', got {pivoting!r}")
     if max_rank is not None:
         if isinstance(max_rank, bool) or not hasattr(max_rank, "__index__"):
             raise TypeError(f"`max_rank` must be an integer or None, got {max_rank!r}")
@@ -271,7 +285,7 @@ def _check_pivoting(pivoting: Any, max_rank: Any, rtol: Any, mode: str) -> None:
 
 
 def _qr_pivoted(backend: Any, a: Any, *, mode: str, method: str, precision: Any,
-                prec_name: str, max_rank: Any, rtol: Any) -> Any:
+                prec_name: str, max_rank: Any, rtol: Any, ordering: str = "greedy") -> Any:
     """``qr(pivoting=True)`` after validation (:mod:`mpqr.qr.pivoted`)."""
     from mpqr.qr.pivoted import qr_pivoted
 
@@ -305,7 +319,7 @@ def _qr_pivoted(backend: Any, a: Any, *, mode: str, method: str, precision: Any,
         with device_errors(backend, "mpqr.qr"):
             q, r, p = qr_pivoted(backend, a, factor=factor, precision=precision,
                                  prec_name=prec_name, want_q=want_q, complete=complete,
-                                 max_rank=max_rank, rtol=rtol)
+                                 max_rank=max_rank, rtol=rtol, ordering=ordering)
     return PivotedQRResult(q, r, p) if want_q else (r, p)
 
 
