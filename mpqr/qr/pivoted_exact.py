@@ -205,7 +205,7 @@ def blocked_qrcp(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q
         if rtol is not None:
             checks.append(d <= rtol * (d[0] if r00 is None else r00))
         _sb, hc = backend.small(xp.stack([xp.astype(v, xp.int8) for v in checks]))
-        flags = [[bool(v) for v in row] for row in (hc[0], *hc[1:])]
+        flags = [[bool(hc[i, t]) for t in range(bk)] for i in range(len(checks))]
         ts = next((t for t in range(1, bk) if flags[0][t]), bk)
         if r00 is None:
             r00 = float(d[0])
@@ -290,8 +290,8 @@ def monotone_diagonal(backend: Any, q: Any | None, r: Any, p: Any, *, u: float
     if not bool(xp.any(d[..., 1:] > d[..., :-1])):
         return q, r, p
     if r.ndim > 2:  # stacks: one matrix at a time (only those that need it)
-        parts = [monotone_diagonal(backend, None if q is None else q[i], r[i], p[i], u=u)
-                 for i in range(r.shape[0])]
+        parts = [monotone_diagonal(backend, None if q is None else q[i, ...], r[i, ...],
+                                   p[i, ...], u=u) for i in range(r.shape[0])]
         qs = None if q is None else xp.stack([t[0] for t in parts])
         return qs, xp.stack([t[1] for t in parts]), xp.stack([t[2] for t in parts])
     m, n = (q.shape[0] if q is not None else r.shape[0]), r.shape[1]
