@@ -1,6 +1,14 @@
 """QR with column pivoting: ``x[:, P] = Q R`` with ``|diag(R)|`` revealing the rank.
 
-Two routes, both ending in mpqr's Householder machinery:
+:func:`qr_pivoted` picks the route. ``pivoting=True`` (every SciPy-compatible call):
+``abs(diag(R))`` non-increasing exactly, ``P`` the greedy order of LAPACK ``geqp3`` up to
+rounding — from ``geqp3`` itself where the backend has it (``backend.qrcp_library``,
+NumPy), from :func:`deterministic_pivots` for stacks and small matrices, else from
+:func:`mpqr.qr.pivoted_exact.blocked_qrcp`; then
+:func:`mpqr.qr.pivoted_exact.monotone_diagonal`. ``pivoting="randomized"`` (mpqr's own
+API): :func:`hqrrp` as it comes, faster, rank-revealing, the diagonal not monotone.
+
+The two pivot rules of this module:
 
 * :func:`hqrrp` — blocked randomized QRCP for one large matrix (HQRRP: Martinsson,
   Quintana-Ortí, Heavner & van de Geijn 2017; Duersch & Gu 2017). A Gaussian sketch
