@@ -133,8 +133,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         chooses each block's pivots; :func:`mpqr.qr.pivoted.hqrrp`), for single
         matrices of more than 2**16 entries: rank-revealing (``|R_kk|`` within a
         small factor of ``sigma_k``, the same numerical rank) but ``abs(diag(R))``
-        NOT monotone (increases up to ~1.7x at block boundaries); on a 2-core CPU
-        2000x500 it took 2.7 s against 10 s for ``True`` (bench/NOTES.md).
+        NOT monotone (1500x200 with geometric decay: 48 increases, up to ~1.7x);
+        on a shared 2-core CPU, 2000x500 Gaussian: 2.6 s against 12.8 s for
+        ``True`` (bench/NOTES.md, 2026-11-28).
         Smaller matrices and stacks take the ``True`` route. Not for out-of-core
         or Dask inputs.
     max_rank : int, optional
