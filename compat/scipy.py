@@ -221,14 +221,15 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
         return _qr_raw(xp, aw, pivoting, prec)
     if mode == "r":
         r = mpqr.qr(aw, mode="r", precision=prec, overwrite_a=overwrite_a and aw is a1,
-                    pivoting=pivoting)
+                    pivoting=bool(pivoting))
         r, extra = (r[0], (r[1],)) if pivoting else (r, ())
         if m > n:  # SciPy's mode='r' R is (M, N)
             pad = xp.zeros((*batch, m - n, n), dtype=r.dtype, device=mpqr._array_api.device(r))
             r = xp.concat([r, pad], axis=-2)
         return _batched("qr", (r, *extra)) if batch else (r, *extra)
     out = mpqr.qr(aw, mode="complete" if mode in ("full", "qr") else "reduced",
-                  precision=prec, overwrite_a=overwrite_a and aw is a1, pivoting=pivoting)
+                  precision=prec, overwrite_a=overwrite_a and aw is a1,
+                  pivoting=bool(pivoting))
     return _batched("qr", tuple(out)) if batch else tuple(out)
 
 
@@ -249,6 +250,10 @@ def _qr_raw(xp: Any, a: Any, pivoting: bool, prec: Any) -> tuple[Any, ...]:
     backend = get_backend(xp)
     h, tau = householder_raw(backend, a, precision=prec,
                              prec_name=resolve_precision(prec)[0])
+    if pivoting:  # the same order refactored: rounding may differ, SciPy's promise holds
+        from mpqr.qr.pivoted_exact import clamp_diagonal
+
+        h = clamp_diagonal(backend, h)
     return ((h, tau), xp.triu(h[:k, :]), *extra)
 
 

@@ -33,7 +33,7 @@ __all__ = ["call", "lstsq", "qr"]
 
 def qr(x: Any, mode: str, precision: Any, method: str, *, check_finite: bool,
        overwrite_a: bool, device: Any, out: Any, memory_budget: Any, progress: Any,
-       pivoting: bool, max_rank: Any, rtol: Any) -> Any:
+       pivoting: bool | str, max_rank: Any, rtol: Any) -> Any:
     """:func:`mpqr.qr` on its route (arguments as there, ``pivoting``'s checked)."""
     if pivoting and (is_dask_array(x) or _host_qr(x, device, out, memory_budget, progress)):
         raise NotImplementedError(
@@ -46,7 +46,7 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, check_finite: bool,
         return dask_qr(x, mode, precision, method, check_finite=check_finite,
                        overwrite_a=overwrite_a)
     if is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        extra = dict(pivoting=True, max_rank=max_rank, rtol=rtol) if pivoting else {}
+        extra = dict(pivoting=pivoting, max_rank=max_rank, rtol=rtol) if pivoting else {}
         return bridge_call("qr", qr_in_memory.qr, (x,), ("x",), mode=mode,
                            precision=precision, method=method, check_finite=check_finite,
                            overwrite_a=overwrite_a, **extra)

@@ -35,11 +35,20 @@ def _small_blocks(monkeypatch, block=16):
         monkeypatch.setattr(CupyBackend, "qrcp_block", block)
 
 
-@pytest.fixture(params=["hqrrp", "deterministic"])
-def route(request, monkeypatch):
-    if request.param == "hqrrp":
+@pytest.fixture(params=["library", "blocked", "deterministic"])
+def route(request, monkeypatch, xp):
+    """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), the blocked
+    greedy QRCP (16-column blocks), column-norm pivoting."""
+    from mpqr.backends.numpy_backend import NumpyBackend
+
+    if request.param == "library" and xp.__name__ != "numpy":
+        pytest.skip("geqp3's order: the NumPy backend")
+
+    if request.param != "deterministic":
         _small_blocks(monkeypatch)
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
+        if request.param == "blocked":
+            monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
     else:
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 10**9)
     return request.param
@@ -124,6 +133,8 @@ def test_families_against_geqp3(xp, route, name, shape):
     rank = _numerical_rank(np.abs(d), m, n)
     assert rank == _numerical_rank(np.abs(np.diagonal(r2)), m, n)
     ratio = np.abs(d[:rank]) / s[:rank]
+    if name == "kahan":  # the greedy order's known failure: |R_nn| misses sigma_n
+        ratio = ratio[:-1]
     assert ratio.min() >= 0.1 and ratio.max() <= 10, (ratio.min(), ratio.max())
 
 
@@ -266,7 +277,7 @@ def test_resketch_on_rank_deficiency(monkeypatch, lib):
     rng = np.random.default_rng(9)
     a = rng.standard_normal((80, 20)) @ rng.standard_normal((20, 60))
     with mpqr.explain() as trace:
-        q, r, p = _np(*mpqr.qr(xp.asarray(a), pivoting=True))
+        q, r, p = _np(*mpqr.qr(xp.asarray(a), pivoting="randomized"))
     assert any("sketched again" in e.message for e in trace.events)
     assert np.linalg.norm(a[:, p] - q @ r) <= 4 * 60 * U64 * np.linalg.norm(a)
     d = np.abs(np.diagonal(r))
@@ -274,7 +285,7 @@ def test_resketch_on_rank_deficiency(monkeypatch, lib):
     # zero columns: nothing to choose after them, the order is kept
     z = np.zeros((80, 60))
     z[:, 5] = 1.0
-    q, r, p = _np(*mpqr.qr(xp.asarray(z), pivoting=True))
+    q, r, p = _np(*mpqr.qr(xp.asarray(z), pivoting="randomized"))
     assert p[0] == 5 and np.all(np.isfinite(r))
     assert np.linalg.norm(z[:, p] - q @ r) <= 4 * 60 * U64 * np.linalg.norm(z)
 
@@ -333,7 +344,8 @@ def test_gaussian_is_the_same_on_every_backend(xp):
     (dict(pivoting=True, max_rank=2.5), TypeError, "`max_rank` must be an integer"),
     (dict(pivoting=True, rtol=-1.0), ValueError, "`rtol` must be finite and >= 0"),
     (dict(pivoting=True, rtol="x"), TypeError, "`rtol` must be a real number"),
-    (dict(pivoting="yes"), TypeError, "`pivoting` must be True or False"),
+    (dict(pivoting="yes"), ValueError, "`pivoting` must be True, False or 'randomized'"),
+    (dict(pivoting=1), TypeError, "`pivoting` must be True, False or 'randomized'"),
     (dict(pivoting=True, max_rank=2, mode="complete"), ValueError, "no complete Q"),
 ])
 def test_validation(kw, exc, msg):
@@ -360,7 +372,7 @@ def test_fp64_settings_hqrrp(monkeypatch, prec):
     monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
     a = family("algebraic", 70, 50, seed=11)
     with mpqr.explain() as trace:
-        q, r, p = mpqr.qr(a, pivoting=True, precision=prec)
+        q, r, p = mpqr.qr(a, pivoting="randomized", precision=prec)
     assert any(e.kind == "method" and "HQRRP" in e.message for e in trace.events)
     assert np.linalg.norm(a[:, p] - q @ r) <= 4 * 50 * U64 * np.linalg.norm(a)
     assert np.linalg.norm(q.T @ q - np.eye(50)) <= 4 * 50 * U64

@@ -150,6 +150,11 @@ class NumpyBackend(ArrayAPIBackend):
                 w[i + 1:hi, i] /= w[i, i]
                 w[i + 1:hi, i + 1:hi] -= np.outer(w[i + 1:hi, i], w[i, i + 1:hi])
 
+    #: QR with column pivoting of a whole matrix: ``qrcp_order`` (LAPACK geqp3) gives the
+    #: greedy order at geqp3's speed, the fastest exact route here (2-core CPU, see
+    #: bench/NOTES.md)
+    qrcp_library = True
+
     def qrcp_order(self, y, k):
         return np.asarray(swap_order(lapack_qrcp_pivots(y, k), y.shape[1]), dtype=np.int32)
 
@@ -175,10 +180,14 @@ class NumpyBackend(ArrayAPIBackend):
         return np.linalg.qr(a)
 
     def library_qr(self, a, mode):
-        # NumPy's own mode "r" skips forming Q (LAPACK orgqr)
-        if mode == "r":
-            return None, np.linalg.qr(a, mode="r")
-        return tuple(np.linalg.qr(a, mode=mode))
+        # NumPy's own mode "r" skips forming Q (LAPACK orgqr); skinny calls on one thread
+        # (the pivoted QR's candidate panels: 2000 x 256 took 4.6 s on two busy cores)
+        from mpqr.backends.host_blas import small_lapack
+
+        with small_lapack(a.size):
+            if mode == "r":
+                return None, np.linalg.qr(a, mode="r")
+            return tuple(np.linalg.qr(a, mode=mode))
 
     def householder_panel(self, a):
         # LAPACK geqrf (stacks too) gives the reflectors directly: no reconstruction

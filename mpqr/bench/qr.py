@@ -295,9 +295,15 @@ def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
                     q, r, p = mpqr.qr(a, pivoting=True, precision=prec)
                 res, orth = errors(a, q, r, p)
                 method = next((e.message for e in tr.events if e.kind == "method"), "")
-                del q, r, p
+                dg = xp.abs(xp.linalg.diagonal(r))
+                increases = int(xp.sum(xp.astype(dg[1:] > dg[:-1], xp.int32)))
+                del q, r, p, dg
                 t = time_it(xp, lambda a=a, pr=prec: mpqr.qr(a, pivoting=True, precision=pr),
                             repeat=repeat, max_seconds=max_seconds)
+                t_rand = None
+                if prec == "auto" and blk is None:  # the opt-in, non-monotone order
+                    t_rand = time_it(xp, lambda a=a: mpqr.qr(a, pivoting="randomized"),
+                                     repeat=repeat, max_seconds=max_seconds)
             except Exception as exc:
                 rows.append({"shape": label, "precision": prec, "pivoting": True,
                              "error": f"{type(exc).__name__}: {exc}"})
@@ -308,7 +314,9 @@ def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
             row = {"shape": label, "precision": prec, "mode": "reduced", "pivoting": True,
                    "dtype": dt, "time_ms": t * 1e3, "backward_error": res,
                    "orthogonality": orth, "method": method,
-                   "time_vs_unpivoted": t / base[dt]}
+                   "diagonal_increases": increases, "time_vs_unpivoted": t / base[dt]}
+            if t_rand is not None:
+                row["randomized_time_ms"] = t_rand * 1e3
             if blk is not None:
                 row["qrcp_block"] = blk
             if geqp3 is not None and dt == "float64":
@@ -319,7 +327,8 @@ def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
                 "speedup_vs_geqp3" in row else ""
             tag = f"mpqr pivoting {prec} {dt}" + (f" b={blk}" if blk is not None else "")
             print(f"{label:>12} {tag:<40} {t * 1e3:10.1f} ms "
-                  f"({vs}{gq}) err {res:.1e} orth {orth:.1e}")
+                  f"({vs}{gq}) err {res:.1e} orth {orth:.1e} |diag(R)| increases {increases}"
+                  + (f"; pivoting='randomized' {t_rand * 1e3:.1f} ms" if t_rand else ""))
         del data
     return {"environment": environment(xp), "results": rows}
 

@@ -90,16 +90,27 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     progress : bool, optional
         A tqdm progress bar for out-of-core runs; None: on for interactive
         terminals and runs expected to take more than a few seconds.
-    pivoting : bool
-        QR with column pivoting (rank-revealing, SciPy's ``pivoting=True``):
-        ``x[..., :, P] = Q @ R`` with ``|diag(R)|`` non-increasing in the
-        rank-revealing sense. A single matrix of more than 2**16 entries is
-        factored by blocked randomized QRCP (a Gaussian sketch chooses each
-        block's pivots; the large products go through the precision policy);
-        stacks and smaller matrices by column-norm pivoting (LAPACK's rule)
-        followed by the unpivoted QR of the permuted matrix with ``method``.
-        See :mod:`mpqr.qr.pivoted` and the "Choosing a method" page. Not for
-        out-of-core or Dask inputs.
+    pivoting : bool or "randomized"
+        ``True``: QR with column pivoting as SciPy's ``pivoting=True``:
+        ``x[..., :, P] = Q @ R`` with ``abs(diag(R))`` non-increasing exactly
+        (``d[..., 1:] <= d[..., :-1]`` for the returned numbers), ``P`` the greedy
+        order of LAPACK ``geqp3`` (largest remaining column norm first, the first
+        of equals) up to rounding. On NumPy the order comes from ``geqp3`` itself;
+        stacks and matrices of at most 2**16 entries use column-norm pivoting on
+        the array's device; other single matrices a blocked QRCP in the greedy
+        order (:mod:`mpqr.qr.pivoted_exact`). The permuted matrix is factored
+        through the precision policy, and a last pass repairs increases of the
+        stored diagonal (rounding: lowered within the backward error; larger:
+        two columns exchanged by a Givens rotation).
+        ``"randomized"``: the blocked randomized QRCP (HQRRP, a Gaussian sketch
+        chooses each block's pivots; :func:`mpqr.qr.pivoted.hqrrp`), for single
+        matrices of more than 2**16 entries: rank-revealing (``|R_kk|`` within a
+        small factor of ``sigma_k``, the same numerical rank) but ``abs(diag(R))``
+        NOT monotone (1500x200 with geometric decay: 48 increases, up to ~1.7x);
+        on a shared 2-core CPU, 2000x500 Gaussian: 2.6 s against 12.8 s for
+        ``True`` (bench/NOTES.md, 2026-11-28).
+        Smaller matrices and stacks take the ``True`` route. Not for out-of-core
+        or Dask inputs.
     max_rank : int, optional
         With ``pivoting=True``: stop after this many columns (a truncated
         factorization for low-rank work, ``O(m n k)`` flops): Q is
@@ -158,8 +169,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
 def check_pivoting(pivoting: Any, max_rank: Any, rtol: Any, mode: str) -> None:
     """Validate ``pivoting``, ``max_rank`` and ``rtol`` (naming the argument)."""
-    if not isinstance(pivoting, bool) and type(pivoting).__name__ != "bool_":
-        raise TypeError(f"`pivoting` must be True or False, got {pivoting!r}")
+    if isinstance(pivoting, str):
+        if pivoting != "randomized":
+            raise ValueError(f"`pivoting` must be True, False or 'randomized', got {pivoting!r}")
+    elif not isinstance(pivoting, bool) and type(pivoting).__name__ != "bool_":
+        raise TypeError(f"`pivoting` must be True, False or 'randomized', got {pivoting!r}")
     if max_rank is not None:
         if isinstance(max_rank, bool) or not hasattr(max_rank, "__index__"):
             raise TypeError(f"`max_rank` must be an integer or None, got {max_rank!r}")

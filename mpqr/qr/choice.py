@@ -99,9 +99,10 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     (``backend.batched_qr_fits``: up to 128 x 128 float32 and float64, 256 rows)
     takes ``householder-batched`` where the input's own precision covers the one
     asked for: one launch for the whole stack instead of per-panel launches or a
-    library call per matrix. Elsewhere such stacks take the library's QR per matrix. Larger stacks in their own working precision take
-    ``geqrf`` (the library's QR per matrix; CuPy's TSQR tile kernels for reduced
-    tall-skinny members up to 64 columns), others the routes below.
+    library call per matrix. Elsewhere such stacks take the library's QR per matrix.
+    Larger stacks in their own working precision take ``geqrf`` (the library's QR per
+    matrix; CuPy's TSQR tile kernels for reduced tall-skinny members up to 64
+    columns), others the routes below.
 
     Small tall-skinny matrices in their own working precision, or at ``fp16`` /
     ``fp32-emulated`` (at most ``backend.library_qr_tall_max`` elements), take

@@ -41,7 +41,7 @@ class PivotedQRResult(NamedTuple):
 
 
 def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str = "auto", *,
-       check_finite: bool = False, overwrite_a: bool = False, pivoting: bool = False,
+       check_finite: bool = False, overwrite_a: bool = False, pivoting: bool | str = False,
        max_rank: int | None = None, rtol: float | None = None) -> Any:
     """:func:`mpqr.qr` of an array in memory (see there; ``pivoting``, ``max_rank`` and
     ``rtol`` already checked by :func:`mpqr.qr.api.check_pivoting` where they are given)."""
@@ -72,7 +72,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
                          f"stack); got x of shape {tuple(a.shape)}: use `max_rank`")
     if pivoting:
         return _qr_pivoted(backend, a, mode=mode, method=method, precision=precision,
-                           prec_name=prec_name, max_rank=max_rank, rtol=rtol)
+                           prec_name=prec_name, max_rank=max_rank, rtol=rtol,
+                           ordering="randomized" if pivoting == "randomized" else "greedy")
 
     auto = method == "auto"
     if auto:
@@ -95,9 +96,9 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
 
 def _qr_pivoted(backend: Any, a: Any, *, mode: str, method: str, precision: Any,
-                prec_name: str, max_rank: Any, rtol: Any) -> Any:
+                prec_name: str, max_rank: Any, rtol: Any, ordering: str = "greedy") -> Any:
     """``qr(pivoting=True)`` after validation (:mod:`mpqr.qr.pivoted`)."""
-    from mpqr.qr.pivoted import qr_pivoted
+    from mpqr.qr.pivoted_route import qr_pivoted
 
     xp = backend.xp
     *batch, m, n = a.shape
@@ -129,5 +130,5 @@ def _qr_pivoted(backend: Any, a: Any, *, mode: str, method: str, precision: Any,
         with device_errors(backend, "mpqr.qr"):
             q, r, p = qr_pivoted(backend, a, factor=factor, precision=precision,
                                  prec_name=prec_name, want_q=want_q, complete=complete,
-                                 max_rank=max_rank, rtol=rtol)
+                                 max_rank=max_rank, rtol=rtol, ordering=ordering)
     return PivotedQRResult(q, r, p) if want_q else (r, p)

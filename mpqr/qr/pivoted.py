@@ -1,6 +1,15 @@
 """QR with column pivoting: ``x[:, P] = Q R`` with ``|diag(R)|`` revealing the rank.
 
-Two routes, both ending in mpqr's Householder machinery:
+:func:`mpqr.qr.pivoted_route.qr_pivoted` picks the route. ``pivoting=True`` (every
+SciPy-compatible call):
+``abs(diag(R))`` non-increasing exactly, ``P`` the greedy order of LAPACK ``geqp3`` up to
+rounding — from ``geqp3`` itself where the backend has it (``backend.qrcp_library``,
+NumPy), from :func:`deterministic_pivots` for stacks and small matrices, else from
+:func:`mpqr.qr.pivoted_exact.blocked_qrcp`; then
+:func:`mpqr.qr.pivoted_exact.monotone_diagonal`. ``pivoting="randomized"`` (mpqr's own
+API): :func:`hqrrp` as it comes, faster, rank-revealing, the diagonal not monotone.
+
+The two pivot rules of this module:
 
 * :func:`hqrrp` — blocked randomized QRCP for one large matrix (HQRRP: Martinsson,
   Quintana-Ortí, Heavner & van de Geijn 2017; Duersch & Gu 2017). A Gaussian sketch
@@ -44,7 +53,6 @@ after ``max_rank`` columns or at the first ``|R_kk| <= rtol |R_00|``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 from mpqr._array_api import device
@@ -66,7 +74,6 @@ __all__ = [
     "deterministic_pivots",
     "gaussian",
     "hqrrp",
-    "qr_pivoted",
     "truncation_rank",
 ]
 
@@ -122,48 +129,6 @@ def truncation_rank(xp: Any, r: Any, k: int, rtol: float | None) -> int:
     if not bool(xp.any(small)):
         return k
     return int(xp.argmax(xp.astype(small, xp.int32)))
-
-
-def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]],
-               precision: Any, prec_name: str, want_q: bool, complete: bool,
-               max_rank: int | None = None, rtol: float | None = None
-               ) -> tuple[Any | None, Any, Any]:
-    """``(Q or None, R, P)`` with ``a[..., :, P] = Q R`` for a non-empty stack ``a``.
-
-    ``factor(ap)`` is the unpivoted QR (sign-normalised ``(Q or None, R)``) used by the
-    deterministic route. ``P`` is int32 ``(..., n)``. With ``max_rank``/``rtol``
-    (2-D ``a``): ``Q`` is ``(m, k)`` and ``R`` ``(k, n)`` for the kept ``k``.
-    """
-    xp = backend.xp
-    *batch, m, n = a.shape
-    kmax = min(m, n) if max_rank is None else min(m, n, max_rank)
-    if batch or m * n <= DETERMINISTIC_MAX_SIZE:
-        record_event("method", f"qr(pivoting=True): column-norm pivoting (deterministic) on "
-                     f"{'a stack of ' if batch else ''}{m}x{n}, then the unpivoted QR of the "
-                     "permuted matrix", method="qrcp-deterministic", shape=(m, n))
-        with backend.ignore_fp_warnings():  # NaN/Inf input: IEEE results, no warnings
-            p = deterministic_pivots(backend, a, kmax)
-        ap = _take_columns(xp, a, p)
-        q, r = factor(ap)
-        if max_rank is None and rtol is None:
-            return q, r, p
-        k = truncation_rank(xp, r, kmax, rtol)
-        return (None if q is None else q[:, :k]), r[:k, :], p
-    block = backend.qrcp_block or BLOCK
-    record_event("method", f"qr(pivoting=True): blocked randomized QRCP (HQRRP) on {m}x{n}, "
-                 f"blocks of {block}, sketch of {block + OVERSAMPLE} rows",
-                 method="hqrrp", shape=(m, n), block=block)
-    with backend.ignore_fp_warnings():
-        return hqrrp(backend, a, precision=precision, prec_name=prec_name, want_q=want_q,
-                     complete=complete, max_rank=max_rank, rtol=rtol)
-
-
-def _take_columns(xp: Any, a: Any, p: Any) -> Any:
-    """``a[..., :, p]`` for a stack of index vectors ``p`` (``(..., n)``)."""
-    if a.ndim == 2:
-        return xp.take(a, p, axis=-1)
-    idx = xp.broadcast_to(xp.expand_dims(p, axis=-2), a.shape)
-    return xp.take_along_axis(a, xp.astype(idx, xp.int64), axis=-1)
 
 
 def deterministic_pivots(backend: Any, a: Any, kmax: int) -> Any:

@@ -1,0 +1,90 @@
+"""Which route ``qr(pivoting=...)`` takes (:func:`qr_pivoted`): the pivot rules of
+:mod:`mpqr.qr.pivoted` (column-norm pivoting, HQRRP), LAPACK ``geqp3``'s order where the
+backend has it, or the blocked QRCP in the greedy order of :mod:`mpqr.qr.pivoted_exact`,
+each followed by the pass that makes ``abs(diag(R))`` non-increasing exactly (except
+``pivoting="randomized"``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mpqr.policy import record_event
+from mpqr.qr import pivoted
+from mpqr.qr.pivoted_exact import blocked_qrcp, monotone_diagonal, unit_roundoff
+
+__all__ = ["qr_pivoted"]
+
+
+def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]],
+               precision: Any, prec_name: str, want_q: bool, complete: bool,
+               max_rank: int | None = None, rtol: float | None = None,
+               ordering: str = "greedy") -> tuple[Any | None, Any, Any]:
+    """``(Q or None, R, P)`` with ``a[..., :, P] = Q R`` for a non-empty stack ``a``.
+
+    ``factor(ap)`` is the unpivoted QR (sign-normalised ``(Q or None, R)``) used by the
+    deterministic route. ``P`` is int32 ``(..., n)``. With ``max_rank``/``rtol``
+    (2-D ``a``): ``Q`` is ``(m, k)`` and ``R`` ``(k, n)`` for the kept ``k``.
+    ``ordering="greedy"``: ``|diag(R)|`` non-increasing exactly (the order of LAPACK
+    ``geqp3``; :mod:`mpqr.qr.pivoted_exact`); ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
+    comes (rank-revealing, the diagonal not monotone).
+    """
+    xp = backend.xp
+    *batch, m, n = a.shape
+    kmax = min(m, n) if max_rank is None else min(m, n, max_rank)
+    u = unit_roundoff(prec_name, a.dtype, xp)
+    if batch or m * n <= pivoted.DETERMINISTIC_MAX_SIZE:
+        record_event("method", f"qr(pivoting=True): column-norm pivoting (deterministic) on "
+                     f"{'a stack of ' if batch else ''}{m}x{n}, then the unpivoted QR of the "
+                     "permuted matrix", method="qrcp-deterministic", shape=(m, n))
+        with backend.ignore_fp_warnings():  # NaN/Inf input: IEEE results, no warnings
+            p = pivoted.deterministic_pivots(backend, a, kmax)
+        return _factor_in_order(backend, a, p, factor, kmax, max_rank, rtol, u)
+    if ordering != "randomized" and getattr(backend, "qrcp_library", False):
+        record_event("method", f"qr(pivoting=True): the array library's QRCP (LAPACK geqp3) "
+                     f"orders {m}x{n}, then the unpivoted QR of the permuted matrix",
+                     method="qrcp-library", shape=(m, n))
+        with backend.ignore_fp_warnings():
+            p = backend.qrcp_order(a, kmax)
+        return _factor_in_order(backend, a, p, factor, kmax, max_rank, rtol, u)
+    block = backend.qrcp_block or pivoted.BLOCK
+    if ordering == "randomized":
+        record_event("method", f"qr(pivoting='randomized'): blocked randomized QRCP (HQRRP) "
+                     f"on {m}x{n}, blocks of {block}, sketch of {block + pivoted.OVERSAMPLE} rows",
+                     method="hqrrp", shape=(m, n), block=block)
+        with backend.ignore_fp_warnings():
+            return pivoted.hqrrp(backend, a, precision=precision, prec_name=prec_name,
+                         want_q=want_q, complete=complete, max_rank=max_rank, rtol=rtol)
+    record_event("method", f"qr(pivoting=True): blocked QRCP in the greedy order on {m}x{n}, "
+                 f"blocks of {block} from {2 * block} candidates (sketch of "
+                 f"{block + pivoted.OVERSAMPLE} rows)", method="qrcp-blocked", shape=(m, n),
+                 block=block)
+    with backend.ignore_fp_warnings():
+        q, r, p = blocked_qrcp(backend, a, precision=precision, prec_name=prec_name,
+                               want_q=want_q, complete=complete, max_rank=max_rank,
+                               rtol=rtol)
+        return monotone_diagonal(backend, q, r, p, u=u)
+
+
+def _factor_in_order(backend: Any, a: Any, p: Any, factor: Callable[[Any], tuple[Any, Any]],
+                     kmax: int, max_rank: int | None, rtol: float | None, u: float
+                     ) -> tuple[Any | None, Any, Any]:
+    """``a[..., :, p]`` factored by ``factor``, its diagonal made non-increasing
+    (:func:`~mpqr.qr.pivoted_exact.monotone_diagonal`: ``p`` is a greedy order, so only
+    rounding is left to repair), truncated as asked."""
+    xp = backend.xp
+    q, r = factor(_take_columns(xp, a, p))
+    with backend.ignore_fp_warnings():
+        q, r, p = monotone_diagonal(backend, q, r, p, u=u)
+    if max_rank is None and rtol is None:
+        return q, r, p
+    k = pivoted.truncation_rank(xp, r, kmax, rtol)
+    return (None if q is None else q[:, :k]), r[:k, :], p
+
+
+def _take_columns(xp: Any, a: Any, p: Any) -> Any:
+    """``a[..., :, p]`` for a stack of index vectors ``p`` (``(..., n)``)."""
+    if a.ndim == 2:
+        return xp.take(a, p, axis=-1)
+    idx = xp.broadcast_to(xp.expand_dims(p, axis=-2), a.shape)
+    return xp.take_along_axis(a, xp.astype(idx, xp.int64), axis=-1)
