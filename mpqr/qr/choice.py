@@ -12,6 +12,7 @@ __all__ = [
     "choose_method",
     "factor_precision",
     "precision_of",
+    "small_library_route",
 ]
 
 #: ``method="auto"`` takes CholQR2 for single matrices with ``m >= TALL_RATIO * n``
@@ -73,6 +74,25 @@ def _covers_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
                                                                  "fp32", "auto")
 
 
+def small_library_route(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
+                        batch: int = 1) -> str:
+    """Why a single small matrix takes the library's QR in its own precision, or ``""``.
+
+    At most ``backend.small_max`` elements (0 < ``m n``), a request the input dtype's own
+    arithmetic meets (a precision request is a request for accuracy: float64 meets every
+    one, float32 up to ``"fp32"``): the library's QR is the fastest route that meets it,
+    as mpqr's methods would add passes and launches to the same small work. The
+    small-input fast path (``mpqr/_fast.py``) takes exactly these calls.
+    """
+    if batch != 1 or not 0 < m * n <= backend.small_max \
+            or not _covers_precision(backend, prec_name, dtype):
+        return ""
+    return (f"small input ({m}x{n} <= {backend.small_max} elements) at "
+            f"precision={prec_name!r}, which the input's own precision meets: the backend "
+            "library's QR (LAPACK / cuSOLVER geqrf) directly, the fastest route at this "
+            "size (`python -m mpqr bench small`)")
+
+
 def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                   batch: int = 1) -> tuple[str, str]:
     """``(method, reason)`` for ``method="auto"``.
@@ -128,6 +148,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     """
     from mpqr.policy import as_gemm_options, decide
 
+    why = small_library_route(backend, prec_name, dtype, m, n, batch=batch)
+    if why:
+        return "geqrf", why
     k = min(m, n)
     if (batch > 1 and backend.batched_qr_fits(dtype, m, k)
             and _covers_precision(backend, prec_name, dtype)):
