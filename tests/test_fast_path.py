@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.linalg as sla
+from mpqr.backends import get_backend
 
 import mpqr
 from mpqr import _fast
-from mpqr.qr.choice import choose_method, small_library_route
-from mpqr.backends import get_backend
 from mpqr._array_api import array_namespace
+from mpqr.qr.choice import choose_method, small_library_route
 
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 
