@@ -6,7 +6,8 @@ microseconds (profile: bench/NOTES.md). Here, for an input of the backend's exac
 type (``backend.small_type``: ``numpy.ndarray``, not a subclass), 2-D, float32/float64/
 complex64/complex128, of at most ``backend.small_max`` elements, with default options
 and a precision request that the input dtype's own arithmetic meets (every request on
-float64 and complex128; up to ``"fp32"`` on float32 and complex64), the backend's
+float64 and complex128 but the tensor-core ones, which keep their own rules; ``"fp32"``
+on float32 and complex64: :func:`mpqr.qr.choice.small_library_route`), the backend's
 :meth:`small_qr` / :meth:`small_lstsq` run LAPACK directly with mpqr's conventions
 (``diag(R) >= 0``; SciPy's ``lstsq`` results). The decision is pure and cached per
 backend, dtype, shape and precision; :func:`mpqr.qr.choice.choose_method` applies the
@@ -20,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpqr._array_api import device
 from mpqr.backends import get_backend
+from mpqr.lstsq import _scipy_rules as rules
 from mpqr.policy import record_event, resolve_precision
 from mpqr.policy.trace import tracing
-from mpqr.qr.choice import small_library_route
+from mpqr.qr.choice import choose_method, precision_of
 from mpqr.qr.in_memory import MODES, QRResult
 
 __all__ = ["MISS", "lstsq", "qr"]
@@ -67,8 +70,10 @@ def _decide(be: Any, dtype: Any, shape: tuple[int, ...], prec: str) -> Any:
         m, n = shape
         d = None
         if (dtype in (xp.float32, xp.float64, xp.complex64, xp.complex128)
-                and small_library_route(be, prec, dtype, m, n)):
-            d = prec == "fp32"
+                and 0 < m * n <= be.small_max
+                and choose_method(be, prec, dtype, m, n)[0] == "geqrf"):
+            # the general route's range check: float32's limits where it factors at fp32
+            d = precision_of(be, prec, dtype, "geqrf") == "fp32"
         if len(_DECISIONS) >= _DECISIONS_MAX:
             _DECISIONS.clear()
         _DECISIONS[key] = d
@@ -94,9 +99,10 @@ def qr(x: Any, mode: str, precision: Any, method: str, check_finite: bool) -> An
     res = be.small_qr(x, mode, single)
     if res is None:
         return MISS
-    if tracing():
+    if tracing():  # the general route's record, and that the fast path ran it
         m, n = x.shape
-        record_event("method", f"qr: geqrf ({small_library_route(be, prec, x.dtype, m, n)})",
+        why = choose_method(be, prec, x.dtype, m, n)[1]
+        record_event("method", f"qr: geqrf ({why}; small-input fast path)",
                      method="geqrf", shape=(m, n), batch=1, precision=prec, route="small")
     q, r = res
     return r if mode == "r" else QRResult(q, r)
@@ -126,9 +132,14 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     res = be.small_lstsq(a, b, cond, lapack_driver)
     if res is None:
         return MISS
+    x, rsq, rank, s = res
+    driver = lapack_driver or "gelsd"
+    vec = b.ndim == 1
+    res = rules.residues(be.xp, rsq, x.dtype, m=m, n=n, rank=rank,
+                         driver=driver, vec=vec, k=1 if vec else b.shape[1], dev=device(x))
     if tracing():
-        record_event("method", f"lstsq: LAPACK {lapack_driver or 'gelsd'}, as SciPy calls it "
-                     f"({small_library_route(be, prec, a.dtype, m, n)})",
-                     method=lapack_driver or "gelsd", shape=(m, n), precision=prec,
-                     route="small")
-    return res
+        why = choose_method(be, prec, a.dtype, m, n)[1]
+        record_event("method", f"lstsq: LAPACK {driver} as SciPy calls it, in the input's own "
+                     f"precision, which meets precision={prec!r} ({why}; small-input fast "
+                     "path)", method=driver, shape=(m, n), precision=prec, route="small")
+    return x, res, rank, s

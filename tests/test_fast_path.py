@@ -115,8 +115,9 @@ def test_empty_and_subclass_take_general_route():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_precision_requests_met_by_the_dtype(precision, dtype):
     be = _nb()
-    covered = np.dtype(dtype) == np.float64 or precision in ("fp16", "fp32-emulated", "fp32",
-                                                              "auto")
+    # the tensor-core requests keep their own rules (100 x 10 is not tall-skinny)
+    covered = precision in ("fp32", "auto") or (
+        np.dtype(dtype) == np.float64 and precision in ("fp64", "fp64-emulated"))
     why = small_library_route(be, precision, np.dtype(dtype), 100, 10)
     assert bool(why) == covered
     # choose_method names the same method, so explain() and the fast path agree
@@ -128,7 +129,7 @@ def test_precision_requests_met_by_the_dtype(precision, dtype):
     msgs = [e.message for e in tr.records if getattr(e, "kind", None) == "method"]
     assert msgs and (("geqrf" in msgs[0]) if covered else True)
     if covered:
-        assert "own precision meets" in msgs[0]
+        assert "own precision meets" in msgs[0] and "fast path" in msgs[0]
         assert np.allclose(r, mpqr.qr(a, mode="r", method="geqrf", precision=precision),
                            atol=100 * _u(dtype))
 
@@ -187,3 +188,14 @@ def test_lstsq_explain_inside():
         mpqr.lstsq(a, b)
     msgs = [e.message for e in tr.records if getattr(e, "kind", None) == "method"]
     assert any("lstsq: LAPACK gelsd" in m for m in msgs)
+
+
+def test_tall_tensor_core_request_takes_the_library_qr_fast():
+    # choose_method gives small tall-skinny fp16 requests to geqrf in the input's
+    # precision; the fast path runs exactly that
+    a = _rand((1000, 20), np.float64)
+    with mpqr.explain() as tr:
+        r = mpqr.qr(a, mode="r", precision="fp16")
+    msg = next(e.message for e in tr.events if e.kind == "method")
+    assert msg.startswith("qr: geqrf") and "fast path" in msg
+    np.testing.assert_allclose(r, mpqr.qr(a, mode="r", method="geqrf"), atol=1e-12)

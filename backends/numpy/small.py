@@ -85,12 +85,45 @@ def small_qr(a: np.ndarray, mode: str, single: bool = False) -> tuple[Any, Any] 
 
 def small_lstsq(a: np.ndarray, b: np.ndarray, cond: Any, driver: str | None
                 ) -> tuple[Any, Any, Any, Any] | None:
-    """``scipy.linalg.lstsq(a, b, cond, lapack_driver=driver)`` on finite ``a`` and ``b``
-    of one float dtype (SciPy's results and conventions: the LAPACK driver SciPy calls);
-    None where either holds NaN/Inf (the general route decides)."""
+    """``scipy.linalg.lstsq(a, b, cond, lapack_driver=driver)``'s LAPACK call on finite 2-D
+    ``a`` and 1-D/2-D ``b`` of one float dtype: ``(x, rsq, rank, s)``, ``rsq`` the squared
+    residual norms of a full-rank ``M > N`` problem (else None; the caller applies SciPy's
+    residues rules), ``s`` None for gelsy. None where either holds NaN/Inf (the general
+    route decides) or LAPACK reports a failure. The inputs are never modified."""
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return None
-    from scipy.linalg import lstsq
+    from scipy.linalg.lapack import _compute_lwork, get_lapack_funcs
 
-    x, res, rank, s = lstsq(a, b, cond=cond, check_finite=False, lapack_driver=driver)
-    return x, res, rank, s
+    driver = driver or "gelsd"
+    m, n = a.shape
+    nrhs = b.shape[1] if b.ndim == 2 else 1
+    func, lwork_func = get_lapack_funcs((driver, driver + "_lwork"), (a, b))
+    if m < n:  # b holds the longer solution
+        b2 = np.zeros((n, *b.shape[1:]), dtype=func.dtype)
+        b2[:m] = b
+        b = b2
+    rcond = np.finfo(func.dtype).eps if cond is None else cond
+    s = None
+    if driver == "gelsd":
+        if func.dtype.kind == "f":
+            lwork, iwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+            x, s, rank, info = func(a, b, lwork, iwork, rcond, False, False)
+        else:
+            lwork, rwork, iwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+            x, s, rank, info = func(a, b, lwork, rwork, iwork, rcond, False, False)
+    elif driver == "gelss":
+        lwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+        _, x, s, rank, _, info = func(a, b, rcond, lwork, overwrite_a=False,
+                                      overwrite_b=False)
+    else:  # gelsy
+        lwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+        jptv = np.zeros((n, 1), dtype=np.int32)
+        _, x, _, rank, info = func(a, b, jptv, rcond, lwork, False, False)
+    if info != 0:
+        return None
+    rsq = None
+    if m > n:
+        if rank == n and driver != "gelsy":
+            rsq = np.asarray(np.sum(np.abs(x[n:]) ** 2, axis=0))  # 0-D, not a scalar
+        x = x[:n]
+    return x, rsq, int(rank), s

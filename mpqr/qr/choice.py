@@ -79,12 +79,16 @@ def small_library_route(backend: Any, prec_name: str, dtype: Any, m: int, n: int
     """Why a single small matrix takes the library's QR in its own precision, or ``""``.
 
     At most ``backend.small_max`` elements (0 < ``m n``), a request the input dtype's own
-    arithmetic meets (a precision request is a request for accuracy: float64 meets every
-    one, float32 up to ``"fp32"``): the library's QR is the fastest route that meets it,
-    as mpqr's methods would add passes and launches to the same small work. The
-    small-input fast path (``mpqr/_fast.py``) takes exactly these calls.
+    arithmetic meets (a precision request is a request for accuracy: float64 meets
+    ``"fp32"``, ``"fp64"`` and ``"fp64-emulated"``, float32 ``"fp32"``; ``"auto"``
+    either): the library's QR is the fastest route that meets it, as mpqr's methods
+    would add passes and launches to the same small work. The tensor-core requests
+    (``"fp16"``, ``"fp32-emulated"``) keep the rules below (tall-skinny ones take the
+    library's QR there too). The small-input fast path (``mpqr/_fast.py``) takes the
+    calls :func:`choose_method` gives to ``geqrf`` at this size.
     """
     if batch != 1 or not 0 < m * n <= backend.small_max \
+            or prec_name in OWN_PRECISION_CHOLQR \
             or not _covers_precision(backend, prec_name, dtype):
         return ""
     return (f"small input ({m}x{n} <= {backend.small_max} elements) at "
