@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     benches = {"gemm": "mpqr.bench.gemm", "qr": "mpqr.bench.qr",
                "lstsq": "mpqr.bench.lstsq", "accuracy": "mpqr.bench.accuracy",
                "dask": "mpqr.bench.dask", "bridge": "mpqr.bench.bridge",
-               "ooc": "mpqr.bench.ooc"}
+               "ooc": "mpqr.bench.ooc", "small": "mpqr.bench.small"}
     if not args.rest:
         print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
         for topic, modname in benches.items():
