@@ -199,3 +199,45 @@ def test_tall_tensor_core_request_takes_the_library_qr_fast():
     msg = next(e.message for e in tr.events if e.kind == "method")
     assert msg.startswith("qr: geqrf") and "fast path" in msg
     np.testing.assert_allclose(r, mpqr.qr(a, mode="r", method="geqrf"), atol=1e-12)
+
+
+class _GpuLike:
+    """The NumPy backend's namespace with a tensor-core GPU's capabilities: the route
+    choice for wide and complex inputs is backend-independent."""
+
+    def __init__(self):
+        nb = _nb()
+        self.xp = nb.xp
+        self.capabilities = frozenset({"fp16", "int8", "tensor-cores"})
+        self.small_max = 0
+        self.library_qr_tall_max = nb.library_qr_tall_max
+        self.batched_qr_fits = nb.batched_qr_fits
+
+
+@pytest.mark.parametrize("dtype,prec,m,n,want", [
+    (np.float32, "fp32-emulated", 4096, 65536, True),    # wide, met by float32
+    (np.complex128, "fp64-emulated", 8192, 8192, True),  # complex, met by complex128
+    (np.complex64, "fp32-emulated", 4096, 4096, True),
+    (np.float64, "fp64-emulated", 1024, 16384, True),
+    (np.float32, "fp64-emulated", 4096, 65536, False),   # float32 does not meet fp64
+    (np.complex64, "fp64-emulated", 4096, 4096, False),
+])
+def test_wide_and_complex_emulated_requests_take_the_library_qr(dtype, prec, m, n, want):
+    from mpqr.qr.choice import library_meets_emulated
+
+    be = _GpuLike()
+    why = library_meets_emulated(be, prec, np.dtype(dtype), m, n)
+    assert bool(why) == want
+    if want:
+        assert choose_method(be, prec, np.dtype(dtype), m, n) == ("geqrf", why)
+        assert "own precision meets" in why
+
+
+def test_square_real_and_stacks_keep_the_other_rules():
+    from mpqr.qr.choice import library_meets_emulated
+
+    be = _GpuLike()
+    assert not library_meets_emulated(be, "fp32-emulated", np.dtype(np.float32), 8192, 8192)
+    assert not library_meets_emulated(be, "fp32-emulated", np.dtype(np.float32), 64, 4096,
+                                      batch=4)
+    assert not library_meets_emulated(_nb(), "fp32-emulated", np.dtype(np.float32), 64, 4096)
