@@ -26,7 +26,8 @@ from mpqr.backends import get_backend
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.policy import record_event, resolve_precision
 from mpqr.policy.trace import tracing
-from mpqr.qr.choice import choose_method, precision_of
+from mpqr.qr import in_memory as qr_in_memory
+from mpqr.qr.choice import precision_of
 from mpqr.qr.in_memory import MODES, QRResult
 
 __all__ = ["MISS", "lstsq", "qr"]
@@ -63,7 +64,8 @@ def _backend(x: Any) -> Any:
 
 def _decide(be: Any, dtype: Any, shape: tuple[int, ...], prec: str) -> Any:
     """None (no fast path) or whether the range check uses float32's limits."""
-    key = (be, dtype, shape, prec)
+    choose = qr_in_memory.choose_method  # where the in-memory route looks it up
+    key = (be, dtype, shape, prec, choose)
     d = _DECISIONS.get(key, _UNSEEN)
     if d is _UNSEEN:
         xp = be.xp
@@ -71,7 +73,7 @@ def _decide(be: Any, dtype: Any, shape: tuple[int, ...], prec: str) -> Any:
         d = None
         if (dtype in (xp.float32, xp.float64, xp.complex64, xp.complex128)
                 and 0 < m * n <= be.small_max
-                and choose_method(be, prec, dtype, m, n)[0] == "geqrf"):
+                and choose(be, prec, dtype, m, n)[0] == "geqrf"):
             # the general route's range check: float32's limits where it factors at fp32
             d = precision_of(be, prec, dtype, "geqrf") == "fp32"
         if len(_DECISIONS) >= _DECISIONS_MAX:
@@ -101,7 +103,7 @@ def qr(x: Any, mode: str, precision: Any, method: str, check_finite: bool) -> An
         return MISS
     if tracing():  # the general route's record, and that the fast path ran it
         m, n = x.shape
-        why = choose_method(be, prec, x.dtype, m, n)[1]
+        why = qr_in_memory.choose_method(be, prec, x.dtype, m, n)[1]
         record_event("method", f"qr: geqrf ({why}; small-input fast path)",
                      method="geqrf", shape=(m, n), batch=1, precision=prec, route="small")
     q, r = res
@@ -118,10 +120,10 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
         be = _backend(a)
     if (be is None or type(b) is not type(a) or a.ndim != 2 or b.ndim not in (1, 2)
             or a.dtype != b.dtype or tol is not None or maxiter is not None
-            or refine not in ("auto", None) or lapack_driver not in _DRIVERS):
-        return MISS
+            or refine not in ("auto", None) or lapack_driver not in _DRIVERS or tracing()):
+        return MISS  # under explain(), the general route: its trace says every step
     if cond is not None:
-        if type(cond) is not float or not (0.0 <= cond < 1.0):  # others: their rules
+        if type(cond) is not float or not 0.0 < cond < 1.0:  # others: mpqr's readings
             return MISS
     m, n = a.shape
     if b.shape[0] != m or (b.ndim == 2 and b.shape[1] == 0):
@@ -137,9 +139,4 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     vec = b.ndim == 1
     res = rules.residues(be.xp, rsq, x.dtype, m=m, n=n, rank=rank,
                          driver=driver, vec=vec, k=1 if vec else b.shape[1], dev=device(x))
-    if tracing():
-        why = choose_method(be, prec, a.dtype, m, n)[1]
-        record_event("method", f"lstsq: LAPACK {driver} as SciPy calls it, in the input's own "
-                     f"precision, which meets precision={prec!r} ({why}; small-input fast "
-                     "path)", method=driver, shape=(m, n), precision=prec, route="small")
     return x, res, rank, s
