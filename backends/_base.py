@@ -433,6 +433,25 @@ class ArrayAPIBackend:
     def svd(self, a: Any, *, full_matrices: bool = False) -> tuple[Any, Any, Any]:
         return self.xp.linalg.svd(a, full_matrices=full_matrices)
 
+    #: inputs of at most this many elements whose precision request the input dtype's
+    #: own arithmetic meets take the small-input fast path of ``mpqr.qr``/``mpqr.lstsq``
+    #: (``mpqr/_fast.py``: :meth:`small_qr`, :meth:`small_lstsq`); 0: none
+    small_max: int = 0
+    #: the exact array type the fast path accepts (subclasses take the general route)
+    small_type: type | None = None
+
+    def small_qr(self, a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
+        """``(Q or None, R)`` of a small 2-D ``a`` with ``diag(R) >= 0`` as
+        ``qr(method="geqrf")`` gives it, or None where the general route must decide
+        (non-finite entries; columns it would rescale, float32's range if ``single``)."""
+        return None
+
+    def small_lstsq(self, a: Any, b: Any, cond: Any, driver: str | None
+                    ) -> tuple[Any, Any, Any, Any] | None:
+        """SciPy's ``lstsq`` results for small finite ``a``, ``b`` of one float dtype
+        through the LAPACK driver SciPy calls, or None (the general route decides)."""
+        return None
+
     #: whether :meth:`library_qr` gives ``diag(R) >= 0`` where it can (the driver then
     #: checks before normalising the signs, instead of rescaling Q and R unchecked)
     library_qr_positive: bool = False

@@ -193,6 +193,19 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     """
     if mode not in _QR_MODES:
         raise ValueError("Mode argument should be one of ['full', 'r', 'economic', 'raw']")
+    if (type(a) is np.ndarray and a.ndim == 2 and a.dtype.char in "fdFD" and 0 not in a.shape
+            and mode != "raw" and not pivoting and lwork is None and overwrite_a is False):
+        # a plain 2-D LAPACK-typed array with default options: none of the checks below
+        # applies, so a small call reaches mpqr.qr's fast path without their cost
+        if check_finite and not np.isfinite(a).all():
+            raise ValueError("array must not contain infs or NaNs")
+        if mode == "r":
+            r = mpqr.qr(a, mode="r", precision=current_precision())
+            m, n = a.shape
+            return (np.concatenate([r, np.zeros((m - n, n), dtype=r.dtype)]) if m > n
+                    else r,)
+        return tuple(mpqr.qr(a, mode="reduced" if mode == "economic" else "complete",
+                             precision=current_precision()))
     a1 = _as_array(a, "a", real_objects=True)
     xp = mpqr._array_api.array_namespace(a1, names=("a",))
     if check_finite:

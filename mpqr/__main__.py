@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
                "lstsq": "mpqr.bench.lstsq", "accuracy": "mpqr.bench.accuracy",
                "dask": "mpqr.bench.dask", "bridge": "mpqr.bench.bridge",
                "ooc": "mpqr.bench.ooc", "arrayapi": "mpqr.bench.arrayapi",
-               "frameworks": "mpqr.bench.frameworks"}
+               "frameworks": "mpqr.bench.frameworks", "small": "mpqr.bench.small"}
     if not args.rest:
         print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
         for topic, modname in benches.items():

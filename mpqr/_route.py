@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from mpqr import _fast
 from mpqr._validation import plain_array
 from mpqr.backends.bridges.dispatch import call as bridge_call
 from mpqr.backends.bridges.dispatch import is_foreign
@@ -35,6 +36,11 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, check_finite: bool,
        overwrite_a: bool, device: Any, out: Any, memory_budget: Any, progress: Any,
        pivoting: bool | str, max_rank: Any, rtol: Any) -> Any:
     """:func:`mpqr.qr` on its route (arguments as there, ``pivoting``'s checked)."""
+    if not pivoting and device is None and out is None and memory_budget is None \
+            and progress is None:  # small inputs: LAPACK directly (mpqr/_fast.py)
+        res = _fast.qr(x, mode, precision, method, check_finite)
+        if res is not _fast.MISS:
+            return res
     if pivoting and (is_dask_array(x) or _host_qr(x, device, out, memory_budget, progress)):
         raise NotImplementedError(
             "qr(pivoting=True) runs on arrays in memory (NumPy, CuPy, ...); it is not "
@@ -67,6 +73,11 @@ def lstsq(a: Any, b: Any, cond: Any, overwrite_a: bool, overwrite_b: bool,
           maxiter: Any, device: Any, memory_budget: Any, progress: Any
           ) -> tuple[Any, Any, Any, Any]:
     """:func:`mpqr.lstsq` on its route (arguments as there)."""
+    if device is None and memory_budget is None and progress is None:
+        res = _fast.lstsq(a, b, cond, check_finite, lapack_driver, precision=precision,
+                          refine=refine, tol=tol, maxiter=maxiter)
+        if res is not _fast.MISS:
+            return res
     if is_dask_array(a):  # a matrix chunked by rows: the distributed solver
         from mpqr.backends.dask.lstsq import lstsq as dask_lstsq
 

@@ -180,7 +180,7 @@ def test_input_not_modified(xp):
 
 
 def test_explain_records_method_and_gemms():
-    a = _rand((300, 100))
+    a = _rand((400, 200))  # beyond the small-input route (library QR)
     with mpqr.explain() as trace:
         mpqr.qr(a, precision="fp32")
     methods = [e for e in trace.events if e.kind == "method"]

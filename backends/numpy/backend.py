@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg as sla
 from mpqr.backends._base import ArrayAPIBackend, EngineRates, swap_order
+from mpqr.backends.numpy import small as _small
 
 from mpqr._errors import LinAlgError
 
@@ -47,6 +48,17 @@ class NumpyBackend(ArrayAPIBackend):
 
     def device_name(self) -> str:
         return "cpu"
+
+    # the small-input fast path (``mpqr/_fast.py``): LAPACK directly, see small.py; up to
+    # 256 x 256 (measured: `python -m mpqr bench small`, bench/NOTES.md)
+    small_max = 2**16
+    small_type = np.ndarray
+
+    def small_qr(self, a, mode, single=False):
+        return _small.small_qr(a, mode, single)
+
+    def small_lstsq(self, a, b, cond, driver):
+        return _small.small_lstsq(a, b, cond, driver)
 
     def ignore_fp_warnings(self) -> Any:
         # NumPy warns where the GPU silently gives IEEE inf/0; the caller checks the result

@@ -11,7 +11,9 @@ __all__ = [
     "TALL_RATIO",
     "choose_method",
     "factor_precision",
+    "library_meets_emulated",
     "precision_of",
+    "small_library_route",
 ]
 
 #: ``method="auto"`` takes CholQR2 for single matrices with ``m >= TALL_RATIO * n``
@@ -73,6 +75,64 @@ def _covers_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
                                                                  "fp32", "auto")
 
 
+def small_library_route(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
+                        batch: int = 1) -> str:
+    """Why a single small matrix takes the library's QR in its own precision, or ``""``.
+
+    At most ``backend.small_max`` elements (0 < ``m n``), a request the input dtype's own
+    arithmetic meets (a precision request is a request for accuracy: float64 meets
+    ``"fp32"``, ``"fp64"`` and ``"fp64-emulated"``, float32 ``"fp32"``; ``"auto"``
+    either): the library's QR is the fastest route that meets it, as mpqr's methods
+    would add passes and launches to the same small work. The tensor-core requests
+    (``"fp16"``, ``"fp32-emulated"``) keep the rules below (tall-skinny ones take the
+    library's QR there too). The small-input fast path (``mpqr/_fast.py``) takes the
+    calls :func:`choose_method` gives to ``geqrf`` at this size.
+    """
+    if batch != 1 or not 0 < m * n <= backend.small_max \
+            or prec_name in OWN_PRECISION_CHOLQR \
+            or not _covers_precision(backend, prec_name, dtype):
+        return ""
+    return (f"small input ({m}x{n} <= {backend.small_max} elements) at "
+            f"precision={prec_name!r}, which the input's own precision meets: the backend "
+            "library's QR (LAPACK / cuSOLVER geqrf) directly, the fastest route at this "
+            "size (`python -m mpqr bench small`)")
+
+
+#: the emulated requests the library's QR meets in the input's own precision where it is
+#: faster for wide and complex inputs (H100, 2026-11-28, `python -m mpqr bench small
+#: --gpu`): 4096 x 65536 float32 fp32-emulated 172 ms against cuSOLVER's 115 ms; 8192^2
+#: complex128 fp64-emulated 280 against 245 ms
+_EMULATED_REQUESTS = ("fp32-emulated", "fp64-emulated")
+
+
+def library_meets_emulated(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
+                           batch: int = 1) -> str:
+    """Why a single wide (``m < n``) or complex matrix at ``"fp32-emulated"`` /
+    ``"fp64-emulated"`` takes the library's QR in its own precision, or ``""``.
+
+    The request is for accuracy, and the dtype's own arithmetic meets it (float32 and
+    complex64 meet fp32-emulated; float64 and complex128 both). mpqr's tensor-core
+    recursion gains nothing there: a wide input's factored block is only ``m x m``
+    (its ``Q^H A2`` product follows either way), and a complex input's products run as
+    three or four real ones; the library's blocked QR was measured faster on both
+    (:data:`_EMULATED_REQUESTS`' note). Backends without tensor cores never run the
+    emulation faster than native, so the rule is for those with them.
+    """
+    if (batch != 1 or prec_name not in _EMULATED_REQUESTS
+            or "tensor-cores" not in backend.capabilities
+            or not _covers_precision(backend, prec_name, dtype)):
+        return ""
+    xp = backend.xp
+    cplx = dtype in (xp.complex64, xp.complex128)
+    if not (m < n or cplx):
+        return ""
+    what = "wide" if m < n else "complex"
+    return (f"{what} {m}x{n} at precision={prec_name!r}, which the input's own precision "
+            "meets: the backend library's QR (cuSOLVER geqrf) in it is faster than the "
+            "tensor-core recursion here (H100: 4096 x 65536 float32 fp32-emulated 115 "
+            "against 172 ms, 8192^2 complex128 fp64-emulated 245 against 280 ms)")
+
+
 def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                   batch: int = 1) -> tuple[str, str]:
     """``(method, reason)`` for ``method="auto"``.
@@ -130,6 +190,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     """
     from mpqr.policy import as_gemm_options, decide
 
+    why = small_library_route(backend, prec_name, dtype, m, n, batch=batch)
+    if why:
+        return "geqrf", why
     k = min(m, n)
     if (batch > 1 and backend.batched_qr_fused and backend.batched_qr_fits(dtype, m, k)
             and _covers_precision(backend, prec_name, dtype)):
@@ -174,6 +237,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 "65536x4096: 149 against 253 ms); if its certificate fails, "
                 "preconditioned-cholqr in the same precision, then what "
                 f"precision={prec_name!r} runs otherwise (the fallback events name them)")
+    why = library_meets_emulated(backend, prec_name, dtype, m, n, batch=batch)
+    if why:
+        return "geqrf", why
     # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
     h = n // 2
     try:

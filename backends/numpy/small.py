@@ -1,0 +1,129 @@
+"""Small host QR and least squares straight through LAPACK, with mpqr's conventions.
+
+The small-input fast path of :func:`mpqr.qr` and :func:`mpqr.lstsq` (``mpqr/_fast.py``)
+calls these for exact ``numpy.ndarray`` inputs below the backend's ``small_max``: one
+``geqrf`` (+ ``orgqr``/``ungqr``) or SciPy's ``lstsq`` driver, without the general
+route's validation, method choice and trace bookkeeping. Each returns None where the
+general route must decide instead (non-finite entries, columns outside the range the
+general route would rescale), so NaN/Inf inputs behave exactly as there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["small_lstsq", "small_qr"]
+
+#: LAPACK routines per dtype character (looked up once)
+_QR_FUNCS: dict[str, tuple[Any, Any]] = {}
+#: the largest column maximum the general route leaves unscaled, per range: entries
+#: in [2**-e, 2**(e+1)) (``mpqr.qr._kernels.SAFE_EXPONENT``: float32 40, float64 400)
+_RANGE = {True: (2.0 ** -40, 2.0 ** 41), False: (2.0 ** -400, 2.0 ** 401)}
+
+
+def _qr_funcs(char: str) -> tuple[Any, Any]:
+    f = _QR_FUNCS.get(char)
+    if f is None:
+        from scipy.linalg import lapack
+
+        p = {"f": "s", "d": "d", "F": "c", "D": "z"}[char]
+        gen = "ungqr" if char in "FD" else "orgqr"
+        f = _QR_FUNCS[char] = (getattr(lapack, p + "geqrf"), getattr(lapack, p + gen))
+    return f
+
+
+def in_range(a: np.ndarray, single: bool) -> bool:
+    """Whether every entry of ``a`` is finite and every nonzero column maximum lies where
+    the general QR route runs the library's QR unscaled (one pass over ``a``)."""
+    mx = np.abs(a).max(axis=0)
+    lo, hi = _RANGE[single or a.dtype.char in "fF"]
+    if not mx.max() < hi:  # NaN compares False: the general route decides
+        return False
+    return not mx.size or not bool(((mx < lo) & (mx != 0)).any())
+
+
+def small_qr(a: np.ndarray, mode: str, single: bool = False) -> tuple[Any, Any] | None:
+    """``(Q or None, R)`` of a 2-D float32/float64/complex ``a`` with ``diag(R)`` real and
+    ``>= 0`` (``mode``: reduced, complete or r), as ``qr(method="geqrf")`` gives it; None
+    where :func:`in_range` is false. ``a`` is never modified (LAPACK gets a copy)."""
+    if not in_range(a, single):
+        return None
+    m, n = a.shape
+    k = min(m, n)
+    geqrf, orgqr = _qr_funcs(a.dtype.char)
+    qr, tau, _, info = geqrf(a, lwork=max(1, 32 * n))
+    if info != 0:  # not reached for valid input: the general route reports it
+        return None
+    r = np.triu(qr if mode == "complete" else qr[:k, :])
+    if mode != "r":
+        if mode == "complete" and m > n:
+            qq = np.empty((m, m), dtype=qr.dtype, order="F")
+            qq[:, :n] = qr
+            q, _, info = orgqr(qq, tau, lwork=max(1, 32 * m), overwrite_a=1)
+        else:
+            q, _, info = orgqr(qr[:, :k], tau, lwork=max(1, 32 * k), overwrite_a=1)
+        if info != 0:
+            return None
+    else:
+        q = None
+    # diag(R) >= 0: rows of R and columns of Q by the diagonal's phase (sign(0) = 1)
+    d = r.diagonal()[:k]
+    if np.iscomplexobj(r):
+        ad = np.abs(d)
+        p = np.where(ad != 0, d / np.where(ad != 0, ad, 1).astype(d.dtype), 1)
+        r[:k, :] *= p.conj()[:, None]
+        r[np.arange(k), np.arange(k)] = ad  # exactly real
+    else:
+        p = np.where(d < 0, -1, 1).astype(r.dtype)
+        r[:k, :] *= p[:, None]
+    if q is not None:
+        q[:, :k] *= p
+    return q, r
+
+
+def small_lstsq(a: np.ndarray, b: np.ndarray, cond: Any, driver: str | None
+                ) -> tuple[Any, Any, Any, Any] | None:
+    """``scipy.linalg.lstsq(a, b, cond, lapack_driver=driver)``'s LAPACK call on finite 2-D
+    ``a`` and 1-D/2-D ``b`` of one float dtype: ``(x, rsq, rank, s)``, ``rsq`` the squared
+    residual norms of a full-rank ``M > N`` problem (else None; the caller applies SciPy's
+    residues rules), ``s`` None for gelsy. None where either holds NaN/Inf (the general
+    route decides) or LAPACK reports a failure. The inputs are never modified."""
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return None
+    from scipy.linalg.lapack import _compute_lwork, get_lapack_funcs
+
+    driver = driver or "gelsd"
+    m, n = a.shape
+    nrhs = b.shape[1] if b.ndim == 2 else 1
+    func, lwork_func = get_lapack_funcs((driver, driver + "_lwork"), (a, b))
+    if m < n:  # b holds the longer solution
+        b2 = np.zeros((n, *b.shape[1:]), dtype=func.dtype)
+        b2[:m] = b
+        b = b2
+    rcond = np.finfo(func.dtype).eps if cond is None else cond
+    s = None
+    if driver == "gelsd":
+        if func.dtype.kind == "f":
+            lwork, iwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+            x, s, rank, info = func(a, b, lwork, iwork, rcond, False, False)
+        else:
+            lwork, rwork, iwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+            x, s, rank, info = func(a, b, lwork, rwork, iwork, rcond, False, False)
+    elif driver == "gelss":
+        lwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+        _, x, s, rank, _, info = func(a, b, rcond, lwork, overwrite_a=False,
+                                      overwrite_b=False)
+    else:  # gelsy
+        lwork = _compute_lwork(lwork_func, m, n, nrhs, rcond)
+        jptv = np.zeros((n, 1), dtype=np.int32)
+        _, x, _, rank, info = func(a, b, jptv, rcond, lwork, False, False)
+    if info != 0:
+        return None
+    rsq = None
+    if m > n:
+        if rank == n and driver != "gelsy":
+            rsq = np.asarray(np.sum(np.abs(x[n:]) ** 2, axis=0))  # 0-D, not a scalar
+        x = x[:n]
+    return x, rsq, int(rank), s

@@ -1,0 +1,199 @@
+"""``python -m mpqr bench small``: small calls and the route choice against the library.
+
+CPU (NumPy): ``qr`` and ``lstsq`` of 100 x 10, 1000 x 20 and 200 x 200 float64 against
+``scipy.linalg.qr(mode="economic")``, ``numpy.linalg.qr`` and ``scipy.linalg.lstsq``,
+also through :func:`mpqr.compat.scipy.patch` (the patched ``scipy.linalg`` functions
+against the originals). Every candidate of a case is timed round-robin in one process
+(``--repeats`` rounds of a call count chosen to last ~``--round-ms``), the median of
+the rounds reported, so load shared with other work hits all alike.
+
+GPU (CuPy, ``--gpu``): ``qr`` 1000 x 20 against ``cupy.linalg.qr``, ``lstsq`` 1000 x 20
+against the cuSOLVER QR route (``cupy.linalg.qr`` + a triangular solve), then the route
+sweep: square, wide (``m/n`` = 1/4, 1/16) and tall shapes, float32/float64/complex64/
+complex128, every precision the dtype's own arithmetic meets, ``mpqr.qr`` against
+``cupy.linalg.qr`` (the library route that meets the request); each row lists the ratio
+and the route ``mpqr.explain()`` recorded. ``--budget-s`` bounds the sweep's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from mpqr.bench._timing import environment, write_json
+
+__all__ = ["main"]
+
+
+def _rounds(funcs: dict[str, Any], sync: Any, repeats: int, round_ms: float
+            ) -> dict[str, float]:
+    """Median seconds per call of each function, timed round-robin."""
+    for f in funcs.values():  # warm-up and call count per round
+        f()
+    sync()
+    counts = {}
+    for name, f in funcs.items():
+        t0 = time.perf_counter()
+        f()
+        sync()
+        dt = max(time.perf_counter() - t0, 1e-7)
+        counts[name] = max(1, int(round_ms * 1e-3 / dt))
+    samples: dict[str, list[float]] = {k: [] for k in funcs}
+    for _ in range(repeats):
+        for name, f in funcs.items():
+            n = counts[name]
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            sync()
+            samples[name].append((time.perf_counter() - t0) / n)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def _cpu(repeats: int, round_ms: float) -> list[dict[str, Any]]:
+    import scipy.linalg as sla
+
+    import mpqr
+    from mpqr.compat import scipy as mcs
+
+    rows = []
+    rng = np.random.default_rng(0)
+    orig_qr, orig_lstsq = sla.qr, sla.lstsq
+    for m, n in ((100, 10), (1000, 20), (200, 200)):
+        a = rng.standard_normal((m, n))
+        b = rng.standard_normal(m)
+
+        funcs = {
+            "mpqr.qr": lambda a=a: mpqr.qr(a),
+            "scipy.linalg.qr(economic)": lambda a=a: orig_qr(a, mode="economic"),
+            "numpy.linalg.qr": lambda a=a: np.linalg.qr(a),
+            "mpqr.lstsq": lambda a=a, b=b: mpqr.lstsq(a, b),
+            "scipy.linalg.lstsq": lambda a=a, b=b: orig_lstsq(a, b),
+        }
+        t = _rounds(funcs, lambda: None, repeats, round_ms)
+        with mcs.patch():  # the patched functions, timed inside one patch block
+            pt = _rounds({"patched scipy.linalg.qr(economic)":
+                          lambda a=a: sla.qr(a, mode="economic"),
+                          "scipy.linalg.qr(economic)": lambda a=a: orig_qr(a, mode="economic"),
+                          "patched scipy.linalg.lstsq": lambda a=a, b=b: sla.lstsq(a, b),
+                          "scipy.linalg.lstsq": lambda a=a, b=b: orig_lstsq(a, b)},
+                         lambda: None, repeats, round_ms)
+        ref_qr, ref_ls = t["scipy.linalg.qr(economic)"], t["scipy.linalg.lstsq"]
+        rows += [
+            {"call": "qr", "shape": [m, n], "mpqr_us": t["mpqr.qr"] * 1e6,
+             "library": "scipy.linalg.qr(mode='economic')", "library_us": ref_qr * 1e6,
+             "numpy_us": t["numpy.linalg.qr"] * 1e6, "ratio": t["mpqr.qr"] / ref_qr},
+            {"call": "lstsq", "shape": [m, n], "mpqr_us": t["mpqr.lstsq"] * 1e6,
+             "library": "scipy.linalg.lstsq", "library_us": ref_ls * 1e6,
+             "ratio": t["mpqr.lstsq"] / ref_ls},
+            {"call": "patched scipy.linalg.qr", "shape": [m, n],
+             "mpqr_us": pt["patched scipy.linalg.qr(economic)"] * 1e6,
+             "library": "scipy.linalg.qr(mode='economic')",
+             "library_us": pt["scipy.linalg.qr(economic)"] * 1e6,
+             "ratio": pt["patched scipy.linalg.qr(economic)"] / pt["scipy.linalg.qr(economic)"]},
+            {"call": "patched scipy.linalg.lstsq", "shape": [m, n],
+             "mpqr_us": pt["patched scipy.linalg.lstsq"] * 1e6,
+             "library": "scipy.linalg.lstsq", "library_us": pt["scipy.linalg.lstsq"] * 1e6,
+             "ratio": pt["patched scipy.linalg.lstsq"] / pt["scipy.linalg.lstsq"]},
+        ]
+    return rows
+
+
+#: the precisions each dtype's own arithmetic meets, swept on the GPU
+_SWEEP_PRECISIONS = {"float32": ("auto", "fp16", "fp32-emulated", "fp32"),
+                     "complex64": ("auto", "fp32-emulated", "fp32"),
+                     "float64": ("auto", "fp64", "fp64-emulated"),
+                     "complex128": ("auto", "fp64-emulated")}
+
+
+def _route(trace: Any) -> str:
+    ev = [e for e in trace.events if e.kind == "method"]
+    return ev[0].data.get("method", "?") if ev else "?"
+
+
+def _gpu(repeats: int, budget_s: float, sizes: list[int]) -> list[dict[str, Any]]:
+    import cupy as cp
+    from cupyx.scipy.linalg import solve_triangular
+
+    import mpqr
+
+    def sync() -> None:
+        cp.cuda.get_current_stream().synchronize()
+
+    rows = []
+    rng = cp.random.default_rng(0)
+    a = rng.standard_normal((1000, 20))
+    b = rng.standard_normal(1000)
+
+    def lib_lstsq() -> Any:
+        q, r = cp.linalg.qr(a)
+        return solve_triangular(r, q.T @ b)
+
+    t = _rounds({"mpqr.qr": lambda: mpqr.qr(a), "cupy.linalg.qr": lambda: cp.linalg.qr(a),
+                 "mpqr.lstsq": lambda: mpqr.lstsq(a, b), "cusolver-qr-lstsq": lib_lstsq},
+                sync, repeats, 50.0)
+    rows.append({"call": "qr", "shape": [1000, 20], "mpqr_us": t["mpqr.qr"] * 1e6,
+                 "library": "cupy.linalg.qr", "library_us": t["cupy.linalg.qr"] * 1e6,
+                 "ratio": t["mpqr.qr"] / t["cupy.linalg.qr"]})
+    rows.append({"call": "lstsq", "shape": [1000, 20], "mpqr_us": t["mpqr.lstsq"] * 1e6,
+                 "library": "cupy.linalg.qr + solve_triangular",
+                 "library_us": t["cusolver-qr-lstsq"] * 1e6,
+                 "ratio": t["mpqr.lstsq"] / t["cusolver-qr-lstsq"]})
+    shapes = [(s, s) for s in sizes] + [(sizes[1], 4 * sizes[1]), (sizes[0], 16 * sizes[0]),
+                                        (4 * sizes[1], sizes[1] // 4), (sizes[1], 16 * sizes[1])]
+    start = time.perf_counter()
+    for dt, precs in _SWEEP_PRECISIONS.items():
+        for m, n in shapes:
+            cplx = dt.startswith("complex")
+            if cplx and m * n > 8192 * 8192:
+                continue
+            x = rng.standard_normal((m, n), dtype=np.float32 if dt in ("float32", "complex64")
+                                    else np.float64)
+            if cplx:
+                x = x + 1j * x[::-1]
+            x = x.astype(dt)
+            for p in precs:
+                if time.perf_counter() - start > budget_s:
+                    rows.append({"call": "sweep", "stopped": f"budget {budget_s} s"})
+                    return rows
+                with mpqr.explain() as tr:
+                    mpqr.qr(x, precision=p)
+                tt = _rounds({"mpqr": lambda x=x, p=p: mpqr.qr(x, precision=p),
+                              "cupy": lambda x=x: cp.linalg.qr(x)}, sync, 3, 0.0)
+                rows.append({"call": "sweep qr", "shape": [m, n], "dtype": dt, "precision": p,
+                             "route": _route(tr), "mpqr_ms": tt["mpqr"] * 1e3,
+                             "library": "cupy.linalg.qr", "library_ms": tt["cupy"] * 1e3,
+                             "speedup": tt["cupy"] / tt["mpqr"]})
+            del x
+            cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpqr bench small", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpu", action="store_true", help="the CuPy part (needs a CUDA GPU)")
+    p.add_argument("--repeats", type=int, default=21, help="timed rounds per case")
+    p.add_argument("--round-ms", type=float, default=20.0, help="length of one round")
+    p.add_argument("--sizes", default="1024,4096,8192,16384", help="GPU sweep: square sizes")
+    p.add_argument("--budget-s", type=float, default=150.0, help="GPU sweep: time bound")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+    if args.gpu:
+        import cupy as cp
+
+        env = environment(cp)
+        rows = _gpu(max(5, args.repeats // 3), args.budget_s,
+                    [int(s) for s in args.sizes.split(",")])
+    else:
+        env = environment(np)
+        rows = _cpu(args.repeats, args.round_ms)
+    for r in rows:
+        print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()})
+    write_json(args.json, {"environment": env, "rows": rows})
+    return 0
