@@ -77,14 +77,14 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
     """:func:`mpqr.qr` for a host array (see there); validation first, then the route."""
     from mpqr._validation import check_choice
     from mpqr.backends import host
-    from mpqr.qr.api import MODES, QRResult
+    from mpqr.qr.api import MODE_HINTS, MODES, QRResult
     from mpqr.qr.driver import METHODS
 
     backend = host.device_backend(device)
     src = host.HostArray(x, "x")
     if src.vector:
         raise ValueError("`x` must be 2-D, got ndim=1")
-    check_choice(mode, "mode", MODES)
+    check_choice(mode, "mode", MODES, MODE_HINTS)
     check_choice(method, "method", ("auto", *sorted(METHODS), *OOC_METHODS))
     if precision is not None:
         validate_precision(precision)
