@@ -72,6 +72,18 @@ def _covers_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
                                                                  "fp32", "auto")
 
 
+def _library(backend: Any) -> str:
+    """The library QR the backend calls, by name."""
+    return {"numpy": "LAPACK geqrf", "cupy": "cuSOLVER geqrf"}.get(
+        backend.name, f"the {backend.name} backend's library QR")
+
+
+def _figure(backend: Any, gpu: str, host: str) -> str:
+    """The evidence for a rule that holds where the call ran: the GPU measurement on a
+    backend with tensor cores, else what holds on the host."""
+    return f"({gpu})" if "tensor-cores" in backend.capabilities else f"({host})"
+
+
 def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                   batch: int = 1) -> tuple[str, str]:
     """``(method, reason)`` for ``method="auto"``.
@@ -124,9 +136,11 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                  or prec_name in OWN_PRECISION_CHOLQR)):
         return ("geqrf",
                 f"small tall-skinny ({m}x{n} <= {backend.library_qr_tall_max} elements) at "
-                f"precision={prec_name!r}: the backend library's QR (LAPACK / cuSOLVER geqrf) "
-                "beats CholQR2, whose n x n steps cost more than the data here (H100, "
-                "2048x128: 1.9 ms against 3.5 ms)")
+                f"precision={prec_name!r}: the backend library's QR ({_library(backend)}) "
+                "beats CholQR2, whose n x n steps cost more than the data here "
+                + _figure(backend, "H100, 2048x128: 1.9 ms against 3.5 ms",
+                          "on the host CholQR2's products run on the same BLAS as LAPACK's "
+                          "QR: nothing to gain from its extra passes"))
     if batch == 1 and m >= TALL_RATIO * n and prec_name in CHOLQR_PRECISIONS:
         engine = decide(backend, dtype, n, n, m, 1, prec_name, "qr",
                         as_gemm_options(None)).engine
@@ -145,8 +159,12 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2 in the "
                 f"input's own, at least as accurate precision ({own}), four memory-bound "
                 "passes over x, beats the tensor-core recursion, whose leaf panels "
-                "factor all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
-                "65536x4096: 149 against 253 ms); if its certificate fails, "
+                "factor all m rows "
+                + _figure(backend, "H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
+                          "65536x4096: 149 against 253 ms",
+                          "on the host the tensor-core engines are emulated, slower than "
+                          "the native products")
+                + "; if its certificate fails, "
                 "preconditioned-cholqr in the same precision, then what "
                 f"precision={prec_name!r} runs otherwise (the fallback events name them)")
     # the engine of the largest product, the top-level update (n/2 x n/2, inner dim. m)
@@ -161,8 +179,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
         return ("geqrf",
                 f"precision={prec_name!r} runs every product natively ({engine}) and the "
                 "matrix is not tall-skinny: the backend library's blocked Householder QR "
-                "(LAPACK / cuSOLVER geqrf) does the same work in fewer passes (H100, "
-                "16384^2 fp64: 505 ms against 731 ms for householder-tiled)")
+                f"({_library(backend)}) does the same work in fewer passes "
+                + _figure(backend, "H100, 16384^2 fp64: 505 ms against 731 ms for "
+                          "householder-tiled", "on the host the same BLAS runs both"))
     if n <= 32:
         return "householder-tiled", f"n={n} fits one panel: Householder panel QR directly"
     if "tensor-cores" not in backend.capabilities:
