@@ -31,12 +31,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         # an empty cache, so that every kernel is compiled (and timed) while recorded
         os.environ["CUPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="mpqr-kernels-")
-        from mpqr.backends.cupy_warmup import record
+        from mpqr.backends.cupy_warmup import mark, record
         from mpqr.tools.demo import main as demo
 
         with record() as rec:
-            demo(["--no-warmup"])
+            demo(["--no-warmup"])  # tags its kernels with its tables' phases
+            mark("routes")
             _routes()
+            mark(None)
         rec.save(args.record)
         total = sum(e["seconds"] for e in rec.entries)
         print(f"recorded {len(rec.entries)} kernels ({total:.1f} s of compiles; "
@@ -87,6 +89,8 @@ def describe(done: dict) -> str:
     if done["skipped"]:
         return f"GPU kernels not compiled ahead: {done['skipped']}"
     failed = f", {done['failed']} failed (they compile on first use)" if done["failed"] else ""
+    later = done.get("background")
+    later = f"; {len(later)} more compiling in the background" if later else ""
     return (f"{done['kernels']} GPU kernels ready in {done['seconds']:.1f} s "
             f"({done['processes']} processes, {done['compile_seconds']:.1f} s of compiles"
-            f"{failed})")
+            f"{failed}){later}")
