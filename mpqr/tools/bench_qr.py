@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --cpu: mpqr.qr against numpy.linalg.qr and "
                    "scipy.linalg.qr(mode='economic'), float64, timed interleaved "
                    "(default shape 4000x4000)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="with --lapack: BLAS threads of every call (default: the BLAS's own)")
     p.add_argument("--pivoting", action="store_true",
                    help="only the QR-with-column-pivoting rows (default shapes 16384x16384, "
                    "65536x4096 on the GPU, 2000x2000 on the CPU; precisions "
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.cpu:
             p.error("--lapack compares the NumPy backend with the host's LAPACK: add --cpu")
         shapes = parse_shapes(args.shapes) if args.shapes else LAPACK_SHAPES
-        write_json(args.json, run_lapack(shapes, repeat=args.repeat))
+        write_json(args.json, run_lapack(shapes, repeat=args.repeat, threads=args.threads))
         return 0
     if args.pivoting:
         shapes = shapes_or_default(args.shapes, xp, PIVOTED_GPU_SHAPES, PIVOTED_CPU_SHAPES)
