@@ -14,9 +14,14 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog="python -m mpqr", description="mpqr command line")
+    p = argparse.ArgumentParser(
+        prog="python -m mpqr", description="mpqr command line",
+        epilog="demo: factor and solve one problem against SciPy/cuSOLVER; warmup: compile "
+        "the GPU kernels ahead; bench: the benchmarks (alone: the list of topics). "
+        "`python -m mpqr COMMAND -h` shows a command's options.")
     p.add_argument("command", choices=["demo", "warmup", "bench"], help="what to run")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("rest", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the command's own arguments (bench: a TOPIC first)")
     args = p.parse_args(argv)
     if args.command == "demo":
         from mpqr.cli.demo import main as demo
@@ -36,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
         for topic, modname in benches.items():
             doc = (importlib.import_module(modname).__doc__ or "").strip().splitlines()
-            print(f"  {topic:<10} {doc[0] if doc else ''}")
+            # plain text on a terminal: no reStructuredText quoting
+            print(f"  {topic:<10} {doc[0].replace('``', '') if doc else ''}")
         return 0
     if args.rest[0] not in benches:
         p.error(f"bench needs one of {', '.join(benches)}; got {args.rest[0]!r}")

@@ -109,13 +109,17 @@ def check_cutoff(value: Any, name: str) -> float | None:
     return v
 
 
-def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+def check_choice(value: Any, name: str, choices: tuple[str, ...],
+                 hints: dict[str, str] | None = None) -> str:
     """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise
-    (``TypeError`` for a non-string)."""
+    (``TypeError`` for a non-string), with ``hints[value]`` appended where there is one
+    (another library's name for a choice)."""
     listed = ", ".join(map(repr, choices))
     if not isinstance(value, str):
         raise TypeError(f"`{name}` must be a string, one of {listed}; "
                         f"got {type(value).__name__} {value!r}")
     if value not in choices:
-        raise ValueError(f"`{name}` must be one of {listed}; got {value!r}")
+        hint = (hints or {}).get(value)
+        raise ValueError(f"`{name}` must be one of {listed}; got {value!r}"
+                         + (f" ({hint})" if hint else ""))
     return value

@@ -249,10 +249,14 @@ def test_renderer_known_and_unknown_shapes(tmp_path):
     assert "Measured on **Test GPU**, 2026-01-02" in perf and "cupy 14.2.0" in perf
     assert "64×32×16" in perf and "1.50e-05" in perf
     assert "brand_new_key" in perf and "xyz" in perf  # unknown keys are not dropped
-    assert "a 1" in perf and "n = 7" in perf
-    assert "`weird`" in perf and "unreadable JSON" in perf
+    assert "a 1" in perf
+    assert "unreadable JSON" in perf
     assert "![chart](assets/bench/chart.png)" in perf
     assert (docs / "assets" / "bench" / "chart.png").read_bytes() == b"\x89PNG fake"
+    # every file is linked as JSON, copied next to the charts
+    for name in ("gemm_test.json", "lstsq_test.json", "mystery.json", "broken.json"):
+        assert f"[`{name}`](assets/bench/{name})" in perf, name
+        assert (docs / "assets" / "bench" / name).read_bytes() == (results / name).read_bytes()
     prec = (docs / "precision.md").read_text()
     # the summary shows default configurations only, not the knob sweeps
     assert "tc-fp16" in prec and "slice_k=256" not in prec
@@ -278,7 +282,52 @@ def test_renderer_accuracy_pivot(tmp_path):
     assert "| cholqr2 | fp16 | – | BreakdownError |" in prec
     assert "| method | precision | 1e+06 |" in prec and "3.00e-17" in prec
     perf = (docs / "performance.md").read_text()
-    assert "BreakdownError: cholqr2 broke down" in perf  # detail table keeps the reason
+    assert "| svqr | fp64 | 1.50e-16 / 2.50e-17 | – |" in perf  # the pivot leads the topic
+    assert "[`accuracy_x.json`](assets/bench/accuracy_x.json)" in perf  # details in the JSON
+
+
+def test_renderer_one_chart_and_table_per_topic_latest_per_device(tmp_path):
+    docs, results = _page(tmp_path)
+
+    def put(name, device, date, value):
+        (results / name).write_text(json.dumps({
+            "environment": {"device": device, "date": date},
+            "results": [{"shape": [8, 8], "precision": "fp64", "time_ms": value}]}))
+
+    put("qr_H100_2026-01-01.json", "GPU A", "2026-01-01", 1.5)
+    put("qr_H100_2026-01-02.json", "GPU A", "2026-01-02", 2.5)  # latest H100
+    put("qr_H200_2026-01-01.json", "GPU B", "2026-01-01", 3.5)
+    put("qr_H200_2026-01-01_pm.json", "GPU B", "2026-01-01", 4.5)  # later that day
+    put("qr_cpu-2core_2026-01-01.json", "cpu", "2026-01-01", 5.5)
+    put("lstsq_H100_2026-01-01.json", "GPU A", "2026-01-01", 6.5)
+    for stem in ("qr_H100_2026-01-01", "qr_H200_2026-01-01_pm"):
+        (results / f"{stem}.png").write_bytes(b"png")
+    rr.main(["--docs", str(docs), "--results", str(results)])
+    perf = (docs / "performance.md").read_text()
+    assert perf.count("### qr\n") == 1 and perf.count("### lstsq\n") == 1
+    qr = perf.split("### qr\n")[1].split("### ")[0]
+    # one chart (the latest run that has one), one table with one row per device
+    assert qr.count("![") == 1 and "![qr_H200_2026-01-01_pm]" in qr, qr
+    assert qr.count("| fp64 |") == 3, qr
+    for shown in ("| H100 | 8×8 | fp64 | 2.5 |", "| H200 | 8×8 | fp64 | 4.5 |",
+                  "| cpu-2core | 8×8 | fp64 | 5.5 |"):
+        assert shown in qr, qr
+    assert "1.5 |" not in qr and "3.5 |" not in qr
+    # every run behind a link to its JSON, latest first
+    links = re.findall(r"\[`(qr_[^`]+)`\]", qr)
+    assert links[:2] == ["qr_H100_2026-01-02.json", "qr_H200_2026-01-01_pm.json"], links
+    assert sorted(links) == sorted(p.name for p in results.glob("qr_*.json"))
+
+
+def test_performance_page_is_short():
+    """Per topic one chart and one table; the per-run detail is in the linked JSON."""
+    text = (DOCS / "performance.md").read_text()
+    block = text.split("BEGIN bench-results")[1].split("END bench-results")[0]
+    topics = re.findall(r"^### (\S+)$", block, re.M)
+    assert len(topics) == len(set(topics)) and "qr" in topics
+    for part in block.split("\n### ")[1:]:
+        assert part.count("![") <= 1 and part.count("\n|---") <= 3, part[:200]
+    assert len(text.splitlines()) < 1200
 
 
 def test_renderer_refuses_page_without_markers(tmp_path):

@@ -24,12 +24,17 @@ def _tests_of(package: str) -> Path | None:
 
 def _run(tmp_path, plugin, files, select):
     calls = tmp_path / "calls.json"
+    # An empty ini of its own: the nested run takes no configuration from any folder above
+    # the files it runs (a venv inside a checkout puts them under this project's pyproject,
+    # whose addopts -n/--dist need the xdist plugin switched off below).
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\n")
     env = {**os.environ, "MPQR_ROUTED_CALLS": str(calls),
            "PYTHONPATH": os.pathsep.join([str(HERE / "external"),
                                           os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", plugin, "-p", "no:cacheprovider",
            "-p", "no:xdist", "-p", "no:randomly", "-W", "ignore::pytest.PytestUnknownMarkWarning",
-           "--rootdir", str(tmp_path), "-k", select, *map(str, files)]
+           "-c", str(ini), "-o", "addopts=", "--rootdir", str(tmp_path), "-k", select, *map(str, files)]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=600)
     tail = (out.stdout + out.stderr)[-3000:]
@@ -59,3 +64,21 @@ def test_numpy_linalg_suite_through_compat_numpy(tmp_path):
         pytest.skip("NumPy ships without its tests here")
     calls, tail = _run(tmp_path, "route_numpy", present, "qr or QR or lstsq or Lstsq")
     assert calls.get("qr", 0) > 0 and calls.get("lstsq", 0) > 0, (calls, tail)
+
+
+def test_nested_run_ignores_the_configuration_above_its_files(tmp_path):
+    """A venv inside a checkout: the test files sit below the project's pyproject.toml."""
+    site = tmp_path / "checkout" / "venv" / "lib" / "site-packages" / "pkg" / "linalg" / "tests"
+    site.mkdir(parents=True)
+    (tmp_path / "checkout" / "pyproject.toml").write_text(
+        (HERE.parent / "pyproject.toml").read_text())
+    (site / "test_tiny.py").write_text(
+        "import numpy as np, scipy.linalg\n\n"
+        "def test_qr():\n"
+        "    q, r = scipy.linalg.qr(np.eye(3))\n"
+        "    assert np.allclose(q @ r, np.eye(3))\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    calls, tail = _run(run, "route_scipy", [site / "test_tiny.py"], "qr")
+    assert calls.get("qr", 0) == 1, (calls, tail)
+    assert "1 passed" in tail, tail

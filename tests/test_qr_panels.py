@@ -229,8 +229,10 @@ def test_choose_method_follows_the_update_gemms_engine(precision, want):
     ("fp64-emulated", "float64", 1, "geqrf"), ("auto", "float32", 1, "geqrf")])
 def test_choose_method_takes_the_library_qr_only_in_the_inputs_precision(precision, dtype,
                                                                          batch, want):
+    # 1000 x 100: above the small-input size, where the library's QR meets every request
+    # the dtype meets (test_fast_path.py)
     ns = array_namespace(np.zeros(1))
-    method, why = api.choose_method(get_backend(ns), precision, getattr(ns, dtype), 300, 100,
+    method, why = api.choose_method(get_backend(ns), precision, getattr(ns, dtype), 1000, 100,
                                     batch=batch)
     assert method == want, why
 

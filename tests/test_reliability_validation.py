@@ -108,8 +108,20 @@ def test_complex_is_factored_natively_and_at_emulated_precisions():
 def test_unknown_mode_method_precision():
     a = np.ones((3, 3))
     with pytest.raises(ValueError, match=r"^`mode` must be one of 'reduced', 'complete', 'r'; "
-                                         r"got 'full'$"):
+                                         r"got 'full' \(SciPy's 'economic' is mpqr's 'reduced' "
+                                         r"and SciPy's 'full' is 'complete'; "
+                                         r"mpqr.compat.scipy.qr takes SciPy's names\)$"):
         mpqr.qr(a, mode="full")
+    with pytest.raises(ValueError, match=r"^`mode` must be one of 'reduced', 'complete', 'r'; "
+                                         r"got 'economic' \(SciPy's 'economic' is mpqr's "
+                                         r"'reduced' and SciPy's 'full' is 'complete'; "):
+        mpqr.qr(a, mode="economic")
+    # the out-of-core route answers SciPy's names alike
+    with pytest.raises(ValueError, match=r"got 'economic' \(SciPy's 'economic' is mpqr's "):
+        mpqr.qr(a, mode="economic", memory_budget="1MB")
+    with pytest.raises(ValueError, match=r"^`mode` must be one of 'reduced', 'complete', 'r'; "
+                                         r"got 'raw'$"):  # no hint where none applies
+        mpqr.qr(a, mode="raw")
     with pytest.raises(ValueError, match=r"^`method` must be one of 'auto', 'cholqr', .*"
                                          r"'svqr'; got 'qr'$"):
         mpqr.qr(a, method="qr")

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MANIFEST", "Recorder", "describe", "load", "record", "warm"]
+__all__ = ["DEMO_FIRST", "MANIFEST", "Background", "Recorder", "describe", "load", "mark",
+           "record", "run_phases", "split", "warm"]
 
 #: the kernel list shipped with mpqr (recorded by ``python -m mpqr warmup --record``)
 MANIFEST = Path(__file__).resolve().parent / "data" / "cupy_kernels.json.gz"
@@ -40,6 +41,19 @@ _KERNELS = Path(__file__).resolve().parent / "kernels"
 # arguments that are the same for every call in one installation (re-made by the worker)
 # or that carry no meaning across processes
 _DROP = ("source", "options", "cache_dir", "extra_source", "log_stream")
+
+
+#: the phases the demo compiles before its first table; the rest compiles in the
+#: background while the first table runs (:func:`warm`'s ``first``)
+DEMO_FIRST = ("demo-qr",)
+# the phase new recordings are tagged with (:func:`mark`)
+_phase: list[str | None] = [None]
+
+
+def mark(phase: str | None) -> None:
+    """Tag the kernels recorded from now on with ``phase`` (the demo's tables, the other
+    routes), so that :func:`warm` can compile a phase's kernels before the others."""
+    _phase[0] = phase
 
 
 def _core() -> Any:
@@ -113,8 +127,9 @@ class Recorder:
         rest = {k: (list(v) if isinstance(v, tuple) else v) for k, v in arguments.items()
                 if k not in _DROP}
         entry = {**_source_entry(arguments["source"]), "options": list(options),
-                 "kwargs": rest, "seconds": round(seconds, 4)}
-        key = json.dumps({k: v for k, v in entry.items() if k != "seconds"}, sort_keys=True)
+                 "kwargs": rest, "seconds": round(seconds, 4), "phase": _phase[0]}
+        key = json.dumps({k: v for k, v in entry.items() if k not in ("seconds", "phase")},
+                         sort_keys=True)
         if key not in self._seen:
             self._seen.add(key)
             self.entries.append(entry)
@@ -154,14 +169,17 @@ def _compile(entry: dict[str, Any]) -> float:
     return time.perf_counter() - t0
 
 
-def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None) -> dict[str, Any]:
+def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None,
+         first: tuple[str, ...] | None = None) -> dict[str, Any]:
     """Compile the recorded kernels in ``processes`` worker processes (default: the CPU
     count, at most 16); return what was done: ``kernels``, ``processes``, ``seconds``,
     ``compile_seconds`` (summed over the workers), ``failed`` and ``skipped`` (a reason,
-    where nothing was compiled)."""
+    where nothing was compiled). With ``first``, only the kernels of those phases are
+    waited for; the others keep compiling in the background: ``background``, a
+    :class:`Background` (None when nothing is left)."""
     t0 = time.perf_counter()
     out: dict[str, Any] = {"kernels": 0, "processes": 0, "compile_seconds": 0.0,
-                           "failed": 0, "skipped": None}
+                           "failed": 0, "skipped": None, "background": None}
     try:
         import cupy
     except ImportError:
@@ -183,18 +201,11 @@ def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None) -> di
         out["skipped"] = (f"the kernel list was recorded with CuPy {manifest.get('cupy')}, "
                           f"this is CuPy {cupy.__version__}: kernels compile on first use")
         return {**out, "seconds": time.perf_counter() - t0}
-    # the costliest first, so that the last to finish is a short one
-    entries = sorted(manifest["entries"], key=lambda e: -e.get("seconds", 0.0))
-    procs = max(1, min(processes or min(os.cpu_count() or 1, 16), len(entries)))
+    now, later = split(manifest["entries"], first)
+    procs = max(1, min(processes or min(os.cpu_count() or 1, 16), len(now) + len(later)))
     ctx = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable
-    with cf.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
-        futures = [pool.submit(_compile, e) for e in entries]
-        for fut in cf.as_completed(futures):
-            try:
-                out["compile_seconds"] += fut.result()
-                out["kernels"] += 1
-            except Exception:  # a kernel that fails here compiles (and reports) on use
-                out["failed"] += 1
+    pool = cf.ProcessPoolExecutor(procs, mp_context=ctx)
+    out["background"] = run_phases(now, later, pool, _compile, out)
     out["processes"] = procs
     out["seconds"] = time.perf_counter() - t0
     return out
@@ -205,6 +216,59 @@ def describe(done: dict) -> str:
     if done["skipped"]:
         return f"GPU kernels not compiled ahead: {done['skipped']}"
     failed = f", {done['failed']} failed (they compile on first use)" if done["failed"] else ""
+    later = done.get("background")
+    later = f"; {len(later)} more compiling in the background" if later else ""
     return (f"{done['kernels']} GPU kernels ready in {done['seconds']:.1f} s "
             f"({done['processes']} processes, {done['compile_seconds']:.1f} s of compiles"
-            f"{failed})")
+            f"{failed}){later}")
+
+
+def split(entries: list[dict[str, Any]], first: tuple[str, ...] | None
+          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(now, later)``: the kernels of the phases in ``first`` (all with ``first=None``,
+    and any untagged one: a list recorded without phases is compiled whole), then the
+    others; each the costliest first, so that the last to finish is a short one."""
+    def costly(e: dict[str, Any]) -> float:
+        return -e.get("seconds", 0.0)
+
+    now = [e for e in entries if first is None or e.get("phase") is None
+           or e.get("phase") in first]
+    later = [e for e in entries if not (first is None or e.get("phase") is None
+                                        or e.get("phase") in first)]
+    return sorted(now, key=costly), sorted(later, key=costly)
+
+
+class Background:
+    """The kernels :func:`warm` left compiling after it returned."""
+
+    def __init__(self, pool: Any, futures: list[Any]) -> None:
+        self.pool, self.futures = pool, futures
+
+    def __len__(self) -> int:
+        return len(self.futures)
+
+    def pending(self) -> int:
+        return sum(not f.done() for f in self.futures)
+
+    def cancel(self) -> None:
+        """Drop the kernels not started yet (they compile on first use) and let the
+        worker processes go once their current compile ends; the caller does not wait."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def run_phases(now: list[Any], later: list[Any], pool: Any, compile_one: Any,
+               out: dict[str, Any]) -> Background | None:
+    """Compile ``now`` on ``pool`` and wait for it (counting into ``out``), then queue
+    ``later`` and return without waiting: a :class:`Background`, or None (the pool shut
+    down) when there is nothing later."""
+    futures = [pool.submit(compile_one, e) for e in now]
+    for fut in cf.as_completed(futures):
+        try:
+            out["compile_seconds"] += fut.result()
+            out["kernels"] += 1
+        except Exception:  # a kernel that fails here compiles (and reports) on use
+            out["failed"] += 1
+    if not later:
+        pool.shutdown(wait=True)
+        return None
+    return Background(pool, [pool.submit(compile_one, e) for e in later])

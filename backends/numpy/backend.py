@@ -191,12 +191,19 @@ class NumpyBackend(ArrayAPIBackend):
     def qr_panel(self, a):
         return np.linalg.qr(a)
 
+    library_qr_positive = True  # 2-D LAPACK dtypes (lapack_qr); stacks are checked
+
     def library_qr(self, a, mode):
-        # NumPy's own mode "r" skips forming Q (LAPACK orgqr); skinny calls on one thread
-        # (the pivoted QR's candidate panels: 2000 x 256 took 4.6 s on two busy cores)
-        from mpqr.backends.host_blas import small_lapack
+        # one LAPACK geqrf/orgqr call on one Fortran copy (numpy.linalg.qr's copies made a
+        # square QR slower than SciPy's); skinny calls on one thread (the pivoted QR's
+        # candidate panels: 2000 x 256 took 4.6 s on two busy cores)
+        from mpqr.backends.host.blas import small_lapack
+        from mpqr.backends.numpy.lapack_qr import LAPACK_DTYPES, lapack_qr
 
         with small_lapack(a.size):
+            if a.ndim == 2 and a.size and a.dtype in LAPACK_DTYPES:
+                return lapack_qr(a, mode)
+            # NumPy's own mode "r" skips forming Q (LAPACK orgqr)
             if mode == "r":
                 return None, np.linalg.qr(a, mode="r")
             return tuple(np.linalg.qr(a, mode=mode))

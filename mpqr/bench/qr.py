@@ -18,6 +18,9 @@ process (cuSOLVER has no geqp3), and against SciPy's geqp3
 unpivoted QR and SciPy's geqp3. ``--qrcp-blocks 128,256`` times the first precision
 once per block width of the randomized QRCP (the row's ``qrcp_block``).
 
+``--cpu --lapack``: mpqr.qr against ``numpy.linalg.qr`` and ``scipy.linalg.qr(mode=
+"economic")`` on the host, timed interleaved (``mpqr.bench.qr_lapack``).
+
 ``--conds 1,1e8,1e12,1e15``: tall-skinny shapes (``m >= 16 n``, one matrix) are also
 timed on ``A = U diag(s) V^T`` with geometric singular values from 1 to ``1/cond``
 (``U`` the Q of the Gaussian matrix's ``mpqr.qr``, built on the device); each row
@@ -40,6 +43,7 @@ from mpqr.bench._timing import (
     default_xp,
     environment,
     is_cupy,
+    parse_shapes,
     release_pool,
     shapes_or_default,
     time_it,
@@ -364,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", default=None,
                    help="draw the speed-ups here (needs matplotlib)")
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--lapack", action="store_true",
+                   help="with --cpu: mpqr.qr against numpy.linalg.qr and "
+                   "scipy.linalg.qr(mode='economic'), float64, timed interleaved "
+                   "(default shape 4000x4000)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="with --lapack: BLAS threads of every call (default: the BLAS's own)")
     p.add_argument("--pivoting", action="store_true",
                    help="only the QR-with-column-pivoting rows (default shapes 16384x16384, "
                    "65536x4096 on the GPU, 2000x2000 on the CPU; precisions "
@@ -376,6 +386,14 @@ def main(argv: list[str] | None = None) -> int:
                    "time the first precision at (default: the backend's own)")
     args = p.parse_args(argv)
     xp = np if args.cpu else default_xp()
+    if args.lapack:
+        from mpqr.bench.qr_lapack import LAPACK_SHAPES, run_lapack
+
+        if not args.cpu:
+            p.error("--lapack compares the NumPy backend with the host's LAPACK: add --cpu")
+        shapes = parse_shapes(args.shapes) if args.shapes else LAPACK_SHAPES
+        write_json(args.json, run_lapack(shapes, repeat=args.repeat, threads=args.threads))
+        return 0
     if args.pivoting:
         shapes = shapes_or_default(args.shapes, xp, PIVOTED_GPU_SHAPES, PIVOTED_CPU_SHAPES)
         geqp3 = shapes_or_default(args.geqp3_shapes, xp, GEQP3_GPU_SHAPES, shapes)

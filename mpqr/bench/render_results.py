@@ -4,10 +4,10 @@
 documentation pages, each between a pair of marker comments, so the prose
 around them stays as written:
 
-* ``docs/performance.md``, block ``bench-results``: every JSON file as a
-  section with the device, library versions and date it was measured on, one
-  Markdown table per file, and the PNG charts next to the JSON (copied to
-  ``docs/assets/bench/``).
+* ``docs/performance.md``, block ``bench-results``: per benchmark topic one
+  chart and one table of the latest run per device, with the device, library
+  versions and date it was measured on, and links to every run's JSON (the
+  JSON and PNG files are copied to ``docs/assets/bench/``).
 * ``docs/precision.md``, block ``gemm-summary``: the GEMM files
   (``python -m mpqr bench gemm``) as precision x shape tables of rate and
   error; block ``accuracy-table``: the QR accuracy files
@@ -32,6 +32,8 @@ import shutil
 import sys
 from pathlib import Path
 from typing import Any
+
+from mpqr.bench.render_topics import render_topics
 
 __all__ = [
     "BLOCKS",
@@ -285,23 +287,17 @@ def _files(results_dir: Path, pattern: str) -> list[Path]:
 
 
 def render_all(results_dir: Path) -> str:
-    """The ``bench-results`` block: every JSON file of the benchmarks, then those of
-    each subfolder (:data:`SUBFOLDERS`), then the PNG charts."""
+    """The ``bench-results`` block: per topic, one chart and the latest run per device;
+    every file linked as JSON (``mpqr.bench.render_topics``)."""
     files = _files(results_dir, "*.json")
     if not files:
         return "_No benchmark results are committed yet._\n"
-    parts = [render_file(p.name, _load(p)) for p in files]
-    for sub, title in SUBFOLDERS.items():
-        extra = _files(results_dir / sub, "*.json")
-        if extra:
-            parts.append(f"**{title}** (`bench/results/{sub}/`)\n")
-            parts += [render_file(f"{sub}/{p.name}", _load(p)) for p in extra]
-    pngs = _files(results_dir, "*.png")
-    if pngs:
-        parts.append("### Charts\n")
-        for p in pngs:
-            parts.append(f"![{p.stem}]({(CHART_DIR / p.name).as_posix()})\n")
-    return "\n".join(parts)
+    return render_topics([(p.name, _load(p)) for p in files],
+                         [p.name for p in _files(results_dir, "*.png")],
+                         CHART_DIR.as_posix(), table=_table,
+                         environment_line=_environment_line,
+                         accuracy_tables=render_accuracy_tables, columns=_COLUMNS,
+                         kind_of=kind_of)
 
 
 def render_accuracy(results_dir: Path) -> str:
@@ -387,7 +383,9 @@ def updated_pages(docs_dir: Path, results_dir: Path) -> dict[Path, str]:
 
 
 def _chart_copies(docs_dir: Path, results_dir: Path) -> list[tuple[Path, Path]]:
-    return [(p, docs_dir / CHART_DIR / p.name) for p in _files(results_dir, "*.png")]
+    """The charts and the JSON files the performance page links to, copied into the site."""
+    return [(p, docs_dir / CHART_DIR / p.name)
+            for p in [*_files(results_dir, "*.png"), *_files(results_dir, "*.json")]]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,13 +78,13 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
     from mpqr._validation import check_choice
     from mpqr.backends.host import arrays as host
     from mpqr.qr.driver import METHODS
-    from mpqr.qr.in_memory import MODES, QRResult
+    from mpqr.qr.in_memory import MODE_HINTS, MODES, QRResult
 
     backend = host.device_backend(device)
     src = host.HostArray(x, "x")
     if src.vector:
         raise ValueError("`x` must be 2-D, got ndim=1")
-    check_choice(mode, "mode", MODES)
+    check_choice(mode, "mode", MODES, MODE_HINTS)
     check_choice(method, "method", ("auto", *sorted(METHODS), *OOC_METHODS))
     if precision is not None:
         validate_precision(precision)

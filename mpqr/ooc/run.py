@@ -137,8 +137,11 @@ class Run:
             self._cold_start(s)
         ov = s["overlap"]
         passes = ", ".join(f"{v} over {k}" for k, v in self.passes.items())
+        # a backend computing in host memory copies pieces on the host; no device
+        where = "into host working pieces" if self.backend.device_memory_free() is None \
+            else "to the device"
         record_event("out-of-core", f"{self.what}: {message}; {unit}: {passes}; moved "
-                     f"{format_bytes(s['bytes_in'])} to the device and "
+                     f"{format_bytes(s['bytes_in'])} {where} and "
                      f"{format_bytes(s['bytes_out'])} back in {s['pieces']} pieces "
                      f"({s['staging']} staging), {s['wall_s']:.3g} s"
                      + (f", pipeline stages (host copies, transfers, compute) {ov:.0%} "

@@ -94,7 +94,15 @@ class Trace:
         return "\n".join(lines)
 
     def __str__(self) -> str:
-        return "\n".join(str(r) for r in self.records)
+        """One line per record; a run of identical lines once, ``"35 x "`` before it."""
+        lines: list[list] = []  # [count, text]
+        for r in self.records:
+            text = str(r)
+            if lines and lines[-1][1] == text:
+                lines[-1][0] += 1
+            else:
+                lines.append([1, text])
+        return "\n".join(f"{c} x {t}" if c > 1 else t for c, t in lines)
 
     def __len__(self) -> int:
         return len(self.records)

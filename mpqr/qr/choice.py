@@ -94,8 +94,9 @@ def small_library_route(backend: Any, prec_name: str, dtype: Any, m: int, n: int
         return ""
     return (f"small input ({m}x{n} <= {backend.small_max} elements) at "
             f"precision={prec_name!r}, which the input's own precision meets: the backend "
-            "library's QR (LAPACK / cuSOLVER geqrf) directly, the fastest route at this "
-            "size (`python -m mpqr bench small`)")
+            f"library's QR ({_library(backend)}) directly, the fastest route at this size "
+            + _figure(backend, "on the GPU: `python -m mpqr bench small --gpu`",
+                      "on the host: `python -m mpqr bench small`"))
 
 
 #: the emulated requests the library's QR meets in the input's own precision where it is
@@ -103,6 +104,8 @@ def small_library_route(backend: Any, prec_name: str, dtype: Any, m: int, n: int
 #: --gpu`): 4096 x 65536 float32 fp32-emulated 172 ms against cuSOLVER's 115 ms; 8192^2
 #: complex128 fp64-emulated 280 against 245 ms
 _EMULATED_REQUESTS = ("fp32-emulated", "fp64-emulated")
+#: ``n >= WIDE_RATIO * m``: a wide input for :func:`library_meets_emulated`
+WIDE_RATIO = 8
 
 
 def library_meets_emulated(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
@@ -124,13 +127,28 @@ def library_meets_emulated(backend: Any, prec_name: str, dtype: Any, m: int, n: 
         return ""
     xp = backend.xp
     cplx = dtype in (xp.complex64, xp.complex128)
-    if not (m < n or cplx):
+    # wide: at least 8 columns a row (the measured 1/16 shape); near-square wide inputs
+    # keep the square rules (the recursion beats cuSOLVER from 6144^2 at fp64-emulated)
+    wide = n >= WIDE_RATIO * m
+    if not (wide or cplx):
         return ""
-    what = "wide" if m < n else "complex"
+    what = "wide" if wide else "complex"
     return (f"{what} {m}x{n} at precision={prec_name!r}, which the input's own precision "
             "meets: the backend library's QR (cuSOLVER geqrf) in it is faster than the "
             "tensor-core recursion here (H100: 4096 x 65536 float32 fp32-emulated 115 "
             "against 172 ms, 8192^2 complex128 fp64-emulated 245 against 280 ms)")
+
+
+def _library(backend: Any) -> str:
+    """The library QR the backend calls, by name."""
+    return {"numpy": "LAPACK geqrf", "cupy": "cuSOLVER geqrf"}.get(
+        backend.name, f"the {backend.name} backend's library QR")
+
+
+def _figure(backend: Any, gpu: str, host: str) -> str:
+    """The evidence for a rule that holds where the call ran: the GPU measurement on a
+    backend with tensor cores, else what holds on the host."""
+    return f"({gpu})" if "tensor-cores" in backend.capabilities else f"({host})"
 
 
 def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
@@ -212,9 +230,11 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                  or prec_name in OWN_PRECISION_CHOLQR)):
         return ("geqrf",
                 f"small tall-skinny ({m}x{n} <= {backend.library_qr_tall_max} elements) at "
-                f"precision={prec_name!r}: the backend library's QR (LAPACK / cuSOLVER geqrf) "
-                "beats CholQR2, whose n x n steps cost more than the data here (H100, "
-                "2048x128: 1.9 ms against 3.5 ms)")
+                f"precision={prec_name!r}: the backend library's QR ({_library(backend)}) "
+                "beats CholQR2, whose n x n steps cost more than the data here "
+                + _figure(backend, "H100, 2048x128: 1.9 ms against 3.5 ms",
+                          "on the host CholQR2's products run on the same BLAS as LAPACK's "
+                          "QR: nothing to gain from its extra passes"))
     if batch == 1 and m >= TALL_RATIO * n and prec_name in CHOLQR_PRECISIONS:
         engine = decide(backend, dtype, n, n, m, 1, prec_name, "qr",
                         as_gemm_options(None)).engine
@@ -233,8 +253,12 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 f"tall-skinny (m >= {TALL_RATIO} n) at precision={prec_name!r}: CholQR2 in the "
                 f"input's own, at least as accurate precision ({own}), four memory-bound "
                 "passes over x, beats the tensor-core recursion, whose leaf panels "
-                "factor all m rows (H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
-                "65536x4096: 149 against 253 ms); if its certificate fails, "
+                "factor all m rows "
+                + _figure(backend, "H100, 2^20x256 float32: 14 ms against 199 ms at fp16, "
+                          "65536x4096: 149 against 253 ms",
+                          "on the host the tensor-core engines are emulated, slower than "
+                          "the native products")
+                + "; if its certificate fails, "
                 "preconditioned-cholqr in the same precision, then what "
                 f"precision={prec_name!r} runs otherwise (the fallback events name them)")
     why = library_meets_emulated(backend, prec_name, dtype, m, n, batch=batch)
@@ -252,8 +276,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
         return ("geqrf",
                 f"precision={prec_name!r} runs every product natively ({engine}) and the "
                 "matrix is not tall-skinny: the backend library's blocked Householder QR "
-                "(LAPACK / cuSOLVER geqrf) does the same work in fewer passes (H100, "
-                "16384^2 fp64: 505 ms against 731 ms for householder-tiled)")
+                f"({_library(backend)}) does the same work in fewer passes "
+                + _figure(backend, "H100, 16384^2 fp64: 505 ms against 731 ms for "
+                          "householder-tiled", "on the host the same BLAS runs both"))
     if n <= 32:
         return "householder-tiled", f"n={n} fits one panel: Householder panel QR directly"
     if "tensor-cores" not in backend.capabilities:

@@ -20,9 +20,13 @@ from mpqr.qr import driver
 from mpqr.qr.choice import choose_method
 from mpqr.qr.driver import METHODS
 
-__all__ = ["MODES", "PivotedQRResult", "QRResult", "qr"]
+__all__ = ["MODES", "MODE_HINTS", "PivotedQRResult", "QRResult", "qr"]
 
 MODES = ("reduced", "complete", "r")
+#: SciPy's names of the modes, answered with mpqr's (mpqr.compat.scipy.qr takes SciPy's)
+_SCIPY_MODES = ("SciPy's 'economic' is mpqr's 'reduced' and SciPy's 'full' is 'complete'; "
+                "mpqr.compat.scipy.qr takes SciPy's names")
+MODE_HINTS = {"economic": _SCIPY_MODES, "full": _SCIPY_MODES}
 
 
 class QRResult(NamedTuple):
@@ -47,7 +51,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     ``rtol`` already checked by :func:`mpqr.qr.api.check_pivoting` where they are given)."""
     xp = namespace_of(x, names=("x",))
     check_ndim(x, "x", minimum=2, what="2-D or a stack of matrices")
-    check_choice(mode, "mode", MODES)
+    check_choice(mode, "mode", MODES, MODE_HINTS)
     check_choice(method, "method", ("auto", *sorted(METHODS)))
     if precision is not None:
         validate_precision(precision)
