@@ -53,7 +53,7 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, check_finite: bool,
                        overwrite_a=overwrite_a)
     if is_foreign(x):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
         extra = dict(pivoting=pivoting, max_rank=max_rank, rtol=rtol) if pivoting else {}
-        return bridge_call("qr", qr_in_memory.qr, (x,), ("x",), mode=mode,
+        return bridge_call("qr", _qr_viewed, (x,), ("x",), mode=mode,
                            precision=precision, method=method, check_finite=check_finite,
                            overwrite_a=overwrite_a, **extra)
     x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
@@ -66,6 +66,16 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, check_finite: bool,
     return qr_in_memory.qr(x, mode, precision, method, check_finite=check_finite,
                            overwrite_a=overwrite_a, pivoting=pivoting, max_rank=max_rank,
                            rtol=rtol)
+
+
+def _qr_viewed(x: Any, mode: str, precision: Any, method: str, **kw: Any) -> Any:
+    """The in-memory QR of a framework array's view, the small-input fast path first, so
+    that a tensor gets the same factors as the same data in NumPy/CuPy."""
+    if not kw.get("pivoting"):
+        res = _fast.qr(x, mode, precision, method, kw.get("check_finite", False))
+        if res is not _fast.MISS:
+            return res
+    return qr_in_memory.qr(x, mode, precision, method, **kw)
 
 
 def lstsq(a: Any, b: Any, cond: Any, overwrite_a: bool, overwrite_b: bool,
@@ -84,7 +94,7 @@ def lstsq(a: Any, b: Any, cond: Any, overwrite_a: bool, overwrite_b: bool,
         return dask_lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite, lapack_driver,
                           precision=precision, refine=refine, tol=tol, maxiter=maxiter)
     if is_foreign(a, b):  # PyTorch/JAX: DLPack views run on the CuPy or NumPy backend
-        return bridge_call("lstsq", lstsq_in_memory.lstsq, (a, b), ("a", "b"), cond=cond,
+        return bridge_call("lstsq", _lstsq_viewed, (a, b), ("a", "b"), cond=cond,
                            overwrite_a=overwrite_a, overwrite_b=overwrite_b,
                            check_finite=check_finite, lapack_driver=lapack_driver,
                            precision=precision, refine=refine, tol=tol, maxiter=maxiter)
@@ -99,6 +109,18 @@ def lstsq(a: Any, b: Any, cond: Any, overwrite_a: bool, overwrite_b: bool,
     return lstsq_in_memory.lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite,
                                  lapack_driver, precision=precision, refine=refine, tol=tol,
                                  maxiter=maxiter)
+
+
+def _lstsq_viewed(a: Any, b: Any, cond: Any = None, overwrite_a: bool = False,
+                  overwrite_b: bool = False, check_finite: bool = True,
+                  lapack_driver: Any = None, **kw: Any) -> tuple[Any, Any, Any, Any]:
+    """The in-memory least squares of framework arrays' views, the small-input fast path
+    first (as :func:`_qr_viewed`)."""
+    res = _fast.lstsq(a, b, cond, check_finite, lapack_driver, **kw)
+    if res is not _fast.MISS:
+        return res
+    return lstsq_in_memory.lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite,
+                                 lapack_driver, **kw)
 
 
 def call(name: str, func: Callable[..., Any], arrays: tuple[Any, ...], names: tuple[str, ...],

@@ -256,9 +256,10 @@ def test_inputs_untouched_with_overwrite_false():
 
 
 def test_trace_records_path():
+    # above the small-input size (test_fast_path.py: LAPACK's driver directly below it)
     rng = np.random.default_rng(4)
     with mpqr.explain() as trace:
-        mpqr.lstsq(rng.standard_normal((20, 4)), rng.standard_normal(20))
+        mpqr.lstsq(rng.standard_normal((3000, 40)), rng.standard_normal(3000))
     ev = [e for e in trace.events if e.kind == "refine"]
     assert ev and ev[0].data["method"] == "cgls" and ev[0].data["converged"]
     assert all(g.label.startswith(("lstsq:", "panel", "tsqr", "rec", "tile", "qr"))

@@ -88,7 +88,8 @@ def small_library_route(backend: Any, prec_name: str, dtype: Any, m: int, n: int
     library's QR there too). The small-input fast path (``mpqr/_fast.py``) takes the
     calls :func:`choose_method` gives to ``geqrf`` at this size.
     """
-    if batch != 1 or not 0 < m * n <= backend.small_max \
+    # tall-skinny inputs keep their own cut (``backend.library_qr_tall_max``, below)
+    if batch != 1 or not 0 < m * n <= backend.small_max or m >= TALL_RATIO * n \
             or prec_name in OWN_PRECISION_CHOLQR \
             or not _covers_precision(backend, prec_name, dtype):
         return ""
