@@ -203,7 +203,10 @@ def lstsq(a, b, rcond=None):
                                      precision=_patch.current_precision())
     real = s.dtype
     if m > n and int(rank) == n:
-        res = cupy.atleast_1d(res).astype(real, copy=False)
+        # the squared norms are real; a complex-typed result (seen on the GPU's route for
+        # complex data) carries a zero imaginary part
+        res = cupy.atleast_1d(res.real if res.dtype.kind == "c" else res).astype(
+            real, copy=False)
     else:
         res = cupy.empty((0,), dtype=real)
     return x.astype(a.dtype, copy=False), res, _rank_like()(int(rank)), s

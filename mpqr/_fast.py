@@ -123,8 +123,8 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
         be = _backend(a)
     if (be is None or type(b) is not type(a) or a.ndim != 2 or b.ndim not in (1, 2)
             or a.dtype != b.dtype or tol is not None or maxiter is not None
-            or refine not in ("auto", None) or lapack_driver not in _DRIVERS):
-        return MISS
+            or refine not in ("auto", None) or lapack_driver not in _DRIVERS or tracing()):
+        return MISS  # under explain(), the general route: its trace says every step
     if cond is not None:
         if type(cond) is not float or not 0.0 < cond < 1.0:  # others: mpqr's readings
             return MISS
@@ -139,11 +139,6 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
         return MISS
     x, rsq, rank, s = res
     driver = lapack_driver or "gelsd"
-    if tracing():  # explain() changes no result: it records what the fast path ran
-        why = qr_in_memory.choose_method(be, prec, a.dtype, m, n)[1]
-        record_event("method", f"lstsq: LAPACK {driver} directly ({why}; small-input fast "
-                     "path, no refinement: the working precision's solution meets the "
-                     "request)", method=driver, shape=(m, n), precision=prec, route="small")
     vec = b.ndim == 1
     res = rules.residues(be.xp, rsq, x.dtype, m=m, n=n, rank=rank,
                          driver=driver, vec=vec, k=1 if vec else b.shape[1], dev=device(x))

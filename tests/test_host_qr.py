@@ -56,8 +56,9 @@ def test_lapack_qr_matches_numpy(dtype, shape, mode):
 
 
 def test_numpy_backend_library_qr_takes_lapack_not_numpy(monkeypatch):
-    """2-D LAPACK dtypes never reach numpy.linalg.qr (its copies made mpqr.qr slower than
-    scipy.linalg.qr on a square float64 matrix); stacks still do."""
+    """LAPACK dtypes never reach numpy.linalg.qr (its copies made mpqr.qr slower than
+    scipy.linalg.qr on a square float64 matrix); stacks take the same LAPACK per member,
+    so a member's factors equal the single-matrix call's (SciPy's batch tests)."""
     backend = get_backend(np)
     assert backend.library_qr_positive
     calls = []
@@ -68,8 +69,10 @@ def test_numpy_backend_library_qr_takes_lapack_not_numpy(monkeypatch):
     assert calls == []
     assert np.linalg.norm(a - q @ r) <= 64 * 2.0**-53 * 64 * np.linalg.norm(a)
     assert np.all(np.diagonal(r) >= 0)
-    mpqr.qr(np.stack([a, a]), method="geqrf")
-    assert len(calls) == 1
+    qs, rs = mpqr.qr(np.stack([a, 2 * a]), method="geqrf")
+    assert calls == []
+    q2, r2 = mpqr.qr(2 * a, method="geqrf")
+    assert np.array_equal(qs[0], q) and np.array_equal(rs[1], r2) and np.array_equal(qs[1], q2)
 
 
 def test_nan_is_not_a_finite_answer():

@@ -203,6 +203,16 @@ class NumpyBackend(ArrayAPIBackend):
         with small_lapack(a.size):
             if a.ndim == 2 and a.size and a.dtype in LAPACK_DTYPES:
                 return lapack_qr(a, mode)
+            if a.size and a.dtype in LAPACK_DTYPES:
+                # a stack: the same LAPACK per member, so that each member's factors equal
+                # the single-matrix call's (NumPy's bundled LAPACK can round differently)
+                flat = a.reshape(-1, *a.shape[-2:])
+                parts = [lapack_qr(x, mode) for x in flat]
+                r = np.stack([p[1] for p in parts]).reshape(*a.shape[:-2], *parts[0][1].shape)
+                if mode == "r":
+                    return None, r
+                q = np.stack([p[0] for p in parts]).reshape(*a.shape[:-2], *parts[0][0].shape)
+                return q, r
             # NumPy's own mode "r" skips forming Q (LAPACK orgqr)
             if mode == "r":
                 return None, np.linalg.qr(a, mode="r")
