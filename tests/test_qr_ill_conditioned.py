@@ -322,7 +322,7 @@ def test_uncertified_cholqr2_is_continued_not_restarted(n, m):
     three Gram products over A in all (a restart would take five), FP64 accuracy."""
     handed = 0
     for cond in (10**8.3, 10**8.4, 10**8.44, 10**8.48):
-        for seed in (0, 1):
+        for seed in (0, 1, 2, 3):
             a = geometric(np.random.default_rng(seed), m, n, cond)
             before = _checksum(a)
             with mpqr.explain() as trace:
@@ -343,7 +343,7 @@ def test_uncertified_cholqr2_is_continued_not_restarted(n, m):
             (route,) = _events(trace, "route")
             assert route.data["grams"] == 3
             assert cond / 10 <= route.data["cond_estimate"] <= 10 * cond
-    assert handed >= 2  # 4 to 8 of these 8 hand over with OpenBLAS (2-core CPU)
+    assert handed >= 2  # 1 to 8 of the first 8 hand over, by the BLAS build (2-core CPU)
 
 
 def test_uncertified_cholqr2_hands_on_its_chain_but_does_not_pickle_it():
