@@ -170,16 +170,19 @@ def _compile(entry: dict[str, Any]) -> float:
 
 
 def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None,
-         first: tuple[str, ...] | None = None) -> dict[str, Any]:
+         first: tuple[str, ...] | None = None, prebuilt: bool = True) -> dict[str, Any]:
     """Compile the recorded kernels in ``processes`` worker processes (default: the CPU
     count, at most 16); return what was done: ``kernels``, ``processes``, ``seconds``,
     ``compile_seconds`` (summed over the workers), ``failed`` and ``skipped`` (a reason,
-    where nothing was compiled). With ``first``, only the kernels of those phases are
+    where nothing was compiled). With ``prebuilt``, the kernels mpqr ships compiled for
+    this platform (:mod:`.prebuilt`) are installed first (``prebuilt``: how many) and
+    only the others compile. With ``first``, only the kernels of those phases are
     waited for; the others keep compiling in the background: ``background``, a
     :class:`Background` (None when nothing is left)."""
     t0 = time.perf_counter()
     out: dict[str, Any] = {"kernels": 0, "processes": 0, "compile_seconds": 0.0,
-                           "failed": 0, "skipped": None, "background": None}
+                           "failed": 0, "skipped": None, "background": None,
+                           "prebuilt": 0, "prebuilt_seconds": 0.0, "prebuilt_platform": None}
     try:
         import cupy
     except ImportError:
@@ -201,7 +204,17 @@ def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None,
         out["skipped"] = (f"the kernel list was recorded with CuPy {manifest.get('cupy')}, "
                           f"this is CuPy {cupy.__version__}: kernels compile on first use")
         return {**out, "seconds": time.perf_counter() - t0}
-    now, later = split(manifest["entries"], first)
+    entries = manifest["entries"]
+    if prebuilt:  # the platform's compiled kernels, where mpqr ships them
+        from mpqr.backends.cupy.prebuilt import install
+
+        pre = install(entries)
+        out["prebuilt"], out["prebuilt_seconds"] = len(pre["installed"]), pre["seconds"]
+        out["prebuilt_platform"] = pre["platform"]
+        entries = [e for i, e in enumerate(entries) if i not in pre["installed"]]
+    now, later = split(entries, first)
+    if not now and not later:
+        return {**out, "seconds": time.perf_counter() - t0}
     procs = max(1, min(processes or min(os.cpu_count() or 1, 16), len(now) + len(later)))
     ctx = multiprocessing.get_context("spawn")  # a forked CUDA context is unusable
     pool = cf.ProcessPoolExecutor(procs, mp_context=ctx)
@@ -215,10 +228,17 @@ def describe(done: dict) -> str:
     """One line on what :func:`warm` did."""
     if done["skipped"]:
         return f"GPU kernels not compiled ahead: {done['skipped']}"
+    pre = ""
+    if done.get("prebuilt"):
+        pre = (f"{done['prebuilt']} GPU kernels installed from mpqr's prebuilt set "
+               f"({done['prebuilt_platform']}) in {done['prebuilt_seconds']:.1f} s")
+        if not done["processes"]:
+            return pre
+        pre += "; "
     failed = f", {done['failed']} failed (they compile on first use)" if done["failed"] else ""
     later = done.get("background")
     later = f"; {len(later)} more compiling in the background" if later else ""
-    return (f"{done['kernels']} GPU kernels ready in {done['seconds']:.1f} s "
+    return (f"{pre}{done['kernels']} GPU kernels ready in {done['seconds']:.1f} s "
             f"({done['processes']} processes, {done['compile_seconds']:.1f} s of compiles"
             f"{failed}){later}")
 
@@ -226,16 +246,24 @@ def describe(done: dict) -> str:
 def split(entries: list[dict[str, Any]], first: tuple[str, ...] | None
           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(now, later)``: the kernels of the phases in ``first`` (all with ``first=None``,
-    and any untagged one: a list recorded without phases is compiled whole), then the
-    others; each the costliest first, so that the last to finish is a short one."""
+    and any untagged one: a list recorded without phases is compiled whole), the
+    costliest first so that the last to finish is a short one; then the others, phase
+    by phase in recorded order (the demo's next table before the other routes), each
+    phase the costliest first."""
+    # phases in the order they were recorded: the demo's next table is compiled first
+    rank = {p: i for i, p in enumerate(dict.fromkeys(e.get("phase") for e in entries))}
+
     def costly(e: dict[str, Any]) -> float:
         return -e.get("seconds", 0.0)
+
+    def in_turn(e: dict[str, Any]) -> tuple[int, float]:
+        return rank[e.get("phase")], costly(e)
 
     now = [e for e in entries if first is None or e.get("phase") is None
            or e.get("phase") in first]
     later = [e for e in entries if not (first is None or e.get("phase") is None
                                         or e.get("phase") in first)]
-    return sorted(now, key=costly), sorted(later, key=costly)
+    return sorted(now, key=costly), sorted(later, key=in_turn)
 
 
 class Background:

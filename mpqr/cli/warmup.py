@@ -7,7 +7,9 @@ container build, say); the cache is CuPy's own (``CUPY_CACHE_DIR``). ``--record`
 re-makes the kernel list mpqr ships: it runs the demo and the routes the demo does not
 take (out of core, ill-conditioned tall matrices, column pivoting; small sizes, the
 column counts that select kernel variants) with an empty cache and stores every
-compilation's arguments (run it on a GPU machine after a kernel or route changes).
+compilation's arguments (run it on a GPU machine after a kernel or route changes);
+``--pack`` then compiles that list and stores the binaries for the machine's platform,
+which a later warm-up on the same platform installs instead of compiling.
 """
 
 from __future__ import annotations
@@ -29,7 +31,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--record", metavar="PATH", default=None,
                    help="run the demo with an empty kernel cache and write the kernel list "
                         "it compiled to PATH (gzipped JSON)")
+    p.add_argument("--pack", metavar="PATH", default=None,
+                   help="compile every kernel of the shipped list into an empty cache and "
+                        "store the binaries for this platform in PATH (the prebuilt set "
+                        "mpqr ships: backends/cupy/data/cupy_kernels_prebuilt.bin.gz)")
+    p.add_argument("--no-prebuilt", action="store_true",
+                   help="compile every kernel, even those mpqr ships compiled for this "
+                        "platform")
     args = p.parse_args(argv)
+    if args.pack:
+        from mpqr.backends.cupy.prebuilt import pack
+        from mpqr.backends.cupy.warmup import load
+
+        got = pack(args.pack, load()["entries"], processes=args.processes)
+        print(f"packed {got['kernels']} kernels ({got['failed']} failed), "
+              f"{got['bytes'] / 1e6:.1f} MB of binaries, {got['file_bytes'] / 1e6:.1f} MB "
+              f"compressed, to {args.pack}")
+        return 0
     if args.record:
         # an empty cache, so that every kernel is compiled (and timed) while recorded
         os.environ["CUPY_CACHE_DIR"] = tempfile.mkdtemp(prefix="mpqr-kernels-")
@@ -53,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from mpqr.backends.cupy.warmup import warm
 
-    done = warm(processes=args.processes)
+    done = warm(processes=args.processes, prebuilt=not args.no_prebuilt)
     print(describe(done))
     return 0
 
