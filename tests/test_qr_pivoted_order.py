@@ -94,7 +94,7 @@ def _rank(d, m, n):
     return int(np.sum(d > max(m, n) * np.finfo(d.dtype).eps * d[0])) if d.size else 0
 
 
-@pytest.fixture(params=["library", "blocked", "deterministic"])
+@pytest.fixture(params=["library", "blocked", "repair", "deterministic"])
 def route(request, monkeypatch):
     from mpqr.backends.numpy.backend import NumpyBackend
 
@@ -104,6 +104,7 @@ def route(request, monkeypatch):
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
         monkeypatch.setattr(pivoted, "BLOCK", 16)
         monkeypatch.setattr(NumpyBackend, "qrcp_library", request.param == "library")
+        monkeypatch.setattr(NumpyBackend, "qrcp_exact_route", request.param)
     return request.param
 
 
@@ -134,6 +135,7 @@ def test_blocked_route_default_width(monkeypatch, name):
     from mpqr.backends.numpy.backend import NumpyBackend
 
     monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
+    monkeypatch.setattr(NumpyBackend, "qrcp_exact_route", "blocked")
     a = family(name, 700, 300, seed=2)
     with mpqr.explain() as trace:
         q, r, p = mpqr.qr(a, pivoting=True)
