@@ -558,6 +558,19 @@ class ArrayAPIBackend:
         modified."""
         return None
 
+    #: the route of ``qr(pivoting=True)`` where the backend has no library QRCP:
+    #: "repair" (HQRRP's order, then adjacent column exchanges until ``|diag(R)|`` is
+    #: non-increasing: :mod:`mpqr.qr.pivoted_repair`) or "blocked" (the blocked greedy
+    #: QRCP of :mod:`mpqr.qr.pivoted_exact`, also the fallback past the exchanges' bound)
+    qrcp_exact_route = "repair"
+
+    def diagonal_repair(self, q: Any | None, r: Any, p: Any, tol: float, limit: int) -> Any:
+        """The exchanges of :func:`mpqr.qr.pivoted_repair.repair_diagonal` done by the
+        array library's own kernels: ``(Q, R, P, exchanges, entries lowered, largest
+        lowering)``, None past ``limit`` exchanges; ``NotImplemented`` here (the
+        portable steps, :func:`~mpqr.qr.pivoted_repair.reference_repair`, run instead)."""
+        return NotImplemented
+
     def permutable_copy(self, a: Any) -> Any:
         """A copy of 2-D ``a`` to permute the columns of (the pivoted QR's workspace),
         in the layout where :meth:`permute_columns` is cheapest; here a plain copy."""

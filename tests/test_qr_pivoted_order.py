@@ -94,7 +94,7 @@ def _rank(d, m, n):
     return int(np.sum(d > max(m, n) * np.finfo(d.dtype).eps * d[0])) if d.size else 0
 
 
-@pytest.fixture(params=["library", "blocked", "deterministic"])
+@pytest.fixture(params=["library", "blocked", "repair", "deterministic"])
 def route(request, monkeypatch):
     from mpqr.backends.numpy.backend import NumpyBackend
 
@@ -104,6 +104,7 @@ def route(request, monkeypatch):
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
         monkeypatch.setattr(pivoted, "BLOCK", 16)
         monkeypatch.setattr(NumpyBackend, "qrcp_library", request.param == "library")
+        monkeypatch.setattr(NumpyBackend, "qrcp_exact_route", request.param)
     return request.param
 
 
@@ -134,6 +135,7 @@ def test_blocked_route_default_width(monkeypatch, name):
     from mpqr.backends.numpy.backend import NumpyBackend
 
     monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
+    monkeypatch.setattr(NumpyBackend, "qrcp_exact_route", "blocked")
     a = family(name, 700, 300, seed=2)
     with mpqr.explain() as trace:
         q, r, p = mpqr.qr(a, pivoting=True)
@@ -298,3 +300,89 @@ def test_gpu_monotone(name):
     _check(a, q, r, p)
     d2 = np.abs(np.diagonal(sla.qr(a, pivoting=True, mode="r")[0]))
     assert _rank(np.abs(np.diagonal(r)), *a.shape) == _rank(d2, *a.shape)
+
+
+def _hqrrp(a, block=16):
+    from mpqr.backends import get_backend
+
+    be = get_backend(mpqr._array_api.array_namespace(a))
+    return be, pivoted.hqrrp(be, a, precision=None, prec_name="auto", want_q=True,
+                             complete=False, block=block)
+
+
+@pytest.mark.parametrize("name,shape", [("geometric", (300, 120)), ("kahan", (90, 90)),
+                                        ("complex", (150, 80)), ("float32", (150, 80)),
+                                        ("geometric", (80, 150))])
+def test_repair_of_hqrrp_order(name, shape):
+    """The repair scheme on HQRRP's own order: exchanges where HQRRP's diagonal rises,
+    then ``d[1:] <= d[:-1]`` exactly, the factorization and geqp3's rank at a gap kept."""
+    repair = importlib.import_module("mpqr.qr.pivoted_repair")
+    a = family(name, *shape)
+    be, (q, r, p) = _hqrrp(a)
+    d0 = np.abs(np.diagonal(r))
+    assert np.sum(d0[1:] > d0[:-1]) > 0  # something to repair
+    keep = (q.copy(), r.copy(), p.copy())
+    q2, r2, p2, swaps = repair.repair_diagonal(be, q, r, p, u=_u(a))
+    assert all(np.array_equal(x, y) for x, y in zip((q, r, p), keep))  # inputs kept
+    assert swaps > 0 and np.all(np.tril(r2, -1) == 0)
+    d = _check(a, q2, r2, p2)
+    d2 = np.abs(np.diagonal(sla.qr(a, pivoting=True, mode="r")[0]))
+    assert _rank(d, *shape) == _rank(d2, *shape)
+    assert repair.repair_diagonal(be, q, r, p, u=_u(a), limit=swaps - 1) is None
+
+
+def test_repair_route_and_fallback(monkeypatch):
+    """``pivoting=True`` without a library QRCP: the repair route; past the bound on the
+    exchanges, the blocked greedy QRCP (both in explain())."""
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    repair = importlib.import_module("mpqr.qr.pivoted_repair")
+    monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
+    monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
+    monkeypatch.setattr(pivoted, "BLOCK", 16)
+    a = family("geometric", 200, 90)
+    for limit, used in ((None, "qrcp-repair"), (0, "qrcp-blocked")):
+        if limit is not None:
+            monkeypatch.setattr(repair, "SWAPS_PER_COLUMN", 0)
+            monkeypatch.setattr(repair, "swap_limit", lambda kk, lim=limit: lim)
+        with mpqr.explain() as trace:
+            q, r, p = mpqr.qr(a, pivoting=True)
+        methods = [e.data.get("method") for e in trace.events if e.kind == "method"]
+        assert methods[-1] == used, methods
+        _check(a, q, r, p)
+    with mpqr.explain():
+        r, p = mpqr.qr(a, pivoting=True, mode="r")  # no Q: R's exchanges only
+    assert np.all(np.diff(np.abs(np.diagonal(r))) <= 0)
+
+
+def test_repair_nonfinite():
+    repair = importlib.import_module("mpqr.qr.pivoted_repair")
+    from mpqr.backends import get_backend
+
+    r = np.triu(np.ones((4, 4)))
+    r[1, 1], r[2, 2] = np.nan, 5.0
+    be = get_backend(mpqr._array_api.array_namespace(r))
+    _q, r2, _p, swaps = repair.repair_diagonal(be, None, r, np.arange(4, dtype=np.int32),
+                                               u=2.0**-53)
+    assert swaps == 0 and r2 is r
+
+
+@pytest.mark.skipif(not GPU, reason="no CUDA GPU visible")
+@pytest.mark.parametrize("name,dtype", [("geometric", "float64"), ("kahan", "float64"),
+                                        ("algebraic", "float32"), ("rank1", "float64")])
+def test_gpu_repair_kernel(name, dtype):
+    """The CUDA exchanges (backends/cupy/diag_repair.py) against the portable steps on
+    the same HQRRP factors: the same exchanges, R, Q and P to rounding."""
+    import cupy as cp
+
+    repair = importlib.import_module("mpqr.qr.pivoted_repair")
+    a = family(name, 600, 200).astype(dtype)
+    be, (q, r, p) = _hqrrp(cp.asarray(a), block=32)
+    tol = exact.repair_tolerance(600, 200, _u(a))
+    got = be.diagonal_repair(q, r, p, tol, 10**5)
+    ref = repair.reference_repair(be, q, r, p, tol, 10**5)
+    assert got[3] == ref[3]
+    np.testing.assert_array_equal(cp.asnumpy(got[2]), cp.asnumpy(ref[2]))
+    for x, y in ((got[0], ref[0]), (got[1], ref[1])):
+        assert float(cp.max(cp.abs(x - y))) <= 100 * 200 * _u(a) * float(cp.max(cp.abs(y)))
+    _check(a, *(cp.asnumpy(v) for v in got[:3]))

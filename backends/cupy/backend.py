@@ -607,6 +607,15 @@ class CupyBackend(ArrayAPIBackend):
         piv = lapack_qrcp_pivots(self._cp.asnumpy(y), k)
         return self._cp.asarray(swap_order(piv, y.shape[1]), dtype=self._cp.int32)
 
+    def diagonal_repair(self, q, r, p, tol, limit):
+        # real R: the exchanges in one kernel, the rotations of Q in another
+        # (backends/cupy/diag_repair.py); complex: the portable steps
+        from mpqr.backends.cupy import diag_repair
+
+        if not diag_repair.supports(r):
+            return NotImplemented
+        return diag_repair.diagonal_repair(q, r, p, tol, limit)
+
     def permute_columns(self, x, dst, src):
         # one gather and one scatter kernel instead of a slice copy per column
         x[..., dst] = x[..., src]

@@ -93,12 +93,17 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     pivoting : bool or "randomized"
         ``True``: QR with column pivoting as SciPy's ``pivoting=True``:
         ``x[..., :, P] = Q @ R`` with ``abs(diag(R))`` non-increasing exactly
-        (``d[..., 1:] <= d[..., :-1]`` for the returned numbers), ``P`` the greedy
-        order of LAPACK ``geqp3`` (largest remaining column norm first, the first
-        of equals) up to rounding. On NumPy the order comes from ``geqp3`` itself;
-        stacks and matrices of at most 2**16 entries use column-norm pivoting on
-        the array's device; other single matrices a blocked QRCP in the greedy
-        order (:mod:`mpqr.qr.pivoted_exact`). The permuted matrix is factored
+        (``d[..., 1:] <= d[..., :-1]`` for the returned numbers). On NumPy ``P``
+        is the greedy order of LAPACK ``geqp3`` (largest remaining column norm
+        first, the first of equals) up to rounding, from ``geqp3`` itself; stacks
+        and matrices of at most 2**16 entries use column-norm pivoting (the same
+        greedy rule) on the array's device. Other single matrices (GPU) take
+        HQRRP's order (below) repaired by exchanges of adjacent columns restored
+        with Givens rotations (:mod:`mpqr.qr.pivoted_repair`): the diagonal is
+        non-increasing exactly and rank-revealing, but ``P`` need not be
+        ``geqp3``'s; where HQRRP's order would need more than 16 exchanges a
+        column (flat spectra), the blocked QRCP in the greedy order instead
+        (:mod:`mpqr.qr.pivoted_exact`); ``explain()`` says which. The permuted matrix is factored
         through the precision policy, and a last pass repairs increases of the
         stored diagonal (rounding: lowered within the backward error; larger:
         two columns exchanged by a Givens rotation).

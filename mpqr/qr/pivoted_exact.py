@@ -54,6 +54,7 @@ __all__ = [
     "blocked_qrcp",
     "clamp_diagonal",
     "front_moves",
+    "givens_swap",
     "monotone_diagonal",
     "repair_tolerance",
     "unit_roundoff",
@@ -310,7 +311,7 @@ def monotone_diagonal(backend: Any, q: Any | None, r: Any, p: Any, *, u: float
         if not dh[i + 1] > dh[i] + tol:
             i += 1
             continue
-        _givens_swap(xp, q, r, p, i)
+        givens_swap(xp, q, r, p, i)
         _sb, hv = backend.small(xp.stack([xp.real(r[i, i]), xp.real(r[i + 1, i + 1])]))
         dh[i], dh[i + 1] = float(hv[0]), float(hv[1])
         swaps += 1
@@ -358,10 +359,12 @@ def clamp_diagonal(backend: Any, h: Any) -> Any:
     return out
 
 
-def _givens_swap(xp: Any, q: Any | None, r: Any, p: Any, i: int) -> None:
+def givens_swap(xp: Any, q: Any | None, r: Any, p: Any, i: int) -> tuple[Any, Any, Any]:
     """Exchange columns ``i`` and ``i + 1`` of ``R`` (and entries of ``P``) and restore
     the triangle by a rotation of rows ``i, i + 1`` (``Q``'s columns by its conjugate
-    transpose); the new diagonal real ``>= 0``. In place."""
+    transpose); the new diagonal real ``>= 0``. In place. Returns the rotation
+    ``(c, s, phase)`` (0-d arrays): ``Q``'s columns ``i, i + 1`` become
+    ``c q_i + s q_{i+1}`` and ``(-conj(s) q_i + conj(c) q_{i+1}) phase``."""
     cplx = is_complex(xp, r)
     col = xp.asarray(r[:, i:i + 1], copy=True)
     r[:, i:i + 1] = r[:, i + 1:i + 2]
@@ -397,3 +400,4 @@ def _givens_swap(xp: Any, q: Any | None, r: Any, p: Any, i: int) -> None:
         qi, qj = xp.asarray(q[:, i], copy=True), xp.asarray(q[:, i + 1], copy=True)
         q[:, i] = cc * qi + ss * qj
         q[:, i + 1] = (-conj(ss) * qi + conj(cc) * qj) * phase
+    return cc, ss, phase

@@ -1,8 +1,10 @@
 """Which route ``qr(pivoting=...)`` takes (:func:`qr_pivoted`): the pivot rules of
 :mod:`mpqr.qr.pivoted` (column-norm pivoting, HQRRP), LAPACK ``geqp3``'s order where the
-backend has it, or the blocked QRCP in the greedy order of :mod:`mpqr.qr.pivoted_exact`,
-each followed by the pass that makes ``abs(diag(R))`` non-increasing exactly (except
-``pivoting="randomized"``)."""
+backend has it, else (``backend.qrcp_exact_route``) HQRRP's order repaired by adjacent
+column exchanges (:mod:`mpqr.qr.pivoted_repair`; the default) or the blocked QRCP in the
+greedy order of :mod:`mpqr.qr.pivoted_exact` (also where the exchanges pass their
+bound), each followed by the pass that makes ``abs(diag(R))`` non-increasing exactly
+(except ``pivoting="randomized"``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Any
 from mpqr.policy import record_event
 from mpqr.qr import pivoted
 from mpqr.qr.pivoted_exact import blocked_qrcp, monotone_diagonal, unit_roundoff
+from mpqr.qr.pivoted_repair import repair_diagonal
 
 __all__ = ["qr_pivoted"]
 
@@ -25,8 +28,10 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
     ``factor(ap)`` is the unpivoted QR (sign-normalised ``(Q or None, R)``) used by the
     deterministic route. ``P`` is int32 ``(..., n)``. With ``max_rank``/``rtol``
     (2-D ``a``): ``Q`` is ``(m, k)`` and ``R`` ``(k, n)`` for the kept ``k``.
-    ``ordering="greedy"``: ``|diag(R)|`` non-increasing exactly (the order of LAPACK
-    ``geqp3``; :mod:`mpqr.qr.pivoted_exact`); ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
+    ``ordering="greedy"``: ``|R_{k+1,k+1}| <= |R_kk|`` for every ``k``, exactly, in
+    ``geqp3``'s greedy order (library, deterministic and blocked routes) or in HQRRP's
+    order repaired by column exchanges (the repair route: not necessarily ``geqp3``'s
+    ``P``); ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
     comes (rank-revealing, the diagonal not monotone).
     """
     xp = backend.xp
@@ -55,6 +60,25 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
         with backend.ignore_fp_warnings():
             return pivoted.hqrrp(backend, a, precision=precision, prec_name=prec_name,
                          want_q=want_q, complete=complete, max_rank=max_rank, rtol=rtol)
+    if getattr(backend, "qrcp_exact_route", "blocked") == "repair":
+        record_event("method", f"qr(pivoting=True): blocked randomized QRCP (HQRRP) on "
+                     f"{m}x{n}, blocks of {block}, then adjacent column exchanges restored by "
+                     "Givens rotations until |diag(R)| is non-increasing (faster than the "
+                     "blocked greedy QRCP wherever HQRRP's order is nearly greedy)",
+                     method="qrcp-repair", shape=(m, n), block=block)
+        with backend.ignore_fp_warnings():
+            q, r, p = pivoted.hqrrp(backend, a, precision=precision, prec_name=prec_name,
+                                    want_q=want_q, complete=complete, max_rank=max_rank)
+            out = repair_diagonal(backend, q, r, p, u=u)
+        if out is not None:
+            q, r, p, _swaps = out
+            if rtol is None:
+                return q, r, p
+            k = pivoted.truncation_rank(xp, r, min(r.shape), rtol)
+            return (None if q is None else q[:, :k]), r[:k, :], p
+        record_event("method", "qr(pivoting=True): HQRRP's order too far from the greedy "
+                     "one to repair by exchanges: the blocked greedy QRCP instead",
+                     method="qrcp-blocked", shape=(m, n))
     record_event("method", f"qr(pivoting=True): blocked QRCP in the greedy order on {m}x{n}, "
                  f"blocks of {block} from {2 * block} candidates (sketch of "
                  f"{block + pivoted.OVERSAMPLE} rows)", method="qrcp-blocked", shape=(m, n),

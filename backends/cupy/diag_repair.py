@@ -1,0 +1,62 @@
+"""``|diag(R)|`` made non-increasing by adjacent column exchanges on the GPU
+(:mod:`mpqr.qr.pivoted_repair`): ``kernels/diag_repair.cu``'s ``diag_swaps`` (one thread
+block looping over the exchanges of ``R``, recording the rotations) and
+``apply_rotations`` (the list applied to ``Q``, a thread a row), then the clamp of what
+is left within rounding, with one host read (the exchange count and status).
+"""
+
+from __future__ import annotations
+
+import cupy as cp
+from mpqr.backends.cupy.modules import ctype, functions
+
+__all__ = ["diagonal_repair", "supports"]
+
+_THREADS = 1024
+
+
+def supports(r) -> bool:
+    # real R only: a complex rotation needs a phase (the portable steps take those)
+    return r.ndim == 2 and r.dtype in (cp.float32, cp.float64)
+
+
+def _kernels(dtype_name: str):
+    t = ctype(dtype_name)
+    return functions("diag_repair.cu", (f"diag_swaps<{t}>", f"apply_rotations<{t}>"))
+
+
+def diagonal_repair(q, r, p, tol: float, limit: int):
+    """``(Q, R, P, exchanges, entries lowered, largest lowering)`` or None past ``limit``
+    exchanges (:meth:`mpqr.backends._base.ArrayAPIBackend.diagonal_repair`); new arrays,
+    the inputs not modified."""
+    kk = min(r.shape)
+    n = r.shape[1]
+    dt = r.dtype
+    swaps, apply = _kernels(cp.dtype(dt).name)
+    r = cp.array(r, order="C", copy=True)
+    p = cp.array(p, dtype=cp.int32, copy=True)
+    dg = cp.empty(kk, dtype=dt)
+    cap = max(limit, 1)
+    rot_i = cp.empty(cap, dtype=cp.int32)
+    rot_c, rot_s, rot_g = (cp.empty(cap, dtype=dt) for _ in range(3))
+    info = cp.zeros(2, dtype=cp.int32)
+    swaps((1,), (_THREADS,), (r, cp.int64(n), cp.int32(kk), cp.int32(n), p, dg,
+                              dt.type(tol), cp.int32(limit), rot_i, rot_c, rot_s, rot_g,
+                              info))
+    if q is not None:
+        q = cp.array(q, order="F", copy=True)
+        m = q.shape[0]
+        apply((-(-m // 256),), (256,), (q, cp.int64(m), cp.int32(m), rot_i, rot_c, rot_s,
+                                        rot_g, info))
+    # what is left is within rounding: each entry lowered to the smallest before it
+    # (a non-finite diagonal: nothing to order, left as it is)
+    idx = cp.arange(kk)
+    d = r[idx, idx]
+    low = cp.where(cp.all(cp.isfinite(d)), cp.minimum.accumulate(d), d)
+    fix = d - low
+    r[idx, idx] = low
+    h = cp.concatenate([info.astype(cp.float64), cp.count_nonzero(fix).astype(cp.float64)[None],
+                        cp.max(fix).astype(cp.float64)[None]]).get()
+    if h[1] != 0:
+        return None
+    return q, r, p, int(h[0]), int(h[2]), float(h[3])
