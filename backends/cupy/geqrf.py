@@ -9,7 +9,9 @@ take their signs in one pass over its memory order. Same cuSOLVER calls, same nu
 (the signs are exact); Q comes back in cuSOLVER's column-major order, as from CuPy.
 
 Real float32/float64 2-D inputs with ``m >= n`` (the driver's only kind); anything else
-takes ``cupy.linalg.qr`` (:func:`supports`).
+takes ``cupy.linalg.qr`` (:func:`supports`). Stacks (:func:`qr_stack`) take the same calls
+per member with the stack's layout copy, sign passes and workspace shared: one Python
+call into cuSOLVER per member and step, no per-member allocation or ``info`` check.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-__all__ = ["qr", "raw", "supports"]
+__all__ = ["qr", "qr_stack", "raw", "supports", "supports_stack"]
 
 _TILE = 32
 
@@ -106,3 +108,44 @@ def raw(a):
     info = cp.empty((), dtype=cp.int32)
     geqrf(handle, m, n, h.data.ptr, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
     return h, tau
+
+
+def supports_stack(a) -> bool:
+    """A real float32/float64 stack ``(..., m, n)`` with ``m >= n > 0`` and members."""
+    return (a.ndim > 2 and a.dtype in (cp.float32, cp.float64)
+            and a.shape[-2] >= a.shape[-1] > 0 and a.size > 0)
+
+
+def qr_stack(a, mode: str):
+    """``(Q or None, R)`` of every member of a stack (``(..., m, n)``, :func:`supports_stack`)
+    with ``diag(R) >= 0``: cuSOLVER ``geqrf`` (+ ``orgqr``) per member in one shared buffer
+    and workspace; layout copies and signs once for the whole stack."""
+    from cupy.cuda import device
+
+    *batch, m, n = a.shape
+    nb = a.size // (m * n)
+    cols = m if mode == "complete" else n
+    # buf[i] is member i's Q in column-major (m x cols) storage, A in its top n rows
+    buf = cp.empty((*batch, cols, m), dtype=a.dtype)
+    buf[..., :n, :] = cp.swapaxes(a, -1, -2)
+    handle = device.get_cusolver_handle()
+    geqrf_size, geqrf, orgqr_size, orgqr = _solver(a.dtype)
+    info = cp.empty((), dtype=cp.int32)
+    tau = cp.empty((nb, n), dtype=a.dtype)
+    lwork = geqrf_size(handle, m, n, buf.data.ptr, m)
+    if mode != "r":
+        lwork = max(lwork, orgqr_size(handle, m, cols, n, buf.data.ptr, m, tau.data.ptr))
+    work = cp.empty(max(lwork, 1), dtype=a.dtype)  # one workspace: calls run in stream order
+    step, tstep = cols * m * a.itemsize, n * a.itemsize
+    p0, t0, w, ip = buf.data.ptr, tau.data.ptr, work.data.ptr, info.data.ptr
+    for i in range(nb):
+        geqrf(handle, m, n, p0 + i * step, m, t0 + i * tstep, w, lwork, ip)
+    top = buf[..., :n, :n]  # column-major R: top[..., j, i] = R[..., i, j]
+    sgn = cp.where(cp.diagonal(top, axis1=-2, axis2=-1) < 0, -1, 1).astype(a.dtype)
+    r = cp.triu(cp.swapaxes(top, -1, -2)) * sgn[..., :, None]
+    if mode == "r":
+        return None, r
+    for i in range(nb):
+        orgqr(handle, m, cols, n, p0 + i * step, m, t0 + i * tstep, w, lwork, ip)
+    buf[..., :n, :] *= sgn[..., :, None]  # Q's first n columns: rows of the storage
+    return cp.swapaxes(buf, -1, -2), r

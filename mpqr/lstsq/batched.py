@@ -1,0 +1,109 @@
+"""Least squares of a stack of small problems in one pass: ``householder-batched``'s
+``(R, Q^H b)`` for the whole stack, the singular values of every R, one batched
+triangular solve.
+
+Taken by :func:`mpqr.lstsq` for a stack whose members fit the fused kernel
+(:meth:`~mpqr.backends._base.ArrayAPIBackend.batched_qr_fits`, on backends with
+``batched_qr_fused``) in their own, at least as accurate precision, with ``refine``
+``"auto"`` or None and no ``tol``/``maxiter``. The outputs are those of the per-problem
+loop (SciPy's batch rules): ``x`` ``(*batch, N[, K])``, ``residues`` ``(*batch[, K])``
+where ``M > N``, else ``(*batch, 0)``, ``rank`` an int64 array, ``s`` ``(*batch, N)``
+(None for ``gelsy``). Where some member's R is not safely solvable (rank below ``N`` by
+the cutoff, or its smallest singular value within the factorization's rounding of it:
+:func:`mpqr.lstsq.solver.solvable`), or anything is not finite, the whole stack goes
+back to the loop, which treats such members as one problem each.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from mpqr._array_api import device
+from mpqr.lstsq import _scipy_rules as rules
+from mpqr.lstsq.solver import RESOLUTION
+from mpqr.policy import record_event
+from mpqr.qr.batched_small import qr_apply
+from mpqr.qr.choice import _covers_precision
+
+__all__ = ["lstsq_stack"]
+
+
+def lstsq_stack(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec_name: str,
+                refine: Any, tol: Any, maxiter: Any) -> tuple[Any, Any, Any, Any] | None:
+    """``(x, residues, rank, s)`` of every problem of a stack, or None where the stack
+    does not take this route (the caller loops over its problems then).
+
+    Parameters
+    ----------
+    backend : ArrayAPIBackend
+    a : array
+        ``(*batch_a, M, N)``, validated as :func:`mpqr.lstsq` does; not modified.
+    b : array
+        ``(*batch_b, M)`` or ``(*batch_b, M, K)`` (SciPy's batch rules); not modified.
+    cond, driver, prec_name, refine, tol, maxiter
+        As :func:`mpqr.lstsq` received them (``prec_name`` resolved).
+
+    Returns
+    -------
+    tuple or None
+        SciPy's four outputs stacked over the broadcast batch shape, or None.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from mpqr.backends import get_backend
+    >>> be = get_backend(np)
+    >>> lstsq_stack(be, np.ones((4, 6, 3)), np.ones((4, 6)), None, None, "auto",
+    ...             "auto", None, None) is None  # NumPy loops: no fused kernel
+    True
+    """
+    xp = backend.xp
+    if not backend.batched_qr_fused or refine not in ("auto", None) or tol is not None \
+            or maxiter is not None:
+        return None
+    b_core = 2 if b.ndim >= 2 else 1
+    if a.ndim < 3 and b.ndim <= b_core:
+        return None  # one problem
+    dtype = a.dtype
+    if dtype not in (xp.float32, xp.float64) or b.dtype != dtype:
+        return None
+    m, n = a.shape[-2:]
+    if b.shape[-b_core] != m or (b_core == 2 and b.shape[-1] == 0) or not (m >= n >= 1) \
+            or not backend.batched_qr_fits(dtype, m, n) \
+            or not _covers_precision(backend, prec_name, dtype):
+        return None
+    try:
+        batch = rules._broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-b_core]))
+    except ValueError:
+        return None  # the loop raises SciPy's message
+    if math.prod(batch) == 0:
+        return None
+    driver = rules.check_driver(driver)
+    vec = b_core == 1
+    aw = xp.broadcast_to(a, (*batch, m, n))
+    bw = xp.broadcast_to(b[..., None] if vec else b, (*batch, m, 1 if vec else b.shape[-1]))
+    eps = float(xp.finfo(dtype).eps)
+    cut = rules.cutoff(cond, driver, eps, single=dtype == xp.float32)
+    r, c = qr_apply(backend, aw, bw, prec_name=prec_name)
+    s = backend.svdvals(r)
+    s1, sn = s[..., 0], s[..., -1]
+    # every member full rank by the cutoff and safely solvable (solver.solvable), and
+    # finite: one host sync for the whole stack
+    margin = (cut + RESOLUTION * math.sqrt(n) * eps / 2) * s1
+    if not bool(xp.all((s1 > 0) & (sn > margin) & xp.isfinite(s1))):
+        return None
+    record_event("method", f"lstsq: a stack of {math.prod(batch)} problems of {m}x{n} "
+                 "through householder-batched (R and Q^H b of every member at once) and one "
+                 "batched triangular solve", path="batched")
+    x = backend.solve_triangular(r, c[..., :n, :])
+    if m > n and driver != "gelsy":
+        res = xp.sum(c[..., n:, :] * c[..., n:, :], axis=-2)
+        res = res[..., 0] if vec else res
+    else:
+        res = xp.empty((*batch, 0), dtype=dtype, device=device(x))
+    if vec:
+        x = x[..., 0]
+    rank = xp.full(batch, n, dtype=xp.int64, device=device(x))
+    return x, res, rank, (None if driver == "gelsy" else s)
+
