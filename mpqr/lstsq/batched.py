@@ -86,12 +86,14 @@ def lstsq_stack(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec_name:
     eps = float(xp.finfo(dtype).eps)
     cut = rules.cutoff(cond, driver, eps, single=dtype == xp.float32)
     r, c = qr_apply(backend, aw, bw, prec_name=prec_name)
+    if not bool(xp.all(xp.isfinite(r))):
+        return None  # NaN or Inf (check_finite=False): the loop reports it
     s = backend.svdvals(r)
     s1, sn = s[..., 0], s[..., -1]
-    # every member full rank by the cutoff and safely solvable (solver.solvable), and
-    # finite: one host sync for the whole stack
+    # every member full rank by the cutoff and safely solvable (solver.solvable): one
+    # host sync for the whole stack
     margin = (cut + RESOLUTION * math.sqrt(n) * eps / 2) * s1
-    if not bool(xp.all((s1 > 0) & (sn > margin) & xp.isfinite(s1))):
+    if not bool(xp.all((s1 > 0) & (sn > margin))):
         return None
     record_event("method", f"lstsq: a stack of {math.prod(batch)} problems of {m}x{n} "
                  "through householder-batched (R and Q^H b of every member at once) and one "
