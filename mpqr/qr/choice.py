@@ -180,8 +180,8 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     asked for: one launch for the whole stack instead of per-panel launches or a
     library call per matrix. Elsewhere such stacks take the library's QR per matrix.
     Larger stacks in their own working precision take ``geqrf`` (the library's QR per
-    matrix; CuPy's TSQR tile kernels for reduced tall-skinny members up to 64
-    columns), others the routes below.
+    matrix, on CuPy with the members spread over several streams; CuPy's TSQR tile
+    kernels for reduced tall-skinny members up to 64 columns), others the routes below.
 
     Small tall-skinny matrices in their own working precision, or at ``fp16`` /
     ``fp32-emulated`` (at most ``backend.library_qr_tall_max`` elements), take
@@ -223,9 +223,11 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     if batch > 1 and _in_working_precision(backend, prec_name, dtype):
         return ("geqrf",
                 f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "
-                "backend library's QR per matrix (cuSOLVER; on CuPy the TSQR tile kernels "
-                "for n <= 64), which the tiled route's per-panel launches over the stack "
-                "do not beat (H100, 32 x (512x128) float32: 115 ms against 14.5 ms)")
+                "backend library's QR per matrix (on CuPy cuSOLVER's geqrf/orgqr with the "
+                "members dealt to several streams, one buffer and workspace a stream, or "
+                "the TSQR tile kernels for reduced n <= 64), which the tiled route's "
+                "per-panel launches over the stack do not beat (H100, 32 x (512x128) "
+                "float32: 115 ms against 14.5 ms)")
     if (batch == 1 and m >= TALL_RATIO * n and m * n <= backend.library_qr_tall_max
             and (_in_working_precision(backend, prec_name, dtype)
                  or prec_name in OWN_PRECISION_CHOLQR)):
