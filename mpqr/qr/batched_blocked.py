@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpqr._array_api import device
+from mpqr._array_api import ct, device
 from mpqr.policy import gemm
 from mpqr.qr._kernels import eye_like, panel_precision
 from mpqr.qr.batched_small import householder_batched
@@ -83,7 +83,7 @@ def householder_batched_blocked(backend: Any, a: Any, *, precision: Any, prec_na
         w[..., j0:, j0:j1] = xp.zeros_like(w[..., j0:, j0:j1])
         w[..., j0:j1, j0:j1] = rj
         if j1 < n:  # the trailing columns of every member: one batched product
-            w[..., j0:, j1:] = gemm(xp.matrix_transpose(qj), w[..., j0:, j1:],
+            w[..., j0:, j1:] = gemm(ct(xp, qj), w[..., j0:, j1:],
                                     precision=prec, label="batched-blocked-update",
                                     backend=backend)
         if q is not None:
