@@ -124,3 +124,24 @@ def test_lstsq_stacks_batched(batch, m, n, k, dtype):
         assert np.abs(res - ref64[1]).max() <= t * np.abs(ref64[1]).max()
     assert np.array_equal(rank, ref[2])
     assert np.abs(s - ref64[3]).max() <= 10 * np.finfo(dtype).eps * m * s.max()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_blocked_route_stacks(dtype, mode):
+    rng = np.random.default_rng(4)
+    for shape in ((6, 256, 200), (4, 180, 180), (3, 256, 256)):
+        a = cp.asarray(rng.standard_normal(shape).astype(dtype))
+        a0 = a.copy()
+        with mpqr.explain() as ex:
+            out = mpqr.qr(a, mode=mode)
+        assert [e.data["method"] for e in ex.events if e.kind == "method"] == \
+            ["householder-batched-blocked"]
+        m, n = shape[-2:]
+        r = (out if mode == "r" else out.R)[..., :n, :]
+        rr = _ref_r(a)
+        assert float(cp.abs(r - rr).max() / cp.abs(rr).max()) <= _tol(dtype, m) * 10
+        if mode != "r":
+            be, oe = _member_errors(a, out.Q, r)
+            assert be <= _tol(dtype, m) and oe <= _tol(dtype, m) * m
+        assert bool(cp.all(a == a0))

@@ -6,7 +6,8 @@ prints PASS/FAIL per check and a timing table, writes ``$OUT/batched2.json``
 CuPy's per-matrix loops at the large stacks) are timed within a per-shape budget (at
 least one call; the count is in the JSON), mpqr at least 5 calls, medians, one process.
 
-Checks: stacks beyond one thread block through ``cupy_geqrf.qr_stack`` and ``mpqr.qr``
+Checks: stacks too wide for one block (``householder-batched-blocked``, at most 256
+rows) and beyond it through ``cupy_geqrf.qr_stack`` and ``mpqr.qr``
 (every mode, float32/float64) per member against float64 references (backward error,
 orthogonality, R against the float64 R, ``diag(R) >= 0``); complex stacks and
 fp16/bfloat16 through the torch bridge; ``mpqr.lstsq`` on stacks against SciPy's
@@ -218,7 +219,7 @@ def time_qr(batch, m, n, dtype, budget=1.5):
     from mpqr.backends.cupy import batched_qr as K
     from mpqr.backends.cupy import geqrf as G
 
-    if not K.fits(a.dtype, m, n):  # the per-member library loop: side streams 1, 4, 8
+    if not K.fits(a.dtype, m, n) and m > K.MAX_ROWS:  # the library loop: 1, 4, 8 streams
         for k in (1, 4, 8):
             base[f"qr_stack_s{k}"] = timeit(lambda k=k: G.qr_stack(a, "reduced", streams=k))
     row(f"qr {batch}x({m}x{n}) {dtype} [{meth}]", tm, base)
@@ -255,6 +256,8 @@ def main():
         check_qr_stack(3, 520, 257, dt)
         check_qr_stack_streams(9, 300, 130, dt)
         check_mpqr_qr(5, 300, 200, dt)
+        check_mpqr_qr(6, 256, 200, dt)
+        check_mpqr_qr(4, 180, 180, dt)
         check_mpqr_qr(8, 48, 40, dt)
     for dt in ("complex64", "complex128"):
         check_mpqr_qr(4, 40, 24, dt)
@@ -271,6 +274,9 @@ def main():
     for dt in ("float32", "float64"):
         for sh in [(64, 512, 128), (32, 512, 256), (16, 1024, 512), (8, 512, 512)]:
             time_qr(*sh, dt)
+    for sh in [(1024, 256, 256, "float32"), (256, 256, 256, "float64"),
+               (2048, 192, 160, "float32"), (64, 256, 256, "float32"), (8, 256, 256, "float64")]:
+        time_qr(*sh, budget=1.0)  # householder-batched-blocked
     time_lstsq(8192, 64, 32, 1, "float32")
     time_lstsq(4096, 128, 64, 4, "float64")
     time_lstsq(1024, 128, 128, 1, "float32")
