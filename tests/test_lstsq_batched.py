@@ -1,21 +1,15 @@
 """``mpqr.lstsq`` on stacks of small problems through ``householder-batched``
-(:mod:`mpqr.lstsq.batched`): on the host the fused-kernel switch is turned on so the
-stack runs the portable scheme the GPU kernel shares; outputs against SciPy's batched
-``lstsq`` on the same inputs (shapes, dtypes, values to ``u x size x kappa``)."""
+(:mod:`mpqr.lstsq.batched`; on the host the portable scheme the GPU kernel shares):
+outputs against SciPy's batched ``lstsq`` on the same inputs (shapes, dtypes, values to
+``u x size x kappa``) and against the per-problem loop."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import scipy.linalg as sla
-from mpqr.backends import get_backend
 
 import mpqr
-
-
-@pytest.fixture
-def fused(monkeypatch):
-    monkeypatch.setattr(type(get_backend(np)), "batched_qr_fused", True)
 
 
 def _batched_events(ex):
@@ -25,7 +19,7 @@ def _batched_events(ex):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("batch", "m", "n", "k"), [((5,), 20, 8, None), ((2, 3), 16, 16, 3),
                                                     ((4,), 30, 7, 2)])
-def test_matches_scipy(fused, batch, m, n, k, dtype):
+def test_matches_scipy(batch, m, n, k, dtype):
     rng = np.random.default_rng(m * n)
     a = rng.standard_normal((*batch, m, n)).astype(dtype)
     b = rng.standard_normal((m,) if k is None else (*batch, m, k)).astype(dtype)
@@ -47,7 +41,7 @@ def test_matches_scipy(fused, batch, m, n, k, dtype):
     assert np.array_equal(a, a0) and np.array_equal(b, b0)
 
 
-def test_rank_deficient_member_takes_the_loop(fused):
+def test_rank_deficient_member_takes_the_loop():
     # square members: SciPy's batch stacking refuses mixed residue shapes of M > N stacks
     rng = np.random.default_rng(1)
     a = rng.standard_normal((4, 6, 6))
@@ -61,7 +55,7 @@ def test_rank_deficient_member_takes_the_loop(fused):
     assert np.abs(x - xr).max() < 1e-10 and res.shape == resr.shape
 
 
-def test_gelsy_and_nan(fused):
+def test_gelsy_and_nan():
     rng = np.random.default_rng(2)
     a = rng.standard_normal((3, 10, 4))
     b = rng.standard_normal((3, 10, 1))
@@ -73,3 +67,19 @@ def test_gelsy_and_nan(fused):
     a[1, 0, 0] = np.nan
     with pytest.raises(np.linalg.LinAlgError, match="NaN or Inf"):
         mpqr.lstsq(a, b, check_finite=False)
+
+
+def test_same_outputs_as_the_loop(monkeypatch):
+    from mpqr.lstsq import batched
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 3, 24, 10))
+    b = rng.standard_normal((3, 24, 2))  # broadcast over the first batch axis
+    out = mpqr.lstsq(a, b)
+    monkeypatch.setattr(batched, "STACK_ROUTE", False)
+    with mpqr.explain() as ex:
+        loop = mpqr.lstsq(a, b)
+    assert not _batched_events(ex)
+    for o, r in zip(out, loop):
+        assert o.shape == r.shape and o.dtype == r.dtype
+        assert np.abs(o - r).max() <= 1e-12 * max(1.0, np.abs(r).max())
