@@ -83,3 +83,28 @@ def test_same_outputs_as_the_loop(monkeypatch):
     for o, r in zip(out, loop):
         assert o.shape == r.shape and o.dtype == r.dtype
         assert np.abs(o - r).max() <= 1e-12 * max(1.0, np.abs(r).max())
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_blocked_members_match_scipy(dtype, monkeypatch):
+    # 150 x 140: too wide for one block, its 32-column panels fit (the blocked scheme,
+    # taken where the fused kernel is: switched on here)
+    from mpqr.backends import get_backend
+
+    be = get_backend(np)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((2, 150, 140)).astype(dtype)
+    b = rng.standard_normal((2, 150, 2)).astype(dtype)
+    with mpqr.explain() as ex:
+        mpqr.lstsq(a, b)
+    assert not _batched_events(ex)  # without the kernel: the loop
+    monkeypatch.setattr(type(be), "batched_qr_fused", True)
+    with mpqr.explain() as ex:
+        x, res, rank, _s = mpqr.lstsq(a, b)
+    assert [e.data["method"] for e in _batched_events(ex)] == ["householder-batched-blocked"]
+    ref = sla.lstsq(a.astype(np.float64), b.astype(np.float64))
+    kappa = np.linalg.cond(a.astype(np.float64)).max()
+    tol = 10 * np.finfo(dtype).eps * 150 * kappa
+    assert x.dtype == dtype and np.array_equal(rank, [140, 140])
+    assert np.abs(x - ref[0]).max() <= tol * kappa * max(1.0, np.abs(ref[0]).max())
+    assert np.abs(res - ref[1]).max() <= tol * np.abs(ref[1]).max()

@@ -3,11 +3,12 @@
 triangular solve.
 
 Taken by :func:`mpqr.lstsq` (while :data:`STACK_ROUTE`) for a stack whose members fit
-the fused kernel's limits (:meth:`~mpqr.backends._base.ArrayAPIBackend.batched_qr_fits`,
-on every backend so CI runs the GPU's route; CuPy runs the kernel, others its portable
-steps, which on a 2-core host beat the per-problem loop: 200 x (20 x 8) float64 10 ms
-against 385 ms) in their own, at least as accurate precision, with ``refine``
-``"auto"`` or None and no ``tol``/``maxiter``. The outputs are those of the per-problem
+the fused kernel's limits (:meth:`~mpqr.backends._base.ArrayAPIBackend.batched_qr_fits`)
+or, on a backend with the kernel, whose 32-column panels do
+(``householder-batched-blocked``, up to 256 rows), in their own, at least as accurate
+precision, with ``refine`` ``"auto"`` or None and no ``tol``/``maxiter``. Without the
+kernel (the portable steps, one pass a column) members up to :data:`PORTABLE_MAX_N`
+columns take it, where it beats the per-problem loop. The outputs are those of the per-problem
 loop (SciPy's batch rules): ``x`` ``(*batch, N[, K])``, ``residues`` ``(*batch[, K])``
 where ``M > N``, else ``(*batch, 0)``, ``rank`` an int64 array, ``s`` ``(*batch, N)``
 (None for ``gelsy``). Where some member's R is not safely solvable (rank below ``N`` by
@@ -25,13 +26,19 @@ from mpqr._array_api import device
 from mpqr.lstsq import _scipy_rules as rules
 from mpqr.lstsq.solver import RESOLUTION
 from mpqr.policy import record_event
+from mpqr.qr.batched_blocked import fits as blocked_fits
+from mpqr.qr.batched_blocked import qr_apply_blocked
 from mpqr.qr.batched_small import qr_apply
 from mpqr.qr.choice import _covers_precision
 
-__all__ = ["STACK_ROUTE", "lstsq_stack"]
+__all__ = ["PORTABLE_MAX_N", "STACK_ROUTE", "lstsq_stack"]
 
 #: whether stacks take this route (False: always the per-problem loop)
 STACK_ROUTE = True
+#: widest members that take the route without a fused kernel: 2-core host, float64,
+#: portable steps against the per-problem loop: 200 x (20 x 8) 10 against 385 ms,
+#: 100 x (64 x 32) 58 against 233 ms, 100 x (128 x 128) 1125 against 670 ms
+PORTABLE_MAX_N = 32
 
 
 def lstsq_stack(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec_name: str,
@@ -76,8 +83,11 @@ def lstsq_stack(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec_name:
     if dtype not in (xp.float32, xp.float64) or b.dtype != dtype:
         return None
     m, n = a.shape[-2:]
+    blocked = not backend.batched_qr_fits(dtype, m, n)
+    if not backend.batched_qr_fused and (blocked or n > PORTABLE_MAX_N):
+        return None  # the portable steps: one pass a column, slower than the loop here
     if b.shape[-b_core] != m or (b_core == 2 and b.shape[-1] == 0) or not (m >= n >= 1) \
-            or not backend.batched_qr_fits(dtype, m, n) \
+            or (blocked and not blocked_fits(backend, dtype, m, n)) \
             or not _covers_precision(backend, prec_name, dtype):
         return None
     try:
@@ -92,7 +102,7 @@ def lstsq_stack(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec_name:
     bw = xp.broadcast_to(b[..., None] if vec else b, (*batch, m, 1 if vec else b.shape[-1]))
     eps = float(xp.finfo(dtype).eps)
     cut = rules.cutoff(cond, driver, eps, single=dtype == xp.float32)
-    r, c = qr_apply(backend, aw, bw, prec_name=prec_name)
+    r, c = (qr_apply_blocked if blocked else qr_apply)(backend, aw, bw, prec_name=prec_name)
     if not bool(xp.all(xp.isfinite(r))):
         return None  # NaN or Inf (check_finite=False): the loop reports it
     s = backend.svdvals(r)
@@ -102,9 +112,10 @@ def lstsq_stack(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec_name:
     margin = (cut + RESOLUTION * math.sqrt(n) * eps / 2) * s1
     if not bool(xp.all((s1 > 0) & (sn > margin))):
         return None
+    how = "householder-batched-blocked" if blocked else "householder-batched"
     record_event("method", f"lstsq: a stack of {math.prod(batch)} problems of {m}x{n} "
-                 "through householder-batched (R and Q^H b of every member at once) and one "
-                 "batched triangular solve", path="batched")
+                 f"through {how} (R and Q^H b of every member at once) and one batched "
+                 "triangular solve", path="batched", method=how)
     x = backend.solve_triangular(r, c[..., :n, :])
     if m > n and driver != "gelsy":
         res = xp.sum(c[..., n:, :] * c[..., n:, :], axis=-2)

@@ -25,7 +25,7 @@ from mpqr.policy import gemm
 from mpqr.qr._kernels import eye_like, panel_precision
 from mpqr.qr.batched_small import householder_batched
 
-__all__ = ["BLOCK", "fits", "householder_batched_blocked"]
+__all__ = ["BLOCK", "fits", "householder_batched_blocked", "qr_apply_blocked"]
 
 #: panel width (columns) of every step
 BLOCK = 32
@@ -71,10 +71,25 @@ def householder_batched_blocked(backend: Any, a: Any, *, precision: Any, prec_na
     >>> bool(np.allclose(q @ r, a)) and bool(np.all(np.diagonal(r, axis1=1, axis2=2) >= 0))
     True
     """
+    q, r, _ = _blocked(backend, a, None, prec_name, want_q)
+    if q is None:
+        return None, r
+    return (q if complete else q[..., :, :a.shape[-1]]), r
+
+
+def qr_apply_blocked(backend: Any, a: Any, b: Any, *, prec_name: str) -> tuple[Any, Any]:
+    """``(R, Q^H b)`` of a stack as :func:`householder_batched_blocked` factors it
+    (``a``: ``(..., m, n)``, ``b``: ``(..., m, k)``; ``Q`` complete); neither modified."""
+    _, r, c = _blocked(backend, a, b, prec_name, False)
+    return r, c
+
+
+def _blocked(backend, a, b, prec_name, want_q):
     xp = backend.xp
     *batch, m, n = a.shape
     prec = panel_precision(prec_name, a.dtype, xp)
     w = xp.asarray(a, copy=True)
+    c = None if b is None else xp.asarray(b, copy=True)
     q = eye_like(xp, tuple(batch), m, m, a.dtype, device(a)) if want_q else None
     for j0 in range(0, n, BLOCK):
         j1 = min(n, j0 + BLOCK)
@@ -89,7 +104,7 @@ def householder_batched_blocked(backend: Any, a: Any, *, precision: Any, prec_na
         if q is not None:
             q[..., :, j0:] = gemm(q[..., :, j0:], qj, precision=prec,
                                   label="batched-blocked-q", backend=backend)
-    r = w[..., :n, :]
-    if q is None:
-        return None, r
-    return (q if complete else q[..., :, :n]), r
+        if c is not None:
+            c[..., j0:, :] = gemm(ct(xp, qj), c[..., j0:, :], precision=prec,
+                                  label="batched-blocked-apply", backend=backend)
+    return q, w[..., :n, :], c
