@@ -103,7 +103,7 @@ def test_torch_low_precision_stacks(tdt):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("batch", "m", "n", "k"), [(50, 64, 32, 2), (20, 100, 100, 0),
-                                                    (30, 256, 32, 3)])
+                                                    (30, 256, 32, 3), (12, 256, 200, 2)])
 def test_lstsq_stacks_batched(batch, m, n, k, dtype):
     rng = np.random.default_rng(m * n + k)
     ah = rng.standard_normal((batch, m, n)).astype(dtype)

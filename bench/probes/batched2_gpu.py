@@ -287,6 +287,7 @@ def main():
     for dt in ("float32", "float64"):
         check_lstsq(50, 64, 32, 2, dt)
         check_lstsq(20, 100, 100, 0, dt)
+        check_lstsq(12, 256, 200, 2, dt)  # householder-batched-blocked
     print(f"-- checks done in {time.perf_counter() - t0:.1f} s", flush=True)
     RESULTS["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     dump()
@@ -301,7 +302,8 @@ def main():
              for sh in [(64, 512, 128), (32, 512, 256), (16, 1024, 512), (8, 512, 512)]]
     jobs += [(time_lstsq, sh, {}) for sh in [(8192, 64, 32, 1, "float32"),
                                              (4096, 128, 64, 4, "float64"),
-                                             (1024, 128, 128, 1, "float32")]]
+                                             (1024, 128, 128, 1, "float32"),
+                                             (512, 256, 200, 1, "float32")]]
     for f, args, kw in jobs:
         if not late((f.__name__, args)):
             f(*args, **kw)
