@@ -636,6 +636,8 @@ class CupyBackend(ArrayAPIBackend):
             if cupy_tsqr.supports(a):  # a stack of n <= 64: TSQR tile kernels, no loop
                 q, r = cupy_tsqr.tsqr(a)
                 return (None if mode == "r" else q), r
+        if cupy_geqrf.supports_stack(a):  # per member, workspace and sign passes shared
+            return cupy_geqrf.qr_stack(a, mode)
         if mode == "r":
             return None, self._cp.linalg.qr(a, mode="r")
         return tuple(self._cp.linalg.qr(a, mode=mode))

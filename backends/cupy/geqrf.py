@@ -9,7 +9,9 @@ take their signs in one pass over its memory order. Same cuSOLVER calls, same nu
 (the signs are exact); Q comes back in cuSOLVER's column-major order, as from CuPy.
 
 Real float32/float64 2-D inputs with ``m >= n`` (the driver's only kind); anything else
-takes ``cupy.linalg.qr`` (:func:`supports`).
+takes ``cupy.linalg.qr`` (:func:`supports`). Stacks (:func:`qr_stack`) take the same calls
+per member with the stack's layout copy, sign passes and workspace shared: one Python
+call into cuSOLVER per member and step, no per-member allocation or ``info`` check.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-__all__ = ["qr", "raw", "supports"]
+__all__ = ["qr", "qr_stack", "raw", "supports", "supports_stack"]
 
 _TILE = 32
 
@@ -106,3 +108,85 @@ def raw(a):
     info = cp.empty((), dtype=cp.int32)
     geqrf(handle, m, n, h.data.ptr, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
     return h, tau
+
+
+#: side streams a stack's members are dealt to (cuSOLVER's geqrf/orgqr of a small matrix
+#: is a chain of latency-bound launches that leaves most of the GPU idle; members on
+#: several streams overlap). 1: every call on the current stream.
+STREAMS = 4
+
+_side: dict = {}
+
+
+def _side_streams(k: int):
+    """``k`` (stream, cuSOLVER handle on it) pairs of the current device, made once."""
+    from cupy.cuda import cusolver
+
+    dev = cp.cuda.Device().id
+    got = _side.setdefault(dev, [])
+    while len(got) < k:
+        st = cp.cuda.Stream(non_blocking=True)
+        h = cusolver.create()
+        cusolver.setStream(h, st.ptr)
+        got.append((st, h))
+    return got[:k]
+
+
+def supports_stack(a) -> bool:
+    """A real float32/float64 stack ``(..., m, n)`` with ``m >= n > 0`` and members."""
+    return (a.ndim > 2 and a.dtype in (cp.float32, cp.float64)
+            and a.shape[-2] >= a.shape[-1] > 0 and a.size > 0)
+
+
+def qr_stack(a, mode: str, *, streams: int | None = None):
+    """``(Q or None, R)`` of every member of a stack (``(..., m, n)``, :func:`supports_stack`)
+    with ``diag(R) >= 0``: cuSOLVER ``geqrf`` (+ ``orgqr``) per member in one shared buffer,
+    members dealt round-robin to ``streams`` side streams (default :data:`STREAMS`; 1:
+    the current stream), one workspace per stream; layout copies and signs once for the
+    whole stack on the current stream."""
+    from cupy.cuda import device
+
+    *batch, m, n = a.shape
+    nb = a.size // (m * n)
+    cols = m if mode == "complete" else n
+    # buf[i] is member i's Q in column-major (m x cols) storage, A in its top n rows
+    buf = cp.empty((*batch, cols, m), dtype=a.dtype)
+    buf[..., :n, :] = cp.swapaxes(a, -1, -2)
+    cur = cp.cuda.get_current_stream()
+    k = max(1, min(nb, STREAMS if streams is None else streams))
+    lanes = [(cur, device.get_cusolver_handle())] if k == 1 else _side_streams(k)
+    geqrf_size, geqrf, orgqr_size, orgqr = _solver(a.dtype)
+    info = cp.empty(k, dtype=cp.int32)
+    tau = cp.empty((nb, n), dtype=a.dtype)
+    h0 = lanes[0][1]
+    lwork = geqrf_size(h0, m, n, buf.data.ptr, m)
+    if mode != "r":
+        lwork = max(lwork, orgqr_size(h0, m, cols, n, buf.data.ptr, m, tau.data.ptr))
+    lwork = max(lwork, 1)
+    work = cp.empty((k, lwork), dtype=a.dtype)  # one workspace a lane: calls in stream order
+    step, tstep = cols * m * a.itemsize, n * a.itemsize
+    p0, t0 = buf.data.ptr, tau.data.ptr
+    w = [work[j].data.ptr for j in range(k)]
+    ip = [info.data.ptr + 4 * j for j in range(k)]
+
+    def deal(call, *args):
+        if k > 1:  # side streams start after the current stream's copy, it waits for them
+            ev = cur.record()
+            for st, _ in lanes:
+                st.wait_event(ev)
+        for i in range(nb):
+            j = i % k
+            call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork, ip[j])
+        if k > 1:
+            for st, _ in lanes:
+                cur.wait_event(st.record())
+
+    deal(geqrf, n)
+    top = buf[..., :n, :n]  # column-major R: top[..., j, i] = R[..., i, j]
+    sgn = cp.where(cp.diagonal(top, axis1=-2, axis2=-1) < 0, -1, 1).astype(a.dtype)
+    r = cp.triu(cp.swapaxes(top, -1, -2)) * sgn[..., :, None]
+    if mode == "r":
+        return None, r
+    deal(orgqr, cols, n)
+    buf[..., :n, :] *= sgn[..., :, None]  # Q's first n columns: rows of the storage
+    return cp.swapaxes(buf, -1, -2), r

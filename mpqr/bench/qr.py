@@ -124,6 +124,18 @@ def _errors(xp, a, q, r) -> tuple[float, float]:
     return res, orth
 
 
+def _member_errors(xp, a, q, r) -> tuple[float, float]:
+    """Worst member of a stack: ``max ||a_i - q_i r_i|| / ||a_i||`` and
+    ``max ||q_i^T q_i - I|| / n`` (Frobenius norms, float64)."""
+    a64, q64, r64 = (xp.astype(v, xp.float64) for v in (a, q, r))
+    n = r.shape[-1]
+    num = xp.sqrt(xp.sum((a64 - q64 @ r64) ** 2, axis=(-2, -1)))
+    den = xp.sqrt(xp.sum(a64 ** 2, axis=(-2, -1)))
+    g = xp.matrix_transpose(q64) @ q64 - xp.eye(n, dtype=xp.float64)
+    orth = xp.sqrt(xp.sum(g ** 2, axis=(-2, -1))) / n
+    return float(xp.max(num / den)), float(xp.max(orth))
+
+
 def with_cond(xp, a, cond: float, rng) -> Any:
     """``U diag(s) V^T`` of ``a``'s shape and dtype, ``s`` geometric from 1 to ``1/cond``,
     ``U`` the Q of ``mpqr.qr(a)`` (``a`` Gaussian), ``V`` that of an ``n x n`` Gaussian."""
@@ -182,6 +194,7 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
                         max_seconds=max_seconds)
             q, r = xp.linalg.qr(a)
             res, orth = _errors(xp, a, q, r)
+            worst = _member_errors(xp, a, q, r) if batch > 1 else None
             del q, r
         except Exception as exc:  # e.g. cuSOLVER without batched QR
             base[dt] = None
@@ -193,6 +206,9 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
         rows.append({"shape": label, "cond": cond, "precision": f"cusolver-{dt}",
                      "mode": "reduced", "time_ms": t * 1e3, "tflops": flops / t / 1e12,
                      "backward_error": res, "orthogonality": orth})
+        if worst:
+            rows[-1]["backward_error_worst_member"], rows[-1]["orthogonality_worst_member"] = \
+                worst
         print(f"{label:>18} {'cupy.linalg.qr ' + dt:<28} {t * 1e3:10.3f} ms  "
               f"err {res:.1e} orth {orth:.1e}")
     for prec in precisions:
@@ -206,8 +222,10 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
                 method = next((e.message for e in tr.events if e.kind == "method"), "")
                 route = _route(tr)
                 engines = tr.engines()
+                worst = None
                 if mode == "reduced":
                     res, orth = _errors(xp, a, out.Q, out.R)
+                    worst = _member_errors(xp, a, out.Q, out.R) if batch > 1 else None
                 else:
                     res = orth = None
                 del out
@@ -230,6 +248,8 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
                    "engine_rate_fraction": flops / t / peak_of[prec],
                    "backward_error": res, "orthogonality": orth,
                    "method": method, "engines": engines}
+            if worst:
+                row["backward_error_worst_member"], row["orthogonality_worst_member"] = worst
             if base.get(dt):
                 row["speedup_vs_cusolver"] = base[dt] / t
             rows.append(row)

@@ -13,6 +13,7 @@ from mpqr._validation import check_cutoff, namespace_of
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
 from mpqr.lstsq import _scipy_rules as rules
+from mpqr.lstsq.batched import lstsq_stack
 from mpqr.lstsq.solver import Solver
 from mpqr.policy import resolve_precision, validate_precision
 
@@ -48,7 +49,9 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     if a.ndim < 2:
         raise ValueError("Input array a should be 2D")
     with device_errors(backend, "mpqr.lstsq"):
-        return rules.apply_over_batch(xp, a, b, one)
+        # a stack of small problems: all at once where the fused kernel takes them
+        out = lstsq_stack(backend, a, b, cond, lapack_driver, prec_name, refine, tol, maxiter)
+        return out if out is not None else rules.apply_over_batch(xp, a, b, one)
 
 
 

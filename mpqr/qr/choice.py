@@ -61,7 +61,8 @@ def factor_precision(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *
 def precision_of(backend: Any, prec_name: str, dtype: Any, method: str) -> str:
     """The precision an auto-chosen ``method`` factors a ``prec_name`` request at."""
     if prec_name in OWN_PRECISION_CHOLQR and method in ("cholqr2", "geqrf",
-                                                         "householder-batched"):
+                                                         "householder-batched",
+                                                         "householder-batched-blocked"):
         return _own_precision(backend, dtype)
     return prec_name
 
@@ -179,9 +180,13 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     takes ``householder-batched`` where the input's own precision covers the one
     asked for: one launch for the whole stack instead of per-panel launches or a
     library call per matrix. Elsewhere such stacks take the library's QR per matrix.
+    Stacks too wide for one block whose ``BLOCK``-column panels fit it (at most 256
+    rows: :func:`mpqr.qr.batched_blocked.fits`) take ``householder-batched-blocked``
+    under the same conditions: the fused kernel on every member's panel at once, the
+    trailing update and Q by batched products.
     Larger stacks in their own working precision take ``geqrf`` (the library's QR per
-    matrix; CuPy's TSQR tile kernels for reduced tall-skinny members up to 64
-    columns), others the routes below.
+    matrix, on CuPy with the members spread over several streams; CuPy's TSQR tile
+    kernels for reduced tall-skinny members up to 64 columns), others the routes below.
 
     Small tall-skinny matrices in their own working precision, or at ``fp16`` /
     ``fp32-emulated`` (at most ``backend.library_qr_tall_max`` elements), take
@@ -220,12 +225,25 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 "block's registers): unblocked Householder QR of every matrix at once in the "
                 "input's own, at least as accurate precision (one fused launch on CuPy; "
                 "H100, 8192 x (64x64) float32: 3.1 ms against 627 ms for torch.linalg.qr)")
+    from mpqr.qr.batched_blocked import BLOCK
+    from mpqr.qr.batched_blocked import fits as _blocked_fits
+
+    if (batch > 1 and backend.batched_qr_fused and _blocked_fits(backend, dtype, m, k)
+            and _covers_precision(backend, prec_name, dtype)):
+        return ("householder-batched-blocked",
+                f"a stack of {batch} matrices of {m}x{n}, too wide for one GPU thread block "
+                f"but of at most {m} rows: {BLOCK}-column panels of every matrix at once "
+                "(one fused launch per panel on CuPy, each with its complete Q), the "
+                "trailing columns and Q updated by one batched product each, in the "
+                "input's own precision")
     if batch > 1 and _in_working_precision(backend, prec_name, dtype):
         return ("geqrf",
                 f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "
-                "backend library's QR per matrix (cuSOLVER; on CuPy the TSQR tile kernels "
-                "for n <= 64), which the tiled route's per-panel launches over the stack "
-                "do not beat (H100, 32 x (512x128) float32: 115 ms against 14.5 ms)")
+                "backend library's QR per matrix (on CuPy cuSOLVER's geqrf/orgqr with the "
+                "members dealt to several streams, one buffer and workspace a stream, or "
+                "the TSQR tile kernels for reduced n <= 64), which the tiled route's "
+                "per-panel launches over the stack do not beat (H100, 32 x (512x128) "
+                "float32: 115 ms against 14.5 ms)")
     if (batch == 1 and m >= TALL_RATIO * n and m * n <= backend.library_qr_tall_max
             and (_in_working_precision(backend, prec_name, dtype)
                  or prec_name in OWN_PRECISION_CHOLQR)):

@@ -74,6 +74,12 @@ def _householder_batched(backend, a, **kw):
     return householder_batched(backend, a, **kw)
 
 
+def _householder_batched_blocked(backend, a, **kw):
+    from mpqr.qr.batched_blocked import householder_batched_blocked
+
+    return householder_batched_blocked(backend, a, **kw)
+
+
 def _svqr(backend, a, **kw):
     from mpqr.qr.svqr import svqr
 
@@ -93,6 +99,7 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "svqr": _svqr,
     "geqrf": _geqrf,
     "householder-batched": _householder_batched,
+    "householder-batched-blocked": _householder_batched_blocked,
 }
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
@@ -106,7 +113,8 @@ THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-c
 #: H100, `python -m mpqr bench qr`) and no pass over Q
 _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3",
                                                  "preconditioned-cholqr",
-                                                 "householder-batched"})
+                                                 "householder-batched",
+                                                 "householder-batched-blocked"})
 
 #: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from the
 #: Gram matrix CholQR2 computed) before falling back to Householder

@@ -1,0 +1,318 @@
+"""Batched QR beyond one block and lstsq on stacks: GPU checks and timings.
+
+``python bench/probes/batched2_gpu.py`` on a CUDA machine with CuPy (torch optional);
+prints PASS/FAIL per check and a timing table, writes ``$OUT/batched2.json``
+(``OUT`` default ``/tmp``). Under ~90 s on an H100/H200: slow baselines (torch and
+CuPy's per-matrix loops at the large stacks) are timed within a per-shape budget (at
+least one call; the count is in the JSON), mpqr at least 5 calls, medians, one process.
+
+Checks: stacks too wide for one block (``householder-batched-blocked``, at most 256
+rows) and beyond it through ``cupy_geqrf.qr_stack`` and ``mpqr.qr``
+(every mode, float32/float64) per member against float64 references (backward error,
+orthogonality, R against the float64 R, ``diag(R) >= 0``); complex stacks and
+fp16/bfloat16 through the torch bridge; ``mpqr.lstsq`` on stacks against SciPy's
+``lstsq`` in float64 per member (values, shapes, dtypes) and its route in explain().
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+import traceback
+
+import cupy as cp
+import numpy as np
+import scipy.linalg as sla
+
+import mpqr
+
+try:
+    import torch
+except Exception:  # torch is optional
+    torch = None
+
+RESULTS: dict = {"checks": [], "timings": []}
+
+
+def check(name, ok, **data):
+    RESULTS["checks"].append({"name": name, "pass": bool(ok), **data})
+    info = " ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in data.items())
+    print(f"{'PASS' if ok else 'FAIL'} {name} {info}", flush=True)
+
+
+def guarded(f):
+    def run(*a, **k):
+        try:
+            f(*a, **k)
+        except Exception:
+            traceback.print_exc()
+            check(f"{f.__name__}{a}", False, error=traceback.format_exc(limit=2)[-300:])
+    return run
+
+
+def timeit(f, reps=5, budget=None, warm=None):
+    (warm or f)()
+    cp.cuda.Device().synchronize()
+    ts = []
+    end = time.perf_counter() + (budget or 1e9)
+    while len(ts) < reps and (not ts or time.perf_counter() < end):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        f()
+        cp.cuda.Device().synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), len(ts)
+
+
+def member_errors(a, q, r):
+    a64, q64, r64 = (x.astype(cp.complex128 if x.dtype.kind == "c" else cp.float64)
+                     for x in (a, q, r))
+    n = r.shape[-1]
+    res = cp.linalg.norm((a64 - q64[..., :, :n] @ r64).reshape(a.shape[0], -1), axis=-1)
+    res = res / cp.linalg.norm(a64.reshape(a.shape[0], -1), axis=-1)
+    g = cp.conj(cp.swapaxes(q64, -1, -2)) @ q64 - cp.eye(q.shape[-1])
+    orth = cp.linalg.norm(g.reshape(a.shape[0], -1), axis=-1) / q.shape[-1]
+    return float(res.max()), float(orth.max())
+
+
+def ref_r(a):
+    """float64 R with diag >= 0 per member."""
+    r = cp.linalg.qr(a.astype(cp.complex128 if a.dtype.kind == "c" else cp.float64),
+                     mode="r")
+    d = cp.diagonal(r, axis1=-2, axis2=-1)
+    p = cp.where(cp.abs(d) > 0, d / cp.where(cp.abs(d) > 0, cp.abs(d), 1), 1)
+    return r * cp.conj(p)[..., :, None]
+
+
+def tol(dtype, m):
+    return 30 * np.finfo(dtype).eps * m
+
+
+@guarded
+def check_qr_stack(batch, m, n, dtype):
+    from mpqr.backends.cupy import geqrf as G
+
+    rng = np.random.default_rng(m + n)
+    a = cp.asarray(rng.standard_normal((batch, m, n)).astype(dtype))
+    a0 = a.copy()
+    rr = ref_r(a)
+    for mode in ("reduced", "complete", "r"):
+        q, r = G.qr_stack(a, mode)
+        d = cp.diagonal(r, axis1=-2, axis2=-1)
+        rerr = float(cp.abs(r - rr).max() / cp.abs(rr).max())
+        ok = rerr <= tol(dtype, m) and bool(cp.all(d >= 0)) and bool(cp.all(cp.tril(r, -1) == 0))
+        data = {"r_err": rerr}
+        if q is not None:
+            be, oe = member_errors(a, q, r)
+            ok = ok and be <= tol(dtype, m) and oe <= tol(dtype, m) \
+                and q.shape == (batch, m, m if mode == "complete" else n)
+            data.update(backward=be, orth=oe)
+        check(f"qr_stack {batch}x({m}x{n}) {dtype} {mode}", ok and bool(cp.all(a == a0)), **data)
+
+
+@guarded
+def check_qr_stack_streams(batch, m, n, dtype):
+    from mpqr.backends.cupy import geqrf as G
+
+    a = cp.asarray(np.random.default_rng(5).standard_normal((batch, m, n)).astype(dtype))
+    q1, r1 = G.qr_stack(a, "reduced", streams=1)
+    for k in (4, 8):
+        qk, rk = G.qr_stack(a, "reduced", streams=k)
+        check(f"qr_stack streams={k} == streams=1 {batch}x({m}x{n}) {dtype}",
+              bool(cp.array_equal(qk, q1)) and bool(cp.array_equal(rk, r1)))
+
+
+@guarded
+def check_mpqr_qr(batch, m, n, dtype):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((batch, m, n))
+    if dtype.startswith("complex"):
+        x = x + 1j * rng.standard_normal((batch, m, n))
+    a = cp.asarray(x.astype(dtype))
+    for mode in ("reduced", "complete", "r"):
+        with mpqr.explain() as ex:
+            out = mpqr.qr(a, mode=mode)
+        meth = next((e.data.get("method", e.message[:40]) for e in ex.events
+                     if e.kind == "method"), "?")
+        r = out.R if mode != "r" else out
+        r = r[..., :n, :]
+        d = cp.diagonal(r, axis1=-2, axis2=-1)
+        ok = bool(cp.all(d.real >= 0))
+        data = {"method": meth}
+        if mode != "r":
+            be, oe = member_errors(a, out.Q, r)
+            ok = ok and be <= tol(np.dtype(dtype), m) and oe <= tol(np.dtype(dtype), m)
+            data.update(backward=be, orth=oe)
+        else:
+            rr = ref_r(a)
+            e = float(cp.abs(r - rr).max() / cp.abs(rr).max())
+            ok = ok and e <= tol(np.dtype(dtype), m)
+            data.update(r_err=e)
+        check(f"mpqr.qr {batch}x({m}x{n}) {dtype} {mode}", ok, **data)
+
+
+@guarded
+def check_torch_low(batch, m, n, tdt):
+    if torch is None:
+        print("skip torch checks: no torch")
+        return
+    t = torch.randn(batch, m, n, device="cuda").to(getattr(torch, tdt))
+    q, r = mpqr.qr(t)
+    a64 = t.double()
+    be = float(((a64 - q.double() @ r.double()).flatten(1).norm(dim=1)
+                / a64.flatten(1).norm(dim=1)).max())
+    u = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[tdt]
+    check(f"torch {tdt} {batch}x({m}x{n})", q.dtype == t.dtype and be <= 10 * u * n ** 0.5,
+          backward=be)
+
+
+@guarded
+def check_lstsq(batch, m, n, k, dtype):
+    rng = np.random.default_rng(m * n + k)
+    ah = rng.standard_normal((batch, m, n)).astype(dtype)
+    bh = rng.standard_normal((m,) if k == 0 else (batch, m, k)).astype(dtype)
+    a, b = cp.asarray(ah), cp.asarray(bh)
+    with mpqr.explain() as ex:
+        x, res, rank, s = mpqr.lstsq(a, b)
+    batched = any(e.data.get("path") == "batched" for e in ex.events)
+    ref = sla.lstsq(ah.astype(np.float64), bh.astype(np.float64))
+    kappa = float(np.linalg.cond(ah.astype(np.float64)).max())
+    t = 10 * np.finfo(dtype).eps * m * kappa
+    xe = float(np.abs(x.get() - ref[0]).max() / max(1.0, np.abs(ref[0]).max()))
+    shapes = all(o.shape == r.shape for o, r in zip((x, res, rank, s), ref))
+    dt = x.dtype == dtype and s.dtype == dtype and rank.dtype == np.int64
+    re_ = float(np.abs(res.get() - ref[1]).max() / np.abs(ref[1]).max()) if res.size else 0.0
+    check(f"lstsq {batch}x({m}x{n}) k={k} {dtype}",
+          batched and shapes and dt and xe <= t * kappa and re_ <= t and
+          bool(cp.all(rank == n)), x_err=xe, res_err=re_, batched=batched)
+
+
+def row(name, t_mpqr, base):
+    r = {"case": name, "mpqr_ms": t_mpqr * 1e3}
+    txt = f"{name:<34} mpqr {t_mpqr * 1e3:9.3f} ms"
+    for k, (t, n) in base.items():
+        if t:
+            r[f"{k}_ms"], r[f"{k}_calls"], r[f"x_{k}"] = t * 1e3, n, t / t_mpqr
+            txt += f" | {k} {t * 1e3:9.2f} ms x{t / t_mpqr:7.1f}"
+    RESULTS["timings"].append(r)
+    print(txt, flush=True)
+
+
+@guarded
+def time_qr(batch, m, n, dtype, budget=1.5):
+    a = cp.asarray(np.random.default_rng(0).standard_normal((batch, m, n)).astype(dtype))
+    with mpqr.explain() as ex:
+        mpqr.qr(a)
+    meth = next((e.data.get("method", "") for e in ex.events if e.kind == "method"), "")
+    tm, _ = timeit(lambda: mpqr.qr(a))
+    base = {"cupy_loop": timeit(lambda: cp.linalg.qr(a), budget=budget,
+                                warm=lambda: cp.linalg.qr(a[:2]))}
+    if torch is not None:
+        ta = torch.as_tensor(a, device="cuda")
+        base["torch"] = timeit(lambda: torch.linalg.qr(ta), budget=budget,
+                               warm=lambda: torch.linalg.qr(ta[:2]))
+        tm_t, _ = timeit(lambda: mpqr.qr(ta))
+        base["mpqr_torch_bridge"] = (tm_t, 5)
+    from mpqr.backends.cupy import batched_qr as K
+    from mpqr.backends.cupy import geqrf as G
+
+    if not K.fits(a.dtype, m, n) and m > K.MAX_ROWS:  # the library loop: 1, 4, 8 streams
+        for k in (1, 4, 8):
+            base[f"qr_stack_s{k}"] = timeit(lambda k=k: G.qr_stack(a, "reduced", streams=k))
+    row(f"qr {batch}x({m}x{n}) {dtype} [{meth}]", tm, base)
+
+
+@guarded
+def time_lstsq(batch, m, n, k, dtype, budget=1.5):
+    from mpqr.lstsq import batched
+
+    rng = np.random.default_rng(1)
+    a = cp.asarray(rng.standard_normal((batch, m, n)).astype(dtype))
+    b = cp.asarray(rng.standard_normal((batch, m, k)).astype(dtype))
+    tm, _ = timeit(lambda: mpqr.lstsq(a, b))
+    base = {}
+    small = min(batch, 64)  # the per-problem loop: timed on 64 members, scaled
+    batched.STACK_ROUTE = False
+    try:
+        t, c = timeit(lambda: mpqr.lstsq(a[:small], b[:small]), reps=3, budget=budget)
+        base["loop_scaled"] = (t * batch / small, c)
+    finally:
+        batched.STACK_ROUTE = True
+    if torch is not None:
+        ta, tb = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
+        base["torch_lstsq"] = timeit(lambda: torch.linalg.lstsq(ta, tb), budget=budget)
+    row(f"lstsq {batch}x({m}x{n}) k={k} {dtype}", tm, base)
+
+
+T0 = time.perf_counter()
+#: seconds after which the remaining timings are skipped (the whole run stays < 90 s;
+#: the first use of each kernel layout compiles it)
+DEADLINE = 80.0
+
+
+def dump():
+    RESULTS["seconds"] = time.perf_counter() - T0
+    out = os.path.join(os.environ.get("OUT", "/tmp"), "batched2.json")
+    with open(out, "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    return out
+
+
+def late(what):
+    if time.perf_counter() - T0 > DEADLINE:
+        print(f"skipped (past {DEADLINE:.0f} s): {what}", flush=True)
+        RESULTS.setdefault("skipped", []).append(str(what))
+        return True
+    return False
+
+
+def main():
+    t0 = T0
+    print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
+    for dt in ("float32", "float64"):
+        check_qr_stack(6, 300, 130, dt)
+        check_qr_stack(3, 520, 257, dt)
+        check_qr_stack_streams(9, 300, 130, dt)
+        check_mpqr_qr(5, 300, 200, dt)
+        check_mpqr_qr(6, 256, 200, dt)
+        check_mpqr_qr(4, 180, 180, dt)
+        check_mpqr_qr(8, 48, 40, dt)
+    for dt in ("complex64", "complex128"):
+        check_mpqr_qr(4, 40, 24, dt)
+    check_torch_low(16, 64, 64, "float16")
+    check_torch_low(16, 64, 64, "bfloat16")
+    for dt in ("float32", "float64"):
+        check_lstsq(50, 64, 32, 2, dt)
+        check_lstsq(20, 100, 100, 0, dt)
+        check_lstsq(12, 256, 200, 2, dt)  # householder-batched-blocked
+    print(f"-- checks done in {time.perf_counter() - t0:.1f} s", flush=True)
+    RESULTS["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    dump()
+    jobs = [(time_qr, sh, {"budget": 1.0}) for sh in [
+        (8192, 64, 64, "float32"), (4096, 128, 128, "float32"), (65536, 32, 32, "float32"),
+        (16384, 64, 64, "float64"), (10000, 256, 32, "float32")]]
+    # householder-batched-blocked
+    jobs += [(time_qr, sh, {"budget": 1.0}) for sh in [
+        (1024, 256, 256, "float32"), (256, 256, 256, "float64"), (2048, 192, 160, "float32"),
+        (64, 256, 256, "float32"), (8, 256, 256, "float64")]]
+    jobs += [(time_qr, (*sh, dt), {}) for dt in ("float32", "float64")
+             for sh in [(64, 512, 128), (32, 512, 256), (16, 1024, 512), (8, 512, 512)]]
+    jobs += [(time_lstsq, sh, {}) for sh in [(8192, 64, 32, 1, "float32"),
+                                             (4096, 128, 64, 4, "float64"),
+                                             (1024, 128, 128, 1, "float32"),
+                                             (512, 256, 200, 1, "float32")]]
+    for f, args, kw in jobs:
+        if not late((f.__name__, args)):
+            f(*args, **kw)
+            dump()
+    out = dump()
+    n_fail = sum(not c["pass"] for c in RESULTS["checks"])
+    print(f"{len(RESULTS['checks']) - n_fail} PASS, {n_fail} FAIL; "
+          f"{RESULTS['seconds']:.1f} s; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""GPU tests of stacks beyond one thread block (``cupy_geqrf.qr_stack``: cuSOLVER per
+member on side streams) and of ``mpqr.lstsq`` on stacks through ``householder-batched``.
+
+Run on a GPU machine with ``python -m pytest -q tests/test_cupy_batched_stacks.py``.
+Every member against float64 references: backward error and orthogonality in float64,
+R against cuSOLVER's float64 R with signs normalised, lstsq against SciPy in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import GPU
+
+if not GPU:
+    pytest.skip("no CUDA GPU visible", allow_module_level=True)
+import cupy as cp
+import scipy.linalg as sla
+from mpqr.backends.cupy import geqrf as G
+
+import mpqr
+
+
+def _ref_r(a):
+    r = cp.linalg.qr(a.astype(cp.complex128 if a.dtype.kind == "c" else cp.float64), mode="r")
+    d = cp.diagonal(r, axis1=-2, axis2=-1)
+    p = cp.where(cp.abs(d) > 0, d / cp.where(cp.abs(d) > 0, cp.abs(d), 1), 1)
+    return r * cp.conj(p)[..., :, None]
+
+
+def _member_errors(a, q, r):
+    w = cp.complex128 if a.dtype.kind == "c" else cp.float64
+    a64, q64, r64 = (x.astype(w) for x in (a, q, r))
+    n, b = r.shape[-1], a.shape[0]
+    res = cp.linalg.norm((a64 - q64[..., :n] @ r64).reshape(b, -1), axis=-1) / \
+        cp.linalg.norm(a64.reshape(b, -1), axis=-1)
+    g = cp.conj(cp.swapaxes(q64, -1, -2)) @ q64 - cp.eye(q.shape[-1])
+    return float(res.max()), float((cp.linalg.norm(g.reshape(b, -1), axis=-1)).max())
+
+
+def _tol(dtype, m):
+    return 30 * np.finfo(dtype).eps * m
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(6, 300, 130), (3, 520, 257), (2, 3, 40, 33)])
+def test_qr_stack_every_mode(shape, dtype, streams):
+    a = cp.asarray(np.random.default_rng(0).standard_normal(shape).astype(dtype))
+    a0 = a.copy()
+    m, n = shape[-2:]
+    a3 = a.reshape(-1, m, n)
+    rr = _ref_r(a3)
+    for mode in ("reduced", "complete", "r"):
+        q, r = G.qr_stack(a, mode, streams=streams)
+        assert r.shape == (*shape[:-2], n, n)
+        r3 = r.reshape(-1, n, n)
+        assert float(cp.abs(r3 - rr).max() / cp.abs(rr).max()) <= _tol(dtype, m)
+        assert bool(cp.all(cp.diagonal(r3, axis1=-2, axis2=-1) >= 0))
+        assert bool(cp.all(cp.tril(r3, -1) == 0))
+        if mode == "r":
+            assert q is None
+            continue
+        assert q.shape == (*shape[:-2], m, m if mode == "complete" else n)
+        be, oe = _member_errors(a3, q.reshape(-1, *q.shape[-2:]), r3)
+        assert be <= _tol(dtype, m) and oe <= _tol(dtype, m) * m
+    assert bool(cp.all(a == a0))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128"])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_mpqr_qr_stacks(dtype, mode):
+    rng = np.random.default_rng(3)
+    for shape in ((5, 300, 200), (8, 48, 40)):
+        x = rng.standard_normal(shape)
+        if dtype.startswith("complex"):
+            x = x + 1j * rng.standard_normal(shape)
+        a = cp.asarray(x.astype(dtype))
+        out = mpqr.qr(a, mode=mode)
+        m, n = shape[-2:]
+        r = (out if mode == "r" else out.R)[..., :n, :]
+        assert bool(cp.all(cp.diagonal(r, axis1=-2, axis2=-1).real >= 0))
+        if mode == "r":
+            rr = _ref_r(a)
+            assert float(cp.abs(r - rr).max() / cp.abs(rr).max()) <= _tol(np.dtype(dtype), m)
+        else:
+            be, oe = _member_errors(a, out.Q, r)
+            assert be <= _tol(np.dtype(dtype), m) and oe <= _tol(np.dtype(dtype), m) * m
+
+
+@pytest.mark.parametrize("tdt", ["float16", "bfloat16"])
+def test_torch_low_precision_stacks(tdt):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(16, 64, 64, device="cuda").to(getattr(torch, tdt))
+    q, r = mpqr.qr(t)
+    a64 = t.double()
+    be = float(((a64 - q.double() @ r.double()).flatten(1).norm(dim=1)
+                / a64.flatten(1).norm(dim=1)).max())
+    u = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[tdt]
+    assert q.dtype == t.dtype and be <= 10 * u * 8
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("batch", "m", "n", "k"), [(50, 64, 32, 2), (20, 100, 100, 0),
+                                                    (30, 256, 32, 3), (12, 256, 200, 2)])
+def test_lstsq_stacks_batched(batch, m, n, k, dtype):
+    rng = np.random.default_rng(m * n + k)
+    ah = rng.standard_normal((batch, m, n)).astype(dtype)
+    bh = rng.standard_normal((m,) if k == 0 else (batch, m, k)).astype(dtype)
+    a, b = cp.asarray(ah), cp.asarray(bh)
+    with mpqr.explain() as ex:
+        out = mpqr.lstsq(a, b)
+    assert any(e.data.get("path") == "batched" for e in ex.events)
+    ref = sla.lstsq(ah, bh)
+    ref64 = sla.lstsq(ah.astype(np.float64), bh.astype(np.float64))
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.dtype == r.dtype
+    kappa = float(np.linalg.cond(ah.astype(np.float64)).max())
+    t = 10 * np.finfo(dtype).eps * m * kappa
+    x, res, rank, s = (o.get() for o in out)
+    assert np.abs(x - ref64[0]).max() <= t * kappa * max(1.0, np.abs(ref64[0]).max())
+    if res.size:
+        assert np.abs(res - ref64[1]).max() <= t * np.abs(ref64[1]).max()
+    assert np.array_equal(rank, ref[2])
+    assert np.abs(s - ref64[3]).max() <= 10 * np.finfo(dtype).eps * m * s.max()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_blocked_route_stacks(dtype, mode):
+    rng = np.random.default_rng(4)
+    for shape in ((6, 256, 200), (4, 180, 180), (3, 256, 256)):
+        a = cp.asarray(rng.standard_normal(shape).astype(dtype))
+        a0 = a.copy()
+        with mpqr.explain() as ex:
+            out = mpqr.qr(a, mode=mode)
+        assert [e.data["method"] for e in ex.events if e.kind == "method"] == \
+            ["householder-batched-blocked"]
+        m, n = shape[-2:]
+        r = (out if mode == "r" else out.R)[..., :n, :]
+        rr = _ref_r(a)
+        assert float(cp.abs(r - rr).max() / cp.abs(rr).max()) <= _tol(dtype, m) * 10
+        if mode != "r":
+            be, oe = _member_errors(a, out.Q, r)
+            assert be <= _tol(dtype, m) and oe <= _tol(dtype, m) * m
+        assert bool(cp.all(a == a0))
