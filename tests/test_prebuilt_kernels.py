@@ -14,8 +14,8 @@ from mpqr.backends.cupy import warmup as cw
 
 
 def _entry(src, phase="demo-qr"):
-    return {"source": src, "options": ["--std=c++17"], "kwargs": {"name_expressions": None},
-            "seconds": 1.0, "phase": phase}
+    return {"source": src, "text": src, "options": ["--std=c++17"],
+            "kwargs": {"name_expressions": None}, "seconds": 1.0, "phase": phase}
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def fake_cupy(monkeypatch):
         monkeypatch.setitem(sys.modules, name, mod)
     core = types.SimpleNamespace(assemble_cupy_compiler_options=lambda o: ("-I/here", *o),
                                  _get_header_source=lambda: "// headers")
-    monkeypatch.setattr(cw, "_core", lambda: core)
+    monkeypatch.setattr(prebuilt, "_cupy_core", lambda: core)
     return comp
 
 
@@ -65,7 +65,7 @@ def test_bundle_round_trip(tmp_path):
 def test_entry_key_follows_source_options_and_arguments():
     e = _entry("__global__ void k() {}")
     assert prebuilt.entry_key(e) == prebuilt.entry_key(dict(e))
-    assert prebuilt.entry_key(e) != prebuilt.entry_key({**e, "source": "__global__ void j() {}"})
+    assert prebuilt.entry_key(e) != prebuilt.entry_key({**e, "text": "__global__ void j() {}"})
     assert prebuilt.entry_key(e) != prebuilt.entry_key({**e, "options": ["--std=c++11"]})
     assert prebuilt.entry_key(e) != prebuilt.entry_key({**e, "kwargs": {"jitify": True}})
     assert prebuilt.entry_key(e) == prebuilt.entry_key({**e, "seconds": 9, "phase": None})
@@ -77,7 +77,7 @@ def test_install_answers_matching_kernels_through_the_cache_call(fake_cupy, tmp_
     prebuilt.write(bundle, {"cupy": "14.2.0", "nvrtc": [13, 0], "arch": "90"},
                    {prebuilt.entry_key(a): (b"bin a", {"f<double>": "_Z1fIdEvv"}),
                     prebuilt.entry_key(b): (b"bin b", None),
-                    prebuilt.entry_key(_entry("kernel c, older text")): (b"stale", None)})
+                    prebuilt.entry_key({**edited, "text": "kernel c, older text"}): (b"stale", None)})
     got = prebuilt.install([a, b, edited], bundle)
     assert got["skipped"] is None and got["installed"] == {0, 1}
     assert got["platform"] == "CuPy 14.2.0, NVRTC 13.0, sm_90"

@@ -51,11 +51,9 @@ def platform() -> dict[str, Any]:
 
 
 def entry_key(entry: dict[str, Any]) -> str:
-    """A recorded kernel's identity: its source text as compiled now (mpqr's ``.cu``
-    files read again), its options and its arguments."""
-    from mpqr.backends.cupy.warmup import _source_of
-
-    text = json.dumps({"source": _source_of(entry), "options": list(entry["options"]),
+    """A recorded kernel's identity: its source text as compiled now (``entry["text"]``,
+    mpqr's ``.cu`` files read again by the caller), its options and its arguments."""
+    text = json.dumps({"source": entry["text"], "options": list(entry["options"]),
                        "kwargs": entry["kwargs"]}, sort_keys=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -104,15 +102,20 @@ def _compiler_answer(answer: Any):
         compiler._compile_using_nvrtc_no_warning = inner
 
 
-def _through_cache(entry: dict[str, Any]) -> None:
-    """CuPy's compile-with-cache call for a recorded kernel (as :mod:`.warmup` makes it)."""
-    from cupy.cuda import compiler
-    from mpqr.backends.cupy.warmup import _core, _source_of
+def _cupy_core() -> Any:
+    from cupy._core import core
 
-    core = _core()
+    return core
+
+
+def _through_cache(entry: dict[str, Any]) -> None:
+    """CuPy's compile-with-cache call for a recorded kernel, as :mod:`.warmup` makes it."""
+    from cupy.cuda import compiler
+
+    core = _cupy_core()
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in entry["kwargs"].items()}
     options = core.assemble_cupy_compiler_options(tuple(entry["options"]))
-    compiler._compile_module_with_cache(_source_of(entry), options,
+    compiler._compile_module_with_cache(entry["text"], options,
                                         extra_source=core._get_header_source(), **kw)
 
 
@@ -135,7 +138,8 @@ def _compile_kept(entry: dict[str, Any]) -> tuple[str, bytes, dict[str, str] | N
 
 def pack(path: str | os.PathLike, entries: list[dict[str, Any]],
          processes: int | None = None) -> dict[str, Any]:
-    """Compile ``entries`` (a recorded kernel list) in worker processes, each into an
+    """Compile ``entries`` (a recorded kernel list, each with its source ``"text"``) in
+    worker processes, each into an
     empty kernel cache, and write the bundle to ``path``. Returns counts and bytes."""
     import tempfile
 
@@ -160,7 +164,8 @@ def pack(path: str | os.PathLike, entries: list[dict[str, Any]],
 
 def install(entries: list[dict[str, Any]], path: str | os.PathLike = BUNDLE
             ) -> dict[str, Any]:
-    """Put the bundled binaries of ``entries`` into CuPy's kernel cache (in this process,
+    """Put the bundled binaries of ``entries`` (recorded kernels, each with its source
+    ``"text"`` as it reads now) into CuPy's kernel cache (in this process,
     on the current device). Returns ``installed`` (the indices into ``entries``),
     ``seconds`` and ``skipped`` (why nothing was installed, or None)."""
     t0 = time.perf_counter()

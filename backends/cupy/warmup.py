@@ -208,7 +208,7 @@ def warm(path: str | os.PathLike = MANIFEST, processes: int | None = None,
     if prebuilt:  # the platform's compiled kernels, where mpqr ships them
         from mpqr.backends.cupy.prebuilt import install
 
-        pre = install(entries)
+        pre = install([{**e, "text": _source_of(e)} for e in entries])
         out["prebuilt"], out["prebuilt_seconds"] = len(pre["installed"]), pre["seconds"]
         out["prebuilt_platform"] = pre["platform"]
         entries = [e for i, e in enumerate(entries) if i not in pre["installed"]]

@@ -41,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.pack:
         from mpqr.backends.cupy.prebuilt import pack
-        from mpqr.backends.cupy.warmup import load
+        from mpqr.backends.cupy.warmup import _source_of, load
 
-        got = pack(args.pack, load()["entries"], processes=args.processes)
+        entries = [{**e, "text": _source_of(e)} for e in load()["entries"]]
+        got = pack(args.pack, entries, processes=args.processes)
         print(f"packed {got['kernels']} kernels ({got['failed']} failed), "
               f"{got['bytes'] / 1e6:.1f} MB of binaries, {got['file_bytes'] / 1e6:.1f} MB "
               f"compressed, to {args.pack}")
