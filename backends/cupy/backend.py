@@ -209,10 +209,13 @@ class CupyBackend(ArrayAPIBackend):
 
         return get_backend(host_namespace()), x.get()
 
-    # the small-input fast path (``mpqr/_fast.py``): cuSOLVER directly, see small.py; up
-    # to 4096 x 64 (below it cuSOLVER's QR in the input's precision is the fastest
-    # route, and geqrf's cost beats mpqr's general-route overhead only past it)
+    # the small-input fast path (``mpqr/_fast.py``): cuSOLVER directly, see small.py.
+    # Up to 2^18 elements (4096 x 64) for QR and least squares; QR that the route choice
+    # gives to cuSOLVER anyway also takes the direct call up to the square cut (the
+    # general route's checks and sign pass cost ~1.1 ms a call: H200, 1024^2 float64
+    # 0.81x cupy.linalg.qr through it)
     small_max = 2**18
+    direct_qr_max = 2**27
 
     @property
     def small_type(self):

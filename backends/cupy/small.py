@@ -5,12 +5,11 @@ The CuPy counterpart of :mod:`mpqr.backends.numpy.small`: the small-input fast p
 ``cupy.ndarray`` inputs below the backend's ``small_max``. One ``geqrf`` (+ ``orgqr``/
 ``ungqr``) for QR; ``geqrf`` + ``ormqr``/``unmqr`` + ``trsm`` for least squares (the
 route of ``cupyx.lapack.gels``), with the singular values of the small ``R`` on the host
-for SciPy's ``rank`` and ``s``. Workspace sizes are cached per dtype and shape. One
-synchronisation per call: the column maxima of the input come to the host for the range
-and NaN/Inf check (the general route rescales such columns or reports non-finite
-input, so those inputs return None and take it), and for least squares ``R`` comes
-over with them. ``diag(R)`` real and ``>= 0`` by one elementwise kernel on ``R`` and one
-on ``Q``.
+for SciPy's ``rank`` and ``s``. Workspace sizes are cached per dtype and shape. The
+column maxima of the input come to the host for the range and NaN/Inf check (the
+general route rescales such columns or reports non-finite input, so those inputs return
+None and take it): QR's one synchronisation; least squares also brings ``R`` over.
+``diag(R)`` real and ``>= 0`` by one elementwise kernel on ``R`` and one on ``Q``.
 """
 
 from __future__ import annotations
