@@ -30,28 +30,32 @@ _LWORK: dict[tuple[Any, ...], int] = {}
 _ONE = {c: np.ones((), dtype=c) for c in "fdFD"}
 
 # R from geqrf's output (triu), each row by the conjugate phase of its diagonal entry,
-# the diagonal exactly |d|; the phases go to p for Q's columns
+# the diagonal exactly |d|; the phases go to p for Q's columns. ``qrt``: the transpose of
+# geqrf's column-major m x n matrix (C-contiguous: entry (row, col) at col * m + row);
+# ``i`` runs over R's (k, n) in C order (reduce_dims=False keeps that index logical)
 _R_REAL = cp.ElementwiseKernel(
-    "raw T qr, int64 n", "T r, raw T p",
+    "raw T qrt, int64 m, int64 n", "T r, raw T p",
     """
     const ptrdiff_t row = i / n, col = i % n;
-    const T d = qr[row * n + row];
+    const T d = qrt[row * m + row];
     const T s = d < T(0) ? T(-1) : T(1);
     if (col == row) p[row] = s;
-    r = col < row ? T(0) : qr[row * n + col] * s;
-    """, "mpqr_small_r_real")
+    r = col < row ? T(0) : qrt[col * m + row] * s;
+    """, "mpqr_small_r_real", reduce_dims=False)
 _R_COMPLEX = cp.ElementwiseKernel(
-    "raw T qr, int64 n", "T r, raw T p",
+    "raw T qrt, int64 m, int64 n", "T r, raw T p",
     """
     const ptrdiff_t row = i / n, col = i % n;
-    const T d = qr[row * n + row];
+    const T d = qrt[row * m + row];
     const auto ad = abs(d);
     const T s = ad != 0 ? d / ad : T(1);
     if (col == row) { p[row] = s; r = T(ad); }
-    else r = col < row ? T(0) : qr[row * n + col] * conj(s);
-    """, "mpqr_small_r_complex")
+    else r = col < row ? T(0) : qrt[col * m + row] * conj(s);
+    """, "mpqr_small_r_complex", reduce_dims=False)
+# Q's columns by the phases (``i`` over Q's (m, n) in C order)
 _Q_COLUMNS = cp.ElementwiseKernel(
-    "raw T p, int64 n", "T q", "q = q * p[i % n];", "mpqr_small_q_columns")
+    "raw T p, int64 n", "T q", "q = q * p[i % n];", "mpqr_small_q_columns",
+    reduce_dims=False)
 
 
 def _funcs(char: str, *names: str) -> list[Any]:
@@ -106,11 +110,11 @@ def _geqrf(x: Any) -> tuple[Any, Any, Any]:
 
 def _r_factor(x: Any, k: int) -> tuple[Any, Any]:
     """``(R, phases)``: the k x n upper triangle of geqrf's ``x`` with ``diag(R) >= 0``."""
-    n = x.shape[1]
+    m, n = x.shape
     r = cp.empty((k, n), dtype=x.dtype)
     p = cp.empty(k, dtype=x.dtype)
     kern = _R_COMPLEX if x.dtype.kind == "c" else _R_REAL
-    kern(x[:k], n, r, p)
+    kern(x.T, m, n, r, p)
     return r, p
 
 
