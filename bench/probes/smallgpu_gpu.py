@@ -185,9 +185,10 @@ def timings():
             a = rng.standard_normal((m, n))
             b = rng.standard_normal(m)
             t = {k: median_time(f) for k, f in (
-                ("mpqr.qr", lambda: mpqr.qr(a)), ("cupy.linalg.qr", lambda: cp.linalg.qr(a)),
-                ("mpqr.lstsq", lambda: mpqr.lstsq(a, b)),
-                ("gels", lambda: lapack.gels(a, b)))}
+                ("mpqr.qr", lambda a=a: mpqr.qr(a)),
+                ("cupy.linalg.qr", lambda a=a: cp.linalg.qr(a)),
+                ("mpqr.lstsq", lambda a=a, b=b: mpqr.lstsq(a, b)),
+                ("gels", lambda a=a, b=b: lapack.gels(a, b)))}
             for call, mine, lib in (("qr", "mpqr.qr", "cupy.linalg.qr"),
                                     ("lstsq", "mpqr.lstsq", "gels")):
                 row = {"call": call, "shape": [m, n], "mpqr_us": t[mine] * 1e6,
@@ -225,8 +226,9 @@ def sweep():
                        "why": why, "mpqr_ms": tm * 1e3, "library": "cupy.linalg.qr",
                        "library_ms": tl * 1e3, "ratio": tl / tm}
                 RESULTS["sweep"].append(row)
+                flag = "ok" if tl / tm >= 0.95 else "LOW"
                 print(f"sweep {m}x{n} {dt} {p}: {route}, mpqr {tm * 1e3:.2f} ms, cupy "
-                      f"{tl * 1e3:.2f} ms, ratio {tl / tm:.2f} ({'ok' if tl / tm >= 0.95 else 'LOW'})")
+                      f"{tl * 1e3:.2f} ms, ratio {tl / tm:.2f} ({flag})")
             except Exception:
                 traceback.print_exc()
         del x
