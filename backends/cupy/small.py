@@ -22,12 +22,15 @@ import numpy as np
 from cupy_backends.cuda.libs import cublas, cusolver
 from mpqr.backends.numpy.small import _RANGE
 
-__all__ = ["small_lstsq", "small_qr"]
+__all__ = ["SVD_HOST_MAX_N", "small_lstsq", "small_qr"]
 
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
 _LWORK: dict[tuple[Any, ...], int] = {}
 _ONE = {c: np.ones((), dtype=c) for c in "fdFD"}
+#: least squares with more columns take the general route: R's singular values are taken
+#: on the host, where n = 256 was already slower than on the GPU (``host_steps_max``)
+SVD_HOST_MAX_N = 128
 
 # R from geqrf's output (triu), each row by the conjugate phase of its diagonal entry,
 # the diagonal exactly |d|; the phases go to p for Q's columns. ``qrt``: the transpose of
@@ -154,7 +157,7 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     from mpqr.lstsq.solver import RESOLUTION
 
     m, n = a.shape
-    if m < n or n == 0:
+    if m < n or not 0 < n <= SVD_HOST_MAX_N:
         return None
     b2 = b[:, None] if b.ndim == 1 else b
     k = b2.shape[1]
