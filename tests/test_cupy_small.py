@@ -66,8 +66,10 @@ def test_qr_nonfinite_takes_general_route(dtype):
     a = cp.asarray(_rand((100, 10), dtype))
     a[3, 4] = np.nan
     assert _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
-    with pytest.raises(ValueError):
-        mpqr.qr(a)  # check_finite=True: the general route's error
+    with pytest.raises(ValueError, match="x"):
+        mpqr.qr(a, check_finite=True)  # the general route's error
+    _, r = mpqr.qr(a)  # NaN propagates, never a finite answer
+    assert not bool(cp.isfinite(r).all())
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -102,11 +102,13 @@ def qr_checks():
             a[3, 4] = np.nan
             miss = _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
             try:
-                mpqr.qr(a)
+                mpqr.qr(a, check_finite=True)
                 raised = False
             except ValueError:
                 raised = True
-            check(f"qr NaN {np.dtype(dtype).name} takes the general route", miss and raised)
+            nan_out = not bool(cp.isfinite(mpqr.qr(a)[1]).all())
+            check(f"qr NaN {np.dtype(dtype).name} takes the general route",
+                  miss and raised and nan_out, f"raised={raised} NaN out={nan_out}")
         except Exception:
             traceback.print_exc()
             check(f"qr NaN {np.dtype(dtype).name}", False, "exception")
