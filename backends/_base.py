@@ -437,6 +437,9 @@ class ArrayAPIBackend:
     #: own arithmetic meets take the small-input fast path of ``mpqr.qr``/``mpqr.lstsq``
     #: (``mpqr/_fast.py``: :meth:`small_qr`, :meth:`small_lstsq`); 0: none
     small_max: int = 0
+    #: single QRs the route choice gives to the library's QR (``geqrf``) take the same
+    #: direct call up to this many elements where it exceeds ``small_max``; 0: none
+    direct_qr_max: int = 0
     #: the exact array type the fast path accepts (subclasses take the general route)
     small_type: type | None = None
 

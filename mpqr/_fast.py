@@ -4,7 +4,9 @@ A call on a small matrix costs the general route ~0.1-0.5 ms of validation, name
 lookup, method choice, range checks and trace bookkeeping before LAPACK's few tens of
 microseconds (profile: bench/NOTES.md). Here, for an input of the backend's exact array
 type (``backend.small_type``: ``numpy.ndarray``, not a subclass), 2-D, float32/float64/
-complex64/complex128, of at most ``backend.small_max`` elements, with default options
+complex64/complex128, of at most ``backend.small_max`` elements (for QR, where the
+route choice gives the library's QR, up to ``backend.direct_qr_max`` if larger: the
+direct call saves the general route's checks there too), with default options
 and a precision request that the input dtype's own arithmetic meets (every request on
 float64 and complex128 but the tensor-core ones, which keep their own rules; ``"fp32"``
 on float32 and complex64: :func:`mpqr.qr.choice.small_library_route`), the backend's
@@ -72,7 +74,7 @@ def _decide(be: Any, dtype: Any, shape: tuple[int, ...], prec: str) -> Any:
         m, n = shape
         d = None
         if (dtype in (xp.float32, xp.float64, xp.complex64, xp.complex128)
-                and 0 < m * n <= be.small_max
+                and 0 < m * n <= max(be.small_max, getattr(be, "direct_qr_max", 0))
                 and choose(be, prec, dtype, m, n)[0] == "geqrf"):
             # the general route's range check: float32's limits where it factors at fp32
             d = precision_of(be, prec, dtype, "geqrf") == "fp32"
@@ -107,7 +109,9 @@ def qr(x: Any, mode: str, precision: Any, method: str, check_finite: bool) -> An
     if tracing():  # the general route's record, and that the fast path ran it
         m, n = x.shape
         why = qr_in_memory.choose_method(be, prec, x.dtype, m, n)[1]
-        record_event("method", f"qr: geqrf ({why}; small-input fast path)",
+        how = "small-input fast path" if m * n <= be.small_max else \
+            "the library's QR called directly"
+        record_event("method", f"qr: geqrf ({why}; {how})",
                      method="geqrf", shape=(m, n), batch=1, precision=prec, route="small")
     q, r = res
     return r if mode == "r" else QRResult(q, r)
@@ -132,7 +136,7 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     if b.shape[0] != m or (b.ndim == 2 and b.shape[1] == 0):
         return MISS
     prec = _precision(precision)
-    if _decide(be, a.dtype, a.shape, prec) is None:
+    if a.size > be.small_max or _decide(be, a.dtype, a.shape, prec) is None:
         return MISS
     res = be.small_lstsq(a, b, cond, lapack_driver)
     if res is None:

@@ -212,6 +212,8 @@ class _GpuLike:
         self.capabilities = frozenset({"fp16", "int8", "tensor-cores"})
         self.small_max = 0
         self.library_qr_tall_max = nb.library_qr_tall_max
+        self.library_qr_square_max = 2**27  # the CuPy backend's cuts
+        self.library_qr_square_max_by_precision = {"fp64-emulated": 2**25}
         self.batched_qr_fits = nb.batched_qr_fits
 
 
@@ -220,6 +222,8 @@ class _GpuLike:
     (np.complex128, "fp64-emulated", 8192, 8192, True),  # complex, met by complex128
     (np.complex64, "fp32-emulated", 4096, 4096, True),
     (np.float64, "fp64-emulated", 1024, 16384, True),
+    (np.float64, "fp64-emulated", 4096, 16384, True),    # m x m block within the cut
+    (np.float64, "fp64-emulated", 8192, 32768, False),   # the recursion's block wins
     (np.float32, "fp64-emulated", 4096, 65536, False),   # float32 does not meet fp64
     (np.complex64, "fp64-emulated", 4096, 4096, False),
 ])

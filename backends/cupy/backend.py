@@ -179,7 +179,7 @@ class CupyBackend(ArrayAPIBackend):
 
     #: largest Gram matrix (elements) whose small steps run on the host (n = 256 was
     #: 2 ms slower there than on the GPU on an H100; n <= 64 saves ~0.5 ms per QR)
-    small_max = 128 * 128
+    host_steps_max = 128 * 128
     #: the preconditioned CholQR's steps (shifted factors, P = R P, condition estimates)
     #: launch hundreds of kernels on the GPU at 256 columns: on the host up to 256
     #: (H200, 2^20 x 256 at cond 1e12: 788 kernels, 38-40 ms on the GPU; 177 kernels,
@@ -202,12 +202,45 @@ class CupyBackend(ArrayAPIBackend):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,
         # R2 R1) are ~20 tiny launches and ~7 syncs on the GPU: ~0.7 ms per pass (H100).
         # On the host they cost one transfer each way.
-        if x.size > (self.small_max if limit is None else limit):
+        if x.size > (self.host_steps_max if limit is None else limit):
             return self, x
         from mpqr.backends import get_backend
         from mpqr.backends.numpy.backend import host_namespace
 
         return get_backend(host_namespace()), x.get()
+
+    # the small-input fast path (``mpqr/_fast.py``): cuSOLVER directly, see small.py.
+    # Up to 2^18 elements (4096 x 64) for QR and least squares; QR that the route choice
+    # gives to cuSOLVER anyway also takes the direct call up to the square cut (the
+    # general route's checks and sign pass cost ~1.1 ms a call: H200, 1024^2 float64
+    # 0.81x cupy.linalg.qr through it)
+    small_max = 2**18
+    direct_qr_max = 2**27
+
+    @property
+    def small_type(self):
+        return self._cp.ndarray
+
+    def small_qr(self, a, mode, single=False):
+        from mpqr.backends.cupy import small as _small
+
+        return _small.small_qr(a, mode, single)
+
+    def small_lstsq(self, a, b, cond, driver):
+        if driver not in (None, "gelsd", "gelss"):  # gelsy: the general route
+            return None
+        from mpqr.backends.cupy import small as _small
+
+        from mpqr.lstsq import _scipy_rules as rules
+
+        single = a.dtype.char in "fF"
+        eps = float(np.finfo(a.dtype).eps)
+        cut = rules.cutoff(cond, driver or "gelsd", eps, single=single)
+        res = _small.small_lstsq(a, b, cut, eps / 2)
+        if res is None:
+            return None
+        x, rsq, rank, s = res
+        return (x[:, 0] if b.ndim == 1 else x), rsq, rank, s
 
     def chol_steps(self, g):
         # one launch and no sync where the host route moves G over, factors it and moves

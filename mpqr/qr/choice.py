@@ -132,12 +132,20 @@ def library_meets_emulated(backend: Any, prec_name: str, dtype: Any, m: int, n: 
     # wide: at least 8 columns a row (the measured 1/16 shape); near-square wide inputs
     # keep the square rules (the recursion beats cuSOLVER from 6144^2 at fp64-emulated)
     wide = n >= WIDE_RATIO * m
-    if not (wide or cplx):
+    # a wide input's recursion factors only its m x m block: where the square rules give
+    # that block to the library's QR (``library_qr_square_max``), no win is predicted
+    # (H200: 4096 x 16384 fp64-emulated 0.85x cuSOLVER's time through the recursion)
+    cut = getattr(backend, "library_qr_square_max_by_precision", {}).get(
+        prec_name, getattr(backend, "library_qr_square_max", 0))
+    block = not wide and m < n and m * m <= cut
+    if not (wide or block or cplx):
         return ""
-    what = "wide" if wide else "complex"
+    what = "wide" if wide or block else "complex"
+    extra = (f" (its {m}x{m} block is within the square cut of {cut} elements, where the "
+             "library's QR beats the recursion)") if block else ""
     return (f"{what} {m}x{n} at precision={prec_name!r}, which the input's own precision "
-            "meets: the backend library's QR (cuSOLVER geqrf) in it is faster than the "
-            "tensor-core recursion here (H100: 4096 x 65536 float32 fp32-emulated 115 "
+            f"meets{extra}: the backend library's QR (cuSOLVER geqrf) in it is faster than "
+            "the tensor-core recursion here (H100: 4096 x 65536 float32 fp32-emulated 115 "
             "against 172 ms, 8192^2 complex128 fp64-emulated 245 against 280 ms)")
 
 

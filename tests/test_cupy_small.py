@@ -1,0 +1,118 @@
+"""The CuPy small-input fast path (backends/cupy/small.py) against cupy.linalg.qr, the
+general route and a float64/complex128 host reference (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+try:
+    if cp.cuda.runtime.getDeviceCount() < 1:
+        pytest.skip("no CUDA device", allow_module_level=True)
+except Exception:  # no driver
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import mpqr  # noqa: E402
+from mpqr import _fast  # noqa: E402
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+SHAPES = [(100, 10), (1000, 20), (300, 300), (4000, 50)]
+
+
+def _rand(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(shape)
+    return a.astype(dtype)
+
+
+def _u(dtype):
+    return np.finfo(dtype).eps / 2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_qr_fast_path_conventions(dtype, shape):
+    m, n = shape
+    ah = _rand(shape, dtype)
+    a = cp.asarray(ah)
+    a0 = a.copy()
+    before = _fast.qr(a, "reduced", None, "auto", True)
+    assert before is not _fast.MISS  # the fast path takes it
+    q, r = mpqr.qr(a)
+    assert cp.array_equal(a, a0)  # input untouched
+    assert type(q) is cp.ndarray and q.shape == (m, n) and r.shape == (n, n)
+    assert q.dtype == a.dtype and r.dtype == a.dtype
+    d = cp.diagonal(r).get()
+    assert np.all(d.real >= 0) and np.all(d.imag == 0)
+    rh, qh = r.get().astype(np.complex128), q.get().astype(np.complex128)
+    assert np.all(np.tril(rh, -1) == 0)
+    tol = 30 * np.sqrt(m * n) * _u(dtype)
+    assert np.linalg.norm(qh @ rh - ah) <= tol * np.linalg.norm(ah)
+    assert np.linalg.norm(qh.conj().T @ qh - np.eye(n)) <= tol * np.sqrt(n)
+    # the same factors as cupy.linalg.qr up to the diagonal's phases
+    _, rc = cp.linalg.qr(a)
+    ph = np.diagonal(rc.get()).astype(np.complex128)
+    ph = np.where(ph != 0, ph / np.abs(ph), 1)
+    assert np.linalg.norm(ph.conj()[:, None] * rc.get() - rh) <= tol * np.linalg.norm(rh)
+    r_only = mpqr.qr(a, mode="r")
+    assert cp.allclose(r_only, r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qr_nonfinite_takes_general_route(dtype):
+    a = cp.asarray(_rand((100, 10), dtype))
+    a[3, 4] = np.nan
+    assert _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
+    with pytest.raises(ValueError, match="x"):
+        mpqr.qr(a, check_finite=True)  # the general route's error
+    _, r = mpqr.qr(a)  # NaN propagates, never a finite answer
+    assert not bool(cp.isfinite(r).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(100, 10), (1000, 20), (4000, 50)])
+@pytest.mark.parametrize("vec", [True, False])
+def test_lstsq_fast_path_matches_general_route(dtype, shape, vec):
+    m, n = shape
+    ah = _rand(shape, dtype, 1)
+    bh = _rand((m,) if vec else (m, 3), dtype, 2)
+    a, b = cp.asarray(ah), cp.asarray(bh)
+    fast = _fast.lstsq(a, b, None, True, None, precision=None, refine="auto", tol=None,
+                       maxiter=None)
+    assert fast is not _fast.MISS
+    with mpqr.explain():  # the general route (the fast path steps aside under explain)
+        gen = mpqr.lstsq(a, b)
+    x, res, rank, s = fast
+    for got, want in zip(fast, gen):
+        if isinstance(want, int):
+            assert type(got) is int and got == want
+        else:
+            assert type(got) is type(want) and got.shape == want.shape \
+                and got.dtype == want.dtype
+    # a higher-precision reference
+    xr = np.linalg.lstsq(ah.astype(np.complex128), bh.astype(np.complex128), rcond=None)[0]
+    tol = 100 * np.sqrt(m * n) * _u(dtype) * np.linalg.cond(ah.astype(np.complex128))
+    assert np.linalg.norm(x.get() - xr) <= tol * np.linalg.norm(xr)
+    sr = np.linalg.svd(ah.astype(np.complex128), compute_uv=False)
+    assert np.allclose(s.get(), sr, rtol=tol, atol=0)
+    assert rank == n
+    rr = bh.astype(np.complex128) - ah.astype(np.complex128) @ x.get()
+    assert np.allclose(res.get(), np.sum(np.abs(rr) ** 2, axis=0), rtol=tol * 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lstsq_rank_deficient_and_nan_take_general_route(dtype):
+    ah = _rand((100, 10), dtype, 3)
+    ah[:, 9] = ah[:, 0]
+    a, b = cp.asarray(ah), cp.asarray(_rand((100,), dtype, 4))
+    assert _fast.lstsq(a, b, None, True, None, precision=None, refine="auto", tol=None,
+                       maxiter=None) is _fast.MISS
+    rank = mpqr.lstsq(a, b)[2]
+    assert rank == 9
+    bn = b.copy()
+    bn[5] = np.nan
+    assert _fast.lstsq(cp.asarray(_rand((100, 10), dtype)), bn, None, False, None,
+                       precision=None, refine="auto", tol=None, maxiter=None) is _fast.MISS
