@@ -62,6 +62,12 @@ def _preconditioned_cholqr(backend, a, **kw):
     return preconditioned_cholqr(backend, a, **kw)
 
 
+def _sketch_cholqr(backend, a, **kw):
+    from mpqr.qr.sketch import sketch_cholqr
+
+    return sketch_cholqr(backend, a, **kw)
+
+
 def _geqrf(backend, a, *, precision, prec_name, want_q, complete, overwrite):
     # the backend library's blocked Householder QR; it runs in the input's precision
     q, r = backend.library_qr(a, "complete" if complete else ("reduced" if want_q else "r"))
@@ -90,6 +96,7 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "cholqr2": _cholqr("cholqr2"),
     "shifted-cholqr3": _cholqr("shifted-cholqr3"),
     "preconditioned-cholqr": _preconditioned_cholqr,
+    "sketch-cholqr": _sketch_cholqr,
     "svqr": _svqr,
     "geqrf": _geqrf,
     "householder-batched": _householder_batched,
@@ -97,7 +104,7 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
 THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-cholqr3",
-                        "preconditioned-cholqr", "svqr"}
+                        "preconditioned-cholqr", "sketch-cholqr", "svqr"}
 
 
 #: methods whose R has a real, positive diagonal by construction (Cholesky factors and
@@ -106,6 +113,7 @@ THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-c
 #: H100, `python -m mpqr bench qr`) and no pass over Q
 _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3",
                                                  "preconditioned-cholqr",
+                                                 "sketch-cholqr",
                                                  "householder-batched"})
 
 #: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from the
