@@ -141,3 +141,38 @@ def test_sketch_rows_is_the_count_sketch():
     got = NumpyBackend(np).sketch_rows(a, k, sketch.SEED)
     np.testing.assert_allclose(got, dense @ a, rtol=0, atol=1e-13)
     assert set(np.unique(s)) == {-1, 1} and b.min() >= 0 and b.max() < k
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float64", "float32", "complex128"])
+def test_cupy_sketch_kernel_and_route(dtype):
+    """The CUDA kernel's sketch equals the NumPy backend's (same hash), any layout; the
+    route on CuPy factors cond 1e15 (float64) to working accuracy and refuses 1e18."""
+    from tests.conftest import GPU
+
+    if not GPU:
+        pytest.skip("no CUDA GPU visible")
+    import cupy as cp
+    from mpqr.backends import get_backend
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((5000, 24)).astype(dtype)
+    if dtype.startswith("complex"):
+        a = a + 1j * rng.standard_normal((5000, 24))
+    ref = NumpyBackend(np).sketch_rows(a, 96, 11)
+    tol = (1e-4 if dtype == "float32" else 1e-12) * np.abs(ref).max()
+    for ag in (cp.asarray(a), cp.asarray(np.asfortranarray(a))):
+        got = cp.asnumpy(get_backend(cp).sketch_rows(ag, 96, 11))
+        assert np.abs(got - ref).max() <= tol
+    if dtype != "float64":
+        return
+    a = cp.asarray(_wide(np.random.default_rng(8), 2**15, 128, 1e15))
+    q, r, trace = _qr(a)
+    n = 128
+    orth = float(cp.linalg.norm(cp.eye(n) - q.T @ q)) / n
+    bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
+    assert orth <= 8 * np.sqrt(n) * U64 / n and bwd <= 8 * np.sqrt(n) * U64
+    assert any(NAME in m for m in _routes(trace))
+    with pytest.raises(mpqr.BreakdownError, match="rank-deficient"):
+        _qr(cp.asarray(geometric(np.random.default_rng(9), 2**14, 64, 1e18)))
