@@ -23,6 +23,14 @@ M = 4096
 NAME = "sketch-cholqr"
 
 
+@pytest.fixture
+def _cholqr2_at_every_size(monkeypatch):
+    """Small tall inputs would take the library's QR under ``auto``."""
+    from mpqr.backends import ArrayAPIBackend
+
+    monkeypatch.setattr(ArrayAPIBackend, "library_qr_tall_max", 0)
+
+
 def _qr(a):
     with mpqr.explain() as trace:
         q, r = mpqr.qr(a, mode="reduced", method=NAME)
@@ -71,6 +79,7 @@ def test_wide(n, cond):
     assert any(NAME in m for m in _routes(trace))
 
 
+@pytest.mark.usefixtures("_cholqr2_at_every_size")
 @pytest.mark.parametrize("case", ["cond1e18", "repeated-column"])
 def test_rank_deficient_refused_and_auto_falls_back(case):
     rng = np.random.default_rng(18)
@@ -80,9 +89,32 @@ def test_rank_deficient_refused_and_auto_falls_back(case):
         a[:, 40] = a[:, 7]
     with pytest.raises(mpqr.BreakdownError, match="rank-deficient"):
         _qr(a)
-    q, r = mpqr.qr(a, mode="reduced")  # auto: a Householder route, orthonormal Q
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, mode="reduced")  # auto: a Householder route, orthonormal Q
+    fb = [e for e in trace.events if e.kind == "fallback"]
+    if case == "cond1e18":  # CholQR2's first Cholesky fails: the sketch, then Householder
+        assert [e.data["fallback"] for e in fb] == [NAME, "householder-tiled"]
+        assert "numerically rank-deficient" in fb[1].data["reason"]
     assert orthogonality(q) <= 8 * np.sqrt(64) * U64 / 64
     assert backward_error(a, q, r) <= 8 * np.sqrt(64) * U64
+
+
+@pytest.mark.usefixtures("_cholqr2_at_every_size")
+@pytest.mark.parametrize("cond", [1e4, 1e12])
+def test_auto_continues_cholqr2_with_the_sketch(cond):
+    """``auto``: CholQR2 within its reach; past it (its first Cholesky fails) the sketch
+    route, said in the trace, at working accuracy."""
+    a = geometric(np.random.default_rng(40), M, 64, cond)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a)
+    fb = [e for e in trace.events if e.kind == "fallback"]
+    if cond == 1e4:
+        assert not fb
+    else:
+        assert [(e.data["method"], e.data["fallback"]) for e in fb] == [("cholqr2", NAME)]
+        assert "CountSketch" in fb[0].message
+        assert any("one CholQR pass" in m for m in _routes(trace))
+    _check(a, q, r, U64)
 
 
 def test_column_scalings_1e150():

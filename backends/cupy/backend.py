@@ -451,6 +451,8 @@ class CupyBackend(ArrayAPIBackend):
     panel_block_dtypes = ("float64",)
     ozaki_fused = True  # cupy_ozaki_kernels: one-pass residues, reconstruction into C
 
+    sketches = True
+
     def sketch_rows(self, a, k, seed):
         from mpqr.backends.cupy import sketch as cupy_sketch
 

@@ -54,6 +54,8 @@ class NumpyBackend(ArrayAPIBackend):
     small_max = 2**16
     small_type = np.ndarray
 
+    sketches = True
+
     def sketch_rows(self, a, k, seed):
         from mpqr.backends.sketch_hash import row_hash
 
