@@ -139,7 +139,7 @@ def bench_qr(m, n, cond, with_phases=True):
     a = matrix(m, n, cond)
     t_ref = time_it(cp, lambda: cp.linalg.qr(a), repeat=5, max_seconds=8)
     row = {"what": "qr", "shape": f"{m}x{n}", "cond": cond, "cusolver_ms": t_ref * 1e3}
-    for meth in ("auto", "sketch-cholqr"):
+    for meth in ("auto", "sketch-cholqr", "preconditioned-cholqr"):
         try:
             with mpqr.explain() as tr:
                 q, r = mpqr.qr(a, method=meth)
