@@ -24,18 +24,17 @@ def _kernel(t: str) -> Any:
 def count_sketch(a: Any, k: int, seed: int) -> Any | None:
     """``S @ a`` (``k x n``) for 2-D ``a`` of a float or complex dtype; None otherwise."""
     name = a.dtype.name
-    if a.ndim != 2 or name not in _REAL:
+    if a.ndim != 2 or name not in _REAL or not 0 < k < 2**32:
         return None
     m, n = a.shape
-    cpx = 2 if a.dtype.kind == "c" else 1
+    sh = 1 if a.dtype.kind == "c" else 0
     out = cp.zeros((k, n), dtype=a.dtype)
     item = a.dtype.itemsize
     rs, cs = a.strides[0] // item, a.strides[1] // item
-    total = m * n * cpx
-    threads = 256
-    blocks = min((total + threads - 1) // threads, 65535 * 4)
-    if total:
-        _kernel(_REAL[name])((blocks,), (threads,),
+    rows_per_block = 8
+    blocks = min(max((m + rows_per_block - 1) // rows_per_block, 1), 1 << 20)
+    if m and n:
+        _kernel(_REAL[name])((blocks,), (32, rows_per_block),
                              (a, cp.int64(m), cp.int64(n), cp.int64(rs), cp.int64(cs),
-                              cp.int32(cpx), cp.int64(k), cp.uint64(seed), out))
+                              cp.int32(sh), cp.uint32(k), cp.uint64(seed), out))
     return out
