@@ -31,7 +31,6 @@ from mpqr.qr.cholqr import _apply_inverse, _check_gram, _rr, gram_roundoff, righ
 from mpqr.qr.cholqr_precond import (
     RANK_DEFICIENT,
     Resume,
-    _rank_deficient,
     estimate_cond,
     preconditioned_cholqr,
     resume_chain,
@@ -77,7 +76,7 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     d0 = xs.abs(xs.linalg.diagonal(r0))
     if not (bool(xs.all(d0 > 0)) and sb.all_finite(r0)):
         _rank_deficient(float("inf"), gram_roundoff(xs, ys.dtype, prec_name),
-                        "the sketch's R has a zero pivot")
+                        "the sketch's R has a zero or non-finite pivot")
     # rows scaled by the pivots' conjugate phases: R = R_1 R_0 has a positive diagonal
     dr = xs.linalg.diagonal(r0)
     r0 = r0 * xs.expand_dims(xs.conj(dr) / xs.astype(d0, dr.dtype), axis=-1)
@@ -112,3 +111,13 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
                  f"estimated cond(x) = {cond:.2e} (columns scaled to unit norm)",
                  method=NAME, cond_sketched=cond_w, cond_estimate=cond, grams=1)
     return q, backend.from_small(r, a)
+
+
+def _rank_deficient(cond: float, u: float, why: str = "") -> None:
+    limit = RANK_DEFICIENT / u
+    raise BreakdownError(
+        f"{NAME} broke down: x is numerically rank-deficient (estimated cond(x) "
+        f"{'= ' if cond >= limit else '>= '}{cond:.2e} with its columns scaled to unit "
+        f"norm; {RANK_DEFICIENT:g}/u = {limit:.1e}{'; ' + why if why else ''}): its QR "
+        "factorization is not determined to working accuracy; use a Householder method "
+        "or method='auto'", method=NAME, cond_estimate=cond)
