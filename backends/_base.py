@@ -128,6 +128,16 @@ class ArrayAPIBackend:
     #: factorizations, products and solves; see the GPU backend)
     precondition_small_max: int | None = None
 
+    #: whether :meth:`sketch_rows` forms sketches of 2-D float and complex arrays
+    sketches: bool = False
+
+    def sketch_rows(self, a: Any, k: int, seed: int) -> Any | None:
+        """``S @ a`` for a 2-D ``a`` (``m x n``) and a CountSketch ``S`` (``k x m``): row
+        ``i`` of ``a`` is added, with sign ``s_i``, to row ``h_i`` of the result
+        (:func:`mpqr.backends.sketch_hash.row_hash` of ``i`` and ``seed``), one pass over ``a``.
+        None where the backend has no scatter-add (the caller takes another route)."""
+        return None
+
     def from_small(self, x: Any, like: Any) -> Any:
         """An array from :meth:`small`'s namespace back on ``like``'s device."""
         return x

@@ -34,6 +34,15 @@ def _cholqr2_at_every_size(monkeypatch):
     monkeypatch.setattr(ArrayAPIBackend, "library_qr_tall_max", 0)
 
 
+@pytest.fixture(autouse=True)
+def _no_sketch_rescue(monkeypatch):
+    """These tests are about the preconditioned chain ``auto`` continues CholQR2 with; the
+    sketch rescue that takes its place on tall 2-D inputs is ``test_qr_sketch.py``'s."""
+    from mpqr.qr import driver
+
+    monkeypatch.setattr(driver, "SKETCH_RESCUE", None)
+
+
 def _events(trace, kind):
     return [e for e in trace.events if e.kind == kind]
 

@@ -484,6 +484,13 @@ class CupyBackend(ArrayAPIBackend):
     panel_block_dtypes = ("float64",)
     ozaki_fused = True  # cupy_ozaki_kernels: one-pass residues, reconstruction into C
 
+    sketches = True
+
+    def sketch_rows(self, a, k, seed):
+        from mpqr.backends.cupy import sketch as cupy_sketch
+
+        return cupy_sketch.count_sketch(a, k, seed)
+
     def right_solve_upper(self, a, r, out=None):
         from mpqr.backends.cupy import right_solve as cupy_right_solve
 

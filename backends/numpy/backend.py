@@ -54,6 +54,22 @@ class NumpyBackend(ArrayAPIBackend):
     small_max = 2**16
     small_type = np.ndarray
 
+    sketches = True
+
+    def sketch_rows(self, a, k, seed):
+        from mpqr.backends.sketch_hash import row_hash
+
+        m = a.shape[0]
+        bucket, sign = row_hash(np.arange(m, dtype=np.uint64), k, seed)
+        order = np.argsort(bucket, kind="stable")
+        rows = bucket[order]
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        signed = a[order] * sign[order].astype(a.real.dtype)[:, None]
+        out = np.zeros((k, a.shape[1]), dtype=a.dtype)
+        # one reduction per occupied bucket (sort + reduceat: np.add.at is unbuffered)
+        out[rows[starts]] = np.add.reduceat(signed, starts, axis=0)
+        return out
+
     def small_qr(self, a, mode, single=False):
         return _small.small_qr(a, mode, single)
 

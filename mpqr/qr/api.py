@@ -56,7 +56,10 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         input — see :func:`choose_method`), ``"householder-recursive"``,
         ``"householder-tiled"``, ``"gram-schmidt-recursive"``, ``"cholqr"``,
         ``"cholqr2"``, ``"shifted-cholqr3"``, ``"preconditioned-cholqr"`` (CholQR's
-        passes and certificate up to ``cond(x) ~ u^-1``), ``"svqr"``, or ``"geqrf"`` (the array
+        passes and certificate up to ``cond(x) ~ u^-1``), ``"sketch-cholqr"`` (a
+        CountSketch preconditioner and one CholQR pass, to the same reach; what ``auto``
+        continues with where CholQR2's first Cholesky fails on a tall matrix), ``"svqr"``,
+        or ``"geqrf"`` (the array
         library's own QR — LAPACK through NumPy, cuSOLVER through CuPy — in the
         input's precision; ``auto`` takes it where mpqr's methods would only add
         passes, see :func:`choose_method`).

@@ -62,6 +62,12 @@ def _preconditioned_cholqr(backend, a, **kw):
     return preconditioned_cholqr(backend, a, **kw)
 
 
+def _sketch_cholqr(backend, a, **kw):
+    from mpqr.qr.sketch import sketch_cholqr
+
+    return sketch_cholqr(backend, a, **kw)
+
+
 def _geqrf(backend, a, *, precision, prec_name, want_q, complete, overwrite):
     # the backend library's blocked Householder QR; it runs in the input's precision
     q, r = backend.library_qr(a, "complete" if complete else ("reduced" if want_q else "r"))
@@ -96,6 +102,7 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "cholqr2": _cholqr("cholqr2"),
     "shifted-cholqr3": _cholqr("shifted-cholqr3"),
     "preconditioned-cholqr": _preconditioned_cholqr,
+    "sketch-cholqr": _sketch_cholqr,
     "svqr": _svqr,
     "geqrf": _geqrf,
     "householder-batched": _householder_batched,
@@ -104,7 +111,7 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
 THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-cholqr3",
-                        "preconditioned-cholqr", "svqr"}
+                        "preconditioned-cholqr", "sketch-cholqr", "svqr"}
 
 
 #: methods whose R has a real, positive diagonal by construction (Cholesky factors and
@@ -113,12 +120,20 @@ THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-c
 #: H100, `python -m mpqr bench qr`) and no pass over Q
 _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-cholqr3",
                                                  "preconditioned-cholqr",
+                                                 "sketch-cholqr",
                                                  "householder-batched",
                                                  "householder-batched-blocked"})
 
 #: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from the
 #: Gram matrix CholQR2 computed) before falling back to Householder
 RESCUE = "preconditioned-cholqr"
+
+#: where CholQR2's *first* Cholesky failed (cond(x) beyond ~u^-1/2) on a 2-D matrix with
+#: at least 2 SKETCH_ROWS n rows and a backend that sketches, ``auto`` continues with this
+#: method instead: a CountSketch pass, one substitution and one certified-by-estimate
+#: CholQR pass, against the chain's two or three solve-and-Gram passes from CholQR2's
+#: Gram matrix (the chain still finishes where the sketch leaves cond(x R0^-1) large)
+SKETCH_RESCUE: str | None = "sketch-cholqr"
 
 
 def register_method(name: str, func: Callable[..., tuple[Any, Any]], *,
@@ -161,10 +176,11 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
             if not auto:
                 raise
             if method == "cholqr2":
+                rescue = _rescue_method(backend, a, exc)
                 try:
-                    return _rescue(backend, a, exc, unscaled, kw)
+                    return _rescue(backend, a, exc, unscaled, kw, rescue)
                 except BreakdownError as exc2:
-                    method, exc = RESCUE, exc2
+                    method, exc = rescue, exc2
             record_event("fallback", f"qr: {method} broke down (estimated cond(x) >= "
                          f"{exc.cond_estimate:.2e}); falling back to {fallback} at "
                          f"precision={prec_name!r}", method=method, fallback=fallback,
@@ -173,8 +189,23 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
     return q, r
 
 
+def _rescue_method(backend: Any, a: Any, exc: BreakdownError) -> str:
+    """:data:`SKETCH_RESCUE` where CholQR2's first Cholesky failed on a matrix the backend
+    sketches (2-D, enough rows), else :data:`RESCUE`."""
+    from mpqr.qr.sketch import SKETCH_ROWS
+
+    first = getattr(exc, "first_gram", None)
+    m, n = a.shape[-2:]
+    if (SKETCH_RESCUE and first is not None and getattr(exc, "chain", None) is None
+            and a.ndim == 2
+            and m >= 2 * SKETCH_ROWS * n
+            and getattr(backend, "sketches", False)):
+        return SKETCH_RESCUE
+    return RESCUE
+
+
 def _rescue(backend: Any, a: Any, exc: BreakdownError, unscaled: bool,
-            kw: dict[str, Any]) -> tuple[Any, Any]:
+            kw: dict[str, Any], rescue: str = RESCUE) -> tuple[Any, Any]:
     """``method="auto"``'s CholQR2 broke down: :data:`RESCUE` from CholQR2's first Gram
     matrix where it was in range (only its conditioning failed), else on columns
     scaled where needed (a Gram matrix that over- or underflowed)."""
@@ -182,6 +213,16 @@ def _rescue(backend: Any, a: Any, exc: BreakdownError, unscaled: bool,
     chain = getattr(exc, "chain", None)
     resume = chain is not None and chain[0] is a and unscaled
     reuse = first is not None and first[0] is a and unscaled
+    if rescue == SKETCH_RESCUE:
+        record_event("fallback", f"qr: cholqr2 broke down (estimated cond(x) >= "
+                     f"{exc.cond_estimate:.2e}); continuing with {rescue} at "
+                     f"precision={kw['prec_name']!r}: its first Cholesky failed (beyond "
+                     "CholQR2's ~u^-1/2), so a CountSketch preconditioner and one CholQR "
+                     "pass replace the preconditioned chain's two or three",
+                     method="cholqr2", fallback=rescue, cond_estimate=exc.cond_estimate,
+                     reason=str(exc))
+        with backend.ignore_fp_warnings() if unscaled else contextlib.nullcontext():
+            return factor_any(backend, rescue, a, scale=not unscaled, **kw)
     record_event("fallback", f"qr: cholqr2 broke down (estimated cond(x) >= "
                  f"{exc.cond_estimate:.2e}); continuing with {RESCUE} at "
                  f"precision={kw['prec_name']!r}" + (
