@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
-from mpqr._errors import LinAlgError
+from mpqr._errors import DeviceMemoryError, LinAlgError
 
 __all__ = ["CupyBackend"]
 
@@ -804,7 +804,9 @@ def _cupy_translate_error(self, exc, what):
         cap = f", pool limit {limit:,} bytes" if limit else ""
         return _oom_class()(
             f"{what} ran out of device memory: its workspace needed {need} "
-            f"({pool.used_bytes():,} bytes in use{cap}); {_OOM_HINT}. Device said: {exc}")
+            f"({pool.used_bytes():,} bytes in use{cap}); {_OOM_HINT}. Device said: {exc}",
+            needed=int(m.group(1).replace(',', '')) if m else None,
+            free=self.device_memory_free())
     if isinstance(exc, compiler.CompileException):
         src = getattr(exc, "source", "") or ""
         names = sorted(set(re.findall(r"__global__\s+void\s+(\w+)", src))) or \
@@ -824,9 +826,11 @@ def _oom_class():
     import at module load)."""
     from cupy.cuda.memory import OutOfMemoryError
 
-    class MpqrOutOfMemoryError(OutOfMemoryError):
-        def __init__(self, message: str):
+    class MpqrOutOfMemoryError(OutOfMemoryError, DeviceMemoryError):
+        def __init__(self, message: str, *, needed: int | None = None,
+                     free: int | None = None):
             MemoryError.__init__(self, message)  # CuPy's __init__ wants (size, total, limit)
+            self.needed, self.free = needed, free
 
     return MpqrOutOfMemoryError
 

@@ -1,0 +1,92 @@
+"""How much device memory a QR call needs, checked before the work starts.
+
+A call on a device array whose workspace estimate exceeds the device's free memory (the
+driver's free bytes plus what the array library's pool holds unused) raises
+:class:`mpqr.DeviceMemoryError` up front, saying how much it needs, how much is free and
+which precision or out-of-core budget would fit, instead of an out-of-memory error from
+deep inside the factorization. Host arrays (free memory unknown: ``None``) are never
+refused here.
+
+The estimate is ``multiple x input bytes``, with the multiple of the route the call
+takes: the high-water marks of the device's memory pool measured for one call
+(``python -m mpqr bench memory``; H200, CuPy 13). Routes not measured yet count the
+input and its factors only (2x), so the check refuses only calls that cannot fit.
+``MPQR_MEMORY_PLAN=0`` turns the check off (A/B measurements).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from mpqr._errors import DeviceMemoryError
+from mpqr.policy import record_event
+
+__all__ = ["MULTIPLES", "TALL_METHODS", "check_fits", "enabled", "estimate_bytes"]
+
+#: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
+TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
+                          "svqr", "gram-schmidt-recursive", "householder-batched"})
+
+#: pool high-water of one square/wide Householder call, a multiple of the input's
+#: bytes, per precision (H200, 16384^2 float32/float64 and 65536 x 8192 float32)
+MULTIPLES = {"fp16": 6.84, "fp32-emulated": 8.21, "fp64-emulated": 13.0}
+#: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
+_TALL = 2.0
+_LIBRARY = 2.07
+_UNMEASURED = 2.0
+
+
+def enabled() -> bool:
+    """Whether calls are checked against free device memory (``MPQR_MEMORY_PLAN``)."""
+    return os.environ.get("MPQR_MEMORY_PLAN", "1").strip().lower() not in ("0", "off",
+                                                                          "false", "no")
+
+
+def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int) -> int:
+    """Device bytes a QR of ``shape`` (``(..., m, n)``) by ``method`` at ``prec_name``
+    needs at its high-water mark, input included."""
+    nbytes = math.prod(shape) * itemsize
+    if method in TALL_METHODS:
+        mult = _TALL
+    elif method == "geqrf":
+        mult = _LIBRARY
+    else:
+        mult = MULTIPLES.get(prec_name, _UNMEASURED)
+    return math.ceil(mult * nbytes)
+
+
+def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
+    """Raise :class:`~mpqr.DeviceMemoryError` if QR of ``a`` would not fit the device."""
+    if not enabled():
+        return
+    free = backend.device_memory_free()
+    if free is None:  # host memory: no estimate of what is free
+        return
+    shape = tuple(a.shape)
+    itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    nbytes = math.prod(shape) * itemsize
+    # the input already lives on the device: what the call adds must fit what is free
+    need = estimate_bytes(method, prec_name, shape, itemsize) - nbytes
+    record_event("memory", f"qr: plan {need:,} bytes beyond the input, {free:,} free",
+                 needed=need, free=free, method=method, precision=prec_name)
+    if need <= free:
+        return
+    fits = [p for p in ("fp16", "fp32-emulated", "fp64-emulated")
+            if p != prec_name and estimate_bytes(method, p, shape, itemsize) - nbytes <= free]
+    hint = (f"precision={fits[0]!r} would fit" if fits else
+            "no precision of this route fits")
+    raise DeviceMemoryError(
+        f"mpqr.qr of a {' x '.join(map(str, shape))} {a.dtype} array at "
+        f"precision={prec_name!r} ({method}) needs about {need:,} bytes of device memory "
+        f"beyond the input and {free:,} are free; {hint}, or factor it out of core from "
+        f"host memory: mpqr.qr(host_copy, memory_budget={free // 2:,}) (the budget in "
+        "bytes of device memory the out-of-core route may use)",
+        needed=need, free=free)
+
+
+def _itemsize(backend: Any, a: Any) -> int:
+    xp = backend.xp
+    info = xp.finfo(a.dtype)
+    return int(info.bits) // 8 * (2 if xp.isdtype(a.dtype, "complex floating") else 1)

@@ -1,0 +1,84 @@
+"""The workspace check before a device call and the NumPy backend's peak memory."""
+
+import pickle
+import tracemalloc
+
+import numpy as np
+import pytest
+from mpqr.backends import get_backend
+
+import mpqr
+
+
+def _peak_bytes(fn):
+    """Peak of NumPy's live data buffers (NumPy reports them to tracemalloc) during
+    ``fn()``, beyond what was live before."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        res = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    del res
+    return peak
+
+
+@pytest.fixture
+def small_device(monkeypatch):
+    """The NumPy backend pretending to be a device with ``free`` bytes free."""
+    free = {"bytes": None}
+    backend = get_backend(np)
+    monkeypatch.setattr(type(backend), "device_memory_free", lambda self: free["bytes"])
+    return free
+
+
+def test_oversize_input_raises_device_memory_error(small_device):
+    a = np.random.default_rng(0).standard_normal((96, 96))
+    small_device["bytes"] = a.nbytes  # the fp64-emulated plan needs 12x beyond the input
+    with pytest.raises(mpqr.DeviceMemoryError) as info:
+        mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    err = info.value
+    assert isinstance(err, MemoryError)
+    assert err.free == a.nbytes and err.needed == int(np.ceil(13.0 * a.nbytes)) - a.nbytes
+    msg = str(err)
+    assert f"{err.needed:,} bytes" in msg and f"{err.free:,} are free" in msg
+    assert "memory_budget=" in msg
+    assert "precision='fp16' would fit" not in msg  # 6.84x does not fit 1x either
+    # a pickled error keeps what it says
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.needed, back.free, str(back)) == (err.needed, err.free, msg)
+
+
+def test_hint_names_a_precision_that_fits(small_device):
+    a = np.random.default_rng(1).standard_normal((96, 96)).astype(np.float32)
+    small_device["bytes"] = 7 * a.nbytes  # fp32-emulated needs 7.21x, fp16 5.84x
+    with pytest.raises(mpqr.DeviceMemoryError, match="precision='fp16' would fit"):
+        mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+
+
+def test_fitting_call_runs_and_switch_turns_the_check_off(small_device, monkeypatch):
+    a = np.random.default_rng(2).standard_normal((96, 96))
+    small_device["bytes"] = 20 * a.nbytes
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    assert any("plan" in str(e) for e in trace.events)
+    np.testing.assert_allclose(q @ r, a, atol=1e-12 * np.linalg.norm(a))
+    small_device["bytes"] = 0
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
+    _q2, r2 = mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    np.testing.assert_array_equal(r2, r)
+
+
+def test_host_backend_is_never_refused():
+    assert get_backend(np).device_memory_free() is None
+    a = np.random.default_rng(3).standard_normal((96, 96))
+    mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+
+
+def test_tall_route_peak_within_its_bound():
+    # tall route: Q (the input's size) and a few n x n blocks; bound 2.5x the input
+    a = np.random.default_rng(4).standard_normal((8192, 32))
+    peak = _peak_bytes(lambda: mpqr.qr(a, method="cholqr2"))
+    assert peak <= 2.5 * a.nbytes, peak / a.nbytes
