@@ -82,3 +82,47 @@ def test_tall_route_peak_within_its_bound():
     a = np.random.default_rng(4).standard_normal((8192, 32))
     peak = _peak_bytes(lambda: mpqr.qr(a, method="cholqr2"))
     assert peak <= 2.5 * a.nbytes, peak / a.nbytes
+
+
+def _cupy():
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA device")
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    return cp
+
+
+@pytest.mark.parametrize("plan", ["1", "0"])
+def test_gpu_oversize_input_raises_device_memory_error(plan, monkeypatch):
+    # plan on: refused before the work; off: CuPy's out-of-memory error from inside, as
+    # mpqr's error
+    cp = _cupy()
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", plan)
+    pool = cp.get_default_memory_pool()
+    a = cp.random.default_rng(0).standard_normal((2048, 2048))
+    pool.free_all_blocks()
+    pool.set_limit(size=3 * a.nbytes)
+    try:
+        with pytest.raises(mpqr.DeviceMemoryError) as info:
+            mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    finally:
+        pool.set_limit(size=0)
+        pool.free_all_blocks()
+    if plan == "1":
+        assert info.value.needed > info.value.free >= 0
+        assert "are free" in str(info.value)
+
+
+def test_gpu_pool_high_water_within_plan():
+    # the estimate the check uses is at least what one call takes from the pool
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+    from mpqr.qr.memory_plan import estimate_bytes
+
+    for dt, prec in (("float32", "fp32-emulated"), ("float64", "fp64-emulated")):
+        a = cp.random.default_rng(1).standard_normal((2048, 2048)).astype(dt)
+        got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
+        bound = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
+        assert got["pool_multiple"] * a.nbytes <= bound, (prec, got)

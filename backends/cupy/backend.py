@@ -840,8 +840,11 @@ CupyBackend.translate_error = _cupy_translate_error
 
 def _cupy_device_memory_free(self):
     # the driver's free memory plus what CuPy's pool holds unused (it is handed out first)
-    free = self._cp.cuda.runtime.memGetInfo()[0]
-    return int(free + self._cp.get_default_memory_pool().free_bytes())
+    pool = self._cp.get_default_memory_pool()
+    free = int(self._cp.cuda.runtime.memGetInfo()[0] + pool.free_bytes())
+    limit = pool.get_limit()  # a pool limit (set_limit) caps what the pool may hand out
+    return min(free, max(0, int(limit - pool.total_bytes() + pool.free_bytes()))) \
+        if limit else free
 
 
 def _cupy_host_staging(self, dtype, block_elems, *, nbuf=3, nout=2):
