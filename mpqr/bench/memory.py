@@ -2,10 +2,11 @@
 
 CuPy only. For each row (the tall, square and wide routes at the precisions of the
 memory targets) one call of ``mpqr.qr`` and of ``cupy.linalg.qr`` after the pool's cached
-blocks are freed: the pool's high-water mark (``total_bytes`` after the call, what the
-pool had to take from the device) and the peak of live bytes (a CuPy memory hook), each a
-multiple of the input's bytes. ``MPQR_MEMORY_PLAN`` is read as it is set (``0``: the
-check before a call is off). Then, under a pool limit of ``--budget`` bytes, the largest
+blocks are freed: what the pool grew by (``total_bytes`` after the call less before it,
+what the pool had to take from the device beyond the input) and the peak of live bytes
+the call added (a CuPy memory hook), each a multiple of the input's bytes.
+``MPQR_MEMORY_PLAN`` is read as it is set (``0``: the check before a call is off).
+Then, under a pool limit of ``--budget`` bytes, the largest
 ``n`` of an ``n x n`` matrix each of ``mpqr.qr(precision=...)`` and ``cupy.linalg.qr``
 factors, by bisection on ``n`` (multiples of 256). ``--quick``: smaller shapes.
 """
@@ -52,8 +53,8 @@ def _hook(cp: Any) -> Any:
 
 
 def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
-    """Pool high-water and live-bytes peak of ``fn(a)`` as multiples of ``a.nbytes``,
-    and its seconds (one call, after a warm-up call)."""
+    """Pool growth and live-bytes peak of ``fn(a)`` beyond the input, as multiples of
+    ``a.nbytes``, and its seconds (one call, after a warm-up call)."""
     pool = cp.get_default_memory_pool()
     res = fn(a)
     del res
@@ -69,7 +70,7 @@ def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
     high = pool.total_bytes()
     del res
     pool.free_all_blocks()
-    return {"pool_multiple": high / a.nbytes, "peak_live_multiple": (base + hook.peak) / a.nbytes,
+    return {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
             "seconds": dt}
 
 

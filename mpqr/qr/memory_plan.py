@@ -7,10 +7,10 @@ which precision or out-of-core budget would fit, instead of an out-of-memory err
 deep inside the factorization. Host arrays (free memory unknown: ``None``) are never
 refused here.
 
-The estimate is ``multiple x input bytes``, with the multiple of the route the call
-takes: the high-water marks of the device's memory pool measured for one call
-(``python -m mpqr bench memory``; H200, CuPy 13). Routes not measured yet count the
-input and its factors only (2x), so the check refuses only calls that cannot fit.
+The estimate is ``multiple x input bytes`` beyond the input itself, with the multiple of
+the route the call takes: what the device's memory pool grew by in one call, measured
+(``python -m mpqr bench memory``; H200). Routes not measured yet count the factors only
+(Q and R: 2x for a square input), so the check refuses only calls that cannot fit.
 ``MPQR_MEMORY_PLAN=0`` turns the check off (A/B measurements).
 """
 
@@ -29,8 +29,8 @@ __all__ = ["MULTIPLES", "TALL_METHODS", "check_fits", "enabled", "estimate_bytes
 TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
                           "svqr", "gram-schmidt-recursive", "householder-batched"})
 
-#: pool high-water of one square/wide Householder call, a multiple of the input's
-#: bytes, per precision (H200, 16384^2 float32/float64 and 65536 x 8192 float32)
+#: pool growth of one square/wide Householder call, a multiple of the input's bytes,
+#: per precision (H200, 16384^2 float32/float64 and 65536 x 8192 float32)
 MULTIPLES = {"fp16": 6.84, "fp32-emulated": 8.21, "fp64-emulated": 13.0}
 #: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
 _TALL = 2.0
@@ -46,7 +46,7 @@ def enabled() -> bool:
 
 def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int) -> int:
     """Device bytes a QR of ``shape`` (``(..., m, n)``) by ``method`` at ``prec_name``
-    needs at its high-water mark, input included."""
+    needs at its high-water mark beyond the input (its factors included)."""
     nbytes = math.prod(shape) * itemsize
     if method in TALL_METHODS:
         mult = _TALL
@@ -66,15 +66,14 @@ def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
         return
     shape = tuple(a.shape)
     itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
-    nbytes = math.prod(shape) * itemsize
     # the input already lives on the device: what the call adds must fit what is free
-    need = estimate_bytes(method, prec_name, shape, itemsize) - nbytes
+    need = estimate_bytes(method, prec_name, shape, itemsize)
     record_event("memory", f"qr: plan {need:,} bytes beyond the input, {free:,} free",
                  needed=need, free=free, method=method, precision=prec_name)
     if need <= free:
         return
     fits = [p for p in ("fp16", "fp32-emulated", "fp64-emulated")
-            if p != prec_name and estimate_bytes(method, p, shape, itemsize) - nbytes <= free]
+            if p != prec_name and estimate_bytes(method, p, shape, itemsize) <= free]
     hint = (f"precision={fits[0]!r} would fit" if fits else
             "no precision of this route fits")
     raise DeviceMemoryError(
