@@ -126,3 +126,24 @@ def test_gpu_pool_high_water_within_plan():
         got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
         bound = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
         assert got["pool_multiple"] * a.nbytes <= bound, (prec, got)
+
+
+def test_ozaki_scratch_cap_blocks_products_and_changes_no_bit(monkeypatch):
+    from mpqr.qr import memory_plan
+
+    a = np.random.default_rng(5).standard_normal((128, 96))
+    monkeypatch.setattr(memory_plan, "OZAKI_FLOOR", 1 << 14)
+
+    def run():
+        with mpqr.explain() as trace, mpqr.gemm_options(engine="ozaki-int8"):
+            q, r = mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+        return q, r, [e.data["block"] for e in trace.events if e.kind == "ozaki"]
+
+    q, r, blocks = run()
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
+    q0, r0, blocks0 = run()
+    # the cap blocked the products (the caller's forced engine kept); not a bit changed
+    assert len(blocks) == len(blocks0) > 0
+    assert sum(b0 * b1 for b0, b1 in blocks) < sum(b0 * b1 for b0, b1 in blocks0)
+    np.testing.assert_array_equal(q, q0)
+    np.testing.assert_array_equal(r, r0)

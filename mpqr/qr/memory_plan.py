@@ -11,19 +11,34 @@ The estimate is ``multiple x input bytes`` beyond the input itself, with the mul
 the route the call takes: what the device's memory pool grew by in one call, measured
 (``python -m mpqr bench memory``; H200). Routes not measured yet count the factors only
 (Q and R: 2x for a square input), so the check refuses only calls that cannot fit.
-``MPQR_MEMORY_PLAN=0`` turns the check off (A/B measurements).
+
+The plan also bounds the engines' scratch memory during the call
+(:func:`workspace_scope`): the Ozaki engine's residues and int32 products (whose default
+cap is half the free device memory, so a call used to take as much as it found) stay
+within ``OZAKI_FRACTION`` of the input's bytes (at least ``OZAKI_FLOOR``); the engine
+blocks its products to that cap, which changes no bit of the result.
+
+``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from mpqr._errors import DeviceMemoryError
-from mpqr.policy import record_event
+from mpqr.policy import active_gemm_options, gemm_options, record_event
 
-__all__ = ["MULTIPLES", "TALL_METHODS", "check_fits", "enabled", "estimate_bytes"]
+__all__ = ["MULTIPLES", "OZAKI_FLOOR", "OZAKI_FRACTION", "TALL_METHODS", "check_fits",
+           "enabled", "estimate_bytes", "workspace_scope"]
+
+#: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
+#: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products)
+OZAKI_FRACTION = 0.5
+OZAKI_FLOOR = 256 << 20
 
 #: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
 TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
@@ -83,6 +98,21 @@ def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
         f"host memory: mpqr.qr(host_copy, memory_budget={free // 2:,}) (the budget in "
         "bytes of device memory the out-of-core route may use)",
         needed=need, free=free)
+
+
+@contextlib.contextmanager
+def workspace_scope(backend: Any, a: Any, prec_name: str) -> Iterator[None]:
+    """The engines' scratch caps of the plan for QR of ``a`` (none where the caller set
+    ``workspace_limit`` or the plan is off)."""
+    opts = active_gemm_options()
+    if not enabled() or (opts is not None and opts.workspace_limit is not None) \
+            or prec_name not in ("fp64-emulated", "auto"):
+        yield
+        return
+    nbytes = math.prod(a.shape) * (int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a))
+    cap = max(OZAKI_FLOOR, int(OZAKI_FRACTION * nbytes))
+    with gemm_options(opts, workspace_limit=min(cap, backend.ozaki_workspace_limit())):
+        yield
 
 
 def _itemsize(backend: Any, a: Any) -> int:
