@@ -9,8 +9,9 @@ refused here.
 
 The estimate is ``multiple x input bytes`` beyond the input itself, with the multiple of
 the route the call takes: what the device's memory pool grew by in one call, measured
-(``python -m mpqr bench memory``; H200). Routes not measured yet count the factors only
-(Q and R: 2x for a square input), so the check refuses only calls that cannot fit.
+(``python -m mpqr bench memory``; H200), or where not measured yet the arrays the route
+allocates for certain (square: its working copy, W and R), so that the check refuses
+only calls that cannot fit.
 
 The plan also bounds the engines' scratch memory during the call
 (:func:`workspace_scope`): the Ozaki engine's residues and int32 products (whose default
@@ -30,10 +31,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from mpqr._errors import DeviceMemoryError
+from mpqr.engines.ozaki import workspace_bytes
 from mpqr.policy import active_gemm_options, gemm_options, record_event
 
 __all__ = ["MULTIPLES", "OZAKI_FLOOR", "OZAKI_FRACTION", "TALL_METHODS", "check_fits",
-           "enabled", "estimate_bytes", "workspace_scope"]
+           "enabled", "estimate_bytes", "ozaki_cap", "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
 #: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products)
@@ -45,12 +47,17 @@ TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditione
                           "svqr", "gram-schmidt-recursive", "householder-batched"})
 
 #: pool growth of one square/wide Householder call, a multiple of the input's bytes,
-#: per precision (H200, 16384^2 float32/float64 and 65536 x 8192 float32)
-MULTIPLES = {"fp16": 6.84, "fp32-emulated": 8.21, "fp64-emulated": 13.0}
+#: per precision (H200, 16384^2 float32 and 65536 x 8192 float32); products on the
+#: fp16 engines split their operands whole
+MULTIPLES = {"fp16": 6.84, "fp32-emulated": 8.21}
+#: the square route's own arrays: its working copy, W (where the reduced Q is formed)
+#: and R, each up to the input's size; fp64-emulated adds the Ozaki scratch cap
+_SQUARE = 3.0
 #: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
 _TALL = 2.0
 _LIBRARY = 2.07
-_UNMEASURED = 2.0
+#: moduli and CRT limbs of a float64-accurate Ozaki product (typical: 16-17 moduli)
+_OZAKI_TERMS, _OZAKI_LIMBS = 17, 4
 
 
 def enabled() -> bool:
@@ -64,12 +71,20 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     needs at its high-water mark beyond the input (its factors included)."""
     nbytes = math.prod(shape) * itemsize
     if method in TALL_METHODS:
-        mult = _TALL
-    elif method == "geqrf":
-        mult = _LIBRARY
-    else:
-        mult = MULTIPLES.get(prec_name, _UNMEASURED)
-    return math.ceil(mult * nbytes)
+        return math.ceil(_TALL * nbytes)
+    if method == "geqrf":
+        return math.ceil(_LIBRARY * nbytes)
+    extra = 0
+    if prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
+        *_, m, n = shape
+        h = -(-n // 2)
+        extra = min(ozaki_cap(nbytes), workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS))
+    return math.ceil(MULTIPLES.get(prec_name, _SQUARE) * nbytes) + extra
+
+
+def ozaki_cap(nbytes: int) -> int:
+    """The Ozaki engine's scratch cap during QR of an input of ``nbytes`` bytes."""
+    return max(OZAKI_FLOOR, int(OZAKI_FRACTION * nbytes))
 
 
 def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
@@ -110,7 +125,7 @@ def workspace_scope(backend: Any, a: Any, prec_name: str) -> Iterator[None]:
         yield
         return
     nbytes = math.prod(a.shape) * (int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a))
-    cap = max(OZAKI_FLOOR, int(OZAKI_FRACTION * nbytes))
+    cap = ozaki_cap(nbytes)
     with gemm_options(opts, workspace_limit=min(cap, backend.ozaki_workspace_limit())):
         yield
 
