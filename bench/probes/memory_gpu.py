@@ -12,7 +12,7 @@
    translated); PASS when both are ``mpqr.DeviceMemoryError`` and the first names the
    bytes needed and free;
 4. the largest n each of mpqr (fp32-emulated, fp64-emulated) and cupy.linalg.qr factors
-   under a 1 GiB pool limit, by bisection.
+   under a 512 MiB pool limit, by bisection.
 Each part is caught on its own; a failure prints its traceback and the script goes on.
 """
 
@@ -125,7 +125,7 @@ def oom():
 
 
 def largest():
-    budget = 1 << 30
+    budget = 512 << 20
     for dt, prec in (("float32", "fp32-emulated"), ("float64", "fp64-emulated")):
         for on in (True, False):
             plan(on)
