@@ -7,7 +7,7 @@ what it chose: ``with mpqr.explain() as trace: ...``.
 """
 
 from mpqr import _aliases  # noqa: F401  (first: the module paths of earlier releases)
-from mpqr._errors import BreakdownError, LinAlgError, RefinementWarning
+from mpqr._errors import BreakdownError, DeviceMemoryError, LinAlgError, RefinementWarning
 from mpqr.lstsq import lstsq
 from mpqr.matmul import matmul
 from mpqr.policy import (
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "PRECISIONS",
     "BreakdownError",
+    "DeviceMemoryError",
     "GemmOptions",
     "LinAlgError",
     "QRResult",

@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                "lstsq": "mpqr.bench.lstsq", "accuracy": "mpqr.bench.accuracy",
                "dask": "mpqr.bench.dask", "bridge": "mpqr.bench.bridge",
                "ooc": "mpqr.bench.ooc", "arrayapi": "mpqr.bench.arrayapi",
-               "frameworks": "mpqr.bench.frameworks", "small": "mpqr.bench.small"}
+               "frameworks": "mpqr.bench.frameworks", "small": "mpqr.bench.small",
+               "memory": "mpqr.bench.memory"}
     if not args.rest:
         print("python -m mpqr bench TOPIC [--json PATH] [--png PATH] ...; topics:")
         for topic, modname in benches.items():

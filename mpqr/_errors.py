@@ -6,7 +6,7 @@ import functools
 
 from mpqr.backends.numpy.types import LINALG_ERROR
 
-__all__ = ["BreakdownError", "LinAlgError", "RefinementWarning"]
+__all__ = ["BreakdownError", "DeviceMemoryError", "LinAlgError", "RefinementWarning"]
 
 
 class LinAlgError(LINALG_ERROR):
@@ -53,3 +53,30 @@ class RefinementWarning(UserWarning):
     The result returned alongside is the best iterate found (smallest
     normal-equation residual), never a silently wrong "converged" answer.
     """
+
+
+class DeviceMemoryError(MemoryError):
+    """A call needs more device memory than the device has free.
+
+    Raised before the work starts, when the call's workspace estimate
+    (:mod:`mpqr.qr.memory_plan`) exceeds the free device memory, and in place of the
+    array library's own out-of-memory error when one comes from inside a call. A
+    ``MemoryError``: ``except MemoryError:`` catches it.
+
+    Attributes
+    ----------
+    needed : int or None
+        Bytes the call's plan needs (``None`` where the library did not say).
+    free : int or None
+        Bytes free on the device when the call was checked (``None`` where unknown).
+    """
+
+    def __init__(self, message: str, *, needed: int | None = None,
+                 free: int | None = None):
+        super().__init__(message)
+        self.needed = needed
+        self.free = free
+
+    def __reduce__(self) -> tuple:
+        return (functools.partial(type(self), needed=self.needed, free=self.free),
+                self.args)

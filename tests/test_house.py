@@ -225,7 +225,7 @@ def test_command_line_unchanged():
     listed = subprocess.run([*run, "bench"], capture_output=True, text=True, check=True)
     topics = [line.split()[0] for line in listed.stdout.splitlines()[1:]]
     assert topics == ["gemm", "qr", "lstsq", "accuracy", "dask", "bridge", "ooc", "arrayapi",
-                      "frameworks", "small"]
+                      "frameworks", "small", "memory"]
     one = subprocess.run([*run, "bench", "qr", "-h"], capture_output=True, text=True,
                          check=True)
     assert "--json" in one.stdout

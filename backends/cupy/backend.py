@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from mpqr.backends._base import ArrayAPIBackend, EngineRates
 
-from mpqr._errors import LinAlgError
+from mpqr._errors import DeviceMemoryError, LinAlgError
 
 __all__ = ["CupyBackend"]
 
@@ -855,7 +855,9 @@ def _cupy_translate_error(self, exc, what):
         cap = f", pool limit {limit:,} bytes" if limit else ""
         return _oom_class()(
             f"{what} ran out of device memory: its workspace needed {need} "
-            f"({pool.used_bytes():,} bytes in use{cap}); {_OOM_HINT}. Device said: {exc}")
+            f"({pool.used_bytes():,} bytes in use{cap}); {_OOM_HINT}. Device said: {exc}",
+            needed=int(m.group(1).replace(',', '')) if m else None,
+            free=self.device_memory_free())
     if isinstance(exc, compiler.CompileException):
         src = getattr(exc, "source", "") or ""
         names = sorted(set(re.findall(r"__global__\s+void\s+(\w+)", src))) or \
@@ -875,9 +877,11 @@ def _oom_class():
     import at module load)."""
     from cupy.cuda.memory import OutOfMemoryError
 
-    class MpqrOutOfMemoryError(OutOfMemoryError):
-        def __init__(self, message: str):
+    class MpqrOutOfMemoryError(OutOfMemoryError, DeviceMemoryError):
+        def __init__(self, message: str, *, needed: int | None = None,
+                     free: int | None = None):
             MemoryError.__init__(self, message)  # CuPy's __init__ wants (size, total, limit)
+            self.needed, self.free = needed, free
 
     return MpqrOutOfMemoryError
 
@@ -887,8 +891,11 @@ CupyBackend.translate_error = _cupy_translate_error
 
 def _cupy_device_memory_free(self):
     # the driver's free memory plus what CuPy's pool holds unused (it is handed out first)
-    free = self._cp.cuda.runtime.memGetInfo()[0]
-    return int(free + self._cp.get_default_memory_pool().free_bytes())
+    pool = self._cp.get_default_memory_pool()
+    free = int(self._cp.cuda.runtime.memGetInfo()[0] + pool.free_bytes())
+    limit = pool.get_limit()  # a pool limit (set_limit) caps what the pool may hand out
+    return min(free, max(0, int(limit - pool.total_bytes() + pool.free_bytes()))) \
+        if limit else free
 
 
 def _cupy_host_staging(self, dtype, block_elems, *, nbuf=3, nout=2):

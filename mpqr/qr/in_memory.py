@@ -16,7 +16,7 @@ from mpqr._validation import check_choice, check_dtype, check_ndim, namespace_of
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
 from mpqr.policy import record_event, resolve_precision, validate_precision
-from mpqr.qr import driver
+from mpqr.qr import driver, memory_plan
 from mpqr.qr.choice import choose_method
 from mpqr.qr.driver import METHODS
 
@@ -91,9 +91,11 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     if m == 0 or n == 0 or math.prod(batch) == 0:
         q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
     else:
-        q, r = driver.run(backend, a, method, auto=auto, precision=precision,
-                          prec_name=prec_name, want_q=want_q, complete=complete,
-                          overwrite=overwrite)
+        memory_plan.check_fits(backend, a, method, prec_name)
+        with memory_plan.workspace_scope(backend, a, prec_name):
+            q, r = driver.run(backend, a, method, auto=auto, precision=precision,
+                              prec_name=prec_name, want_q=want_q, complete=complete,
+                              overwrite=overwrite)
     return QRResult(q, r) if want_q else r
 
 

@@ -1,0 +1,160 @@
+"""``python -m mpqr bench memory``: device memory per call and the largest matrix that fits.
+
+CuPy only. For each row (the tall, square and wide routes at the precisions of the
+memory targets) one call of ``mpqr.qr`` and of ``cupy.linalg.qr`` after the pool's cached
+blocks are freed: what the pool grew by (``total_bytes`` after the call less before it,
+what the pool had to take from the device beyond the input) and the peak of live bytes
+the call added (a CuPy memory hook), each a multiple of the input's bytes.
+``MPQR_MEMORY_PLAN`` is read as it is set (``0``: the check before a call is off).
+Then, under a pool limit of ``--budget`` bytes, the largest
+``n`` of an ``n x n`` matrix each of ``mpqr.qr(precision=...)`` and ``cupy.linalg.qr``
+factors, by bisection on ``n`` (multiples of 256). ``--quick``: smaller shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import traceback
+from typing import Any
+
+from mpqr.bench._timing import environment, write_json
+
+__all__ = ["largest_n", "main", "measure_call"]
+
+#: (m, n, dtype, precision); the shapes of the targets, and quick ones
+ROWS = [(1 << 24, 64, "float64", "auto"), (16384, 16384, "float32", "fp16"),
+        (16384, 16384, "float32", "fp32-emulated"), (16384, 16384, "float64", "fp64-emulated"),
+        (65536, 8192, "float32", "fp32-emulated")]
+QUICK = [(1 << 20, 64, "float64", "auto"), (4096, 4096, "float32", "fp16"),
+         (4096, 4096, "float32", "fp32-emulated"), (4096, 4096, "float64", "fp64-emulated"),
+         (16384, 2048, "float32", "fp32-emulated")]
+
+
+def _hook(cp: Any) -> Any:
+    from cupy.cuda import memory_hook
+
+    class Peak(memory_hook.MemoryHook):
+        name = "mpqr-peak"
+
+        def __init__(self) -> None:
+            self.live = self.peak = 0
+            self.sizes: dict[int, int] = {}
+
+        def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+            self.sizes[mem_ptr] = mem_size
+            self.live += mem_size
+            self.peak = max(self.peak, self.live)
+
+        def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+            self.live -= self.sizes.pop(mem_ptr, mem_size)
+
+    return Peak()
+
+
+def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
+    """Pool growth and live-bytes peak of ``fn(a)`` beyond the input, as multiples of
+    ``a.nbytes``, and its seconds (one call, after a warm-up call)."""
+    pool = cp.get_default_memory_pool()
+    res = fn(a)
+    del res
+    cp.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    base = pool.total_bytes()  # the input
+    hook = _hook(cp)
+    t0 = time.perf_counter()
+    with hook:
+        res = fn(a)
+        cp.cuda.Device().synchronize()
+    dt = time.perf_counter() - t0
+    high = pool.total_bytes()
+    del res
+    pool.free_all_blocks()
+    return {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
+            "seconds": dt}
+
+
+def largest_n(cp: Any, fn: Any, dtype: str, budget: int, lo: int = 256, step: int = 256
+              ) -> int:
+    """Largest multiple of ``step`` whose ``n x n`` matrix ``fn`` factors with the pool
+    capped at ``budget`` bytes (input included)."""
+    pool = cp.get_default_memory_pool()
+    item = cp.dtype(dtype).itemsize
+
+    def fits(n: int) -> bool:
+        pool.free_all_blocks()
+        pool.set_limit(size=0)
+        a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float64).astype(dtype)
+        pool.set_limit(size=budget)
+        try:
+            res = fn(a)
+            cp.cuda.Device().synchronize()
+            del res
+            return True
+        except MemoryError:
+            return False
+        finally:
+            del a
+            pool.set_limit(size=0)
+            pool.free_all_blocks()
+
+    hi = int((budget / item) ** 0.5) // step * step  # the input alone fills the budget
+    lo_ok = lo if fits(lo) else 0
+    while hi - lo_ok > step:
+        mid = (lo_ok + hi) // 2 // step * step
+        if mid <= lo_ok:
+            break
+        if fits(mid):
+            lo_ok = mid
+        else:
+            hi = mid
+    return lo_ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpqr bench memory", description=__doc__)
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--png", help="(no chart for this topic)")
+    p.add_argument("--quick", action="store_true", help="smaller shapes")
+    p.add_argument("--budget", type=float, default=2 * 2**30,
+                   help="pool limit in bytes for the largest-n bisection (default 2 GiB)")
+    p.add_argument("--no-largest", action="store_true", help="skip the bisection")
+    args = p.parse_args(argv)
+    try:
+        import cupy as cp
+    except ImportError:
+        print("bench memory needs CuPy and a CUDA device")
+        return 1
+    import mpqr
+
+    out: dict[str, Any] = {"environment": environment(cp), "rows": [], "largest": []}
+    print(f"{'call':<34} {'mpqr pool':>9} {'peak':>6} {'cupy pool':>9} {'peak':>6}")
+    for m, n, dt, prec in (QUICK if args.quick else ROWS):
+        try:
+            a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
+            mine = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
+            lib = measure_call(cp, lambda x: cp.linalg.qr(x), a)
+            del a
+            row = dict(m=m, n=n, dtype=dt, precision=prec, mpqr=mine, cupy=lib)
+            out["rows"].append(row)
+            print(f"{m} x {n} {dt} {prec:<14} {mine['pool_multiple']:>8.2f}x "
+                  f"{mine['peak_live_multiple']:>5.2f}x {lib['pool_multiple']:>8.2f}x "
+                  f"{lib['peak_live_multiple']:>5.2f}x", flush=True)
+        except Exception:
+            traceback.print_exc()
+        cp.get_default_memory_pool().free_all_blocks()
+    if not args.no_largest:
+        budget = int(args.budget)
+        for dt, prec in (("float32", "fp32-emulated"), ("float64", "fp64-emulated")):
+            try:
+                mine = largest_n(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), dt, budget)
+                lib = largest_n(cp, lambda x: cp.linalg.qr(x), dt, budget)
+                out["largest"].append(dict(dtype=dt, precision=prec, budget=budget,
+                                           mpqr=mine, cupy=lib, ratio=mine / max(lib, 1)))
+                print(f"largest n under {budget:,} bytes, {dt} {prec}: mpqr {mine}, "
+                      f"cupy.linalg.qr {lib} ({mine / max(lib, 1):.2f}x)", flush=True)
+            except Exception:
+                traceback.print_exc()
+    if args.json:
+        write_json(args.json, out)
+    return 0

@@ -1,0 +1,136 @@
+"""How much device memory a QR call needs, checked before the work starts.
+
+A call on a device array whose workspace estimate exceeds the device's free memory (the
+driver's free bytes plus what the array library's pool holds unused) raises
+:class:`mpqr.DeviceMemoryError` up front, saying how much it needs, how much is free and
+which precision or out-of-core budget would fit, instead of an out-of-memory error from
+deep inside the factorization. Host arrays (free memory unknown: ``None``) are never
+refused here.
+
+The estimate is ``multiple x input bytes`` beyond the input itself, with the multiple of
+the route the call takes: what the device's memory pool grew by in one call, measured
+(``python -m mpqr bench memory``; H200), or where not measured yet the arrays the route
+allocates for certain (square: its working copy, W and R), so that the check refuses
+only calls that cannot fit.
+
+The plan also bounds the engines' scratch memory during the call
+(:func:`workspace_scope`): the Ozaki engine's residues and int32 products (whose default
+cap is half the free device memory, so a call used to take as much as it found) stay
+within ``OZAKI_FRACTION`` of the input's bytes (at least ``OZAKI_FLOOR``); the engine
+blocks its products to that cap, which changes no bit of the result.
+
+``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from mpqr._errors import DeviceMemoryError
+from mpqr.engines.ozaki import workspace_bytes
+from mpqr.policy import active_gemm_options, gemm_options, record_event
+
+__all__ = ["MULTIPLES", "OZAKI_FLOOR", "OZAKI_FRACTION", "TALL_METHODS", "check_fits",
+           "enabled", "estimate_bytes", "ozaki_cap", "workspace_scope"]
+
+#: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
+#: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products)
+OZAKI_FRACTION = 0.5
+OZAKI_FLOOR = 256 << 20
+
+#: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
+TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
+                          "svqr", "gram-schmidt-recursive", "householder-batched"})
+
+#: pool growth of one square/wide Householder call, a multiple of the input's bytes,
+#: per precision (H200, 16384^2 float32 and 65536 x 8192 float32); products on the
+#: fp16 engines split their operands whole
+MULTIPLES = {"fp16": 6.84, "fp32-emulated": 8.21}
+#: the square route's own arrays: its working copy, W (where the reduced Q is formed)
+#: and R, each up to the input's size; fp64-emulated adds the Ozaki scratch cap
+_SQUARE = 3.0
+#: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
+_TALL = 2.0
+_LIBRARY = 2.07
+#: moduli and CRT limbs of a float64-accurate Ozaki product (typical: 16-17 moduli)
+_OZAKI_TERMS, _OZAKI_LIMBS = 17, 4
+
+
+def enabled() -> bool:
+    """Whether calls are checked against free device memory (``MPQR_MEMORY_PLAN``)."""
+    return os.environ.get("MPQR_MEMORY_PLAN", "1").strip().lower() not in ("0", "off",
+                                                                          "false", "no")
+
+
+def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int) -> int:
+    """Device bytes a QR of ``shape`` (``(..., m, n)``) by ``method`` at ``prec_name``
+    needs at its high-water mark beyond the input (its factors included)."""
+    nbytes = math.prod(shape) * itemsize
+    if method in TALL_METHODS:
+        return math.ceil(_TALL * nbytes)
+    if method == "geqrf":
+        return math.ceil(_LIBRARY * nbytes)
+    extra = 0
+    if prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
+        *_, m, n = shape
+        h = -(-n // 2)
+        extra = min(ozaki_cap(nbytes), workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS))
+    return math.ceil(MULTIPLES.get(prec_name, _SQUARE) * nbytes) + extra
+
+
+def ozaki_cap(nbytes: int) -> int:
+    """The Ozaki engine's scratch cap during QR of an input of ``nbytes`` bytes."""
+    return max(OZAKI_FLOOR, int(OZAKI_FRACTION * nbytes))
+
+
+def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
+    """Raise :class:`~mpqr.DeviceMemoryError` if QR of ``a`` would not fit the device."""
+    if not enabled():
+        return
+    free = backend.device_memory_free()
+    if free is None:  # host memory: no estimate of what is free
+        return
+    shape = tuple(a.shape)
+    itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    # the input already lives on the device: what the call adds must fit what is free
+    need = estimate_bytes(method, prec_name, shape, itemsize)
+    record_event("memory", f"qr: plan {need:,} bytes beyond the input, {free:,} free",
+                 needed=need, free=free, method=method, precision=prec_name)
+    if need <= free:
+        return
+    fits = [p for p in ("fp16", "fp32-emulated", "fp64-emulated")
+            if p != prec_name and estimate_bytes(method, p, shape, itemsize) <= free]
+    hint = (f"precision={fits[0]!r} would fit" if fits else
+            "no precision of this route fits")
+    raise DeviceMemoryError(
+        f"mpqr.qr of a {' x '.join(map(str, shape))} {a.dtype} array at "
+        f"precision={prec_name!r} ({method}) needs about {need:,} bytes of device memory "
+        f"beyond the input and {free:,} are free; {hint}, or factor it out of core from "
+        f"host memory: mpqr.qr(host_copy, memory_budget={free // 2:,}) (the budget in "
+        "bytes of device memory the out-of-core route may use)",
+        needed=need, free=free)
+
+
+@contextlib.contextmanager
+def workspace_scope(backend: Any, a: Any, prec_name: str) -> Iterator[None]:
+    """The engines' scratch caps of the plan for QR of ``a`` (none where the caller set
+    ``workspace_limit`` or the plan is off)."""
+    opts = active_gemm_options()
+    if not enabled() or (opts is not None and opts.workspace_limit is not None) \
+            or prec_name not in ("fp64-emulated", "auto"):
+        yield
+        return
+    nbytes = math.prod(a.shape) * (int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a))
+    cap = ozaki_cap(nbytes)
+    with gemm_options(opts, workspace_limit=min(cap, backend.ozaki_workspace_limit())):
+        yield
+
+
+def _itemsize(backend: Any, a: Any) -> int:
+    xp = backend.xp
+    info = xp.finfo(a.dtype)
+    return int(info.bits) // 8 * (2 if xp.isdtype(a.dtype, "complex floating") else 1)

@@ -1,0 +1,149 @@
+"""The workspace check before a device call and the NumPy backend's peak memory."""
+
+import pickle
+import tracemalloc
+
+import numpy as np
+import pytest
+from mpqr.backends import get_backend
+
+import mpqr
+from mpqr.qr import memory_plan
+
+
+def _peak_bytes(fn):
+    """Peak of NumPy's live data buffers (NumPy reports them to tracemalloc) during
+    ``fn()``, beyond what was live before."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        res = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    del res
+    return peak
+
+
+@pytest.fixture
+def small_device(monkeypatch):
+    """The NumPy backend pretending to be a device with ``free`` bytes free."""
+    free = {"bytes": None}
+    backend = get_backend(np)
+    monkeypatch.setattr(type(backend), "device_memory_free", lambda self: free["bytes"])
+    return free
+
+
+def test_oversize_input_raises_device_memory_error(small_device):
+    a = np.random.default_rng(0).standard_normal((96, 96))
+    small_device["bytes"] = a.nbytes  # the fp64-emulated plan: 3x and the Ozaki scratch
+    with pytest.raises(mpqr.DeviceMemoryError) as info:
+        mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    err = info.value
+    assert isinstance(err, MemoryError)
+    assert err.free == a.nbytes and err.needed == memory_plan.estimate_bytes(
+        "householder-recursive", "fp64-emulated", a.shape, 8) > 3 * a.nbytes
+    msg = str(err)
+    assert f"{err.needed:,} bytes" in msg and f"{err.free:,} are free" in msg
+    assert "memory_budget=" in msg
+    assert "no precision of this route fits" in msg
+    # a pickled error keeps what it says
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.needed, back.free, str(back)) == (err.needed, err.free, msg)
+
+
+def test_hint_names_a_precision_that_fits(small_device):
+    a = np.random.default_rng(1).standard_normal((96, 96)).astype(np.float32)
+    small_device["bytes"] = 7 * a.nbytes  # fp32-emulated needs 8.21x, fp16 6.84x
+    with pytest.raises(mpqr.DeviceMemoryError, match="precision='fp16' would fit"):
+        mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+
+
+def test_fitting_call_runs_and_switch_turns_the_check_off(small_device, monkeypatch):
+    a = np.random.default_rng(2).standard_normal((96, 96))
+    small_device["bytes"] = 20 * a.nbytes
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    assert any("plan" in str(e) for e in trace.events)
+    np.testing.assert_allclose(q @ r, a, atol=1e-12 * np.linalg.norm(a))
+    small_device["bytes"] = 0
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
+    _q2, r2 = mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    np.testing.assert_array_equal(r2, r)
+
+
+def test_host_backend_is_never_refused():
+    assert get_backend(np).device_memory_free() is None
+    a = np.random.default_rng(3).standard_normal((96, 96))
+    mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+
+
+def test_tall_route_peak_within_its_bound():
+    # tall route: Q (the input's size) and a few n x n blocks; bound 2.5x the input
+    a = np.random.default_rng(4).standard_normal((8192, 32))
+    peak = _peak_bytes(lambda: mpqr.qr(a, method="cholqr2"))
+    assert peak <= 2.5 * a.nbytes, peak / a.nbytes
+
+
+def _cupy():
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA device")
+    except cp.cuda.runtime.CUDARuntimeError:
+        pytest.skip("no CUDA device")
+    return cp
+
+
+@pytest.mark.parametrize("plan", ["1", "0"])
+def test_gpu_oversize_input_raises_device_memory_error(plan, monkeypatch):
+    # plan on: refused before the work; off: CuPy's out-of-memory error from inside, as
+    # mpqr's error
+    cp = _cupy()
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", plan)
+    pool = cp.get_default_memory_pool()
+    a = cp.random.default_rng(0).standard_normal((2048, 2048))
+    pool.free_all_blocks()
+    pool.set_limit(size=3 * a.nbytes)
+    try:
+        with pytest.raises(mpqr.DeviceMemoryError) as info:
+            mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    finally:
+        pool.set_limit(size=0)
+        pool.free_all_blocks()
+    if plan == "1":
+        assert info.value.needed > info.value.free >= 0
+        assert "are free" in str(info.value)
+
+
+def test_gpu_pool_high_water_within_plan():
+    # the estimate the check uses is at least what one call takes from the pool
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+    from mpqr.qr.memory_plan import estimate_bytes
+
+    for dt, prec in (("float32", "fp32-emulated"), ("float64", "fp64-emulated")):
+        a = cp.random.default_rng(1).standard_normal((2048, 2048)).astype(dt)
+        got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
+        bound = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
+        assert got["pool_multiple"] * a.nbytes <= bound, (prec, got)
+
+
+def test_ozaki_scratch_cap_blocks_products_and_changes_no_bit(monkeypatch):
+    a = np.random.default_rng(5).standard_normal((128, 96))
+    monkeypatch.setattr(memory_plan, "OZAKI_FLOOR", 1 << 14)
+
+    def run():
+        with mpqr.explain() as trace, mpqr.gemm_options(engine="ozaki-int8"):
+            q, r = mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+        return q, r, [e.data["block"] for e in trace.events if e.kind == "ozaki"]
+
+    q, r, blocks = run()
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
+    q0, r0, blocks0 = run()
+    # the cap blocked the products (the caller's forced engine kept); not a bit changed
+    assert len(blocks) == len(blocks0) > 0
+    assert sum(b0 * b1 for b0, b1 in blocks) < sum(b0 * b1 for b0, b1 in blocks0)
+    np.testing.assert_array_equal(q, q0)
+    np.testing.assert_array_equal(r, r0)
