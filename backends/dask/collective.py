@@ -1,10 +1,12 @@
 """The collective route: Dask places the blocks and starts one task per worker, a
 communicator carries the ``n x n`` reductions between the workers.
 
-A call sends one graph with one task per worker: the task concatenates the worker's
-row blocks, runs every pass of CholQR2 over them with each Gram matrix summed across
+A call sends one task per worker: the task runs every pass of CholQR2 over the
+worker's row blocks, one block's temporaries at a time (a worker holds its share of
+``A``, its share of ``Q`` and one block more), with each Gram matrix summed across
 the workers by :meth:`Communicator.allreduce_sum`, and keeps its share of ``Q`` on the
-worker as the blocks of the result array (the input's row chunks). Only the ``n x n``
+worker as the blocks of the result array (the input's row chunks; one small task per
+block names each block). Only the ``n x n``
 sums move between workers; no result passes through the client but ``R``.
 
 Communicators (one per cluster, made once by :func:`communicator` and kept in a
@@ -185,12 +187,6 @@ def _abort(cid: str, dask_worker: Any = None) -> None:
 
 # --- the per-worker task ---------------------------------------------------------------
 
-def _inv_upper(backend: Any, r: Any) -> Any:
-    xp = backend.xp
-    eye = xp.eye(r.shape[0], dtype=r.dtype, device=getattr(r, "device", None))
-    return backend.solve_triangular(r, eye, lower=False)
-
-
 class _Breakdown(Exception):
     """Every rank sees the same sums, so every rank breaks down alike; the client turns
     this into :class:`BreakdownError` (which does not pickle by its arguments)."""
@@ -223,21 +219,27 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     from mpqr.qr.gram_blocked import gram
 
     xp = backend.xp
-    a = xp.concat(blocks, axis=0) if len(blocks) > 1 else (
-        blocks[0] if blocks else xp.zeros((0, n), dtype=getattr(xp, dtype)))
-    g1 = comm.allreduce_sum(gram(backend, a, None, "collective-gram1"))
+    dev = getattr(blocks[0], "device", None) if blocks else None
+
+    def gram_sum(parts: list[Any], label: str) -> Any:
+        # one block's temporaries at a time: a worker holds its A, its Q and one block
+        g = xp.zeros((n, n), dtype=getattr(xp, dtype), device=dev)
+        for p in parts:
+            g = g + gram(backend, p() if callable(p) else p, None, label)
+        return comm.allreduce_sum(g)
+
+    g1 = gram_sum(list(blocks), "collective-gram1")
     r1 = _chol(backend, g1, "first")
-    q1 = gemm(a, _inv_upper(backend, r1), label="collective-apply1", backend=backend)
-    g2 = comm.allreduce_sum(gram(backend, q1, None, "collective-gram2"))
-    eye = xp.eye(n, dtype=g2.dtype, device=getattr(g2, "device", None))
+    g2 = gram_sum([lambda b=b: backend.right_solve_upper(b, r1) for b in blocks],
+                  "collective-gram2")
+    eye = xp.eye(n, dtype=g2.dtype, device=dev)
     cert = float(xp.linalg.matrix_norm(g2 - eye))
+    if cert > 0.5:  # every rank holds the same g2: every rank returns here
+        return {"q": [], "r": None, "cert": cert, "rank": comm.rank,
+                "collectives": comm.calls - calls0, "seconds": time.perf_counter() - t0}
     r2 = _chol(backend, g2, "second")
-    q = gemm(q1, _inv_upper(backend, r2), label="collective-apply2", backend=backend)
+    out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
     r = gemm(r2, r1, label="collective-r", backend=backend)
-    offs, out = 0, []
-    for b in blocks:
-        out.append(q[offs:offs + b.shape[0]])
-        offs += b.shape[0]
     return {"q": out, "r": to_host(r) if comm.rank == 0 else None, "cert": cert,
             "rank": comm.rank, "collectives": comm.calls - calls0,
             "seconds": time.perf_counter() - t0}
