@@ -254,12 +254,11 @@ def _pick(res: dict[str, Any], j: int) -> Any:
 def _block_futures(client: Any, x: Any) -> list[Any]:
     from distributed import futures_of
 
-    futs = futures_of(x)
-    if len(futs) != x.numblocks[0]:
+    order = {f.key: f for f in futures_of(x)}
+    if not all(k in order for k in _row_keys(x)):  # not persisted as these blocks
         x = client.persist(x)
-        futs = futures_of(x)
-    order = {f.key: f for f in futs}
-    return [order[k] for k in [k for k in _row_keys(x)]]
+        order = {f.key: f for f in futures_of(x)}
+    return [order[k] for k in _row_keys(x)]
 
 
 def _row_keys(x: Any) -> list[Any]:
