@@ -107,3 +107,43 @@ def test_bad_input_and_breakdown(client):
     a = np.ones((400, 4))
     with pytest.raises(BreakdownError, match="positive definite|certified"):
         collective.cholqr2(da.from_array(a, chunks=(100, 4)))
+
+
+def _nccl_or_skip():
+    cupy = pytest.importorskip("cupy")
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception:
+        pytest.skip("no CUDA device")
+    why = collective.nccl_available()
+    if why:
+        pytest.skip(f"NCCL does not load: {why}")
+    return cupy
+
+
+def test_nccl_allreduce_one_rank():
+    cupy = _nccl_or_skip()
+    from cupy.cuda import nccl
+
+    comm = collective.NcclCommunicator(nccl.get_unique_id(), 1, 0)
+    v = cupy.arange(12, dtype=cupy.float64).reshape(3, 4)
+    cupy.testing.assert_array_equal(comm.allreduce_sum(v), v)
+    assert comm.calls == 1
+
+
+def test_nccl_cholqr2_one_gpu_worker():
+    cupy = _nccl_or_skip()
+    rng = np.random.default_rng(3)
+    a = geometric(rng, 2**16, 32, 1e5)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None, silence_logs=40) as cluster, \
+            distributed.Client(cluster) as c:
+        x = da.from_array(cupy.asarray(a), chunks=(2**13, 32)).persist()
+        with mpqr.explain() as trace:
+            q, r = collective.cholqr2(x, client=c)
+        (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+        assert ev.data["communicator"] == "nccl" and ev.data["collectives"] == 2
+        qh = cupy.asnumpy(q.compute())
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, qh, r) <= 20 * u * 32
+    assert orthogonality(qh) <= 20 * u * 32
