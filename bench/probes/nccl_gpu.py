@@ -1,0 +1,274 @@
+"""The collective Dask route (``mpqr.backends.dask.collective``) on the GPUs of one host.
+
+``python bench/probes/nccl_gpu.py``: one Dask worker per GPU (a ``distributed``
+``SpecCluster`` of nannies, each with its own ``CUDA_VISIBLE_DEVICES``; no dask-cuda),
+CuPy blocks of ``2^22 x 64`` float64 made on their workers. Checks (PASS/FAIL) the
+route against NumPy on ``2^20 x 64`` (backward error, orthogonality, ``|R|``, Q's
+blocks on their A blocks' workers), then times (median of ``REPEAT`` after a warm-up,
+``Q`` persisted): in core on one GPU (a task on worker 0, no Dask in the loop), 1 and 2
+workers on ``2^26 x 64``, weak scaling ``2^26 x 64`` per GPU, and
+``dask.array.linalg.tsqr`` / ``lstsq`` on the 2-worker cluster and the same chunks.
+Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``).
+
+``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
+small shapes (a smoke test of the script itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+import traceback
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CPU = os.environ.get("MPQR_PROBE_CPU") == "1"
+N = 64
+BLOCK = 2**12 if CPU else 2**22
+ROWS = 2**15 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
+CHECK_ROWS = 2**14 if CPU else 2**20
+REPEAT = 3 if CPU else 5
+REF_REPEAT = 2
+results: dict = {"checks": {}, "times_ms": {}, "errors": {}, "cpu_smoke": CPU}
+
+
+def _make(seed: int, rows: int, n: int) -> object:
+    if CPU:
+        return np.random.default_rng(seed).standard_normal((rows, n))
+    import cupy
+
+    return cupy.random.default_rng(seed).standard_normal((rows, n))
+
+
+def _sync() -> int:
+    if not CPU:
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+    return 0
+
+
+def _free() -> int:
+    if not CPU:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+def _meta() -> object:
+    if CPU:
+        return np.empty((0, 0))
+    import cupy
+
+    return cupy.empty((0, 0))
+
+
+def cluster(k: int):
+    from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster
+
+    if CPU:
+        c = LocalCluster(n_workers=k, threads_per_worker=1, processes=False,
+                         dashboard_address=None, silence_logs=40)
+    else:
+        workers = {i: {"cls": Nanny, "options": {
+            "nthreads": 1, "silence_logs": 40,
+            "env": {"CUDA_VISIBLE_DEVICES": str(i), "PYTHONPATH": os.pathsep.join(
+                filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}}} for i in range(k)}
+        c = SpecCluster(workers=workers, scheduler={
+            "cls": Scheduler, "options": {"dashboard_address": None}}, silence_logs=40)
+    return c, Client(c)
+
+
+def blocks(client, rows: int, seed: int, k: int):
+    """``rows x N`` in BLOCK-row blocks, contiguous ranges of blocks on each worker."""
+    import dask.array as da
+
+    workers = sorted(client.scheduler_info()["workers"])
+    nb = rows // BLOCK
+    futs = [client.submit(_make, seed * 100003 + i, BLOCK, N, workers=[workers[i * k // nb]],
+                          pure=False) for i in range(nb)]
+    client.gather(client.map(lambda v: 0, futs))  # made; nothing moved
+    x = da.concatenate([da.from_delayed(f, (BLOCK, N), dtype=np.float64, meta=_meta())
+                        for f in futs], axis=0).persist()  # keys of its own, same places
+    del futs
+    return x, None
+
+
+def median_ms(fn, repeat: int) -> float:
+    fn()
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        ts.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(ts)
+
+
+def part(name):
+    def deco(fn):
+        def run(*a, **kw):
+            try:
+                return fn(*a, **kw)
+            except Exception:
+                results["errors"][name] = traceback.format_exc()
+                print(f"[{name}] FAILED:\n{results['errors'][name]}")
+        return run
+    return deco
+
+
+def _in_core(rows: int) -> float:
+    import mpqr
+
+    a = _make(7, rows, N)
+    _sync()
+
+    def one():
+        q, r = mpqr.qr(a)
+        _sync()
+        del q, r
+
+    ms = median_ms(one, REPEAT)
+    _free()
+    return ms
+
+
+@part("check")
+def check(client, k):
+    from distributed import futures_of, wait
+    from mpqr.backends.dask import collective
+
+    import mpqr
+
+    x, _ = blocks(client, CHECK_ROWS, 1, k)
+    with mpqr.explain() as tr:
+        q, r = collective.cholqr2(x)
+    q = q.persist()
+    wait(q)
+    ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(q))
+    placed = ([ka[kk[0]] for kk in x.__dask_keys__()]
+              == [kq[kk[0]] for kk in q.__dask_keys__()])
+    a = np.asarray(x.compute().get() if not CPU else x.compute())
+    qh = np.asarray(q.compute().get() if not CPU else q.compute())
+    u = np.finfo(np.float64).eps
+    bw = float(np.linalg.norm(a - qh @ r) / np.linalg.norm(a))
+    orth = float(np.linalg.norm(qh.T @ qh - np.eye(N)) / N)
+    rref = np.linalg.qr(a, mode="r")
+    rerr = float(np.max(np.abs(np.abs(r) - np.abs(rref))) / np.abs(rref).max())
+    ev = next(e.data for e in tr.events if e.kind == "dask-collective")
+    ok = bw < 20 * N * u and orth < 20 * N * u and rerr < 1e3 * u and placed \
+        and ev["tasks"] == k and ev["collectives"] == 2
+    results["checks"][f"{k} workers"] = {"pass": ok, "backward": bw, "orthogonality": orth,
+                                         "r_rel": rerr, "placed": placed, "trace": ev}
+    print(f"check {k} workers: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
+          f" |R| {rerr:.2e} placed {placed} trace {ev}")
+
+
+@part("collective")
+def time_collective(client, rows, k, label):
+    from distributed import wait
+    from mpqr.backends.dask import collective
+
+    x, _ = blocks(client, rows, 2, k)
+    t = time.perf_counter()
+    collective.communicator(client, "thread" if CPU else "nccl")
+    results["times_ms"]["communicator setup"] = 1e3 * (time.perf_counter() - t)
+
+    def one():
+        q, _ = collective.cholqr2(x)
+        q = q.persist()
+        wait(q)
+        del q
+
+    results["times_ms"][label] = median_ms(one, REPEAT)
+    print(f"{label}: {results['times_ms'][label]:.1f} ms")
+    return x
+
+
+@part("dask reference")
+def time_dask(client, x, label):
+    import dask.array as da
+    from distributed import wait
+
+    def tsqr():
+        q, r = da.linalg.tsqr(x)
+        q = q.persist()
+        wait(q)
+        r.compute()
+        del q
+
+    results["times_ms"][f"dask tsqr {label}"] = median_ms(tsqr, REF_REPEAT)
+    print(f"dask tsqr {label}: {results['times_ms'][f'dask tsqr {label}']:.1f} ms")
+    b = x[:, :1] * 2 + 1  # b's blocks beside A's
+    b = b.persist()
+    wait(b)
+    results["times_ms"][f"dask lstsq {label}"] = median_ms(
+        lambda: da.linalg.lstsq(x, b)[0].compute(), REF_REPEAT)
+    print(f"dask lstsq {label}: {results['times_ms'][f'dask lstsq {label}']:.1f} ms")
+
+
+def main() -> None:
+    from mpqr.backends.dask import collective
+
+    t0 = time.perf_counter()
+    ngpu = 2
+    if not CPU:
+        import cupy
+
+        ngpu = min(2, cupy.cuda.runtime.getDeviceCount())
+        results["nccl"] = collective.nccl_available() or "loaded"
+        results["device"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        print("NCCL:", results["nccl"], "| GPUs:", ngpu, results["device"])
+    for k in sorted({1, ngpu}):
+        c, client = cluster(k)
+        try:
+            if k == 1:
+                try:
+                    w = sorted(client.scheduler_info()["workers"])[0]
+                    ms = client.submit(_in_core, ROWS, workers=[w], pure=False).result()
+                    results["times_ms"]["in core, 1 GPU, 2^26"] = ms
+                    print(f"in core 1 GPU: {ms:.1f} ms")
+                except Exception:
+                    results["errors"]["in core"] = traceback.format_exc()
+                    print(results["errors"]["in core"])
+            check(client, k)
+            x = time_collective(client, ROWS, k, f"collective {k} workers, 2^26")
+            if k > 1 and x is not None:
+                time_dask(client, x, f"{k} workers, 2^26")
+            del x
+            client.run(_free)
+            if k > 1:
+                time_collective(client, ROWS * k, k, f"collective {k} workers, {k} x 2^26")
+        finally:
+            client.close()
+            c.close()
+    tm = results["times_ms"]
+    base = tm.get("in core, 1 GPU, 2^26")
+    if base:
+        results["ratios_to_in_core"] = {k: v / base for k, v in tm.items()
+                                        if k.startswith("collective")}
+    two, one = tm.get("collective 2 workers, 2 x 2^26"), tm.get("collective 1 workers, 2^26")
+    if two and one:
+        results["weak_scaling_1_to_2"] = two / one
+    col2 = tm.get("collective 2 workers, 2^26")
+    if col2:
+        for ref in ("tsqr", "lstsq"):
+            v = tm.get(f"dask {ref} 2 workers, 2^26")
+            if v:
+                results[f"speedup_vs_dask_{ref}"] = v / col2
+    results["total_s"] = time.perf_counter() - t0
+    print("\n".join(f"{k:40s} {v:9.1f} ms" for k, v in tm.items()))
+    for k in ("ratios_to_in_core", "weak_scaling_1_to_2", "speedup_vs_dask_tsqr",
+              "speedup_vs_dask_lstsq"):
+        print(k, results.get(k))
+    out = os.path.join(os.environ.get("OUT", "/tmp"), "nccl.json")
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    print("wrote", out, f"({results['total_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
