@@ -8,6 +8,7 @@ is left within rounding, with one host read (the exchange count and status).
 from __future__ import annotations
 
 import cupy as cp
+import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
 __all__ = ["diagonal_repair", "supports"]
@@ -49,14 +50,16 @@ def diagonal_repair(q, r, p, tol: float, limit: int):
         apply((-(-m // 256),), (256,), (q, cp.int64(m), cp.int32(m), rot_i, rot_c, rot_s,
                                         rot_g, info))
     # what is left is within rounding: each entry lowered to the smallest before it
-    # (a non-finite diagonal: nothing to order, left as it is)
+    # (a non-finite diagonal: nothing to order, left as it is); CuPy has no
+    # minimum.accumulate, and the diagonal comes to the host with the status anyway
     idx = cp.arange(kk)
-    d = r[idx, idx]
-    low = cp.where(cp.all(cp.isfinite(d)), cp.minimum.accumulate(d), d)
-    fix = d - low
-    r[idx, idx] = low
-    h = cp.concatenate([info.astype(cp.float64), cp.count_nonzero(fix).astype(cp.float64)[None],
-                        cp.max(fix).astype(cp.float64)[None]]).get()
+    h = cp.concatenate([info.astype(cp.float64), r[idx, idx].astype(cp.float64)]).get()
     if h[1] != 0:
         return None
-    return q, r, p, int(h[0]), int(h[2]), float(h[3])
+    d = h[2:]
+    low = np.minimum.accumulate(d) if np.all(np.isfinite(d)) else d
+    fix = d - low
+    lowered = int(np.count_nonzero(fix))
+    if lowered:
+        r[idx, idx] = cp.asarray(low, dtype=dt)
+    return q, r, p, int(h[0]), lowered, float(fix.max(initial=0.0))

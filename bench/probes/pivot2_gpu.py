@@ -116,7 +116,7 @@ def kernel_vs_reference():
     from mpqr.qr.pivoted_exact import repair_tolerance
 
     a = matrix("geometric", 2000, 600, seed=3)
-    be = get_backend(cp)
+    be = get_backend(mpqr._array_api.array_namespace(cp.empty(1)))
     q, r, p = pivoted.hqrrp(be, a, precision=None, prec_name="auto", want_q=True,
                             complete=False, block=64)
     tol = repair_tolerance(2000, 600, U)
@@ -188,7 +188,7 @@ def repair_only(kind, m, n):
         from mpqr.qr import pivoted, pivoted_repair
 
         a = matrix(kind, m, n)
-        be = get_backend(cp)
+        be = get_backend(mpqr._array_api.array_namespace(cp.empty(1)))
         q, r, p = pivoted.hqrrp(be, a, precision=None, prec_name="auto", want_q=True,
                                 complete=False)
         sync()
