@@ -97,8 +97,9 @@ def test_torch_low_precision_stacks(tdt):
     a64 = t.double()
     be = float(((a64 - q.double() @ r.double()).flatten(1).norm(dim=1)
                 / a64.flatten(1).norm(dim=1)).max())
-    u = {"float16": 2.0**-11, "bfloat16": 2.0**-8}[tdt]
-    assert q.dtype == t.dtype and be <= 10 * u * 8
+    # mpqr.qr computes half-precision inputs in float32 and returns float32, as for a
+    # single matrix (SciPy's promotion of float16; mpqr.compat.torch returns the input's)
+    assert q.dtype == torch.float32 and be <= 10 * 2.0**-24 * 64
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -120,7 +120,7 @@ def phases(a):
     from mpqr.qr import sketch
     from mpqr.qr.cholqr import right_solve_upper
 
-    be = get_backend(cp)
+    be = get_backend(mpqr._array_api.array_namespace(cp.empty(1)))
     n = a.shape[1]
     k = sketch.SKETCH_ROWS * n
     out = {"sketch_ms": time_it(cp, lambda: be.sketch_rows(a, k, sketch.SEED)) * 1e3}

@@ -84,6 +84,8 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     w = right_solve_upper(backend, a, backend.from_small(r0, a), prec_name)
     g = gram(backend, w, precision, f"{NAME}-gram")
     sb, g = backend.small(g)
+    # R_0 where the n x n steps run (the k x n sketch may have stayed on the device)
+    _, r0 = backend.small(backend.from_small(r0, a))
     u = gram_roundoff(sb.xp, g.dtype, prec_name)
     cond_w = float("inf")
     r1 = None
