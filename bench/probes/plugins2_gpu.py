@@ -82,6 +82,7 @@ def _lstsq():
         lambda: mpqr.lstsq(Ac, Bc, check_finite=False, lapack_driver="gelsy"))
     r["isfinite_check_ms"] = med(lambda: bool(torch.isfinite(A).all())
                                  and bool(torch.isfinite(B).all()))
+    r["sum_check_ms"] = med(lambda: bool(torch.isfinite(A.sum())) and bool(torch.isfinite(B.sum())))
     r["to_same_dtype_ms"] = med(lambda: torch.stack([A[:, :1]]).reshape(m, 1).to(A.dtype))
     with mct.patch(), mpqr.explain() as tr:
         torch.linalg.lstsq(A, B)
