@@ -115,7 +115,9 @@ def functions(ns: Any, originals: dict[str, Any], precision: Callable[[], str | 
         return max(m, n) >= SVD_ASPECT * min(m, n)
 
     def finite(*ys: Any) -> bool:
-        return all(bool(ns.all(ns.isfinite(y))) for y in ys)
+        # a finite sum means every entry is finite, in one read pass; an overflowed
+        # sum is settled by the elementwise test
+        return all(bool(ns.isfinite(ns.sum(y))) or bool(ns.all(ns.isfinite(y))) for y in ys)
 
     def packed(func: str, *parts: Any) -> Any:
         """The namespace's own result type (a named tuple, a torch structseq), read once

@@ -392,3 +392,23 @@ def test_calls_from_mpqrs_own_modules_reach_torch(tmp_path, monkeypatch):
     assert _routed(trace, "qr") == 1 and _routed(trace, "svdvals") == 1
     assert torch.equal(r, ORIG["qr"](a).R)
     assert torch.equal(q, ORIG["qr"](a).Q) and torch.equal(s, ORIG["svdvals"](a))
+
+
+def test_finiteness_test_by_sum_is_exact():
+    # huge finite entries overflow the one-pass sum: the exact test still routes them
+    a = torch.tensor([[1e308, 0.0], [1e308, 1.0], [0.0, 1.0]], dtype=torch.float64)
+    b = torch.ones(3, 1, dtype=torch.float64)
+    with mpqr.explain() as trace, mct.patch(**CPU):
+        got = torch.linalg.lstsq(a, b)
+    assert _routed(trace, "lstsq") == 1
+    assert torch.allclose(got.solution, ORIG["lstsq"](a, b).solution, rtol=1e-12, atol=0)
+    for bad in (float("nan"), float("inf")):
+        a2 = a.clone()
+        a2[2, 0] = bad
+        with mpqr.explain() as trace, mct.patch(**CPU):
+            try:  # torch's own handling: MKL's gelsy refuses NaN with an error
+                torch.linalg.lstsq(a2, b)
+            except RuntimeError:
+                pass
+        assert _routed(trace, "lstsq") == 0
+        assert any("non-finite input" in e.message for e in trace.events)
