@@ -39,7 +39,7 @@ __all__ = ["MULTIPLES", "OZAKI_FLOOR", "OZAKI_FRACTION", "TALL_METHODS", "check_
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
 #: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products)
-OZAKI_FRACTION = 0.5
+OZAKI_FRACTION = 1.0
 OZAKI_FLOOR = 256 << 20
 
 #: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
