@@ -79,3 +79,33 @@ def test_svd_orth_bad_input():
         mpqr.orth(np.ones(3))
     with pytest.raises(TypeError, match="got bool"):
         mpqr.svd(np.ones((3, 2), dtype=bool))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex128"])
+def test_svd_on_the_gpu_with_a_jacobi_factor(dtype):
+    """mpqr.svd on CuPy with R's SVD by cuSOLVER's gesvdj (n >= 128): singular values as
+    LAPACK's, U diag(s) V^H = x, U and V orthonormal, to u x size."""
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no CUDA GPU visible")
+    except Exception:  # CuPy without a driver
+        pytest.skip("no CUDA GPU visible")
+    import mpqr
+
+    rng = np.random.default_rng(3)
+    m, n = 2000, 160
+    xh = rng.standard_normal((m, n)) * np.logspace(0, -3, n)
+    if dtype.startswith("complex"):
+        xh = xh + 1j * rng.standard_normal((m, n)) * np.logspace(0, -3, n)
+    xh = xh.astype(dtype)
+    u, s, vh = (cp.asnumpy(t) for t in mpqr.svd(cp.asarray(xh)))
+    ref = np.linalg.svd(xh.astype(np.complex128 if dtype.startswith("complex") else np.float64),
+                        compute_uv=False)
+    eps = np.finfo(xh.dtype).eps
+    assert u.shape == (m, n) and s.shape == (n,) and vh.shape == (n, n)
+    assert np.all(np.diff(s) <= 0)
+    assert np.max(np.abs(s - ref)) <= 20 * n * eps * ref[0]
+    assert np.linalg.norm(xh - (u * s) @ vh) <= 20 * n * eps * np.linalg.norm(xh)
+    assert np.linalg.norm(u.conj().T @ u - np.eye(n)) <= 20 * n * eps
+    assert np.linalg.norm(vh @ vh.conj().T - np.eye(n)) <= 20 * n * eps

@@ -80,12 +80,13 @@ def _lwork(key: tuple[Any, ...], size: Any, *args: Any) -> int:
 
 
 def _column_max(a: Any, extra: Any = None) -> Any:
-    """The column maxima of ``|a|`` on the host (NaN stays NaN), and ``extra``'s entries
-    after them (one transfer)."""
+    """The column maxima of ``|a|`` on the device (NaN stays NaN), and ``extra``'s
+    largest entry after them; read later, with one transfer, so that the factorization
+    is queued before the host waits for the check."""
     mx = cp.abs(a).max(axis=0)
     if extra is not None:
         mx = cp.concatenate([mx, cp.abs(extra).max(keepdims=True).ravel().astype(mx.dtype)])
-    return mx.get()
+    return mx
 
 
 def _in_range(mx: np.ndarray, single: bool) -> bool:
@@ -129,20 +130,24 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     m, n = a.shape
     if mode == "complete" or m < n:
         return None
-    if not _in_range(_column_max(a), single or a.dtype.char in "fF"):
-        return None
+    mx = _column_max(a)
     x = cp.array(a, order="F", copy=True)
     tau, info, handle = _geqrf(x)
     r, p = _r_factor(x, n)
-    if mode == "r":
-        return None, r
-    char = x.dtype.char
-    orgqr, size = _funcs(char, "orgqr", "orgqr_bufferSize")
-    lw = _lwork((char, "orgqr", m, n), size, handle, m, n, n, x.data.ptr, m, tau.data.ptr)
-    work = cp.empty(lw, dtype=x.dtype)
-    orgqr(handle, m, n, n, x.data.ptr, m, tau.data.ptr, work.data.ptr, lw, info.data.ptr)
-    _Q_COLUMNS(p, n, x)
-    return x, r
+    if mode != "r":
+        char = x.dtype.char
+        orgqr, size = _funcs(char, "orgqr", "orgqr_bufferSize")
+        lw = _lwork((char, "orgqr", m, n), size, handle, m, n, n, x.data.ptr, m,
+                    tau.data.ptr)
+        work = cp.empty(lw, dtype=x.dtype)
+        orgqr(handle, m, n, n, x.data.ptr, m, tau.data.ptr, work.data.ptr, lw,
+              info.data.ptr)
+        _Q_COLUMNS(p, n, x)
+    # the range check read once the work is queued (what it rejects is recomputed by the
+    # general route; the input was never touched)
+    if not _in_range(mx.get(), single or a.dtype.char in "fF"):
+        return None
+    return (None, r) if mode == "r" else (x, r)
 
 
 def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, Any] | None:
@@ -161,20 +166,11 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
         return None
     b2 = b[:, None] if b.ndim == 1 else b
     k = b2.shape[1]
-    mx = _column_max(a, b2)
-    if not (np.isfinite(mx[-1]) and _in_range(mx[:-1], a.dtype.char in "fF")):
-        return None
+    mxd = _column_max(a, b2)
     x = cp.array(a, order="F", copy=True)
     c = cp.array(b2, order="F", copy=True)
     tau, info, handle = _geqrf(x)
-    rh = cp.triu(x[:n]).get()  # the only other transfer: R for its singular values
-    s = np.linalg.svd(rh, compute_uv=False)
-    s1 = float(s[0]) if s.size else 0.0
-    if not (s1 > 0.0 and np.isfinite(s1)):
-        return None
-    rank = int(np.count_nonzero(s > cut * s1))
-    if rank < n or not float(s[-1]) > (cut + RESOLUTION * math.sqrt(n) * u) * s1:
-        return None
+    rd = x[:n]  # R above the reflectors (ormqr and trsm leave x as it is)
     char = x.dtype.char
     ormqr, size = _funcs(char, "ormqr", "ormqr_bufferSize")
     trans = cublas.CUBLAS_OP_C if char in "FD" else cublas.CUBLAS_OP_T
@@ -193,4 +189,16 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
         t = c[n:]
         rsq = cp.sum((t.real * t.real + t.imag * t.imag) if t.dtype.kind == "c" else t * t,
                      axis=0)
+    # the checks, read once the solve is queued: two transfers, the host's SVD of R
+    # while nothing else waits; what they reject the general route recomputes
+    mx = mxd.get()
+    if not (np.isfinite(mx[-1]) and _in_range(mx[:-1], a.dtype.char in "fF")):
+        return None
+    s = np.linalg.svd(np.triu(rd.get()), compute_uv=False)
+    s1 = float(s[0]) if s.size else 0.0
+    if not (s1 > 0.0 and np.isfinite(s1)):
+        return None
+    rank = int(np.count_nonzero(s > cut * s1))
+    if rank < n or not float(s[-1]) > (cut + RESOLUTION * math.sqrt(n) * u) * s1:
+        return None
     return sol, rsq, rank, cp.asarray(s)

@@ -38,7 +38,9 @@ __all__ = ["MULTIPLES", "OZAKI_FLOOR", "OZAKI_FRACTION", "TALL_METHODS", "check_
            "enabled", "estimate_bytes", "ozaki_cap", "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
-#: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products)
+#: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products); at 0.5 a
+#: 8192^2 float64 fp64-emulated QR ran 12% slower, at 1.0 4% (H200,
+#: bench/probes/memory_gpu.py)
 OZAKI_FRACTION = 1.0
 OZAKI_FLOOR = 256 << 20
 
