@@ -129,3 +129,17 @@ def test_split_leaves_the_next_table_first():
     now, later = cw.split(entries, cw.DEMO_FIRST)
     assert [e["source"] for e in now] == ["q"]
     assert [e["source"] for e in later] == ["l", "r"]  # the cheap lstsq kernel first
+
+
+def test_shipped_bundle_covers_the_demo_kernels_as_they_read_now():
+    """Every kernel the demo compiles has its binary in the shipped bundle, for today's
+    sources (an edited .cu file the demo uses needs `python -m mpqr warmup --pack` on
+    the bundle's platform), and the bundle names that platform."""
+    header, kernels = prebuilt.read()
+    assert set(header) == {"cupy", "nvrtc", "arch"}
+    entries = [e for e in cw.load()["entries"] if e.get("phase") in (None, *cw.DEMO_FIRST,
+                                                                      "demo-lstsq")]
+    assert entries
+    missing = [e.get("file") or e["source"][:60] for e in entries
+               if prebuilt.entry_key({**e, "text": cw._source_of(e)}) not in kernels]
+    assert not missing, missing
