@@ -574,8 +574,11 @@ class ArrayAPIBackend:
     #: the route of ``qr(pivoting=True)`` where the backend has no library QRCP:
     #: "repair" (HQRRP's order, then adjacent column exchanges until ``|diag(R)|`` is
     #: non-increasing: :mod:`mpqr.qr.pivoted_repair`) or "blocked" (the blocked greedy
-    #: QRCP of :mod:`mpqr.qr.pivoted_exact`, also the fallback past the exchanges' bound)
-    qrcp_exact_route = "repair"
+    #: QRCP of :mod:`mpqr.qr.pivoted_exact`, also the fallback past the exchanges' bound).
+    #: "blocked": HQRRP's order needed more exchanges than the bound (16 a column) on
+    #: every 4096^2 and 65536 x 4096 matrix measured on an H200, geometric spectra too,
+    #: and flat spectra need hundreds a column on the CPU (bench/NOTES.md)
+    qrcp_exact_route = "blocked"
 
     def diagonal_repair(self, q: Any | None, r: Any, p: Any, tol: float, limit: int) -> Any:
         """The exchanges of :func:`mpqr.qr.pivoted_repair.repair_diagonal` done by the

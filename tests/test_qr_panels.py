@@ -266,8 +266,9 @@ def test_small_square_tensor_core_qr_takes_the_library_qr(monkeypatch, precision
 
 @pytest.mark.parametrize("precision, shape, want", [
     ("fp64-emulated", (16384, 16384), "geqrf"),  # 2^28: the precision's own, larger cut
-    ("fp64-emulated", (8192, 32768), "geqrf"),
-    ("fp64-emulated", (16384, 16392), "householder-recursive"),  # just above it
+    ("fp64-emulated", (8192, 32768), "geqrf"),  # wide: its 8192^2 block within the cut
+    ("fp64-emulated", (16384, 16392), "geqrf"),  # wide by 8: its 16384^2 block as well
+    ("fp64-emulated", (16400, 16400), "householder-recursive"),  # just above it
     ("fp16", (16384, 16384), "householder-recursive"),  # the other precisions keep 2^27
 ])
 def test_library_qr_cut_per_precision(monkeypatch, precision, shape, want):
@@ -281,10 +282,13 @@ def test_library_qr_cut_per_precision(monkeypatch, precision, shape, want):
     ns = array_namespace(np.zeros(1))
     method, why = api.choose_method(_TensorCoreNumpy(ns), precision, ns.float64, *shape)
     assert method == want, why
-    if want == "geqrf":
+    if want == "geqrf" and shape[0] == shape[1]:
         assert why.startswith(f"{shape[0]}x{shape[1]} <= {2**28} elements at "
                               f"precision='{precision}'")
         assert "beats the fp64-emulated tensor-core recursion" in why
+    elif want == "geqrf":  # a wide input whose m x m block the square rule gives the library
+        assert why.startswith(f"wide {shape[0]}x{shape[1]} at precision='{precision}'")
+        assert f"its {shape[0]}x{shape[0]} block is within the square cut of {2**28}" in why
 
 
 def test_choose_method_fp64_emulated_follows_the_cost_model(monkeypatch):

@@ -37,9 +37,9 @@ def _small_blocks(monkeypatch, block=16):
 
 @pytest.fixture(params=["library", "blocked", "deterministic"])
 def route(request, monkeypatch, xp):
-    """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), without a
-    library QRCP (16-column blocks; HQRRP repaired by exchanges, the blocked greedy QRCP
-    past their bound), column-norm pivoting."""
+    """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), the blocked
+    greedy QRCP (16-column blocks; the exchange repair of HQRRP's order has its own
+    tests in test_qr_pivoted_order.py), column-norm pivoting."""
     from mpqr.backends.numpy_backend import NumpyBackend
 
     if request.param == "library" and xp.__name__ != "numpy":

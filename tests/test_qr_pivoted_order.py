@@ -339,6 +339,7 @@ def test_repair_route_and_fallback(monkeypatch):
 
     repair = importlib.import_module("mpqr.qr.pivoted_repair")
     monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
+    monkeypatch.setattr(NumpyBackend, "qrcp_exact_route", "repair")
     monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
     monkeypatch.setattr(pivoted, "BLOCK", 16)
     a = family("geometric", 200, 90)

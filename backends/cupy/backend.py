@@ -676,11 +676,6 @@ class CupyBackend(ArrayAPIBackend):
         # one gather and one scatter kernel instead of a slice copy per column
         x[..., dst] = x[..., src]
 
-    # QRCP in the greedy order: the blocked route; HQRRP's order then repaired by column
-    # exchanges passed its exchange bound (16 a column) on every 4096^2 and 65536 x 4096
-    # matrix measured, geometric spectra too (H200, bench/probes/pivot2_gpu.py)
-    qrcp_exact_route = "blocked"
-
     library_qr_positive = True  # real 2-D inputs (cupy_geqrf)
 
     def library_qr(self, a, mode):

@@ -100,13 +100,12 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         is the greedy order of LAPACK ``geqp3`` (largest remaining column norm
         first, the first of equals) up to rounding, from ``geqp3`` itself; stacks
         and matrices of at most 2**16 entries use column-norm pivoting (the same
-        greedy rule) on the array's device. Other single matrices (GPU) take
-        HQRRP's order (below) repaired by exchanges of adjacent columns restored
-        with Givens rotations (:mod:`mpqr.qr.pivoted_repair`): the diagonal is
-        non-increasing exactly and rank-revealing, but ``P`` need not be
-        ``geqp3``'s; where HQRRP's order would need more than 16 exchanges a
-        column (flat spectra), the blocked QRCP in the greedy order instead
-        (:mod:`mpqr.qr.pivoted_exact`); ``explain()`` says which. The permuted matrix is factored
+        greedy rule) on the array's device. Other single matrices (GPU) take the
+        blocked QRCP in the greedy order (:mod:`mpqr.qr.pivoted_exact`); a backend
+        may instead take HQRRP's order (below) repaired by exchanges of adjacent
+        columns restored with Givens rotations (:mod:`mpqr.qr.pivoted_repair`; the
+        diagonal non-increasing exactly and rank-revealing, ``P`` not necessarily
+        ``geqp3``'s); ``explain()`` says which. The permuted matrix is factored
         through the precision policy, and a last pass repairs increases of the
         stored diagonal (rounding: lowered within the backward error; larger:
         two columns exchanged by a Givens rotation).

@@ -5,9 +5,9 @@ SciPy-compatible call):
 ``abs(diag(R))`` non-increasing exactly, ``P`` the greedy order of LAPACK ``geqp3`` up to
 rounding — from ``geqp3`` itself where the backend has it (``backend.qrcp_library``,
 NumPy), from :func:`deterministic_pivots` for stacks and small matrices, else
-:func:`hqrrp`'s order repaired by adjacent column exchanges
-(:mod:`mpqr.qr.pivoted_repair`; then ``P`` need not be ``geqp3``'s), or, past the
-exchanges' bound, :func:`mpqr.qr.pivoted_exact.blocked_qrcp`; then
+:func:`mpqr.qr.pivoted_exact.blocked_qrcp` (or, where a backend chooses it,
+:func:`hqrrp`'s order repaired by adjacent column exchanges,
+:mod:`mpqr.qr.pivoted_repair`: then ``P`` need not be ``geqp3``'s); then
 :func:`mpqr.qr.pivoted_exact.monotone_diagonal`. ``pivoting="randomized"`` (mpqr's own
 API): :func:`hqrrp` as it comes, faster, rank-revealing, the diagonal not monotone.
 

@@ -1,9 +1,9 @@
 """Which route ``qr(pivoting=...)`` takes (:func:`qr_pivoted`): the pivot rules of
 :mod:`mpqr.qr.pivoted` (column-norm pivoting, HQRRP), LAPACK ``geqp3``'s order where the
-backend has it, else (``backend.qrcp_exact_route``) HQRRP's order repaired by adjacent
-column exchanges (:mod:`mpqr.qr.pivoted_repair`; the default) or the blocked QRCP in the
-greedy order of :mod:`mpqr.qr.pivoted_exact` (also where the exchanges pass their
-bound), each followed by the pass that makes ``abs(diag(R))`` non-increasing exactly
+backend has it, else (``backend.qrcp_exact_route``) the blocked QRCP in the greedy
+order of :mod:`mpqr.qr.pivoted_exact` (the default) or HQRRP's order repaired by
+adjacent column exchanges (:mod:`mpqr.qr.pivoted_repair`; the blocked QRCP where the
+exchanges pass their bound), each followed by the pass that makes ``abs(diag(R))`` non-increasing exactly
 (except ``pivoting="randomized"``)."""
 
 from __future__ import annotations
