@@ -3,8 +3,8 @@
 backend has it, else (``backend.qrcp_exact_route``) the blocked QRCP in the greedy
 order of :mod:`mpqr.qr.pivoted_exact` (the default) or HQRRP's order repaired by
 adjacent column exchanges (:mod:`mpqr.qr.pivoted_repair`; the blocked QRCP where the
-exchanges pass their bound), each followed by the pass that makes ``abs(diag(R))`` non-increasing exactly
-(except ``pivoting="randomized"``)."""
+exchanges pass their bound), each followed by the pass that makes ``abs(diag(R))``
+non-increasing exactly (except ``pivoting="randomized"``)."""
 
 from __future__ import annotations
 
