@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 
 from mpqr.policy import validate_precision
 
-__all__ = ["Frontend", "Patch", "called_from_mpqr", "current_precision", "inside",
+__all__ = ["Frontend", "Patch", "all_finite", "called_from_mpqr", "current_precision", "inside",
            "original", "patch", "routing", "warn_once"]
 
 _LOCK = threading.RLock()
@@ -43,6 +43,14 @@ _inside: contextvars.ContextVar[bool] = contextvars.ContextVar("mpqr_compat_insi
                                                               default=False)
 _WARNED: set[str] = set()
 _WARN_LOCK = threading.Lock()
+
+
+def all_finite(ns: Any, *arrays: Any) -> bool:
+    """Whether every entry of ``arrays`` is finite, through namespace ``ns`` (``torch``,
+    ``cupy``, an Array-API namespace). A finite sum means every entry is finite (NaN and
+    +-Inf propagate), in one read pass where the elementwise test writes a mask of the
+    whole input; a sum that merely overflowed is settled by the elementwise test."""
+    return all(bool(ns.isfinite(ns.sum(a))) or bool(ns.all(ns.isfinite(a))) for a in arrays)
 
 
 def current_precision() -> str | None:

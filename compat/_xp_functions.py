@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from mpqr.backends import bridge, get_backend
+from mpqr.compat import _patch
 
 import mpqr
 from mpqr._array_api import array_namespace, device
@@ -115,9 +116,7 @@ def functions(ns: Any, originals: dict[str, Any], precision: Callable[[], str | 
         return max(m, n) >= SVD_ASPECT * min(m, n)
 
     def finite(*ys: Any) -> bool:
-        # a finite sum means every entry is finite, in one read pass; an overflowed
-        # sum is settled by the elementwise test
-        return all(bool(ns.isfinite(ns.sum(y))) or bool(ns.all(ns.isfinite(y))) for y in ys)
+        return _patch.all_finite(ns, *ys)
 
     def packed(func: str, *parts: Any) -> Any:
         """The namespace's own result type (a named tuple, a torch structseq), read once

@@ -158,10 +158,7 @@ def _route(name: str, to: str, a: torch.Tensor, **args: Any) -> None:
 
 
 def _finite(*ts: torch.Tensor) -> bool:
-    # A finite sum means every entry is finite (NaN and +-Inf propagate) in one read
-    # pass; elementwise isfinite writes a mask of the whole input. A sum that merely
-    # overflowed is settled by the exact test.
-    return all(bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all()) for t in ts)
+    return _patch.all_finite(torch, *ts)
 
 
 def _real(dtype: torch.dtype) -> torch.dtype:

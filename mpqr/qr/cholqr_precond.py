@@ -344,14 +344,16 @@ def _max(v: Any) -> float:
     return float(array_namespace(v).max(v))
 
 
-def _rank_deficient(cond: float, u: float, why: str = "") -> None:
+def _rank_deficient(cond: float, u: float, why: str = "", name: str = NAME) -> None:
+    """Raise the refusal of ``name`` (the method that found it) for a numerically
+    rank-deficient x."""
     limit = RANK_DEFICIENT / u
     raise BreakdownError(
-        f"{NAME} broke down: x is numerically rank-deficient (estimated cond(x) "
+        f"{name} broke down: x is numerically rank-deficient (estimated cond(x) "
         f"{'= ' if cond >= limit else '>= '}{cond:.2e} with its columns scaled to unit "
         f"norm; {RANK_DEFICIENT:g}/u = {limit:.1e}{'; ' + why if why else ''}): its QR "
         "factorization is not determined to working accuracy; use a Householder method "
-        "or method='auto'", method=NAME, cond_estimate=cond)
+        "or method='auto'", method=name, cond_estimate=cond)
 
 
 def _precondition(sb: Any, g: Any, u: float, n: int) -> tuple[Any, float, Any]:

@@ -35,6 +35,9 @@ from mpqr.qr.cholqr_precond import (
     preconditioned_cholqr,
     resume_chain,
 )
+from mpqr.qr.cholqr_precond import (
+    _rank_deficient as _refuse,
+)
 from mpqr.qr.gram_blocked import gram
 
 __all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "sketch_cholqr"]
@@ -116,10 +119,4 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
 
 
 def _rank_deficient(cond: float, u: float, why: str = "") -> None:
-    limit = RANK_DEFICIENT / u
-    raise BreakdownError(
-        f"{NAME} broke down: x is numerically rank-deficient (estimated cond(x) "
-        f"{'= ' if cond >= limit else '>= '}{cond:.2e} with its columns scaled to unit "
-        f"norm; {RANK_DEFICIENT:g}/u = {limit:.1e}{'; ' + why if why else ''}): its QR "
-        "factorization is not determined to working accuracy; use a Householder method "
-        "or method='auto'", method=NAME, cond_estimate=cond)
+    _refuse(cond, u, why, NAME)
