@@ -128,6 +128,9 @@ def test_lu_signed_of_an_orthonormal_top_block(xp, n, dtype):
     """``L U = Q1 - diag(s)`` with unit-lower L, upper U, ``s_i = -phase(pivot_i)``
     and ``|u_ii| >= 1`` (Ballard et al.): on every backend, and each backend's
     recursive halves agree with the column loop to rounding."""
+    if n > 130 and xp.__name__ == "array_api_strict":
+        pytest.skip("the column-loop reference takes seconds a call on array_api_strict at "
+                    "257 columns; 130 runs the same recursion there")
     rng = np.random.default_rng(n)
     q = np.linalg.qr(_rand(rng, (3 * n + 5, n), np.complex128 if "complex" in
                            np.dtype(dtype).name else np.float64))[0][:n].astype(dtype)
