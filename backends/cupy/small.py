@@ -226,7 +226,7 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
              cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_N,
              cublas.CUBLAS_DIAG_NON_UNIT, n, k, _ONE[char].ctypes.data, xp, m,
              xp + n * m * item, m)
-    # R_aug's p rows of every column in one copy (the reflectors below are zeroed here)
+    # R_aug's p rows of every column in one copy (aug_solve drops the reflectors below)
     host = np.empty((w, p), dtype=dt)
     stream = cp.cuda.get_current_stream()
     runtime.memcpy2DAsync(host.ctypes.data, p * item, xp, m * item, p * item, w,
