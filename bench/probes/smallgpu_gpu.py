@@ -168,6 +168,12 @@ def qr_checks():
             check(tag, False, "exception")
 
 
+def _desc(v):
+    if v is None or isinstance(v, (int, np.integer)):
+        return f"{type(v).__name__}"
+    return f"{type(v).__name__}{tuple(v.shape)} {v.dtype}"
+
+
 def _lstsq_one(tag, ah, bh, expect_fast=True):
     dtype = ah.dtype
     m, n = ah.shape
@@ -179,15 +185,18 @@ def _lstsq_one(tag, ah, bh, expect_fast=True):
     via_api = mpqr.lstsq(a, b)
     with mpqr.explain():  # the general route
         gen = mpqr.lstsq(a, b)
-    same_types = True
+    same_types, differ = True, []
     for got, want in zip(via_api, gen):
         if isinstance(want, (int, np.integer)):
-            same_types &= type(got) is type(want) and got == want
+            same = type(got) is type(want) and got == want
         elif want is None:
-            same_types &= got is None
+            same = got is None
         else:
-            same_types &= (type(got) is type(want) and got.shape == want.shape
-                           and got.dtype == want.dtype)
+            same = (type(got) is type(want) and got.shape == want.shape
+                    and got.dtype == want.dtype)
+        if not same:
+            differ.append(f"{_desc(got)} vs general {_desc(want)}")
+        same_types &= same
     x, res, rank, s = via_api
     a128, b128 = ah.astype(np.complex128), bh.astype(np.complex128)
     xr = np.linalg.lstsq(a128, b128, rcond=None)[0]
@@ -209,7 +218,8 @@ def _lstsq_one(tag, ah, bh, expect_fast=True):
           and serr <= tol and rerr <= tol and gap <= tol
           and bool(cp.array_equal(a, a0)) and bool(cp.array_equal(b, b0)))
     check(tag, ok, f"fast={took} types-as-general={same_types} rank={rank} x err={err:.1e} "
-          f"vs general {gap:.1e} s err={serr:.1e} res err={rerr:.1e} tol={tol:.1e}")
+          f"vs general {gap:.1e} s err={serr:.1e} res err={rerr:.1e} tol={tol:.1e}"
+          + (f" differ: {differ}" if differ else ""))
 
 
 def lstsq_checks():
