@@ -160,12 +160,14 @@ def test_qr_direct_call_large_real(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,bshape", [((21, 20), (21, 4)), ((30, 30), (30, 2)),
                                           ((1, 1), (1,)), ((200, 7), (200, 5))])
-@pytest.mark.parametrize("on_device", [False, True])
-def test_lstsq_augmented_shapes(monkeypatch, dtype, shape, bshape, on_device):
-    # m <= n + k (R_aug a trapezoid), square, 1 x 1; the solve on the host or by trsm
+@pytest.mark.parametrize("on_device,pack", [(True, True), (False, True), (True, False)])
+def test_lstsq_augmented_shapes(monkeypatch, dtype, shape, bshape, on_device, pack):
+    # m <= n + k (R_aug a trapezoid), square, 1 x 1; the solve on the host or by trsm,
+    # R_aug packed on the device or copied strided
     from mpqr.backends.cupy import small
 
     monkeypatch.setattr(small, "SOLVE_ON_DEVICE", on_device)
+    monkeypatch.setattr(small, "PACK_ON_DEVICE", pack)
     m, n = shape
     ah, bh = _rand(shape, dtype, 12), _rand(bshape, dtype, 13)
     a, b = cp.asarray(ah), cp.asarray(bh)

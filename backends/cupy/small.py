@@ -15,9 +15,10 @@ of array creations, reductions and wrapper calls around ~0.3 ms of GPU work at
   bound A's, and non-finite input gives a non-finite R. One synchronisation, at the end.
 * Least squares: ``geqrf`` of the augmented ``[A | b]`` (no ``ormqr``): ``Q^H b`` is
   ``R_aug[:n, n:]`` and the squared residual norms the column sums of
-  ``|R_aug[n:, n:]|^2``. One device-to-host copy of the small ``R_aug``; on the host the
-  checks, the singular values of ``R`` (SciPy's ``s``), the rank by SciPy's cutoff and
-  the triangular solve; ``x``, the residues and ``s`` go back in one upload.
+  ``|R_aug[n:, n:]|^2``; cuBLAS ``trsm`` solves for ``x`` in place. One device-to-host
+  copy of the small ``R_aug``; on the host the checks, the singular values of ``R``
+  (SciPy's ``s``) and the rank by SciPy's cutoff; ``x``, the residues and ``s`` go back
+  in one upload.
 
 What the checks reject (NaN/Inf, columns the general route would rescale, a rank below
 ``n`` or too close to it for a triangular solve) returns None: the general route decides.
@@ -33,7 +34,8 @@ from cupy.cuda import runtime
 from cupy_backends.cuda.libs import cublas, cusolver
 from mpqr.backends.numpy.small import aug_solve, r_in_range
 
-__all__ = ["R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N", "small_lstsq", "small_qr"]
+__all__ = ["PACK_ON_DEVICE", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N", "small_lstsq",
+           "small_qr"]
 
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
@@ -46,8 +48,13 @@ SVD_HOST_MAX_N = 128
 #: a reduction launch); beyond, R's column maxima are reduced on the device
 R_HOST_MAX_N = 64
 #: least squares: the triangular solve by cuBLAS ``trsm`` queued before R_aug's copy
-#: (the host then reads x with it) instead of LAPACK's ``trtrs`` on the host
-SOLVE_ON_DEVICE = False
+#: (the host then reads x with it) instead of LAPACK's ``trtrs`` on the host (H200,
+#: float64 1000 x 20: 336 against 372 us; float32 326 against 355; complex128 408
+#: against 438; ``python bench/probes/smallgpu_gpu.py``)
+SOLVE_ON_DEVICE = True
+#: least squares: R_aug packed by a device-to-device copy before its download (else one
+#: strided copy to the host)
+PACK_ON_DEVICE = True
 
 # [A | b] (or A alone: b is a) into cuSOLVER's column-major buffer; ``xt`` is its
 # transpose (C order, shape (columns, m)), ``a`` and ``b`` any 2-D strides
@@ -217,8 +224,11 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     handle = cp.cuda.device.get_cusolver_handle()
     geqrf, gsize = _funcs(char, "geqrf", "geqrf_bufferSize")
     lw = _lwork((char, "geqrf", m, w), gsize, handle, m, w, xp, m)
-    buf = cp.empty((lw + p) * item + 8, dtype=np.uint8)  # workspace, tau, info
+    # one allocation: workspace, tau, info, then R_aug's packed copy (256-byte aligned)
+    off = -(-((lw + p) * item + 8) // 256) * 256
+    buf = cp.empty(off + p * w * item, dtype=np.uint8)
     work = buf.data.ptr
+    packed = work + off
     geqrf(handle, m, w, xp, m, work + lw * item, work, lw, work + (lw + p) * item)
     if SOLVE_ON_DEVICE:  # x over Q^H b in R_aug's rows :n (R stays as it is)
         trsm = getattr(cublas, _PREFIX[char] + "trsm")
@@ -226,11 +236,20 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
              cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_N,
              cublas.CUBLAS_DIAG_NON_UNIT, n, k, _ONE[char].ctypes.data, xp, m,
              xp + n * m * item, m)
-    # R_aug's p rows of every column in one copy (aug_solve drops the reflectors below)
+    # R_aug's p rows of every column packed on the device, then one contiguous download
+    # (the strided copy straight to pageable host memory grew with m: H200, lstsq
+    # 10000 x 50 4.2 ms against gels' 0.6, 4000 x 50 0.8 against 0.4, 1000 x 20 on a
+    # par); aug_solve drops the reflectors below the diagonal
     host = np.empty((w, p), dtype=dt)
     stream = cp.cuda.get_current_stream()
-    runtime.memcpy2DAsync(host.ctypes.data, p * item, xp, m * item, p * item, w,
-                          runtime.memcpyDeviceToHost, stream.ptr)
+    if PACK_ON_DEVICE:
+        runtime.memcpy2DAsync(packed, p * item, xp, m * item, p * item, w,
+                              runtime.memcpyDeviceToDevice, stream.ptr)
+        runtime.memcpyAsync(host.ctypes.data, packed, p * w * item,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+    else:
+        runtime.memcpy2DAsync(host.ctypes.data, p * item, xp, m * item, p * item, w,
+                              runtime.memcpyDeviceToHost, stream.ptr)
     stream.synchronize()
     res = aug_solve(host.T, m, n, cut, u, solved=SOLVE_ON_DEVICE)
     if res is None:
