@@ -154,7 +154,14 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     else:
         q, r = _qr(a, mode)
     if n <= R_HOST_MAX_N:
-        cmax = np.abs(r.get()).max(axis=0)  # the one wait, once everything is queued
+        # the one wait, once everything is queued (a plain copy: ``get``'s checks and
+        # allocation cost more than the few kB)
+        rh = np.empty((n, n), dtype=dt)
+        stream = cp.cuda.get_current_stream()
+        runtime.memcpyAsync(rh.ctypes.data, r.data.ptr, rh.nbytes,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        cmax = np.abs(rh).max(axis=0)
     else:
         cmax = cp.abs(r).max(axis=0).get()
     if not r_in_range(cmax, m, n, single):
