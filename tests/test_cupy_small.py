@@ -116,3 +116,105 @@ def test_lstsq_rank_deficient_and_nan_take_general_route(dtype):
     bn[5] = np.nan
     assert _fast.lstsq(cp.asarray(_rand((100, 10), dtype)), bn, None, False, None,
                        precision=None, refine="auto", tol=None, maxiter=None) is _fast.MISS
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("where", [(3, 4), (0, 9), (99, 0), (5, 5)])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_qr_nonfinite_anywhere_is_seen_in_r(dtype, where, bad):
+    # the range and NaN/Inf check reads R: non-finite input must leave R non-finite
+    a = cp.asarray(_rand((100, 10), dtype, 5))
+    a[where] = bad
+    assert _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
+    assert _fast.qr(a, "r", None, "auto", False) is _fast.MISS
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qr_out_of_range_columns_take_general_route(dtype):
+    big = 2.0 ** (50 if np.dtype(dtype).char in "fF" else 420)
+    for scale in (big, 1 / big):
+        ah = _rand((100, 10), dtype, 7)
+        ah[:, 3] *= scale
+        a = cp.asarray(ah)
+        assert _fast.qr(a, "reduced", None, "auto", True) is _fast.MISS
+        q, r = mpqr.qr(a)
+        assert float(cp.linalg.norm(q @ r - a) / cp.linalg.norm(a)) <= \
+            100 * np.finfo(dtype).eps
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_qr_direct_call_large_real(dtype):
+    # beyond small_max the direct call takes the tiled-copy library QR; same conventions
+    m = n = 1024
+    ah = _rand((m, n), dtype, 11)
+    a = cp.asarray(ah)
+    assert _fast.qr(a, "reduced", None, "auto", True) is not _fast.MISS
+    q, r = mpqr.qr(a)
+    d = cp.diagonal(r).get()
+    assert np.all(d >= 0) and not bool(cp.tril(r, -1).any())
+    tol = 30 * np.sqrt(m * n) * _u(dtype)
+    assert float(cp.linalg.norm(q @ r - a) / cp.linalg.norm(a)) <= tol
+    assert cp.array_equal(mpqr.qr(a, mode="r"), r)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,bshape", [((21, 20), (21, 4)), ((30, 30), (30, 2)),
+                                          ((1, 1), (1,)), ((200, 7), (200, 5))])
+@pytest.mark.parametrize("on_device,pack", [(True, True), (False, True), (True, False)])
+def test_lstsq_augmented_shapes(monkeypatch, dtype, shape, bshape, on_device, pack):
+    # m <= n + k (R_aug a trapezoid), square, 1 x 1; the solve on the host or by trsm,
+    # R_aug packed on the device or copied strided
+    from mpqr.backends.cupy import small
+
+    monkeypatch.setattr(small, "SOLVE_ON_DEVICE", on_device)
+    monkeypatch.setattr(small, "PACK_ON_DEVICE", pack)
+    m, n = shape
+    ah, bh = _rand(shape, dtype, 12), _rand(bshape, dtype, 13)
+    a, b = cp.asarray(ah), cp.asarray(bh)
+    fast = _fast.lstsq(a, b, None, True, None, precision=None, refine="auto", tol=None,
+                       maxiter=None)
+    assert fast is not _fast.MISS
+    with mpqr.explain():
+        gen = mpqr.lstsq(a, b)
+    for got, want in zip(fast, gen):
+        if isinstance(want, (int, np.integer)):
+            assert type(got) is type(want) and got == want
+        else:
+            assert type(got) is type(want) and got.shape == want.shape \
+                and got.dtype == want.dtype
+    x, res, rank, s = fast
+    a128, b128 = ah.astype(np.complex128), bh.astype(np.complex128)
+    xr = np.linalg.lstsq(a128, b128, rcond=None)[0]
+    tol = 100 * np.sqrt(m * n) * _u(dtype) * np.linalg.cond(a128)
+    assert np.linalg.norm(x.get() - xr) <= tol * np.linalg.norm(xr)
+    assert rank == n
+    sr = np.linalg.svd(a128, compute_uv=False)
+    assert np.allclose(s.get(), sr, rtol=0, atol=tol * sr[0])
+    if m > n:
+        rr = b128 - a128 @ x.get()
+        assert np.allclose(res.get(), np.sum(np.abs(rr) ** 2, axis=0), rtol=tol * 10,
+                           atol=tol * np.sum(np.abs(b128) ** 2))
+    else:
+        assert res.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lstsq_nonfinite_anywhere_takes_general_route(dtype):
+    a = cp.asarray(_rand((100, 10), dtype, 6))
+    b = cp.asarray(_rand((100, 2), dtype, 4))
+
+    def fast(a, b):
+        return _fast.lstsq(a, b, None, False, None, precision=None, refine="auto",
+                           tol=None, maxiter=None)
+
+    assert fast(a, b) is not _fast.MISS
+    for bad in (np.nan, np.inf):
+        for where in [(0, 9), (99, 0), (4, 4)]:
+            an = a.copy()
+            an[where] = bad
+            assert fast(an, b) is _fast.MISS
+        # b's rows of Q^H b, of R_aug's last column and of its reflector (below R_aug)
+        for where in [(0, 1), (11, 1), (99, 1), (99, 0)]:
+            bn = b.copy()
+            bn[where] = bad
+            assert fast(a, bn) is _fast.MISS
