@@ -587,6 +587,45 @@ class ArrayAPIBackend:
         portable steps, :func:`~mpqr.qr.pivoted_repair.reference_repair`, run instead)."""
         return NotImplemented
 
+    def pivoted_cholesky(self, g: Any, tol: float) -> tuple[Any, int, float]:
+        """Pivoted Cholesky of a Hermitian positive semidefinite ``g`` (``n x n``), as
+        LAPACK ``?pstrf``: each step takes the largest remaining diagonal entry of the
+        Schur complement (the first of equals) and stops before the first at most
+        ``tol gmax``. Returns ``(P, k, gmax)``: ``P`` the order (int32 ``(n,)`` on
+        ``g``'s device; after ``k`` the columns not yet taken), ``k`` the steps taken,
+        ``gmax`` the largest diagonal entry of ``g`` (a float; ``k = 0`` and ``P`` the
+        identity when it is not positive). ``g`` is not modified.
+
+        Here the steps with array operations and a host read each (any Array API
+        library); NumPy calls LAPACK, CuPy a blocked kernel."""
+        xp = self.xp
+        n = g.shape[0]
+        dev = device(g)
+        w = xp.asarray(g, copy=True)
+        d = xp.real(xp.linalg.diagonal(w))
+        idx = list(range(n))
+        gmax = float(xp.max(d)) if n else 0.0
+        k = 0
+        if gmax > 0:
+            stop = tol * gmax
+            while k < n:
+                at = k + int(xp.argmax(d[k:]))
+                if not float(d[at]) > stop:
+                    break
+                if at != k:
+                    sw = list(range(n))
+                    sw[k], sw[at] = at, k
+                    sw = xp.asarray(sw, dtype=xp.int64, device=dev)
+                    w = xp.take(xp.take(w, sw, axis=0), sw, axis=1)
+                    d = xp.take(d, sw)
+                    idx[k], idx[at] = idx[at], idx[k]
+                col = w[k + 1:, k] / xp.astype(xp.sqrt(d[k]), w.dtype)
+                w[k + 1:, k + 1:] = w[k + 1:, k + 1:] - \
+                    xp.expand_dims(col, axis=1) * xp.expand_dims(xp.conj(col), axis=0)
+                d = xp.concat([d[:k + 1], d[k + 1:] - xp.real(col * xp.conj(col))])
+                k += 1
+        return xp.asarray(idx, dtype=xp.int32, device=dev), k, max(gmax, 0.0)
+
     def permutable_copy(self, a: Any) -> Any:
         """A copy of 2-D ``a`` to permute the columns of (the pivoted QR's workspace),
         in the layout where :meth:`permute_columns` is cheapest; here a plain copy."""

@@ -95,7 +95,7 @@ def _rank(d, m, n):
     return int(np.sum(d > max(m, n) * np.finfo(d.dtype).eps * d[0])) if d.size else 0
 
 
-@pytest.fixture(params=["library", "blocked", "repair", "deterministic"])
+@pytest.fixture(params=["library", "gram", "blocked", "repair", "deterministic"])
 def route(request, monkeypatch):
     from mpqr.backends.numpy.backend import NumpyBackend
 
