@@ -572,13 +572,17 @@ class ArrayAPIBackend:
         return None
 
     #: the route of ``qr(pivoting=True)`` where the backend has no library QRCP:
-    #: "repair" (HQRRP's order, then adjacent column exchanges until ``|diag(R)|`` is
-    #: non-increasing: :mod:`mpqr.qr.pivoted_repair`) or "blocked" (the blocked greedy
-    #: QRCP of :mod:`mpqr.qr.pivoted_exact`, also the fallback past the exchanges' bound).
-    #: "blocked": HQRRP's order needed more exchanges than the bound (16 a column) on
-    #: every 4096^2 and 65536 x 4096 matrix measured on an H200, geometric spectra too,
-    #: and flat spectra need hundreds a column on the CPU (bench/NOTES.md)
-    qrcp_exact_route = "blocked"
+    #: "gram" (the greedy order from pivoted Cholesky of the Gram matrix, recursing on the
+    #: unresolved trailing block, then adjacent column exchanges: :mod:`mpqr.qr.pivoted_gram`;
+    #: the blocked QRCP past the exchanges' bound or for non-finite input), "repair"
+    #: (HQRRP's order, then the exchanges: :mod:`mpqr.qr.pivoted_repair`) or "blocked" (the
+    #: blocked greedy QRCP of :mod:`mpqr.qr.pivoted_exact`). "gram": the unpivoted QR's
+    #: flops plus a Gram matrix and ``n^3 / 3`` for the Cholesky, no exchanges on any test
+    #: family and geqp3's P on all but exact ties (2-core CPU, bench/NOTES.md); HQRRP's
+    #: order needed more exchanges than the bound (16 a column) on every 4096^2 and
+    #: 65536 x 4096 matrix measured on an H200, and the blocked route's blocks shrink to a
+    #: few columns where norms are close
+    qrcp_exact_route = "gram"
 
     def diagonal_repair(self, q: Any | None, r: Any, p: Any, tol: float, limit: int) -> Any:
         """The exchanges of :func:`mpqr.qr.pivoted_repair.repair_diagonal` done by the
