@@ -35,11 +35,19 @@ def _small_blocks(monkeypatch, block=16):
         monkeypatch.setattr(CupyBackend, "qrcp_block", block)
 
 
-@pytest.fixture(params=["library", "blocked", "deterministic"])
+def _device_backends():
+    """The backend classes without a library QRCP whose exact route a test picks."""
+    from mpqr.backends._base import ArrayAPIBackend
+
+    return [ArrayAPIBackend]
+
+
+@pytest.fixture(params=["library", "gram", "blocked", "deterministic"])
 def route(request, monkeypatch, xp):
-    """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), the blocked
-    greedy QRCP (16-column blocks; the exchange repair of HQRRP's order has its own
-    tests in test_qr_pivoted_order.py), column-norm pivoting."""
+    """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), the order from
+    the Gram matrix's pivoted Cholesky, the blocked greedy QRCP (16-column blocks; the
+    exchange repair of HQRRP's order has its own tests in test_qr_pivoted_order.py),
+    column-norm pivoting."""
     from mpqr.backends.numpy_backend import NumpyBackend
 
     if request.param == "library" and xp.__name__ != "numpy":
@@ -48,8 +56,10 @@ def route(request, monkeypatch, xp):
     if request.param != "deterministic":
         _small_blocks(monkeypatch)
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
-        if request.param == "blocked":
+        if request.param in ("blocked", "gram"):
             monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
+            for be in _device_backends():
+                monkeypatch.setattr(be, "qrcp_exact_route", request.param)
     else:
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 10**9)
     return request.param

@@ -27,12 +27,13 @@ pstrf_panel(T* __restrict__ w, long long ld, int n, int j0, int nb, T* __restric
   __shared__ int s_piv;
   __shared__ T s_pv;
   const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+  const T ninf = T(-__longlong_as_double(0x7ff0000000000000LL));
   if (state[1]) return;
   const int jend = min(j0 + nb, n);
   for (int i = j0 + tid; i < n; i += nt) d[i] = w[i + i * ld];
   __syncthreads();
   for (int k = j0; k < jend; ++k) {
-    T best = -INFINITY;
+    T best = ninf;
     int bi = n;
     for (int i = k + tid; i < n; i += nt) {
       const T v = d[i];
@@ -47,7 +48,7 @@ pstrf_panel(T* __restrict__ w, long long ld, int n, int j0, int nb, T* __restric
     __syncthreads();
     if (warp == 0) {
       const int nw = (nt + 31) >> 5;
-      best = lane < nw ? s_val[lane] : -INFINITY;
+      best = lane < nw ? s_val[lane] : ninf;
       bi = lane < nw ? s_idx[lane] : n;
       for (int off = 16; off > 0; off >>= 1) {
         const T v2 = __shfl_down_sync(0xffffffffu, best, off);
