@@ -286,6 +286,20 @@ def small_families():
     res["checks"]["families 3000x500"] = {"rows": rows, "pass": ok}
 
 
+def warm_up():
+    """The kernels' first compilation, outside every timed run and stage."""
+    t = time.perf_counter()
+    for dt in (cp.float64, cp.float32):
+        a = matrix("geometric", 1024, 600, seed=1).astype(dt)
+        mpqr.qr(a, pivoting=True)
+        mpqr.qr(a, pivoting="randomized")
+        cp.linalg.qr(a)
+    sync()
+    res["timings"]["warm-up (compilation)"] = time.perf_counter() - t
+    print(f"warm-up: {time.perf_counter() - t:.1f} s")
+
+
+part("warm-up", warm_up)
 part("pstrf_vs_lapack", pstrf_check)
 shape_case("geometric", 4096, 4096, geqp3=True, blocked=False)
 shape_case("geometric", 65536, 4096)
