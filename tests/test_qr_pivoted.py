@@ -1,8 +1,9 @@
 """QR with column pivoting (``mpqr.qr(x, pivoting=True)``) against SciPy's geqp3.
 
-Both routes run on every backend of the ``xp`` fixture: the blocked randomized QRCP
-(forced onto small matrices by a 16-column block, so a test sees several blocks,
-downdates and the sketch's checks) and the deterministic column-norm route.
+The routes run on every backend of the ``xp`` fixture: LAPACK geqp3's order (NumPy), the
+order from pivoted Cholesky of the Gram matrix (forced onto small matrices; its trailing
+levels and exchange repair included) and the deterministic column-norm route; the
+blocked routes (randomized, greedy) are forced onto small matrices by a 16-column block.
 Tolerances: unit roundoff x size; ``|R_kk|`` against the singular values by the
 factor 10 of the rank-revealing claim.
 """
@@ -42,11 +43,11 @@ def _device_backends():
     return [ArrayAPIBackend]
 
 
-@pytest.fixture(params=["library", "gram", "blocked", "deterministic"])
+@pytest.fixture(params=["library", "gram", "deterministic"])
 def route(request, monkeypatch, xp):
     """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), the order from
-    the Gram matrix's pivoted Cholesky, the blocked greedy QRCP (16-column blocks; the
-    exchange repair of HQRRP's order has its own tests in test_qr_pivoted_order.py),
+    the Gram matrix's pivoted Cholesky (the default without a library QRCP; the blocked
+    greedy QRCP and the exchange repair of HQRRP's order: test_qr_pivoted_order.py),
     column-norm pivoting."""
     from mpqr.backends.numpy_backend import NumpyBackend
 
