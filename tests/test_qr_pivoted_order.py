@@ -510,9 +510,12 @@ def test_gram_route_modes_and_range(monkeypatch):
 
 
 @pytest.mark.skipif(not GPU, reason="no CUDA GPU visible")
-@pytest.mark.parametrize("name,n,panel", [("geometric", 700, 32), ("gaussian", 500, 16),
-                                          ("geometric", 300, 64), ("rank1", 200, 32)])
-def test_gpu_pivoted_cholesky_kernel(name, n, panel):
+@pytest.mark.parametrize("name,n,panel,variant", [("geometric", 700, 32, "rows"),
+                                                  ("gaussian", 500, 16, "rows"),
+                                                  ("geometric", 300, 64, "rows"),
+                                                  ("rank1", 200, 32, "rows"),
+                                                  ("geometric", 700, 32, "swap")])
+def test_gpu_pivoted_cholesky_kernel(name, n, panel, variant):
     """The device kernel (backends/cupy/pstrf.py) against LAPACK ?pstrf on the host:
     the same stop and order."""
     import cupy as cp
@@ -523,7 +526,7 @@ def test_gpu_pivoted_cholesky_kernel(name, n, panel):
     a = family(name, 1200, n)
     g = a.T @ a
     tol = gram.resolve_threshold(1200, n, 2.0**-53)
-    p, k, gmax = pstrf.pivoted_cholesky(cp.asarray(g), tol, panel=panel)
+    p, k, gmax = pstrf.pivoted_cholesky(cp.asarray(g), tol, panel=panel, variant=variant)
     p2, k2, gmax2 = lapack_pivoted_cholesky(g, tol)
     assert k == k2 and gmax == pytest.approx(gmax2, rel=1e-15)
     np.testing.assert_array_equal(cp.asnumpy(p)[:k], p2[:k])

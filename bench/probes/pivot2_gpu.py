@@ -158,17 +158,18 @@ def pstrf_check():
         a = matrix(kind, m, n, seed=7)
         g = a.T @ a
         theta = pivoted_gram.resolve_threshold(m, n, U)
-        pd, kd, _ = cupy_pstrf.pivoted_cholesky(g, theta)
         ph, kh, _ = lapack_pivoted_cholesky(cp.asnumpy(g), theta)
-        pd = cp.asnumpy(pd)
-        same = int(np.argmax(np.r_[pd[:min(kd, kh)] != ph[:min(kd, kh)], True]))
-        good = abs(kd - kh) <= 1 and same >= min(kd, kh) - 2 and \
-            sorted(pd.tolist()) == list(range(n))
-        ok &= good
-        rows[f"{kind} {m}x{n}"] = {"k_device": kd, "k_lapack": kh, "same_prefix": same,
-                                   "pass": good}
-        print(f"pstrf {kind} G of {m}x{n}: device k {kd}, LAPACK k {kh}, same order for "
-              f"the first {same}: {'PASS' if good else 'FAIL'}")
+        for variant, nb in (("rows", 32), ("swap", 32), ("rows", 16), ("rows", 64)):
+            pd, kd, _ = cupy_pstrf.pivoted_cholesky(g, theta, panel=nb, variant=variant)
+            pd = cp.asnumpy(pd)
+            same = int(np.argmax(np.r_[pd[:min(kd, kh)] != ph[:min(kd, kh)], True]))
+            good = abs(kd - kh) <= 1 and same >= min(kd, kh) - 2 and \
+                sorted(pd.tolist()) == list(range(n))
+            ok &= good
+            rows[f"{kind} {m}x{n} {variant} nb={nb}"] = {
+                "k_device": kd, "k_lapack": kh, "same_prefix": same, "pass": good}
+            print(f"pstrf {variant} nb={nb} {kind} G of {m}x{n}: device k {kd}, LAPACK k "
+                  f"{kh}, same order for the first {same}: {'PASS' if good else 'FAIL'}")
     res["checks"]["pstrf_vs_lapack"] = {"rows": rows, "pass": ok}
 
 
@@ -181,14 +182,16 @@ def blocks_4096():
         return mpqr.policy.gemm(a.T, a, precision="auto", backend=BE) if g is None else g
 
     row = {"gram (policy)": timed(gram)}
-    for nb in (16, 32, 64):
-        row[f"pstrf device nb={nb} (geometric, stops)"] = timed(
-            lambda nb=nb: cupy_pstrf.pivoted_cholesky(g, theta, panel=nb))
+    for variant, nb in (("rows", 16), ("rows", 32), ("rows", 64), ("swap", 32)):
+        row[f"pstrf device {variant} nb={nb} (geometric, stops)"] = timed(
+            lambda nb=nb, v=variant: cupy_pstrf.pivoted_cholesky(g, theta, panel=nb,
+                                                                 variant=v))
     gr = matrix("random", 4096, 4096)
     gg = gr.T @ gr
-    for nb in (16, 32):
-        row[f"pstrf device nb={nb} (random, all 4096 steps)"] = timed(
-            lambda nb=nb: cupy_pstrf.pivoted_cholesky(gg, theta, panel=nb))
+    for variant, nb in (("rows", 16), ("rows", 32), ("swap", 32)):
+        row[f"pstrf device {variant} nb={nb} (random, all 4096 steps)"] = timed(
+            lambda nb=nb, v=variant: cupy_pstrf.pivoted_cholesky(gg, theta, panel=nb,
+                                                                 variant=v))
     for n in (512, 1024):
         gs = cp.asnumpy(gg[:n, :n])
         row[f"pstrf host n={n} (+copy)"] = timed(
