@@ -1,10 +1,12 @@
 """Which route ``qr(pivoting=...)`` takes (:func:`qr_pivoted`): the pivot rules of
 :mod:`mpqr.qr.pivoted` (column-norm pivoting, HQRRP), LAPACK ``geqp3``'s order where the
-backend has it, else (``backend.qrcp_exact_route``) the blocked QRCP in the greedy
-order of :mod:`mpqr.qr.pivoted_exact` (the default) or HQRRP's order repaired by
-adjacent column exchanges (:mod:`mpqr.qr.pivoted_repair`; the blocked QRCP where the
-exchanges pass their bound), each followed by the pass that makes ``abs(diag(R))``
-non-increasing exactly (except ``pivoting="randomized"``)."""
+backend has it, else (``backend.qrcp_exact_route``) the greedy order from pivoted
+Cholesky of the Gram matrix (:mod:`mpqr.qr.pivoted_gram`, the default), the blocked QRCP
+in the greedy order of :mod:`mpqr.qr.pivoted_exact` or HQRRP's order repaired by
+adjacent column exchanges (:mod:`mpqr.qr.pivoted_repair`); the Gram and repair routes
+fall back to the blocked QRCP where the exchanges pass their bound. Each is followed by
+the pass that makes ``abs(diag(R))`` non-increasing exactly (except
+``pivoting="randomized"``)."""
 
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
     deterministic route. ``P`` is int32 ``(..., n)``. With ``max_rank``/``rtol``
     (2-D ``a``): ``Q`` is ``(m, k)`` and ``R`` ``(k, n)`` for the kept ``k``.
     ``ordering="greedy"``: ``|R_{k+1,k+1}| <= |R_kk|`` for every ``k``, exactly, in
-    ``geqp3``'s greedy order (library, deterministic and blocked routes) or in HQRRP's
-    order repaired by column exchanges (the repair route: not necessarily ``geqp3``'s
-    ``P``); ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
+    ``geqp3``'s greedy order (library, deterministic and blocked routes; the Gram route
+    up to near-ties, :mod:`mpqr.qr.pivoted_gram`) or in HQRRP's order repaired by
+    column exchanges (the repair route: not necessarily ``geqp3``'s ``P``);
+    ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
     comes (rank-revealing, the diagonal not monotone).
     """
     xp = backend.xp
