@@ -157,6 +157,7 @@ def pstrf_check():
     for kind, m, n in (("geometric", 600, 300), ("random", 1500, 1000), ("geometric", 3000, 2048)):
         a = matrix(kind, m, n, seed=7)
         g = a.T @ a
+        g = (g + g.T) / 2
         theta = pivoted_gram.resolve_threshold(m, n, U)
         ph, kh, _ = lapack_pivoted_cholesky(cp.asnumpy(g), theta)
         for variant, nb in (("rows", 32), ("swap", 32), ("rows", 16), ("rows", 64)):
@@ -176,6 +177,7 @@ def pstrf_check():
 def blocks_4096():
     a = matrix("geometric", 4096, 4096)
     g = a.T @ a
+    g = (g + g.T) / 2
     theta = pivoted_gram.resolve_threshold(4096, 4096, U)
     def gram():
         g = mpqr.policy.gram(a, precision="auto", backend=BE)
@@ -188,6 +190,7 @@ def blocks_4096():
                                                                  variant=v))
     gr = matrix("random", 4096, 4096)
     gg = gr.T @ gr
+    gg = (gg + gg.T) / 2
     for variant, nb in (("rows", 16), ("rows", 32), ("swap", 32)):
         row[f"pstrf device {variant} nb={nb} (random, all 4096 steps)"] = timed(
             lambda nb=nb, v=variant: cupy_pstrf.pivoted_cholesky(gg, theta, panel=nb,

@@ -93,8 +93,9 @@ def gram_order(backend: Any, x: Any, *, prec_name: str) -> tuple[Any, int, Any]:
         x = pow2_scale(backend, x, xp.astype(xp.reshape(e, (1, 1)), xp.int32) * -1)
     prec = "auto" if prec_name == "auto" else "fp64"
     g = gram(x, precision=prec, label="qrcp-gram", backend=backend)
-    if g is None:
+    if g is None:  # the product's two triangles may differ by rounding: their mean
         g = gemm(ct(xp, x), x, precision=prec, label="qrcp-gram", backend=backend)
+        g = (g + ct(xp, g)) * 0.5
     u = float(xp.finfo(xp.float64).eps) / 2
     return backend.pivoted_cholesky(g, resolve_threshold(m, n, u))
 
