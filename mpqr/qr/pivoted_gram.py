@@ -47,7 +47,7 @@ from mpqr._array_api import ct, is_complex
 from mpqr.policy import gemm, gram
 from mpqr.qr._kernels import column_exponents, normalize_signs, pow2_scale, safe_exponent
 
-__all__ = ["NARROW", "RESOLVE", "gram_order", "gram_qrcp", "resolve_threshold"]
+__all__ = ["NARROW", "RESOLVE", "gram_order", "gram_qrcp", "resolve_threshold", "take_columns"]
 
 #: Pivots are trusted while their Schur-complement diagonal is above ``RESOLVE`` times
 #: its rounding error (:func:`resolve_threshold`): near-ties closer than ``1 / RESOLVE``
@@ -109,7 +109,6 @@ def gram_qrcp(backend: Any, a: Any, *, factor: Any, prec_name: str, precision: A
     ``resolved`` (columns resolved a level), ``narrow`` (columns ordered by the exact
     steps at the end)."""
     from mpqr.qr import pivoted
-    from mpqr.qr.pivoted_route import take_columns
 
     xp = backend.xp
     m, n = a.shape
@@ -141,3 +140,11 @@ def gram_qrcp(backend: Any, a: Any, *, factor: Any, prec_name: str, precision: A
         p = xp.concat([p[:j], xp.take(p[j:], pt)])
         j += step
     return q, r, p, info
+
+
+def take_columns(xp: Any, a: Any, p: Any) -> Any:
+    """``a[..., :, p]`` for a stack of index vectors ``p`` (``(..., n)``)."""
+    if a.ndim == 2:
+        return xp.take(a, p, axis=-1)
+    idx = xp.broadcast_to(xp.expand_dims(p, axis=-2), a.shape)
+    return xp.take_along_axis(a, xp.astype(idx, xp.int64), axis=-1)

@@ -16,10 +16,10 @@ from typing import Any
 from mpqr.policy import record_event
 from mpqr.qr import pivoted
 from mpqr.qr.pivoted_exact import blocked_qrcp, monotone_diagonal, unit_roundoff
-from mpqr.qr.pivoted_gram import gram_qrcp
+from mpqr.qr.pivoted_gram import gram_qrcp, take_columns
 from mpqr.qr.pivoted_repair import repair_diagonal
 
-__all__ = ["qr_pivoted", "take_columns"]
+__all__ = ["qr_pivoted"]
 
 
 def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]],
@@ -131,11 +131,3 @@ def _factor_in_order(backend: Any, a: Any, p: Any, factor: Callable[[Any], tuple
         return q, r, p
     k = pivoted.truncation_rank(xp, r, kmax, rtol)
     return (None if q is None else q[:, :k]), r[:k, :], p
-
-
-def take_columns(xp: Any, a: Any, p: Any) -> Any:
-    """``a[..., :, p]`` for a stack of index vectors ``p`` (``(..., n)``)."""
-    if a.ndim == 2:
-        return xp.take(a, p, axis=-1)
-    idx = xp.broadcast_to(xp.expand_dims(p, axis=-2), a.shape)
-    return xp.take_along_axis(a, xp.astype(idx, xp.int64), axis=-1)
