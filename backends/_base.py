@@ -572,13 +572,17 @@ class ArrayAPIBackend:
         return None
 
     #: the route of ``qr(pivoting=True)`` where the backend has no library QRCP:
-    #: "repair" (HQRRP's order, then adjacent column exchanges until ``|diag(R)|`` is
-    #: non-increasing: :mod:`mpqr.qr.pivoted_repair`) or "blocked" (the blocked greedy
-    #: QRCP of :mod:`mpqr.qr.pivoted_exact`, also the fallback past the exchanges' bound).
-    #: "blocked": HQRRP's order needed more exchanges than the bound (16 a column) on
-    #: every 4096^2 and 65536 x 4096 matrix measured on an H200, geometric spectra too,
-    #: and flat spectra need hundreds a column on the CPU (bench/NOTES.md)
-    qrcp_exact_route = "blocked"
+    #: "gram" (the greedy order from pivoted Cholesky of the Gram matrix, recursing on the
+    #: unresolved trailing block, then adjacent column exchanges: :mod:`mpqr.qr.pivoted_gram`;
+    #: the blocked QRCP past the exchanges' bound or for non-finite input), "repair"
+    #: (HQRRP's order, then the exchanges: :mod:`mpqr.qr.pivoted_repair`) or "blocked" (the
+    #: blocked greedy QRCP of :mod:`mpqr.qr.pivoted_exact`). "gram": the unpivoted QR's
+    #: flops plus a Gram matrix and ``n^3 / 3`` for the Cholesky, no exchanges on any test
+    #: family and geqp3's P on all but exact ties (2-core CPU, bench/NOTES.md); HQRRP's
+    #: order needed more exchanges than the bound (16 a column) on every 4096^2 and
+    #: 65536 x 4096 matrix measured on an H200, and the blocked route's blocks shrink to a
+    #: few columns where norms are close
+    qrcp_exact_route = "gram"
 
     def diagonal_repair(self, q: Any | None, r: Any, p: Any, tol: float, limit: int) -> Any:
         """The exchanges of :func:`mpqr.qr.pivoted_repair.repair_diagonal` done by the
@@ -586,6 +590,45 @@ class ArrayAPIBackend:
         lowering)``, None past ``limit`` exchanges; ``NotImplemented`` here (the
         portable steps, :func:`~mpqr.qr.pivoted_repair.reference_repair`, run instead)."""
         return NotImplemented
+
+    def pivoted_cholesky(self, g: Any, tol: float) -> tuple[Any, int, float]:
+        """Pivoted Cholesky of a Hermitian positive semidefinite ``g`` (``n x n``), as
+        LAPACK ``?pstrf``: each step takes the largest remaining diagonal entry of the
+        Schur complement (the first of equals) and stops before the first at most
+        ``tol gmax``. Returns ``(P, k, gmax)``: ``P`` the order (int32 ``(n,)`` on
+        ``g``'s device; after ``k`` the columns not yet taken), ``k`` the steps taken,
+        ``gmax`` the largest diagonal entry of ``g`` (a float; ``k = 0`` and ``P`` the
+        identity when it is not positive). ``g`` is not modified.
+
+        Here the steps with array operations and a host read each (any Array API
+        library); NumPy calls LAPACK, CuPy a blocked kernel."""
+        xp = self.xp
+        n = g.shape[0]
+        dev = device(g)
+        w = xp.asarray(g, copy=True)
+        d = xp.real(xp.linalg.diagonal(w))
+        idx = list(range(n))
+        gmax = float(xp.max(d)) if n else 0.0
+        k = 0
+        if gmax > 0:
+            stop = tol * gmax
+            while k < n:
+                at = k + int(xp.argmax(d[k:]))
+                if not float(d[at]) > stop:
+                    break
+                if at != k:
+                    sw = list(range(n))
+                    sw[k], sw[at] = at, k
+                    sw = xp.asarray(sw, dtype=xp.int64, device=dev)
+                    w = xp.take(xp.take(w, sw, axis=0), sw, axis=1)
+                    d = xp.take(d, sw)
+                    idx[k], idx[at] = idx[at], idx[k]
+                col = w[k + 1:, k] / xp.astype(xp.sqrt(d[k]), w.dtype)
+                w[k + 1:, k + 1:] = w[k + 1:, k + 1:] - \
+                    xp.expand_dims(col, axis=1) * xp.expand_dims(xp.conj(col), axis=0)
+                d = xp.concat([d[:k + 1], d[k + 1:] - xp.real(col * xp.conj(col))])
+                k += 1
+        return xp.asarray(idx, dtype=xp.int32, device=dev), k, max(gmax, 0.0)
 
     def permutable_copy(self, a: Any) -> Any:
         """A copy of 2-D ``a`` to permute the columns of (the pivoted QR's workspace),

@@ -1,8 +1,9 @@
 """QR with column pivoting (``mpqr.qr(x, pivoting=True)``) against SciPy's geqp3.
 
-Both routes run on every backend of the ``xp`` fixture: the blocked randomized QRCP
-(forced onto small matrices by a 16-column block, so a test sees several blocks,
-downdates and the sketch's checks) and the deterministic column-norm route.
+The routes run on every backend of the ``xp`` fixture: LAPACK geqp3's order (NumPy), the
+order from pivoted Cholesky of the Gram matrix (forced onto small matrices; its trailing
+levels and exchange repair included) and the deterministic column-norm route; the
+blocked routes (randomized, greedy) are forced onto small matrices by a 16-column block.
 Tolerances: unit roundoff x size; ``|R_kk|`` against the singular values by the
 factor 10 of the rank-revealing claim.
 """
@@ -35,11 +36,19 @@ def _small_blocks(monkeypatch, block=16):
         monkeypatch.setattr(CupyBackend, "qrcp_block", block)
 
 
-@pytest.fixture(params=["library", "blocked", "deterministic"])
+def _device_backends():
+    """The backend classes without a library QRCP whose exact route a test picks."""
+    from mpqr.backends._base import ArrayAPIBackend
+
+    return [ArrayAPIBackend]
+
+
+@pytest.fixture(params=["library", "gram", "deterministic"])
 def route(request, monkeypatch, xp):
-    """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), the blocked
-    greedy QRCP (16-column blocks; the exchange repair of HQRRP's order has its own
-    tests in test_qr_pivoted_order.py), column-norm pivoting."""
+    """The routes of ``pivoting=True``: LAPACK geqp3's order (NumPy only), the order from
+    the Gram matrix's pivoted Cholesky (the default without a library QRCP; the blocked
+    greedy QRCP and the exchange repair of HQRRP's order: test_qr_pivoted_order.py),
+    column-norm pivoting."""
     from mpqr.backends.numpy_backend import NumpyBackend
 
     if request.param == "library" and xp.__name__ != "numpy":
@@ -48,8 +57,10 @@ def route(request, monkeypatch, xp):
     if request.param != "deterministic":
         _small_blocks(monkeypatch)
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
-        if request.param == "blocked":
+        if request.param in ("blocked", "gram"):
             monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
+            for be in _device_backends():
+                monkeypatch.setattr(be, "qrcp_exact_route", request.param)
     else:
         monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 10**9)
     return request.param

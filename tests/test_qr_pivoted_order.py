@@ -95,7 +95,7 @@ def _rank(d, m, n):
     return int(np.sum(d > max(m, n) * np.finfo(d.dtype).eps * d[0])) if d.size else 0
 
 
-@pytest.fixture(params=["library", "blocked", "repair", "deterministic"])
+@pytest.fixture(params=["library", "gram", "blocked", "repair", "deterministic"])
 def route(request, monkeypatch):
     from mpqr.backends.numpy.backend import NumpyBackend
 
@@ -390,3 +390,144 @@ def test_gpu_repair_kernel(name, dtype):
     # float32 on an H200: one column's backward error measured 1.8x past 8 (m + n) u
     # (HQRRP's float32 trailing products; the exchanges matched the portable steps)
     _check(a, *(cp.asnumpy(v) for v in got[:3]), c=16 if dtype == "float32" else 8)
+
+
+def _gram_route(monkeypatch):
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "qrcp_library", False)
+    monkeypatch.setattr(NumpyBackend, "qrcp_exact_route", "gram")
+    monkeypatch.setattr(pivoted, "DETERMINISTIC_MAX_SIZE", 0)
+
+
+def _events(trace, kind):
+    return [e for e in trace.events if e.kind == kind]
+
+
+@pytest.mark.parametrize("name,shape,levels", [("geometric", (400, 160), 2),
+                                               ("gaussian", (400, 160), 1),
+                                               ("deficient-noise", (300, 150), 2),
+                                               ("geometric", (120, 300), 2)])
+def test_gram_route_is_geqp3_order(monkeypatch, name, shape, levels):
+    """Without ties the Gram route's P is geqp3's, with no exchange; a spectrum wider
+    than the Gram matrix resolves (1 .. 1e-8, singular values at the 1e-10 noise) takes a
+    second level on the trailing block."""
+    _gram_route(monkeypatch)
+    a = family(name, *shape)
+    with mpqr.explain() as trace:
+        q, r, p = mpqr.qr(a, pivoting=True)
+    assert next(e.data.get("method") for e in _events(trace, "method")) == "qrcp-gram"
+    done = [e for e in _events(trace, "pivot") if "levels" in e.data]
+    assert done and done[0].data["levels"] == levels and done[0].data["swaps"] == 0
+    _check(a, q, r, p)
+    r2, p2 = sla.qr(a, pivoting=True, mode="r")
+    np.testing.assert_array_equal(p, p2)
+    np.testing.assert_allclose(np.abs(np.diagonal(r)), np.abs(np.diagonal(r2)), rtol=1e-6,
+                               atol=64 * sum(shape) * _u(a) * abs(r2[0, 0]))
+
+
+def test_resolve_threshold():
+    """Above the threshold, a Schur-complement diagonal entry is RESOLVE times its
+    rounding estimate ((sqrt(m) + sqrt(n)) u max|a_j|^2)."""
+    gram = importlib.import_module("mpqr.qr.pivoted_gram")
+    u = 2.0**-53
+    assert gram.resolve_threshold(4096, 4096, u) == pytest.approx(gram.RESOLVE * 128 * u)
+    assert gram.resolve_threshold(65536, 4096, u) == pytest.approx(gram.RESOLVE * 320 * u)
+
+
+@pytest.mark.parametrize("name,n", [("geometric", 90), ("gaussian", 70), ("rank1", 40),
+                                    ("complex", 50)])
+def test_pivoted_cholesky_steps_match_lapack(name, n):
+    """The portable steps (any Array API library) against LAPACK ?pstrf: the same stop
+    and order; a zero matrix: no step."""
+    from mpqr.backends._base import ArrayAPIBackend
+    from mpqr.backends.host.pstrf import lapack_pivoted_cholesky
+
+    gram = importlib.import_module("mpqr.qr.pivoted_gram")
+    from mpqr.backends import get_backend
+
+    a = family(name, 200, n)
+    g = a.conj().T @ a
+    be = get_backend(mpqr._array_api.array_namespace(g))
+    tol = gram.resolve_threshold(200, n, 2.0**-53)
+    p, k, gmax = ArrayAPIBackend.pivoted_cholesky(be, g, tol)
+    p2, k2, gmax2 = lapack_pivoted_cholesky(g, tol)
+    assert k == k2 and gmax == gmax2 and (k < n or name != "rank1")
+    np.testing.assert_array_equal(p[:k], p2[:k])
+    assert sorted(p.tolist()) == list(range(n)) and p.dtype == np.int32
+    z = np.zeros((4, 4))
+    for fn in (lambda: ArrayAPIBackend.pivoted_cholesky(be, z, tol),
+               lambda: lapack_pivoted_cholesky(z, tol)):
+        pz, kz, gz = fn()
+        assert kz == 0 and gz == 0 and list(pz) == [0, 1, 2, 3]
+
+
+def test_gram_route_repair_and_fallback(monkeypatch):
+    """An order that is not greedy (the identity claimed resolved): the exchanges make
+    |diag(R)| non-increasing; past their bound, the blocked greedy QRCP."""
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    _gram_route(monkeypatch)
+    repair = importlib.import_module("mpqr.qr.pivoted_repair")
+    monkeypatch.setattr(NumpyBackend, "pivoted_cholesky",
+                        lambda self, g, tol: (np.arange(g.shape[0], dtype=np.int32),
+                                              g.shape[0], 1.0))
+    a = family("geometric", 200, 60)[:, ::-1].copy()  # the greedy order reversed
+    with mpqr.explain() as trace:
+        q, r, p = mpqr.qr(a, pivoting=True)
+    done = [e for e in _events(trace, "pivot") if "levels" in e.data]
+    assert done and done[0].data["swaps"] > 0
+    _check(a, q, r, p)
+    monkeypatch.setattr(repair, "swap_limit", lambda kk: 0)
+    with mpqr.explain() as trace:
+        q, r, p = mpqr.qr(a, pivoting=True)
+    assert [e.data.get("method") for e in _events(trace, "method")][-1] == "qrcp-blocked"
+    _check(a, q, r, p)
+
+
+def test_gram_route_modes_and_range(monkeypatch):
+    """mode "r" and "complete", truncation, and column norms 1e-100 .. 1e100 (the Gram
+    matrix of the scaled whole; the small columns ordered at later levels)."""
+    _gram_route(monkeypatch)
+    a = family("range", 150, 40)
+    q, r, p = mpqr.qr(a, pivoting=True)
+    _check(a, q, r, p)
+    _r2, p2 = sla.qr(a, pivoting=True, mode="r")
+    np.testing.assert_array_equal(p, p2)
+    b = family("geometric", 150, 60)
+    _q1, r1, p1 = mpqr.qr(b, pivoting=True)
+    rr, pr = mpqr.qr(b, pivoting=True, mode="r")
+    np.testing.assert_array_equal(pr, p1)
+    np.testing.assert_allclose(rr, r1, rtol=0, atol=64 * 210 * _u(b))
+    qc, rc, pc = mpqr.qr(b, pivoting=True, mode="complete")
+    assert qc.shape == (150, 150) and rc.shape == (150, 60)
+    np.testing.assert_array_equal(pc, p1)
+    np.testing.assert_allclose(qc @ rc, b[:, pc], atol=64 * 210 * _u(b))
+    q3, r3, p3 = mpqr.qr(b, pivoting=True, rtol=1e-4)
+    kept = int(np.sum(np.abs(np.diagonal(r1)) > 1e-4 * r1[0, 0]))
+    assert r3.shape == (kept, 60) and q3.shape == (150, kept)
+    np.testing.assert_array_equal(p3, p1)
+
+
+@pytest.mark.skipif(not GPU, reason="no CUDA GPU visible")
+@pytest.mark.parametrize("name,n,panel,variant", [("geometric", 700, 32, "rows"),
+                                                  ("gaussian", 500, 16, "rows"),
+                                                  ("geometric", 300, 64, "rows"),
+                                                  ("rank1", 200, 32, "rows"),
+                                                  ("geometric", 700, 32, "swap")])
+def test_gpu_pivoted_cholesky_kernel(name, n, panel, variant):
+    """The device kernel (backends/cupy/pstrf.py) against LAPACK ?pstrf on the host:
+    the same stop and order."""
+    import cupy as cp
+    from mpqr.backends.cupy import pstrf
+    from mpqr.backends.host.pstrf import lapack_pivoted_cholesky
+
+    gram = importlib.import_module("mpqr.qr.pivoted_gram")
+    a = family(name, 1200, n)
+    g = a.T @ a
+    tol = gram.resolve_threshold(1200, n, 2.0**-53)
+    p, k, gmax = pstrf.pivoted_cholesky(cp.asarray(g), tol, panel=panel, variant=variant)
+    p2, k2, gmax2 = lapack_pivoted_cholesky(g, tol)
+    assert k == k2 and gmax == pytest.approx(gmax2, rel=1e-15)
+    np.testing.assert_array_equal(cp.asnumpy(p)[:k], p2[:k])
+    assert sorted(cp.asnumpy(p).tolist()) == list(range(n))

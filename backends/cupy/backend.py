@@ -676,6 +676,26 @@ class CupyBackend(ArrayAPIBackend):
             return NotImplemented
         return diag_repair.diagonal_repair(q, r, p, tol, limit)
 
+    #: where the Gram-ordered pivoted QR's pivoted Cholesky runs: "kernel" (a launch a
+    #: panel of steps, backends/cupy/pstrf.py; real matrices above ``pstrf_host_max``
+    #: columns) or "host" (LAPACK ?pstrf after a copy: ~1 s at 4096 columns on a 16-core
+    #: host, H200 round, bench/NOTES.md)
+    pstrf_route = "kernel"
+    #: Gram matrices of at most this many columns go to the host's LAPACK (a copy of a
+    #: few hundred KiB against a launch a panel)
+    pstrf_host_max = 128
+
+    def pivoted_cholesky(self, g, tol):
+        from mpqr.backends.cupy import pstrf as cupy_pstrf
+
+        if (self.pstrf_route == "kernel" and cupy_pstrf.supports(g)
+                and g.shape[0] > self.pstrf_host_max):
+            return cupy_pstrf.pivoted_cholesky(g, tol)
+        from mpqr.backends.host.pstrf import lapack_pivoted_cholesky
+
+        p, k, gmax = lapack_pivoted_cholesky(g.get(), tol)
+        return self._cp.asarray(p), k, gmax
+
     def permute_columns(self, x, dst, src):
         # one gather and one scatter kernel instead of a slice copy per column
         x[..., dst] = x[..., src]

@@ -5,7 +5,7 @@
 import importlib
 from typing import Any
 
-_SUBMODULES = ("arrays", "blas", "staging")
+_SUBMODULES = ("arrays", "blas", "pstrf", "staging")
 
 
 def __getattr__(name: str) -> Any:

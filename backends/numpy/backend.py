@@ -186,6 +186,11 @@ class NumpyBackend(ArrayAPIBackend):
     def qrcp_order(self, y, k):
         return np.asarray(swap_order(lapack_qrcp_pivots(y, k), y.shape[1]), dtype=np.int32)
 
+    def pivoted_cholesky(self, g, tol):
+        from mpqr.backends.host.pstrf import lapack_pivoted_cholesky
+
+        return lapack_pivoted_cholesky(g, tol)
+
     def permute_columns(self, x, dst, src):
         x[..., dst] = x[..., src]
 

@@ -101,14 +101,21 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         first, the first of equals) up to rounding, from ``geqp3`` itself; stacks
         and matrices of at most 2**16 entries use column-norm pivoting (the same
         greedy rule) on the array's device. Other single matrices (GPU) take the
-        blocked QRCP in the greedy order (:mod:`mpqr.qr.pivoted_exact`); a backend
-        may instead take HQRRP's order (below) repaired by exchanges of adjacent
-        columns restored with Givens rotations (:mod:`mpqr.qr.pivoted_repair`; the
-        diagonal non-increasing exactly and rank-revealing, ``P`` not necessarily
-        ``geqp3``'s); ``explain()`` says which. The permuted matrix is factored
-        through the precision policy, and a last pass repairs increases of the
-        stored diagonal (rounding: lowered within the backward error; larger:
-        two columns exchanged by a Givens rotation).
+        greedy order from pivoted Cholesky of the Gram matrix ``x^H x``
+        (:mod:`mpqr.qr.pivoted_gram`): in exact arithmetic the same order, trusted
+        while the pivot's squared residual norm is above ``1e3 (sqrt(m) +
+        sqrt(n)) u`` times the largest squared column norm; the columns after it
+        are ordered again, level by level, from the Gram matrix of their trailing
+        block of ``R``. ``P`` is then ``geqp3``'s except where two remaining
+        columns' squared residual norms agree to about 1e-3 relative (rounding
+        decides between them) and below the factorization's rounding noise. A
+        backend may instead take the blocked greedy QRCP
+        (:mod:`mpqr.qr.pivoted_exact`, also the fallback) or HQRRP's order (below)
+        repaired by exchanges (:mod:`mpqr.qr.pivoted_repair`; ``P`` not
+        necessarily ``geqp3``'s); ``explain()`` says which. The permuted matrix is
+        factored through the precision policy, and a last pass repairs increases
+        of the stored diagonal (rounding: lowered within the backward error;
+        larger: two columns exchanged by a Givens rotation).
         ``"randomized"``: the blocked randomized QRCP (HQRRP, a Gaussian sketch
         chooses each block's pivots; :func:`mpqr.qr.pivoted.hqrrp`), for single
         matrices of more than 2**16 entries: rank-revealing (``|R_kk|`` within a

@@ -4,8 +4,9 @@
 SciPy-compatible call):
 ``abs(diag(R))`` non-increasing exactly, ``P`` the greedy order of LAPACK ``geqp3`` up to
 rounding — from ``geqp3`` itself where the backend has it (``backend.qrcp_library``,
-NumPy), from :func:`deterministic_pivots` for stacks and small matrices, else
-:func:`mpqr.qr.pivoted_exact.blocked_qrcp` (or, where a backend chooses it,
+NumPy), from :func:`deterministic_pivots` for stacks and small matrices, else from
+pivoted Cholesky of the Gram matrix (:func:`mpqr.qr.pivoted_gram.gram_qrcp`, up to
+near-ties) or :func:`mpqr.qr.pivoted_exact.blocked_qrcp` (or, where a backend chooses it,
 :func:`hqrrp`'s order repaired by adjacent column exchanges,
 :mod:`mpqr.qr.pivoted_repair`: then ``P`` need not be ``geqp3``'s); then
 :func:`mpqr.qr.pivoted_exact.monotone_diagonal`. ``pivoting="randomized"`` (mpqr's own

@@ -1,10 +1,12 @@
 """Which route ``qr(pivoting=...)`` takes (:func:`qr_pivoted`): the pivot rules of
 :mod:`mpqr.qr.pivoted` (column-norm pivoting, HQRRP), LAPACK ``geqp3``'s order where the
-backend has it, else (``backend.qrcp_exact_route``) the blocked QRCP in the greedy
-order of :mod:`mpqr.qr.pivoted_exact` (the default) or HQRRP's order repaired by
-adjacent column exchanges (:mod:`mpqr.qr.pivoted_repair`; the blocked QRCP where the
-exchanges pass their bound), each followed by the pass that makes ``abs(diag(R))``
-non-increasing exactly (except ``pivoting="randomized"``)."""
+backend has it, else (``backend.qrcp_exact_route``) the greedy order from pivoted
+Cholesky of the Gram matrix (:mod:`mpqr.qr.pivoted_gram`, the default), the blocked QRCP
+in the greedy order of :mod:`mpqr.qr.pivoted_exact` or HQRRP's order repaired by
+adjacent column exchanges (:mod:`mpqr.qr.pivoted_repair`); the Gram and repair routes
+fall back to the blocked QRCP where the exchanges pass their bound. Each is followed by
+the pass that makes ``abs(diag(R))`` non-increasing exactly (except
+``pivoting="randomized"``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 from mpqr.policy import record_event
 from mpqr.qr import pivoted
 from mpqr.qr.pivoted_exact import blocked_qrcp, monotone_diagonal, unit_roundoff
+from mpqr.qr.pivoted_gram import gram_qrcp, take_columns
 from mpqr.qr.pivoted_repair import repair_diagonal
 
 __all__ = ["qr_pivoted"]
@@ -29,9 +32,10 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
     deterministic route. ``P`` is int32 ``(..., n)``. With ``max_rank``/``rtol``
     (2-D ``a``): ``Q`` is ``(m, k)`` and ``R`` ``(k, n)`` for the kept ``k``.
     ``ordering="greedy"``: ``|R_{k+1,k+1}| <= |R_kk|`` for every ``k``, exactly, in
-    ``geqp3``'s greedy order (library, deterministic and blocked routes) or in HQRRP's
-    order repaired by column exchanges (the repair route: not necessarily ``geqp3``'s
-    ``P``); ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
+    ``geqp3``'s greedy order (library, deterministic and blocked routes; the Gram route
+    up to near-ties, :mod:`mpqr.qr.pivoted_gram`) or in HQRRP's order repaired by
+    column exchanges (the repair route: not necessarily ``geqp3``'s ``P``);
+    ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
     comes (rank-revealing, the diagonal not monotone).
     """
     xp = backend.xp
@@ -60,7 +64,30 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
         with backend.ignore_fp_warnings():
             return pivoted.hqrrp(backend, a, precision=precision, prec_name=prec_name,
                          want_q=want_q, complete=complete, max_rank=max_rank, rtol=rtol)
-    if getattr(backend, "qrcp_exact_route", "blocked") == "repair":
+    exact_route = getattr(backend, "qrcp_exact_route", "blocked")
+    if exact_route == "gram" and backend.all_finite(a):
+        record_event("method", f"qr(pivoting=True): greedy order from pivoted Cholesky of "
+                     f"the Gram matrix of {m}x{n}, the unresolved trailing columns ordered "
+                     "again from their own Gram matrix, then adjacent column exchanges "
+                     "until |diag(R)| is non-increasing", method="qrcp-gram", shape=(m, n))
+        with backend.ignore_fp_warnings():
+            q, r, p, info = gram_qrcp(backend, a, factor=factor, prec_name=prec_name,
+                                      precision=precision, want_q=want_q)
+            out = repair_diagonal(backend, q, r, p, u=u)
+        if out is not None:
+            q, r, p, swaps = out
+            record_event("pivot", f"qr(pivoting=True): {info['levels']} Gram level(s) "
+                         f"resolving {info['resolved']} columns, {info['narrow']} ordered "
+                         f"column by column, {swaps} exchange(s)", swaps=swaps,
+                         levels=info["levels"])
+            if max_rank is None and rtol is None:
+                return q, r, p
+            k = pivoted.truncation_rank(xp, r, kmax, rtol)
+            return (None if q is None else q[:, :k]), r[:k, :], p
+        record_event("method", "qr(pivoting=True): the Gram order needed more column "
+                     "exchanges than the bound: the blocked greedy QRCP instead",
+                     method="qrcp-blocked", shape=(m, n))
+    if exact_route == "repair":
         record_event("method", f"qr(pivoting=True): blocked randomized QRCP (HQRRP) on "
                      f"{m}x{n}, blocks of {block}, then adjacent column exchanges restored by "
                      "Givens rotations until |diag(R)| is non-increasing (faster than the "
@@ -97,18 +124,10 @@ def _factor_in_order(backend: Any, a: Any, p: Any, factor: Callable[[Any], tuple
     (:func:`~mpqr.qr.pivoted_exact.monotone_diagonal`: ``p`` is a greedy order, so only
     rounding is left to repair), truncated as asked."""
     xp = backend.xp
-    q, r = factor(_take_columns(xp, a, p))
+    q, r = factor(take_columns(xp, a, p))
     with backend.ignore_fp_warnings():
         q, r, p = monotone_diagonal(backend, q, r, p, u=u)
     if max_rank is None and rtol is None:
         return q, r, p
     k = pivoted.truncation_rank(xp, r, kmax, rtol)
     return (None if q is None else q[:, :k]), r[:k, :], p
-
-
-def _take_columns(xp: Any, a: Any, p: Any) -> Any:
-    """``a[..., :, p]`` for a stack of index vectors ``p`` (``(..., n)``)."""
-    if a.ndim == 2:
-        return xp.take(a, p, axis=-1)
-    idx = xp.broadcast_to(xp.expand_dims(p, axis=-2), a.shape)
-    return xp.take_along_axis(a, xp.astype(idx, xp.int64), axis=-1)
