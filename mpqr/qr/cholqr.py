@@ -28,8 +28,9 @@ from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "inverse_and_cond",
-           "reuse_first_gram", "right_solve_upper", "shifted_cholqr3"]
+__all__ = ["EARLY_HAND_OVER", "INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2",
+           "hand_over_early", "inverse_and_cond", "reuse_first_gram", "right_solve_upper",
+           "right_solve_upper_gram", "shifted_cholqr3"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -81,6 +82,59 @@ def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: st
     c = a[..., :, h:] - gemm(out[..., :, :h], r[..., :h, h:], precision=prec,
                              label="trsm-update", backend=backend)
     _right_solve_into(backend, c, r[..., h:, h:], out[..., :, h:], blk, prec)
+
+
+def right_solve_upper_gram(backend: Any, a: Any, r: Any, precision: Any, prec_name: str,
+                           label: str) -> tuple[Any, Any]:
+    """``(W, G)``: ``W = a @ inv(r)`` as :func:`right_solve_upper` solves it and its Gram
+    matrix ``G = W^H W`` (exactly Hermitian), for 2-D ``a``.
+
+    Where the backend fuses a solve with its Gram product (real float64, leaves of at most
+    ``backend.fused_gram_max_n`` columns) and the policy runs that product natively, each
+    leaf's ``W_i`` and ``W_i^T W_i`` come from one pass over its columns; the solve is split
+    in column halves as :func:`right_solve_upper` splits it, and the off-diagonal blocks
+    ``W_1^T W_2`` are products through the policy: ``G`` costs the cross products only
+    (about 3/8 of a full Gram product at four leaves). Elsewhere: the solve, then
+    :func:`~mpqr.qr.gram_blocked.gram`."""
+    m, n = a.shape[-2:]
+    blk = backend.right_solve_block or n
+    leaf = min(n, blk)
+    max_n = backend.fused_gram_max_n
+    if not (a.ndim == 2 and a.dtype == backend.xp.float64 and max_n is not None
+            and leaf <= max_n and fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64",
+                                             precision=precision, label=label)):
+        w = right_solve_upper(backend, a, r, prec_name)
+        return w, gram(backend, w, precision, label)
+    xp = backend.xp
+    w = xp.empty(a.shape, dtype=a.dtype, device=device(a))
+    g = xp.empty((n, n), dtype=a.dtype, device=device(a))
+    _solve_gram_into(backend, a, r, w, g, blk, panel_precision(prec_name, a.dtype, xp),
+                     precision, label)
+    return w, g
+
+
+def _solve_gram_into(backend: Any, a: Any, r: Any, out: Any, g: Any, blk: int, prec: str,
+                     precision: Any, label: str) -> None:
+    """The recursion of :func:`right_solve_upper_gram`: ``out = a r^-1``, ``g = out^T out``
+    (views written in place; the solve's updates at ``prec``, the Gram blocks at the
+    policy's ``precision``)."""
+    n = r.shape[-1]
+    if n <= blk:
+        g[...] = backend.right_solve_gram(a, r, out=out)
+        return
+    h = n // 2
+    _solve_gram_into(backend, a[:, :h], r[:h, :h], out[:, :h], g[:h, :h], blk, prec,
+                     precision, label)
+    c = a[:, h:] - gemm(out[:, :h], r[:h, h:], precision=prec, label="trsm-update",
+                        backend=backend)
+    _solve_gram_into(backend, c, r[h:, h:], out[:, h:], g[h:, h:], blk, prec, precision,
+                     label)
+    del c
+    xp = backend.xp
+    g12 = gemm(xp.matrix_transpose(out[:, :h]), out[:, h:], precision=precision, label=label,
+               backend=backend)
+    g[:h, h:] = g12
+    g[h:, :h] = xp.matrix_transpose(g12)
 
 
 def _cond_from_gram(backend: Any, g: Any) -> float:
@@ -147,22 +201,82 @@ def _first_gram(a: Any, method: str) -> tuple[Any, Any] | None:
     return pair
 
 
+#: where ``u cond(x D^-1)^2`` of CholQR2's first factor (``D``: column norms) is at least
+#: this, its first pass's orthogonality error (``~ u cond^2``) leaves the second pass's
+#: certificate (``||Q1^H Q1 - I||_F <= 1/2``) to chance: under :func:`hand_over_early` it
+#: stops there (float64: cond >= ~2e7)
+EARLY_HAND_OVER = 0.05
+
+#: the estimate above is made only where ``u (max r_ii / min r_ii)^2`` (free: a lower bound
+#: on ``u cond(R)^2`` without the column scaling) reaches this
+_EARLY_GATE = 1e-6
+
+_EARLY: contextvars.ContextVar[bool] = contextvars.ContextVar("mpqr_cholqr2_early",
+                                                              default=False)
+
+
+@contextlib.contextmanager
+def hand_over_early() -> Iterator[None]:
+    """Within the block, :func:`cholqr2` raises :class:`BreakdownError` (with its first
+    Gram matrix, as a failed first Cholesky does) right after its first factor where
+    that factor's estimated condition number says its second pass would not be
+    certified (:data:`EARLY_HAND_OVER`): ``qr(method="auto")`` uses it where a sketch
+    route can take over, so that ``Q1 = x R1^-1`` and a second Gram pass are not paid
+    for a certificate that would fail."""
+    token = _EARLY.set(True)
+    try:
+        yield
+    finally:
+        _EARLY.reset(token)
+
+
+def _early_check(method: str, a: Any, g_pair: tuple[Any, Any], prec_name: str
+                 ) -> Any:
+    """The check :func:`hand_over_early` asks of CholQR2's first pass: a function of
+    ``(sb, r, hi, lo)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of ``|diag r|``)
+    that raises where the pass should stop; None outside the block."""
+    if not _EARLY.get():
+        return None
+
+    def check(sb: Any, r: Any, hi: float, lo: float) -> None:
+        u = gram_roundoff(sb.xp, r.dtype, prec_name)
+        if not (lo > 0 and (hi / lo) ** 2 * u >= _EARLY_GATE):
+            return
+        from mpqr.qr.cholqr_precond import estimate_cond
+
+        hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
+        cond = float(hs.xp.max(estimate_cond(hs, rh, prec_name)))
+        if not cond**2 * u >= EARLY_HAND_OVER:
+            return
+        exc = BreakdownError(
+            f"{method} stopped after its first pass: estimated cond(x) = {cond:.2e} (columns "
+            f"scaled to unit norm), so u cond^2 = {cond**2 * u:.2e} >= {EARLY_HAND_OVER:g} "
+            "and its second pass would likely not be certified", method=method,
+            cond_estimate=cond)
+        exc.first_gram = (a, *g_pair)
+        raise exc
+
+    return check
+
+
 def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
               shift: bool = False, certify: Any = None, want_q: bool = True,
-              g: Any = None) -> tuple[Any, Any, Any]:
+              g: Any = None, early: bool = False) -> tuple[Any, Any, Any]:
     """One CholQR pass: ``(Q, R, small backend)``, R in the small backend's namespace
     (``backend.small``; the caller moves the final R back with ``backend.from_small``).
 
     ``certify``: the previous pass's R, when ``a`` is that pass's Q — then ``a``'s Gram
     matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
     pass's Q orthonormal to working accuracy; else BreakdownError. ``g``: ``a``'s Gram
-    matrix, already formed (``a`` is then only read for its shape)."""
+    matrix, already formed (``a`` is then only read for its shape). ``early``: CholQR2's
+    first pass, which may stop after its factor (:func:`hand_over_early`)."""
     pair = _first_gram(a, method) if certify is None else None
     if pair is None:
         if g is None:
             g = gram(backend, a, precision, f"{method}-gram")
         if not shift:
-            done = _device_pass(backend, a, g, method, prec_name, certify, want_q)
+            check = _early_check(method, a, (backend, g), prec_name) if early else None
+            done = _device_pass(backend, a, g, method, prec_name, certify, want_q, check)
             if done is not None:
                 return done
         # the n x n steps run in backend.small's namespace
@@ -201,6 +315,10 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         elif certify is not None:
             _with_gram(exc, sb, g)
         raise
+    check = _early_check(method, a, (sb, g), prec_name) if early and not shift else None
+    if check is not None:
+        d = xp.abs(xp.linalg.diagonal(r))
+        check(sb, r, float(xp.max(d)), float(xp.min(d)))
     q = _apply_inverse(backend, sb, a, r, method, prec_name) if want_q else None
     return q, r, sb
 
@@ -253,7 +371,7 @@ def _gram_min(xp: Any, g: Any, prec_name: str) -> float:
 
 
 def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, certify: Any,
-                 want_q: bool) -> tuple[Any, Any, Any] | None:
+                 want_q: bool, check: Any = None) -> tuple[Any, Any, Any] | None:
     """A pass whose ``n x n`` steps come from ``backend.chol_steps`` (one launch; see
     :mod:`mpqr.qr.cholqr_steps`), or None where the backend has none for ``g`` or a check
     fails: the caller then takes the host route from the same ``g``.
@@ -281,6 +399,8 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
     record_event("small-steps", f"{method}: the {n} x {n} steps (Cholesky, R^-1, checks) "
                  "ran on the device in one launch; their 8 numbers were read back once",
                  method=method, n=n)
+    if check is not None:
+        check(backend, r, s.r_diag_max, s.r_diag_min)
     if q is not None:
         record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (certified pass: "
                      f"cond_2(R) <= sqrt(3); cond_1(R) = {s.cond1:.3g})", cond_1=s.cond1)
@@ -413,7 +533,8 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     matrix the certificate checked), in four passes over A's size instead of six (two
     instead of four without Q). The explain trace says so (``fused-solve``)."""
     fusable = _fusable(backend, a)
-    q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable)
+    q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable,
+                            early=True)
     if fusable:
         m, n = a.shape
         if fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64", precision=precision,
