@@ -85,9 +85,10 @@ def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: st
 
 
 def right_solve_upper_gram(backend: Any, a: Any, r: Any, precision: Any, prec_name: str,
-                           label: str) -> tuple[Any, Any]:
-    """``(W, G)``: ``W = a @ inv(r)`` as :func:`right_solve_upper` solves it and its Gram
-    matrix ``G = W^H W`` (exactly Hermitian), for 2-D ``a``.
+                           label: str, store: bool = True) -> tuple[Any, Any]:
+    """``(W, G)``: ``W = a @ inv(r)`` (row-wise substitution) and its Gram matrix
+    ``G = W^H W`` (exactly Hermitian), for 2-D ``a``. ``store=False``: ``W`` may be
+    None where the fused pass did not need to write it (one leaf).
 
     Where the backend fuses a solve with its Gram product (real float64, leaves of at most
     ``backend.fused_gram_max_n`` columns) and the policy runs that product natively, each
@@ -106,6 +107,8 @@ def right_solve_upper_gram(backend: Any, a: Any, r: Any, precision: Any, prec_na
         w = right_solve_upper(backend, a, r, prec_name)
         return w, gram(backend, w, precision, label)
     xp = backend.xp
+    if n <= blk and not store:
+        return None, backend.right_solve_gram(a, r)
     w = xp.empty(a.shape, dtype=a.dtype, device=device(a))
     g = xp.empty((n, n), dtype=a.dtype, device=device(a))
     _solve_gram_into(backend, a, r, w, g, blk, panel_precision(prec_name, a.dtype, xp),

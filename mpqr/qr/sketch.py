@@ -8,10 +8,16 @@ One pass over ``x`` forms a CountSketch ``Y = S x`` (``k = SKETCH_ROWS n`` rows,
 
     G = W^H W,  R_1 = chol(G),  Q = W R_1^-1,  R = R_1 R_0.
 
-That single pass is accepted where the estimated ``cond(W D^-1)`` (``D``: ``W``'s
-column norms; CholQR's error depends on the scaled condition number) is at most
-:data:`ONE_PASS_COND`; else the chain of :mod:`mpqr.qr.cholqr_precond` continues from
-``R_0`` and ``G`` (no pass repeated) until its certificate holds. The rank test is the
+``W`` and ``G`` come from one pass over ``x`` where the backend fuses the substitution
+with the Gram product (:func:`mpqr.qr.cholqr.right_solve_upper_gram`). That single pass is
+accepted where the estimated ``cond(W D^-1)`` (``D``: ``W``'s column norms; CholQR's error
+depends on the scaled condition number) is at most :data:`ONE_PASS_COND`; else the chain
+of :mod:`mpqr.qr.cholqr_precond` continues from ``R_0`` and ``G`` (no pass repeated)
+until its certificate holds. An accepted pass forms ``Q = W X`` with ``X = R_1^-1`` (made
+by substitution) by GEMM: ``|fl(W X) R_1 - W| <= ~2 gamma_n |W||X||R_1|`` is, column-scaled,
+``cond(R_1 D^-1) <= ONE_PASS_COND`` times substitution's bound, and ``W``'s own backward
+error (``x - W R_0``, by row-wise substitution) does not depend on ``cond(x)``. ``R_0^-1``
+is never formed: that product's error would grow with ``cond(x)``. The rank test is the
 preconditioned method's: ``u cond(R D^-1) >= 1/2`` raises :class:`mpqr.BreakdownError`
 (``qr(method="auto")`` then falls back to Householder), so a numerically rank-deficient
 ``x`` is never factored silently wrong. Column scaling does not matter: ``S`` is linear
@@ -95,7 +101,8 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     # W = x R_0^-1 (substitution; the off-diagonal blocks through the policy) and its Gram
     # matrix, in the solve's pass where the backend fuses them
     r0d = backend.from_small(r0, a)
-    w, g = right_solve_upper_gram(backend, a, r0d, precision, prec_name, f"{NAME}-gram")
+    w, g = right_solve_upper_gram(backend, a, r0d, precision, prec_name, f"{NAME}-gram",
+                                  store=want_q)
     # the n x n steps where the preconditioned method runs them (host up to its limit)
     lim = backend.precondition_small_max
     sb, g = backend.small(g) if lim is None else backend.small(g, limit=lim)
