@@ -4,7 +4,8 @@
 ``--quick`` for the correctness checks and one shape)
 
 * PASS/FAIL: the CuPy CountSketch kernel against ``S @ a`` built densely from the same
-  hash; ``right_solve_upper_gram`` (W and its Gram matrix in the solve's pass; leaf
+  hash; the fused leaf with ``sub`` (bitwise the leaf on ``a - sub``);
+  ``right_solve_upper_gram`` (W and its Gram matrix in the solve's pass; leaf
   kernels + cross products past 64 columns) against ``right_solve_upper`` + ``W^T W`` at
   2^16 x 64 / 256 (row-wise backward error of W against substitution's bound, G against
   W^T W, exact symmetry); ``method="sketch-cholqr"`` at 2^16 x 256 cond 1e15 (the
@@ -162,6 +163,25 @@ def solve_check():
              "G_err_rel": gerr, "G_symmetric": sym, "W_vs_old_rel": diff,
              "G_unstored_vs_stored": g2err, "trace_fused": fused,
              "status": "PASS" if ok else "FAIL"})
+
+
+@guarded
+def sub_kernel_check():
+    """The fused leaf on ``a - sub`` is bitwise the leaf on the formed difference."""
+    from mpqr.backends.cupy.right_solve import right_solve_gram
+
+    rng = np.random.default_rng(5)
+    for n in (20, 64):
+        full = cp.asarray(rng.standard_normal((140_001, n + 5)))
+        a = full[:, 2:n + 2]
+        t = cp.asarray(rng.standard_normal((140_001, n)))
+        r = cp.asarray(np.triu(rng.standard_normal((n, n))) + 3 * np.eye(n))
+        out, ref = cp.empty((140_001, n)), cp.empty((140_001, n))
+        g = right_solve_gram(a, r, out=out, sub=t)
+        g_ref = right_solve_gram(a - t, r, out=ref)
+        ok = bool((out == ref).all()) and bool((g == g_ref).all()) and bool(
+            (right_solve_gram(a, r, sub=t) == g).all())
+        say({"what": f"right_solve_gram sub= n={n}", "status": "PASS" if ok else "FAIL"})
 
 
 @guarded
@@ -345,6 +365,7 @@ DIV = int(sys.argv[sys.argv.index("--rows-div") + 1]) if "--rows-div" in sys.arg
 def main() -> int:
     quick = "--quick" in sys.argv
     kernel_check()
+    sub_kernel_check()
     solve_check()
     route_check()
     t_ref = None

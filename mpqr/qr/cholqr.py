@@ -23,7 +23,7 @@ from typing import Any
 
 from mpqr._array_api import array_namespace, device
 from mpqr._errors import BreakdownError, LinAlgError
-from mpqr.policy import fused_gemm, gemm, gemm_into, record_event, result_dtype
+from mpqr.policy import fused_gemm, gemm, gemm_into, gemm_sub, record_event, result_dtype
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
@@ -117,22 +117,29 @@ def right_solve_upper_gram(backend: Any, a: Any, r: Any, precision: Any, prec_na
 
 
 def _solve_gram_into(backend: Any, a: Any, r: Any, out: Any, g: Any, blk: int, prec: str,
-                     precision: Any, label: str) -> None:
-    """The recursion of :func:`right_solve_upper_gram`: ``out = a r^-1``, ``g = out^T out``
-    (views written in place; the solve's updates at ``prec``, the Gram blocks at the
-    policy's ``precision``)."""
+                     precision: Any, label: str, sub: Any = None) -> None:
+    """The recursion of :func:`right_solve_upper_gram`: ``out = (a - sub) r^-1``,
+    ``g = out^T out`` (views written in place; ``sub``: None, or the updates so far, a view
+    of this function's own temporary, accumulated in place). The leaves subtract ``sub``
+    in their pass (``A - T`` is never written); the updates at ``prec``, the Gram blocks
+    at the policy's ``precision``."""
     n = r.shape[-1]
     if n <= blk:
-        g[...] = backend.right_solve_gram(a, r, out=out)
+        g[...] = (backend.right_solve_gram(a, r, out=out) if sub is None else
+                  backend.right_solve_gram(a, r, out=out, sub=sub))
         return
     h = n // 2
     _solve_gram_into(backend, a[:, :h], r[:h, :h], out[:, :h], g[:h, :h], blk, prec,
-                     precision, label)
-    c = a[:, h:] - gemm(out[:, :h], r[:h, h:], precision=prec, label="trsm-update",
-                        backend=backend)
-    _solve_gram_into(backend, c, r[h:, h:], out[:, h:], g[h:, h:], blk, prec, precision,
-                     label)
-    del c
+                     precision, label, None if sub is None else sub[:, :h])
+    if sub is None:
+        t = gemm(out[:, :h], r[:h, h:], precision=prec, label="trsm-update", backend=backend)
+    else:  # T2 += W1 R12 (every entry still a - sum_i w_i r_ij, in another order)
+        t = sub[:, h:]
+        gemm_sub(t, out[:, :h], -r[:h, h:], precision=prec, label="trsm-update",
+                 backend=backend)
+    _solve_gram_into(backend, a[:, h:], r[h:, h:], out[:, h:], g[h:, h:], blk, prec,
+                     precision, label, t)
+    del t
     xp = backend.xp
     g12 = gemm(xp.matrix_transpose(out[:, :h]), out[:, h:], precision=precision, label=label,
                backend=backend)
