@@ -239,6 +239,11 @@ def stages(a):
     def t(name, fn, repeat=5):
         ms[name] = time_it(cp, fn, repeat=repeat, max_seconds=4) * 1e3
 
+    from mpqr.policy import fused_gemm
+
+    m = a.shape[0]
+    ms["fused_by_policy"] = fused_gemm(be, a.dtype, (n, n, m), engine="native-fp64",
+                                       precision="auto", label="probe")
     t("sketch", lambda: be.sketch_rows(a, k, sketch.SEED))
     y = be.sketch_rows(a, k, sketch.SEED)
     t("r0_device_qr", lambda: cp.linalg.qr(y, mode="r"))

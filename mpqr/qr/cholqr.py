@@ -159,9 +159,22 @@ def _cond_from_gram(backend: Any, g: Any) -> float:
     return math.sqrt(hi / lo) if lo > 0 else math.inf
 
 
-def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
+def _cond_lower_bound(backend: Any, g: Any) -> float:
+    """``sqrt(max g_ii / min g_ii) <= sqrt(cond(G))`` (``λ_max >= max g_ii``,
+    ``λ_min <= min g_ii``)."""
+    xp = backend.xp
+    d = xp.real(xp.linalg.diagonal(g))
+    lo, hi = float(xp.min(d)), float(xp.max(d))
+    return math.sqrt(hi / lo) if lo > 0 and math.isfinite(hi) else math.inf
+
+
+def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float, cheap: bool = False
+                       ) -> Any:
     """Upper Cholesky factor of ``g`` (accurate to ``u``); :class:`BreakdownError` if it
-    fails or is useless."""
+    fails or is useless. ``cheap``: the error's condition estimate is the lower bound
+    ``sqrt(max g_ii / min g_ii)`` instead of the Gram matrix's eigenvalues (a caller that
+    continues with a method that estimates its own; at 256 columns on a GPU the
+    eigenvalues cost milliseconds)."""
     xp = backend.xp
     try:
         r = backend.cholesky(g, upper=True)
@@ -174,7 +187,7 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
         ok = False
     if ok:
         return r
-    cond = _cond_from_gram(backend, g)
+    cond = _cond_lower_bound(backend, g) if cheap else _cond_from_gram(backend, g)
     raise BreakdownError(
         f"{method} broke down: the Gram matrix x^H x is not numerically positive definite "
         f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}, u = {u:.1e}); "
@@ -316,7 +329,8 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
     try:
-        r = _chol_or_breakdown(sb, g, method, u)
+        r = _chol_or_breakdown(sb, g, method, u, cheap=early and _EARLY.get() and not shift
+                               and certify is None)
     except BreakdownError as exc:
         if certify is None and not shift:
             # x's Gram matrix, in range and finite: qr(method="auto") continues from it
