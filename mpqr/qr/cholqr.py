@@ -171,11 +171,14 @@ def _cond_lower_bound(backend: Any, g: Any) -> float:
 def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float, cheap: bool = False
                        ) -> Any:
     """Upper Cholesky factor of ``g`` (accurate to ``u``); :class:`BreakdownError` if it
-    fails or is useless. ``cheap``: the error's condition estimate is the lower bound
-    ``sqrt(max g_ii / min g_ii)`` instead of the Gram matrix's eigenvalues (a caller that
-    continues with a method that estimates its own; at 256 columns on a GPU the
-    eigenvalues cost milliseconds)."""
+    fails or is useless. ``cheap``: the error's condition estimate comes from what the
+    factorization showed (``max r_ii / min r_ii``; after a failed Cholesky ``(n u)^-1/2``,
+    where a failure puts the scaled Gram matrix's smallest eigenvalue, and the Gram
+    diagonal's ``sqrt(max g_ii / min g_ii)``, the larger) instead of the Gram matrix's
+    eigenvalues: for a caller that continues with a method that estimates its own (at
+    256 columns on a GPU the eigenvalues cost milliseconds)."""
     xp = backend.xp
+    ratio = math.inf
     try:
         r = backend.cholesky(g, upper=True)
         d = xp.abs(xp.linalg.diagonal(r))
@@ -183,11 +186,17 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float, cheap: bool 
         # diag(R) only bounds cond(x) from below: the factor n keeps a margin (without it
         # fp32-emulated CholQR returned ||I - Q^T Q||_F = 21 at cond(x) = 1e4, n = 70)
         ok = math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u * g.shape[-1] < 1
+        if math.isfinite(hi) and lo > 0:
+            ratio = hi / lo
     except LinAlgError:
         ok = False
     if ok:
         return r
-    cond = _cond_lower_bound(backend, g) if cheap else _cond_from_gram(backend, g)
+    if cheap:
+        cond = ratio if math.isfinite(ratio) else max(
+            _cond_lower_bound(backend, g), (g.shape[-1] * u) ** -0.5)
+    else:
+        cond = _cond_from_gram(backend, g)
     raise BreakdownError(
         f"{method} broke down: the Gram matrix x^H x is not numerically positive definite "
         f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}, u = {u:.1e}); "
