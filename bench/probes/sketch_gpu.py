@@ -87,17 +87,20 @@ def backend():
 
 @contextlib.contextmanager
 def old_route():
-    """The route before this change: the old sketch module, no early hand-over."""
+    """The route before this change: the old sketch module, no early hand-over, the
+    sketch kernel with global atomics only."""
     import sketch_old_route
+    from mpqr.backends.cupy import sketch as cks
 
     from mpqr.qr import cholqr, sketch
 
-    saved = sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER
+    saved = sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER, cks.PRIVATE_MAX_BYTES
     sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER = sketch_old_route.sketch_cholqr, np.inf
+    cks.PRIVATE_MAX_BYTES = 0
     try:
         yield
     finally:
-        sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER = saved
+        sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER, cks.PRIVATE_MAX_BYTES = saved
 
 
 @guarded
@@ -109,9 +112,8 @@ def kernel_check():
         a = rng.standard_normal((3000, 9)).astype(dt)
         if dt == np.complex128:
             a = a + 1j * rng.standard_normal((3000, 9))
-        for view in ("C", "T"):
+        for view, k in (("C", 36), ("T", 36), ("C", 360)):  # 36: the shared-memory kernel
             ag = cp.asarray(a) if view == "C" else cp.asarray(np.asfortranarray(a))
-            k = 36
             b, s = row_hash(np.arange(3000, dtype=np.uint64), k, 7)
             dense = np.zeros((k, 3000))
             dense[b, np.arange(3000)] = s
@@ -120,7 +122,7 @@ def kernel_check():
             tol = (1e-4 if dt == np.float32 else 1e-12) * np.abs(ref).max()
             ok = np.abs(got - ref).max() <= tol
             say({"what": "sketch-kernel", "dtype": np.dtype(dt).name, "layout": view,
-                 "status": "PASS" if ok else "FAIL"})
+                 "k": k, "status": "PASS" if ok else "FAIL"})
 
 
 def _r0(a):
@@ -245,6 +247,13 @@ def stages(a):
     ms["fused_by_policy"] = fused_gemm(be, a.dtype, (n, n, m), engine="native-fp64",
                                        precision="auto", label="probe")
     t("sketch", lambda: be.sketch_rows(a, k, sketch.SEED))
+    from mpqr.backends.cupy import sketch as cks
+
+    saved, cks.PRIVATE_MAX_BYTES = cks.PRIVATE_MAX_BYTES, 0
+    try:
+        t("sketch_global_atomics", lambda: be.sketch_rows(a, k, sketch.SEED))
+    finally:
+        cks.PRIVATE_MAX_BYTES = saved
     y = be.sketch_rows(a, k, sketch.SEED)
     t("r0_device_qr", lambda: cp.linalg.qr(y, mode="r"))
     r0 = _r0(a)
