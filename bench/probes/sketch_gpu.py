@@ -94,13 +94,14 @@ def old_route():
 
     from mpqr.qr import cholqr, sketch
 
-    saved = sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER, cks.PRIVATE_MAX_BYTES
-    sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER = sketch_old_route.sketch_cholqr, np.inf
+    saved = sketch.sketch_cholqr, cholqr.hand_over_early, cks.PRIVATE_MAX_BYTES
+    sketch.sketch_cholqr = sketch_old_route.sketch_cholqr
+    cholqr.hand_over_early = contextlib.nullcontext  # the driver imports it per call
     cks.PRIVATE_MAX_BYTES = 0
     try:
         yield
     finally:
-        sketch.sketch_cholqr, cholqr.EARLY_HAND_OVER, cks.PRIVATE_MAX_BYTES = saved
+        sketch.sketch_cholqr, cholqr.hand_over_early, cks.PRIVATE_MAX_BYTES = saved
 
 
 @guarded
