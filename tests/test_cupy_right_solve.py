@@ -157,14 +157,18 @@ def test_gram_kernel_solves_a_minus_the_update(n):
     assert bool((right_solve_gram(a, r, sub=t) == g).all())
 
 
-def test_blocked_solve_and_gram_at_256_columns():
-    """The sketch route's ``W = A R^-1`` and ``W^T W`` at 256 columns (64-column fused
-    leaves, each subtracting its accumulated update in its pass; cross products by
+@pytest.mark.parametrize("fused", [False, True])
+def test_blocked_solve_and_gram_at_256_columns(monkeypatch, fused):
+    """The sketch route's ``W = A R^-1`` and ``W^T W`` at 256 columns (``fused``: 64-column
+    fused leaves, each subtracting its accumulated update in its pass, cross products by
     GEMM): every row within substitution's backward-error bound, ``G`` the Gram matrix
     of the stored ``W``, exactly symmetric."""
     from mpqr.backends import get_backend
 
+    from mpqr.qr import cholqr
     from mpqr.qr.cholqr import right_solve_upper_gram
+
+    monkeypatch.setattr(cholqr, "BLOCKED_GRAM_FUSED", fused)
 
     rng = np.random.default_rng(256)
     n, m = 256, 3001

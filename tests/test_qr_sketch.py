@@ -166,10 +166,13 @@ def _leaf_backend(monkeypatch, blk=32):
                                           ("complex128", 96)])
 def test_right_solve_upper_gram(monkeypatch, dtype, n):
     """``W = A R^-1`` by substitution in blocked halves (leaves of 32 columns, the Gram
-    matrix from leaf Grams and cross products) has substitution's row-wise backward error
-    whatever cond(R), and ``G`` is ``W^H W`` to working accuracy, exactly Hermitian."""
+    matrix from leaf Grams and cross products: ``BLOCKED_GRAM_FUSED``) has substitution's
+    row-wise backward error whatever cond(R), and ``G`` is ``W^H W`` to working accuracy,
+    exactly Hermitian."""
+    from mpqr.qr import cholqr
     from mpqr.qr.cholqr import right_solve_upper_gram
 
+    monkeypatch.setattr(cholqr, "BLOCKED_GRAM_FUSED", True)
     be = _leaf_backend(monkeypatch)
     rng = np.random.default_rng(n)
     a = geometric(rng, 1000, n, 1e12).astype(dtype)

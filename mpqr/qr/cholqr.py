@@ -84,32 +84,44 @@ def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: st
     _right_solve_into(backend, c, r[..., h:, h:], out[..., :, h:], blk, prec)
 
 
+#: past ``backend.right_solve_block`` columns, whether :func:`right_solve_upper_gram`
+#: runs the blocked solve with fused leaves (each leaf's Gram block and its update
+#: subtraction in the leaf's pass, the cross products by GEMM) instead of the blocked
+#: solve and then one Gram product. Off: on an H200 at 2^20 x 256 the fused leaves took
+#: 12.1 ms against 6.3 + 2.5 ms (``bench/probes/sketch_gpu.py``); at one leaf (2^22 x 64)
+#: the fused pass is the faster (3.8 ms stored, 2.9 unstored, against 3.0 + 1.0)
+BLOCKED_GRAM_FUSED = False
+
+
 def right_solve_upper_gram(backend: Any, a: Any, r: Any, precision: Any, prec_name: str,
                            label: str, store: bool = True) -> tuple[Any, Any]:
     """``(W, G)``: ``W = a @ inv(r)`` (row-wise substitution) and its Gram matrix
     ``G = W^H W`` (exactly Hermitian), for 2-D ``a``. ``store=False``: ``W`` may be
     None where the fused pass did not need to write it (one leaf).
 
-    Where the backend fuses a solve with its Gram product (real float64, leaves of at most
-    ``backend.fused_gram_max_n`` columns) and the policy runs that product natively, each
-    leaf's ``W_i`` and ``W_i^T W_i`` come from one pass over its columns; the solve is split
-    in column halves as :func:`right_solve_upper` splits it, and the off-diagonal blocks
-    ``W_1^T W_2`` are products through the policy: ``G`` costs the cross products only
-    (about 3/8 of a full Gram product at four leaves). Elsewhere: the solve, then
+    Where the backend fuses a solve with its Gram product (real float64, at most
+    ``backend.fused_gram_max_n`` columns) and the policy runs that product natively,
+    ``W`` and ``G`` come from one pass over ``a``; wider, with :data:`BLOCKED_GRAM_FUSED`,
+    the solve is split in column halves as :func:`right_solve_upper` splits it, each leaf
+    fused (its update ``W_1 R_12`` subtracted in its pass) and the off-diagonal blocks
+    ``W_1^T W_2`` products through the policy. Elsewhere: the solve, then
     :func:`~mpqr.qr.gram_blocked.gram`."""
     m, n = a.shape[-2:]
     blk = backend.right_solve_block or n
-    leaf = min(n, blk)
-    max_n = backend.fused_gram_max_n
-    if not (a.ndim == 2 and a.dtype == backend.xp.float64 and max_n is not None
-            and leaf <= max_n and fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64",
-                                             precision=precision, label=label)):
+    max_n = backend.fused_gram_max_n or 0
+    one_leaf = n <= min(blk, max_n)
+    blocked = BLOCKED_GRAM_FUSED and not one_leaf and blk <= max_n
+    if not ((one_leaf or blocked) and a.ndim == 2 and a.dtype == backend.xp.float64
+            and fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64",
+                           precision=precision, label=label)):
         w = right_solve_upper(backend, a, r, prec_name)
         return w, gram(backend, w, precision, label)
-    xp = backend.xp
-    if n <= blk and not store:
+    if one_leaf and not store:
         return None, backend.right_solve_gram(a, r)
+    xp = backend.xp
     w = xp.empty(a.shape, dtype=a.dtype, device=device(a))
+    if one_leaf:
+        return w, backend.right_solve_gram(a, r, out=w)
     g = xp.empty((n, n), dtype=a.dtype, device=device(a))
     _solve_gram_into(backend, a, r, w, g, blk, panel_precision(prec_name, a.dtype, xp),
                      precision, label)
