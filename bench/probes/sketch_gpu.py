@@ -243,7 +243,7 @@ def stages(a):
     ms = {}
 
     def t(name, fn, repeat=5):
-        ms[name] = time_it(cp, fn, repeat=repeat, max_seconds=4) * 1e3
+        ms[name] = time_it(cp, fn, repeat=repeat, max_seconds=2) * 1e3
 
     from mpqr.policy import fused_gemm
 
@@ -324,9 +324,10 @@ def bench_qr(m, n, cond, t_ref=None):
                     del q, r
                     release_pool(cp)
                     t = time_it(cp, lambda meth=meth: mpqr.qr(a, method=meth), repeat=5,
-                                max_seconds=6)
+                                max_seconds=3)
                     tr_ = time_it(cp, lambda meth=meth: mpqr.qr(a, mode="r", method=meth),
-                                  repeat=5, max_seconds=6) if meth == "auto" else None
+                                  repeat=5, max_seconds=3) if (meth == "auto" and
+                                                                tag == "new") else None
                 row.update({f"{key}_ms": t * 1e3, f"{key}_speedup": t_ref / t,
                             f"{key}_orth": orth, f"{key}_backward": back,
                             f"{key}_ok": orth <= ORTH_MAX and back <= BACK_MAX,
