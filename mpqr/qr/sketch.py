@@ -9,7 +9,8 @@ One pass over ``x`` forms a CountSketch ``Y = S x`` (``k = SKETCH_ROWS n`` rows,
     G = W^H W,  R_1 = chol(G),  Q = W R_1^-1,  R = R_1 R_0.
 
 ``W`` and ``G`` come from one pass over ``x`` where the backend fuses the substitution
-with the Gram product (:func:`mpqr.qr.cholqr.right_solve_upper_gram`). That single pass is
+with the Gram product (:func:`mpqr.qr.cholqr.right_solve_upper_gram`: CuPy, float64, up
+to 64 columns). That single pass is
 accepted where the estimated ``cond(W D^-1)`` (``D``: ``W``'s column norms; CholQR's error
 depends on the scaled condition number) is at most :data:`ONE_PASS_COND`; else the chain
 of :mod:`mpqr.qr.cholqr_precond` continues from ``R_0`` and ``G`` (no pass repeated)
