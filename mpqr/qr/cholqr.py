@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mpqr._array_api import array_namespace, device
@@ -255,19 +255,22 @@ EARLY_HAND_OVER = 0.05
 #: on ``u cond(R)^2`` without the column scaling) reaches this
 _EARLY_GATE = 1e-6
 
-_EARLY: contextvars.ContextVar[bool] = contextvars.ContextVar("mpqr_cholqr2_early",
-                                                              default=False)
+#: the condition estimator of the :func:`hand_over_early` block, or None outside one
+_EARLY: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar(
+    "mpqr_cholqr2_early", default=None)
 
 
 @contextlib.contextmanager
-def hand_over_early() -> Iterator[None]:
+def hand_over_early(estimate: Callable[..., Any]) -> Iterator[None]:
     """Within the block, :func:`cholqr2` raises :class:`BreakdownError` (with its first
     Gram matrix, as a failed first Cholesky does) right after its first factor where
     that factor's estimated condition number says its second pass would not be
     certified (:data:`EARLY_HAND_OVER`): ``qr(method="auto")`` uses it where a sketch
     route can take over, so that ``Q1 = x R1^-1`` and a second Gram pass are not paid
-    for a certificate that would fail."""
-    token = _EARLY.set(True)
+    for a certificate that would fail. ``estimate(sb, r, prec_name)``: the scaled
+    2-norm condition number of the upper-triangular ``r`` in the small backend ``sb``
+    (:func:`mpqr.qr.cholqr_precond.estimate_cond`)."""
+    token = _EARLY.set(estimate)
     try:
         yield
     finally:
@@ -279,15 +282,14 @@ def _early_check(method: str, a: Any, g_pair: tuple[Any, Any], prec_name: str
     """The check :func:`hand_over_early` asks of CholQR2's first pass: a function of
     ``(sb, r, hi, lo)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of ``|diag r|``)
     that raises where the pass should stop; None outside the block."""
-    if not _EARLY.get():
+    estimate_cond = _EARLY.get()
+    if estimate_cond is None:
         return None
 
     def check(sb: Any, r: Any, hi: float, lo: float) -> None:
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
         if not (lo > 0 and (hi / lo) ** 2 * u >= _EARLY_GATE):
             return
-        from mpqr.qr.cholqr_precond import estimate_cond
-
         hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
         cond = float(hs.xp.max(estimate_cond(hs, rh, prec_name)))
         if not cond**2 * u >= EARLY_HAND_OVER:
@@ -350,8 +352,8 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
     try:
-        r = _chol_or_breakdown(sb, g, method, u, cheap=early and _EARLY.get() and not shift
-                               and certify is None)
+        r = _chol_or_breakdown(sb, g, method, u, cheap=early and _EARLY.get() is not None
+                               and not shift and certify is None)
     except BreakdownError as exc:
         if certify is None and not shift:
             # x's Gram matrix, in range and finite: qr(method="auto") continues from it
