@@ -371,10 +371,13 @@ class ArrayAPIBackend:
         returns a stream where it supports ``a``."""
         return SerialLane()
 
-    def right_solve_gram(self, a: Any, r: Any, out: Any = None) -> Any:
+    def right_solve_gram(self, a: Any, r: Any, out: Any = None, sub: Any = None) -> Any:
         """``Q1^T Q1`` (exactly symmetric) for ``Q1 = a @ inv(r)``, real 2-D ``a``, native
-        arithmetic; ``Q1`` is also written into ``out`` (m x n) when given. This portable
-        version forms ``Q1`` (a GPU backend fuses the two in one pass over ``a``)."""
+        arithmetic; ``Q1`` is also written into ``out`` (m x n) when given. ``sub`` (the
+        shape of ``a``): ``a - sub`` is solved instead of ``a``. This portable version
+        forms ``a - sub`` and ``Q1`` (a GPU backend fuses them in one pass over ``a``)."""
+        if sub is not None:
+            a = a - sub
         q = self.right_solve_upper(a, r, out=out)
         g = self.gemm(self.xp.matrix_transpose(q), q)
         return (g + self.xp.matrix_transpose(g)) / 2

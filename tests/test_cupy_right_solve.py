@@ -140,6 +140,49 @@ def test_gram_kernel_stores_the_rows_whose_gram_matrix_it_forms(n):
     assert bool((g == right_solve_gram(a, r)).all())
 
 
+@pytest.mark.parametrize("n", [20, 64])
+def test_gram_kernel_solves_a_minus_the_update(n):
+    """``sub``: the pass solves ``a - sub`` (each difference rounded once, as the
+    subtraction rounds it): bitwise the rows and Gram matrix of the same kernel on the
+    formed difference, stored or not, ``a`` a column slice."""
+    rng = np.random.default_rng(n + 2)
+    full = cp.asarray(rng.standard_normal((140_001, n + 5)))
+    a = full[:, 2:n + 2]
+    t = cp.asarray(rng.standard_normal((140_001, n)))
+    r = cp.asarray(_triu_factor(rng, n))
+    out, ref = cp.empty((140_001, n)), cp.empty((140_001, n))
+    g = right_solve_gram(a, r, out=out, sub=t)
+    g_ref = right_solve_gram(a - t, r, out=ref)
+    assert bool((out == ref).all()) and bool((g == g_ref).all())
+    assert bool((right_solve_gram(a, r, sub=t) == g).all())
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_blocked_solve_and_gram_at_256_columns(monkeypatch, fused):
+    """The sketch route's ``W = A R^-1`` and ``W^T W`` at 256 columns (``fused``: 64-column
+    fused leaves, each subtracting its accumulated update in its pass, cross products by
+    GEMM): every row within substitution's backward-error bound, ``G`` the Gram matrix
+    of the stored ``W``, exactly symmetric."""
+    from mpqr.backends import get_backend
+
+    from mpqr.qr import cholqr
+    from mpqr.qr.cholqr import right_solve_upper_gram
+
+    monkeypatch.setattr(cholqr, "BLOCKED_GRAM_FUSED", fused)
+
+    rng = np.random.default_rng(256)
+    n, m = 256, 3001
+    a = cp.asarray(rng.standard_normal((m, n)) * np.logspace(0, -10, n))
+    r = cp.asarray(np.linalg.qr(a.get())[1])
+    w, g = right_solve_upper_gram(get_backend(cp), a, r, "auto", "auto", "test")
+    _check(a, r, w)
+    wh = w.get().astype(np.longdouble)
+    gamma = m * 2.0**-53 / (1 - m * 2.0**-53)
+    gh = g.get()
+    assert np.array_equal(gh, gh.T)
+    assert np.all(np.abs(gh - wh.T @ wh) <= gamma * (np.abs(wh).T @ np.abs(wh)) * 2)
+
+
 def test_gram_kernel_takes_column_slices_and_propagates_nan():
     rng = np.random.default_rng(3)
     full = cp.asarray(rng.standard_normal((2000, 40)))

@@ -119,6 +119,99 @@ def test_auto_continues_cholqr2_with_the_sketch(cond):
     _check(a, q, r, U64)
 
 
+def test_auto_hands_over_after_cholqr2s_first_factor(monkeypatch):
+    """``auto`` at cond 1e8: CholQR2's first Cholesky succeeds but its estimated cond says
+    the second pass would not be certified, so it stops there (no ``Q1``, no second Gram
+    pass) and the sketch route takes over; at 1e6 CholQR2 runs to the end; an explicit
+    ``method="cholqr2"`` never stops early."""
+    from mpqr.backends import ArrayAPIBackend
+
+    from mpqr.qr import cholqr
+
+    monkeypatch.setattr(ArrayAPIBackend, "library_qr_tall_max", 0)
+    seen = []
+    solve = cholqr._apply_inverse
+    monkeypatch.setattr(cholqr, "_apply_inverse", lambda *a, **k: seen.append(a[4]) or solve(
+        *a, **k))
+    for cond, early in ((1e6, False), (1e8, True)):
+        seen.clear()
+        a = geometric(np.random.default_rng(8), 2048, 32, cond)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a)
+        fb = [e for e in trace.events if e.kind == "fallback"]
+        if early:
+            assert [(e.data["method"], e.data["fallback"]) for e in fb] == [("cholqr2", NAME)]
+            assert "stopped after its first pass" in fb[0].data["reason"]
+            assert fb[0].data["cond_estimate"] >= (cholqr.EARLY_HAND_OVER / U64) ** 0.5
+            assert "cholqr2" not in seen  # Q1 = A R1^-1 was never formed
+        else:
+            assert not fb
+        _check(a, q, r, U64)
+    with mpqr.explain() as trace:
+        try:
+            mpqr.qr(a, method="cholqr2")
+        except mpqr.BreakdownError as exc:
+            assert "stopped after" not in str(exc)
+
+
+def _leaf_backend(monkeypatch, blk=32):
+    """The NumPy backend with the GPU's blocked substitution (``blk``-column leaves)."""
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "right_solve_block", blk)
+    return NumpyBackend(np)
+
+
+@pytest.mark.parametrize(("dtype", "n"), [("float64", 96), ("float64", 32),
+                                          ("complex128", 96)])
+def test_right_solve_upper_gram(monkeypatch, dtype, n):
+    """``W = A R^-1`` by substitution in blocked halves (leaves of 32 columns, the Gram
+    matrix from leaf Grams and cross products: ``BLOCKED_GRAM_FUSED``) has substitution's
+    row-wise backward error whatever cond(R), and ``G`` is ``W^H W`` to working accuracy,
+    exactly Hermitian."""
+    from mpqr.qr import cholqr
+    from mpqr.qr.cholqr import right_solve_upper_gram
+
+    monkeypatch.setattr(cholqr, "BLOCKED_GRAM_FUSED", True)
+    be = _leaf_backend(monkeypatch)
+    rng = np.random.default_rng(n)
+    a = geometric(rng, 1000, n, 1e12).astype(dtype)
+    if dtype.startswith("complex"):
+        a = a + 1j * geometric(rng, 1000, n, 1e12)
+    r = np.linalg.qr(rng.standard_normal((n, n)) * np.logspace(0, -12, n))[1]
+    r = r * np.sign(np.diagonal(r))[:, None] + 0
+    a0, r0 = a.copy(), r.copy()
+    w, g = right_solve_upper_gram(be, a, r.astype(dtype), "auto", "auto", "test")
+    np.testing.assert_array_equal(a, a0)
+    np.testing.assert_array_equal(r, r0)
+    bound = 4 * n * U64 * (np.abs(w) @ np.abs(r))
+    assert np.all(np.abs(w @ r - a) <= bound + 1e-300)
+    np.testing.assert_array_equal(g, g.conj().T)
+    assert np.all(np.abs(g - w.conj().T @ w) <= 4 * 1000 * U64 * (np.abs(w.T) @ np.abs(w)))
+    if dtype == "float64" and n <= 32:
+        w2, g2 = right_solve_upper_gram(be, a, r, "auto", "auto", "test", store=False)
+        assert w2 is None
+        np.testing.assert_allclose(g2, g, rtol=1e-14, atol=0)
+
+
+def test_blocked_leaves_route_q_by_gemm(monkeypatch):
+    """The sketch route with blocked leaves (the GPU's layout) at 256 columns: Q from
+    ``W inv(R1)`` by one GEMM, accepted by the estimate, to working accuracy; mode "r"
+    gives the same R without forming Q."""
+    _leaf_backend(monkeypatch, 64)
+    n = 256
+    a = _wide(np.random.default_rng(5), 8 * n, n, 1e12)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, method=NAME)
+    orth = np.linalg.norm(np.eye(n) - q.T @ q) / n
+    assert orth <= 8 * np.sqrt(n) * U64 / n
+    assert backward_error(a, q, r) <= 8 * np.sqrt(n) * U64
+    assert any("Q = W @ inv(R1) by GEMM" in e.message for e in trace.events
+               if e.kind == "apply-inverse")
+    r2 = mpqr.qr(a, mode="r", method=NAME)
+    np.testing.assert_allclose(r2, r, rtol=0, atol=64 * U64 * np.abs(r).max())
+
+
 def test_column_scalings_1e150():
     rng = np.random.default_rng(150)
     d = 10.0 ** rng.choice([-150, 150], size=64)
@@ -194,11 +287,12 @@ def test_cupy_sketch_kernel_and_route(dtype):
     a = rng.standard_normal((5000, 24)).astype(dtype)
     if dtype.startswith("complex"):
         a = a + 1j * rng.standard_normal((5000, 24))
-    ref = NumpyBackend(np).sketch_rows(a, 96, 11)
-    tol = (1e-4 if dtype == "float32" else 1e-12) * np.abs(ref).max()
-    for ag in (cp.asarray(a), cp.asarray(np.asfortranarray(a))):
-        got = cp.asnumpy(get_backend(cp).sketch_rows(ag, 96, 11))
-        assert np.abs(got - ref).max() <= tol
+    for k in (96, 48):  # 48: few enough buckets for the private copies in shared memory
+        ref = NumpyBackend(np).sketch_rows(a, k, 11)
+        tol = (1e-4 if dtype == "float32" else 1e-12) * np.abs(ref).max()
+        for ag in (cp.asarray(a), cp.asarray(np.asfortranarray(a))):
+            got = cp.asnumpy(get_backend(cp).sketch_rows(ag, k, 11))
+            assert np.abs(got - ref).max() <= tol
     if dtype != "float64":
         return
     a = cp.asarray(_wide(np.random.default_rng(8), 2**15, 128, 1e15))

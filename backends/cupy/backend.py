@@ -502,12 +502,12 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_right_solve.right_solve_upper(a, r, out=out)
         return super().right_solve_upper(a, r, out=out)
 
-    def right_solve_gram(self, a, r, out=None):
+    def right_solve_gram(self, a, r, out=None, sub=None):
         from mpqr.backends.cupy import right_solve as cupy_right_solve
 
         if cupy_right_solve.supports_gram(a):  # one read of A (Q1 written only into out)
-            return cupy_right_solve.right_solve_gram(a, r, out=out)
-        return super().right_solve_gram(a, r, out=out)
+            return cupy_right_solve.right_solve_gram(a, r, out=out, sub=sub)
+        return super().right_solve_gram(a, r, out=out, sub=sub)
 
     #: the one-pass out-of-core lstsq (kernels/gram_dd.cu: 183-193 GB/s of float64 input
     #: on an H200 against a link-bound pass's ~36 GB/s; `python3 -m mpqr bench ooc --rows

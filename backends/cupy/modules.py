@@ -26,9 +26,11 @@ def ctype(dtype_name: str) -> str:
 
 
 @functools.cache
-def functions(filename: str, names: tuple[str, ...]) -> tuple:
+def functions(filename: str, names: tuple[str, ...], after: tuple[str, ...] = ()) -> tuple:
     """The kernels ``names`` (template instantiations, as C++ expressions) of
-    ``KERNELS / filename``, compiled together."""
-    mod = cp.RawModule(code=(KERNELS / filename).read_text(), options=("--std=c++17",),
-                       name_expressions=list(names))
+    ``KERNELS / filename``, compiled together; ``after``: more sources appended to it
+    (kernels built on its helpers, which leave its text, and so its prebuilt binaries,
+    as they are)."""
+    code = "".join((KERNELS / f).read_text() for f in (filename, *after))
+    mod = cp.RawModule(code=code, options=("--std=c++17",), name_expressions=list(names))
     return tuple(mod.get_function(n) for n in names)

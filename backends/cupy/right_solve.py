@@ -5,8 +5,10 @@ this kernel reads ``A`` once and writes ``Q`` once. Two fused kernels serve
 CholQR2 on narrow float64 matrices: the Gram matrix of ``A R1^{-1}`` without
 writing it (:func:`right_solve_gram`), and ``(A R1^{-1}) R2^{-1}`` from ``A``
 (:func:`right_solve_twice`), the same rounded intermediate rows in both; they
-solve a tile by 8-column blocks, the off-diagonal updates on the fp64 MMA. Kernel
-source: ``kernels/right_solve.cu``; one instantiation per ``(dtype, n, kernel)``,
+solve a tile by 8-column blocks, the off-diagonal updates on the fp64 MMA; the Gram
+kernel also solves ``A - T`` for a blocked solve's leaf (``sub``: the update ``T``
+subtracted in the pass). Kernel sources: ``kernels/right_solve.cu`` (and
+``right_solve_sub.cu`` appended to it); one instantiation per ``(dtype, n, kernel)``,
 compiled on first use and cached by CuPy.
 """
 
@@ -62,10 +64,14 @@ def _kernel(dtype_name: str, n: int, rows: int, variant: str):
             "twice": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, true>",
             "gram": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, false>",
             "gram_store": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, true>",
+            "gram_sub": f"right_solve_gram_sub_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, false>",
+            "gram_store_sub": f"right_solve_gram_sub_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, "
+                              "true>",
             "twice_tiles": f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>",
             }[variant]
-    fn = functions("right_solve.cu", (name,))[0]
-    if variant in ("gram", "gram_store", "twice_tiles"):  # past 48 KiB: dynamic smem opt-in
+    after = ("right_solve_sub.cu",) if variant.endswith("_sub") else ()
+    fn = functions("right_solve.cu", (name,), after)[0]
+    if variant.startswith("gram") or variant == "twice_tiles":  # past 48 KiB: dynamic smem
         fn.max_dynamic_shared_size_bytes = _fused_smem(n, 2 if variant == "twice_tiles" else 1)
     return fn
 
@@ -158,28 +164,38 @@ def right_solve_twice(a, r1, r2, out=None):
     return out
 
 
-def right_solve_gram(a, r, out=None):
+def right_solve_gram(a, r, out=None, sub=None):
     """``Q1^T Q1`` for ``Q1 = a @ inv(r)`` (float64, n <= GRAM_MAX_N) in one read of ``a``:
     ``Q1`` solved by 8-column blocks as :func:`right_solve_twice` solves it, the Gram
     products on the fp64 tensor cores; exactly symmetric. ``out`` (as in
-    :func:`right_solve_upper`): ``Q1`` is also written there, in the same pass."""
+    :func:`right_solve_upper`): ``Q1`` is also written there, in the same pass. ``sub``
+    (m x n float64, unit stride along rows): ``a - sub`` is solved instead of ``a``, each
+    difference rounded once, without writing it."""
     m, n = a.shape
+    null = (np.uint64(0), np.int64(0))  # a null operand: every parameter is passed
     if out is None:
         a, lda = _rows_operand(a)
-        extra = (np.uint64(0), np.int64(0))  # a null q: every parameter is passed (no defaults)
+        extra = null
     else:
         a, lda, out, ldq = _operands(a, out, "right_solve_gram")
         extra = (out, ldq)
+    if sub is None:
+        tail = null
+    else:
+        if sub.shape != (m, n) or sub.dtype != a.dtype:
+            raise ValueError("internal: right_solve_gram `sub` must be (m, n), a's dtype")
+        sub, lds = _rows_operand(sub)
+        tail = (sub, lds)
     rp, dp = _padded(r)
     n16 = (n + 15) // 16 * 16
     tiles = -(-m // _GRAM_ROWS)
-    variant = "gram" if out is None else "gram_store"
+    variant = ("gram" if out is None else "gram_store") + ("" if sub is None else "_sub")
     kernel, smem = _kernel("float64", n, _rows(n, a.dtype), variant), _fused_smem(n, 1)
     # persistent blocks, one wave of them: few partial Gram matrices, no tail
     blocks = max(1, min(tiles, _resident_blocks(kernel, _GRAM_ROWS, smem)))
     partial = cp.zeros((blocks * (_GRAM_ROWS // 32), n16, n16), dtype=cp.float64)  # per warp
     if m:
-        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp, dp, partial, np.int64(m), *extra),
+        kernel((blocks,), (_GRAM_ROWS,), (a, lda, rp, dp, partial, np.int64(m), *extra, *tail),
                shared_mem=smem)
     g = cp.triu(partial.sum(axis=0)[:n, :n])
     return g + cp.triu(g, 1).T

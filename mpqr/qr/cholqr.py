@@ -18,18 +18,19 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mpqr._array_api import array_namespace, device
 from mpqr._errors import BreakdownError, LinAlgError
-from mpqr.policy import fused_gemm, gemm, gemm_into, record_event, result_dtype
+from mpqr.policy import fused_gemm, gemm, gemm_into, gemm_sub, record_event, result_dtype
 from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2", "inverse_and_cond",
-           "reuse_first_gram", "right_solve_upper", "shifted_cholqr3"]
+__all__ = ["EARLY_HAND_OVER", "INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2",
+           "hand_over_early", "inverse_and_cond", "reuse_first_gram", "right_solve_upper",
+           "right_solve_upper_gram", "shifted_cholqr3"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -83,6 +84,81 @@ def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: st
     _right_solve_into(backend, c, r[..., h:, h:], out[..., :, h:], blk, prec)
 
 
+#: past ``backend.right_solve_block`` columns, whether :func:`right_solve_upper_gram`
+#: runs the blocked solve with fused leaves (each leaf's Gram block and its update
+#: subtraction in the leaf's pass, the cross products by GEMM) instead of the blocked
+#: solve and then one Gram product. Off: on an H200 at 2^20 x 256 the fused leaves took
+#: 12.1 ms against 6.3 + 2.5 ms (``bench/probes/sketch_gpu.py``); at one leaf (2^22 x 64)
+#: the fused pass is the faster (3.8 ms stored, 2.9 unstored, against 3.0 + 1.0)
+BLOCKED_GRAM_FUSED = False
+
+
+def right_solve_upper_gram(backend: Any, a: Any, r: Any, precision: Any, prec_name: str,
+                           label: str, store: bool = True) -> tuple[Any, Any]:
+    """``(W, G)``: ``W = a @ inv(r)`` (row-wise substitution) and its Gram matrix
+    ``G = W^H W`` (exactly Hermitian), for 2-D ``a``. ``store=False``: ``W`` may be
+    None where the fused pass did not need to write it (one leaf).
+
+    Where the backend fuses a solve with its Gram product (real float64, at most
+    ``backend.fused_gram_max_n`` columns) and the policy runs that product natively,
+    ``W`` and ``G`` come from one pass over ``a``; wider, with :data:`BLOCKED_GRAM_FUSED`,
+    the solve is split in column halves as :func:`right_solve_upper` splits it, each leaf
+    fused (its update ``W_1 R_12`` subtracted in its pass) and the off-diagonal blocks
+    ``W_1^T W_2`` products through the policy. Elsewhere: the solve, then
+    :func:`~mpqr.qr.gram_blocked.gram`."""
+    m, n = a.shape[-2:]
+    blk = backend.right_solve_block or n
+    max_n = backend.fused_gram_max_n or 0
+    one_leaf = n <= min(blk, max_n)
+    blocked = BLOCKED_GRAM_FUSED and not one_leaf and blk <= max_n
+    if not ((one_leaf or blocked) and a.ndim == 2 and a.dtype == backend.xp.float64
+            and fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64",
+                           precision=precision, label=label)):
+        w = right_solve_upper(backend, a, r, prec_name)
+        return w, gram(backend, w, precision, label)
+    if one_leaf and not store:
+        return None, backend.right_solve_gram(a, r)
+    xp = backend.xp
+    w = xp.empty(a.shape, dtype=a.dtype, device=device(a))
+    if one_leaf:
+        return w, backend.right_solve_gram(a, r, out=w)
+    g = xp.empty((n, n), dtype=a.dtype, device=device(a))
+    _solve_gram_into(backend, a, r, w, g, blk, panel_precision(prec_name, a.dtype, xp),
+                     precision, label)
+    return w, g
+
+
+def _solve_gram_into(backend: Any, a: Any, r: Any, out: Any, g: Any, blk: int, prec: str,
+                     precision: Any, label: str, sub: Any = None) -> None:
+    """The recursion of :func:`right_solve_upper_gram`: ``out = (a - sub) r^-1``,
+    ``g = out^T out`` (views written in place; ``sub``: None, or the updates so far, a view
+    of this function's own temporary, accumulated in place). The leaves subtract ``sub``
+    in their pass (``A - T`` is never written); the updates at ``prec``, the Gram blocks
+    at the policy's ``precision``."""
+    n = r.shape[-1]
+    if n <= blk:
+        g[...] = (backend.right_solve_gram(a, r, out=out) if sub is None else
+                  backend.right_solve_gram(a, r, out=out, sub=sub))
+        return
+    h = n // 2
+    _solve_gram_into(backend, a[:, :h], r[:h, :h], out[:, :h], g[:h, :h], blk, prec,
+                     precision, label, None if sub is None else sub[:, :h])
+    if sub is None:
+        t = gemm(out[:, :h], r[:h, h:], precision=prec, label="trsm-update", backend=backend)
+    else:  # T2 += W1 R12 (every entry still a - sum_i w_i r_ij, in another order)
+        t = sub[:, h:]
+        gemm_sub(t, out[:, :h], -r[:h, h:], precision=prec, label="trsm-update",
+                 backend=backend)
+    _solve_gram_into(backend, a[:, h:], r[h:, h:], out[:, h:], g[h:, h:], blk, prec,
+                     precision, label, t)
+    del t
+    xp = backend.xp
+    g12 = gemm(xp.matrix_transpose(out[:, :h]), out[:, h:], precision=precision, label=label,
+               backend=backend)
+    g[:h, h:] = g12
+    g[h:, :h] = xp.matrix_transpose(g12)
+
+
 def _cond_from_gram(backend: Any, g: Any) -> float:
     """``sqrt(cond(G))`` from the eigenvalues of the (small, Hermitian) Gram matrix (their
     moduli are its singular values; ``eigvalsh`` is ~3x faster than the SVD at 256)."""
@@ -95,10 +171,26 @@ def _cond_from_gram(backend: Any, g: Any) -> float:
     return math.sqrt(hi / lo) if lo > 0 else math.inf
 
 
-def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
-    """Upper Cholesky factor of ``g`` (accurate to ``u``); :class:`BreakdownError` if it
-    fails or is useless."""
+def _cond_lower_bound(backend: Any, g: Any) -> float:
+    """``sqrt(max g_ii / min g_ii) <= sqrt(cond(G))`` (``λ_max >= max g_ii``,
+    ``λ_min <= min g_ii``)."""
     xp = backend.xp
+    d = xp.real(xp.linalg.diagonal(g))
+    lo, hi = float(xp.min(d)), float(xp.max(d))
+    return math.sqrt(hi / lo) if lo > 0 and math.isfinite(hi) else math.inf
+
+
+def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float, cheap: bool = False
+                       ) -> Any:
+    """Upper Cholesky factor of ``g`` (accurate to ``u``); :class:`BreakdownError` if it
+    fails or is useless. ``cheap``: the error's condition estimate comes from what the
+    factorization showed (``max r_ii / min r_ii``; after a failed Cholesky ``(n u)^-1/2``,
+    where a failure puts the scaled Gram matrix's smallest eigenvalue, and the Gram
+    diagonal's ``sqrt(max g_ii / min g_ii)``, the larger) instead of the Gram matrix's
+    eigenvalues: for a caller that continues with a method that estimates its own (at
+    256 columns on a GPU the eigenvalues cost milliseconds)."""
+    xp = backend.xp
+    ratio = math.inf
     try:
         r = backend.cholesky(g, upper=True)
         d = xp.abs(xp.linalg.diagonal(r))
@@ -106,11 +198,17 @@ def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float) -> Any:
         # diag(R) only bounds cond(x) from below: the factor n keeps a margin (without it
         # fp32-emulated CholQR returned ||I - Q^T Q||_F = 21 at cond(x) = 1e4, n = 70)
         ok = math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u * g.shape[-1] < 1
+        if math.isfinite(hi) and lo > 0:
+            ratio = hi / lo
     except LinAlgError:
         ok = False
     if ok:
         return r
-    cond = _cond_from_gram(backend, g)
+    if cheap:
+        cond = ratio if math.isfinite(ratio) else max(
+            _cond_lower_bound(backend, g), (g.shape[-1] * u) ** -0.5)
+    else:
+        cond = _cond_from_gram(backend, g)
     raise BreakdownError(
         f"{method} broke down: the Gram matrix x^H x is not numerically positive definite "
         f"(estimated cond(x) >= {cond:.2e}; {method} needs {_REACH[method]}, u = {u:.1e}); "
@@ -147,22 +245,84 @@ def _first_gram(a: Any, method: str) -> tuple[Any, Any] | None:
     return pair
 
 
+#: where ``u cond(x D^-1)^2`` of CholQR2's first factor (``D``: column norms) is at least
+#: this, its first pass's orthogonality error (``~ u cond^2``) leaves the second pass's
+#: certificate (``||Q1^H Q1 - I||_F <= 1/2``) to chance: under :func:`hand_over_early` it
+#: stops there (float64: cond >= ~2e7)
+EARLY_HAND_OVER = 0.05
+
+#: the estimate above is made only where ``u (max r_ii / min r_ii)^2`` (free: a lower bound
+#: on ``u cond(R)^2`` without the column scaling) reaches this
+_EARLY_GATE = 1e-6
+
+#: the condition estimator of the :func:`hand_over_early` block, or None outside one
+_EARLY: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar(
+    "mpqr_cholqr2_early", default=None)
+
+
+@contextlib.contextmanager
+def hand_over_early(estimate: Callable[..., Any]) -> Iterator[None]:
+    """Within the block, :func:`cholqr2` raises :class:`BreakdownError` (with its first
+    Gram matrix, as a failed first Cholesky does) right after its first factor where
+    that factor's estimated condition number says its second pass would not be
+    certified (:data:`EARLY_HAND_OVER`): ``qr(method="auto")`` uses it where a sketch
+    route can take over, so that ``Q1 = x R1^-1`` and a second Gram pass are not paid
+    for a certificate that would fail. ``estimate(sb, r, prec_name)``: the scaled
+    2-norm condition number of the upper-triangular ``r`` in the small backend ``sb``
+    (:func:`mpqr.qr.cholqr_precond.estimate_cond`)."""
+    token = _EARLY.set(estimate)
+    try:
+        yield
+    finally:
+        _EARLY.reset(token)
+
+
+def _early_check(method: str, a: Any, g_pair: tuple[Any, Any], prec_name: str
+                 ) -> Any:
+    """The check :func:`hand_over_early` asks of CholQR2's first pass: a function of
+    ``(sb, r, hi, lo)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of ``|diag r|``)
+    that raises where the pass should stop; None outside the block."""
+    estimate_cond = _EARLY.get()
+    if estimate_cond is None:
+        return None
+
+    def check(sb: Any, r: Any, hi: float, lo: float) -> None:
+        u = gram_roundoff(sb.xp, r.dtype, prec_name)
+        if not (lo > 0 and (hi / lo) ** 2 * u >= _EARLY_GATE):
+            return
+        hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
+        cond = float(hs.xp.max(estimate_cond(hs, rh, prec_name)))
+        if not cond**2 * u >= EARLY_HAND_OVER:
+            return
+        exc = BreakdownError(
+            f"{method} stopped after its first pass: estimated cond(x) = {cond:.2e} (columns "
+            f"scaled to unit norm), so u cond^2 = {cond**2 * u:.2e} >= {EARLY_HAND_OVER:g} "
+            "and its second pass would likely not be certified", method=method,
+            cond_estimate=cond)
+        exc.first_gram = (a, *g_pair)
+        raise exc
+
+    return check
+
+
 def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
               shift: bool = False, certify: Any = None, want_q: bool = True,
-              g: Any = None) -> tuple[Any, Any, Any]:
+              g: Any = None, early: bool = False) -> tuple[Any, Any, Any]:
     """One CholQR pass: ``(Q, R, small backend)``, R in the small backend's namespace
     (``backend.small``; the caller moves the final R back with ``backend.from_small``).
 
     ``certify``: the previous pass's R, when ``a`` is that pass's Q — then ``a``'s Gram
     matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
     pass's Q orthonormal to working accuracy; else BreakdownError. ``g``: ``a``'s Gram
-    matrix, already formed (``a`` is then only read for its shape)."""
+    matrix, already formed (``a`` is then only read for its shape). ``early``: CholQR2's
+    first pass, which may stop after its factor (:func:`hand_over_early`)."""
     pair = _first_gram(a, method) if certify is None else None
     if pair is None:
         if g is None:
             g = gram(backend, a, precision, f"{method}-gram")
         if not shift:
-            done = _device_pass(backend, a, g, method, prec_name, certify, want_q)
+            check = _early_check(method, a, (backend, g), prec_name) if early else None
+            done = _device_pass(backend, a, g, method, prec_name, certify, want_q, check)
             if done is not None:
                 return done
         # the n x n steps run in backend.small's namespace
@@ -192,7 +352,8 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         eye = xp.eye(n, dtype=g.dtype, device=device(g))
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
     try:
-        r = _chol_or_breakdown(sb, g, method, u)
+        r = _chol_or_breakdown(sb, g, method, u, cheap=early and _EARLY.get() is not None
+                               and not shift and certify is None)
     except BreakdownError as exc:
         if certify is None and not shift:
             # x's Gram matrix, in range and finite: qr(method="auto") continues from it
@@ -201,6 +362,10 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         elif certify is not None:
             _with_gram(exc, sb, g)
         raise
+    check = _early_check(method, a, (sb, g), prec_name) if early and not shift else None
+    if check is not None:
+        d = xp.abs(xp.linalg.diagonal(r))
+        check(sb, r, float(xp.max(d)), float(xp.min(d)))
     q = _apply_inverse(backend, sb, a, r, method, prec_name) if want_q else None
     return q, r, sb
 
@@ -253,7 +418,7 @@ def _gram_min(xp: Any, g: Any, prec_name: str) -> float:
 
 
 def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, certify: Any,
-                 want_q: bool) -> tuple[Any, Any, Any] | None:
+                 want_q: bool, check: Any = None) -> tuple[Any, Any, Any] | None:
     """A pass whose ``n x n`` steps come from ``backend.chol_steps`` (one launch; see
     :mod:`mpqr.qr.cholqr_steps`), or None where the backend has none for ``g`` or a check
     fails: the caller then takes the host route from the same ``g``.
@@ -281,6 +446,8 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
     record_event("small-steps", f"{method}: the {n} x {n} steps (Cholesky, R^-1, checks) "
                  "ran on the device in one launch; their 8 numbers were read back once",
                  method=method, n=n)
+    if check is not None:
+        check(backend, r, s.r_diag_max, s.r_diag_min)
     if q is not None:
         record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (certified pass: "
                      f"cond_2(R) <= sqrt(3); cond_1(R) = {s.cond1:.3g})", cond_1=s.cond1)
@@ -413,7 +580,8 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     matrix the certificate checked), in four passes over A's size instead of six (two
     instead of four without Q). The explain trace says so (``fused-solve``)."""
     fusable = _fusable(backend, a)
-    q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable)
+    q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable,
+                            early=True)
     if fusable:
         m, n = a.shape
         if fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64", precision=precision,

@@ -168,9 +168,17 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
     # norms: overflow or underflow raise BreakdownError), so the pass computing column
     # maxima is saved; the fallback below scales as usual
     unscaled = auto and method == "cholqr2" and kw["prec_name"] in NATIVE_PRECISIONS
+    # auto's CholQR2 stops after its first factor where a second pass would not be
+    # certified and the sketch route can take over (see cholqr.hand_over_early)
+    early = (auto and method == "cholqr2" and _sketchable(backend, a)
+             and kw["prec_name"] in NATIVE_PRECISIONS)
+    if early:
+        from mpqr.qr.cholqr import hand_over_early
+        from mpqr.qr.cholqr_precond import estimate_cond
     with device_errors(backend, "mpqr.qr"):
         try:
-            with backend.ignore_fp_warnings() if unscaled else contextlib.nullcontext():
+            with (backend.ignore_fp_warnings() if unscaled else contextlib.nullcontext(),
+                  hand_over_early(estimate_cond) if early else contextlib.nullcontext()):
                 q, r = factor_any(backend, method, a, scale=not unscaled, **kw)
         except BreakdownError as exc:
             if not auto:
@@ -192,16 +200,21 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
 def _rescue_method(backend: Any, a: Any, exc: BreakdownError) -> str:
     """:data:`SKETCH_RESCUE` where CholQR2's first Cholesky failed on a matrix the backend
     sketches (2-D, enough rows), else :data:`RESCUE`."""
-    from mpqr.qr.sketch import SKETCH_ROWS
-
     first = getattr(exc, "first_gram", None)
-    m, n = a.shape[-2:]
-    if (SKETCH_RESCUE and first is not None and getattr(exc, "chain", None) is None
-            and a.ndim == 2
-            and m >= 2 * SKETCH_ROWS * n
-            and getattr(backend, "sketches", False)):
+    if (first is not None and getattr(exc, "chain", None) is None
+            and _sketchable(backend, a)):
         return SKETCH_RESCUE
     return RESCUE
+
+
+def _sketchable(backend: Any, a: Any) -> bool:
+    """Whether :data:`SKETCH_RESCUE` can take over ``a`` (2-D, at least ``2 SKETCH_ROWS n``
+    rows, a backend that sketches)."""
+    from mpqr.qr.sketch import SKETCH_ROWS
+
+    m, n = a.shape[-2:]
+    return bool(SKETCH_RESCUE) and a.ndim == 2 and m >= 2 * SKETCH_ROWS * n and getattr(
+        backend, "sketches", False)
 
 
 def _rescue(backend: Any, a: Any, exc: BreakdownError, unscaled: bool,
@@ -216,9 +229,10 @@ def _rescue(backend: Any, a: Any, exc: BreakdownError, unscaled: bool,
     if rescue == SKETCH_RESCUE:
         record_event("fallback", f"qr: cholqr2 broke down (estimated cond(x) >= "
                      f"{exc.cond_estimate:.2e}); continuing with {rescue} at "
-                     f"precision={kw['prec_name']!r}: its first Cholesky failed (beyond "
-                     "CholQR2's ~u^-1/2), so a CountSketch preconditioner and one CholQR "
-                     "pass replace the preconditioned chain's two or three",
+                     f"precision={kw['prec_name']!r}: its first factor failed or showed "
+                     "cond(x) beyond CholQR2's reach (~u^-1/2), so a CountSketch "
+                     "preconditioner and one CholQR pass replace the preconditioned "
+                     "chain's two or three",
                      method="cholqr2", fallback=rescue, cond_estimate=exc.cond_estimate,
                      reason=str(exc))
         with backend.ignore_fp_warnings() if unscaled else contextlib.nullcontext():

@@ -1,0 +1,127 @@
+"""The sketch route before the fused solve-and-Gram pass (A/B baseline of sketch_gpu.py).
+
+A copy of ``mpqr/qr/sketch.py`` as it was before W and its Gram matrix shared a pass,
+Q = W inv(R1) went by GEMM and the n x n steps moved to the host at 256 columns.
+
+Randomized (sketch-preconditioned) Cholesky QR for ill-conditioned tall matrices.
+
+One pass over ``x`` forms a CountSketch ``Y = S x`` (``k = SKETCH_ROWS n`` rows,
+``backend.sketch_rows``); ``R_0`` is the Householder ``R`` of the small ``Y``. Then
+``W = x R_0^-1`` has ``cond(W) = O(1)`` whatever ``cond(x)`` below ``~u^-1`` (Fan, Guo
+& Lin 2021; Higgins et al. 2024; Garrison, Chen & Ipsen 2026), so one CholQR pass on
+``W`` gives ``Q`` orthonormal to ``O(n u cond(W)^2)``::
+
+    G = W^H W,  R_1 = chol(G),  Q = W R_1^-1,  R = R_1 R_0.
+
+That single pass is accepted where the estimated ``cond(W D^-1)`` (``D``: ``W``'s
+column norms; CholQR's error depends on the scaled condition number) is at most
+:data:`ONE_PASS_COND`; else the chain of :mod:`mpqr.qr.cholqr_precond` continues from
+``R_0`` and ``G`` (no pass repeated) until its certificate holds. The rank test is the
+preconditioned method's: ``u cond(R D^-1) >= 1/2`` raises :class:`mpqr.BreakdownError`
+(``qr(method="auto")`` then falls back to Householder), so a numerically rank-deficient
+``x`` is never factored silently wrong. Column scaling does not matter: ``S`` is linear
+and no Gram matrix of ``x`` itself is formed.
+
+Stacks, backends without ``sketch_rows`` and matrices with fewer than ``2 k`` rows take
+the preconditioned method (traced).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpqr._errors import BreakdownError, LinAlgError
+from mpqr.policy import record_event
+from mpqr.qr.cholqr import _apply_inverse, _check_gram, _rr, gram_roundoff, right_solve_upper
+from mpqr.qr.cholqr_precond import (
+    RANK_DEFICIENT,
+    Resume,
+    estimate_cond,
+    preconditioned_cholqr,
+    resume_chain,
+)
+from mpqr.qr.cholqr_precond import (
+    _rank_deficient as _refuse,
+)
+from mpqr.qr.gram_blocked import gram
+
+__all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "sketch_cholqr"]
+
+NAME = "sketch-cholqr"
+
+#: sketch rows per column: CountSketch embeds an n-dimensional range with distortion
+#: ~ sqrt(n / k) for incoherent ranges; where it does not, the chain's extra pass does
+SKETCH_ROWS = 4
+
+#: largest estimated ``cond(W D^-1)`` for which one CholQR pass is accepted: its
+#: orthogonality error ``~ n u cond^2`` stays within 16 n u
+ONE_PASS_COND = 4.0
+
+#: the hash seed (fixed: results are reproducible)
+SEED = 0x5EED
+
+
+def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
+                  want_q: bool = True, **kw: Any) -> tuple[Any, Any]:
+    """``(Q or None, R)`` of ``a`` (``(..., m, n)``, ``m >= n``) by sketch-preconditioned
+    CholQR (module docstring); :class:`mpqr.BreakdownError` where ``a`` is numerically
+    rank-deficient or not finite."""
+    m, n = a.shape[-2:]
+    k = SKETCH_ROWS * n
+    y = backend.sketch_rows(a, k, SEED) if a.ndim == 2 and m >= 2 * k else None
+    if y is None:
+        record_event("route", f"{NAME}: no sketch here (a stack, fewer than "
+                     f"{2 * SKETCH_ROWS} n rows, or a backend without a scatter-add): "
+                     "preconditioned-cholqr", method=NAME)
+        return preconditioned_cholqr(backend, a, precision=precision, prec_name=prec_name,
+                                     want_q=want_q, **kw)
+    sb, ys = backend.small(y)
+    if not sb.all_finite(ys):
+        raise BreakdownError(f"{NAME} broke down: x holds NaN or Inf", method=NAME,
+                             cond_estimate=float("inf"))
+    _, r0 = sb.library_qr(ys, "r")
+    xs = sb.xp
+    d0 = xs.abs(xs.linalg.diagonal(r0))
+    if not (bool(xs.all(d0 > 0)) and sb.all_finite(r0)):
+        _rank_deficient(float("inf"), gram_roundoff(xs, ys.dtype, prec_name),
+                        "the sketch's R has a zero or non-finite pivot")
+    # rows scaled by the pivots' conjugate phases: R = R_1 R_0 has a positive diagonal
+    dr = xs.linalg.diagonal(r0)
+    r0 = r0 * xs.expand_dims(xs.conj(dr) / xs.astype(d0, dr.dtype), axis=-1)
+    # W = x R_0^-1: the application of R_0^-1 through the policy (blocked substitution)
+    w = right_solve_upper(backend, a, backend.from_small(r0, a), prec_name)
+    g = gram(backend, w, precision, f"{NAME}-gram")
+    sb, g = backend.small(g)
+    # R_0 where the n x n steps run (the k x n sketch may have stayed on the device)
+    _, r0 = backend.small(backend.from_small(r0, a))
+    u = gram_roundoff(sb.xp, g.dtype, prec_name)
+    cond_w = float("inf")
+    r1 = None
+    try:
+        _check_gram(sb, g, NAME, prec_name)
+        r1 = sb.cholesky(g, upper=True)
+        cond_w = float(sb.xp.max(estimate_cond(sb, r1, prec_name)))
+    except (LinAlgError, BreakdownError):
+        r1 = None
+    if r1 is None or not cond_w <= ONE_PASS_COND:
+        record_event("route", f"{NAME}: estimated cond(x R0^-1) = {cond_w:.2e} > "
+                     f"{ONE_PASS_COND:g}: the preconditioned chain continues from R0 and "
+                     "its Gram matrix", method=NAME, cond_sketched=cond_w)
+        state = Resume(a, sb, g, [r0], w)
+        with resume_chain(state):
+            return preconditioned_cholqr(backend, a, precision=precision,
+                                         prec_name=prec_name, want_q=want_q, **kw)
+    r = _rr(sb, r1, r0, prec_name)
+    q = _apply_inverse(backend, sb, w, r1, NAME, prec_name) if want_q else None
+    cond = float(sb.xp.max(estimate_cond(sb, r, prec_name)))
+    if not cond * u < RANK_DEFICIENT:
+        _rank_deficient(cond, u)
+    record_event("route", f"{NAME}: CountSketch ({k} x {m}) preconditioner, one CholQR "
+                 f"pass (estimated cond(x R0^-1) = {cond_w:.2f} <= {ONE_PASS_COND:g}); "
+                 f"estimated cond(x) = {cond:.2e} (columns scaled to unit norm)",
+                 method=NAME, cond_sketched=cond_w, cond_estimate=cond, grams=1)
+    return q, backend.from_small(r, a)
+
+
+def _rank_deficient(cond: float, u: float, why: str = "") -> None:
+    _refuse(cond, u, why, NAME)
