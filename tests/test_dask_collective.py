@@ -41,6 +41,12 @@ def test_cholqr2_one_task_per_worker(client, cond):
     (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
     assert ev.data["tasks"] == 2 and ev.data["collectives"] == 2
     assert q.chunks == x.chunks
+    # each block of Q sits on the worker of its block of A (already persisted)
+    from distributed import futures_of
+    ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(q))
+    wa = [ka[k[0]] for k in x.__dask_keys__()]
+    wq = [kq[k[0]] for k in q.__dask_keys__()]
+    assert wa == wq and len({w[0] for w in wa}) == 2
     qh = q.compute()
     u = np.finfo(np.float64).eps
     assert backward_error(a, qh, r) <= 20 * u * n
@@ -48,14 +54,6 @@ def test_cholqr2_one_task_per_worker(client, cond):
     assert np.all(np.diag(r) > 0)
     np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a, mode="r")),
                                rtol=0, atol=1e3 * u * cond * np.linalg.norm(a, 2))
-    # each block of Q sits on the worker of its block of A
-    from distributed import futures_of
-    qp = q.persist()
-    distributed.wait(qp)
-    ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(qp))
-    wa = [ka[k[0]] for k in x.__dask_keys__()]
-    wq = [kq[k[0]] for k in qp.__dask_keys__()]
-    assert wa == wq and len({w[0] for w in wa}) == 2
 
 
 def test_communicator_reused_and_sum(client):

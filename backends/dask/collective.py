@@ -200,7 +200,8 @@ def _chol(backend: Any, g: Any, which: str) -> Any:
                          f"numerically positive definite ({exc})") from exc
 
 
-def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, *blocks: Any) -> dict[str, Any]:
+def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any,
+                    *blocks: Any) -> tuple[dict[str, Any], list[Any]]:
     """CholQR2 over this worker's blocks, the Gram sums by all-reduce."""
     from distributed import get_worker
 
@@ -211,11 +212,11 @@ def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, *blocks: Any) -> di
     try:
         return _cholqr2_body(comm, backend, n, dtype, blocks, t0, calls0)
     except _Breakdown as exc:
-        return {"breakdown": str(exc), "rank": comm.rank}
+        return {"breakdown": str(exc), "rank": comm.rank}, []
 
 
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
-                  t0: float, calls0: int) -> dict[str, Any]:
+                  t0: float, calls0: int) -> tuple[dict[str, Any], list[Any]]:
     from mpqr.qr.gram_blocked import gram
 
     xp = backend.xp
@@ -235,18 +236,24 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     eye = xp.eye(n, dtype=g2.dtype, device=dev)
     cert = float(xp.linalg.matrix_norm(g2 - eye))
     if cert > 0.5:  # every rank holds the same g2: every rank returns here
-        return {"q": [], "r": None, "cert": cert, "rank": comm.rank,
-                "collectives": comm.calls - calls0, "seconds": time.perf_counter() - t0}
+        return {"r": None, "cert": cert, "rank": comm.rank,
+                "collectives": comm.calls - calls0, "seconds": time.perf_counter() - t0}, []
     r2 = _chol(backend, g2, "second")
     out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
     r = gemm(r2, r1, label="collective-r", backend=backend)
-    return {"q": out, "r": to_host(r) if comm.rank == 0 else None, "cert": cert,
+    return {"r": to_host(r) if comm.rank == 0 else None, "cert": cert,
             "rank": comm.rank, "collectives": comm.calls - calls0,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0}, out
 
 
-def _pick(res: dict[str, Any], j: int) -> Any:
-    return res["q"][j]
+def _pick(res: tuple[dict[str, Any], list[Any]], j: int) -> Any:
+    """Block ``j`` of the worker's ``Q`` (the same array, no copy)."""
+    return res[1][j] if j < len(res[1]) else None
+
+
+def _info(res: tuple[dict[str, Any], list[Any]]) -> dict[str, Any]:
+    """The task's small results (``R`` on rank 0, the certificate, counts)."""
+    return res[0]
 
 
 # --- the client's side -----------------------------------------------------------------
@@ -265,6 +272,51 @@ def _row_keys(x: Any) -> list[Any]:
     return [k[0] for k in x.__dask_keys__()]
 
 
+#: fraction of a worker's ``memory_limit`` at which distributed pauses it (its default)
+PAUSE_FRACTION = 0.8
+
+
+def check_memory(limits: dict[str, int], held: dict[str, int]) -> None:
+    """Raise where a worker's ``memory_limit`` cannot hold its blocks of ``x`` and of ``Q``.
+
+    distributed counts a CuPy block's bytes against the worker's (host) memory limit and
+    pauses the worker at :data:`PAUSE_FRACTION` of it; a paused worker runs no task, so
+    the collective call would wait on it. ``limits``: worker -> ``memory_limit`` (0: no
+    limit); ``held``: worker -> bytes of its blocks of ``x`` and of ``Q``.
+    """
+    short = {w: (b, limits.get(w, 0)) for w, b in held.items()
+             if limits.get(w, 0) and b > PAUSE_FRACTION * limits[w]}
+    if short:
+        gib = 2.0**30
+        what = "; ".join(f"{w}: memory_limit {lim / gib:.2f} GiB, its blocks of x and Q "
+                         f"{b / gib:.2f} GiB" for w, (b, lim) in sorted(short.items()))
+        raise MemoryError(
+            f"collective route: the worker memory limit is below the blocks it holds "
+            f"({what}); distributed would pause the worker at {PAUSE_FRACTION:.0%} of its "
+            f"limit and the call would wait on it. Start the workers with memory_limit=0 "
+            f"(CuPy blocks live in device memory) or a limit above twice their share of x")
+
+
+def _wait_or_lost(client: Any, futs: list[Any], ranks: dict[str, int]) -> None:
+    """Wait for ``futs``; raise :class:`CollectiveError` as soon as a worker of the
+    communicator has left the cluster (its task would wait for it forever)."""
+    from distributed import wait
+
+    deadline = time.monotonic() + TIMEOUT + 10
+    while True:
+        try:
+            wait(futs, timeout=0.25)
+            return
+        except TimeoutError:
+            pass
+        gone = set(ranks) - set(client.ncores())
+        if gone:
+            raise CollectiveError(f"worker(s) {sorted(gone)} left the cluster during the "
+                                  f"call")
+        if time.monotonic() > deadline:
+            raise CollectiveError(f"collective call did not finish in {TIMEOUT + 10:.0f} s")
+
+
 def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
             retries: int = 1) -> tuple[Any, Any]:
     """``(Q, R)`` of a dask array chunked by rows by the collective route.
@@ -273,7 +325,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
     ----------
     x : dask.array.Array, shape (m, n)
         Row chunks only; persisted blocks are used where they are (else persisted
-        first).
+        first). A worker that holds none of them takes part with a zero Gram matrix.
     client : distributed.Client, optional
         Default: the current client.
     kind : {"nccl", "thread"}, optional
@@ -284,7 +336,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
     Returns
     -------
     Q : dask.array.Array, shape (m, n)
-        Its blocks held where ``x``'s are, ``x``'s row chunks.
+        Persisted: its blocks held where ``x``'s are, ``x``'s row chunks.
     R : numpy.ndarray, shape (n, n)
 
     Raises
@@ -294,6 +346,9 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
         CholQR2's certificate ``||Q_1^H Q_1 - I||_F <= 1/2``.
     CollectiveError
         A worker was lost or failed, after ``retries`` further runs.
+    MemoryError
+        A worker's ``memory_limit`` is below its blocks of ``x`` and ``Q``
+        (:func:`check_memory`).
     """
     import dask.array as da
     from distributed import default_client, wait
@@ -307,6 +362,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
     if kind is None:
         kind = "nccl" if type(meta).__module__.startswith("cupy") else "thread"
     last: Exception | None = None
+    t_start = time.perf_counter()
     for attempt in range(retries + 1):
         h = communicator(client, kind, renew=attempt > 0)
         futs = _block_futures(client, x)
@@ -319,40 +375,49 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
                 raise CollectiveError(f"block {i} of x is held by no worker of the "
                                       f"communicator ({where[f.key]})")
             per[holders[0]].append(i)
-        tasks = {w: client.submit(_worker_cholqr2, h.cid, n, str(x.dtype), meta,
-                                  *[futs[i] for i in idx], workers=[w],
-                                  allow_other_workers=False, pure=False, retries=0)
-                 for w, idx in per.items()}
+        rowbytes = n * x.dtype.itemsize
+        info = client.scheduler_info(n_workers=-1)["workers"]
+        check_memory({w: int(info.get(w, {}).get("memory_limit") or 0) for w in per},
+                     {w: 2 * rowbytes * sum(x.chunks[0][i] for i in idx)
+                      for w, idx in per.items()})
+        name = "collective-q-" + uuid.uuid4().hex
+        tasks, infos, blocks = {}, [], [None] * len(futs)
+        for w, idx in per.items():  # sent together: one message to the scheduler
+            t = tasks[w] = client.submit(
+                _worker_cholqr2, h.cid, n, str(x.dtype), meta, *[futs[i] for i in idx],
+                workers=[w], allow_other_workers=False, pure=False, retries=0)
+            infos.append(client.submit(_info, t, workers=[w], pure=False))
+            for j, i in enumerate(idx):  # Q's blocks: the worker's arrays, kept on it
+                blocks[i] = client.submit(_pick, t, j, key=(name, i, 0), workers=[w],
+                                          pure=False)
         try:
-            wait(list(tasks.values()), timeout=TIMEOUT + 10)
-            res = {w: t.result() for w, t in tasks.items()}
+            _wait_or_lost(client, infos, h.ranks)
+            res = client.gather(infos)
         except Exception as exc:  # a lost worker, a timeout, an aborted all-reduce
             client.run(_abort, h.cid)
-            for t in tasks.values():
-                t.cancel()
+            for f in [*tasks.values(), *infos, *blocks]:
+                f.cancel()
             last = exc
             continue
-        r0 = next(v for v in res.values() if v["rank"] == 0)
+        r0 = next(v for v in res if v["rank"] == 0)
         if "breakdown" in r0:
             raise BreakdownError(r0["breakdown"], method="cholqr2")
         if r0["cert"] > 0.5:
             raise BreakdownError(f"collective CholQR2 not certified: ||Q_1^H Q_1 - I||_F"
                                  f" = {r0['cert']:.2e} > 1/2", method="cholqr2")
-        blocks: list[Any] = [None] * len(futs)
-        for w, idx in per.items():  # views of the worker's Q, kept on it
-            for j, i in enumerate(idx):
-                blocks[i] = client.submit(_pick, tasks[w], j, workers=[w], pure=False)
-        q = da.concatenate([da.from_delayed(b, (x.chunks[0][i], n), dtype=x.dtype,
-                                            meta=meta)
-                            for i, b in enumerate(blocks)], axis=0)
+        wait(blocks)
+        q = da.Array({b.key: b for b in blocks}, name, (x.chunks[0], (n,)), meta=meta)
         record_event("dask-collective",
                      f"dask: collective CholQR2 ({kind}) over {len(per)} workers, "
-                     f"{len(futs)} blocks: {len(per)} compute tasks, {len(futs)} tasks that "
-                     f"name Q's blocks, {r0['collectives']} all-reduces per worker",
-                     route="collective", communicator=kind, tasks=len(per),
-                     block_tasks=len(futs),
-                     collectives=r0["collectives"], attempts=attempt + 1,
-                     seconds=max(v["seconds"] for v in res.values()))
+                     f"{len(futs)} blocks: one graph of {len(per)} compute tasks and "
+                     f"{len(futs) + len(per)} tasks that name Q's blocks and the results, "
+                     f"{r0['collectives']} all-reduces per worker",
+                     route="collective", communicator=kind, graphs=1, tasks=len(per),
+                     block_tasks=len(futs), collectives=r0["collectives"],
+                     attempts=attempt + 1, workers=len(per),
+                     blocks_per_worker=[len(per[w]) for w in sorted(per)],
+                     seconds=max(v["seconds"] for v in res),
+                     call_seconds=time.perf_counter() - t_start)
         return q, r0["r"]
     raise CollectiveError(f"collective CholQR2 failed on {retries + 1} attempts (a worker "
                           f"lost or failed); last error: {type(last).__name__}: {last}") \

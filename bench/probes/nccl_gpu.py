@@ -2,11 +2,13 @@
 
 ``python bench/probes/nccl_gpu.py``: one Dask worker per GPU (a ``distributed``
 ``SpecCluster`` of nannies, each with its own ``CUDA_VISIBLE_DEVICES``; no dask-cuda),
-CuPy blocks of ``2^22 x 64`` float64 made on their workers. Checks (PASS/FAIL) the
-route against NumPy on ``2^20 x 64`` (backward error, orthogonality, ``|R|``, Q's
-blocks on their A blocks' workers), then times (median of ``REPEAT`` after a warm-up,
-``Q`` persisted): in core on one GPU (a task on worker 0, no Dask in the loop), 1 and 2
-workers on ``2^26 x 64``, weak scaling ``2^26 x 64`` per GPU, and
+CuPy blocks of ``2^22 x 64`` float64 made on their workers (``memory_limit=0``: the
+blocks are device memory). Checks (PASS/FAIL) the route against NumPy on ``2^20 x 64``
+in 16 blocks, placed evenly, unevenly (3 and 13) and all on one worker (the other takes
+part with a zero Gram matrix): backward error, orthogonality, ``|R|``, Q's blocks on
+their A blocks' workers, the trace's counts. Then times (median of ``REPEAT`` after a
+warm-up, ``Q`` persisted): in core on one GPU (a task on worker 0, no Dask in the loop),
+1 and 2 workers on ``2^24`` and ``2^26 x 64``, weak scaling ``2^26 x 64`` per GPU, and
 ``dask.array.linalg.tsqr`` / ``lstsq`` on the 2-worker cluster and the same chunks.
 Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``).
 
@@ -29,7 +31,9 @@ CPU = os.environ.get("MPQR_PROBE_CPU") == "1"
 N = 64
 BLOCK = 2**12 if CPU else 2**22
 ROWS = 2**15 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
+SMALL_ROWS = 2**13 if CPU else 2**24
 CHECK_ROWS = 2**14 if CPU else 2**20
+CHECK_BLOCK = 2**10 if CPU else 2**16  # 16 blocks for the checks
 REPEAT = 3 if CPU else 5
 REF_REPEAT = 2
 results: dict = {"checks": {}, "times_ms": {}, "errors": {}, "cpu_smoke": CPU}
@@ -75,7 +79,7 @@ def cluster(k: int):
                          dashboard_address=None, silence_logs=40)
     else:
         workers = {i: {"cls": Nanny, "options": {
-            "nthreads": 1, "silence_logs": 40,
+            "nthreads": 1, "silence_logs": 40, "memory_limit": 0,
             "env": {"CUDA_VISIBLE_DEVICES": str(i), "PYTHONPATH": os.pathsep.join(
                 filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}}} for i in range(k)}
         c = SpecCluster(workers=workers, scheduler={
@@ -83,16 +87,22 @@ def cluster(k: int):
     return c, Client(c)
 
 
-def blocks(client, rows: int, seed: int, k: int):
-    """``rows x N`` in BLOCK-row blocks, contiguous ranges of blocks on each worker."""
+def blocks(client, rows: int, seed: int, k: int, block: int = BLOCK, counts=None):
+    """``rows x N`` in ``block``-row blocks, contiguous ranges of blocks on each worker
+    (``counts[w]`` blocks on worker ``w`` where given, else as even as they go)."""
     import dask.array as da
 
     workers = sorted(client.scheduler_info()["workers"])
-    nb = rows // BLOCK
-    futs = [client.submit(_make, seed * 100003 + i, BLOCK, N, workers=[workers[i * k // nb]],
+    nb = rows // block
+    if counts is None:
+        owner = [workers[i * k // nb] for i in range(nb)]
+    else:
+        owner = [w for w, c in zip(workers, counts) for _ in range(c)]
+        nb = len(owner)
+    futs = [client.submit(_make, seed * 100003 + i, block, N, workers=[owner[i]],
                           pure=False) for i in range(nb)]
     client.gather(client.map(lambda v: 0, futs))  # made; nothing moved
-    x = da.concatenate([da.from_delayed(f, (BLOCK, N), dtype=np.float64, meta=_meta())
+    x = da.concatenate([da.from_delayed(f, (block, N), dtype=np.float64, meta=_meta())
                         for f in futs], axis=0).persist()  # keys of its own, same places
     del futs
     return x, None
@@ -121,6 +131,7 @@ def part(name):
 
 
 def _in_core(rows: int) -> float:
+    """Median ms of ``mpqr.qr`` of a ``rows x N`` CuPy array on this worker's GPU."""
     import mpqr
 
     a = _make(7, rows, N)
@@ -136,17 +147,24 @@ def _in_core(rows: int) -> float:
     return ms
 
 
-@part("check")
-def check(client, k):
+def check(client, k, counts=None, label=""):
+    try:
+        _check(client, k, counts, label)
+    except Exception:
+        results["errors"][f"check {label}"] = traceback.format_exc()
+        results["checks"][label] = {"pass": False}
+        print(f"check {label}: FAIL\n{results['errors'][f'check {label}']}")
+
+
+def _check(client, k, counts, label):
     from distributed import futures_of, wait
     from mpqr.backends.dask import collective
 
     import mpqr
 
-    x, _ = blocks(client, CHECK_ROWS, 1, k)
+    x, _ = blocks(client, CHECK_ROWS, 1, k, CHECK_BLOCK, counts)
     with mpqr.explain() as tr:
         q, r = collective.cholqr2(x)
-    q = q.persist()
     wait(q)
     ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(q))
     placed = ([ka[kk[0]] for kk in x.__dask_keys__()]
@@ -161,9 +179,9 @@ def check(client, k):
     ev = next(e.data for e in tr.events if e.kind == "dask-collective")
     ok = bw < 20 * N * u and orth < 20 * N * u and rerr < 1e3 * u and placed \
         and ev["tasks"] == k and ev["collectives"] == 2
-    results["checks"][f"{k} workers"] = {"pass": ok, "backward": bw, "orthogonality": orth,
-                                         "r_rel": rerr, "placed": placed, "trace": ev}
-    print(f"check {k} workers: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
+    results["checks"][label] = {"pass": ok, "backward": bw, "orthogonality": orth,
+                                "r_rel": rerr, "placed": placed, "trace": ev}
+    print(f"check {label}: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
           f" |R| {rerr:.2e} placed {placed} trace {ev}")
 
 
@@ -177,14 +195,20 @@ def time_collective(client, rows, k, label):
     collective.communicator(client, "thread" if CPU else "nccl")
     results["times_ms"]["communicator setup"] = 1e3 * (time.perf_counter() - t)
 
+    import mpqr
+
     def one():
-        q, _ = collective.cholqr2(x)
-        q = q.persist()
+        with mpqr.explain() as tr:
+            q, _ = collective.cholqr2(x)
         wait(q)
         del q
+        ev = next(e.data for e in tr.events if e.kind == "dask-collective")
+        results.setdefault("worker_seconds", {}).setdefault(label, []).append(
+            [ev["seconds"], ev["call_seconds"]])
 
     results["times_ms"][label] = median_ms(one, REPEAT)
-    print(f"{label}: {results['times_ms'][label]:.1f} ms")
+    print(f"{label}: {results['times_ms'][label]:.1f} ms  (worker task, call seconds: "
+          f"{results['worker_seconds'][label][-1]})")
     return x
 
 
@@ -226,15 +250,21 @@ def main() -> None:
         c, client = cluster(k)
         try:
             if k == 1:
-                try:
-                    w = sorted(client.scheduler_info()["workers"])[0]
-                    ms = client.submit(_in_core, ROWS, workers=[w], pure=False).result()
-                    results["times_ms"]["in core, 1 GPU, 2^26"] = ms
-                    print(f"in core 1 GPU: {ms:.1f} ms")
-                except Exception:
-                    results["errors"]["in core"] = traceback.format_exc()
-                    print(results["errors"]["in core"])
-            check(client, k)
+                for rows, lab in ((ROWS, "2^26"), (SMALL_ROWS, "2^24")):
+                    try:
+                        w = sorted(client.scheduler_info()["workers"])[0]
+                        ms = client.submit(_in_core, rows, workers=[w], pure=False).result()
+                        results["times_ms"][f"in core, 1 GPU, {lab}"] = ms
+                        print(f"in core 1 GPU {lab}: {ms:.1f} ms")
+                    except Exception:
+                        results["errors"][f"in core {lab}"] = traceback.format_exc()
+                        print(results["errors"][f"in core {lab}"])
+            check(client, k, None, f"{k} workers, even")
+            if k > 1:
+                check(client, k, [3] + [13] * (k - 1), f"{k} workers, uneven")
+                check(client, k, [16] + [0] * (k - 1), f"{k} workers, one holds none")
+            x = time_collective(client, SMALL_ROWS, k, f"collective {k} workers, 2^24")
+            del x
             x = time_collective(client, ROWS, k, f"collective {k} workers, 2^26")
             if k > 1 and x is not None:
                 time_dask(client, x, f"{k} workers, 2^26")
@@ -246,10 +276,10 @@ def main() -> None:
             client.close()
             c.close()
     tm = results["times_ms"]
-    base = tm.get("in core, 1 GPU, 2^26")
-    if base:
-        results["ratios_to_in_core"] = {k: v / base for k, v in tm.items()
-                                        if k.startswith("collective")}
+    results["ratios_to_in_core"] = {
+        k: v / tm[f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}"] for k, v in tm.items()
+        if k.startswith("collective") and " x " not in k
+        and f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}" in tm}
     two, one = tm.get("collective 2 workers, 2 x 2^26"), tm.get("collective 1 workers, 2^26")
     if two and one:
         results["weak_scaling_1_to_2"] = two / one
