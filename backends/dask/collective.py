@@ -139,6 +139,20 @@ def nccl_available() -> str | None:
 
 # --- set-up: once per cluster ----------------------------------------------------------
 
+def _device_of(kind: str, dask_worker: Any = None) -> str | None:
+    """This worker's GPU (PCI bus id) for NCCL, its process for threads; None: none."""
+    if kind == "thread":
+        import os
+
+        return f"process {os.getpid()}"
+    try:
+        import cupy
+
+        return cupy.cuda.Device().pci_bus_id
+    except Exception:
+        return None
+
+
 def _join(cid: str, kind: str, uid: Any, ranks: dict[str, int], dask_worker: Any = None) -> str:
     addr = dask_worker.address
     if (cid, addr) not in _REGISTRY:
@@ -150,23 +164,63 @@ def _join(cid: str, kind: str, uid: Any, ranks: dict[str, int], dask_worker: Any
 
 
 class _Handle:
-    """The client's view of a communicator: its id, kind and the workers' ranks."""
+    """The client's view of a communicator: its id, kind, the workers' ranks and memory
+    limits (0: none)."""
 
-    def __init__(self, cid: str, kind: str, ranks: dict[str, int]):
-        self.cid, self.kind, self.ranks = cid, kind, ranks
+    def __init__(self, cid: str, kind: str, ranks: dict[str, int], limits: dict[str, int]):
+        self.cid, self.kind, self.ranks, self.limits = cid, kind, ranks, limits
 
 
-_HANDLES: dict[tuple[int, str], _Handle] = {}
+#: (scheduler address, kind) -> the communicator over the cluster's current workers
+_HANDLES: dict[tuple[str, str], _Handle] = {}
+#: (scheduler address, kind, workers) -> why a communicator cannot be made there
+_REFUSED: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
 
 def communicator(client: Any, kind: str, *, renew: bool = False) -> _Handle:
     """The cluster's communicator of ``kind`` (``"nccl"`` or ``"thread"``), made on the
-    first call (every worker joins in one concurrent ``client.run``) and reused."""
-    workers = sorted(client.scheduler_info()["workers"])
-    key = (id(client), kind)
+    first call (every worker joins in one concurrent ``client.run``) and reused while the
+    cluster's workers stay the same (a new one where they changed).
+
+    Raises
+    ------
+    CollectiveError
+        The workers cannot form one: for NCCL a worker without a GPU or two on one GPU,
+        for threads workers in different processes; or joining failed (the message).
+    """
+    info = client.scheduler_info(n_workers=-1)
+    workers = sorted(info["workers"])
+    key = (client.scheduler.address, kind)
     h = _HANDLES.get(key)
     if h is not None and not renew and sorted(h.ranks) == workers:
         return h
+    refused = _REFUSED.get((*key, tuple(workers)))
+    if refused is not None and not renew:
+        raise CollectiveError(refused)
+    try:
+        h = _make(client, kind, workers, info)
+    except CollectiveError as exc:
+        _REFUSED[(*key, tuple(workers))] = str(exc)
+        raise
+    _HANDLES[key] = h
+    return h
+
+
+def _make(client: Any, kind: str, workers: list[str], info: dict[str, Any]) -> _Handle:
+    if not workers:
+        raise CollectiveError("the cluster has no workers")
+    devices = client.run(_device_of, kind, workers=workers)
+    if kind == "nccl":
+        none = [w for w in workers if devices.get(w) is None]
+        if none:
+            raise CollectiveError(f"NCCL communicator: worker(s) {none} have no GPU (CuPy "
+                                  f"could not reach a CUDA device there)")
+        if len(set(devices.values())) < len(workers):
+            raise CollectiveError(f"NCCL communicator: two workers share a GPU ({devices}); "
+                                  "give each worker its own (CUDA_VISIBLE_DEVICES)")
+    elif len(set(devices.values())) > 1:
+        raise CollectiveError(f"thread communicator: the workers run in different processes "
+                              f"({devices}); it needs a threaded cluster (processes=False)")
     cid = uuid.uuid4().hex
     ranks = {w: i for i, w in enumerate(workers)}
     uid = None
@@ -174,15 +228,76 @@ def communicator(client: Any, kind: str, *, renew: bool = False) -> _Handle:
         from cupy.cuda import nccl
 
         uid = nccl.get_unique_id()
-    client.run(_join, cid, kind, uid, ranks, workers=workers)
-    h = _HANDLES[key] = _Handle(cid, kind, ranks)
-    return h
+    try:
+        client.run(_join, cid, kind, uid, ranks, workers=workers)
+    except Exception as exc:
+        raise CollectiveError(f"{kind} communicator: joining failed on the workers: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    limits = {w: int(info["workers"][w].get("memory_limit") or 0) for w in workers}
+    return _Handle(cid, kind, ranks, limits)
 
 
 def _abort(cid: str, dask_worker: Any = None) -> None:
     for (c, _), comm in list(_REGISTRY.items()):
         if c == cid and hasattr(comm, "abort"):
             comm.abort()
+
+
+# --- which route ----------------------------------------------------------------------
+
+#: dask config key: ``"auto"`` (the collective route for CuPy blocks on a distributed
+#: cluster whose workers each have their own GPU and NCCL loads), ``"collective"``
+#: (also NumPy blocks on a threaded cluster, by the thread communicator) or
+#: ``"scheduler"`` (never)
+CONFIG_KEY = "mpqr.dask.route"
+
+
+def route(x: Any, *, method: str, prec_name: str, what: str) -> tuple[Any, str] | None:
+    """``(client, communicator kind)`` where ``x``'s call takes the collective route,
+    else None; either way the trace names the route and why (``dask-route``)."""
+    import dask
+
+    choice = dask.config.get(CONFIG_KEY, "auto")
+    if choice not in ("auto", "collective", "scheduler"):
+        raise ValueError(f"dask config {CONFIG_KEY!r} must be 'auto', 'collective' or "
+                         f"'scheduler', got {choice!r}")
+    cupy_blocks = type(x._meta).__module__.startswith("cupy")
+    kind = "nccl" if cupy_blocks else "thread"
+    why = None
+    client = None
+    if choice == "scheduler":
+        why = f"dask config {CONFIG_KEY}='scheduler'"
+    elif method not in ("auto", "cholqr2"):
+        why = f"method={method!r} (the collective route runs CholQR2)"
+    elif prec_name not in ("auto", "fp64", "fp32"):
+        why = f"precision={prec_name!r} (the collective route runs native products)"
+    elif x.dtype.kind != "f":
+        why = f"dtype {x.dtype} (the collective route sums real Gram matrices)"
+    elif choice == "auto" and not cupy_blocks:
+        why = "NumPy blocks (CPU workers)"
+    else:
+        try:
+            from distributed import default_client
+
+            client = default_client()
+        except (ImportError, ValueError):
+            why = "no distributed client"
+    if why is None and kind == "nccl":
+        why = nccl_available()
+        why = None if why is None else f"NCCL does not load on the client: {why}"
+    if why is None:
+        try:
+            communicator(client, kind)
+        except CollectiveError as exc:
+            why = str(exc)
+    if why is not None:
+        record_event("dask-route", f"{what} (dask): the scheduler route (a graph per pass, "
+                     f"the sums in trees): {why}", route="scheduler", reason=why)
+        return None
+    record_event("dask-route", f"{what} (dask): the collective route (one task per worker, "
+                 f"the n x n sums by {kind} all-reduce)", route="collective",
+                 communicator=kind)
+    return client, kind
 
 
 # --- the per-worker task ---------------------------------------------------------------
@@ -194,14 +309,18 @@ class _Breakdown(Exception):
 
 def _chol(backend: Any, g: Any, which: str) -> Any:
     try:
-        return backend.cholesky(g, upper=True)
+        r = backend.cholesky(g, upper=True)
     except Exception as exc:
         raise _Breakdown(f"collective CholQR2: the {which} Gram matrix is not "
-                         f"numerically positive definite ({exc})") from exc
+                         f"numerically positive definite ({exc})", float("inf")) from exc
+    if not bool(backend.all_finite(r)):
+        raise _Breakdown(f"collective CholQR2: the {which} Gram matrix is out of range "
+                         "(a column's squares over- or underflow)", float("inf"))
+    return r
 
 
-def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any,
-                    *blocks: Any) -> tuple[dict[str, Any], list[Any]]:
+def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, want_q: bool, prec: str,
+                    check: bool, *blocks: Any) -> tuple[dict[str, Any], list[Any]]:
     """CholQR2 over this worker's blocks, the Gram sums by all-reduce."""
     from distributed import get_worker
 
@@ -210,40 +329,84 @@ def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any,
     t0 = time.perf_counter()
     calls0 = comm.calls
     try:
-        return _cholqr2_body(comm, backend, n, dtype, blocks, t0, calls0)
+        with backend.ignore_fp_warnings():  # a Gram matrix out of range breaks down below
+            return _cholqr2_body(comm, backend, n, dtype, blocks, want_q, prec, check, t0,
+                                 calls0)
     except _Breakdown as exc:
-        return {"breakdown": str(exc), "rank": comm.rank}, []
+        return {"breakdown": str(exc), "rank": comm.rank, "cond": exc.args[1]}, []
 
 
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
-                  t0: float, calls0: int) -> tuple[dict[str, Any], list[Any]]:
+                  want_q: bool, prec: str, check: bool, t0: float,
+                  calls0: int) -> tuple[dict[str, Any], list[Any]]:
+    from mpqr.backends.dask._blocks import _finite
+
+    from mpqr.policy import fused_gemm
+    from mpqr.qr import cholqr as c
     from mpqr.qr.gram_blocked import gram
 
     xp = backend.xp
     dev = getattr(blocks[0], "device", None) if blocks else None
+    dt = getattr(xp, dtype)
+    m = sum(b.shape[0] for b in blocks)
 
-    def gram_sum(parts: list[Any], label: str) -> Any:
-        # one block's temporaries at a time: a worker holds its A, its Q and one block
-        g = xp.zeros((n, n), dtype=getattr(xp, dtype), device=dev)
-        for p in parts:
-            g = g + gram(backend, p() if callable(p) else p, None, label)
-        return comm.allreduce_sum(g)
+    def zeros(shape: tuple[int, ...]) -> Any:
+        return xp.zeros(shape, dtype=dt, device=dev) if dev is not None else \
+            xp.zeros(shape, dtype=dt)
 
-    g1 = gram_sum(list(blocks), "collective-gram1")
-    r1 = _chol(backend, g1, "first")
-    g2 = gram_sum([lambda b=b: backend.right_solve_upper(b, r1) for b in blocks],
-                  "collective-gram2")
-    eye = xp.eye(n, dtype=g2.dtype, device=dev)
+    # pass 1: each block's Gram product added up (no concatenation: one block at a time)
+    g = zeros((n, n))
+    bad = 0
+    for b in blocks:
+        gb = gram(backend, b, prec, "collective-gram1")
+        if check and not _finite(backend, b, gb, True):
+            bad += 1
+        g = g + gb
+    if check:  # a count of non-finite blocks rides on the first sum
+        g = xp.concat([g, xp.full((1, n), float(bad), dtype=dt, device=dev)
+                       if dev is not None else xp.full((1, n), float(bad), dtype=dt)])
+    g = comm.allreduce_sum(g)
+    if check:
+        if float(g[n, 0]) > 0:
+            return {"nonfinite": True, "rank": comm.rank}, []
+        g = g[:n]
+    r1 = _chol(backend, g, "first")
+    # pass 2: the Gram matrix of Q1 = A R1^-1; where the backend can, in the solve's own
+    # pass over A (Q1 never stored), else Q1 a block at a time
+    fused = (backend.fused_gram_max_n is not None and n <= backend.fused_gram_max_n
+             and dtype == "float64" and fused_gemm(backend, dt, (n, n, max(m, 1)),
+                                                   engine="native-fp64", precision=prec,
+                                                   label="collective-gram2"))
+    inv1 = None if fused or not blocks else c.inverse_and_cond(backend, r1)
+    g2 = zeros((n, n))
+    for b in blocks:
+        if fused:
+            g2 = g2 + backend.right_solve_gram(b, r1)
+        else:
+            w = c._apply_inverse(backend, backend, b, r1, "cholqr2", prec, inverse=inv1)
+            g2 = g2 + gram(backend, w, prec, "collective-gram2")
+            del w
+    g2 = comm.allreduce_sum(g2)
+    eye = xp.eye(n, dtype=g2.dtype, device=dev) if dev is not None else \
+        xp.eye(n, dtype=g2.dtype)
     cert = float(xp.linalg.matrix_norm(g2 - eye))
+    info = {"r": None, "cert": cert, "rank": comm.rank, "fused": bool(fused)}
     if cert > 0.5:  # every rank holds the same g2: every rank returns here
-        return {"r": None, "cert": cert, "rank": comm.rank,
-                "collectives": comm.calls - calls0, "seconds": time.perf_counter() - t0}, []
+        info.update(collectives=comm.calls - calls0, seconds=time.perf_counter() - t0)
+        return info, []
     r2 = _chol(backend, g2, "second")
-    out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
     r = gemm(r2, r1, label="collective-r", backend=backend)
-    return {"r": to_host(r) if comm.rank == 0 else None, "cert": cert,
-            "rank": comm.rank, "collectives": comm.calls - calls0,
-            "seconds": time.perf_counter() - t0}, out
+    out = []
+    if want_q and blocks:
+        inv = c.inverse_and_cond(backend, r)
+        merged = inv[1] <= c.INVERSE_COND_MAX and c._inverse_by_gemm(backend, blocks[0], n)
+        info["q_by"] = "gemm" if merged else "substitution"
+        for b in blocks:  # Q written once per block, from A
+            out.append(c._apply_inverse(backend, backend, b, r, "cholqr2", prec, inverse=inv)
+                       if merged else backend.right_solve_twice(b, r1, r2))
+    info.update(r=to_host(r) if comm.rank == 0 else None, collectives=comm.calls - calls0,
+                seconds=time.perf_counter() - t0)
+    return info, out
 
 
 def _pick(res: tuple[dict[str, Any], list[Any]], j: int) -> Any:
@@ -317,8 +480,9 @@ def _wait_or_lost(client: Any, futs: list[Any], ranks: dict[str, int]) -> None:
             raise CollectiveError(f"collective call did not finish in {TIMEOUT + 10:.0f} s")
 
 
-def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
-            retries: int = 1) -> tuple[Any, Any]:
+def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int = 1,
+            want_q: bool = True, precision: str = "auto",
+            check_finite: bool = False) -> tuple[Any, Any]:
     """``(Q, R)`` of a dask array chunked by rows by the collective route.
 
     Parameters
@@ -332,10 +496,17 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
         The communicator; default NCCL for CuPy blocks, threads otherwise.
     retries : int
         Runs from the inputs after a worker was lost, each on a new communicator.
+    want_q : bool
+        False: ``R`` only (no ``Q`` is written; ``Q`` is None).
+    precision : str
+        The blocks' Gram products' precision (a native one: ``"auto"``, ``"fp64"``...).
+    check_finite : bool
+        Raise ``ValueError`` where ``x`` holds NaN or Inf (read from the Gram matrices'
+        diagonals, the blocks themselves only where those are not finite).
 
     Returns
     -------
-    Q : dask.array.Array, shape (m, n)
+    Q : dask.array.Array, shape (m, n), or None
         Persisted: its blocks held where ``x``'s are, ``x``'s row chunks.
     R : numpy.ndarray, shape (n, n)
 
@@ -346,6 +517,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
         CholQR2's certificate ``||Q_1^H Q_1 - I||_F <= 1/2``.
     CollectiveError
         A worker was lost or failed, after ``retries`` further runs.
+    ValueError
+        ``x`` is not chunked by rows only, or holds NaN or Inf (``check_finite``).
     MemoryError
         A worker's ``memory_limit`` is below its blocks of ``x`` and ``Q``
         (:func:`check_memory`).
@@ -376,18 +549,18 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
                                       f"communicator ({where[f.key]})")
             per[holders[0]].append(i)
         rowbytes = n * x.dtype.itemsize
-        info = client.scheduler_info(n_workers=-1)["workers"]
-        check_memory({w: int(info.get(w, {}).get("memory_limit") or 0) for w in per},
-                     {w: 2 * rowbytes * sum(x.chunks[0][i] for i in idx)
-                      for w, idx in per.items()})
+        check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i] for i in idx)
+                                for w, idx in per.items()})
         name = "collective-q-" + uuid.uuid4().hex
         tasks, infos, blocks = {}, [], [None] * len(futs)
         for w, idx in per.items():  # sent together: one message to the scheduler
             t = tasks[w] = client.submit(
-                _worker_cholqr2, h.cid, n, str(x.dtype), meta, *[futs[i] for i in idx],
-                workers=[w], allow_other_workers=False, pure=False, retries=0)
+                _worker_cholqr2, h.cid, n, str(x.dtype), meta, want_q, precision,
+                check_finite, *[futs[i] for i in idx], workers=[w],
+                allow_other_workers=False, pure=False, retries=0)
             infos.append(client.submit(_info, t, workers=[w], pure=False))
-            for j, i in enumerate(idx):  # Q's blocks: the worker's arrays, kept on it
+            # Q's blocks: the worker's arrays, kept on it
+            for j, i in enumerate(idx if want_q else ()):
                 blocks[i] = client.submit(_pick, t, j, key=(name, i, 0), workers=[w],
                                           pure=False)
         try:
@@ -400,20 +573,28 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
             last = exc
             continue
         r0 = next(v for v in res if v["rank"] == 0)
+        if r0.get("nonfinite"):
+            raise ValueError("array must not contain infs or NaNs (`x`)")
         if "breakdown" in r0:
-            raise BreakdownError(r0["breakdown"], method="cholqr2")
+            raise BreakdownError(r0["breakdown"], method="cholqr2",
+                                 cond_estimate=r0["cond"])
         if r0["cert"] > 0.5:
             raise BreakdownError(f"collective CholQR2 not certified: ||Q_1^H Q_1 - I||_F"
-                                 f" = {r0['cert']:.2e} > 1/2", method="cholqr2")
-        wait(blocks)
-        q = da.Array({b.key: b for b in blocks}, name, (x.chunks[0], (n,)), meta=meta)
+                                 f" = {r0['cert']:.2e} > 1/2", method="cholqr2",
+                                 cond_estimate=float("inf"))
+        q = None
+        if want_q:
+            wait(blocks)
+            q = da.Array({b.key: b for b in blocks}, name, (x.chunks[0], (n,)), meta=meta)
         record_event("dask-collective",
                      f"dask: collective CholQR2 ({kind}) over {len(per)} workers, "
                      f"{len(futs)} blocks: one graph of {len(per)} compute tasks and "
-                     f"{len(futs) + len(per)} tasks that name Q's blocks and the results, "
+                     f"{len(per) + want_q * len(futs)} tasks that name the results and "
+                     f"Q's blocks, "
                      f"{r0['collectives']} all-reduces per worker",
                      route="collective", communicator=kind, graphs=1, tasks=len(per),
-                     block_tasks=len(futs), collectives=r0["collectives"],
+                     block_tasks=want_q * len(futs), collectives=r0["collectives"],
+                     fused_gram=r0["fused"], q_by=r0.get("q_by"),
                      attempts=attempt + 1, workers=len(per),
                      blocks_per_worker=[len(per[w]) for w in sorted(per)],
                      seconds=max(v["seconds"] for v in res),

@@ -29,11 +29,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU = os.environ.get("MPQR_PROBE_CPU") == "1"
 N = 64
-BLOCK = 2**12 if CPU else 2**22
-ROWS = 2**15 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
-SMALL_ROWS = 2**13 if CPU else 2**24
-CHECK_ROWS = 2**14 if CPU else 2**20
-CHECK_BLOCK = 2**10 if CPU else 2**16  # 16 blocks for the checks
+BLOCK = 2**10 if CPU else 2**22
+ROWS = 2**14 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
+SMALL_ROWS = 2**12 if CPU else 2**24
+CHECK_ROWS = 2**12 if CPU else 2**20
+CHECK_BLOCK = 2**8 if CPU else 2**16  # 16 blocks for the checks
 REPEAT = 3 if CPU else 5
 REF_REPEAT = 2
 results: dict = {"checks": {}, "times_ms": {}, "errors": {}, "cpu_smoke": CPU}
@@ -197,18 +197,26 @@ def time_collective(client, rows, k, label):
 
     import mpqr
 
-    def one():
-        with mpqr.explain() as tr:
-            q, _ = collective.cholqr2(x)
-        wait(q)
-        del q
-        ev = next(e.data for e in tr.events if e.kind == "dask-collective")
-        results.setdefault("worker_seconds", {}).setdefault(label, []).append(
-            [ev["seconds"], ev["call_seconds"]])
+    def one(mode="reduced", lab=label):
+        with mpqr.explain() as tr:  # mpqr.qr on the dask array: the collective route
+            out = mpqr.qr(x, mode=mode)
+        if mode != "r":
+            wait(out[0])
+        del out
+        ev = [e.data for e in tr.events if e.kind == "dask-collective"]
+        if not ev:
+            raise RuntimeError(f"mpqr.qr did not take the collective route: "
+                               f"{[e.data for e in tr.events if e.kind == 'dask-route']}")
+        results.setdefault("worker_seconds", {}).setdefault(lab, []).append(
+            [ev[0]["seconds"], ev[0]["call_seconds"]])
+        results.setdefault("traces", {})[lab] = ev[0]
 
     results["times_ms"][label] = median_ms(one, REPEAT)
     print(f"{label}: {results['times_ms'][label]:.1f} ms  (worker task, call seconds: "
           f"{results['worker_seconds'][label][-1]})")
+    lr = label.replace("collective", "collective mode=r")
+    results["times_ms"][lr] = median_ms(lambda: one("r", lr), REPEAT)
+    print(f"{lr}: {results['times_ms'][lr]:.1f} ms")
     return x
 
 
@@ -238,6 +246,10 @@ def main() -> None:
     from mpqr.backends.dask import collective
 
     t0 = time.perf_counter()
+    if CPU:  # NumPy blocks take the collective route only when asked
+        import dask
+
+        dask.config.set({collective.CONFIG_KEY: "collective"})
     ngpu = 2
     if not CPU:
         import cupy
@@ -278,7 +290,7 @@ def main() -> None:
     tm = results["times_ms"]
     results["ratios_to_in_core"] = {
         k: v / tm[f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}"] for k, v in tm.items()
-        if k.startswith("collective") and " x " not in k
+        if k.startswith("collective") and " x " not in k and "mode=r" not in k
         and f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}" in tm}
     two, one = tm.get("collective 2 workers, 2 x 2^26"), tm.get("collective 1 workers, 2^26")
     if two and one:
