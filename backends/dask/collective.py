@@ -63,6 +63,9 @@ class Communicator(Protocol):
         """The elementwise sum of ``x`` over all ranks (same shape and dtype), on
         every rank."""
 
+    def allreduce_max(self, x: Any) -> Any:
+        """The elementwise maximum of real ``x`` over all ranks, on every rank."""
+
 
 class _Group:
     def __init__(self, size: int):
@@ -81,13 +84,21 @@ class ThreadCommunicator:
         self.rank, self.size, self.calls = rank, size, 0
 
     def allreduce_sum(self, x: Any) -> Any:
+        return self._reduce(x, lambda s, p: s + p)
+
+    def allreduce_max(self, x: Any) -> Any:
+        import numpy as np
+
+        return self._reduce(x, np.maximum)
+
+    def _reduce(self, x: Any, op: Any) -> Any:
         g = self.group
         try:
             g.parts[self.rank] = x
             g.barrier.wait()
             total = g.parts[0]
             for p in g.parts[1:]:  # rank order: the same bits on every rank
-                total = total + p
+                total = op(total, p)
             g.barrier.wait()
         except threading.BrokenBarrierError as exc:
             raise CollectiveError("all-reduce aborted: a worker of the communicator did "
@@ -109,6 +120,16 @@ class NcclCommunicator:
         self.rank, self.size, self.calls = rank, size, 0
 
     def allreduce_sum(self, x: Any) -> Any:
+        from cupy.cuda import nccl
+
+        return self._reduce(x, nccl.NCCL_SUM)
+
+    def allreduce_max(self, x: Any) -> Any:
+        from cupy.cuda import nccl
+
+        return self._reduce(x, nccl.NCCL_MAX)
+
+    def _reduce(self, x: Any, op: int) -> Any:
         import cupy
         from cupy.cuda import nccl
 
@@ -118,7 +139,7 @@ class NcclCommunicator:
         kinds = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
                  "float16": nccl.NCCL_FLOAT16}
         self.comm.allReduce(real.data.ptr, out.data.ptr, real.size, kinds[str(real.dtype)],
-                            nccl.NCCL_SUM, cupy.cuda.get_current_stream().ptr)
+                            op, cupy.cuda.get_current_stream().ptr)
         self.calls += 1
         return out
 
@@ -337,8 +358,11 @@ def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, want_q: bool, prec:
 
 
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
-                  want_q: bool, prec: str, check: bool, t0: float,
-                  calls0: int) -> tuple[dict[str, Any], list[Any]]:
+                  want_q: bool, prec: str, check: bool, t0: float, calls0: int,
+                  first_gram: Any = None,
+                  r_everywhere: bool = False) -> tuple[dict[str, Any], list[Any]]:
+    """CholQR2's passes over ``blocks``; ``first_gram``: the summed ``A^H A`` already
+    made (a host array, the same on every rank), in place of the first pass."""
     from mpqr.backends.dask._blocks import _finite
 
     from mpqr.policy import fused_gemm
@@ -357,7 +381,7 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     # pass 1: each block's Gram product added up (no concatenation: one block at a time)
     g = zeros((n, n))
     bad = 0
-    for b in blocks:
+    for b in (blocks if first_gram is None else ()):
         gb = gram(backend, b, prec, "collective-gram1")
         if check and not _finite(backend, b, gb, True):
             bad += 1
@@ -365,7 +389,7 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     if check:  # a count of non-finite blocks rides on the first sum
         g = xp.concat([g, xp.full((1, n), float(bad), dtype=dt, device=dev)
                        if dev is not None else xp.full((1, n), float(bad), dtype=dt)])
-    g = comm.allreduce_sum(g)
+    g = comm.allreduce_sum(g) if first_gram is None else backend.from_small(first_gram, g)
     if check:
         if float(g[n, 0]) > 0:
             return {"nonfinite": True, "rank": comm.rank}, []
@@ -404,7 +428,8 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
         for b in blocks:  # Q written once per block, from A
             out.append(c._apply_inverse(backend, backend, b, r, "cholqr2", prec, inverse=inv)
                        if merged else backend.right_solve_twice(b, r1, r2))
-    info.update(r=to_host(r) if comm.rank == 0 else None, collectives=comm.calls - calls0,
+    info.update(r=to_host(r) if comm.rank == 0 or r_everywhere else None,
+                collectives=comm.calls - calls0,
                 seconds=time.perf_counter() - t0)
     return info, out
 
@@ -432,7 +457,7 @@ def _block_futures(client: Any, x: Any) -> list[Any]:
 
 
 def _row_keys(x: Any) -> list[Any]:
-    return [k[0] for k in x.__dask_keys__()]
+    return [k if x.ndim == 1 else k[0] for k in x.__dask_keys__()]
 
 
 #: fraction of a worker's ``memory_limit`` at which distributed pauses it (its default)
@@ -472,6 +497,9 @@ def _wait_or_lost(client: Any, futs: list[Any], ranks: dict[str, int]) -> None:
             return
         except TimeoutError:
             pass
+        failed = [f for f in futs if f.status == "error"]
+        if failed:  # the other ranks wait for it at their next all-reduce
+            raise CollectiveError(f"a worker's task failed: {failed[0].exception()!r}")
         gone = set(ranks) - set(client.ncores())
         if gone:
             raise CollectiveError(f"worker(s) {sorted(gone)} left the cluster during the "
