@@ -145,3 +145,118 @@ def test_nccl_cholqr2_one_gpu_worker():
     u = np.finfo(np.float64).eps
     assert backward_error(a, qh, r) <= 20 * u * 32
     assert orthogonality(qh) <= 20 * u * 32
+
+
+def _placed(client, a, chunk, counts):
+    """``a`` in row blocks of ``chunk`` rows, ``counts[w]`` of them on worker ``w``."""
+    workers = sorted(client.scheduler_info()["workers"])
+    owner = [w for w, c in zip(workers, counts) for _ in range(c)]
+    futs = [client.scatter(a[i * chunk:(i + 1) * chunk], workers=[w])
+            for i, w in enumerate(owner)]
+    return da.concatenate([da.from_delayed(f, (chunk, *a.shape[1:]), dtype=a.dtype)
+                           for f in futs], axis=0).persist()
+
+
+@pytest.mark.parametrize("counts", [(4, 0), (1, 5)])
+def test_worker_without_blocks_and_uneven_blocks(client, counts):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((sum(counts) * 100, 5))
+    x = _placed(client, a, 100, counts)
+    with mpqr.explain() as trace:
+        q, r = collective.cholqr2(x)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["blocks_per_worker"] == list(counts) and ev.data["tasks"] == 2
+    qh = q.compute()
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, qh, r) <= 20 * u * 5 and orthogonality(qh) <= 20 * u * 5
+
+
+def test_qr_and_lstsq_take_the_route_asked(client):
+    import dask
+    import scipy.linalg
+
+    rng = np.random.default_rng(5)
+    a = geometric(rng, 1200, 6, 1e3)
+    x = _placed(client, a, 200, (2, 4))
+    with mpqr.explain() as trace:
+        mpqr.qr(x, mode="r")
+    (ev,) = [e.data for e in trace.events if e.kind == "dask-route"]
+    assert ev["route"] == "scheduler" and "NumPy blocks" in ev["reason"]
+    with dask.config.set({collective.CONFIG_KEY: "collective"}):
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(x)
+            r_only = mpqr.qr(x, mode="r")
+        assert [e.data["route"] for e in trace.events if e.kind == "dask-route"] == \
+            ["collective"] * 2
+        assert not [e for e in trace.events if e.kind == "dask-pass"]  # no graph a pass
+        evs = [e.data for e in trace.events if e.kind == "dask-collective"]
+        assert [(v["graphs"], v["tasks"], v["block_tasks"], v["collectives"])
+                for v in evs] == [(1, 2, 6, 2), (1, 2, 0, 2)]
+        u = np.finfo(np.float64).eps
+        assert backward_error(a, q.compute(), r.compute()) <= 20 * u * 6
+        np.testing.assert_array_equal(r_only.compute(), r.compute())
+        for b in (rng.standard_normal(1200), rng.standard_normal((1200, 2))):
+            bd = da.from_array(b, chunks=(200, *b.shape[1:])).persist()
+            with mpqr.explain() as trace:
+                got = mpqr.lstsq(x, bd)
+            (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
+            assert ev["graphs"] == 1 and ev["tasks"] == 2
+            ref = scipy.linalg.lstsq(a, b)
+            xs, res, rank, s = (v.compute() if hasattr(v, "compute") else v for v in got)
+            assert rank == ref[2] and xs.shape == ref[0].shape and res.shape == ref[1].shape
+            # LS forward error: the residual's term scales with cond(A)^2 u
+            tol = 10 * 6 * u * 1e3**2 * np.linalg.norm(ref[0])
+            np.testing.assert_allclose(xs, ref[0], rtol=0, atol=tol)
+            np.testing.assert_allclose(res, ref[1], rtol=1e-10)
+            np.testing.assert_allclose(s, ref[3], rtol=100 * u * 6)
+        # rank deficient: the collective solver stops, the scheduler route answers
+        ad = a.copy()
+        ad[:, 5] = ad[:, 0]
+        xd = _placed(client, ad, 200, (6, 0))
+        bd = da.from_array(b, chunks=(200, 2)).persist()
+        with mpqr.explain() as trace:
+            xs, res, rank, s = mpqr.lstsq(xd, bd)
+        assert [e for e in trace.events if e.kind == "fallback"
+                and e.data.get("fallback") == "scheduler"]
+        assert rank == 5
+
+
+def test_memory_limit_below_the_blocks_is_a_clear_error(client, monkeypatch):
+    gib = 2**30
+    collective.check_memory({"w0": 0, "w1": 16 * gib}, {"w0": 40 * gib, "w1": 8 * gib})
+    with pytest.raises(MemoryError, match=r"w1: memory_limit 7.87 GiB, its blocks of x "
+                       r"and Q 32.00 GiB.*memory_limit=0"):
+        collective.check_memory({"w1": int(7.87 * gib)}, {"w1": 32 * gib})
+    h = collective.communicator(client, "thread")
+    monkeypatch.setattr(h, "limits", {w: 1000 for w in h.ranks})
+    x = da.from_array(np.ones((800, 4)), chunks=(200, 4)).persist()
+    with pytest.raises(MemoryError, match="memory_limit 0.00 GiB"):
+        collective.cholqr2(x)
+
+
+def test_worker_lost_mid_call_then_a_retry_from_the_inputs(monkeypatch):
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((1200, 5))
+    real = collective._cholqr2_body
+    lost = []
+
+    def body(comm, *args, **kw):
+        if not lost and comm.rank == comm.size - 1:
+            w = distributed.get_worker()
+            lost.append(w.address)
+            w.loop.add_callback(w.close, executor_wait=False)
+        return real(comm, *args, **kw)
+
+    monkeypatch.setattr(collective, "_cholqr2_body", body)
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False,
+                                  dashboard_address=None, silence_logs=50) as cluster, \
+            distributed.Client(cluster) as c:
+        x = da.from_array(a, chunks=(200, 5)).persist()  # lost blocks are recomputed
+        h0 = collective.communicator(c, "thread")
+        with mpqr.explain() as trace:
+            q, r = collective.cholqr2(x, client=c)
+        (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
+        assert lost and ev["attempts"] == 2 and ev["workers"] == 2
+        h1 = collective.communicator(c, "thread")
+        assert h1 is not h0 and lost[0] not in h1.ranks
+        assert backward_error(a, q.compute(), r) <= 100 * np.finfo(float).eps

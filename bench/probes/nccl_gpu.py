@@ -9,7 +9,8 @@ part with a zero Gram matrix): backward error, orthogonality, ``|R|``, Q's block
 their A blocks' workers, the trace's counts. Then times (median of ``REPEAT`` after a
 warm-up, ``Q`` persisted): in core on one GPU (a task on worker 0, no Dask in the loop),
 1 and 2 workers on ``2^24`` and ``2^26 x 64``, weak scaling ``2^26 x 64`` per GPU, and
-``dask.array.linalg.tsqr`` / ``lstsq`` on the 2-worker cluster and the same chunks.
+``dask.array.linalg.tsqr`` / ``lstsq`` against ``mpqr.lstsq`` on the 2-worker cluster
+and the same chunks.
 Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``).
 
 ``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
@@ -130,11 +131,13 @@ def part(name):
     return deco
 
 
-def _in_core(rows: int) -> float:
-    """Median ms of ``mpqr.qr`` of a ``rows x N`` CuPy array on this worker's GPU."""
+def _in_core(rows: int) -> dict:
+    """Median ms of ``mpqr.qr`` and ``mpqr.lstsq`` of a ``rows x N`` CuPy array (``b``
+    one column) on this worker's GPU."""
     import mpqr
 
     a = _make(7, rows, N)
+    b = a[:, :1] * 2 + 1
     _sync()
 
     def one():
@@ -142,9 +145,12 @@ def _in_core(rows: int) -> float:
         _sync()
         del q, r
 
-    ms = median_ms(one, REPEAT)
-    _free()
-    return ms
+    def ls():
+        mpqr.lstsq(a, b)
+        _sync()
+
+    out = {"qr": median_ms(one, REPEAT), "lstsq": median_ms(ls, REPEAT)}
+    return out
 
 
 def check(client, k, counts=None, label=""):
@@ -179,6 +185,21 @@ def _check(client, k, counts, label):
     ev = next(e.data for e in tr.events if e.kind == "dask-collective")
     ok = bw < 20 * N * u and orth < 20 * N * u and rerr < 1e3 * u and placed \
         and ev["tasks"] == k and ev["collectives"] == 2
+    # lstsq against NumPy's on the same blocks (b a column beside A's blocks)
+    bd = (x[:, :1] * 2 + 1 + x[:, 1:2] * 1e-3).persist()
+    wait(bd)
+    with mpqr.explain() as tr2:
+        xs, _res, rank, _s = mpqr.lstsq(x, bd)
+    ev2 = [e.data for e in tr2.events if e.kind == "dask-collective"]
+    bh = a[:, :1] * 2 + 1 + a[:, 1:2] * 1e-3
+    xr = np.linalg.lstsq(a, bh, rcond=None)[0]
+    xh = np.asarray(xs.compute().get() if not CPU else xs.compute())
+    lerr = float(np.linalg.norm(xh - xr) / np.linalg.norm(xr))
+    lok = bool(ev2) and lerr < 1e3 * u and rank == N
+    results["checks"][label + " lstsq"] = {"pass": lok, "x_rel": lerr, "rank": rank,
+                                          "trace": ev2[0] if ev2 else None}
+    print(f"check lstsq {label}: {'PASS' if lok else 'FAIL'}  x rel {lerr:.2e} rank {rank}"
+          f" trace {ev2}")
     results["checks"][label] = {"pass": ok, "backward": bw, "orthogonality": orth,
                                 "r_rel": rerr, "placed": placed, "trace": ev}
     print(f"check {label}: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
@@ -240,6 +261,24 @@ def time_dask(client, x, label):
     results["times_ms"][f"dask lstsq {label}"] = median_ms(
         lambda: da.linalg.lstsq(x, b)[0].compute(), REF_REPEAT)
     print(f"dask lstsq {label}: {results['times_ms'][f'dask lstsq {label}']:.1f} ms")
+    time_lstsq(x, b, f"collective lstsq {label}")
+
+
+def time_lstsq(x, b, label):
+    import mpqr
+
+    def one():
+        with mpqr.explain() as tr:
+            out = mpqr.lstsq(x, b)
+        ev = [e.data for e in tr.events if e.kind == "dask-collective"]
+        if not ev:
+            raise RuntimeError(f"mpqr.lstsq did not take the collective route: "
+                               f"{[(e.kind, e.data) for e in tr.events if 'dask' in e.kind]}")
+        results.setdefault("traces", {})[label] = ev[0]
+        return out
+
+    results["times_ms"][label] = median_ms(one, REPEAT)
+    print(f"{label}: {results['times_ms'][label]:.1f} ms  trace {results['traces'][label]}")
 
 
 def main() -> None:
@@ -266,11 +305,14 @@ def main() -> None:
                     try:
                         w = sorted(client.scheduler_info()["workers"])[0]
                         ms = client.submit(_in_core, rows, workers=[w], pure=False).result()
-                        results["times_ms"][f"in core, 1 GPU, {lab}"] = ms
-                        print(f"in core 1 GPU {lab}: {ms:.1f} ms")
+                        results["times_ms"][f"in core, 1 GPU, {lab}"] = ms["qr"]
+                        results["times_ms"][f"in core lstsq, 1 GPU, {lab}"] = ms["lstsq"]
+                        print(f"in core 1 GPU {lab}: qr {ms['qr']:.1f} ms, lstsq "
+                              f"{ms['lstsq']:.1f} ms")
                     except Exception:
                         results["errors"][f"in core {lab}"] = traceback.format_exc()
                         print(results["errors"][f"in core {lab}"])
+            client.run(_free)
             check(client, k, None, f"{k} workers, even")
             if k > 1:
                 check(client, k, [3] + [13] * (k - 1), f"{k} workers, uneven")
@@ -280,6 +322,14 @@ def main() -> None:
             x = time_collective(client, ROWS, k, f"collective {k} workers, 2^26")
             if k > 1 and x is not None:
                 time_dask(client, x, f"{k} workers, 2^26")
+            elif x is not None:
+                try:
+                    b = (x[:, :1] * 2 + 1).persist()
+                    time_lstsq(x, b, f"collective lstsq {k} workers, 2^26")
+                    del b
+                except Exception:
+                    results["errors"]["lstsq 1 worker"] = traceback.format_exc()
+                    print(results["errors"]["lstsq 1 worker"])
             del x
             client.run(_free)
             if k > 1:
@@ -292,6 +342,11 @@ def main() -> None:
         k: v / tm[f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}"] for k, v in tm.items()
         if k.startswith("collective") and " x " not in k and "mode=r" not in k
         and f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}" in tm}
+    for k in ("1", "2"):
+        v, base = tm.get(f"collective lstsq {k} workers, 2^26"), tm.get(
+            "in core lstsq, 1 GPU, 2^26")
+        if v and base:
+            results["ratios_to_in_core"][f"collective lstsq {k} workers, 2^26"] = v / base
     two, one = tm.get("collective 2 workers, 2 x 2^26"), tm.get("collective 1 workers, 2^26")
     if two and one:
         results["weak_scaling_1_to_2"] = two / one
@@ -299,8 +354,9 @@ def main() -> None:
     if col2:
         for ref in ("tsqr", "lstsq"):
             v = tm.get(f"dask {ref} 2 workers, 2^26")
-            if v:
-                results[f"speedup_vs_dask_{ref}"] = v / col2
+            mine = col2 if ref == "tsqr" else tm.get("collective lstsq 2 workers, 2^26")
+            if v and mine:
+                results[f"speedup_vs_dask_{ref}"] = v / mine
     results["total_s"] = time.perf_counter() - t0
     print("\n".join(f"{k:40s} {v:9.1f} ms" for k, v in tm.items()))
     for k in ("ratios_to_in_core", "weak_scaling_1_to_2", "speedup_vs_dask_tsqr",
