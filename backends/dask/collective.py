@@ -575,7 +575,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             if not holders:
                 raise CollectiveError(f"block {i} of x is held by no worker of the "
                                       f"communicator ({where[f.key]})")
-            per[holders[0]].append(i)
+            # a replicated block goes to its least loaded holder
+            per[min(holders, key=lambda w: len(per[w]))].append(i)
         rowbytes = n * x.dtype.itemsize
         check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i] for i in idx)
                                 for w, idx in per.items()})

@@ -194,7 +194,7 @@ class CollectiveSolver(DaskSolver):
             per: dict[str, list[int]] = {w: [] for w in h.ranks}
             for i, f in enumerate(fa):
                 holders = [w for w in where.get(f.key, ()) if w in per]
-                per[holders[0] if holders else min(per, key=lambda w: len(per[w]))].append(i)
+                per[min(holders or per, key=lambda w: len(per[w]))].append(i)
             rowbytes = (self.a.shape[1] + self.b.shape[1]) * self.a.dtype.itemsize
             collective.check_memory(h.limits, {w: rowbytes * sum(self.a.chunks[0][i]
                                                                   for i in idx)
