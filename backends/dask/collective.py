@@ -398,7 +398,7 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     # pass 2: the Gram matrix of Q1 = A R1^-1; where the backend can, in the solve's own
     # pass over A (Q1 never stored), else Q1 a block at a time
     fused = (backend.fused_gram_max_n is not None and n <= backend.fused_gram_max_n
-             and dtype == "float64" and fused_gemm(backend, dt, (n, n, max(m, 1)),
+             and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
                                                    engine="native-fp64", precision=prec,
                                                    label="collective-gram2"))
     inv1 = None if fused or not blocks else c.inverse_and_cond(backend, r1)
