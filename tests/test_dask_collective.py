@@ -182,14 +182,21 @@ def test_qr_and_lstsq_take_the_route_asked(client):
         mpqr.qr(x, mode="r")
     (ev,) = [e.data for e in trace.events if e.kind == "dask-route"]
     assert ev["route"] == "scheduler" and "NumPy blocks" in ev["reason"]
+    from mpqr.bench.dask import RoundTrips, _take
+
+    client.register_plugin(RoundTrips())
     with dask.config.set({collective.CONFIG_KEY: "collective"}):
+        client.run_on_scheduler(_take)
         with mpqr.explain() as trace:
             q, r = mpqr.qr(x)
+        assert client.run_on_scheduler(_take)["graphs"] == 1  # what the scheduler saw
+        with mpqr.explain() as more:
             r_only = mpqr.qr(x, mode="r")
-        assert [e.data["route"] for e in trace.events if e.kind == "dask-route"] == \
+        events = [*trace.events, *more.events]
+        assert [e.data["route"] for e in events if e.kind == "dask-route"] == \
             ["collective"] * 2
-        assert not [e for e in trace.events if e.kind == "dask-pass"]  # no graph a pass
-        evs = [e.data for e in trace.events if e.kind == "dask-collective"]
+        assert not [e for e in events if e.kind == "dask-pass"]  # no graph a pass
+        evs = [e.data for e in events if e.kind == "dask-collective"]
         assert [(v["graphs"], v["tasks"], v["block_tasks"], v["collectives"])
                 for v in evs] == [(1, 2, 6, 2), (1, 2, 0, 2)]
         u = np.finfo(np.float64).eps

@@ -508,6 +508,27 @@ def _wait_or_lost(client: Any, futs: list[Any], ranks: dict[str, int]) -> None:
             raise CollectiveError(f"collective call did not finish in {TIMEOUT + 10:.0f} s")
 
 
+class _Where:
+    """Worker restrictions by key (a graph-wide annotation the scheduler calls per key)."""
+
+    def __init__(self, where: dict[Any, list[str]]):
+        self.where = where
+
+    def __call__(self, key: Any) -> list[str] | None:
+        return self.where.get(key)
+
+
+def submit_graph(client: Any, dsk: dict[Any, Any], where: dict[Any, list[str]]) -> dict[Any, Any]:
+    """Send ``dsk`` (legacy task tuples; futures as arguments) as ONE graph, each task
+    restricted to ``where[key]`` (no other worker, no retry: a task of a collective
+    call cannot move). Returns the futures by key."""
+    import dask
+
+    with dask.annotate(workers=_Where(where), allow_other_workers=False, retries=0):
+        futs = client.get(dsk, list(dsk), sync=False)
+    return dict(zip(dsk, futs))
+
+
 def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int = 1,
             want_q: bool = True, precision: str = "auto",
             check_finite: bool = False) -> tuple[Any, Any]:
@@ -581,17 +602,21 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i] for i in idx)
                                 for w, idx in per.items()})
         name = "collective-q-" + uuid.uuid4().hex
-        tasks, infos, blocks = {}, [], [None] * len(futs)
-        for w, idx in per.items():  # sent together: one message to the scheduler
-            t = tasks[w] = client.submit(
-                _worker_cholqr2, h.cid, n, str(x.dtype), meta, want_q, precision,
-                check_finite, *[futs[i] for i in idx], workers=[w],
-                allow_other_workers=False, pure=False, retries=0)
-            infos.append(client.submit(_info, t, workers=[w], pure=False))
+        dsk, where = {}, {}
+        for w, idx in per.items():
+            task, info = (f"{name}-task", h.ranks[w]), (f"{name}-info", h.ranks[w])
+            dsk[task] = (_worker_cholqr2, h.cid, n, str(x.dtype), meta, want_q, precision,
+                         check_finite, *[futs[i] for i in idx])
+            dsk[info] = (_info, task)
+            where[task] = where[info] = [w]
             # Q's blocks: the worker's arrays, kept on it
             for j, i in enumerate(idx if want_q else ()):
-                blocks[i] = client.submit(_pick, t, j, key=(name, i, 0), workers=[w],
-                                          pure=False)
+                dsk[name, i, 0] = (_pick, task, j)
+                where[name, i, 0] = [w]
+        got = submit_graph(client, dsk, where)
+        tasks = {w: got[f"{name}-task", h.ranks[w]] for w in per}
+        infos = [got[f"{name}-info", h.ranks[w]] for w in per]
+        blocks = [got[name, i, 0] for i in range(len(futs))] if want_q else []
         try:
             _wait_or_lost(client, infos, h.ranks)
             res = client.gather(infos)

@@ -13,6 +13,7 @@ stop the task on every rank alike, and the client runs the scheduler route inste
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 from typing import Any
 
@@ -200,12 +201,14 @@ class CollectiveSolver(DaskSolver):
                                                                   for i in idx)
                                                for w, idx in per.items()})
             meta = self.a._meta
-            tasks = [client.submit(_worker_lstsq, h.cid, meta, self.a.shape, self.b.shape,
-                                   self.args, self.check_finite, len(idx),
-                                   self.vector is not None, *[fa[i] for i in idx],
-                                   *[fb[i] for i in idx], workers=[w],
-                                   allow_other_workers=False, pure=False, retries=0)
-                     for w, idx in per.items()]
+            name = "collective-lstsq-" + uuid.uuid4().hex
+            dsk = {(name, h.ranks[w]): (_worker_lstsq, h.cid, meta, self.a.shape,
+                                        self.b.shape, self.args, self.check_finite, len(idx),
+                                        self.vector is not None, *[fa[i] for i in idx],
+                                        *[fb[i] for i in idx])
+                   for w, idx in per.items()}
+            tasks = list(collective.submit_graph(
+                client, dsk, {(name, h.ranks[w]): [w] for w in per}).values())
             try:
                 collective._wait_or_lost(client, tasks, h.ranks)
                 res = client.gather(tasks)
