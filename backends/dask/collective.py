@@ -198,10 +198,13 @@ _HANDLES: dict[tuple[str, str], _Handle] = {}
 _REFUSED: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
 
-def communicator(client: Any, kind: str, *, renew: bool = False) -> _Handle:
+def communicator(client: Any, kind: str, *, renew: bool = False,
+                 check: bool = True) -> _Handle:
     """The cluster's communicator of ``kind`` (``"nccl"`` or ``"thread"``), made on the
     first call (every worker joins in one concurrent ``client.run``) and reused while the
-    cluster's workers stay the same (a new one where they changed).
+    cluster's workers stay the same (a new one where they changed). ``check=False``
+    returns the kept one without asking the scheduler for its workers (a call sees a
+    changed cluster in where its blocks are, or a lost worker while it waits).
 
     Raises
     ------
@@ -209,10 +212,12 @@ def communicator(client: Any, kind: str, *, renew: bool = False) -> _Handle:
         The workers cannot form one: for NCCL a worker without a GPU or two on one GPU,
         for threads workers in different processes; or joining failed (the message).
     """
-    info = client.scheduler_info(n_workers=-1)
-    workers = sorted(info["workers"])
     key = (client.scheduler.address, kind)
     h = _HANDLES.get(key)
+    if h is not None and not renew and not check:
+        return h
+    info = client.scheduler_info(n_workers=-1)
+    workers = sorted(info["workers"])
     if h is not None and not renew and sorted(h.ranks) == workers:
         return h
     refused = _REFUSED.get((*key, tuple(workers)))
@@ -308,7 +313,7 @@ def route(x: Any, *, method: str, prec_name: str, what: str) -> tuple[Any, str] 
         why = None if why is None else f"NCCL does not load on the client: {why}"
     if why is None:
         try:
-            communicator(client, kind)
+            communicator(client, kind, check=False)
         except CollectiveError as exc:
             why = str(exc)
     if why is not None:
@@ -586,10 +591,12 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
     last: Exception | None = None
     t_start = time.perf_counter()
     for attempt in range(retries + 1):
-        h = communicator(client, kind, renew=attempt > 0)
+        h = communicator(client, kind, renew=attempt > 0, check=False)
         futs = _block_futures(client, x)
         wait(futs)
         where = client.who_has(futs)
+        if any(w not in h.ranks for f in futs for w in where[f.key]):
+            h = communicator(client, kind)  # the cluster changed: asks the scheduler
         per: dict[str, list[int]] = {w: [] for w in h.ranks}
         for i, f in enumerate(futs):
             holders = [w for w in where[f.key] if w in per]

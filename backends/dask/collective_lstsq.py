@@ -188,10 +188,12 @@ class CollectiveSolver(DaskSolver):
         b = self.vector if self.vector is not None else self.b
         last: Exception | None = None
         for attempt in range(2):
-            h = collective.communicator(client, self.kind, renew=attempt > 0)
+            h = collective.communicator(client, self.kind, renew=attempt > 0, check=False)
             fa = collective._block_futures(client, self.a)
             fb = collective._block_futures(client, b)
             where = client.who_has(fa)
+            if any(w not in h.ranks for f in fa for w in where[f.key]):
+                h = collective.communicator(client, self.kind)  # the cluster changed
             per: dict[str, list[int]] = {w: [] for w in h.ranks}
             for i, f in enumerate(fa):
                 holders = [w for w in where.get(f.key, ()) if w in per]
