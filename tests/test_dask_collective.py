@@ -30,16 +30,18 @@ def client():
         yield c
 
 
-@pytest.mark.parametrize("cond", [1e2, 1e7])
-def test_cholqr2_one_task_per_worker(client, cond):
+@pytest.mark.parametrize(("cond", "n"), [(1e2, 12), (1e7, 12), (1e2, 40), (1e7, 40)])
+def test_cholqr2_one_task_per_worker(client, cond, n):
+    # 12 columns: Q1's Gram matrix in the solve's pass; 40: Q1 stored, then Q = Q1 R2^-1
     rng = np.random.default_rng(1)
-    m, n = 3000, 12
+    m = 3000
     a = geometric(rng, m, n, cond)
     x = da.from_array(a, chunks=(400, n)).persist()  # ragged: 7 x 400 + 200
     with mpqr.explain() as trace:
         q, r = collective.cholqr2(x)
     (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
     assert ev.data["tasks"] == 2 and ev.data["collectives"] == 2
+    assert ev.data["q_by"] == ("fused-solve" if n <= 32 else "q1-times-inverse")
     assert q.chunks == x.chunks
     # each block of Q sits on the worker of its block of A (already persisted)
     from distributed import futures_of

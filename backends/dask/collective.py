@@ -400,20 +400,25 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
             return {"nonfinite": True, "rank": comm.rank}, []
         g = g[:n]
     r1 = _chol(backend, g, "first")
-    # pass 2: the Gram matrix of Q1 = A R1^-1; where the backend can, in the solve's own
-    # pass over A (Q1 never stored), else Q1 a block at a time
-    fused = (backend.fused_gram_max_n is not None and n <= backend.fused_gram_max_n
+    # pass 2: the Gram matrix of Q1 = A R1^-1, as the in-core CholQR2 forms it: up to
+    # backend.fused_cholqr_max_n columns (float64, native products) in the solve's own
+    # pass over A (Q1 never stored), else Q1 by a GEMM by R1^-1 where R1 is well
+    # conditioned (by substitution where not), kept for Q when Q is wanted
+    fused = (backend.fused_cholqr_max_n is not None and n <= backend.fused_cholqr_max_n
              and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
                                                    engine="native-fp64", precision=prec,
                                                    label="collective-gram2"))
     inv1 = None if fused or not blocks else c.inverse_and_cond(backend, r1)
     g2 = zeros((n, n))
+    kept = []
     for b in blocks:
         if fused:
             g2 = g2 + backend.right_solve_gram(b, r1)
         else:
             w = c._apply_inverse(backend, backend, b, r1, "cholqr2", prec, inverse=inv1)
             g2 = g2 + gram(backend, w, prec, "collective-gram2")
+            if want_q:
+                kept.append(w)
             del w
     g2 = comm.allreduce_sum(g2)
     eye = xp.eye(n, dtype=g2.dtype, device=dev) if dev is not None else \
@@ -426,13 +431,16 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     r2 = _chol(backend, g2, "second")
     r = gemm(r2, r1, label="collective-r", backend=backend)
     out = []
-    if want_q and blocks:
-        inv = c.inverse_and_cond(backend, r)
-        merged = inv[1] <= c.INVERSE_COND_MAX and c._inverse_by_gemm(backend, blocks[0], n)
-        info["q_by"] = "gemm" if merged else "substitution"
-        for b in blocks:  # Q written once per block, from A
-            out.append(c._apply_inverse(backend, backend, b, r, "cholqr2", prec, inverse=inv)
-                       if merged else backend.right_solve_twice(b, r1, r2))
+    if want_q and blocks and fused:  # Q from A in one pass a block
+        out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
+        info["q_by"] = "fused-solve"
+    elif want_q and blocks:  # Q = Q1 R2^-1 (cond(R2) <= sqrt(3): a GEMM), Q1 freed a block
+        inv2 = c.inverse_and_cond(backend, r2)  # at a time
+        for j in range(len(kept)):
+            out.append(c._apply_inverse(backend, backend, kept[j], r2, "cholqr2", prec,
+                                        inverse=inv2))
+            kept[j] = None
+        info["q_by"] = "q1-times-inverse"
     info.update(r=to_host(r) if comm.rank == 0 or r_everywhere else None,
                 collectives=comm.calls - calls0,
                 seconds=time.perf_counter() - t0)
