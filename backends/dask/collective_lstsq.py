@@ -59,6 +59,8 @@ class _WorkerSolver(DaskSolver):
         # a worker without blocks adds zeros: its leaf on empty blocks of its device
         pairs = self.pairs or [(xp.empty((0, self.n_cols), dtype=self.meta.dtype),
                                 xp.empty((0, self.b.shape[1]), dtype=self.meta.dtype))]
+        if _blocks.on_gpu(pairs[0][0]):  # the small operands to the GPU once a pass
+            small = _blocks._moved(small, pairs[0][0], self.backend)
         parts = [leaf(small, a, b) for a, b in pairs]
         out = sum_parts(parts) if len(parts) > 1 else parts[0]
         self.passes[0] += 1
