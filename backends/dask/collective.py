@@ -31,7 +31,7 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from mpqr.backends.dask._blocks import block_backend, to_host
+from mpqr.backends.dask._blocks import bind, block_backend, to_host
 
 from mpqr._errors import BreakdownError
 from mpqr.policy import gemm, record_event
@@ -620,7 +620,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         dsk, where = {}, {}
         for w, idx in per.items():
             task, info = (f"{name}-task", h.ranks[w]), (f"{name}-info", h.ranks[w])
-            dsk[task] = (_worker_cholqr2, h.cid, n, str(x.dtype), meta, want_q, precision,
+            dsk[task] = (bind(_worker_cholqr2), h.cid, n, str(x.dtype), meta, want_q, precision,
                          check_finite, *[futs[i] for i in idx])
             dsk[info] = (_info, task)
             where[task] = where[info] = [w]

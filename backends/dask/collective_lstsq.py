@@ -206,7 +206,7 @@ class CollectiveSolver(DaskSolver):
                                                for w, idx in per.items()})
             meta = self.a._meta
             name = "collective-lstsq-" + uuid.uuid4().hex
-            dsk = {(name, h.ranks[w]): (_worker_lstsq, h.cid, meta, self.a.shape,
+            dsk = {(name, h.ranks[w]): (_blocks.bind(_worker_lstsq), h.cid, meta, self.a.shape,
                                         self.b.shape, self.args, self.check_finite, len(idx),
                                         self.vector is not None, *[fa[i] for i in idx],
                                         *[fb[i] for i in idx])
