@@ -269,3 +269,11 @@ def test_worker_lost_mid_call_then_a_retry_from_the_inputs(monkeypatch):
         h1 = collective.communicator(c, "thread")
         assert h1 is not h0 and lost[0] not in h1.ranks
         assert backward_error(a, q.compute(), r) <= 100 * np.finfo(float).eps
+
+
+def test_blocks_assigned_to_their_holders_replicas_balanced():
+    ranks = {"a": 0, "b": 1}
+    # blocks 0-3 on both workers (an earlier compute), 4-7 on b only, 8 on neither
+    holders = [["a", "b"]] * 4 + [["b"]] * 4 + [["c"]]
+    per = collective.assign(holders, (10,) * 9, ranks)
+    assert per == {"a": [0, 1, 2, 3, 8], "b": [4, 5, 6, 7]}

@@ -473,6 +473,24 @@ def _row_keys(x: Any) -> list[Any]:
     return [k if x.ndim == 1 else k[0] for k in x.__dask_keys__()]
 
 
+def assign(holders: list[Any], rows: tuple[int, ...], ranks: dict[str, int]
+           ) -> dict[str, list[int]]:
+    """Which worker reads each block: its holder; a block held by several (replicated,
+    e.g. by an earlier ``compute``) goes to the holder with the fewest rows so far, after
+    the blocks held once are counted; a block held by no worker of the communicator to
+    the least loaded worker (Dask moves it there)."""
+    per: dict[str, list[int]] = {w: [] for w in ranks}
+    load = dict.fromkeys(ranks, 0)
+    mine = [[w for w in hs if w in per] for hs in holders]
+    for i in sorted(range(len(mine)), key=lambda i: len(mine[i]) != 1):
+        w = min(mine[i] or per, key=lambda w: (load[w], ranks[w]))
+        per[w].append(i)
+        load[w] += rows[i]
+    for idx in per.values():
+        idx.sort()
+    return per
+
+
 #: fraction of a worker's ``memory_limit`` at which distributed pauses it (its default)
 PAUSE_FRACTION = 0.8
 
@@ -605,14 +623,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         where = client.who_has(futs)
         if any(w not in h.ranks for f in futs for w in where[f.key]):
             h = communicator(client, kind)  # the cluster changed: asks the scheduler
-        per: dict[str, list[int]] = {w: [] for w in h.ranks}
-        for i, f in enumerate(futs):
-            holders = [w for w in where[f.key] if w in per]
-            if not holders:
-                raise CollectiveError(f"block {i} of x is held by no worker of the "
-                                      f"communicator ({where[f.key]})")
-            # a replicated block goes to its least loaded holder
-            per[min(holders, key=lambda w: len(per[w]))].append(i)
+        per = assign([where[f.key] for f in futs], x.chunks[0], h.ranks)
         rowbytes = n * x.dtype.itemsize
         check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i] for i in idx)
                                 for w, idx in per.items()})

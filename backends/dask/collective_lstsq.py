@@ -196,10 +196,7 @@ class CollectiveSolver(DaskSolver):
             where = client.who_has(fa)
             if any(w not in h.ranks for f in fa for w in where[f.key]):
                 h = collective.communicator(client, self.kind)  # the cluster changed
-            per: dict[str, list[int]] = {w: [] for w in h.ranks}
-            for i, f in enumerate(fa):
-                holders = [w for w in where.get(f.key, ()) if w in per]
-                per[min(holders or per, key=lambda w: len(per[w]))].append(i)
+            per = collective.assign([where[f.key] for f in fa], self.a.chunks[0], h.ranks)
             rowbytes = (self.a.shape[1] + self.b.shape[1]) * self.a.dtype.itemsize
             collective.check_memory(h.limits, {w: rowbytes * sum(self.a.chunks[0][i]
                                                                   for i in idx)
