@@ -32,6 +32,7 @@ import uuid
 from typing import Any, Protocol
 
 from mpqr.backends.dask._blocks import bind, block_backend, to_host
+from mpqr.backends.dask._graph import _held
 
 from mpqr._errors import BreakdownError
 from mpqr.policy import gemm, record_event
@@ -352,14 +353,16 @@ def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, want_q: bool, prec:
 
     comm = _REGISTRY[cid, get_worker().address]
     backend = block_backend(blocks[0] if blocks else like)
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     calls0 = comm.calls
     try:
         with backend.ignore_fp_warnings():  # a Gram matrix out of range breaks down below
-            return _cholqr2_body(comm, backend, n, dtype, blocks, want_q, prec, check, t0,
-                                 calls0)
+            info, q = _cholqr2_body(comm, backend, n, dtype, blocks, want_q, prec, check, t0,
+                                    calls0)
     except _Breakdown as exc:
-        return {"breakdown": str(exc), "rank": comm.rank, "cond": exc.args[1]}, []
+        info, q = {"breakdown": str(exc), "rank": comm.rank, "cond": exc.args[1]}, []
+    info["wall"] = (wall0, time.time())  # the host's clock: the call's timeline
+    return info, q
 
 
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
@@ -560,6 +563,19 @@ def submit_graph(client: Any, dsk: dict[Any, Any], where: dict[Any, list[str]]) 
     return dict(zip(dsk, futs))
 
 
+def _timeline(marks: dict[str, float], walls: list[tuple[float, float]]) -> dict[str, float]:
+    """Where a call's time went (ms; the client's and the workers' clocks of one host):
+    before the graph went out, until the first worker task started, the slowest task,
+    until the client had the results, until Q's blocks were in place."""
+    first, last = min(w[0] for w in walls), max(w[1] for w in walls)
+    out = {"before_submit": marks["submit"] - marks["start"],
+           "submit_to_task": first - marks["submit"], "tasks": last - first,
+           "task_to_results": marks["results"] - last}
+    if "q" in marks:
+        out["results_to_q"] = marks["q"] - marks["results"]
+    return {k: round(1e3 * v, 2) for k, v in out.items()}
+
+
 def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int = 1,
             want_q: bool = True, precision: str = "auto",
             check_finite: bool = False) -> tuple[Any, Any]:
@@ -615,7 +631,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
     if kind is None:
         kind = "nccl" if type(meta).__module__.startswith("cupy") else "thread"
     last: Exception | None = None
-    t_start = time.perf_counter()
+    t_start, marks = time.perf_counter(), {"start": time.time()}
     for attempt in range(retries + 1):
         h = communicator(client, kind, renew=attempt > 0, check=False)
         futs = _block_futures(client, x)
@@ -639,13 +655,16 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             for j, i in enumerate(idx if want_q else ()):
                 dsk[name, i, 0] = (_pick, task, j)
                 where[name, i, 0] = [w]
+        marks["submit"] = time.time()
         got = submit_graph(client, dsk, where)
+        _held.release()  # the last call's task futures, now that this graph is out
         tasks = {w: got[f"{name}-task", h.ranks[w]] for w in per}
         infos = [got[f"{name}-info", h.ranks[w]] for w in per]
         blocks = [got[name, i, 0] for i in range(len(futs))] if want_q else []
         try:
             _wait_or_lost(client, infos, h.ranks)
             res = client.gather(infos)
+            marks["results"] = time.time()
         except Exception as exc:  # a lost worker, a timeout, an aborted all-reduce
             client.run(_abort, h.cid)
             for f in [*tasks.values(), *infos, *blocks]:
@@ -666,6 +685,10 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         if want_q:
             wait(blocks)
             q = da.Array({b.key: b for b in blocks}, name, (x.chunks[0], (n,)), meta=meta)
+        marks["q"] = time.time()
+        # released after the next call's graph has gone out (or a moment later): a
+        # release sent now would hold that graph back in the client's 10 ms batching
+        _held.hold(client, [*tasks.values(), *infos])
         record_event("dask-collective",
                      f"dask: collective CholQR2 ({kind}) over {len(per)} workers, "
                      f"{len(futs)} blocks: one graph of {len(per)} compute tasks and "
@@ -678,7 +701,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
                      attempts=attempt + 1, workers=len(per),
                      blocks_per_worker=[len(per[w]) for w in sorted(per)],
                      seconds=max(v["seconds"] for v in res),
-                     call_seconds=time.perf_counter() - t_start)
+                     call_seconds=time.perf_counter() - t_start,
+                     timeline_ms=_timeline(marks, [v["wall"] for v in res]))
         return q, r0["r"]
     raise CollectiveError(f"collective CholQR2 failed on {retries + 1} attempts (a worker "
                           f"lost or failed); last error: {type(last).__name__}: {last}") \

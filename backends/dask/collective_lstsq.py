@@ -18,7 +18,7 @@ import warnings
 from typing import Any
 
 from mpqr.backends.dask import _blocks, collective
-from mpqr.backends.dask._graph import sum_parts
+from mpqr.backends.dask._graph import _held, sum_parts
 from mpqr.backends.dask.lstsq import DaskSolver
 
 from mpqr.lstsq.solver import Solver
@@ -210,6 +210,7 @@ class CollectiveSolver(DaskSolver):
                    for w, idx in per.items()}
             tasks = list(collective.submit_graph(
                 client, dsk, {(name, h.ranks[w]): [w] for w in per}).values())
+            _held.release()
             try:
                 collective._wait_or_lost(client, tasks, h.ranks)
                 res = client.gather(tasks)
@@ -219,6 +220,7 @@ class CollectiveSolver(DaskSolver):
                     t.cancel()
                 last = exc
                 continue
+            _held.hold(client, tasks)  # released after the next graph (see _graph._Held)
             r0 = next(v for v in res if v["rank_id"] == 0)
             if "error" in r0:
                 raise r0["error"]
