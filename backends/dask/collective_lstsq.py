@@ -148,7 +148,7 @@ def _worker_lstsq(cid: str, meta: Any, ashape: tuple[int, int], bshape: tuple[in
     if vector:
         b_blocks = tuple(v[:, None] for v in b_blocks)
     backend = _blocks.block_backend(a_blocks[0] if a_blocks else meta)
-    t0, calls0 = time.perf_counter(), comm.calls
+    t0, calls0, wall0 = time.perf_counter(), comm.calls, time.time()
     solver = _WorkerSolver(comm, list(zip(a_blocks, b_blocks)), meta, backend,
                            _Shape(ashape, meta.dtype, meta), _Shape(bshape, meta.dtype, meta),
                            args, check_finite)
@@ -163,7 +163,8 @@ def _worker_lstsq(cid: str, meta: Any, ashape: tuple[int, int], bshape: tuple[in
         except Exception as exc:  # check_finite's NaN/Inf...: the same on every rank
             return {"error": exc, "rank_id": comm.rank}
     out = {"rank_id": comm.rank, "collectives": comm.calls - calls0,
-           "passes": solver.passes[0], "seconds": time.perf_counter() - t0}
+           "passes": solver.passes[0], "seconds": time.perf_counter() - t0,
+           "wall": (wall0, time.time())}
     if comm.rank == 0:
         out.update(x=_blocks.to_host(x), rank=rank,
                    s=None if s is None else _blocks.to_host(s),
@@ -189,6 +190,7 @@ class CollectiveSolver(DaskSolver):
         t_start = time.perf_counter()
         b = self.vector if self.vector is not None else self.b
         last: Exception | None = None
+        marks = {"start": time.time()}
         for attempt in range(2):
             h = collective.communicator(client, self.kind, renew=attempt > 0, check=False)
             fa = collective._block_futures(client, self.a)
@@ -208,12 +210,14 @@ class CollectiveSolver(DaskSolver):
                                         self.vector is not None, *[fa[i] for i in idx],
                                         *[fb[i] for i in idx])
                    for w, idx in per.items()}
+            marks["submit"] = time.time()
             tasks = list(collective.submit_graph(
                 client, dsk, {(name, h.ranks[w]): [w] for w in per}).values())
             _held.release()
             try:
                 collective._wait_or_lost(client, tasks, h.ranks)
                 res = client.gather(tasks)
+                marks["results"] = time.time()
             except Exception as exc:
                 client.run(collective._abort, h.cid)
                 for t in tasks:
@@ -242,7 +246,8 @@ class CollectiveSolver(DaskSolver):
                          passes=r0["passes"], attempts=attempt + 1,
                          blocks_per_worker=[len(per[w]) for w in sorted(per)],
                          seconds=max(v["seconds"] for v in res),
-                         call_seconds=time.perf_counter() - t_start)
+                         call_seconds=time.perf_counter() - t_start,
+                         timeline_ms=collective._timeline(marks, [v["wall"] for v in res]))
             s = r0["s"]
             return (self._to_blocks(r0["x"]), r0["rank"], self._to_blocks(s),
                     self._to_blocks(r0["rr"]))
