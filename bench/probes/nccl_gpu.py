@@ -58,6 +58,10 @@ def _sync() -> int:
     return 0
 
 
+def _noop(v: int) -> int:
+    return v
+
+
 def _free() -> int:
     if not CPU:
         import cupy
@@ -131,6 +135,17 @@ def part(name):
                 print(f"[{name}] FAILED:\n{results['errors'][name]}")
         return run
     return deco
+
+
+@part("round trip")
+def round_trips(client, k):
+    """Dask's own floor: one task's round trip, and one task a worker gathered."""
+    ws = sorted(client.scheduler_info()["workers"])
+    results["times_ms"][f"submit().result() round trip, {k} workers"] = median_ms(
+        lambda: client.submit(_noop, 0, pure=False, workers=ws[:1]).result(), 9)
+    results["times_ms"][f"one task a worker, gathered, {k} workers"] = median_ms(
+        lambda: client.gather([client.submit(_noop, 0, pure=False, workers=[w])
+                               for w in ws]), 9)
 
 
 def _in_core(rows: int) -> dict:
@@ -323,6 +338,7 @@ def main() -> None:
                         results["errors"][f"in core {lab}"] = traceback.format_exc()
                         print(results["errors"][f"in core {lab}"])
             client.run(_free)
+            round_trips(client, k)
             check(client, k, None, f"{k} workers, even")
             if k > 1:
                 check(client, k, [3] + [13] * (k - 1), f"{k} workers, uneven")
