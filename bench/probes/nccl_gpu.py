@@ -3,7 +3,7 @@
 ``python bench/probes/nccl_gpu.py``: one Dask worker per GPU (a ``distributed``
 ``SpecCluster`` of nannies, each with its own ``CUDA_VISIBLE_DEVICES``; no dask-cuda),
 CuPy blocks of ``2^22 x 64`` float64 made on their workers (``memory_limit=0``: the
-blocks are device memory). Checks (PASS/FAIL) the route against NumPy on ``2^20 x 64``
+blocks are device memory). Checks (PASS/FAIL) the route against NumPy on ``2^18 x 64``
 in 16 blocks, placed evenly, unevenly (3 and 13) and all on one worker (the other takes
 part with a zero Gram matrix): backward error, orthogonality, ``|R|``, Q's blocks on
 their A blocks' workers, the trace's counts. Then times (median of ``REPEAT`` after a
@@ -33,8 +33,8 @@ N = 64
 BLOCK = 2**10 if CPU else 2**22
 ROWS = 2**14 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
 SMALL_ROWS = 2**12 if CPU else 2**24
-CHECK_ROWS = 2**12 if CPU else 2**20
-CHECK_BLOCK = 2**8 if CPU else 2**16  # 16 blocks for the checks
+CHECK_ROWS = 2**12 if CPU else 2**18
+CHECK_BLOCK = 2**8 if CPU else 2**14  # 16 blocks for the checks
 REPEAT = 3 if CPU else 5
 REF_REPEAT = 1
 T0 = time.perf_counter()
@@ -223,7 +223,8 @@ def _check(client, k, counts, label):
           f" trace {ev2} route {why}")
     results["checks"][label] = {"pass": ok, "backward": bw, "orthogonality": orth,
                                 "r_rel": rerr, "placed": placed, "trace": ev}
-    print(f"check {label}: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
+    print(f"[{time.perf_counter() - T0:.0f} s] "
+          f"check {label}: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
           f" |R| {rerr:.2e} placed {placed} trace {ev}")
 
 
@@ -254,7 +255,8 @@ def time_collective(client, rows, k, label):
         results.setdefault("traces", {})[lab] = ev[0]
 
     results["times_ms"][label] = median_ms(one, REPEAT)
-    print(f"{label}: {results['times_ms'][label]:.1f} ms  (worker task, call seconds: "
+    print(f"[{time.perf_counter() - T0:.0f} s] "
+          f"{label}: {results['times_ms'][label]:.1f} ms  (worker task, call seconds: "
           f"{results['worker_seconds'][label][-1]})")
     print("  timeline (ms):", results["traces"][label].get("timeline_ms"))
     if "2^24" not in label:
@@ -324,6 +326,7 @@ def main() -> None:
         print("NCCL:", results["nccl"], "| GPUs:", ngpu, results["device"])
     for k in sorted({1, ngpu}):
         c, client = cluster(k)
+        print(f"[{time.perf_counter() - T0:.0f} s] cluster of {k} up")
         try:
             if k == 1:
                 for rows, lab in ((ROWS, "2^26"), (SMALL_ROWS, "2^24")):
