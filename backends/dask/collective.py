@@ -649,8 +649,10 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             task, info = (f"{name}-task", h.ranks[w]), (f"{name}-info", h.ranks[w])
             dsk[task] = (bind(_worker_cholqr2), h.cid, n, str(x.dtype), meta, want_q, precision,
                          check_finite, *[futs[i] for i in idx])
-            dsk[info] = (_info, task)
-            where[task] = where[info] = [w]
+            where[task] = [w]
+            if want_q:  # else the task's result is small itself: gathered, no task more
+                dsk[info] = (_info, task)
+                where[info] = [w]
             # Q's blocks: the worker's arrays, kept on it
             for j, i in enumerate(idx if want_q else ()):
                 dsk[name, i, 0] = (_pick, task, j)
@@ -659,11 +661,13 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         got = submit_graph(client, dsk, where)
         _held.release()  # the last call's task futures, now that this graph is out
         tasks = {w: got[f"{name}-task", h.ranks[w]] for w in per}
-        infos = [got[f"{name}-info", h.ranks[w]] for w in per]
+        infos = [got[f"{name}-info" if want_q else f"{name}-task", h.ranks[w]] for w in per]
         blocks = [got[name, i, 0] for i in range(len(futs))] if want_q else []
         try:
             _wait_or_lost(client, infos, h.ranks)
             res = client.gather(infos)
+            if not want_q:
+                res = [v[0] for v in res]
             marks["results"] = time.time()
         except Exception as exc:  # a lost worker, a timeout, an aborted all-reduce
             client.run(_abort, h.cid)
@@ -692,7 +696,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         record_event("dask-collective",
                      f"dask: collective CholQR2 ({kind}) over {len(per)} workers, "
                      f"{len(futs)} blocks: one graph of {len(per)} compute tasks and "
-                     f"{len(per) + want_q * len(futs)} tasks that name the results and "
+                     f"{want_q * (len(per) + len(futs))} tasks that name the results and "
                      f"Q's blocks, "
                      f"{r0['collectives']} all-reduces per worker",
                      route="collective", communicator=kind, graphs=1, tasks=len(per),
