@@ -218,6 +218,20 @@ def test_qr_and_lstsq_take_the_route_asked(client):
             np.testing.assert_allclose(xs, ref[0], rtol=0, atol=tol)
             np.testing.assert_allclose(res, ref[1], rtol=1e-10)
             np.testing.assert_allclose(s, ref[3], rtol=100 * u * 6)
+        # a refinement stopped early (refine="auto"): the direct solution on the
+        # workers' blocks of Q, still one graph
+        a6 = geometric(rng, 1200, 6, 1e6)
+        x6 = _placed(client, a6, 200, (5, 1))
+        with mpqr.explain() as trace:
+            xs, res, rank, s = mpqr.lstsq(x6, bd, maxiter=1)
+        assert [e for e in trace.events if e.data.get("path") == "direct"]
+        (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
+        assert ev["graphs"] == 1
+        ref = scipy.linalg.lstsq(a6, b)
+        np.testing.assert_allclose(xs.compute(), ref[0], rtol=0,
+                                   atol=10 * 6 * u * 1e6**2 * np.linalg.norm(ref[0]))
+        np.testing.assert_allclose(res.compute(), ref[1], rtol=1e-8)
+        assert rank == 6
         # rank deficient: the collective solver stops, the scheduler route answers
         ad = a.copy()
         ad[:, 5] = ad[:, 0]

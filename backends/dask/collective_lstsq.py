@@ -4,10 +4,11 @@ its passes a local sum and one all-reduce instead of a graph.
 
 Every rank gets the same sums (the all-reduce), so every rank takes the same decisions
 in the solver's ``n x n`` steps (same inputs, same host code) and issues the same
-collectives; rank 0 returns ``x``, the rank, ``s`` and the squared residual norms. The
-routes that need ``Q`` or a factorization beyond CholQR2 (a rank-deficient or
-ill-conditioned ``A``, a refinement that did not converge under ``refine="auto"``)
-stop the task on every rank alike, and the client runs the scheduler route instead.
+collectives; rank 0 returns ``x``, the rank, ``s`` and the squared residual norms. The direct
+solution (a refinement that did not converge under ``refine="auto"``) runs there too,
+on the workers' blocks of ``Q`` from the collective CholQR2. Where CholQR2 breaks down
+(a rank-deficient or very ill-conditioned ``A``) the task stops on every rank alike
+and the client runs the scheduler route instead.
 """
 
 from __future__ import annotations
@@ -67,30 +68,48 @@ class _WorkerSolver(DaskSolver):
         return _allreduce(self.comm, self.backend, out)
 
     def _factor(self, prec: str, mode: str) -> Any:
-        if mode != "r":
-            raise Stop("the solver needs Q")
+        """CholQR2 of the worker's blocks of ``A`` (the sums by all-reduce): ``R`` on
+        the host for ``mode="r"``, else ``(the worker's blocks of Q, R on the device)``."""
         from mpqr.backends.dask._blocks import block_backend
 
         blocks = tuple(a for a, _ in self.pairs)
         backend = block_backend(blocks[0] if blocks else self.meta)
-        info, _ = _cholqr2(self.comm, backend, self.n_cols, str(self.meta.dtype), blocks,
-                           prec, self.first_gram)
+        info, q = _cholqr2(self.comm, backend, self.n_cols, str(self.meta.dtype), blocks,
+                           prec, self.first_gram if mode == "r" else None, mode != "r")
         if "breakdown" in info or info["cert"] > 0.5:
             raise Stop("CholQR2 of A broke down")
-        return info["r"]
+        if mode == "r":
+            return info["r"]
+        return _LocalQ(q), self._to_blocks(info["r"])
 
-    def svd_fallback(self, *args: Any, **kw: Any) -> Any:
-        raise Stop("A is rank deficient or too ill-conditioned for the Gram route")
+    def _qh_b(self, q: Any) -> Any:
+        """``Q^H b``: the worker's blocks' products summed, then across the workers."""
+        from mpqr.policy import gemm
+        from mpqr.qr._kernels import ct
 
-    def direct(self, prec: str) -> Any:
-        raise Stop("the direct solution needs Q")
+        xp = self.backend.xp
+        c = self._to_blocks(self.host.xp.zeros((self.n_cols, self.b.shape[1]),
+                                               dtype=self.meta.dtype))
+        for qi, (_, bi) in zip(q.blocks, self.pairs):
+            c = c + gemm(ct(xp, qi), bi, precision=self.wprec, label="lstsq:QHb",
+                         backend=self.backend)
+        self.passes[0] += 1
+        return self.comm.allreduce_sum(c)
+
+
+class _LocalQ:
+    """The worker's blocks of ``Q`` (what :meth:`_WorkerSolver._qh_b` reads)."""
+
+    def __init__(self, blocks: list[Any]):
+        self.blocks = blocks
 
 
 def _cholqr2(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
-             prec: str, first_gram: Any) -> tuple[dict[str, Any], list[Any]]:
+             prec: str, first_gram: Any, want_q: bool = False
+             ) -> tuple[dict[str, Any], list[Any]]:
     try:
         with backend.ignore_fp_warnings():
-            info, out = collective._cholqr2_body(comm, backend, n, dtype, blocks, False,
+            info, out = collective._cholqr2_body(comm, backend, n, dtype, blocks, want_q,
                                                  prec, False, time.perf_counter(),
                                                  comm.calls, first_gram=first_gram,
                                                  r_everywhere=True)
