@@ -144,6 +144,21 @@ def test_nccl_cholqr2_one_gpu_worker():
         (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
         assert ev.data["communicator"] == "nccl" and ev.data["collectives"] == 2
         qh = cupy.asnumpy(q.compute())
+        # mpqr.qr / mpqr.lstsq of CuPy blocks on a GPU worker take this route by themselves
+        b = rng.standard_normal(2**16)
+        bd = da.from_array(cupy.asarray(b), chunks=2**13).persist()
+        with mpqr.explain() as trace:
+            _q2, r2 = mpqr.qr(x)
+            xs = mpqr.lstsq(x, bd)[0]
+        assert [e.data["route"] for e in trace.events if e.kind == "dask-route"] == \
+            ["collective"] * 2
+        u = np.finfo(float).eps
+        np.testing.assert_allclose(cupy.asnumpy(r2.compute()), r, rtol=0,
+                                   atol=10 * u * 1e5 * np.abs(r).max())
+        ref = np.linalg.lstsq(a, b, rcond=None)[0]
+        # LS forward error: the residual's term scales with cond(A)^2 u
+        np.testing.assert_allclose(cupy.asnumpy(xs.compute()), ref, rtol=0,
+                                   atol=10 * 32 * u * 1e5**2 * np.linalg.norm(ref))
     u = np.finfo(np.float64).eps
     assert backward_error(a, qh, r) <= 20 * u * 32
     assert orthogonality(qh) <= 20 * u * 32
