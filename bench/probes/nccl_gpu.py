@@ -7,11 +7,12 @@ blocks are device memory). Checks (PASS/FAIL) the route against NumPy on ``2^18 
 in 16 blocks, placed evenly, unevenly (3 and 13) and all on one worker (the other takes
 part with a zero Gram matrix): backward error, orthogonality, ``|R|``, Q's blocks on
 their A blocks' workers, the trace's counts. Then times (median of ``REPEAT`` after a
-warm-up, ``Q`` persisted): in core on one GPU (a task on worker 0, no Dask in the loop),
-1 and 2 workers on ``2^24`` and ``2^26 x 64``, weak scaling ``2^26 x 64`` per GPU, and
-``dask.array.linalg.tsqr`` / ``lstsq`` against ``mpqr.lstsq`` on the 2-worker cluster
-and the same chunks.
-Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``).
+warm-up, ``Q`` persisted; each call's timeline from its trace): Dask's own round trip,
+in core on one GPU (a task on worker 0 of the two-worker cluster, no Dask in the loop),
+2 and then 1 workers on ``2^24`` and ``2^26 x 64`` (``qr``, ``mode="r"``, ``lstsq``),
+weak scaling ``2^26 x 64`` per GPU, and ``dask.array.linalg.tsqr`` / ``lstsq`` (one
+call each) on the two-worker cluster and the same chunks. Writes ``$OUT/nccl.json``
+(``OUT`` default ``/tmp``) after each step.
 
 ``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
 small shapes (a smoke test of the script itself).
@@ -115,8 +116,16 @@ def blocks(client, rows: int, seed: int, k: int, block: int = BLOCK, counts=None
     return x, None
 
 
-def median_ms(fn, repeat: int) -> float:
-    fn()
+def save() -> None:
+    """The results so far to ``$OUT/nccl.json`` (kept should a later step run out of time)."""
+    out = os.path.join(os.environ.get("OUT", "/tmp"), "nccl.json")
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+def median_ms(fn, repeat: int, warmup: bool = True) -> float:
+    if warmup:
+        fn()
     ts = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -265,6 +274,7 @@ def time_collective(client, rows, k, label):
         print(f"{lr}: {results['times_ms'][lr]:.1f} ms  timeline (ms):",
               results["traces"][lr].get("timeline_ms"))
     results["clock"][label] = time.perf_counter() - T0
+    save()
     return x
 
 
@@ -280,13 +290,13 @@ def time_dask(client, x, label):
         r.compute()
         del q
 
-    results["times_ms"][f"dask tsqr {label}"] = median_ms(tsqr, REF_REPEAT)
+    results["times_ms"][f"dask tsqr {label}"] = median_ms(tsqr, REF_REPEAT, warmup=False)
     print(f"dask tsqr {label}: {results['times_ms'][f'dask tsqr {label}']:.1f} ms")
     b = x[:, :1] * 2 + 1  # b's blocks beside A's
     b = b.persist()
     wait(b)
     results["times_ms"][f"dask lstsq {label}"] = median_ms(
-        lambda: da.linalg.lstsq(x, b)[0].compute(), REF_REPEAT)
+        lambda: da.linalg.lstsq(x, b)[0].compute(), REF_REPEAT, warmup=False)
     print(f"dask lstsq {label}: {results['times_ms'][f'dask lstsq {label}']:.1f} ms")
     time_lstsq(x, b, f"collective lstsq {label}")
 
@@ -324,11 +334,13 @@ def main() -> None:
         results["nccl"] = collective.nccl_available() or "loaded"
         results["device"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         print("NCCL:", results["nccl"], "| GPUs:", ngpu, results["device"])
-    for k in sorted({1, ngpu}):
+    # the two-worker rows first (the in-core baseline on its worker 0, the other idle):
+    # should the time limit come, the rows the targets name are in the JSON already
+    for k in sorted({1, ngpu}, reverse=True):
         c, client = cluster(k)
         print(f"[{time.perf_counter() - T0:.0f} s] cluster of {k} up")
         try:
-            if k == 1:
+            if k == ngpu:
                 for rows, lab in ((ROWS, "2^26"), (SMALL_ROWS, "2^24")):
                     try:
                         w = sorted(client.scheduler_info()["workers"])[0]
@@ -363,6 +375,7 @@ def main() -> None:
             client.run(_free)
             if k > 1:
                 time_collective(client, ROWS * k, k, f"collective {k} workers, {k} x 2^26")
+            save()
         finally:
             client.close()
             c.close()
