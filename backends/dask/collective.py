@@ -199,13 +199,14 @@ _HANDLES: dict[tuple[str, str], _Handle] = {}
 _REFUSED: dict[tuple[str, str, tuple[str, ...]], str] = {}
 
 
-def communicator(client: Any, kind: str, *, renew: bool = False,
-                 check: bool = True) -> _Handle:
+def communicator(client: Any, kind: str, *, renew: bool = False, check: bool = True,
+                 exclude: frozenset[str] = frozenset()) -> _Handle:
     """The cluster's communicator of ``kind`` (``"nccl"`` or ``"thread"``), made on the
     first call (every worker joins in one concurrent ``client.run``) and reused while the
     cluster's workers stay the same (a new one where they changed). ``check=False``
     returns the kept one without asking the scheduler for its workers (a call sees a
-    changed cluster in where its blocks are, or a lost worker while it waits).
+    changed cluster in where its blocks are, or a lost worker while it waits);
+    ``exclude``: workers a call saw lost, left out of a renewed one.
 
     Raises
     ------
@@ -218,7 +219,8 @@ def communicator(client: Any, kind: str, *, renew: bool = False,
     if h is not None and not renew and not check:
         return h
     info = client.scheduler_info(n_workers=-1)
-    workers = sorted(info["workers"])
+    # a worker seen lost may still be listed while it closes: never a rank again
+    workers = sorted(w for w in info["workers"] if w not in exclude)
     if h is not None and not renew and sorted(h.ranks) == workers:
         return h
     refused = _REFUSED.get((*key, tuple(workers)))
@@ -536,8 +538,10 @@ def _wait_or_lost(client: Any, futs: list[Any], ranks: dict[str, int]) -> None:
             raise CollectiveError(f"a worker's task failed: {failed[0].exception()!r}")
         gone = set(ranks) - set(client.ncores())
         if gone:
-            raise CollectiveError(f"worker(s) {sorted(gone)} left the cluster during the "
+            exc = CollectiveError(f"worker(s) {sorted(gone)} left the cluster during the "
                                   f"call")
+            exc.gone = gone
+            raise exc
         if time.monotonic() > deadline:
             raise CollectiveError(f"collective call did not finish in {TIMEOUT + 10:.0f} s")
 
@@ -632,8 +636,16 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         kind = "nccl" if type(meta).__module__.startswith("cupy") else "thread"
     last: Exception | None = None
     t_start, marks = time.perf_counter(), {"start": time.time()}
+    lost: set[str] = set()
     for attempt in range(retries + 1):
-        h = communicator(client, kind, renew=attempt > 0, check=False)
+        try:
+            h = communicator(client, kind, renew=attempt > 0, check=False,
+                             exclude=frozenset(lost))
+        except CollectiveError as exc:
+            if not attempt:
+                raise
+            last = exc
+            continue
         futs = _block_futures(client, x)
         wait(futs)
         where = client.who_has(futs)
@@ -670,7 +682,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
                 res = [v[0] for v in res]
             marks["results"] = time.time()
         except Exception as exc:  # a lost worker, a timeout, an aborted all-reduce
-            client.run(_abort, h.cid)
+            lost |= getattr(exc, "gone", set())
+            client.run(_abort, h.cid, on_error="ignore")  # a closing worker may not answer
             for f in [*tasks.values(), *infos, *blocks]:
                 f.cancel()
             last = exc

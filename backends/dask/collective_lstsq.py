@@ -210,8 +210,16 @@ class CollectiveSolver(DaskSolver):
         b = self.vector if self.vector is not None else self.b
         last: Exception | None = None
         marks = {"start": time.time()}
+        lost: set[str] = set()
         for attempt in range(2):
-            h = collective.communicator(client, self.kind, renew=attempt > 0, check=False)
+            try:
+                h = collective.communicator(client, self.kind, renew=attempt > 0,
+                                            check=False, exclude=frozenset(lost))
+            except collective.CollectiveError as exc:
+                if not attempt:
+                    raise
+                last = exc
+                continue
             fa = collective._block_futures(client, self.a)
             fb = collective._block_futures(client, b)
             where = client.who_has(fa)
@@ -238,7 +246,8 @@ class CollectiveSolver(DaskSolver):
                 res = client.gather(tasks)
                 marks["results"] = time.time()
             except Exception as exc:
-                client.run(collective._abort, h.cid)
+                lost |= getattr(exc, "gone", set())
+                client.run(collective._abort, h.cid, on_error="ignore")
                 for t in tasks:
                     t.cancel()
                 last = exc
