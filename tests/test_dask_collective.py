@@ -99,6 +99,11 @@ def test_lost_rank_is_an_error_then_a_retry(client, monkeypatch):
     failed.clear()
     with pytest.raises(collective.CollectiveError, match="failed on 1 attempts"):
         collective.cholqr2(x, retries=0)
+    monkeypatch.undo()
+    with mpqr.explain() as trace:  # the aborted communicator is not reused
+        collective.cholqr2(x)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["attempts"] == 1
 
 
 def test_bad_input_and_breakdown(client):

@@ -266,6 +266,14 @@ def _make(client: Any, kind: str, workers: list[str], info: dict[str, Any]) -> _
     return _Handle(cid, kind, ranks, limits)
 
 
+def forget(client: Any, h: _Handle) -> None:
+    """Stop reusing ``h`` (its ranks' waits were aborted: it cannot sum any more); the
+    next call makes a new communicator."""
+    key = (client.scheduler.address, h.kind)
+    if _HANDLES.get(key) is h:
+        del _HANDLES[key]
+
+
 def _abort(cid: str, dask_worker: Any = None) -> None:
     for (c, _), comm in list(_REGISTRY.items()):
         if c == cid and hasattr(comm, "abort"):
@@ -684,6 +692,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         except Exception as exc:  # a lost worker, a timeout, an aborted all-reduce
             lost |= getattr(exc, "gone", set())
             client.run(_abort, h.cid, on_error="ignore")  # a closing worker may not answer
+            forget(client, h)
             for f in [*tasks.values(), *infos, *blocks]:
                 f.cancel()
             last = exc

@@ -248,6 +248,7 @@ class CollectiveSolver(DaskSolver):
             except Exception as exc:
                 lost |= getattr(exc, "gone", set())
                 client.run(collective._abort, h.cid, on_error="ignore")
+                collective.forget(client, h)
                 for t in tasks:
                     t.cancel()
                 last = exc
