@@ -173,10 +173,13 @@ def _placed(client, a, chunk, counts):
     """``a`` in row blocks of ``chunk`` rows, ``counts[w]`` of them on worker ``w``."""
     workers = sorted(client.scheduler_info()["workers"])
     owner = [w for w, c in zip(workers, counts) for _ in range(c)]
-    futs = [client.scatter(a[i * chunk:(i + 1) * chunk], workers=[w])
+    futs = [client.scatter(a[i * chunk:(i + 1) * chunk], workers=[w], hash=False)
             for i, w in enumerate(owner)]
-    return da.concatenate([da.from_delayed(f, (chunk, *a.shape[1:]), dtype=a.dtype)
-                           for f in futs], axis=0).persist()
+    # the futures themselves as the blocks (no task that could run elsewhere)
+    name = f"placed-{id(futs)}"
+    dsk = {(name, i, 0) if a.ndim == 2 else (name, i): f for i, f in enumerate(futs)}
+    chunks = ((chunk,) * len(futs), *((n,) for n in a.shape[1:]))
+    return da.Array(dsk, name, chunks, meta=a[:0])
 
 
 @pytest.mark.parametrize("counts", [(4, 0), (1, 5)])

@@ -473,8 +473,14 @@ def _info(res: tuple[dict[str, Any], list[Any]]) -> dict[str, Any]:
 # --- the client's side -----------------------------------------------------------------
 
 def _block_futures(client: Any, x: Any) -> list[Any]:
-    from distributed import futures_of
+    """The futures of ``x``'s row blocks: its own where it is persisted (or its blocks
+    are futures under other keys), else ``x`` persisted first (one graph more)."""
+    from distributed import Future, futures_of
 
+    graph = x.__dask_graph__()
+    direct = [graph.get(k) for k in _row_keys(x)]
+    if all(isinstance(f, Future) for f in direct):
+        return direct
     order = {f.key: f for f in futures_of(x)}
     if not all(k in order for k in _row_keys(x)):  # not persisted as these blocks
         x = client.persist(x)

@@ -110,9 +110,10 @@ def blocks(client, rows: int, seed: int, k: int, block: int = BLOCK, counts=None
     futs = [client.submit(_make, seed * 100003 + i, block, N, workers=[owner[i]],
                           pure=False) for i in range(nb)]
     client.gather(client.map(lambda v: 0, futs))  # made; nothing moved
-    x = da.concatenate([da.from_delayed(f, (block, N), dtype=np.float64, meta=_meta())
-                        for f in futs], axis=0).persist()  # keys of its own, same places
-    del futs
+    # the futures themselves as the blocks: no task that could run on another worker
+    name = f"probe-{seed}-{rows}-{block}-{k}-{len(futs)}-{time.perf_counter_ns()}"
+    x = da.Array({(name, i, 0): f for i, f in enumerate(futs)}, name,
+                 ((block,) * len(futs), (N,)), dtype=np.float64, meta=_meta())
     return x, None
 
 
