@@ -199,9 +199,9 @@ def _check(client, k, counts, label):
     with mpqr.explain() as tr:
         q, r = collective.cholqr2(x)
     wait(q)
-    ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(q))
-    placed = ([ka[kk[0]] for kk in x.__dask_keys__()]
-              == [kq[kk[0]] for kk in q.__dask_keys__()])
+    fa = [x.__dask_graph__()[kk[0]] for kk in x.__dask_keys__()]  # the blocks' futures
+    ka, kq = client.who_has(fa), client.who_has(futures_of(q))
+    placed = ([ka[f.key] for f in fa] == [kq[kk[0]] for kk in q.__dask_keys__()])
     if "a" not in _REF:  # every placement holds the same matrix (seeds by block index)
         _REF["a"] = np.asarray(x.compute().get() if not CPU else x.compute())
         _REF["r"] = np.linalg.qr(_REF["a"], mode="r")
