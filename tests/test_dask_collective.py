@@ -30,17 +30,25 @@ def client():
         yield c
 
 
-@pytest.mark.parametrize("cond", [1e2, 1e7])
-def test_cholqr2_one_task_per_worker(client, cond):
+@pytest.mark.parametrize(("cond", "n"), [(1e2, 12), (1e7, 12), (1e2, 40), (1e7, 40)])
+def test_cholqr2_one_task_per_worker(client, cond, n):
+    # 12 columns: Q1's Gram matrix in the solve's pass; 40: Q1 stored, then Q = Q1 R2^-1
     rng = np.random.default_rng(1)
-    m, n = 3000, 12
+    m = 3000
     a = geometric(rng, m, n, cond)
     x = da.from_array(a, chunks=(400, n)).persist()  # ragged: 7 x 400 + 200
     with mpqr.explain() as trace:
         q, r = collective.cholqr2(x)
     (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
     assert ev.data["tasks"] == 2 and ev.data["collectives"] == 2
+    assert ev.data["q_by"] == ("fused-solve" if n <= 32 else "q1-times-inverse")
     assert q.chunks == x.chunks
+    # each block of Q sits on the worker of its block of A (already persisted)
+    from distributed import futures_of
+    ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(q))
+    wa = [ka[k[0]] for k in x.__dask_keys__()]
+    wq = [kq[k[0]] for k in q.__dask_keys__()]
+    assert wa == wq and len({w[0] for w in wa}) == 2
     qh = q.compute()
     u = np.finfo(np.float64).eps
     assert backward_error(a, qh, r) <= 20 * u * n
@@ -48,14 +56,6 @@ def test_cholqr2_one_task_per_worker(client, cond):
     assert np.all(np.diag(r) > 0)
     np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a, mode="r")),
                                rtol=0, atol=1e3 * u * cond * np.linalg.norm(a, 2))
-    # each block of Q sits on the worker of its block of A
-    from distributed import futures_of
-    qp = q.persist()
-    distributed.wait(qp)
-    ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(qp))
-    wa = [ka[k[0]] for k in x.__dask_keys__()]
-    wq = [kq[k[0]] for k in qp.__dask_keys__()]
-    assert wa == wq and len({w[0] for w in wa}) == 2
 
 
 def test_communicator_reused_and_sum(client):
@@ -99,6 +99,11 @@ def test_lost_rank_is_an_error_then_a_retry(client, monkeypatch):
     failed.clear()
     with pytest.raises(collective.CollectiveError, match="failed on 1 attempts"):
         collective.cholqr2(x, retries=0)
+    monkeypatch.undo()
+    with mpqr.explain() as trace:  # the aborted communicator is not reused
+        collective.cholqr2(x)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["attempts"] == 1
 
 
 def test_bad_input_and_breakdown(client):
@@ -144,6 +149,168 @@ def test_nccl_cholqr2_one_gpu_worker():
         (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
         assert ev.data["communicator"] == "nccl" and ev.data["collectives"] == 2
         qh = cupy.asnumpy(q.compute())
+        # mpqr.qr / mpqr.lstsq of CuPy blocks on a GPU worker take this route by themselves
+        b = rng.standard_normal(2**16)
+        bd = da.from_array(cupy.asarray(b), chunks=2**13).persist()
+        with mpqr.explain() as trace:
+            _q2, r2 = mpqr.qr(x)
+            xs = mpqr.lstsq(x, bd)[0]
+        assert [e.data["route"] for e in trace.events if e.kind == "dask-route"] == \
+            ["collective"] * 2
+        u = np.finfo(float).eps
+        np.testing.assert_allclose(cupy.asnumpy(r2.compute()), r, rtol=0,
+                                   atol=10 * u * 1e5 * np.abs(r).max())
+        ref = np.linalg.lstsq(a, b, rcond=None)[0]
+        # LS forward error: the residual's term scales with cond(A)^2 u
+        np.testing.assert_allclose(cupy.asnumpy(xs.compute()), ref, rtol=0,
+                                   atol=10 * 32 * u * 1e5**2 * np.linalg.norm(ref))
     u = np.finfo(np.float64).eps
     assert backward_error(a, qh, r) <= 20 * u * 32
     assert orthogonality(qh) <= 20 * u * 32
+
+
+def _placed(client, a, chunk, counts):
+    """``a`` in row blocks of ``chunk`` rows, ``counts[w]`` of them on worker ``w``."""
+    workers = sorted(client.scheduler_info()["workers"])
+    owner = [w for w, c in zip(workers, counts) for _ in range(c)]
+    futs = [client.scatter(a[i * chunk:(i + 1) * chunk], workers=[w], hash=False)
+            for i, w in enumerate(owner)]
+    # the futures themselves as the blocks (no task that could run elsewhere)
+    name = f"placed-{id(futs)}"
+    dsk = {(name, i, 0) if a.ndim == 2 else (name, i): f for i, f in enumerate(futs)}
+    chunks = ((chunk,) * len(futs), *((n,) for n in a.shape[1:]))
+    return da.Array(dsk, name, chunks, meta=a[:0])
+
+
+@pytest.mark.parametrize("counts", [(4, 0), (1, 5)])
+def test_worker_without_blocks_and_uneven_blocks(client, counts):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((sum(counts) * 100, 5))
+    x = _placed(client, a, 100, counts)
+    with mpqr.explain() as trace:
+        q, r = collective.cholqr2(x)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["blocks_per_worker"] == list(counts) and ev.data["tasks"] == 2
+    qh = q.compute()
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, qh, r) <= 20 * u * 5 and orthogonality(qh) <= 20 * u * 5
+
+
+def test_qr_and_lstsq_take_the_route_asked(client):
+    import dask
+    import scipy.linalg
+
+    rng = np.random.default_rng(5)
+    a = geometric(rng, 1200, 6, 1e3)
+    x = _placed(client, a, 200, (2, 4))
+    with mpqr.explain() as trace:
+        mpqr.qr(x, mode="r")
+    (ev,) = [e.data for e in trace.events if e.kind == "dask-route"]
+    assert ev["route"] == "scheduler" and "NumPy blocks" in ev["reason"]
+    from mpqr.bench.dask import RoundTrips, _take
+
+    client.register_plugin(RoundTrips())
+    with dask.config.set({collective.CONFIG_KEY: "collective"}):
+        client.run_on_scheduler(_take)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(x)
+        assert client.run_on_scheduler(_take)["graphs"] == 1  # what the scheduler saw
+        with mpqr.explain() as more:
+            r_only = mpqr.qr(x, mode="r")
+        events = [*trace.events, *more.events]
+        assert [e.data["route"] for e in events if e.kind == "dask-route"] == \
+            ["collective"] * 2
+        assert not [e for e in events if e.kind == "dask-pass"]  # no graph a pass
+        evs = [e.data for e in events if e.kind == "dask-collective"]
+        assert [(v["graphs"], v["tasks"], v["block_tasks"], v["collectives"])
+                for v in evs] == [(1, 2, 6, 2), (1, 2, 0, 2)]
+        u = np.finfo(np.float64).eps
+        assert backward_error(a, q.compute(), r.compute()) <= 20 * u * 6
+        np.testing.assert_array_equal(r_only.compute(), r.compute())
+        for b in (rng.standard_normal(1200), rng.standard_normal((1200, 2))):
+            bd = da.from_array(b, chunks=(200, *b.shape[1:])).persist()
+            with mpqr.explain() as trace:
+                got = mpqr.lstsq(x, bd)
+            (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
+            assert ev["graphs"] == 1 and ev["tasks"] == 2
+            ref = scipy.linalg.lstsq(a, b)
+            xs, res, rank, s = (v.compute() if hasattr(v, "compute") else v for v in got)
+            assert rank == ref[2] and xs.shape == ref[0].shape and res.shape == ref[1].shape
+            # LS forward error: the residual's term scales with cond(A)^2 u
+            tol = 10 * 6 * u * 1e3**2 * np.linalg.norm(ref[0])
+            np.testing.assert_allclose(xs, ref[0], rtol=0, atol=tol)
+            np.testing.assert_allclose(res, ref[1], rtol=1e-10)
+            np.testing.assert_allclose(s, ref[3], rtol=100 * u * 6)
+        # a refinement stopped early (refine="auto"): the direct solution on the
+        # workers' blocks of Q, still one graph
+        a6 = geometric(rng, 1200, 6, 1e6)
+        x6 = _placed(client, a6, 200, (5, 1))
+        with mpqr.explain() as trace:
+            xs, res, rank, s = mpqr.lstsq(x6, bd, maxiter=1)
+        assert [e for e in trace.events if e.data.get("path") == "direct"]
+        (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
+        assert ev["graphs"] == 1
+        ref = scipy.linalg.lstsq(a6, b)
+        np.testing.assert_allclose(xs.compute(), ref[0], rtol=0,
+                                   atol=10 * 6 * u * 1e6**2 * np.linalg.norm(ref[0]))
+        np.testing.assert_allclose(res.compute(), ref[1], rtol=1e-8)
+        assert rank == 6
+        # rank deficient: the collective solver stops, the scheduler route answers
+        ad = a.copy()
+        ad[:, 5] = ad[:, 0]
+        xd = _placed(client, ad, 200, (6, 0))
+        bd = da.from_array(b, chunks=(200, 2)).persist()
+        with mpqr.explain() as trace:
+            xs, res, rank, s = mpqr.lstsq(xd, bd)
+        assert [e for e in trace.events if e.kind == "fallback"
+                and e.data.get("fallback") == "scheduler"]
+        assert rank == 5
+
+
+def test_memory_limit_below_the_blocks_is_a_clear_error(client, monkeypatch):
+    gib = 2**30
+    collective.check_memory({"w0": 0, "w1": 16 * gib}, {"w0": 40 * gib, "w1": 8 * gib})
+    with pytest.raises(MemoryError, match=r"w1: memory_limit 7.87 GiB, its blocks of x "
+                       r"and Q 32.00 GiB.*memory_limit=0"):
+        collective.check_memory({"w1": int(7.87 * gib)}, {"w1": 32 * gib})
+    h = collective.communicator(client, "thread")
+    monkeypatch.setattr(h, "limits", {w: 1000 for w in h.ranks})
+    x = da.from_array(np.ones((800, 4)), chunks=(200, 4)).persist()
+    with pytest.raises(MemoryError, match="memory_limit 0.00 GiB"):
+        collective.cholqr2(x)
+
+
+def test_worker_lost_mid_call_then_a_retry_from_the_inputs(monkeypatch):
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((1200, 5))
+    real = collective._cholqr2_body
+    lost = []
+
+    def body(comm, *args, **kw):
+        if not lost and comm.rank == comm.size - 1:
+            w = distributed.get_worker()
+            lost.append(w.address)
+            w.loop.add_callback(w.close, executor_wait=False)
+        return real(comm, *args, **kw)
+
+    monkeypatch.setattr(collective, "_cholqr2_body", body)
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=False,
+                                  dashboard_address=None, silence_logs=50) as cluster, \
+            distributed.Client(cluster) as c:
+        x = da.from_array(a, chunks=(200, 5)).persist()  # lost blocks are recomputed
+        h0 = collective.communicator(c, "thread")
+        with mpqr.explain() as trace:
+            q, r = collective.cholqr2(x, client=c)
+        (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
+        assert lost and ev["attempts"] == 2 and ev["workers"] == 2
+        h1 = collective.communicator(c, "thread")
+        assert h1 is not h0 and lost[0] not in h1.ranks
+        assert backward_error(a, q.compute(), r) <= 100 * np.finfo(float).eps
+
+
+def test_blocks_assigned_to_their_holders_replicas_balanced():
+    ranks = {"a": 0, "b": 1}
+    # blocks 0-3 on both workers (an earlier compute), 4-7 on b only, 8 on neither
+    holders = [["a", "b"]] * 4 + [["b"]] * 4 + [["c"]]
+    per = collective.assign(holders, (10,) * 9, ranks)
+    assert per == {"a": [0, 1, 2, 3, 8], "b": [4, 5, 6, 7]}

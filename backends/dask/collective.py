@@ -31,7 +31,8 @@ import time
 import uuid
 from typing import Any, Protocol
 
-from mpqr.backends.dask._blocks import block_backend, to_host
+from mpqr.backends.dask._blocks import bind, block_backend, to_host
+from mpqr.backends.dask._graph import _held
 
 from mpqr._errors import BreakdownError
 from mpqr.policy import gemm, record_event
@@ -63,6 +64,9 @@ class Communicator(Protocol):
         """The elementwise sum of ``x`` over all ranks (same shape and dtype), on
         every rank."""
 
+    def allreduce_max(self, x: Any) -> Any:
+        """The elementwise maximum of real ``x`` over all ranks, on every rank."""
+
 
 class _Group:
     def __init__(self, size: int):
@@ -81,13 +85,21 @@ class ThreadCommunicator:
         self.rank, self.size, self.calls = rank, size, 0
 
     def allreduce_sum(self, x: Any) -> Any:
+        return self._reduce(x, lambda s, p: s + p)
+
+    def allreduce_max(self, x: Any) -> Any:
+        import numpy as np
+
+        return self._reduce(x, np.maximum)
+
+    def _reduce(self, x: Any, op: Any) -> Any:
         g = self.group
         try:
             g.parts[self.rank] = x
             g.barrier.wait()
             total = g.parts[0]
             for p in g.parts[1:]:  # rank order: the same bits on every rank
-                total = total + p
+                total = op(total, p)
             g.barrier.wait()
         except threading.BrokenBarrierError as exc:
             raise CollectiveError("all-reduce aborted: a worker of the communicator did "
@@ -109,6 +121,16 @@ class NcclCommunicator:
         self.rank, self.size, self.calls = rank, size, 0
 
     def allreduce_sum(self, x: Any) -> Any:
+        from cupy.cuda import nccl
+
+        return self._reduce(x, nccl.NCCL_SUM)
+
+    def allreduce_max(self, x: Any) -> Any:
+        from cupy.cuda import nccl
+
+        return self._reduce(x, nccl.NCCL_MAX)
+
+    def _reduce(self, x: Any, op: int) -> Any:
         import cupy
         from cupy.cuda import nccl
 
@@ -118,7 +140,7 @@ class NcclCommunicator:
         kinds = {"float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
                  "float16": nccl.NCCL_FLOAT16}
         self.comm.allReduce(real.data.ptr, out.data.ptr, real.size, kinds[str(real.dtype)],
-                            nccl.NCCL_SUM, cupy.cuda.get_current_stream().ptr)
+                            op, cupy.cuda.get_current_stream().ptr)
         self.calls += 1
         return out
 
@@ -139,6 +161,20 @@ def nccl_available() -> str | None:
 
 # --- set-up: once per cluster ----------------------------------------------------------
 
+def _device_of(kind: str, dask_worker: Any = None) -> str | None:
+    """This worker's GPU (PCI bus id) for NCCL, its process for threads; None: none."""
+    if kind == "thread":
+        import os
+
+        return f"process {os.getpid()}"
+    try:
+        import cupy
+
+        return cupy.cuda.Device().pci_bus_id
+    except Exception:
+        return None
+
+
 def _join(cid: str, kind: str, uid: Any, ranks: dict[str, int], dask_worker: Any = None) -> str:
     addr = dask_worker.address
     if (cid, addr) not in _REGISTRY:
@@ -150,23 +186,70 @@ def _join(cid: str, kind: str, uid: Any, ranks: dict[str, int], dask_worker: Any
 
 
 class _Handle:
-    """The client's view of a communicator: its id, kind and the workers' ranks."""
+    """The client's view of a communicator: its id, kind, the workers' ranks and memory
+    limits (0: none)."""
 
-    def __init__(self, cid: str, kind: str, ranks: dict[str, int]):
-        self.cid, self.kind, self.ranks = cid, kind, ranks
-
-
-_HANDLES: dict[tuple[int, str], _Handle] = {}
+    def __init__(self, cid: str, kind: str, ranks: dict[str, int], limits: dict[str, int]):
+        self.cid, self.kind, self.ranks, self.limits = cid, kind, ranks, limits
 
 
-def communicator(client: Any, kind: str, *, renew: bool = False) -> _Handle:
+#: (scheduler address, kind) -> the communicator over the cluster's current workers
+_HANDLES: dict[tuple[str, str], _Handle] = {}
+#: (scheduler address, kind, workers) -> why a communicator cannot be made there
+_REFUSED: dict[tuple[str, str, tuple[str, ...]], str] = {}
+
+
+def communicator(client: Any, kind: str, *, renew: bool = False, check: bool = True,
+                 exclude: frozenset[str] = frozenset()) -> _Handle:
     """The cluster's communicator of ``kind`` (``"nccl"`` or ``"thread"``), made on the
-    first call (every worker joins in one concurrent ``client.run``) and reused."""
-    workers = sorted(client.scheduler_info()["workers"])
-    key = (id(client), kind)
+    first call (every worker joins in one concurrent ``client.run``) and reused while the
+    cluster's workers stay the same (a new one where they changed). ``check=False``
+    returns the kept one without asking the scheduler for its workers (a call sees a
+    changed cluster in where its blocks are, or a lost worker while it waits);
+    ``exclude``: workers a call saw lost, left out of a renewed one.
+
+    Raises
+    ------
+    CollectiveError
+        The workers cannot form one: for NCCL a worker without a GPU or two on one GPU,
+        for threads workers in different processes; or joining failed (the message).
+    """
+    key = (client.scheduler.address, kind)
     h = _HANDLES.get(key)
+    if h is not None and not renew and not check:
+        return h
+    info = client.scheduler_info(n_workers=-1)
+    # a worker seen lost may still be listed while it closes: never a rank again
+    workers = sorted(w for w in info["workers"] if w not in exclude)
     if h is not None and not renew and sorted(h.ranks) == workers:
         return h
+    refused = _REFUSED.get((*key, tuple(workers)))
+    if refused is not None and not renew:
+        raise CollectiveError(refused)
+    try:
+        h = _make(client, kind, workers, info)
+    except CollectiveError as exc:
+        _REFUSED[(*key, tuple(workers))] = str(exc)
+        raise
+    _HANDLES[key] = h
+    return h
+
+
+def _make(client: Any, kind: str, workers: list[str], info: dict[str, Any]) -> _Handle:
+    if not workers:
+        raise CollectiveError("the cluster has no workers")
+    devices = client.run(_device_of, kind, workers=workers)
+    if kind == "nccl":
+        none = [w for w in workers if devices.get(w) is None]
+        if none:
+            raise CollectiveError(f"NCCL communicator: worker(s) {none} have no GPU (CuPy "
+                                  f"could not reach a CUDA device there)")
+        if len(set(devices.values())) < len(workers):
+            raise CollectiveError(f"NCCL communicator: two workers share a GPU ({devices}); "
+                                  "give each worker its own (CUDA_VISIBLE_DEVICES)")
+    elif len(set(devices.values())) > 1:
+        raise CollectiveError(f"thread communicator: the workers run in different processes "
+                              f"({devices}); it needs a threaded cluster (processes=False)")
     cid = uuid.uuid4().hex
     ranks = {w: i for i, w in enumerate(workers)}
     uid = None
@@ -174,15 +257,84 @@ def communicator(client: Any, kind: str, *, renew: bool = False) -> _Handle:
         from cupy.cuda import nccl
 
         uid = nccl.get_unique_id()
-    client.run(_join, cid, kind, uid, ranks, workers=workers)
-    h = _HANDLES[key] = _Handle(cid, kind, ranks)
-    return h
+    try:
+        client.run(_join, cid, kind, uid, ranks, workers=workers)
+    except Exception as exc:
+        raise CollectiveError(f"{kind} communicator: joining failed on the workers: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    limits = {w: int(info["workers"][w].get("memory_limit") or 0) for w in workers}
+    return _Handle(cid, kind, ranks, limits)
+
+
+def forget(client: Any, h: _Handle) -> None:
+    """Stop reusing ``h`` (its ranks' waits were aborted: it cannot sum any more); the
+    next call makes a new communicator."""
+    key = (client.scheduler.address, h.kind)
+    if _HANDLES.get(key) is h:
+        del _HANDLES[key]
 
 
 def _abort(cid: str, dask_worker: Any = None) -> None:
     for (c, _), comm in list(_REGISTRY.items()):
         if c == cid and hasattr(comm, "abort"):
             comm.abort()
+
+
+# --- which route ----------------------------------------------------------------------
+
+#: dask config key: ``"auto"`` (the collective route for CuPy blocks on a distributed
+#: cluster whose workers each have their own GPU and NCCL loads), ``"collective"``
+#: (also NumPy blocks on a threaded cluster, by the thread communicator) or
+#: ``"scheduler"`` (never)
+CONFIG_KEY = "mpqr.dask.route"
+
+
+def route(x: Any, *, method: str, prec_name: str, what: str) -> tuple[Any, str] | None:
+    """``(client, communicator kind)`` where ``x``'s call takes the collective route,
+    else None; either way the trace names the route and why (``dask-route``)."""
+    import dask
+
+    choice = dask.config.get(CONFIG_KEY, "auto")
+    if choice not in ("auto", "collective", "scheduler"):
+        raise ValueError(f"dask config {CONFIG_KEY!r} must be 'auto', 'collective' or "
+                         f"'scheduler', got {choice!r}")
+    cupy_blocks = type(x._meta).__module__.startswith("cupy")
+    kind = "nccl" if cupy_blocks else "thread"
+    why = None
+    client = None
+    if choice == "scheduler":
+        why = f"dask config {CONFIG_KEY}='scheduler'"
+    elif method not in ("auto", "cholqr2"):
+        why = f"method={method!r} (the collective route runs CholQR2)"
+    elif prec_name not in ("auto", "fp64", "fp32"):
+        why = f"precision={prec_name!r} (the collective route runs native products)"
+    elif x.dtype.kind != "f":
+        why = f"dtype {x.dtype} (the collective route sums real Gram matrices)"
+    elif choice == "auto" and not cupy_blocks:
+        why = "NumPy blocks (CPU workers)"
+    else:
+        try:
+            from distributed import default_client
+
+            client = default_client()
+        except (ImportError, ValueError):
+            why = "no distributed client"
+    if why is None and kind == "nccl":
+        why = nccl_available()
+        why = None if why is None else f"NCCL does not load on the client: {why}"
+    if why is None:
+        try:
+            communicator(client, kind, check=False)
+        except CollectiveError as exc:
+            why = str(exc)
+    if why is not None:
+        record_event("dask-route", f"{what} (dask): the scheduler route (a graph per pass, "
+                     f"the sums in trees): {why}", route="scheduler", reason=why)
+        return None
+    record_event("dask-route", f"{what} (dask): the collective route (one task per worker, "
+                 f"the n x n sums by {kind} all-reduce)", route="collective",
+                 communicator=kind)
+    return client, kind
 
 
 # --- the per-worker task ---------------------------------------------------------------
@@ -194,66 +346,141 @@ class _Breakdown(Exception):
 
 def _chol(backend: Any, g: Any, which: str) -> Any:
     try:
-        return backend.cholesky(g, upper=True)
+        r = backend.cholesky(g, upper=True)
     except Exception as exc:
         raise _Breakdown(f"collective CholQR2: the {which} Gram matrix is not "
-                         f"numerically positive definite ({exc})") from exc
+                         f"numerically positive definite ({exc})", float("inf")) from exc
+    if not bool(backend.all_finite(r)):
+        raise _Breakdown(f"collective CholQR2: the {which} Gram matrix is out of range "
+                         "(a column's squares over- or underflow)", float("inf"))
+    return r
 
 
-def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, *blocks: Any) -> dict[str, Any]:
+def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, want_q: bool, prec: str,
+                    check: bool, *blocks: Any) -> tuple[dict[str, Any], list[Any]]:
     """CholQR2 over this worker's blocks, the Gram sums by all-reduce."""
     from distributed import get_worker
 
     comm = _REGISTRY[cid, get_worker().address]
     backend = block_backend(blocks[0] if blocks else like)
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     calls0 = comm.calls
     try:
-        return _cholqr2_body(comm, backend, n, dtype, blocks, t0, calls0)
+        with backend.ignore_fp_warnings():  # a Gram matrix out of range breaks down below
+            info, q = _cholqr2_body(comm, backend, n, dtype, blocks, want_q, prec, check, t0,
+                                    calls0)
     except _Breakdown as exc:
-        return {"breakdown": str(exc), "rank": comm.rank}
+        info, q = {"breakdown": str(exc), "rank": comm.rank, "cond": exc.args[1]}, []
+    info["wall"] = (wall0, time.time())  # the host's clock: the call's timeline
+    return info, q
 
 
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
-                  t0: float, calls0: int) -> dict[str, Any]:
+                  want_q: bool, prec: str, check: bool, t0: float, calls0: int,
+                  first_gram: Any = None,
+                  r_everywhere: bool = False) -> tuple[dict[str, Any], list[Any]]:
+    """CholQR2's passes over ``blocks``; ``first_gram``: the summed ``A^H A`` already
+    made (a host array, the same on every rank), in place of the first pass."""
+    from mpqr.backends.dask._blocks import _finite
+
+    from mpqr.policy import fused_gemm
+    from mpqr.qr import cholqr as c
     from mpqr.qr.gram_blocked import gram
 
     xp = backend.xp
     dev = getattr(blocks[0], "device", None) if blocks else None
+    dt = getattr(xp, dtype)
+    m = sum(b.shape[0] for b in blocks)
 
-    def gram_sum(parts: list[Any], label: str) -> Any:
-        # one block's temporaries at a time: a worker holds its A, its Q and one block
-        g = xp.zeros((n, n), dtype=getattr(xp, dtype), device=dev)
-        for p in parts:
-            g = g + gram(backend, p() if callable(p) else p, None, label)
-        return comm.allreduce_sum(g)
+    def zeros(shape: tuple[int, ...]) -> Any:
+        return xp.zeros(shape, dtype=dt, device=dev) if dev is not None else \
+            xp.zeros(shape, dtype=dt)
 
-    g1 = gram_sum(list(blocks), "collective-gram1")
-    r1 = _chol(backend, g1, "first")
-    g2 = gram_sum([lambda b=b: backend.right_solve_upper(b, r1) for b in blocks],
-                  "collective-gram2")
-    eye = xp.eye(n, dtype=g2.dtype, device=dev)
+    # pass 1: each block's Gram product added up (no concatenation: one block at a time)
+    g = zeros((n, n))
+    bad = 0
+    for b in (blocks if first_gram is None else ()):
+        gb = gram(backend, b, prec, "collective-gram1")
+        if check and not _finite(backend, b, gb, True):
+            bad += 1
+        g = g + gb
+    if check:  # a count of non-finite blocks rides on the first sum
+        g = xp.concat([g, xp.full((1, n), float(bad), dtype=dt, device=dev)
+                       if dev is not None else xp.full((1, n), float(bad), dtype=dt)])
+    g = comm.allreduce_sum(g) if first_gram is None else backend.from_small(first_gram, g)
+    if check:
+        if float(g[n, 0]) > 0:
+            return {"nonfinite": True, "rank": comm.rank}, []
+        g = g[:n]
+    r1 = _chol(backend, g, "first")
+    # pass 2: the Gram matrix of Q1 = A R1^-1, as the in-core CholQR2 forms it: up to
+    # backend.fused_cholqr_max_n columns (float64, native products) in the solve's own
+    # pass over A (Q1 never stored), else Q1 by a GEMM by R1^-1 where R1 is well
+    # conditioned (by substitution where not), kept for Q when Q is wanted
+    fused = (backend.fused_cholqr_max_n is not None and n <= backend.fused_cholqr_max_n
+             and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
+                                                   engine="native-fp64", precision=prec,
+                                                   label="collective-gram2"))
+    inv1 = None if fused or not blocks else c.inverse_and_cond(backend, r1)
+    g2 = zeros((n, n))
+    kept = []
+    for b in blocks:
+        if fused:
+            g2 = g2 + backend.right_solve_gram(b, r1)
+        else:
+            w = c._apply_inverse(backend, backend, b, r1, "cholqr2", prec, inverse=inv1)
+            g2 = g2 + gram(backend, w, prec, "collective-gram2")
+            if want_q:
+                kept.append(w)
+            del w
+    g2 = comm.allreduce_sum(g2)
+    eye = xp.eye(n, dtype=g2.dtype, device=dev) if dev is not None else \
+        xp.eye(n, dtype=g2.dtype)
     cert = float(xp.linalg.matrix_norm(g2 - eye))
+    info = {"r": None, "cert": cert, "rank": comm.rank, "fused": bool(fused)}
     if cert > 0.5:  # every rank holds the same g2: every rank returns here
-        return {"q": [], "r": None, "cert": cert, "rank": comm.rank,
-                "collectives": comm.calls - calls0, "seconds": time.perf_counter() - t0}
+        info.update(collectives=comm.calls - calls0, seconds=time.perf_counter() - t0)
+        return info, []
     r2 = _chol(backend, g2, "second")
-    out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
     r = gemm(r2, r1, label="collective-r", backend=backend)
-    return {"q": out, "r": to_host(r) if comm.rank == 0 else None, "cert": cert,
-            "rank": comm.rank, "collectives": comm.calls - calls0,
-            "seconds": time.perf_counter() - t0}
+    out = []
+    if want_q and blocks and fused:  # Q from A in one pass a block
+        out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
+        info["q_by"] = "fused-solve"
+    elif want_q and blocks:  # Q = Q1 R2^-1 (cond(R2) <= sqrt(3): a GEMM), Q1 freed a block
+        inv2 = c.inverse_and_cond(backend, r2)  # at a time
+        for j in range(len(kept)):
+            out.append(c._apply_inverse(backend, backend, kept[j], r2, "cholqr2", prec,
+                                        inverse=inv2))
+            kept[j] = None
+        info["q_by"] = "q1-times-inverse"
+    info.update(r=to_host(r) if comm.rank == 0 or r_everywhere else None,
+                collectives=comm.calls - calls0,
+                seconds=time.perf_counter() - t0)
+    return info, out
 
 
-def _pick(res: dict[str, Any], j: int) -> Any:
-    return res["q"][j]
+def _pick(res: tuple[dict[str, Any], list[Any]], j: int) -> Any:
+    """Block ``j`` of the worker's ``Q`` (the same array, no copy)."""
+    return res[1][j] if j < len(res[1]) else None
+
+
+def _info(res: tuple[dict[str, Any], list[Any]]) -> dict[str, Any]:
+    """The task's small results (``R`` on rank 0, the certificate, counts)."""
+    return res[0]
 
 
 # --- the client's side -----------------------------------------------------------------
 
 def _block_futures(client: Any, x: Any) -> list[Any]:
-    from distributed import futures_of
+    """The futures of ``x``'s row blocks: its own where it is persisted (or its blocks
+    are futures under other keys), else ``x`` persisted first (one graph more)."""
+    from distributed import Future, futures_of
 
+    graph = x.__dask_graph__()
+    direct = [graph.get(k) for k in _row_keys(x)]
+    if all(isinstance(f, Future) for f in direct):
+        return direct
     order = {f.key: f for f in futures_of(x)}
     if not all(k in order for k in _row_keys(x)):  # not persisted as these blocks
         x = client.persist(x)
@@ -262,29 +489,139 @@ def _block_futures(client: Any, x: Any) -> list[Any]:
 
 
 def _row_keys(x: Any) -> list[Any]:
-    return [k[0] for k in x.__dask_keys__()]
+    return [k if x.ndim == 1 else k[0] for k in x.__dask_keys__()]
 
 
-def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
-            retries: int = 1) -> tuple[Any, Any]:
+def assign(holders: list[Any], rows: tuple[int, ...], ranks: dict[str, int]
+           ) -> dict[str, list[int]]:
+    """Which worker reads each block: its holder; a block held by several (replicated,
+    e.g. by an earlier ``compute``) goes to the holder with the fewest rows so far, after
+    the blocks held once are counted; a block held by no worker of the communicator to
+    the least loaded worker (Dask moves it there)."""
+    per: dict[str, list[int]] = {w: [] for w in ranks}
+    load = dict.fromkeys(ranks, 0)
+    mine = [[w for w in hs if w in per] for hs in holders]
+    for i in sorted(range(len(mine)), key=lambda i: len(mine[i]) != 1):
+        w = min(mine[i] or per, key=lambda w: (load[w], ranks[w]))
+        per[w].append(i)
+        load[w] += rows[i]
+    for idx in per.values():
+        idx.sort()
+    return per
+
+
+#: fraction of a worker's ``memory_limit`` at which distributed pauses it (its default)
+PAUSE_FRACTION = 0.8
+
+
+def check_memory(limits: dict[str, int], held: dict[str, int]) -> None:
+    """Raise where a worker's ``memory_limit`` cannot hold its blocks of ``x`` and of ``Q``.
+
+    distributed counts a CuPy block's bytes against the worker's (host) memory limit and
+    pauses the worker at :data:`PAUSE_FRACTION` of it; a paused worker runs no task, so
+    the collective call would wait on it. ``limits``: worker -> ``memory_limit`` (0: no
+    limit); ``held``: worker -> bytes of its blocks of ``x`` and of ``Q``.
+    """
+    short = {w: (b, limits.get(w, 0)) for w, b in held.items()
+             if limits.get(w, 0) and b > PAUSE_FRACTION * limits[w]}
+    if short:
+        gib = 2.0**30
+        what = "; ".join(f"{w}: memory_limit {lim / gib:.2f} GiB, its blocks of x and Q "
+                         f"{b / gib:.2f} GiB" for w, (b, lim) in sorted(short.items()))
+        raise MemoryError(
+            f"collective route: the worker memory limit is below the blocks it holds "
+            f"({what}); distributed would pause the worker at {PAUSE_FRACTION:.0%} of its "
+            f"limit and the call would wait on it. Start the workers with memory_limit=0 "
+            f"(CuPy blocks live in device memory) or a limit above twice their share of x")
+
+
+def _wait_or_lost(client: Any, futs: list[Any], ranks: dict[str, int]) -> None:
+    """Wait for ``futs``; raise :class:`CollectiveError` as soon as a worker of the
+    communicator has left the cluster (its task would wait for it forever)."""
+    from distributed import wait
+
+    deadline = time.monotonic() + TIMEOUT + 10
+    while True:
+        try:
+            wait(futs, timeout=0.25)
+            return
+        except TimeoutError:
+            pass
+        failed = [f for f in futs if f.status == "error"]
+        if failed:  # the other ranks wait for it at their next all-reduce
+            raise CollectiveError(f"a worker's task failed: {failed[0].exception()!r}")
+        gone = set(ranks) - set(client.ncores())
+        if gone:
+            exc = CollectiveError(f"worker(s) {sorted(gone)} left the cluster during the "
+                                  f"call")
+            exc.gone = gone
+            raise exc
+        if time.monotonic() > deadline:
+            raise CollectiveError(f"collective call did not finish in {TIMEOUT + 10:.0f} s")
+
+
+class _Where:
+    """Worker restrictions by key (a graph-wide annotation the scheduler calls per key)."""
+
+    def __init__(self, where: dict[Any, list[str]]):
+        self.where = where
+
+    def __call__(self, key: Any) -> list[str] | None:
+        return self.where.get(key)
+
+
+def submit_graph(client: Any, dsk: dict[Any, Any], where: dict[Any, list[str]]) -> dict[Any, Any]:
+    """Send ``dsk`` (legacy task tuples; futures as arguments) as ONE graph, each task
+    restricted to ``where[key]`` (no other worker, no retry: a task of a collective
+    call cannot move). Returns the futures by key."""
+    import dask
+
+    with dask.annotate(workers=_Where(where), allow_other_workers=False, retries=0):
+        futs = client.get(dsk, list(dsk), sync=False)
+    return dict(zip(dsk, futs))
+
+
+def _timeline(marks: dict[str, float], walls: list[tuple[float, float]]) -> dict[str, float]:
+    """Where a call's time went (ms; the client's and the workers' clocks of one host):
+    before the graph went out, until the first worker task started, the slowest task,
+    until the client had the results, until Q's blocks were in place."""
+    first, last = min(w[0] for w in walls), max(w[1] for w in walls)
+    out = {"before_submit": marks["submit"] - marks["start"],
+           "submit_to_task": first - marks["submit"], "tasks": last - first,
+           "task_to_results": marks["results"] - last}
+    if "q" in marks:
+        out["results_to_q"] = marks["q"] - marks["results"]
+    return {k: round(1e3 * v, 2) for k, v in out.items()}
+
+
+def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int = 1,
+            want_q: bool = True, precision: str = "auto",
+            check_finite: bool = False) -> tuple[Any, Any]:
     """``(Q, R)`` of a dask array chunked by rows by the collective route.
 
     Parameters
     ----------
     x : dask.array.Array, shape (m, n)
         Row chunks only; persisted blocks are used where they are (else persisted
-        first).
+        first). A worker that holds none of them takes part with a zero Gram matrix.
     client : distributed.Client, optional
         Default: the current client.
     kind : {"nccl", "thread"}, optional
         The communicator; default NCCL for CuPy blocks, threads otherwise.
     retries : int
         Runs from the inputs after a worker was lost, each on a new communicator.
+    want_q : bool
+        False: ``R`` only (no ``Q`` is written; ``Q`` is None).
+    precision : str
+        The blocks' Gram products' precision (a native one: ``"auto"``, ``"fp64"``...).
+    check_finite : bool
+        Raise ``ValueError`` where ``x`` holds NaN or Inf (read from the Gram matrices'
+        diagonals, the blocks themselves only where those are not finite).
 
     Returns
     -------
-    Q : dask.array.Array, shape (m, n)
-        Its blocks held where ``x``'s are, ``x``'s row chunks.
+    Q : dask.array.Array, shape (m, n), or None
+        Persisted: its blocks held where ``x``'s are, ``x``'s row chunks.
     R : numpy.ndarray, shape (n, n)
 
     Raises
@@ -294,6 +631,11 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
         CholQR2's certificate ``||Q_1^H Q_1 - I||_F <= 1/2``.
     CollectiveError
         A worker was lost or failed, after ``retries`` further runs.
+    ValueError
+        ``x`` is not chunked by rows only, or holds NaN or Inf (``check_finite``).
+    MemoryError
+        A worker's ``memory_limit`` is below its blocks of ``x`` and ``Q``
+        (:func:`check_memory`).
     """
     import dask.array as da
     from distributed import default_client, wait
@@ -307,52 +649,92 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None,
     if kind is None:
         kind = "nccl" if type(meta).__module__.startswith("cupy") else "thread"
     last: Exception | None = None
+    t_start, marks = time.perf_counter(), {"start": time.time()}
+    lost: set[str] = set()
     for attempt in range(retries + 1):
-        h = communicator(client, kind, renew=attempt > 0)
+        try:
+            h = communicator(client, kind, renew=attempt > 0, check=False,
+                             exclude=frozenset(lost))
+        except CollectiveError as exc:
+            if not attempt:
+                raise
+            last = exc
+            continue
         futs = _block_futures(client, x)
         wait(futs)
         where = client.who_has(futs)
-        per: dict[str, list[int]] = {w: [] for w in h.ranks}
-        for i, f in enumerate(futs):
-            holders = [w for w in where[f.key] if w in per]
-            if not holders:
-                raise CollectiveError(f"block {i} of x is held by no worker of the "
-                                      f"communicator ({where[f.key]})")
-            per[holders[0]].append(i)
-        tasks = {w: client.submit(_worker_cholqr2, h.cid, n, str(x.dtype), meta,
-                                  *[futs[i] for i in idx], workers=[w],
-                                  allow_other_workers=False, pure=False, retries=0)
-                 for w, idx in per.items()}
+        if any(w not in h.ranks for f in futs for w in where[f.key]):
+            h = communicator(client, kind)  # the cluster changed: asks the scheduler
+        per = assign([where[f.key] for f in futs], x.chunks[0], h.ranks)
+        rowbytes = n * x.dtype.itemsize
+        check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i] for i in idx)
+                                for w, idx in per.items()})
+        name = "collective-q-" + uuid.uuid4().hex
+        dsk, where = {}, {}
+        for w, idx in per.items():
+            task, info = (f"{name}-task", h.ranks[w]), (f"{name}-info", h.ranks[w])
+            dsk[task] = (bind(_worker_cholqr2), h.cid, n, str(x.dtype), meta, want_q, precision,
+                         check_finite, *[futs[i] for i in idx])
+            where[task] = [w]
+            if want_q:  # else the task's result is small itself: gathered, no task more
+                dsk[info] = (_info, task)
+                where[info] = [w]
+            # Q's blocks: the worker's arrays, kept on it
+            for j, i in enumerate(idx if want_q else ()):
+                dsk[name, i, 0] = (_pick, task, j)
+                where[name, i, 0] = [w]
+        marks["submit"] = time.time()
+        got = submit_graph(client, dsk, where)
+        _held.release()  # the last call's task futures, now that this graph is out
+        tasks = {w: got[f"{name}-task", h.ranks[w]] for w in per}
+        infos = [got[f"{name}-info" if want_q else f"{name}-task", h.ranks[w]] for w in per]
+        blocks = [got[name, i, 0] for i in range(len(futs))] if want_q else []
         try:
-            wait(list(tasks.values()), timeout=TIMEOUT + 10)
-            res = {w: t.result() for w, t in tasks.items()}
+            _wait_or_lost(client, infos, h.ranks)
+            res = client.gather(infos)
+            if not want_q:
+                res = [v[0] for v in res]
+            marks["results"] = time.time()
         except Exception as exc:  # a lost worker, a timeout, an aborted all-reduce
-            client.run(_abort, h.cid)
-            for t in tasks.values():
-                t.cancel()
+            lost |= getattr(exc, "gone", set())
+            client.run(_abort, h.cid, on_error="ignore")  # a closing worker may not answer
+            forget(client, h)
+            for f in [*tasks.values(), *infos, *blocks]:
+                f.cancel()
             last = exc
             continue
-        r0 = next(v for v in res.values() if v["rank"] == 0)
+        r0 = next(v for v in res if v["rank"] == 0)
+        if r0.get("nonfinite"):
+            raise ValueError("array must not contain infs or NaNs (`x`)")
         if "breakdown" in r0:
-            raise BreakdownError(r0["breakdown"], method="cholqr2")
+            raise BreakdownError(r0["breakdown"], method="cholqr2",
+                                 cond_estimate=r0["cond"])
         if r0["cert"] > 0.5:
             raise BreakdownError(f"collective CholQR2 not certified: ||Q_1^H Q_1 - I||_F"
-                                 f" = {r0['cert']:.2e} > 1/2", method="cholqr2")
-        blocks: list[Any] = [None] * len(futs)
-        for w, idx in per.items():  # views of the worker's Q, kept on it
-            for j, i in enumerate(idx):
-                blocks[i] = client.submit(_pick, tasks[w], j, workers=[w], pure=False)
-        q = da.concatenate([da.from_delayed(b, (x.chunks[0][i], n), dtype=x.dtype,
-                                            meta=meta)
-                            for i, b in enumerate(blocks)], axis=0)
+                                 f" = {r0['cert']:.2e} > 1/2", method="cholqr2",
+                                 cond_estimate=float("inf"))
+        q = None
+        if want_q:
+            wait(blocks)
+            q = da.Array({b.key: b for b in blocks}, name, (x.chunks[0], (n,)), meta=meta)
+        marks["q"] = time.time()
+        # released after the next call's graph has gone out (or a moment later): a
+        # release sent now would hold that graph back in the client's 10 ms batching
+        _held.hold(client, [*tasks.values(), *infos])
         record_event("dask-collective",
                      f"dask: collective CholQR2 ({kind}) over {len(per)} workers, "
-                     f"{len(futs)} blocks: {len(per)} compute tasks, {len(futs)} tasks that "
-                     f"name Q's blocks, {r0['collectives']} all-reduces per worker",
-                     route="collective", communicator=kind, tasks=len(per),
-                     block_tasks=len(futs),
-                     collectives=r0["collectives"], attempts=attempt + 1,
-                     seconds=max(v["seconds"] for v in res.values()))
+                     f"{len(futs)} blocks: one graph of {len(per)} compute tasks and "
+                     f"{want_q * (len(per) + len(futs))} tasks that name the results and "
+                     f"Q's blocks, "
+                     f"{r0['collectives']} all-reduces per worker",
+                     route="collective", communicator=kind, graphs=1, tasks=len(per),
+                     block_tasks=want_q * len(futs), collectives=r0["collectives"],
+                     fused_gram=r0["fused"], q_by=r0.get("q_by"),
+                     attempts=attempt + 1, workers=len(per),
+                     blocks_per_worker=[len(per[w]) for w in sorted(per)],
+                     seconds=max(v["seconds"] for v in res),
+                     call_seconds=time.perf_counter() - t_start,
+                     timeline_ms=_timeline(marks, [v["wall"] for v in res]))
         return q, r0["r"]
     raise CollectiveError(f"collective CholQR2 failed on {retries + 1} attempts (a worker "
                           f"lost or failed); last error: {type(last).__name__}: {last}") \

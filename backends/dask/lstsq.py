@@ -99,10 +99,21 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     wdt = rules.lapack_dtype(xp, a.dtype, b.dtype)
     aw = a if a.dtype == wdt else a.astype(wdt)
     bw = b if b.dtype == wdt else b.astype(wdt)
+    solver: Any = DaskSolver
+    route: dict[str, Any] = {}
+    if refine is not None:  # the direct solution needs Q: the scheduler route
+        from mpqr.backends.dask import collective
+
+        picked = collective.route(aw, method="auto", prec_name=prec_name, what="lstsq")
+        if picked is not None:
+            from mpqr.backends.dask.collective_lstsq import CollectiveSolver
+
+            solver, route = CollectiveSolver, {"client": picked[0], "kind": picked[1]}
     x, res, rank, s = lstsq_2d(backend, aw, bw, cond, lapack_driver, prec_name, refine, tol,
                                maxiter,
-                               solver=functools.partial(DaskSolver, check_finite=check_finite,
-                                                        vector=bw if bw.ndim == 1 else None))
+                               solver=functools.partial(solver, check_finite=check_finite,
+                                                        vector=bw if bw.ndim == 1 else None,
+                                                        **route))
     return _wrap(da, x), _wrap(da, res), rank, (None if s is None else _wrap(da, s))
 
 

@@ -81,8 +81,45 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
             "mode='reduced' (or compute a small x into memory first)")
     if precision is not None:
         validate_precision(precision)
+    done = _collective(x, mode, precision, method, check_finite)
+    if done is not None:
+        return done
     q, r = factor(x, want_q=mode != "r", precision=precision, method=method,
                   check_finite=check_finite)
+    return QRResult(q, r) if mode != "r" else r
+
+
+def _collective(x: Any, mode: str, precision: Any, method: str, check_finite: bool) -> Any:
+    """``qr``'s result by the collective route (:mod:`mpqr.backends.dask.collective`)
+    where it applies and CholQR2 holds, else None (the scheduler route then runs; a
+    breakdown falls back to it as the in-core CholQR2 falls back)."""
+    from mpqr.backends.dask import collective
+
+    from mpqr.qr.in_memory import QRResult
+
+    da = require_dask()
+    check_layout(x, "x")
+    m, n = x.shape
+    if m < n or m == 0 or n == 0 or x.dtype.kind != "f":
+        return None
+    prec_name, _ = resolve_precision(precision)
+    backend = get_backend(_meta_namespace(x))
+    own = precision_of(backend, prec_name, x.dtype, "cholqr2") if method == "auto" \
+        else prec_name
+    picked = collective.route(x, method=method, prec_name=own, what="qr")
+    if picked is None:
+        return None
+    client, kind = picked
+    try:
+        q, r = collective.cholqr2(x, client=client, kind=kind, want_q=mode != "r",
+                                  precision=own, check_finite=check_finite)
+    except BreakdownError as exc:
+        record_event("fallback", f"qr (dask): the collective CholQR2 broke down ({exc}); "
+                     "the scheduler route's fallbacks run", method="cholqr2",
+                     fallback="scheduler", reason=str(exc))
+        return None
+    r = backend.from_small(r, x._meta)
+    r = da.from_array(r, chunks=r.shape, asarray=False)
     return QRResult(q, r) if mode != "r" else r
 
 

@@ -2,13 +2,17 @@
 
 ``python bench/probes/nccl_gpu.py``: one Dask worker per GPU (a ``distributed``
 ``SpecCluster`` of nannies, each with its own ``CUDA_VISIBLE_DEVICES``; no dask-cuda),
-CuPy blocks of ``2^22 x 64`` float64 made on their workers. Checks (PASS/FAIL) the
-route against NumPy on ``2^20 x 64`` (backward error, orthogonality, ``|R|``, Q's
-blocks on their A blocks' workers), then times (median of ``REPEAT`` after a warm-up,
-``Q`` persisted): in core on one GPU (a task on worker 0, no Dask in the loop), 1 and 2
-workers on ``2^26 x 64``, weak scaling ``2^26 x 64`` per GPU, and
-``dask.array.linalg.tsqr`` / ``lstsq`` on the 2-worker cluster and the same chunks.
-Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``).
+CuPy blocks of ``2^22 x 64`` float64 made on their workers (``memory_limit=0``: the
+blocks are device memory). Checks (PASS/FAIL) the route against NumPy on ``2^18 x 64``
+in 16 blocks, placed evenly, unevenly (3 and 13) and all on one worker (the other takes
+part with a zero Gram matrix): backward error, orthogonality, ``|R|``, Q's blocks on
+their A blocks' workers, the trace's counts. Then times (median of ``REPEAT`` after a
+warm-up, ``Q`` persisted; each call's timeline from its trace): Dask's own round trip,
+in core on one GPU (a task on worker 0 of the two-worker cluster, no Dask in the loop),
+2 and then 1 workers on ``2^24`` and ``2^26 x 64`` (``qr``, ``mode="r"``, ``lstsq``),
+weak scaling ``2^26 x 64`` per GPU, and ``dask.array.linalg.tsqr`` / ``lstsq`` (one
+call each) on the two-worker cluster and the same chunks. Writes ``$OUT/nccl.json``
+(``OUT`` default ``/tmp``) after each step.
 
 ``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
 small shapes (a smoke test of the script itself).
@@ -27,12 +31,16 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CPU = os.environ.get("MPQR_PROBE_CPU") == "1"
 N = 64
-BLOCK = 2**12 if CPU else 2**22
-ROWS = 2**15 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
-CHECK_ROWS = 2**14 if CPU else 2**20
+BLOCK = 2**10 if CPU else 2**22
+ROWS = 2**14 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
+SMALL_ROWS = 2**12 if CPU else 2**24
+CHECK_ROWS = 2**12 if CPU else 2**18
+CHECK_BLOCK = 2**8 if CPU else 2**14  # 16 blocks for the checks
 REPEAT = 3 if CPU else 5
-REF_REPEAT = 2
-results: dict = {"checks": {}, "times_ms": {}, "errors": {}, "cpu_smoke": CPU}
+REF_REPEAT = 1
+T0 = time.perf_counter()
+results: dict = {"checks": {}, "times_ms": {}, "errors": {}, "cpu_smoke": CPU, "clock": {}}
+_REF: dict = {}
 
 
 def _make(seed: int, rows: int, n: int) -> object:
@@ -49,6 +57,10 @@ def _sync() -> int:
 
         cupy.cuda.Device().synchronize()
     return 0
+
+
+def _noop(v: int) -> int:
+    return v
 
 
 def _free() -> int:
@@ -75,7 +87,7 @@ def cluster(k: int):
                          dashboard_address=None, silence_logs=40)
     else:
         workers = {i: {"cls": Nanny, "options": {
-            "nthreads": 1, "silence_logs": 40,
+            "nthreads": 1, "silence_logs": 40, "memory_limit": 0,
             "env": {"CUDA_VISIBLE_DEVICES": str(i), "PYTHONPATH": os.pathsep.join(
                 filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}}} for i in range(k)}
         c = SpecCluster(workers=workers, scheduler={
@@ -83,23 +95,38 @@ def cluster(k: int):
     return c, Client(c)
 
 
-def blocks(client, rows: int, seed: int, k: int):
-    """``rows x N`` in BLOCK-row blocks, contiguous ranges of blocks on each worker."""
+def blocks(client, rows: int, seed: int, k: int, block: int = BLOCK, counts=None):
+    """``rows x N`` in ``block``-row blocks, contiguous ranges of blocks on each worker
+    (``counts[w]`` blocks on worker ``w`` where given, else as even as they go)."""
     import dask.array as da
 
     workers = sorted(client.scheduler_info()["workers"])
-    nb = rows // BLOCK
-    futs = [client.submit(_make, seed * 100003 + i, BLOCK, N, workers=[workers[i * k // nb]],
+    nb = rows // block
+    if counts is None:
+        owner = [workers[i * k // nb] for i in range(nb)]
+    else:
+        owner = [w for w, c in zip(workers, counts) for _ in range(c)]
+        nb = len(owner)
+    futs = [client.submit(_make, seed * 100003 + i, block, N, workers=[owner[i]],
                           pure=False) for i in range(nb)]
     client.gather(client.map(lambda v: 0, futs))  # made; nothing moved
-    x = da.concatenate([da.from_delayed(f, (BLOCK, N), dtype=np.float64, meta=_meta())
-                        for f in futs], axis=0).persist()  # keys of its own, same places
-    del futs
+    # the futures themselves as the blocks: no task that could run on another worker
+    name = f"probe-{seed}-{rows}-{block}-{k}-{len(futs)}-{time.perf_counter_ns()}"
+    x = da.Array({(name, i, 0): f for i, f in enumerate(futs)}, name,
+                 ((block,) * len(futs), (N,)), dtype=np.float64, meta=_meta())
     return x, None
 
 
-def median_ms(fn, repeat: int) -> float:
-    fn()
+def save() -> None:
+    """The results so far to ``$OUT/nccl.json`` (kept should a later step run out of time)."""
+    out = os.path.join(os.environ.get("OUT", "/tmp"), "nccl.json")
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+def median_ms(fn, repeat: int, warmup: bool = True) -> float:
+    if warmup:
+        fn()
     ts = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -120,10 +147,24 @@ def part(name):
     return deco
 
 
-def _in_core(rows: int) -> float:
+@part("round trip")
+def round_trips(client, k):
+    """Dask's own floor: one task's round trip, and one task a worker gathered."""
+    ws = sorted(client.scheduler_info()["workers"])
+    results["times_ms"][f"submit().result() round trip, {k} workers"] = median_ms(
+        lambda: client.submit(_noop, 0, pure=False, workers=ws[:1]).result(), 9)
+    results["times_ms"][f"one task a worker, gathered, {k} workers"] = median_ms(
+        lambda: client.gather([client.submit(_noop, 0, pure=False, workers=[w])
+                               for w in ws]), 9)
+
+
+def _in_core(rows: int) -> dict:
+    """Median ms of ``mpqr.qr`` and ``mpqr.lstsq`` of a ``rows x N`` CuPy array (``b``
+    one column) on this worker's GPU."""
     import mpqr
 
     a = _make(7, rows, N)
+    b = a[:, :1] * 2 + 1
     _sync()
 
     def one():
@@ -131,39 +172,69 @@ def _in_core(rows: int) -> float:
         _sync()
         del q, r
 
-    ms = median_ms(one, REPEAT)
-    _free()
-    return ms
+    def ls():
+        mpqr.lstsq(a, b)
+        _sync()
+
+    out = {"qr": median_ms(one, REPEAT), "lstsq": median_ms(ls, REPEAT)}
+    return out
 
 
-@part("check")
-def check(client, k):
+def check(client, k, counts=None, label=""):
+    try:
+        _check(client, k, counts, label)
+    except Exception:
+        results["errors"][f"check {label}"] = traceback.format_exc()
+        results["checks"][label] = {"pass": False}
+        print(f"check {label}: FAIL\n{results['errors'][f'check {label}']}")
+
+
+def _check(client, k, counts, label):
     from distributed import futures_of, wait
     from mpqr.backends.dask import collective
 
     import mpqr
 
-    x, _ = blocks(client, CHECK_ROWS, 1, k)
+    x, _ = blocks(client, CHECK_ROWS, 1, k, CHECK_BLOCK, counts)
     with mpqr.explain() as tr:
         q, r = collective.cholqr2(x)
-    q = q.persist()
     wait(q)
-    ka, kq = client.who_has(futures_of(x)), client.who_has(futures_of(q))
-    placed = ([ka[kk[0]] for kk in x.__dask_keys__()]
-              == [kq[kk[0]] for kk in q.__dask_keys__()])
-    a = np.asarray(x.compute().get() if not CPU else x.compute())
+    fa = [x.__dask_graph__()[kk[0]] for kk in x.__dask_keys__()]  # the blocks' futures
+    ka, kq = client.who_has(fa), client.who_has(futures_of(q))
+    placed = ([ka[f.key] for f in fa] == [kq[kk[0]] for kk in q.__dask_keys__()])
+    if "a" not in _REF:  # every placement holds the same matrix (seeds by block index)
+        _REF["a"] = np.asarray(x.compute().get() if not CPU else x.compute())
+        _REF["r"] = np.linalg.qr(_REF["a"], mode="r")
+        bh = _REF["a"][:, :1] * 2 + 1 + _REF["a"][:, 1:2] * 1e-3
+        _REF["x"] = np.linalg.lstsq(_REF["a"], bh, rcond=None)[0]
+    a, rref = _REF["a"], _REF["r"]
     qh = np.asarray(q.compute().get() if not CPU else q.compute())
     u = np.finfo(np.float64).eps
     bw = float(np.linalg.norm(a - qh @ r) / np.linalg.norm(a))
     orth = float(np.linalg.norm(qh.T @ qh - np.eye(N)) / N)
-    rref = np.linalg.qr(a, mode="r")
     rerr = float(np.max(np.abs(np.abs(r) - np.abs(rref))) / np.abs(rref).max())
     ev = next(e.data for e in tr.events if e.kind == "dask-collective")
     ok = bw < 20 * N * u and orth < 20 * N * u and rerr < 1e3 * u and placed \
         and ev["tasks"] == k and ev["collectives"] == 2
-    results["checks"][f"{k} workers"] = {"pass": ok, "backward": bw, "orthogonality": orth,
-                                         "r_rel": rerr, "placed": placed, "trace": ev}
-    print(f"check {k} workers: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
+    # lstsq against NumPy's on the same blocks (b a column beside A's blocks)
+    bd = (x[:, :1] * 2 + 1 + x[:, 1:2] * 1e-3).persist()
+    wait(bd)
+    with mpqr.explain() as tr2:
+        xs, _res, rank, _s = mpqr.lstsq(x, bd)
+    ev2 = [e.data for e in tr2.events if e.kind == "dask-collective"]
+    why = [e.data for e in tr2.events if e.kind in ("dask-route", "fallback", "refine")]
+    xr = _REF["x"]
+    xh = np.asarray(xs.compute().get() if not CPU else xs.compute())
+    lerr = float(np.linalg.norm(xh - xr) / np.linalg.norm(xr))
+    lok = bool(ev2) and lerr < 1e3 * u and rank == N
+    results["checks"][label + " lstsq"] = {"pass": lok, "x_rel": lerr, "rank": rank,
+                                          "trace": ev2[0] if ev2 else None, "route": why}
+    print(f"check lstsq {label}: {'PASS' if lok else 'FAIL'}  x rel {lerr:.2e} rank {rank}"
+          f" trace {ev2} route {why}")
+    results["checks"][label] = {"pass": ok, "backward": bw, "orthogonality": orth,
+                                "r_rel": rerr, "placed": placed, "trace": ev}
+    print(f"[{time.perf_counter() - T0:.0f} s] "
+          f"check {label}: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
           f" |R| {rerr:.2e} placed {placed} trace {ev}")
 
 
@@ -177,14 +248,34 @@ def time_collective(client, rows, k, label):
     collective.communicator(client, "thread" if CPU else "nccl")
     results["times_ms"]["communicator setup"] = 1e3 * (time.perf_counter() - t)
 
-    def one():
-        q, _ = collective.cholqr2(x)
-        q = q.persist()
-        wait(q)
-        del q
+    import mpqr
+
+    def one(mode="reduced", lab=label):
+        with mpqr.explain() as tr:  # mpqr.qr on the dask array: the collective route
+            out = mpqr.qr(x, mode=mode)
+        if mode != "r":
+            wait(out[0])
+        del out
+        ev = [e.data for e in tr.events if e.kind == "dask-collective"]
+        if not ev:
+            raise RuntimeError(f"mpqr.qr did not take the collective route: "
+                               f"{[e.data for e in tr.events if e.kind == 'dask-route']}")
+        results.setdefault("worker_seconds", {}).setdefault(lab, []).append(
+            [ev[0]["seconds"], ev[0]["call_seconds"]])
+        results.setdefault("traces", {})[lab] = ev[0]
 
     results["times_ms"][label] = median_ms(one, REPEAT)
-    print(f"{label}: {results['times_ms'][label]:.1f} ms")
+    print(f"[{time.perf_counter() - T0:.0f} s] "
+          f"{label}: {results['times_ms'][label]:.1f} ms  (worker task, call seconds: "
+          f"{results['worker_seconds'][label][-1]})")
+    print("  timeline (ms):", results["traces"][label].get("timeline_ms"))
+    if "2^24" not in label:
+        lr = label.replace("collective", "collective mode=r")
+        results["times_ms"][lr] = median_ms(lambda: one("r", lr), REPEAT)
+        print(f"{lr}: {results['times_ms'][lr]:.1f} ms  timeline (ms):",
+              results["traces"][lr].get("timeline_ms"))
+    results["clock"][label] = time.perf_counter() - T0
+    save()
     return x
 
 
@@ -200,20 +291,42 @@ def time_dask(client, x, label):
         r.compute()
         del q
 
-    results["times_ms"][f"dask tsqr {label}"] = median_ms(tsqr, REF_REPEAT)
+    results["times_ms"][f"dask tsqr {label}"] = median_ms(tsqr, REF_REPEAT, warmup=False)
     print(f"dask tsqr {label}: {results['times_ms'][f'dask tsqr {label}']:.1f} ms")
     b = x[:, :1] * 2 + 1  # b's blocks beside A's
     b = b.persist()
     wait(b)
     results["times_ms"][f"dask lstsq {label}"] = median_ms(
-        lambda: da.linalg.lstsq(x, b)[0].compute(), REF_REPEAT)
+        lambda: da.linalg.lstsq(x, b)[0].compute(), REF_REPEAT, warmup=False)
     print(f"dask lstsq {label}: {results['times_ms'][f'dask lstsq {label}']:.1f} ms")
+    time_lstsq(x, b, f"collective lstsq {label}")
+
+
+def time_lstsq(x, b, label):
+    import mpqr
+
+    def one():
+        with mpqr.explain() as tr:
+            out = mpqr.lstsq(x, b)
+        ev = [e.data for e in tr.events if e.kind == "dask-collective"]
+        if not ev:
+            raise RuntimeError(f"mpqr.lstsq did not take the collective route: "
+                               f"{[(e.kind, e.data) for e in tr.events if 'dask' in e.kind]}")
+        results.setdefault("traces", {})[label] = ev[0]
+        return out
+
+    results["times_ms"][label] = median_ms(one, REPEAT)
+    print(f"{label}: {results['times_ms'][label]:.1f} ms  trace {results['traces'][label]}")
 
 
 def main() -> None:
     from mpqr.backends.dask import collective
 
     t0 = time.perf_counter()
+    if CPU:  # NumPy blocks take the collective route only when asked
+        import dask
+
+        dask.config.set({collective.CONFIG_KEY: "collective"})
     ngpu = 2
     if not CPU:
         import cupy
@@ -222,34 +335,61 @@ def main() -> None:
         results["nccl"] = collective.nccl_available() or "loaded"
         results["device"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
         print("NCCL:", results["nccl"], "| GPUs:", ngpu, results["device"])
-    for k in sorted({1, ngpu}):
+    # the two-worker rows first (the in-core baseline on its worker 0, the other idle):
+    # should the time limit come, the rows the targets name are in the JSON already
+    for k in sorted({1, ngpu}, reverse=True):
         c, client = cluster(k)
+        print(f"[{time.perf_counter() - T0:.0f} s] cluster of {k} up")
         try:
-            if k == 1:
-                try:
-                    w = sorted(client.scheduler_info()["workers"])[0]
-                    ms = client.submit(_in_core, ROWS, workers=[w], pure=False).result()
-                    results["times_ms"]["in core, 1 GPU, 2^26"] = ms
-                    print(f"in core 1 GPU: {ms:.1f} ms")
-                except Exception:
-                    results["errors"]["in core"] = traceback.format_exc()
-                    print(results["errors"]["in core"])
-            check(client, k)
+            if k == ngpu:
+                for rows, lab in ((ROWS, "2^26"), (SMALL_ROWS, "2^24")):
+                    try:
+                        w = sorted(client.scheduler_info()["workers"])[0]
+                        ms = client.submit(_in_core, rows, workers=[w], pure=False).result()
+                        results["times_ms"][f"in core, 1 GPU, {lab}"] = ms["qr"]
+                        results["times_ms"][f"in core lstsq, 1 GPU, {lab}"] = ms["lstsq"]
+                        print(f"in core 1 GPU {lab}: qr {ms['qr']:.1f} ms, lstsq "
+                              f"{ms['lstsq']:.1f} ms")
+                    except Exception:
+                        results["errors"][f"in core {lab}"] = traceback.format_exc()
+                        print(results["errors"][f"in core {lab}"])
+            client.run(_free)
+            round_trips(client, k)
+            check(client, k, None, f"{k} workers, even")
+            if k > 1:
+                check(client, k, [3] + [13] * (k - 1), f"{k} workers, uneven")
+                check(client, k, [16] + [0] * (k - 1), f"{k} workers, one holds none")
+            x = time_collective(client, SMALL_ROWS, k, f"collective {k} workers, 2^24")
+            del x
             x = time_collective(client, ROWS, k, f"collective {k} workers, 2^26")
             if k > 1 and x is not None:
                 time_dask(client, x, f"{k} workers, 2^26")
+            elif x is not None:
+                try:
+                    b = (x[:, :1] * 2 + 1).persist()
+                    time_lstsq(x, b, f"collective lstsq {k} workers, 2^26")
+                    del b
+                except Exception:
+                    results["errors"]["lstsq 1 worker"] = traceback.format_exc()
+                    print(results["errors"]["lstsq 1 worker"])
             del x
             client.run(_free)
             if k > 1:
                 time_collective(client, ROWS * k, k, f"collective {k} workers, {k} x 2^26")
+            save()
         finally:
             client.close()
             c.close()
     tm = results["times_ms"]
-    base = tm.get("in core, 1 GPU, 2^26")
-    if base:
-        results["ratios_to_in_core"] = {k: v / base for k, v in tm.items()
-                                        if k.startswith("collective")}
+    results["ratios_to_in_core"] = {
+        k: v / tm[f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}"] for k, v in tm.items()
+        if k.startswith("collective") and " x " not in k and "mode=r" not in k
+        and f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}" in tm}
+    for k in ("1", "2"):
+        v, base = tm.get(f"collective lstsq {k} workers, 2^26"), tm.get(
+            "in core lstsq, 1 GPU, 2^26")
+        if v and base:
+            results["ratios_to_in_core"][f"collective lstsq {k} workers, 2^26"] = v / base
     two, one = tm.get("collective 2 workers, 2 x 2^26"), tm.get("collective 1 workers, 2^26")
     if two and one:
         results["weak_scaling_1_to_2"] = two / one
@@ -257,8 +397,9 @@ def main() -> None:
     if col2:
         for ref in ("tsqr", "lstsq"):
             v = tm.get(f"dask {ref} 2 workers, 2^26")
-            if v:
-                results[f"speedup_vs_dask_{ref}"] = v / col2
+            mine = col2 if ref == "tsqr" else tm.get("collective lstsq 2 workers, 2^26")
+            if v and mine:
+                results[f"speedup_vs_dask_{ref}"] = v / mine
     results["total_s"] = time.perf_counter() - t0
     print("\n".join(f"{k:40s} {v:9.1f} ms" for k, v in tm.items()))
     for k in ("ratios_to_in_core", "weak_scaling_1_to_2", "speedup_vs_dask_tsqr",

@@ -95,17 +95,36 @@ def _take(dask_scheduler: Any) -> dict[str, int]:
 
 def _cluster(gpus: int | None, workers: int) -> Any:
     if gpus:
-        from dask_cuda import LocalCUDACluster
-
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            return gpu_cluster(gpus)
         # no spilling to host: the timed calls' fresh copies of A share A's device memory,
         # which dask_cuda's accounting (80% of the device by default) counts twice
         return LocalCUDACluster(CUDA_VISIBLE_DEVICES=",".join(map(str, range(gpus))),
                                 device_memory_limit=None, dashboard_address=None,
-                                silence_logs=40)
+                                memory_limit=0, silence_logs=40)
     from distributed import LocalCluster
 
     return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                         dashboard_address=None, silence_logs=40)
+
+
+def gpu_cluster(gpus: int) -> Any:
+    """One worker process per GPU without dask_cuda: ``distributed`` nannies, each with
+    its own ``CUDA_VISIBLE_DEVICES``, one thread, and no memory limit (the blocks are
+    device memory, which distributed would count against the host's limit and pause
+    the worker at 80% of it)."""
+    import os
+
+    from distributed import Nanny, Scheduler, SpecCluster
+
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    workers = {i: {"cls": Nanny, "options": {
+        "nthreads": 1, "memory_limit": 0, "silence_logs": 40,
+        "env": {"CUDA_VISIBLE_DEVICES": str(i), "PYTHONPATH": path}}} for i in range(gpus)}
+    return SpecCluster(workers=workers, silence_logs=40, scheduler={
+        "cls": Scheduler, "options": {"dashboard_address": None}})
 
 
 def _matrix(gpu: bool, m: int, n: int, rows: int, dtype: str, seed: int = 0) -> Any:
@@ -128,6 +147,19 @@ def _run(client: Any, *arrays: Any) -> list[Any]:
     out = client.persist(list(arrays))
     wait(out)
     return out
+
+
+def _persisted(client: Any, x: Any) -> Any:
+    """``x`` persisted and waited for; no graph where its blocks are futures already."""
+    from dask.core import flatten
+    from distributed import futures_of, wait
+
+    have = {f.key: f for f in futures_of(x)}
+    keys = list(flatten(x.__dask_keys__()))
+    if all(k in have for k in keys):
+        wait([have[k] for k in keys])
+        return x
+    return _run(client, x)[0]
 
 
 def _fresh(client: Any, x: Any) -> Any:
@@ -242,7 +274,9 @@ def _qr_pair(client: Any, x: Any, repeat: int, reference: bool = True) -> dict[s
     import mpqr
 
     def ours(x: Any) -> Any:
-        return _run(client, *mpqr.qr(x))
+        # Q persisted (the collective route returns it so; R is data in memory)
+        q, r = mpqr.qr(x)
+        return [_persisted(client, q), r]
 
     def ours_r(x: Any) -> Any:
         # R is computed during the call (a one-chunk dask array of data in memory)
@@ -254,7 +288,8 @@ def _qr_pair(client: Any, x: Any, repeat: int, reference: bool = True) -> dict[s
     out: dict[str, Any] = {"mpqr_s": _median_time(client, ours, x, repeat),
                            "mpqr_r_s": _median_time(client, ours_r, x, repeat)}
     rt = _counted(client, ours, x)
-    rt["passes"] += 1  # Q's lazy pass, persisted
+    if rt["passes"]:  # the scheduler route: Q's lazy pass, persisted
+        rt["passes"] += 1
     out["round_trips"] = rt
     out["round_trips_r"] = _counted(client, ours_r, x)
     q, r = ours(x)
@@ -320,7 +355,8 @@ def _lstsq(client: Any, x: Any, gpu: bool, repeat: int, reference: bool = True
         return da.linalg.lstsq(x, b)[0].compute()
 
     def qr(x: Any) -> Any:
-        return _run(client, *mpqr.qr(x))
+        q, r = mpqr.qr(x)
+        return [_persisted(client, q), r]
 
     out: dict[str, Any] = {"shape": f"{m}x{n}", "blocks": len(x.chunks[0]),
                            "mpqr_s": _median_time(client, ours, x, repeat),
@@ -539,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                         "min(M / 2N, 2 chunk_rows) down by 2 to M / 128N)")
     p.add_argument("--no-reference", action="store_true",
                    help="leave dask.array.linalg's tsqr and lstsq out")
+    p.add_argument("--route", choices=("auto", "collective", "scheduler"), default="auto",
+                   help="the Dask route of mpqr's calls (dask config mpqr.dask.route; auto: "
+                        "collective for CuPy blocks on GPU workers with NCCL)")
     p.add_argument("--dtype", default="float64")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--skip", default="", help="comma-separated experiments to leave out")
@@ -558,9 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     import dask
     from distributed import Client
 
+    dask.config.set({"mpqr.dask.route": args.route})
+
     payload: dict[str, Any] = {
         "benchmark": "dask", "environment": environment(xp), "dask": dask.__version__,
-        "cluster": "LocalCUDACluster" if gpu else "LocalCluster (processes)", "workers": top,
+        "cluster": (_cluster_kind() if gpu else "LocalCluster (processes)"), "workers": top,
+        "route": args.route,
         "n": args.n, "dtype": args.dtype, "m_per_worker": args.m_per_worker,
         "block_rows": args.chunk_rows, "strong_m": args.strong_m or args.m_per_worker,
         "repeat": args.repeat}
@@ -590,10 +632,45 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(KeyError):
         weak = payload["weak_scaling"]
         payload["weak_efficiency"] = weak[0]["mpqr_s"] / weak[-1]["mpqr_s"]
+    payload["summary"] = summary(payload)
+    print(payload["summary"])
     write_json(args.json, payload)
     if args.png:
         plot(payload, args.png)
     return 0
+
+
+def _cluster_kind() -> str:
+    try:
+        import dask_cuda  # noqa: F401
+    except ImportError:
+        return "SpecCluster of nannies, one GPU each (no dask_cuda)"
+    return "LocalCUDACluster"
+
+
+def summary(payload: dict[str, Any]) -> dict[str, Any]:
+    """The ratios the targets speak of: ``qr`` with ``Q`` persisted on w workers over
+    in-core ``qr`` (strong scaling), the weak-scaling ratio (last over first), and
+    dask.array.linalg's tsqr and lstsq over mpqr's on the same cluster and chunks."""
+    out: dict[str, Any] = {}
+    core = {r["what"]: r.get("seconds") for r in payload.get("in_core", [])}
+    for row in payload.get("strong_scaling", []):
+        if core.get("qr"):
+            out[f"qr {row['workers']} workers / in core"] = row["mpqr_s"] / core["qr"]
+        if core.get("qr_r"):
+            out[f"qr mode=r {row['workers']} workers / in core"] = row["mpqr_r_s"] / core["qr_r"]
+    weak = payload.get("weak_scaling", [])
+    if len(weak) > 1:
+        out["weak scaling (last / first)"] = weak[-1]["mpqr_s"] / weak[0]["mpqr_s"]
+    for row in weak:
+        if row.get("speedup"):
+            out[f"dask tsqr / mpqr qr, {row['workers']} workers"] = row["speedup"]
+    for row in payload.get("lstsq", []):
+        if row.get("speedup"):
+            out[f"dask lstsq / mpqr lstsq, {row['workers']} workers"] = row["speedup"]
+        if core.get("lstsq"):
+            out[f"lstsq {row['workers']} workers / in core"] = row["mpqr_s"] / core["lstsq"]
+    return out
 
 
 def _last(args: Any, gpu: bool, skip: set[str], payload: dict[str, Any]) -> None:
