@@ -1,5 +1,5 @@
 """``lstsq`` by the collective route: one task per worker runs the distributed solver
-(:class:`mpqr.backends.dask.lstsq.DaskSolver`) over that worker's block pairs, each of
+(:class:`mpqr.backends.dask.solver.DaskSolver`) over that worker's block pairs, each of
 its passes a local sum and one all-reduce instead of a graph.
 
 Every rank gets the same sums (the all-reduce), so every rank takes the same decisions
@@ -20,7 +20,7 @@ from typing import Any
 
 from mpqr.backends.dask import _blocks, collective
 from mpqr.backends.dask._graph import _held, sum_parts
-from mpqr.backends.dask.lstsq import DaskSolver
+from mpqr.backends.dask.solver import DaskSolver
 
 from mpqr.lstsq.solver import Solver
 from mpqr.policy import record_event
