@@ -244,6 +244,15 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 "(one fused launch per panel on CuPy, each with its complete Q), the "
                 "trailing columns and Q updated by one batched product each, in the "
                 "input's own precision")
+    wy_min = backend.stack_q_products_min_n
+    if (batch > 1 and wy_min is not None and k >= wy_min
+            and _in_working_precision(backend, prec_name, dtype)):
+        return ("geqrf-wy",
+                f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "
+                "backend library's geqrf per matrix (on CuPy members dealt to several "
+                "streams), Q of every matrix at once from its reflectors (compact WY: one "
+                "batched product Y^T Y, one batched triangular solve, one batched product), "
+                "where the library's orgqr per matrix waits on the host")
     if batch > 1 and _in_working_precision(backend, prec_name, dtype):
         return ("geqrf",
                 f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "
