@@ -13,6 +13,28 @@
 //
 //   a: member b at a + b * m * n, row-major (C-contiguous); s: member b at s + b * n.
 
+// float/double overloads spelled out (the f-suffixed functions for float)
+__device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ double m_abs(double x) { return fabs(x); }
+__device__ __forceinline__ float m_max(float x, float y) { return fmaxf(x, y); }
+__device__ __forceinline__ double m_max(double x, double y) { return fmax(x, y); }
+__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float m_copysign(float x, float y) { return copysignf(x, y); }
+__device__ __forceinline__ double m_copysign(double x, double y) { return copysign(x, y); }
+__device__ __forceinline__ float m_ldexp(float x, int e) { return ldexpf(x, e); }
+__device__ __forceinline__ double m_ldexp(double x, int e) { return ldexp(x, e); }
+__device__ __forceinline__ int m_exponent(float x) {
+  int e;
+  frexpf(x, &e);
+  return e;
+}
+__device__ __forceinline__ int m_exponent(double x) {
+  int e;
+  frexp(x, &e);
+  return e;
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
@@ -23,7 +45,7 @@ __device__ __forceinline__ T warp_sum(T v) {
 // max that keeps a NaN (fmax drops it)
 template <typename T>
 __device__ __forceinline__ T nan_max(T x, T y) {
-  return x != x ? x : (y != y ? y : fmax(x, y));
+  return x != x ? x : (y != y ? y : m_max(x, y));
 }
 
 template <typename T>
@@ -54,7 +76,7 @@ __global__ void batched_svdvals(const T* __restrict__ a, long long batch, int m,
     const int i = idx / n, j = idx - i * n;
     const T v = src[idx];
     A[j * m + i] = v;
-    mx = nan_max(mx, fabs(v));
+    mx = nan_max(mx, m_abs(v));
   }
   mx = warp_max(mx);
   if (lane == 0) red[warp] = mx;
@@ -66,15 +88,16 @@ __global__ void batched_svdvals(const T* __restrict__ a, long long batch, int m,
   __syncthreads();
   mx = red[0];
   T* out = s + b * (long long)n;
-  if (!isfinite(mx)) {  // NaN or Inf in the member: no finite singular values
-    for (int j = tid; j < n; j += nt) out[j] = T(NAN);
+  if (!(mx - mx == T(0))) {  // NaN or Inf in the member: no finite singular values
+    const T nan = mx - mx;
+    for (int j = tid; j < n; j += nt) out[j] = nan;
     if (tid == 0 && sweeps != nullptr) sweeps[b] = 0;
     return;
   }
   int e = 0;
   if (mx > T(0)) {
-    frexp(mx, &e);
-    for (int idx = tid; idx < mn; idx += nt) A[idx] = ldexp(A[idx], -e);
+    e = m_exponent(mx);
+    for (int idx = tid; idx < mn; idx += nt) A[idx] = m_ldexp(A[idx], -e);
   }
   __syncthreads();
 
@@ -107,11 +130,11 @@ __global__ void batched_svdvals(const T* __restrict__ a, long long batch, int m,
         al = warp_sum(al);
         be = warp_sum(be);
         ga = warp_sum(ga);
-        if (fabs(ga) > tol * sqrt(al) * sqrt(be)) {
+        if (m_abs(ga) > tol * m_sqrt(al) * m_sqrt(be)) {
           // the rotation that zeroes a_p . a_q, its smaller angle (Rutishauser)
           const T zeta = (be - al) / (T(2) * ga);
-          const T t = copysign(T(1), zeta) / (fabs(zeta) + sqrt(T(1) + zeta * zeta));
-          const T c = T(1) / sqrt(T(1) + t * t), sn = c * t;
+          const T t = m_copysign(T(1), zeta) / (m_abs(zeta) + m_sqrt(T(1) + zeta * zeta));
+          const T c = T(1) / m_sqrt(T(1) + t * t), sn = c * t;
           for (int i = lane; i < m; i += 32) {
             const T x = ap[i], y = aq[i];
             ap[i] = c * x - sn * y;
@@ -132,7 +155,7 @@ __global__ void batched_svdvals(const T* __restrict__ a, long long batch, int m,
     T ss = T(0);
     for (int i = lane; i < m; i += 32) ss += aj[i] * aj[i];
     ss = warp_sum(ss);
-    if (lane == 0) sv[j] = sqrt(ss);
+    if (lane == 0) sv[j] = m_sqrt(ss);
   }
   __syncthreads();
   for (int j = tid; j < n; j += nt) {
@@ -142,7 +165,7 @@ __global__ void batched_svdvals(const T* __restrict__ a, long long batch, int m,
       const T w = sv[k];
       rank += (w > v) || (w == v && k < j);
     }
-    out[rank] = ldexp(v, e);
+    out[rank] = m_ldexp(v, e);
   }
   if (tid == 0 && sweeps != nullptr) sweeps[b] = sweep;
 }
