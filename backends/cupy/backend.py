@@ -578,8 +578,10 @@ class CupyBackend(ArrayAPIBackend):
                 # (64x64) float64 241 ms, H200): one-sided Jacobi, a block per member
                 return batched_svdvals.svdvals(a)
             if max(a.shape[-2:]) <= self.host_svd_max:
-                # LAPACK's batched loop on the host takes the stack in one call
-                return self._cp.asarray(np.linalg.svd(a.get(), compute_uv=False))
+                # LAPACK on the host, the stack's members spread over its cores
+                from mpqr.backends.host.stack_svd import threaded_svdvals
+
+                return self._cp.asarray(threaded_svdvals(a.get()))
         return self._cp.linalg.svd(a, compute_uv=False)
 
     def svd(self, a, *, full_matrices=False):

@@ -368,6 +368,9 @@ def time_svdvals(batch, n, dtype, budget=1.0):
     base = {"host_lapack": timeit(lambda: cp.asarray(np.linalg.svd(r.get(),
                                                                    compute_uv=False)),
                                   reps=1)}
+    from mpqr.backends.host.stack_svd import threaded_svdvals
+
+    base["host_threaded"] = timeit(lambda: cp.asarray(threaded_svdvals(r.get())), reps=2)
     sub = batch if n <= 32 else min(batch, 16)
     t, c = timeit(lambda: cp.linalg.svd(r[:sub], compute_uv=False), reps=3, budget=budget)
     base["cupy_scaled" if sub < batch else "cupy"] = (t * batch / sub, c)
@@ -495,7 +498,8 @@ def main():
                                                (512, 128, "float32"), (256, 128, "float64")]]
     jobs += [(time_lstsq, sh, {}) for sh in [(4096, 128, 64, 4, "float64"),
                                              (8192, 64, 32, 1, "float32"),
-                                             (1024, 128, 128, 1, "float32")]]
+                                             (1024, 128, 128, 1, "float32"),
+                                             (512, 256, 200, 1, "float32")]]
     jobs += [(time_trsm, sh, {}) for sh in [(16, 512, 512, "float32"),
                                             (4096, 64, 64, "float64")]]
     # within the blocked route's reach and tall members: geqrf-wy's parts (route data)
