@@ -74,7 +74,7 @@ def _baseline(xp, fn, a, batch: int, full_seconds: float) -> tuple[float, int]:
     fn(a[:sub])
     _sync(xp)
     t_sub = time.perf_counter() - t0
-    if sub == batch or t_sub * batch / sub > full_seconds:
+    if t_sub * batch / sub > full_seconds:
         return t_sub * batch / sub, sub
     reps = max(1, min(3, int(full_seconds / max(t_sub * batch / sub, 1e-6))))
     return _median(xp, lambda: fn(a), reps), batch
