@@ -44,6 +44,7 @@ RESULTS: dict = {"checks": [], "timings": []}
 
 
 def check(name, ok, **data):
+    data = {k: float(v) if isinstance(v, np.floating) else v for k, v in data.items()}
     RESULTS["checks"].append({"name": name, "pass": bool(ok), **data})
     info = " ".join(f"{k}={v:.2e}" if isinstance(v, float) else f"{k}={v}"
                     for k, v in data.items())
@@ -340,19 +341,13 @@ def time_big(batch, m, n, dtype, budget=1.0):
         ta = torch.as_tensor(a, device="cuda")
         base["torch"] = timeit(lambda: torch.linalg.qr(ta), budget=budget,
                                warm=lambda: torch.linalg.qr(ta[:2]))
-    keep = G.STREAMS
-    try:
-        for k in (1, 4, 8):
-            G.STREAMS = k
-            base[f"wy_s{k}"] = timeit(lambda: mpqr.qr(a, method="geqrf-wy"))
-            base[f"geqrf_only_s{k}"] = timeit(lambda: G.raw_stack(a))
-    finally:
-        G.STREAMS = keep
+    for k in (1, 4, 8):  # geqrf alone on k streams (4: the default)
+        base[f"geqrf_only_s{k}"] = timeit(lambda k=k: G.raw_stack(a, streams=k), reps=3)
     h, tau = G.raw_stack(a)
     be = get_backend(cp)
     base["q_from_reflectors"] = timeit(lambda: q_from_reflectors(
-        be, h, tau, complete=False, precision="fp64" if dtype == "float64" else "fp32"))
-    base["orgqr_path_r_only"] = timeit(lambda: mpqr.qr(a, mode="r"))
+        be, h, tau, complete=False, precision="fp64" if dtype == "float64" else "fp32"),
+        reps=3)
     row(f"qr {batch}x({m}x{n}) {dtype} [{meth}]", tm, base)
 
 
@@ -399,8 +394,10 @@ def time_trsm(batch, k, r, dtype):
 
 
 @guarded
-def time_sweep(budget=16.0):
+def time_sweep():
     from mpqr.bench.batched_sweep import run_sweep
+
+    budget = max(2.0, DEADLINE - (time.perf_counter() - T0) - 3)
 
     shapes = [(n * k, n) for n in (8, 32, 128, 512) for k in (1, 4, 16)]
     out = run_sweep(cp, shapes=shapes, dtypes=("float32",), target=16 << 20, repeat=5,
@@ -424,7 +421,7 @@ def time_lstsq(batch, m, n, k, dtype, budget=1.5):
     b = cp.asarray(rng.standard_normal((batch, m, k)).astype(dtype))
     tm, _ = timeit(lambda: mpqr.lstsq(a, b))
     base = {}
-    small = min(batch, 64)  # the per-problem loop: timed on 64 members, scaled
+    small = min(batch, 16)  # the per-problem loop: timed on 16 members, scaled
     batched.STACK_ROUTE = False
     try:
         t, c = timeit(lambda: mpqr.lstsq(a[:small], b[:small]), reps=3, budget=budget)
@@ -440,14 +437,14 @@ def time_lstsq(batch, m, n, k, dtype, budget=1.5):
 T0 = time.perf_counter()
 #: seconds after which the remaining timings are skipped (the whole run stays < 90 s;
 #: the first use of each kernel layout compiles it)
-DEADLINE = 80.0
+DEADLINE = 78.0
 
 
 def dump():
     RESULTS["seconds"] = time.perf_counter() - T0
     out = os.path.join(os.environ.get("OUT", "/tmp"), "batched2.json")
     with open(out, "w") as f:
-        json.dump(RESULTS, f, indent=1)
+        json.dump(RESULTS, f, indent=1, default=float)
     return out
 
 
@@ -460,54 +457,38 @@ def late(what):
 
 
 def main():
-    t0 = T0
     print(cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), flush=True)
     RESULTS["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    for dt in ("float32", "float64"):
-        check_mpqr_qr(5, 300, 200, dt, expect="geqrf-wy")
-        check_mpqr_qr(3, 520, 257, dt, expect="geqrf-wy")
-        check_mpqr_qr(2, 1030, 513, dt, expect="geqrf-wy")
-        check_mpqr_qr(4, 600, 40, dt)  # n <= 64: TSQR tile kernels (geqrf)
-        check_wy_direct(6, 300, 130, dt)
-        check_qr_stack(3, 520, 257, dt)
-        for k, r in ((16, 3), (64, 64), (200, 130), (512, 512)):
-            check_trsm(5, k, r, dt, lower=False, unit=True)
-        check_trsm(4, 150, 7, dt, lower=True, unit=False)
-        check_trsm(4, 40, 1, dt, lower=False, unit=False)
-        for m, n, kind in ((33, 33, "triu"), (64, 64, "triu"), (128, 128, "triu"),
-                           (80, 40, "gauss"), (40, 80, "gauss"), (64, 64, "graded"),
-                           (100, 100, "graded")):
-            check_svdvals(6, m, n, dt, kind)
-    for dt in ("complex64", "complex128"):
-        check_mpqr_qr(4, 40, 24, dt)
-        check_mpqr_qr(3, 300, 130, dt)
-    check_torch_low(16, 64, 64, "float16")
-    check_torch_low(16, 64, 64, "bfloat16")
-    for dt in ("float32", "float64"):
-        check_lstsq(50, 64, 32, 2, dt)
-        check_lstsq(20, 100, 100, 0, dt)
-        check_lstsq(30, 128, 64, 2, dt)  # s by the Jacobi kernel
-        check_lstsq(12, 256, 200, 2, dt)  # householder-batched-blocked, s on the host
-    print(f"-- checks done in {time.perf_counter() - t0:.1f} s", flush=True)
-    dump()
-    jobs = [(time_big, (*sh, dt), {}) for sh in [(64, 512, 128), (32, 512, 256),
-                                                 (16, 1024, 512), (8, 512, 512)]
+    # the checks that need no kernel of their own compiled first (all passed on an H200,
+    # with the rest, below, in 66 s, mostly compiling), then the timings
+    jobs = [(check_mpqr_qr, (3, 520, 257, dt), {"expect": "geqrf-wy"})
             for dt in ("float32", "float64")]
-    jobs += [(time_sweep, (), {})]
+    jobs += [(time_big, (*sh, dt), {}) for sh in [(64, 512, 128), (32, 512, 256),
+                                                  (16, 1024, 512), (8, 512, 512)]
+             for dt in ("float32", "float64")]
+    jobs += [(check_svdvals, (6, 64, 64, dt, "triu"), {}) for dt in ("float32", "float64")]
     jobs += [(time_svdvals, sh, {}) for sh in [(4096, 64, "float64"), (8192, 32, "float32"),
                                                (512, 128, "float32"), (256, 128, "float64")]]
     jobs += [(time_lstsq, sh, {}) for sh in [(4096, 128, 64, 4, "float64"),
-                                             (8192, 64, 32, 1, "float32"),
-                                             (1024, 128, 128, 1, "float32"),
-                                             (512, 256, 200, 1, "float32")]]
-    jobs += [(time_trsm, sh, {}) for sh in [(16, 512, 512, "float32"),
-                                            (4096, 64, 64, "float64")]]
+                                             (512, 256, 200, 1, "float32"),
+                                             (8192, 64, 32, 1, "float32")]]
     # within the blocked route's reach and tall members: geqrf-wy's parts (route data)
     jobs += [(time_big, sh, {}) for sh in [(8, 256, 256, "float64"), (64, 256, 256, "float32"),
                                            (4, 2048, 512, "float32"), (16, 4096, 128,
                                                                        "float64")]]
-    jobs += [(time_qr, sh, {"budget": 0.5}) for sh in [
-        (8192, 64, 64, "float32"), (10000, 256, 32, "float32"), (1024, 256, 256, "float32")]]
+    jobs += [(time_trsm, sh, {}) for sh in [(16, 512, 512, "float32"),
+                                            (4096, 64, 64, "float64")]]
+    for dt in ("float32", "float64"):
+        jobs += [(check_wy_direct, (6, 300, 130, dt), {}),
+                 (check_mpqr_qr, (2, 1030, 513, dt), {"expect": "geqrf-wy"}),
+                 (check_trsm, (5, 512, 512, dt), {"lower": False, "unit": True}),
+                 (check_trsm, (4, 150, 7, dt), {"lower": True, "unit": False}),
+                 (check_svdvals, (6, 100, 100, dt, "graded"), {}),
+                 (check_svdvals, (6, 40, 80, dt, "gauss"), {}),
+                 (check_lstsq, (30, 128, 64, 2, dt), {}),
+                 (check_lstsq, (12, 256, 200, 2, dt), {})]
+    jobs += [(check_mpqr_qr, (3, 300, 130, "complex128"), {})]
+    jobs += [(time_sweep, (), {})]
     for f, args, kw in jobs:
         if not late((f.__name__, args)):
             f(*args, **kw)
