@@ -394,10 +394,10 @@ def time_trsm(batch, k, r, dtype):
 
 
 @guarded
-def time_sweep():
+def time_sweep(most=16.0):
     from mpqr.bench.batched_sweep import run_sweep
 
-    budget = max(2.0, DEADLINE - (time.perf_counter() - T0) - 3)
+    budget = min(most, max(2.0, DEADLINE - (time.perf_counter() - T0) - 3))
 
     shapes = [(n * k, n) for n in (8, 32, 128, 512) for k in (1, 4, 16)]
     out = run_sweep(cp, shapes=shapes, dtypes=("float32",), target=16 << 20, repeat=5,
@@ -478,6 +478,7 @@ def main():
                                                                        "float64")]]
     jobs += [(time_trsm, sh, {}) for sh in [(16, 512, 512, "float32"),
                                             (4096, 64, 64, "float64")]]
+    jobs += [(time_sweep, (), {})]
     for dt in ("float32", "float64"):
         jobs += [(check_wy_direct, (6, 300, 130, dt), {}),
                  (check_mpqr_qr, (2, 1030, 513, dt), {"expect": "geqrf-wy"}),
@@ -488,7 +489,6 @@ def main():
                  (check_lstsq, (30, 128, 64, 2, dt), {}),
                  (check_lstsq, (12, 256, 200, 2, dt), {})]
     jobs += [(check_mpqr_qr, (3, 300, 130, "complex128"), {})]
-    jobs += [(time_sweep, (), {})]
     for f, args, kw in jobs:
         if not late((f.__name__, args)):
             f(*args, **kw)
