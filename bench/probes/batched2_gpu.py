@@ -399,10 +399,12 @@ def time_sweep(most=16.0):
 
     budget = min(most, max(2.0, DEADLINE - (time.perf_counter() - T0) - 3))
 
-    shapes = [(n * k, n) for n in (8, 32, 128, 512) for k in (1, 4, 16)]
+    # the shapes beyond one block first (geqrf-wy), then the batched kernels' own
+    shapes = [(512, 128), (2048, 128), (512, 512), (2048, 512), (8192, 512), (128, 128),
+              (32, 32), (128, 32), (512, 32), (8, 8), (32, 8), (128, 8)]
     out = run_sweep(cp, shapes=shapes, dtypes=("float32",), target=16 << 20, repeat=5,
                     full_seconds=0.3, deadline=budget * 0.65)
-    out64 = run_sweep(cp, shapes=[(128, 128), (512, 128), (512, 512), (2048, 512)],
+    out64 = run_sweep(cp, shapes=[(512, 128), (512, 512), (2048, 512), (128, 128)],
                       dtypes=("float64",), target=16 << 20, repeat=5, full_seconds=0.3,
                       deadline=budget * 0.35)
     out["rows"] += out64["rows"]
