@@ -471,12 +471,27 @@ class ArrayAPIBackend:
     #: whether :meth:`library_qr` gives ``diag(R) >= 0`` where it can (the driver then
     #: checks before normalising the signs, instead of rescaling Q and R unchecked)
     library_qr_positive: bool = False
+    #: whether every output of :meth:`library_qr` has ``diag(R) >= 0`` (the driver then
+    #: neither checks nor normalises: no host sync)
+    library_qr_signed: bool = False
 
     def library_qr(self, a: Any, mode: str) -> tuple[Any | None, Any]:
         """The array library's own QR of a 2-D ``a`` (``mode``: reduced, complete or r;
         Q is None for r): ``qr(method="geqrf")``."""
         q, r = self.xp.linalg.qr(a, mode="complete" if mode == "complete" else "reduced")
         return (None if mode == "r" else q), r
+
+    def library_raw_stack(self, a: Any) -> tuple[Any, Any] | None:
+        """``(h, tau)`` of the library's ``geqrf`` on every member of a stack ``(..., m,
+        n)``, ``m >= n``, as ``numpy.linalg.qr(a, mode="raw")`` gives them (``h``
+        ``(..., n, m)``), or None where the library has no such call (``geqrf-wy``
+        then takes :meth:`library_qr`)."""
+        return None
+
+    #: stacks beyond the batched kernels' reach with at least this many columns take
+    #: ``geqrf-wy`` (geqrf per member, Q by batched products) rather than ``geqrf`` (the
+    #: library's QR per member); None: never
+    stack_q_products_min_n: int | None = None
 
     def batched_qr_fits(self, dtype: Any, m: int, n: int) -> bool:
         """Whether stacks of ``m x n`` (``m >= n``) matrices of ``dtype`` take

@@ -146,3 +146,69 @@ def test_blocked_route_stacks(dtype, mode):
             be, oe = _member_errors(a, out.Q, r)
             assert be <= _tol(dtype, m) and oe <= _tol(dtype, m) * m
         assert bool(cp.all(a == a0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_geqrf_wy_route_stacks(dtype, mode):
+    """Members above 256 rows, more than 64 columns: geqrf per member, Q by batched
+    products; a zero column (tau = 0) in one member."""
+    a = cp.asarray(np.random.default_rng(6).standard_normal((4, 520, 130)).astype(dtype))
+    a[0, :, 3] = 0
+    a0 = a.copy()
+    with mpqr.explain() as ex:
+        out = mpqr.qr(a, mode=mode)
+    assert [e.data["method"] for e in ex.events if e.kind == "method"] == ["geqrf-wy"]
+    r = (out if mode == "r" else out.R)[..., :130, :]
+    rr = _ref_r(a)
+    assert float(cp.abs(r - rr).max() / cp.abs(rr).max()) <= _tol(dtype, 520)
+    assert bool(cp.all(cp.diagonal(r, axis1=-2, axis2=-1) >= 0))
+    if mode != "r":
+        assert out.Q.shape == (4, 520, 520 if mode == "complete" else 130)
+        be, oe = _member_errors(a, out.Q, r)
+        assert be <= _tol(dtype, 520) and oe <= _tol(dtype, 520) * 520
+    assert bool(cp.all(a == a0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("k", "r", "lower", "unit"), [(16, 3, False, True),
+                                                        (200, 130, False, True),
+                                                        (150, 7, True, False),
+                                                        (40, 1, False, False)])
+def test_trsm_stack(dtype, k, r, lower, unit):
+    from mpqr.backends.cupy import trsm_stack
+
+    rng = np.random.default_rng(k)
+    ah = rng.standard_normal((5, k, k)) / np.sqrt(k)
+    ah = np.tril(ah) if lower else np.triu(ah)
+    idx = np.arange(k)
+    ah[:, idx, idx] = rng.uniform(1, 2, (5, k))
+    a = cp.asarray(ah.astype(dtype))
+    b = cp.asarray(rng.standard_normal((5, k, r)).astype(dtype))
+    x = trsm_stack.solve(a, b, lower=lower, unit_diagonal=unit)
+    a64 = a.get().astype(np.float64)
+    if unit:
+        a64[:, idx, idx] = 1
+    ref = np.stack([sla.solve_triangular(a64[i], b.get()[i].astype(np.float64), lower=lower)
+                    for i in range(5)])
+    kap = max(np.linalg.cond(a64[i]) for i in range(5))
+    assert np.abs(x.get() - ref).max() <= 10 * np.finfo(dtype).eps * k * kap * np.abs(
+        ref).max()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("m", "n"), [(33, 33), (64, 64), (128, 128), (80, 40), (40, 80)])
+def test_batched_svdvals(dtype, m, n):
+    from mpqr.backends.cupy import batched_svdvals as J
+
+    x = np.triu(np.random.default_rng(m + n).standard_normal((6, m, n)))
+    x[0] = 0
+    x[1, 0, 0] = np.nan
+    a = cp.asarray(x.astype(dtype))
+    s = J.svdvals(a).get()
+    ref = np.linalg.svd(a.get()[2:].astype(np.float64), compute_uv=False)
+    assert s.shape == (6, min(m, n)) and s.dtype == dtype
+    assert np.all(s[0] == 0) and np.all(np.isnan(s[1]))
+    eps = np.finfo(dtype).eps
+    assert np.all(np.abs(s[2:] - ref) <= 4 * np.sqrt(max(m, n)) * min(m, n) * eps
+                  * ref[:, :1])

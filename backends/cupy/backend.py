@@ -473,7 +473,16 @@ class CupyBackend(ArrayAPIBackend):
 
             return solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal,
                                     check_finite=False)
+        from mpqr.backends.cupy import trsm_stack
+
+        if self.trsm_batched and trsm_stack.supports(a, b):
+            # stacks: trsmBatched leaves for the whole stack, not ~2n launches per level
+            return trsm_stack.solve(a, b, lower=lower, unit_diagonal=unit_diagonal)
         return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
+
+    #: stacks' triangular solves through cuBLAS trsmBatched (trsm_stack); False: the
+    #: portable recursion
+    trsm_batched = True
 
     right_solve_block = 64  # cupy_right_solve.MAX_N
     #: float64 leaves of at least 2^15 rows go in 32-column sub-panels (TSQR kernels + one
@@ -558,14 +567,25 @@ class CupyBackend(ArrayAPIBackend):
     #: smallest 2-D factor whose SVD runs on the device by Jacobi (cuSOLVER gesvdj)
     gesvdj_min = 128
 
+    #: singular values of stacks past 32 columns: "jacobi" (batched_svdvals, one block
+    #: per member) where it fits, else the host's LAPACK; "host": always the host
+    stack_svdvals = "jacobi"
+
     def svdvals(self, a):
         if a.ndim == 2 and max(a.shape) <= self.host_svd_max:
             return self._cp.asarray(np.linalg.svd(a.get(), compute_uv=False))
-        if a.ndim > 2 and min(a.shape[-2:]) > 32 and max(a.shape[-2:]) <= self.host_svd_max:
-            # a stack of small matrices past gesvdj's batched 32 x 32: CuPy loops gesvd
-            # per member (512 x (64x64) float64: 241 ms on an H200), LAPACK's batched
-            # loop on the host takes the stack in one call
-            return self._cp.asarray(np.linalg.svd(a.get(), compute_uv=False))
+        if a.ndim > 2 and min(a.shape[-2:]) > 32:
+            from mpqr.backends.cupy import batched_svdvals
+
+            if self.stack_svdvals == "jacobi" and batched_svdvals.supports(a):
+                # past gesvdj's batched 32 x 32 (CuPy loops gesvd per member: 512 x
+                # (64x64) float64 241 ms, H200): one-sided Jacobi, a block per member
+                return batched_svdvals.svdvals(a)
+            if max(a.shape[-2:]) <= self.host_svd_max:
+                # LAPACK on the host, the stack's members spread over its cores
+                from mpqr.backends.host.stack_svd import threaded_svdvals
+
+                return self._cp.asarray(threaded_svdvals(a.get()))
         return self._cp.linalg.svd(a, compute_uv=False)
 
     def svd(self, a, *, full_matrices=False):
@@ -701,12 +721,18 @@ class CupyBackend(ArrayAPIBackend):
         x[..., dst] = x[..., src]
 
     library_qr_positive = True  # real 2-D inputs (cupy_geqrf)
+    library_qr_signed = True  # every branch below ends with diag(R) >= 0: no sign check
+    #: geqrf-wy for stacks beyond the batched kernels, from the width where the TSQR
+    #: tile kernels (reduced members up to 64 columns) stop
+    stack_q_products_min_n = 65
 
     def library_qr(self, a, mode):
         # cuSOLVER geqrf (+ orgqr unless mode "r"): real 2-D inputs with the layout copies
         # as tiled transposes and diag(R) >= 0 in the same passes (cupy_geqrf); others by
-        # CuPy's own modes
+        # CuPy's own modes, their signs normalised unchecked (mixed anyway)
         from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        from mpqr.qr._kernels import normalize_signs
 
         if cupy_geqrf.supports(a):
             return cupy_geqrf.qr(a, mode)
@@ -714,13 +740,22 @@ class CupyBackend(ArrayAPIBackend):
             from mpqr.backends import cupy_tsqr
 
             if cupy_tsqr.supports(a):  # a stack of n <= 64: TSQR tile kernels, no loop
-                q, r = cupy_tsqr.tsqr(a)
+                q, r = normalize_signs(self.xp, *cupy_tsqr.tsqr(a), check=False)
                 return (None if mode == "r" else q), r
         if cupy_geqrf.supports_stack(a):  # per member, workspace and sign passes shared
             return cupy_geqrf.qr_stack(a, mode)
         if mode == "r":
-            return None, self._cp.linalg.qr(a, mode="r")
-        return tuple(self._cp.linalg.qr(a, mode=mode))
+            return normalize_signs(self.xp, None, self._cp.linalg.qr(a, mode="r"),
+                                   check=False)
+        return normalize_signs(self.xp, *self._cp.linalg.qr(a, mode=mode), check=False)
+
+    def library_raw_stack(self, a):
+        # cuSOLVER geqrf per member dealt to side streams, no orgqr, no info wait
+        from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        if not cupy_geqrf.supports_stack(a):
+            return None
+        return cupy_geqrf.raw_stack(a)
 
     def batched_qr(self, a, mode):
         from mpqr.backends.cupy import batched_qr as k

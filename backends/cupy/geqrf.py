@@ -20,7 +20,7 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-__all__ = ["qr", "qr_stack", "raw", "supports", "supports_stack"]
+__all__ = ["qr", "qr_stack", "raw", "raw_stack", "supports", "supports_stack"]
 
 _TILE = 32
 
@@ -138,18 +138,16 @@ def supports_stack(a) -> bool:
             and a.shape[-2] >= a.shape[-1] > 0 and a.size > 0)
 
 
-def qr_stack(a, mode: str, *, streams: int | None = None):
-    """``(Q or None, R)`` of every member of a stack (``(..., m, n)``, :func:`supports_stack`)
-    with ``diag(R) >= 0``: cuSOLVER ``geqrf`` (+ ``orgqr``) per member in one shared buffer,
-    members dealt round-robin to ``streams`` side streams (default :data:`STREAMS`; 1:
-    the current stream), one workspace per stream; layout copies and signs once for the
-    whole stack on the current stream."""
+def _stack_geqrf(a, mode: str, streams: int | None):
+    """geqrf of every member of a stack (:func:`supports_stack`) in one buffer: ``(buf,
+    tau, orgqr_call)``, ``buf`` ``(..., cols, m)`` whose member ``i`` is the column-major
+    ``m x cols`` storage with geqrf's result in its top ``n`` rows (``cols`` = ``m`` for
+    ``mode`` "complete", else ``n``), ``orgqr_call()`` forming every Q in it."""
     from cupy.cuda import device
 
     *batch, m, n = a.shape
     nb = a.size // (m * n)
     cols = m if mode == "complete" else n
-    # buf[i] is member i's Q in column-major (m x cols) storage, A in its top n rows
     buf = cp.empty((*batch, cols, m), dtype=a.dtype)
     buf[..., :n, :] = cp.swapaxes(a, -1, -2)
     cur = cp.cuda.get_current_stream()
@@ -157,10 +155,10 @@ def qr_stack(a, mode: str, *, streams: int | None = None):
     lanes = [(cur, device.get_cusolver_handle())] if k == 1 else _side_streams(k)
     geqrf_size, geqrf, orgqr_size, orgqr = _solver(a.dtype)
     info = cp.empty(k, dtype=cp.int32)
-    tau = cp.empty((nb, n), dtype=a.dtype)
+    tau = cp.empty((*batch, n), dtype=a.dtype)
     h0 = lanes[0][1]
     lwork = geqrf_size(h0, m, n, buf.data.ptr, m)
-    if mode != "r":
+    if mode not in ("r", "raw"):
         lwork = max(lwork, orgqr_size(h0, m, cols, n, buf.data.ptr, m, tau.data.ptr))
     lwork = max(lwork, 1)
     work = cp.empty((k, lwork), dtype=a.dtype)  # one workspace a lane: calls in stream order
@@ -182,11 +180,31 @@ def qr_stack(a, mode: str, *, streams: int | None = None):
                 cur.wait_event(st.record())
 
     deal(geqrf, n)
+    return buf, tau, lambda: deal(orgqr, cols, n)
+
+
+def raw_stack(a, *, streams: int | None = None):
+    """``(h, tau)`` of every member of a stack (:func:`supports_stack`) as
+    ``numpy.linalg.qr(a, mode="raw")`` gives them (``h`` ``(..., n, m)``, the transpose of
+    each member's geqrf array), geqrf per member dealt to ``streams`` side streams as in
+    :func:`qr_stack`, without orgqr and without waiting for any ``info``."""
+    buf, tau, _ = _stack_geqrf(a, "raw", streams)
+    return buf, tau
+
+
+def qr_stack(a, mode: str, *, streams: int | None = None):
+    """``(Q or None, R)`` of every member of a stack (``(..., m, n)``, :func:`supports_stack`)
+    with ``diag(R) >= 0``: cuSOLVER ``geqrf`` (+ ``orgqr``) per member in one shared buffer,
+    members dealt round-robin to ``streams`` side streams (default :data:`STREAMS`; 1:
+    the current stream), one workspace per stream; layout copies and signs once for the
+    whole stack on the current stream."""
+    n = a.shape[-1]
+    buf, _, orgqr = _stack_geqrf(a, mode, streams)
     top = buf[..., :n, :n]  # column-major R: top[..., j, i] = R[..., i, j]
     sgn = cp.where(cp.diagonal(top, axis1=-2, axis2=-1) < 0, -1, 1).astype(a.dtype)
     r = cp.triu(cp.swapaxes(top, -1, -2)) * sgn[..., :, None]
     if mode == "r":
         return None, r
-    deal(orgqr, cols, n)
+    orgqr()
     buf[..., :n, :] *= sgn[..., :, None]  # Q's first n columns: rows of the storage
     return cp.swapaxes(buf, -1, -2), r

@@ -239,6 +239,14 @@ class NumpyBackend(ArrayAPIBackend):
                 return None, np.linalg.qr(a, mode="r")
             return tuple(np.linalg.qr(a, mode=mode))
 
+    def library_raw_stack(self, a):
+        from mpqr.backends.numpy.lapack_qr import LAPACK_DTYPES
+
+        if a.ndim < 3 or not a.size or a.dtype not in LAPACK_DTYPES:
+            return None
+        h, tau = np.linalg.qr(a, mode="raw")  # LAPACK geqrf per member, in one call
+        return h.astype(a.dtype, copy=False), tau.astype(a.dtype, copy=False)
+
     def householder_panel(self, a):
         # LAPACK geqrf (stacks too) gives the reflectors directly: no reconstruction
         from mpqr.backends._base import compact_wy_from_raw

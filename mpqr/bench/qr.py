@@ -384,6 +384,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=20.0, help="time cap per config")
     p.add_argument("--conds", default="1",
                    help="comma list of cond(A) for the tall-skinny shapes (default: Gaussian only)")
+    p.add_argument("--sweep", action="store_true",
+                   help="with --shapes batched: the stack sweep instead (n = 8..512, m/n = "
+                   "1..16, float32 and float64, about --sweep-mb a stack) against "
+                   "cupy.linalg.qr and torch.linalg.qr (mpqr.bench.batched_sweep)")
+    p.add_argument("--sweep-mb", type=float, default=64.0,
+                   help="--sweep: megabytes of data a stack (batch capped at 65536)")
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None,
                    help="draw the speed-ups here (needs matplotlib)")
@@ -422,6 +428,16 @@ def main(argv: list[str] | None = None) -> int:
         blocks = [int(b) for b in args.qrcp_blocks.split(",")] if args.qrcp_blocks else None
         payload = run_pivoted(shapes, precs, geqp3, xp=xp, repeat=args.repeat,
                               max_seconds=args.max_seconds, qrcp_blocks=blocks)
+        write_json(args.json, payload)
+        return 0
+    if args.sweep:
+        from mpqr.bench.batched_sweep import run_sweep
+
+        if args.shapes != "batched" or args.cpu:
+            p.error("--sweep runs with --shapes batched on the GPU")
+        payload = {"environment": environment(xp),
+                   "sweep": run_sweep(xp, target=int(args.sweep_mb * (1 << 20)),
+                                      repeat=min(args.repeat, 5))}
         write_json(args.json, payload)
         return 0
     from mpqr.bench.batched_shapes import BATCHED_SHAPES

@@ -192,9 +192,12 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     rows: :func:`mpqr.qr.batched_blocked.fits`) take ``householder-batched-blocked``
     under the same conditions: the fused kernel on every member's panel at once, the
     trailing update and Q by batched products.
-    Larger stacks in their own working precision take ``geqrf`` (the library's QR per
-    matrix, on CuPy with the members spread over several streams; CuPy's TSQR tile
-    kernels for reduced tall-skinny members up to 64 columns), others the routes below.
+    Larger stacks in their own working precision with at least
+    ``backend.stack_q_products_min_n`` columns (CuPy: 65) take ``geqrf-wy``: the library's
+    ``geqrf`` per matrix (on CuPy with the members spread over several streams), Q of the
+    whole stack from the reflectors by batched products instead of ``orgqr`` per matrix.
+    Narrower ones take ``geqrf`` (the library's QR per matrix; CuPy's TSQR tile kernels
+    for reduced tall-skinny members up to 64 columns), others the routes below.
 
     Small tall-skinny matrices in their own working precision, or at ``fp16`` /
     ``fp32-emulated`` (at most ``backend.library_qr_tall_max`` elements), take
@@ -244,6 +247,15 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                 "(one fused launch per panel on CuPy, each with its complete Q), the "
                 "trailing columns and Q updated by one batched product each, in the "
                 "input's own precision")
+    wy_min = backend.stack_q_products_min_n
+    if (batch > 1 and wy_min is not None and k >= wy_min
+            and _in_working_precision(backend, prec_name, dtype)):
+        return ("geqrf-wy",
+                f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "
+                "backend library's geqrf per matrix (on CuPy members dealt to several "
+                "streams), Q of every matrix at once from its reflectors (compact WY: one "
+                "batched product Y^T Y, one batched triangular solve, one batched product), "
+                "where the library's orgqr per matrix waits on the host")
     if batch > 1 and _in_working_precision(backend, prec_name, dtype):
         return ("geqrf",
                 f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "

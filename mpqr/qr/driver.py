@@ -86,6 +86,12 @@ def _householder_batched_blocked(backend, a, **kw):
     return householder_batched_blocked(backend, a, **kw)
 
 
+def _geqrf_wy(backend, a, **kw):
+    from mpqr.qr.geqrf_wy import geqrf_wy
+
+    return geqrf_wy(backend, a, **kw)
+
+
 def _svqr(backend, a, **kw):
     from mpqr.qr.svqr import svqr
 
@@ -107,6 +113,7 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "geqrf": _geqrf,
     "householder-batched": _householder_batched,
     "householder-batched-blocked": _householder_batched_blocked,
+    "geqrf-wy": _geqrf_wy,
 }
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
@@ -122,7 +129,12 @@ _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-ch
                                                  "preconditioned-cholqr",
                                                  "sketch-cholqr",
                                                  "householder-batched",
-                                                 "householder-batched-blocked"})
+                                                 "householder-batched-blocked",
+                                                 "geqrf-wy"})
+
+#: methods that run the library's geqrf in the input's precision on the unscaled input:
+#: queued before the range check, which then reads its one host sync after them
+_LIBRARY_FIRST: frozenset[str] = frozenset({"geqrf", "geqrf-wy"})
 
 #: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from the
 #: Gram matrix CholQR2 computed) before falling back to Householder
@@ -271,8 +283,8 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
     """
     # the library's QR runs natively in the input's precision whatever was asked (fp16 and
     # fp32-emulated take it where it beats their recursion): no fp16 range to respect
-    only_if_needed = prec_name in NATIVE_PRECISIONS or method == "geqrf"
-    if scale and only_if_needed and method == "geqrf":
+    only_if_needed = prec_name in NATIVE_PRECISIONS or method in _LIBRARY_FIRST
+    if scale and only_if_needed and method in _LIBRARY_FIRST:
         # The library's QR is queued first and the range checked after it, so one host
         # sync serves both (on a GPU the check alone cost ~0.3 ms per call before the
         # QR could start). Out of range (rare): the unscaled result is dropped and the
@@ -322,7 +334,7 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
     *batch, m, n = a.shape
 
     def signs(q: Any, r: Any) -> tuple[Any, Any]:
-        if method in _POSITIVE_DIAGONAL:
+        if method in _POSITIVE_DIAGONAL or (method == "geqrf" and backend.library_qr_signed):
             return q, r
         return normalize_signs(xp, q, r, check=check_signs)
 

@@ -58,6 +58,8 @@ _SQUARE = 3.0
 #: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
 _TALL = 2.0
 _LIBRARY = 2.07
+#: ``geqrf-wy``: the reflectors' copy, Y^T, the product Y W and Q (reduced members)
+_WY = 4.0
 #: moduli and CRT limbs of a float64-accurate Ozaki product (typical: 16-17 moduli)
 _OZAKI_TERMS, _OZAKI_LIMBS = 17, 4
 
@@ -76,6 +78,8 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         return math.ceil(_TALL * nbytes)
     if method == "geqrf":
         return math.ceil(_LIBRARY * nbytes)
+    if method == "geqrf-wy":  # geqrf's copy, Y^T, Y W and Q, each the input's size
+        return math.ceil(_WY * nbytes)
     extra = 0
     if prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
         *_, m, n = shape
