@@ -331,7 +331,11 @@ def _steps():
             from cupy._core import _accelerator as acc
             row["accelerators"] = {"routine": acc.get_routine_accelerators(),
                                    "reduction": acc.get_reduction_accelerators()}
-            import cupy.cutensor  # noqa: F401
+            try:
+                from cupy import cutensor as ct
+            except ImportError:
+                from cupyx import cutensor as ct
+            row["cutensor_module"] = getattr(ct, "__name__", str(ct))
             saved = acc.get_routine_accelerators()
             acc.set_routine_accelerators(["cub", "cutensor"])
             try:
