@@ -180,26 +180,53 @@ def _cond_lower_bound(backend: Any, g: Any) -> float:
     return math.sqrt(hi / lo) if lo > 0 and math.isfinite(hi) else math.inf
 
 
-def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float, cheap: bool = False
-                       ) -> Any:
+#: precisions whose products scale exactly with powers of two (native float32/float64
+#: arithmetic, no float16 range): CholQR on ``x`` then rounds exactly as on ``x D`` for a
+#: power-of-two diagonal ``D``, so its tests may read ``cond(x D)`` (column scaling)
+SCALE_FREE = frozenset({"auto", "fp32", "fp64"})
+
+
+def column_scales(xp: Any, r: Any) -> Any:
+    """Powers of two nearest to the column norms of ``r`` (those of ``x`` where
+    ``x = Q R``): ``R D^-1`` has columns of norm in ``[2^-1/2, 2^1/2]``."""
+    norms = xp.linalg.vector_norm(r, axis=-2)
+    safe = xp.where(norms > 0, norms, xp.ones_like(norms))
+    return xp.pow(xp.full_like(safe, 2.0), xp.round(xp.log2(safe)))
+
+
+def _diag_ratio(backend: Any, r: Any, scaled: bool) -> float:
+    """``max |r_ii| / min |r_ii|`` over ``r`` (stacks too), or that of ``R D^-1``
+    (:func:`column_scales`) where ``scaled`` and it is smaller: a lower bound of
+    ``cond(x)``, resp. of ``cond(x D^-1)``."""
+    xp = backend.xp
+    d = xp.abs(xp.linalg.diagonal(r))
+    parts = [xp.min(d), xp.max(d)]
+    if scaled:
+        ds = d / xp.astype(column_scales(xp, r), d.dtype)
+        parts += [xp.min(ds), xp.max(ds)]
+    v = [float(p) for p in parts]  # host syncs of scalars (as many as the tests)
+    ratios = [hi / lo if lo > 0 and math.isfinite(hi) else math.inf
+              for lo, hi in zip(v[::2], v[1::2])]
+    return min(ratios)
+
+
+def _chol_or_breakdown(backend: Any, g: Any, method: str, u: float, cheap: bool = False,
+                       scaled: bool = False) -> Any:
     """Upper Cholesky factor of ``g`` (accurate to ``u``); :class:`BreakdownError` if it
-    fails or is useless. ``cheap``: the error's condition estimate comes from what the
-    factorization showed (``max r_ii / min r_ii``; after a failed Cholesky ``(n u)^-1/2``,
+    fails or is useless. ``scaled``: the test may read the column-scaled factor (see
+    :data:`SCALE_FREE`). ``cheap``: the error's condition estimate comes from what the
+    factorization showed (the diagonal ratio; after a failed Cholesky ``(n u)^-1/2``,
     where a failure puts the scaled Gram matrix's smallest eigenvalue, and the Gram
     diagonal's ``sqrt(max g_ii / min g_ii)``, the larger) instead of the Gram matrix's
     eigenvalues: for a caller that continues with a method that estimates its own (at
     256 columns on a GPU the eigenvalues cost milliseconds)."""
-    xp = backend.xp
     ratio = math.inf
     try:
         r = backend.cholesky(g, upper=True)
-        d = xp.abs(xp.linalg.diagonal(r))
-        lo, hi = float(xp.min(d)), float(xp.max(d))  # the one host sync of this step
         # diag(R) only bounds cond(x) from below: the factor n keeps a margin (without it
         # fp32-emulated CholQR returned ||I - Q^T Q||_F = 21 at cond(x) = 1e4, n = 70)
-        ok = math.isfinite(hi) and lo > 0 and (hi / lo) ** 2 * u * g.shape[-1] < 1
-        if math.isfinite(hi) and lo > 0:
-            ratio = hi / lo
+        ratio = _diag_ratio(backend, r, scaled)
+        ok = ratio ** 2 * u * g.shape[-1] < 1
     except LinAlgError:
         ok = False
     if ok:
@@ -353,7 +380,8 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         g = g + xp.expand_dims(xp.expand_dims(xp.astype(s, g.dtype), axis=-1), axis=-1) * eye
     try:
         r = _chol_or_breakdown(sb, g, method, u, cheap=early and _EARLY.get() is not None
-                               and not shift and certify is None)
+                               and not shift and certify is None,
+                               scaled=prec_name in SCALE_FREE)
     except BreakdownError as exc:
         if certify is None and not shift:
             # x's Gram matrix, in range and finite: qr(method="auto") continues from it
@@ -438,11 +466,17 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
     if certify is not None and want_q and by_gemm:
         q = _times_upper(backend, a, x, f"{method}-apply-inverse", prec)
     s = StepNumbers.from_host(backend.small(st)[1])  # the pass's one host sync
-    if not passes(s, u=gram_roundoff(xp, g.dtype, prec_name), n=n,
-                  gram_min=_gram_min(xp, g, prec_name), certified=certify is not None):
+    check = dict(u=gram_roundoff(xp, g.dtype, prec_name), n=n,
+                 gram_min=_gram_min(xp, g, prec_name), certified=certify is not None)
+    scaled = prec_name in SCALE_FREE and certify is None
+    cond1 = s.cond1
+    if not passes(s, **check) and not (scaled and passes(
+            s, **check, diag_ratio=_diag_ratio(backend, r, True))):
         record_event("small-steps", f"{method}: a check of the device's n x n steps failed; "
                      "the pass redoes them on the host route", method=method)
         return None
+    if scaled and not cond1 <= INVERSE_COND_MAX and by_gemm and want_q:
+        cond1 = _cond1(backend, r, x, True)  # graded columns: R D^-1's (see _apply_inverse)
     record_event("small-steps", f"{method}: the {n} x {n} steps (Cholesky, R^-1, checks) "
                  "ran on the device in one launch; their 8 numbers were read back once",
                  method=method, n=n)
@@ -452,7 +486,7 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
         record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (certified pass: "
                      f"cond_2(R) <= sqrt(3); cond_1(R) = {s.cond1:.3g})", cond_1=s.cond1)
     elif want_q:
-        q = _apply_inverse(backend, backend, a, r, method, prec_name, inverse=(x, s.cond1))
+        q = _apply_inverse(backend, backend, a, r, method, prec_name, inverse=(x, cond1))
     return q, r, backend
 
 
@@ -484,16 +518,28 @@ def _inverse_by_gemm(backend: Any, a: Any, n: int) -> bool:
 INVERSE_COND_MAX = 8.0
 
 
-def inverse_and_cond(sb: Any, r: Any) -> tuple[Any, float]:
+def _cond1(sb: Any, r: Any, x: Any, scaled: bool = False) -> float:
+    """``cond_1(R) = ||R||_1 ||X||_1`` (``X = R^-1``; 2-D), or ``cond_1(R D^-1)``
+    (:func:`column_scales`) where ``scaled`` and it is smaller; one host sync."""
+    xs = sb.xp
+    parts = [xs.max(xs.sum(xs.abs(r), axis=0)), xs.max(xs.sum(xs.abs(x), axis=0))]
+    if scaled:
+        d = xs.astype(column_scales(xs, r), r.dtype)
+        parts += [xs.max(xs.sum(xs.abs(r / d), axis=0)),
+                  xs.max(xs.sum(xs.abs(x * d[:, None]), axis=0))]
+    norms = [float(v) for v in sb.small(xs.stack(parts))[1]]
+    return min(a * b for a, b in zip(norms[::2], norms[1::2]))
+
+
+def inverse_and_cond(sb: Any, r: Any, scaled: bool = False) -> tuple[Any, float]:
     """``(X, cond_1(R))`` for upper-triangular ``r`` in the small backend ``sb``: ``X = R^-1``
-    by row-wise substitution on ``I``, as :func:`_apply_inverse` uses it."""
+    by row-wise substitution on ``I``, as :func:`_apply_inverse` uses it. ``scaled``: the
+    smaller of ``cond_1(R)`` and ``cond_1(R D^-1)`` (:func:`column_scales`)."""
     xs = sb.xp
     n = r.shape[-1]
     # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
     x = sb.right_solve_upper(xs.eye(n, dtype=r.dtype, device=device(r)), r)
-    norms = sb.small(xs.stack([xs.max(xs.sum(xs.abs(r), axis=0)),
-                               xs.max(xs.sum(xs.abs(x), axis=0))]))[1]
-    return x, float(norms[0]) * float(norms[1])
+    return x, _cond1(sb, r, x, scaled)
 
 
 def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str,
@@ -503,26 +549,30 @@ def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name
 
     The inverse ``X`` is made by row-wise substitution on ``I`` (``|X R - I| <= γ_n |X||R|``),
     so ``A - fl(A X) R`` is bounded by ``~2 γ_n |A||X||R|``: normwise ``cond(R)`` times the
-    ``γ_n ||A||`` of substituting ``A`` itself. CholQR2's second pass has
-    ``cond(R) <= sqrt(3)`` (certified by its Gram matrix); the first pass takes the GEMM
-    only when ``cond_1(R) <= INVERSE_COND_MAX``. A GEMM streams A once at full
-    bandwidth; the substitution is bound by its dependent FMA chains. ``inverse``:
-    ``(X, cond_1(R))`` where already made (:func:`_device_pass`).
+    ``γ_n ||A||`` of substituting ``A`` itself. With ``R = R_s D`` (``D`` diagonal,
+    positive), ``|A||X||R| = |A D^-1||R_s^-1||R_s| D``: column ``j`` of the error is
+    ``cond(R_s)`` times ``γ_n`` of column ``j``'s own scale, so at the precisions of
+    :data:`SCALE_FREE` the test reads the smaller of ``cond_1(R)`` and ``cond_1(R D^-1)``
+    (:func:`column_scales`: graded columns do not force the substitution). CholQR2's
+    second pass has ``cond(R) <= sqrt(3)`` (certified by its Gram matrix); the first
+    pass takes the GEMM only when that condition number is at most
+    ``INVERSE_COND_MAX``. A GEMM streams A once at full bandwidth; the substitution is
+    bound by its dependent FMA chains. ``inverse``: ``(X, cond_1(R))`` where already
+    made (:func:`_device_pass`).
     """
     n = r.shape[-1]
     if _inverse_by_gemm(backend, a, n):
+        scaled = prec_name in SCALE_FREE
         if inverse is None:
             # cond_1(R) >= max|r_ii| / min|r_ii|: where that alone passes the limit, no X
-            xs = sb.xp
-            d = xs.abs(xs.linalg.diagonal(r))
-            lo, hi = float(xs.min(d)), float(xs.max(d))
-            if not hi <= INVERSE_COND_MAX * lo:
-                bound = hi / lo if lo > 0 else math.inf
+            bound = _diag_ratio(sb, r, scaled)
+            if not bound <= INVERSE_COND_MAX:
                 record_event("apply-inverse", f"{method}: Q = A R^-1 by substitution "
                              f"(cond_1(R) >= {bound:.3g} > {INVERSE_COND_MAX:g}, from its "
-                             "diagonal)", cond_1=bound)
+                             "diagonal" + (", columns scaled)" if scaled else ")"),
+                             cond_1=bound)
                 return right_solve_upper(backend, a, backend.from_small(r, a), prec_name)
-        x, kappa = inverse if inverse is not None else inverse_and_cond(sb, r)
+        x, kappa = inverse if inverse is not None else inverse_and_cond(sb, r, scaled)
         if kappa <= INVERSE_COND_MAX:
             record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (cond_1(R) = "
                          f"{kappa:.3g} <= {INVERSE_COND_MAX:g})", cond_1=kappa)

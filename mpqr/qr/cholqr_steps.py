@@ -47,17 +47,21 @@ class StepNumbers:
         return self.norm1_r * self.norm1_x
 
 
-def passes(s: StepNumbers, *, u: float, n: int, gram_min: float, certified: bool) -> bool:
+def passes(s: StepNumbers, *, u: float, n: int, gram_min: float, certified: bool,
+           diag_ratio: float | None = None) -> bool:
     """Whether the host route's checks would all pass: ``G`` finite, no squared column
     norm below ``gram_min``, the certificate ``||G - I||_F <= 1/2`` (``certified``), and a
-    Cholesky factor with ``(max|r_ii| / min|r_ii|)^2 u n < 1``."""
+    Cholesky factor with ``ratio^2 u n < 1``, ``ratio = max|r_ii| / min|r_ii|`` or the
+    given ``diag_ratio`` (the column-scaled one, see :mod:`mpqr.qr.cholqr`)."""
     if s.nonfinite or not s.gram_diag_min >= gram_min:
         return False
     if certified and not s.dist_to_identity <= 0.5:
         return False
     hi, lo = s.r_diag_max, s.r_diag_min
-    return (not s.chol_failed and math.isfinite(hi) and lo > 0
-            and (hi / lo) ** 2 * u * n < 1)
+    if s.chol_failed or not math.isfinite(hi) or not lo > 0:
+        return False
+    ratio = hi / lo if diag_ratio is None else diag_ratio
+    return ratio ** 2 * u * n < 1
 
 
 def portable_chol_steps(backend: Any, g: Any) -> tuple[Any, Any, Any]:
