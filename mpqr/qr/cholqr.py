@@ -466,12 +466,12 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
     if certify is not None and want_q and by_gemm:
         q = _times_upper(backend, a, x, f"{method}-apply-inverse", prec)
     s = StepNumbers.from_host(backend.small(st)[1])  # the pass's one host sync
-    check = dict(u=gram_roundoff(xp, g.dtype, prec_name), n=n,
-                 gram_min=_gram_min(xp, g, prec_name), certified=certify is not None)
+    limits = dict(u=gram_roundoff(xp, g.dtype, prec_name), n=n,
+                  gram_min=_gram_min(xp, g, prec_name), certified=certify is not None)
     scaled = prec_name in SCALE_FREE and certify is None
     cond1 = s.cond1
-    if not passes(s, **check) and not (scaled and passes(
-            s, **check, diag_ratio=_diag_ratio(backend, r, True))):
+    if not passes(s, **limits) and not (scaled and passes(
+            s, **limits, diag_ratio=_diag_ratio(backend, r, True))):
         record_event("small-steps", f"{method}: a check of the device's n x n steps failed; "
                      "the pass redoes them on the host route", method=method)
         return None
