@@ -55,9 +55,13 @@ def test_oversize_input_raises_device_memory_error(small_device):
 
 def test_hint_names_a_precision_that_fits(small_device):
     a = np.random.default_rng(1).standard_normal((96, 96)).astype(np.float32)
-    small_device["bytes"] = 7 * a.nbytes  # fp32-emulated needs 8.21x, fp16 6.84x
-    with pytest.raises(mpqr.DeviceMemoryError, match="precision='fp16' would fit"):
-        mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+    need = {p: memory_plan.estimate_bytes("householder-recursive", p, a.shape, 4)
+            for p in ("fp16", "fp32-emulated", "fp64-emulated")}
+    asked = max(need, key=need.get)
+    small_device["bytes"] = sorted(need.values())[1]  # fits the two smaller plans
+    fits = min(need, key=need.get)
+    with pytest.raises(mpqr.DeviceMemoryError, match=f"precision='{fits}' would fit"):
+        mpqr.qr(a, precision=asked, method="householder-recursive")
 
 
 def test_fitting_call_runs_and_switch_turns_the_check_off(small_device, monkeypatch):
