@@ -151,3 +151,35 @@ def test_ozaki_scratch_cap_blocks_products_and_changes_no_bit(monkeypatch):
     assert sum(b0 * b1 for b0, b1 in blocks) < sum(b0 * b1 for b0, b1 in blocks0)
     np.testing.assert_array_equal(q, q0)
     np.testing.assert_array_equal(r, r0)
+
+
+@pytest.mark.parametrize("engine", ["tc-sgemm", "tc-fp16", "tc-fp16-splitb"])
+def test_split_engine_products_tile_to_the_workspace_limit(engine):
+    # a product on an engine that splits its operands whole runs in output tiles whose
+    # scratch fits the limit: same numbers within the engine's bound, less peak memory;
+    # gemm_sub / gemm_into write through a transposed view
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((512, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 512)).astype(np.float32)
+    bits = 11 if engine != "tc-sgemm" else 22
+    tol = (2.0**-bits * 4 + 64 * 2.0**-24) * (np.abs(a) @ np.abs(b))
+    limit = 800 << 10  # the whole product's scratch is ~2.4 MB: 2 x 2 tiles
+
+    def run(opts):
+        with mpqr.gemm_options(engine=engine, **opts):
+            return mpqr.policy.gemm(a, b, precision="fp32-emulated")
+
+    whole = run({})
+    p_whole = _peak_bytes(lambda: run({}))
+    tiled = run({"workspace_limit": limit})
+    p_tiled = _peak_bytes(lambda: run({"workspace_limit": limit}))
+    assert np.all(np.abs(tiled - whole) <= 2 * tol)
+    assert p_tiled < 0.6 * p_whole, (p_tiled, p_whole)
+    c = rng.standard_normal((512, 512)).astype(np.float32)
+    ct_ = np.array(c.T)
+    with mpqr.gemm_options(engine=engine, workspace_limit=limit):
+        mpqr.policy.gemm_sub(ct_.T, a, b, precision="fp32-emulated")
+        out = np.empty_like(c)
+        mpqr.policy.gemm_into(out.T, b.T, a.T, precision="fp32-emulated")
+    assert np.all(np.abs(ct_.T - (c - whole)) <= 2 * tol + 4 * 2.0**-24 * np.abs(c))
+    assert np.all(np.abs(out - whole) <= 2 * tol)
