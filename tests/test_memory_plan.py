@@ -183,3 +183,37 @@ def test_split_engine_products_tile_to_the_workspace_limit(engine):
         mpqr.policy.gemm_into(out.T, b.T, a.T, precision="fp32-emulated")
     assert np.all(np.abs(ct_.T - (c - whole)) <= 2 * tol + 4 * 2.0**-24 * np.abs(c))
     assert np.all(np.abs(out - whole) <= 2 * tol)
+
+
+@pytest.mark.parametrize("dtype,precision", [("float32", "fp32-emulated"),
+                                             ("float32", "fp16"),
+                                             ("float64", "fp64-emulated"),
+                                             ("float64", "fp64")])
+def test_square_route_peak_within_the_documented_bound(dtype, precision, monkeypatch):
+    # the bytes counted on the NumPy backend (its fp16 GEMM's float32 widening counted by
+    # the policy's tiles) stay within the plan's budget of the route (docs/memory.md), the
+    # caps' floors lowered to this size; the plan off goes past it where it splits
+    # operands whole
+    import mpqr.policy.policy as pol
+
+    monkeypatch.setattr(memory_plan, "SPLIT_FLOOR", 1 << 12)
+    monkeypatch.setattr(memory_plan, "OZAKI_FLOOR", 1 << 12)
+    monkeypatch.setattr(pol, "MIN_TILE", 32)
+    a = np.random.default_rng(7).standard_normal((256, 256)).astype(dtype)
+
+    def call():
+        return mpqr.qr(a, precision=precision, method="householder-recursive")
+
+    call()  # first-call caches out of the count
+    peak = _peak_bytes(call)
+    bound = memory_plan.estimate_bytes("householder-recursive", precision, a.shape,
+                                       a.itemsize)
+    # NumPy forms the product of an in-place update first (cuBLAS accumulates into it):
+    # one more block of the top level's update, m x n/2
+    numpy_products = a.shape[0] * (a.shape[1] // 2) * a.itemsize
+    assert peak <= bound + numpy_products, (peak / a.nbytes, bound / a.nbytes)
+    # the factors are the input's size each (Q, and R in the working copy's storage)
+    assert bound <= (4.0 if precision in ("fp16", "fp64-emulated") else 3.5) * a.nbytes
+    if precision == "fp32-emulated":
+        monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
+        assert _peak_bytes(call) > bound + numpy_products

@@ -360,7 +360,7 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
     matching inner dimensions, floating or integer dtype).
     """
     backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
-    tiles = _tiles(d, options, a, b, out_dtype)
+    tiles = _tiles(backend, d, options, a, b)
     if tiles is not None:
         c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a))
         for rows, cols in tiles:
@@ -384,7 +384,7 @@ def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str
             and a.dtype == b.dtype == c.dtype == d.params["compute_dtype"]
             and backend.gemm_sub_into(c, a, b)):
         return
-    for rows, cols in _tiles(d, options, a, b, out_dtype) or ((slice(None), slice(None)),):
+    for rows, cols in _tiles(backend, d, options, a, b) or ((slice(None), slice(None)),):
         _into(backend, d, out_dtype, c[..., rows, cols], a[..., rows, :], b[..., :, cols],
               subtract=True)
 
@@ -403,7 +403,7 @@ def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: 
             and a.dtype == b.dtype == out.dtype == d.params["compute_dtype"]
             and backend.gemm_into(out, a, b)):
         return
-    for rows, cols in _tiles(d, options, a, b, out_dtype) or ((slice(None), slice(None)),):
+    for rows, cols in _tiles(backend, d, options, a, b) or ((slice(None), slice(None)),):
         _into(backend, d, out_dtype, out[..., rows, cols], a[..., rows, :], b[..., :, cols],
               subtract=None)
 
@@ -418,15 +418,18 @@ _SPLIT_PRODUCT_BYTES = 8
 MIN_TILE = 256
 
 
-def _tiles(d: Decision, options: Any, a: Any, b: Any, out_dtype: Any
+def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any
            ) -> list[tuple[slice, slice]] | None:
     """Output tiles ``(rows, cols)`` of a 2-D product on an engine that splits its operands
     whole, each tile's scratch within ``workspace_limit``; None where one piece fits (or no
     limit is set). Rows of A and columns of B are scaled and split independently, so a
-    tile's entries are the whole product's."""
+    tile's entries are the whole product's. A backend that emulates the fp16 GEMM adds its
+    own temporaries per element (``split_operand_overhead``, ``split_product_overhead``)."""
     per = _SPLIT_OPERAND_BYTES.get(d.engine)
     if per is None or a.ndim != 2 or b.ndim != 2 or "complex" in d.params:
         return None
+    per += getattr(backend, "split_operand_overhead", 0)
+    per_out = _SPLIT_PRODUCT_BYTES + getattr(backend, "split_product_overhead", 0)
     limit = _merged_options(options).workspace_limit
     if limit is None:
         return None
@@ -434,7 +437,7 @@ def _tiles(d: Decision, options: Any, a: Any, b: Any, out_dtype: Any
     n = b.shape[1]
 
     def scratch(mb: int, nb: int) -> int:
-        return per * k * (mb + nb) + _SPLIT_PRODUCT_BYTES * mb * nb
+        return per * k * (mb + nb) + per_out * mb * nb
 
     mb, nb = m, n
     while scratch(mb, nb) > limit:

@@ -439,10 +439,10 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
                  precision=precision, label="rec-formq-trmm-gemm", options=options,
                  backend=backend)
     else:
-        g = ct(xp, gemm(y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
-                        precision=precision, label="rec-formq-trmm-gemm", options=options,
-                        backend=backend))
-        w[..., :, mid:hi] -= g
-        del g
+        # W2 -= W1 Y12^H into W's rows (the vectors of Y12 lie below the diagonal: no R);
+        # a native GEMM accumulates in place, with no temporary of half of W
+        gemm_sub(w[..., :, mid:hi], w[..., :, lo:mid], ct(xp, y1[..., mid:hi, lo:mid]),
+                 precision=precision, label="rec-formq-trmm-gemm", options=options,
+                 backend=backend)
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)

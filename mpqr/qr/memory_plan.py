@@ -32,6 +32,8 @@ from typing import Any
 
 from mpqr._errors import DeviceMemoryError
 from mpqr.engines.ozaki import workspace_bytes
+from mpqr.qr._kernels import TRMM_CUTOFF
+from mpqr.qr.householder_recursive import MAX_CERTIFIED_LEAF_WIDTH, leaf_width
 from mpqr.policy import active_gemm_options, gemm_options, record_event
 
 __all__ = ["OZAKI_FLOOR", "OZAKI_FRACTION", "SPLIT_FLOOR", "SPLIT_FRACTION",
@@ -58,6 +60,8 @@ TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditione
 
 #: k/2 x k/2 products of the top level alive at once (C, its TRMM update, a converted copy)
 _HALF_PRODUCTS = 3
+#: m x leaf-width copies of a leaf's panels alive at once (the panel, its Q and W)
+_LEAF_COPIES = 4
 #: the memory pool's rounding and blocks it cannot reuse, a fraction of the input's bytes
 _SLACK = 0.1
 #: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
@@ -96,8 +100,13 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     elif prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
         h = -(-k // 2)
         need += min(ozaki_cap(nbytes), workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS))
-    # the top level's C = W1^H A2 (k/2 x k/2), its triangular update and a converted copy
-    need += _HALF_PRODUCTS * stack * (k // 2) ** 2 * itemsize
+    # factoring: the top level's C = W1^H A2 (k/2 x k/2), its triangular update and a
+    # converted copy, or a leaf's panel copies; forming Q: a diagonal block of W Y1^H
+    # (m x k/4)
+    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
+    factoring = max(_HALF_PRODUCTS * (k // 2) ** 2, _LEAF_COPIES * m * min(nb, k))
+    forming_q = m * max(TRMM_CUTOFF, k // 4)
+    need += stack * max(factoring, forming_q) * itemsize
     return math.ceil(need + _SLACK * nbytes)
 
 
