@@ -32,9 +32,9 @@ from typing import Any
 
 from mpqr._errors import DeviceMemoryError
 from mpqr.engines.ozaki import workspace_bytes
+from mpqr.policy import active_gemm_options, gemm_options, record_event
 from mpqr.qr._kernels import TRMM_CUTOFF
 from mpqr.qr.householder_recursive import MAX_CERTIFIED_LEAF_WIDTH, leaf_width
-from mpqr.policy import active_gemm_options, gemm_options, record_event
 
 __all__ = ["OZAKI_FLOOR", "OZAKI_FRACTION", "SPLIT_FLOOR", "SPLIT_FRACTION",
            "TALL_METHODS", "check_fits", "enabled", "estimate_bytes", "ozaki_cap", "split_cap",
