@@ -220,8 +220,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
 
     Storage is LAPACK's: the working copy holds R on and above its diagonal and the
     Householder vectors Y (unit diagonal implied) below it; W has an array of its own,
-    and the reduced Q is formed in W's storage. Workspace beyond Q and R: the working
-    copy, plus GEMM temporaries of at most half of W.
+    and the reduced Q is formed in W's storage. A square input's R is the working copy
+    itself (its lower triangle zeroed in place once no step reads Y), so the reduced
+    factors are the only arrays of the input's size left; the other workspace is
+    bounded by the memory plan (docs/memory.md).
     """
     xp = backend.xp
     *batch, m, n = a.shape

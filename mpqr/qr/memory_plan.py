@@ -14,10 +14,12 @@ engines' scratch cap of the plan and the top level's half-size products; tall me
 the library's QR a measured multiple of the input's bytes.
 
 The plan also bounds the engines' scratch memory during the call
-(:func:`workspace_scope`): the Ozaki engine's residues and int32 products (whose default
-cap is half the free device memory, so a call used to take as much as it found) stay
-within ``OZAKI_FRACTION`` of the input's bytes (at least ``OZAKI_FLOOR``); the engine
-blocks its products to that cap, which changes no bit of the result.
+(:func:`workspace_scope`): the fp16 engines' operand splits and products (``fp16``,
+``fp32-emulated``) stay within ``SPLIT_FRACTION`` of the input's bytes (at least
+``SPLIT_FLOOR``), the policy running a larger product in output tiles; the Ozaki engine's
+residues and int32 products (whose default cap is half the free device memory, so a call
+used to take as much as it found) within ``OZAKI_FRACTION`` of the input's bytes (at least
+``OZAKI_FLOOR``), the engine blocking its products, which changes no bit of the result.
 
 ``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements).
 """
