@@ -115,9 +115,9 @@ def rows():
             be = orth = float("nan")
         del q, rr, a
         pool.free_all_blocks()
-        if prec != "auto":
+        if m == n:  # the model of the largest n x n reads the square rows
             MULT[(dt, prec)] = r["on"]["pool_multiple"]
-        MULT[(dt, "cupy")] = r["cupy"]["pool_multiple"]
+            MULT[(dt, "cupy")] = r["cupy"]["pool_multiple"]
         res["rows"].append(r)
         print(f"{m} x {n} {dt} {prec:<14} {r['on']['pool_multiple']:>7.2f}x "
               f"{r['off']['pool_multiple']:>7.2f}x {r['on']['peak_live_multiple']:>7.2f}x "
