@@ -55,9 +55,13 @@ def test_oversize_input_raises_device_memory_error(small_device):
 
 def test_hint_names_a_precision_that_fits(small_device):
     a = np.random.default_rng(1).standard_normal((96, 96)).astype(np.float32)
-    small_device["bytes"] = 7 * a.nbytes  # fp32-emulated needs 8.21x, fp16 6.84x
-    with pytest.raises(mpqr.DeviceMemoryError, match="precision='fp16' would fit"):
-        mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+    need = {p: memory_plan.estimate_bytes("householder-recursive", p, a.shape, 4)
+            for p in ("fp16", "fp32-emulated", "fp64-emulated")}
+    asked = max(need, key=need.get)
+    small_device["bytes"] = sorted(need.values())[1]  # fits the two smaller plans
+    fits = min(need, key=need.get)
+    with pytest.raises(mpqr.DeviceMemoryError, match=f"precision='{fits}' would fit"):
+        mpqr.qr(a, precision=asked, method="householder-recursive")
 
 
 def test_fitting_call_runs_and_switch_turns_the_check_off(small_device, monkeypatch):
@@ -123,11 +127,15 @@ def test_gpu_pool_high_water_within_plan():
     from mpqr.bench.memory import measure_call
     from mpqr.qr.memory_plan import estimate_bytes
 
-    for dt, prec in (("float32", "fp32-emulated"), ("float64", "fp64-emulated")):
-        a = cp.random.default_rng(1).standard_normal((2048, 2048)).astype(dt)
+    # 4096^2 float32: the fp16 engines' cap (64 MiB, the input's size) tiles the top
+    # level's products
+    for dt, prec in (("float32", "fp32-emulated"), ("float32", "fp16"),
+                     ("float64", "fp64-emulated")):
+        a = cp.random.default_rng(1).standard_normal((4096, 4096)).astype(dt)
         got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
         bound = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
-        assert got["pool_multiple"] * a.nbytes <= bound, (prec, got)
+        assert got["pool_multiple"] * a.nbytes <= bound, (prec, got, bound / a.nbytes)
+        del a
 
 
 def test_ozaki_scratch_cap_blocks_products_and_changes_no_bit(monkeypatch):
@@ -147,3 +155,69 @@ def test_ozaki_scratch_cap_blocks_products_and_changes_no_bit(monkeypatch):
     assert sum(b0 * b1 for b0, b1 in blocks) < sum(b0 * b1 for b0, b1 in blocks0)
     np.testing.assert_array_equal(q, q0)
     np.testing.assert_array_equal(r, r0)
+
+
+@pytest.mark.parametrize("engine", ["tc-sgemm", "tc-fp16", "tc-fp16-splitb"])
+def test_split_engine_products_tile_to_the_workspace_limit(engine):
+    # a product on an engine that splits its operands whole runs in output tiles whose
+    # scratch fits the limit: same numbers within the engine's bound, less peak memory;
+    # gemm_sub / gemm_into write through a transposed view
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((512, 64)).astype(np.float32)
+    b = rng.standard_normal((64, 512)).astype(np.float32)
+    bits = 11 if engine != "tc-sgemm" else 22
+    tol = (2.0**-bits * 4 + 64 * 2.0**-24) * (np.abs(a) @ np.abs(b))
+    limit = 800 << 10  # the whole product's scratch is ~2.4 MB: 2 x 2 tiles
+
+    def run(opts):
+        with mpqr.gemm_options(engine=engine, **opts):
+            return mpqr.policy.gemm(a, b, precision="fp32-emulated")
+
+    whole = run({})
+    p_whole = _peak_bytes(lambda: run({}))
+    tiled = run({"workspace_limit": limit})
+    p_tiled = _peak_bytes(lambda: run({"workspace_limit": limit}))
+    assert np.all(np.abs(tiled - whole) <= 2 * tol)
+    assert p_tiled < 0.6 * p_whole, (p_tiled, p_whole)
+    c = rng.standard_normal((512, 512)).astype(np.float32)
+    ct_ = np.array(c.T)
+    with mpqr.gemm_options(engine=engine, workspace_limit=limit):
+        mpqr.policy.gemm_sub(ct_.T, a, b, precision="fp32-emulated")
+        out = np.empty_like(c)
+        mpqr.policy.gemm_into(out.T, b.T, a.T, precision="fp32-emulated")
+    assert np.all(np.abs(ct_.T - (c - whole)) <= 2 * tol + 4 * 2.0**-24 * np.abs(c))
+    assert np.all(np.abs(out - whole) <= 2 * tol)
+
+
+@pytest.mark.parametrize("dtype,precision", [("float32", "fp32-emulated"),
+                                             ("float32", "fp16"),
+                                             ("float64", "fp64-emulated"),
+                                             ("float64", "fp64")])
+def test_square_route_peak_within_the_documented_bound(dtype, precision, monkeypatch):
+    # the bytes counted on the NumPy backend (its fp16 GEMM's float32 widening counted by
+    # the policy's tiles) stay within the plan's budget of the route (docs/memory.md), the
+    # caps' floors lowered to this size; the plan off goes past it where it splits
+    # operands whole
+    import mpqr.policy.policy as pol
+
+    monkeypatch.setattr(memory_plan, "SPLIT_FLOOR", 1 << 12)
+    monkeypatch.setattr(memory_plan, "OZAKI_FLOOR", 1 << 12)
+    monkeypatch.setattr(pol, "MIN_TILE", 32)
+    a = np.random.default_rng(7).standard_normal((256, 256)).astype(dtype)
+
+    def call():
+        return mpqr.qr(a, precision=precision, method="householder-recursive")
+
+    call()  # first-call caches out of the count
+    peak = _peak_bytes(call)
+    bound = memory_plan.estimate_bytes("householder-recursive", precision, a.shape,
+                                       a.itemsize)
+    # NumPy forms the product of an in-place update first (cuBLAS accumulates into it):
+    # one more block of the top level's update, m x n/2
+    numpy_products = a.shape[0] * (a.shape[1] // 2) * a.itemsize
+    assert peak <= bound + numpy_products, (peak / a.nbytes, bound / a.nbytes)
+    # the factors are the input's size each (Q, and R in the working copy's storage)
+    assert bound <= (4.0 if precision in ("fp16", "fp64-emulated") else 3.5) * a.nbytes
+    if precision == "fp32-emulated":
+        monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
+        assert _peak_bytes(call) > bound + numpy_products

@@ -17,7 +17,7 @@ CASES = [
     ("cholqr2", (8192, 128), "fp64", 1.25),
     ("householder-recursive", (2048, 256), "fp64", 1.75),
     ("householder-recursive", (2048, 1024), "fp64", 1.75),  # 16 leaves of 64
-    ("householder-recursive", (1024, 1024), "fp64", 2.25),
+    ("householder-recursive", (1024, 1024), "fp64", 1.25),  # R in the working copy
     ("householder-recursive", (8192, 128), "fp32-emulated", 4.0),
     ("householder-tiled", (2048, 256), "fp64", 5.1),
 ]
@@ -40,8 +40,10 @@ def test_reduced_qr_workspace_stays_within_the_documented_figure(method, shape, 
                                                                  bound):
     a = np.random.default_rng(0).standard_normal(shape)
     ws = _workspace(a, method, precision)
-    # at least the working copy of the input (nothing is overwritten without overwrite_a)
-    assert 1.0 <= ws <= bound, ws
+    # at least the working copy of the input (nothing is overwritten without overwrite_a),
+    # except where R is left in it (a square input of the recursion: R is that copy)
+    floor = 0.0 if method == "householder-recursive" and shape[0] == shape[1] else 1.0
+    assert floor <= ws <= bound, ws
 
 
 @pytest.mark.parametrize("method", ["householder-recursive", "gram-schmidt-recursive",

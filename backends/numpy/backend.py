@@ -120,6 +120,12 @@ class NumpyBackend(ArrayAPIBackend):
         with np.errstate(over="ignore"):  # beyond 65504 is inf, as on the GPU
             return np.asarray(x).astype(np.float16)
 
+    #: the fp16 GEMM's emulation widens its operands to float32 (up to two fp16 copies of an
+    #: operand element: 8 bytes) and forms its product before accumulating it (4 bytes):
+    #: the policy's tiles of a product on the split engines count them
+    split_operand_overhead = 8
+    split_product_overhead = 4
+
     def gemm_fp16(self, a16, b16, out=None, alpha=1.0, beta=0.0):
         with np.errstate(over="ignore", invalid="ignore"):  # as gemm: IEEE, no flags
             prod = np.matmul(a16.astype(np.float32), b16.astype(np.float32))

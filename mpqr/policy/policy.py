@@ -360,6 +360,12 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
     matching inner dimensions, floating or integer dtype).
     """
     backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
+    tiles = _tiles(backend, d, options, a, b)
+    if tiles is not None:
+        c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a))
+        for rows, cols in tiles:
+            _into(backend, d, out_dtype, c[rows, cols], a[rows, :], b[:, cols], subtract=None)
+        return c
     return _run(backend, d, out_dtype, a, b)
 
 
@@ -378,9 +384,9 @@ def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str
             and a.dtype == b.dtype == c.dtype == d.params["compute_dtype"]
             and backend.gemm_sub_into(c, a, b)):
         return
-    if _accumulate(backend, d, out_dtype, c, a, b, subtract=True):
-        return
-    c -= _run(backend, d, out_dtype, a, b)
+    for rows, cols in _tiles(backend, d, options, a, b) or ((slice(None), slice(None)),):
+        _into(backend, d, out_dtype, c[..., rows, cols], a[..., rows, :], b[..., :, cols],
+              subtract=True)
 
 
 def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: str = "",
@@ -397,9 +403,69 @@ def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: 
             and a.dtype == b.dtype == out.dtype == d.params["compute_dtype"]
             and backend.gemm_into(out, a, b)):
         return
-    if _accumulate(backend, d, out_dtype, out, a, b, subtract=None):
+    for rows, cols in _tiles(backend, d, options, a, b) or ((slice(None), slice(None)),):
+        _into(backend, d, out_dtype, out[..., rows, cols], a[..., rows, :], b[..., :, cols],
+              subtract=None)
+
+
+#: bytes of engine scratch per element of an operand (its fp16 copies: tc-sgemm's hi and
+#: [hi | lo], tc-fp16-splitb's three of B) and per element of the product (the float32
+#: product and its unscaled copy) of the engines that split their operands whole
+_SPLIT_OPERAND_BYTES = {"tc-sgemm": 6, "tc-fp16": 2, "tc-fp16-splitb": 6}
+_SPLIT_PRODUCT_BYTES = 8
+#: the narrowest tile of a blocked product (its rows or columns): below it the repeated
+#: splits of the other operand cost more than the memory saved is worth
+MIN_TILE = 256
+
+
+def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any
+           ) -> list[tuple[slice, slice]] | None:
+    """Output tiles ``(rows, cols)`` of a 2-D product on an engine that splits its operands
+    whole, each tile's scratch within ``workspace_limit``; None where one piece fits (or no
+    limit is set). Rows of A and columns of B are scaled and split independently, so a
+    tile's entries are the whole product's. A backend that emulates the fp16 GEMM adds its
+    own temporaries per element (``split_operand_overhead``, ``split_product_overhead``)."""
+    per = _SPLIT_OPERAND_BYTES.get(d.engine)
+    if per is None or a.ndim != 2 or b.ndim != 2 or "complex" in d.params:
+        return None
+    per += getattr(backend, "split_operand_overhead", 0)
+    per_out = _SPLIT_PRODUCT_BYTES + getattr(backend, "split_product_overhead", 0)
+    limit = _merged_options(options).workspace_limit
+    if limit is None:
+        return None
+    m, k = a.shape
+    n = b.shape[1]
+
+    def scratch(mb: int, nb: int) -> int:
+        return per * k * (mb + nb) + per_out * mb * nb
+
+    mb, nb = m, n
+    while scratch(mb, nb) > limit:
+        # halve the side whose operand copies are larger (ties: rows)
+        if mb >= nb and mb > MIN_TILE:
+            mb = -(-mb // 2)
+        elif nb > MIN_TILE:
+            nb = -(-nb // 2)
+        elif mb > MIN_TILE:
+            mb = -(-mb // 2)
+        else:
+            break
+    if (mb, nb) == (m, n):
+        return None
+    return [(slice(i, min(i + mb, m)), slice(j, min(j + nb, n)))
+            for i in range(0, m, mb) for j in range(0, n, nb)]
+
+
+def _into(backend: Any, d: Decision, out_dtype: Any, c: Any, a: Any, b: Any, *,
+          subtract: bool | None) -> None:
+    """``c = a b`` (``subtract=None``) or ``c -= a b`` on the decided engine: its fused
+    kernel where it has one, else the product formed, then written."""
+    if _accumulate(backend, d, out_dtype, c, a, b, subtract=subtract):
         return
-    out[...] = _run(backend, d, out_dtype, a, b)
+    if subtract:
+        c -= _run(backend, d, out_dtype, a, b)
+    else:
+        c[...] = _run(backend, d, out_dtype, a, b)
 
 
 def _accumulate(backend: Any, d: Decision, out_dtype: Any, c: Any, a: Any, b: Any, *,

@@ -325,14 +325,16 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
     return out
 
 
-def normalize_signs(xp: Any, q: Any | None, r: Any, *, check: bool = True
-                    ) -> tuple[Any | None, Any]:
+def normalize_signs(xp: Any, q: Any | None, r: Any, *, check: bool = True,
+                    in_place: bool = False) -> tuple[Any | None, Any]:
     """Make ``diag(R)`` real and >= 0 by rescaling rows of R and columns of Q.
 
     Returns new arrays, or the inputs themselves when every diagonal entry is already
     real and >= 0 (the inputs are workspaces the caller owns). ``check=False`` skips
     that test (a host sync) and always rescales: for factors whose signs are mixed
-    anyway (LAPACK's and cuSOLVER's Householder QR).
+    anyway (LAPACK's and cuSOLVER's Householder QR). ``in_place``: real factors are
+    rescaled in their own storage (no copy of Q or R: the factors are the largest arrays
+    of a call).
     """
     k = min(r.shape[-2], r.shape[-1])
     if k == 0:
@@ -341,6 +343,11 @@ def normalize_signs(xp: Any, q: Any | None, r: Any, *, check: bool = True
     if check and not is_complex(xp, r) and bool(xp.all(d >= 0)):
         return q, r  # already normalised (CholQR's R): skip a pass over Q (one host sync)
     p = phase(xp, d)
+    if in_place and not is_complex(xp, r):
+        r[..., :k, :] *= xp.expand_dims(p, axis=-1)
+        if q is not None:
+            q[..., :, :k] *= xp.expand_dims(p, axis=-2)
+        return q, r
     pc = xp.conj(p) if is_complex(xp, r) else p
     rk = r[..., :k, :] * xp.expand_dims(pc, axis=-1)
     if is_complex(xp, r):

@@ -336,7 +336,10 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
     def signs(q: Any, r: Any) -> tuple[Any, Any]:
         if method in _POSITIVE_DIAGONAL or (method == "geqrf" and backend.library_qr_signed):
             return q, r
-        return normalize_signs(xp, q, r, check=check_signs)
+        # the recursion's factors are its own arrays (R the input itself only where the
+        # caller allowed overwriting it)
+        return normalize_signs(xp, q, r, check=check_signs,
+                               in_place=method == "householder-recursive")
 
     if m < n:
         # wide: factor the leading m x m block, then R2 = Q^H A2

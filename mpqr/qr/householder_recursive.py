@@ -220,8 +220,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
 
     Storage is LAPACK's: the working copy holds R on and above its diagonal and the
     Householder vectors Y (unit diagonal implied) below it; W has an array of its own,
-    and the reduced Q is formed in W's storage. Workspace beyond Q and R: the working
-    copy, plus GEMM temporaries of at most half of W.
+    and the reduced Q is formed in W's storage. A square input's R is the working copy
+    itself (its lower triangle zeroed in place once no step reads Y), so the reduced
+    factors are the only arrays of the input's size left; the other workspace is
+    bounded by the memory plan (docs/memory.md).
     """
     xp = backend.xp
     *batch, m, n = a.shape
@@ -359,10 +361,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if cert is not None and backend.certificate_failed(cert):
         raise UncertifiedPanels(f"householder-recursive: a {CERTIFIED_PANEL_MAX_N}-column "
                                 "panel failed CholQR2's certificate (cond >= ~1e7)")
-    r = xp.triu(work[..., :n, :])
     if not want_q:
-        return None, r
+        return None, _take_r(xp, work, nb)
     if complete:
+        r = xp.triu(work[..., :n, :])
         # Q = I - W Y^H (m x m); fp16: as (Y W^H)^H, the rounded vectors on the left
         y_all = yh_all if f16 else unit_lower(xp, work)
         work = yh_all = ysrc = None
@@ -373,18 +375,39 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             wy = gemm(w_all, ct(xp, y_all), precision=precision, label="rec-formq-WYh",
                       backend=backend)
         return xp.eye(m, dtype=a.dtype, device=dev) - wy, r
-    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there);
-    # fp16 reads Y1 from its own array, so the working copy goes first (R is out of it)
+    # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there).
+    # R is taken from the working copy when no later step reads its vectors: at once for
+    # fp16 (Y1 has an array of its own), after Q otherwise; in place for a square input,
+    # so that Q and R are the only arrays of the input's size left
+    r = None
     if f16:
+        r = _take_r(xp, work, nb)
         work = None
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
                       explicit=f16)
     # Y1 was their last use: free them before the sign normalisation copies Q
-    work = yh_all = ysrc = None
+    ysrc = yh_all = None
+    if r is None:
+        r = _take_r(xp, work, nb)
+    work = None
     q = w_all  # -W Y1^H already
     backend.add_identity(q)
     return q, r
+
+
+def _take_r(xp: Any, work: Any, nb: int) -> Any:
+    """R from the working copy (R on and above its diagonal): the working copy itself with
+    its lower triangle zeroed in place where it is square (column blocks of ``nb``: no
+    temporary beyond a diagonal block), else a copy of its top rows' upper triangle."""
+    *_, m, n = work.shape
+    if m != n:
+        return xp.triu(work[..., :n, :])
+    for c0 in range(0, n, nb):
+        c1 = min(n, c0 + nb)
+        work[..., c0:c1, c0:c1] = xp.triu(work[..., c0:c1, c0:c1])
+        work[..., c1:, c0:c1] = 0
+    return work
 
 
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
@@ -418,10 +441,10 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
                  precision=precision, label="rec-formq-trmm-gemm", options=options,
                  backend=backend)
     else:
-        g = ct(xp, gemm(y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
-                        precision=precision, label="rec-formq-trmm-gemm", options=options,
-                        backend=backend))
-        w[..., :, mid:hi] -= g
-        del g
+        # W2 -= W1 Y12^H into W's rows (the vectors of Y12 lie below the diagonal: no R);
+        # a native GEMM accumulates in place, with no temporary of half of W
+        gemm_sub(w[..., :, mid:hi], w[..., :, lo:mid], ct(xp, y1[..., mid:hi, lo:mid]),
+                 precision=precision, label="rec-formq-trmm-gemm", options=options,
+                 backend=backend)
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)

@@ -7,17 +7,19 @@ which precision or out-of-core budget would fit, instead of an out-of-memory err
 deep inside the factorization. Host arrays (free memory unknown: ``None``) are never
 refused here.
 
-The estimate is ``multiple x input bytes`` beyond the input itself, with the multiple of
-the route the call takes: what the device's memory pool grew by in one call, measured
-(``python -m mpqr bench memory``; H200), or where not measured yet the arrays the route
-allocates for certain (square: its working copy, W and R), so that the check refuses
-only calls that cannot fit.
+The estimate (:func:`estimate_bytes`) is the route's budget beyond the input itself: for
+the square/wide Householder route its working copy (where R is left for a square input)
+and W (where Q is formed), R where it is not square, the fp16 vectors at ``fp16``, the
+engines' scratch cap of the plan and the top level's half-size products; tall methods and
+the library's QR a measured multiple of the input's bytes.
 
 The plan also bounds the engines' scratch memory during the call
-(:func:`workspace_scope`): the Ozaki engine's residues and int32 products (whose default
-cap is half the free device memory, so a call used to take as much as it found) stay
-within ``OZAKI_FRACTION`` of the input's bytes (at least ``OZAKI_FLOOR``); the engine
-blocks its products to that cap, which changes no bit of the result.
+(:func:`workspace_scope`): the fp16 engines' operand splits and products (``fp16``,
+``fp32-emulated``) stay within ``SPLIT_FRACTION`` of the input's bytes (at least
+``SPLIT_FLOOR``), the policy running a larger product in output tiles; the Ozaki engine's
+residues and int32 products (whose default cap is half the free device memory, so a call
+used to take as much as it found) within ``OZAKI_FRACTION`` of the input's bytes (at least
+``OZAKI_FLOOR``), the engine blocking its products, which changes no bit of the result.
 
 ``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements).
 """
@@ -33,9 +35,12 @@ from typing import Any
 from mpqr._errors import DeviceMemoryError
 from mpqr.engines.ozaki import workspace_bytes
 from mpqr.policy import active_gemm_options, gemm_options, record_event
+from mpqr.qr._kernels import TRMM_CUTOFF
+from mpqr.qr.householder_recursive import MAX_CERTIFIED_LEAF_WIDTH, leaf_width
 
-__all__ = ["MULTIPLES", "OZAKI_FLOOR", "OZAKI_FRACTION", "TALL_METHODS", "check_fits",
-           "enabled", "estimate_bytes", "ozaki_cap", "workspace_scope"]
+__all__ = ["OZAKI_FLOOR", "OZAKI_FRACTION", "SPLIT_FLOOR", "SPLIT_FRACTION",
+           "TALL_METHODS", "check_fits", "enabled", "estimate_bytes", "ozaki_cap", "split_cap",
+           "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
 #: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products); at 0.5 a
@@ -44,17 +49,23 @@ __all__ = ["MULTIPLES", "OZAKI_FLOOR", "OZAKI_FRACTION", "TALL_METHODS", "check_
 OZAKI_FRACTION = 1.0
 OZAKI_FLOOR = 256 << 20
 
+#: the fp16 engines' (tc-fp16, tc-sgemm, tc-fp16-splitb) scratch cap during a QR call:
+#: this fraction of the input's bytes, at least SPLIT_FLOOR; the policy tiles a product's
+#: output so that each tile's operand splits and product fit (no bit changes: rows of A and
+#: columns of B are split independently)
+SPLIT_FRACTION = 0.5
+SPLIT_FLOOR = 64 << 20
+
 #: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
 TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
                           "svqr", "gram-schmidt-recursive", "householder-batched"})
 
-#: pool growth of one square/wide Householder call, a multiple of the input's bytes,
-#: per precision (H200, 16384^2 float32 and 65536 x 8192 float32); products on the
-#: fp16 engines split their operands whole
-MULTIPLES = {"fp16": 6.84, "fp32-emulated": 8.21}
-#: the square route's own arrays: its working copy, W (where the reduced Q is formed)
-#: and R, each up to the input's size; fp64-emulated adds the Ozaki scratch cap
-_SQUARE = 3.0
+#: k/2 x k/2 products of the top level alive at once (C, its TRMM update, a converted copy)
+_HALF_PRODUCTS = 3
+#: m x leaf-width copies of a leaf's panels alive at once (the panel, its Q and W)
+_LEAF_COPIES = 4
+#: the memory pool's rounding and blocks it cannot reuse, a fraction of the input's bytes
+_SLACK = 0.1
 #: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
 _TALL = 2.0
 _LIBRARY = 2.07
@@ -80,17 +91,40 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         return math.ceil(_LIBRARY * nbytes)
     if method == "geqrf-wy":  # geqrf's copy, Y^T, Y W and Q, each the input's size
         return math.ceil(_WY * nbytes)
-    extra = 0
-    if prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
-        *_, m, n = shape
-        h = -(-n // 2)
-        extra = min(ozaki_cap(nbytes), workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS))
-    return math.ceil(MULTIPLES.get(prec_name, _SQUARE) * nbytes) + extra
+    *batch, m, n = shape
+    k = min(m, n)
+    stack = math.prod(batch)
+    # the working copy (R in its storage where square) and W (Q in its storage)
+    need = 2 * nbytes + (stack * k * k * itemsize if m != n else 0)
+    if prec_name == "fp16":  # the rounded vectors as float16
+        need += stack * m * k * 2
+    if prec_name in ("fp16", "fp32-emulated"):
+        # the top level's update W1^H A2 (operands m x k/2) unsplit, or tiles within the cap
+        per = 2 if prec_name == "fp16" else 6
+        whole = stack * (per * m * k + 8 * (k // 2) ** 2)
+        need += min(split_cap(nbytes), whole)
+    elif prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
+        h = -(-k // 2)
+        need += min(ozaki_cap(nbytes), workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS))
+    # factoring: the top level's C = W1^H A2 (k/2 x k/2), its triangular update and a
+    # converted copy, or a leaf's panel copies; forming Q: a diagonal block of W Y1^H
+    # (m x k/4)
+    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
+    factoring = max(_HALF_PRODUCTS * (k // 2) ** 2, _LEAF_COPIES * m * min(nb, k))
+    forming_q = m * max(TRMM_CUTOFF, k // 4)
+    need += stack * max(factoring, forming_q) * itemsize
+    return math.ceil(need + _SLACK * nbytes)
 
 
 def ozaki_cap(nbytes: int) -> int:
     """The Ozaki engine's scratch cap during QR of an input of ``nbytes`` bytes."""
     return max(OZAKI_FLOOR, int(OZAKI_FRACTION * nbytes))
+
+
+def split_cap(nbytes: int) -> int:
+    """The fp16 engines' scratch cap (operand splits and products of one product tile)
+    during QR of an input of ``nbytes`` bytes."""
+    return max(SPLIT_FLOOR, int(SPLIT_FRACTION * nbytes))
 
 
 def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
@@ -127,12 +161,15 @@ def workspace_scope(backend: Any, a: Any, prec_name: str) -> Iterator[None]:
     ``workspace_limit`` or the plan is off)."""
     opts = active_gemm_options()
     if not enabled() or (opts is not None and opts.workspace_limit is not None) \
-            or prec_name not in ("fp64-emulated", "auto"):
+            or prec_name not in ("fp64-emulated", "auto", "fp16", "fp32-emulated"):
         yield
         return
     nbytes = math.prod(a.shape) * (int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a))
-    cap = ozaki_cap(nbytes)
-    with gemm_options(opts, workspace_limit=min(cap, backend.ozaki_workspace_limit())):
+    if prec_name in ("fp16", "fp32-emulated"):
+        cap = split_cap(nbytes)
+    else:
+        cap = min(ozaki_cap(nbytes), backend.ozaki_workspace_limit())
+    with gemm_options(opts, workspace_limit=cap):
         yield
 
 
