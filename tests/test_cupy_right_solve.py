@@ -163,6 +163,7 @@ def test_blocked_solve_and_gram_at_256_columns(monkeypatch, fused):
     fused leaves, each subtracting its accumulated update in its pass, cross products by
     GEMM): every row within substitution's backward-error bound, ``G`` the Gram matrix
     of the stored ``W``, exactly symmetric."""
+    from mpqr._array_api import array_namespace
     from mpqr.backends import get_backend
 
     from mpqr.qr import cholqr
@@ -174,7 +175,8 @@ def test_blocked_solve_and_gram_at_256_columns(monkeypatch, fused):
     n, m = 256, 3001
     a = cp.asarray(rng.standard_normal((m, n)) * np.logspace(0, -10, n))
     r = cp.asarray(np.linalg.qr(a.get())[1])
-    w, g = right_solve_upper_gram(get_backend(cp), a, r, "auto", "auto", "test")
+    w, g = right_solve_upper_gram(get_backend(array_namespace(a)), a, r, "auto", "auto",
+                                  "test")
     _check(a, r, w)
     wh = w.get().astype(np.longdouble)
     gamma = m * 2.0**-53 / (1 - m * 2.0**-53)

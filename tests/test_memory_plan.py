@@ -122,19 +122,33 @@ def test_gpu_oversize_input_raises_device_memory_error(plan, monkeypatch):
 
 
 def test_gpu_pool_high_water_within_plan():
-    # the estimate the check uses is at least what one call takes from the pool
+    # the estimate the check uses is at least what one call takes from the pool: with room
+    # on the device the fp16 engines' products are whole (the untiled estimate); under a
+    # pool limit that only the tiled plan fits, the call tiles them and stays within it
     cp = _cupy()
     from mpqr.bench.memory import measure_call
     from mpqr.qr.memory_plan import estimate_bytes
 
-    # 4096^2 float32: the fp16 engines' cap (64 MiB, the input's size) tiles the top
-    # level's products
+    pool = cp.get_default_memory_pool()
     for dt, prec in (("float32", "fp32-emulated"), ("float32", "fp16"),
                      ("float64", "fp64-emulated")):
         a = cp.random.default_rng(1).standard_normal((4096, 4096)).astype(dt)
         got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
-        bound = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
-        assert got["pool_multiple"] * a.nbytes <= bound, (prec, got, bound / a.nbytes)
+        whole = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize, tiles=False)
+        assert got["pool_multiple"] * a.nbytes <= whole, (prec, got, whole / a.nbytes)
+        tiled = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
+        if tiled < whole:  # 4096^2 float32: the cap (64 MiB, the input's size) tiles
+            pool.free_all_blocks()
+            pool.set_limit(size=pool.total_bytes() + (tiled + whole) // 2)
+            try:
+                q, r = mpqr.qr(a, precision=prec)
+                assert pool.total_bytes() <= pool.get_limit()
+                err = float(cp.linalg.norm(q @ r - a) / cp.linalg.norm(a))
+                assert err <= 4096 * 2.0**-11, (prec, err)
+                del q, r
+            finally:
+                pool.set_limit(size=0)
+                pool.free_all_blocks()
         del a
 
 

@@ -180,7 +180,13 @@ def _stack_geqrf(a, mode: str, streams: int | None):
                 cur.wait_event(st.record())
 
     deal(geqrf, n)
-    return buf, tau, lambda: deal(orgqr, cols, n)
+    held = (tau, work, info)  # orgqr reads them by pointer: alive until it is queued
+
+    def orgqr_call():
+        deal(orgqr, cols, n)
+        return held
+
+    return buf, tau, orgqr_call
 
 
 def raw_stack(a, *, streams: int | None = None):
@@ -199,7 +205,7 @@ def qr_stack(a, mode: str, *, streams: int | None = None):
     the current stream), one workspace per stream; layout copies and signs once for the
     whole stack on the current stream."""
     n = a.shape[-1]
-    buf, _, orgqr = _stack_geqrf(a, mode, streams)
+    buf, _, orgqr = _stack_geqrf(a, mode, streams)  # orgqr holds tau and the workspace
     top = buf[..., :n, :n]  # column-major R: top[..., j, i] = R[..., i, j]
     sgn = cp.where(cp.diagonal(top, axis1=-2, axis2=-1) < 0, -1, 1).astype(a.dtype)
     r = cp.triu(cp.swapaxes(top, -1, -2)) * sgn[..., :, None]

@@ -92,7 +92,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
     else:
         memory_plan.check_fits(backend, a, method, prec_name)
-        with memory_plan.workspace_scope(backend, a, prec_name):
+        with memory_plan.workspace_scope(backend, a, prec_name, method):
             q, r = driver.run(backend, a, method, auto=auto, precision=precision,
                               prec_name=prec_name, want_q=want_q, complete=complete,
                               overwrite=overwrite)

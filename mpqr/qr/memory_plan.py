@@ -16,7 +16,8 @@ the library's QR a measured multiple of the input's bytes.
 The plan also bounds the engines' scratch memory during the call
 (:func:`workspace_scope`): the fp16 engines' operand splits and products (``fp16``,
 ``fp32-emulated``) stay within ``SPLIT_FRACTION`` of the input's bytes (at least
-``SPLIT_FLOOR``), the policy running a larger product in output tiles; the Ozaki engine's
+``SPLIT_FLOOR``), the policy running a larger product in output tiles (on a device only
+where the untiled call would not fit the free memory); the Ozaki engine's
 residues and int32 products (whose default cap is half the free device memory, so a call
 used to take as much as it found) within ``OZAKI_FRACTION`` of the input's bytes (at least
 ``OZAKI_FLOOR``), the engine blocking its products, which changes no bit of the result.
@@ -81,9 +82,11 @@ def enabled() -> bool:
                                                                           "false", "no")
 
 
-def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int) -> int:
+def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int,
+                   tiles: bool = True) -> int:
     """Device bytes a QR of ``shape`` (``(..., m, n)``) by ``method`` at ``prec_name``
-    needs at its high-water mark beyond the input (its factors included)."""
+    needs at its high-water mark beyond the input (its factors included); ``tiles``:
+    with the fp16 engines' products in tiles within :func:`split_cap` (else whole)."""
     nbytes = math.prod(shape) * itemsize
     if method in TALL_METHODS:
         return math.ceil(_TALL * nbytes)
@@ -102,7 +105,7 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         # the top level's update W1^H A2 (operands m x k/2) unsplit, or tiles within the cap
         per = 2 if prec_name == "fp16" else 6
         whole = stack * (per * m * k + 8 * (k // 2) ** 2)
-        need += min(split_cap(nbytes), whole)
+        need += min(split_cap(nbytes), whole) if tiles else whole
     elif prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
         h = -(-k // 2)
         need += min(ozaki_cap(nbytes), workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS))
@@ -156,16 +159,26 @@ def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
 
 
 @contextlib.contextmanager
-def workspace_scope(backend: Any, a: Any, prec_name: str) -> Iterator[None]:
+def workspace_scope(backend: Any, a: Any, prec_name: str, method: str = "householder-recursive"
+                    ) -> Iterator[None]:
     """The engines' scratch caps of the plan for QR of ``a`` (none where the caller set
-    ``workspace_limit`` or the plan is off)."""
+    ``workspace_limit`` or the plan is off). On a device the fp16 engines' products go in
+    tiles only where the untiled call would not fit the free memory: the tiles re-split
+    an operand each (16384^2 float32 fp32-emulated: 8.9% slower with them, H200,
+    ``python bench/probes/memory_gpu.py``)."""
     opts = active_gemm_options()
     if not enabled() or (opts is not None and opts.workspace_limit is not None) \
             or prec_name not in ("fp64-emulated", "auto", "fp16", "fp32-emulated"):
         yield
         return
-    nbytes = math.prod(a.shape) * (int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a))
+    itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    nbytes = math.prod(a.shape) * itemsize
     if prec_name in ("fp16", "fp32-emulated"):
+        free = backend.device_memory_free()
+        if free is not None and estimate_bytes(method, prec_name, tuple(a.shape), itemsize,
+                                               tiles=False) <= free:
+            yield
+            return
         cap = split_cap(nbytes)
     else:
         cap = min(ozaki_cap(nbytes), backend.ozaki_workspace_limit())
