@@ -163,9 +163,9 @@ def test_blocked_solve_and_gram_at_256_columns(monkeypatch, fused):
     fused leaves, each subtracting its accumulated update in its pass, cross products by
     GEMM): every row within substitution's backward-error bound, ``G`` the Gram matrix
     of the stored ``W``, exactly symmetric."""
-    from mpqr._array_api import array_namespace
     from mpqr.backends import get_backend
 
+    from mpqr._array_api import array_namespace
     from mpqr.qr import cholqr
     from mpqr.qr.cholqr import right_solve_upper_gram
 
