@@ -215,6 +215,7 @@ class _GpuLike:
         self.library_qr_square_max = 2**27  # the CuPy backend's cuts
         self.library_qr_square_max_by_precision = {"fp64-emulated": 2**25}
         self.batched_qr_fits = nb.batched_qr_fits
+        self.stack_q_products_min_n = 65  # the CuPy backend's (stacks only)
 
 
 @pytest.mark.parametrize("dtype,prec,m,n,want", [
@@ -226,6 +227,9 @@ class _GpuLike:
     (np.float64, "fp64-emulated", 8192, 32768, False),   # the recursion's block wins
     (np.float32, "fp64-emulated", 4096, 65536, False),   # float32 does not meet fp64
     (np.complex64, "fp64-emulated", 4096, 4096, False),
+    (np.float32, "fp16", 4096, 16384, True),             # fp16: the block rule only
+    (np.float32, "fp16", 4096, 65536, False),            # wider: the recursion wins
+    (np.complex64, "fp16", 4096, 4096, False),
 ])
 def test_wide_and_complex_emulated_requests_take_the_library_qr(dtype, prec, m, n, want):
     from mpqr.qr.choice import library_meets_emulated

@@ -7,9 +7,10 @@ against the originals). Every candidate of a case is timed round-robin in one pr
 (``--repeats`` rounds of a call count chosen to last ~``--round-ms``), the median of
 the rounds reported, so load shared with other work hits all alike.
 
-GPU (CuPy, ``--gpu``): ``qr`` 100 x 10, 1000 x 20 and 4000 x 50 against
+GPU (CuPy, ``--gpu``): ``qr`` 100 x 10, 1000 x 20, 4000 x 50 and 10000 x 50 against
 ``cupy.linalg.qr``, ``lstsq`` against the cuSOLVER QR route (``cupyx.lapack.gels``:
-geqrf + ormqr + trsm), ``ratio`` mpqr's time over the library's; then the route sweep:
+geqrf + ormqr + trsm, which returns no singular values) and ``cupy.linalg.lstsq`` (the
+SVD route, SciPy's outputs), ``ratio`` mpqr's time over the library's; then the route sweep:
 square, wide (``m/n`` = 1/4, 1/16) and tall shapes, float32/float64/complex64/
 complex128, every precision the dtype's own arithmetic meets, ``mpqr.qr`` against
 ``cupy.linalg.qr`` (the library route that meets the request); each row lists its
@@ -131,19 +132,24 @@ def _gpu(repeats: int, budget_s: float, sizes: list[int]) -> list[dict[str, Any]
 
     rows = []
     rng = cp.random.default_rng(0)
-    for m, n in ((100, 10), (1000, 20), (4000, 50)):
+    for m, n in ((100, 10), (1000, 20), (4000, 50), (10000, 50)):
         a = rng.standard_normal((m, n))
         b = rng.standard_normal(m)
         t = _rounds({"mpqr.qr": lambda a=a: mpqr.qr(a),
                      "cupy.linalg.qr": lambda a=a: cp.linalg.qr(a),
                      "mpqr.lstsq": lambda a=a, b=b: mpqr.lstsq(a, b),
-                     "gels": lambda a=a, b=b: lapack.gels(a, b)}, sync, repeats, 20.0)
+                     "gels": lambda a=a, b=b: lapack.gels(a, b),
+                     # the library call mpqr.lstsq replaces (x, residues, rank and s)
+                     "cupy.linalg.lstsq": lambda a=a, b=b: cp.linalg.lstsq(a, b, rcond=None)},
+                    sync, repeats, 20.0)
         rows.append({"call": "qr", "shape": [m, n], "mpqr_us": t["mpqr.qr"] * 1e6,
                      "library": "cupy.linalg.qr", "library_us": t["cupy.linalg.qr"] * 1e6,
                      "ratio": t["mpqr.qr"] / t["cupy.linalg.qr"]})
         rows.append({"call": "lstsq", "shape": [m, n], "mpqr_us": t["mpqr.lstsq"] * 1e6,
                      "library": "cupyx.lapack.gels (geqrf + ormqr + trsm)",
-                     "library_us": t["gels"] * 1e6, "ratio": t["mpqr.lstsq"] / t["gels"]})
+                     "library_us": t["gels"] * 1e6, "ratio": t["mpqr.lstsq"] / t["gels"],
+                     "cupy_lstsq_us": t["cupy.linalg.lstsq"] * 1e6,
+                     "ratio_cupy_lstsq": t["mpqr.lstsq"] / t["cupy.linalg.lstsq"]})
     shapes = [(s, s) for s in sizes] + [(sizes[1], 4 * sizes[1]), (sizes[0], 16 * sizes[0]),
                                         (4 * sizes[1], sizes[1] // 4), (sizes[1], 16 * sizes[1])]
     start = time.perf_counter()

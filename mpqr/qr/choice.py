@@ -113,7 +113,8 @@ WIDE_RATIO = 8
 def library_meets_emulated(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
                            batch: int = 1) -> str:
     """Why a single wide (``m < n``) or complex matrix at ``"fp32-emulated"`` /
-    ``"fp64-emulated"`` takes the library's QR in its own precision, or ``""``.
+    ``"fp64-emulated"`` (``"fp16"``: a wide one whose ``m x m`` block is within the
+    square cut) takes the library's QR in its own precision, or ``""``.
 
     The request is for accuracy, and the dtype's own arithmetic meets it (float32 and
     complex64 meet fp32-emulated; float64 and complex128 both). mpqr's tensor-core
@@ -123,7 +124,7 @@ def library_meets_emulated(backend: Any, prec_name: str, dtype: Any, m: int, n: 
     (:data:`_EMULATED_REQUESTS`' note). Backends without tensor cores never run the
     emulation faster than native, so the rule is for those with them.
     """
-    if (batch != 1 or prec_name not in _EMULATED_REQUESTS
+    if (batch != 1 or prec_name not in (*_EMULATED_REQUESTS, "fp16")
             or "tensor-cores" not in backend.capabilities
             or not _covers_precision(backend, prec_name, dtype)):
         return ""
@@ -139,6 +140,11 @@ def library_meets_emulated(backend: Any, prec_name: str, dtype: Any, m: int, n: 
         prec_name, getattr(backend, "library_qr_square_max", 0))
     block = not wide and m < n and m * m <= cut
     if not (wide or block or cplx):
+        return ""
+    # fp16 only by the block rule: wider inputs and complex ones keep the recursion, whose
+    # half-precision products win there (H200, `python -m mpqr bench small --gpu`:
+    # 4096 x 16384 float32 0.79x cuSOLVER's time through it, 4096 x 65536 1.37x)
+    if prec_name == "fp16" and not block:
         return ""
     what = "wide" if wide or block else "complex"
     extra = (f" (its {m}x{m} block is within the square cut of {cut} elements, where the "
