@@ -321,3 +321,57 @@ def test_fused_leaf_matches_the_portable_loop(xp):
     assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
     assert np.abs(t1 - t2).max() <= 1e-12
     assert np.abs(ww1 - ww2).max() <= 1e-12 * np.abs(ww2).max()  # the panels' W
+
+
+def _cupy_panels(xp):
+    if not is_cupy_namespace(xp):
+        pytest.skip("the one-launch panel runs on CuPy")
+    return importlib.import_module("mpqr.backends.cupy.panel_cholqr")
+
+
+@pytest.mark.parametrize("steps", ["warp", "block"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(5000, 40), (33, 40), (40000, 40)])
+def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, steps, dtype, shape):
+    """``kernels/panel_fused.cu`` (the three launches as phases of one grid, the n x n steps
+    in one warp or the whole block) takes the same tiles, block count and summation order
+    as the three launches: the same factors to the last bit, the barrier counter left at
+    zero."""
+    cupy_panels = _cupy_panels(xp)
+    a = np.random.default_rng(43).standard_normal(shape).astype(dtype)
+    out = []
+    for one in (None, steps):
+        monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", one)
+        backend, work, w, cert = _working(xp, a)
+        l, tau = backend.certified_panel(work[:, 3:35], w[:, 3:35], cert)
+        out.append([to_numpy(x) for x in (work, w, l, tau, cert)])
+    for got, ref in zip(out[1], out[0], strict=True):
+        assert np.array_equal(got, ref)
+    assert out[1][4].tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("steps", ["warp", "block"])
+def test_one_launch_panel_counts_a_failed_certificate(xp, monkeypatch, steps):
+    cupy_panels = _cupy_panels(xp)
+    monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", steps)
+    a = np.random.default_rng(47).standard_normal((3000, 32))
+    a[:, 20] = a[:, 7]
+    *_, fails = _panel(xp, a, 0, 32)
+    assert fails == 1
+
+
+@pytest.mark.parametrize("precision", ["fp64", "fp32-emulated"])
+def test_recursive_qr_with_one_launch_panels(xp, monkeypatch, precision):
+    """The leaves' loop with one launch a panel gives the three launches' factorization
+    (to working precision: the rest of the call is not promised bit for bit)."""
+    cupy_panels = _cupy_panels(xp)
+    a, ax, _ = two_leaf_case(xp, monkeypatch, precision)
+    out = []
+    for one in (None, "block"):
+        monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", one)
+        q, r = mpqr.qr(ax, precision=precision, method="householder-recursive")
+        out.append((to_numpy(q), to_numpy(r)))
+    u = unit_roundoff(precision, np.float64)
+    for got, ref in zip(out[1], out[0], strict=True):
+        assert np.abs(got - ref).max() <= 64 * u * np.abs(ref).max()
+    assert backward_error(a, *out[1]) <= 2 * np.sqrt(256) * unit_roundoff(precision, np.float64)

@@ -1,6 +1,7 @@
 """Certified Householder panels of at most 32 columns in three launches
-(``kernels/panel_cholqr.cu``): CholQR2 with the Gram matrices in float64 and the
-reconstruction of the reflectors, written in LAPACK's layout in place.
+(``kernels/panel_cholqr.cu``), or in one (``kernels/panel_fused.cu``, :data:`ONE_LAUNCH`):
+CholQR2 with the Gram matrices in float64 and the reconstruction of the reflectors, written
+in LAPACK's layout in place.
 
 cuSOLVER's ``geqrf`` spends a fixed latency on every column of a panel (about 11 us per
 column, H100); these kernels take the panel's rows in two reads and one write, with the
@@ -10,11 +11,14 @@ same steps in the same order, is :meth:`mpqr.backends._base.ArrayAPIBackend.cert
 
 from __future__ import annotations
 
+import functools
+
 import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-__all__ = ["MAX_N", "certified_leaf", "certified_panel", "supports", "supports_leaf"]
+__all__ = ["MAX_N", "ONE_LAUNCH", "certified_leaf", "certified_panel", "supports",
+           "supports_leaf"]
 
 #: widest panel (one column per lane of a warp)
 MAX_N = 32
@@ -25,6 +29,12 @@ _TILE = 32
 #: most blocks of a pass: the last block sums one partial Gram per block
 _MAX_BLOCKS = 96
 _WS_FIXED = 5 * MAX_N * MAX_N
+
+#: The panel in one launch (``kernels/panel_fused.cu``: the three launches' phases in one
+#: persistent grid with grid barriers, the partial Grams summed by the whole grid): None
+#: keeps the three launches; ``"warp"`` takes their one-warp Cholesky and LU steps,
+#: ``"block"`` the whole block's (one barrier a step). Same factors to the last bit.
+ONE_LAUNCH: str | None = None
 
 
 def supports(a) -> bool:
@@ -41,8 +51,38 @@ def _module(dtype_name: str):
     return functions("panel_cholqr.cu", (f"panel_pass<{t}>", f"panel_apply<{t}>"))
 
 
+def _fused_module(dtype_name: str):
+    t = ctype(dtype_name)
+    return functions("panel_cholqr.cu", (f"panel_fused<{t}, false>", f"panel_fused<{t}, true>"),
+                     after=("panel_fused.cu",))
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def fused_blocks(m: int) -> int:
+    """The one-launch panel's grid: the three launches' Gram-pass grid (same partial sums),
+    at most one block per SM, so that every block is resident for the grid barriers."""
+    return max(1, min(_MAX_BLOCKS, _sm_count(cp.cuda.Device().id), -(-m // _TILE)))
+
+
+def _launch_fused(kernel, pa, lda, m: int, n: int, ws, cert, pw, ldw, ltop, tau,
+                  stop: int = 0) -> None:
+    kernel((fused_blocks(m),), (_THREADS,),
+           (pa, lda, cp.int64(m), cp.int32(n), ws, cert, pw, ldw, ltop, tau, cp.int32(stop)))
+
+
 def _launch(a, w, cert, ws, ltop, tau) -> None:
     m, n = a.shape
+    if ONE_LAUNCH is not None:
+        kernel = _fused_module(cp.dtype(a.dtype).name)[ONE_LAUNCH == "block"]
+        lda = cp.int64(a.strides[0] // a.itemsize)
+        ldw = cp.int64(w.strides[0] // w.itemsize) if w is not None else cp.int64(0)
+        _launch_fused(kernel, a, lda, m, n, ws, cert, w if w is not None else cp.uint64(0),
+                      ldw, ltop, tau)
+        return
     pass_k, apply_k = _module(cp.dtype(a.dtype).name)
     lda = cp.int64(a.strides[0] // a.itemsize)
     ldw = cp.int64(w.strides[0] // w.itemsize) if w is not None else cp.int64(0)
@@ -90,6 +130,8 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     compute = cublas.CUBLAS_COMPUTE_64F if f64 else cublas.CUBLAS_COMPUTE_32F
     k = c1 - c0
     pass_k, apply_k = _module(cp.dtype(work.dtype).name)
+    fused = None if ONE_LAUNCH is None else \
+        _fused_module(cp.dtype(work.dtype).name)[ONE_LAUNCH == "block"]
     ws = _workspace()
     tau = cp.empty(k, dtype=work.dtype)
     ltop = cp.empty(MAX_N * MAX_N, dtype=work.dtype)
@@ -111,12 +153,15 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
         e = min(c + MAX_N, c1)
         nn, mr = e - c, m - c
         pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ld + c) * it)
+        if fused is not None:
+            _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, lda, np.uint64(l0),
+                          np.uint64(tau0 + (c - c0) * it))
         blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
         args = (pa, lda, np.int64(mr), np.int32(nn))
-        for p in (1, 2):
+        for p in (1, 2) if fused is None else ():
             pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, lda,
                                             np.uint64(l0), np.uint64(tau0 + (c - c0) * it)))
-        if mr > nn:
+        if mr > nn and fused is None:
             ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
             apply_k((ab,), (_THREADS,), (*args, ws, pw, lda))
         if e == c1:

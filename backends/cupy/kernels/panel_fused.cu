@@ -1,0 +1,367 @@
+// A certified panel in one launch: panel_cholqr.cu's three launches (pass 1, pass 2, apply)
+// as phases of one persistent grid, separated by grid barriers, with no host step between.
+// Appended to panel_cholqr.cu (its helpers, unchanged, so that its text and prebuilt
+// binaries stay as they are).
+//
+//   phase 1: every block's partial Gram of its tiles (pass 1: A^T A)        | barrier
+//   phase 2: the partials summed in block order by the whole grid (one
+//            thread per entry; the last-block sum read 96 partials through
+//            one SM, ~10 us)                                                 | barrier
+//   phase 3: block 0: R1 = chol(G), X1 = R1^-1                               | barrier
+//   phases 4-6: the same for pass 2 (Q1 = A X1 on the fly), block 0 then does
+//            the certificate, R2, R = R2 R1, the signed LU and T             | barrier
+//   phase 7: every block: y_i and w_i of its rows (panel_apply's loop)
+//
+// Same tiles, same block count and the same summation order as the three launches, so
+// the factors are the same to the last bit. BLOCK_STEPS: the Cholesky and signed LU
+// factorizations by the whole block (one barrier per step, each thread its four entries)
+// instead of one warp's loops (~0.45 us a step, H100); same operations on every entry,
+// same results.
+//
+// The grid barrier needs every block resident at once: the caller launches at most one
+// block per SM (the kernel's resources allow one). It counts arrivals cumulatively in
+// cert[1] (the pass counter of panel_pass, zero between launches): barrier k waits for
+// k * gridDim.x arrivals; leaving, each block arrives once more and the last one resets the
+// counter to zero. `stop` > 0 returns after barrier `stop` (the stages' timing); 0 runs all.
+
+#define FUSED_G1 WS_P   // the reduced Gram of pass 1 (P is written after its last read)
+#define FUSED_G2 WS_PT  // the reduced Gram of pass 2 (read before P T is written)
+
+__device__ __forceinline__ void grid_sync(unsigned int* bar, unsigned int k) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    atomicAdd(bar, 1u);
+    const unsigned int target = k * gridDim.x;
+    while (*reinterpret_cast<volatile unsigned int*>(bar) < target) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// after barrier k, for good: the last block out resets the counter
+__device__ __forceinline__ void grid_leave(unsigned int* bar, unsigned int k) {
+  if (threadIdx.x == 0 && atomicAdd(bar, 1u) == (k + 1) * gridDim.x - 1) atomicExch(bar, 0u);
+}
+
+// Upper Cholesky G = R^T R in place by the whole block (chol_warp's operations on every
+// entry): step k's row of R is written at step k + 1, when no thread reads it any more.
+__device__ bool chol_block(Mat* __restrict__ g, int n) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  bool ok = true;
+  double prev = 0.0;  // R[k - 1][lane]
+  for (int k = 0; k < n; ++k) {
+    if (k > 0 && ((k - 1) & 7) == warp && lane >= k - 1 && lane < n) g[k - 1][lane] = prev;
+    const double d = g[k][k];
+    ok = ok && d > 0.0 && isfinite(d);
+    const double rkk = sqrt(fmax(d, 0.0));
+    const double rinv = 1.0 / rkk;
+    const double rkj = lane == k ? rkk : (lane > k && lane < n ? g[k][lane] * rinv : 0.0);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const int i = warp + 8 * e;
+      if (i > k && i < n && i <= lane && lane < n) {
+        const double rki = g[k][i] * rinv;
+        g[i][lane] = fma(-rki, rkj, g[i][lane]);
+      }
+    }
+    prev = rkj;
+    __syncthreads();
+  }
+  if (n > 0 && ((n - 1) & 7) == warp && lane == n - 1) g[n - 1][lane] = prev;
+  __syncthreads();
+  return ok;
+}
+
+// Signed LU without pivoting by the whole block (lu_signed_warp's operations): step k's
+// pivot and multipliers are written at step k + 1.
+__device__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double prev_piv = 0.0, prev_l[TILE_ENTRIES];
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) prev_l[e] = 0.0;
+  for (int k = 0; k < n; ++k) {
+    if (k > 0 && lane == k - 1) {
+#pragma unroll
+      for (int e = 0; e < TILE_ENTRIES; ++e) {
+        const int i = warp + 8 * e;
+        if (i == k - 1) c[i][i] = prev_piv;
+        if (i > k - 1 && i < n) c[i][k - 1] = prev_l[e];
+      }
+    }
+    const double d = c[k][k];
+    const double sk = d < 0.0 ? 1.0 : -1.0;
+    const double piv = d - sk;
+    const double inv = 1.0 / piv;
+    const double ukj = c[k][lane];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const int i = warp + 8 * e;
+      const double lik = (i > k && i < n) ? c[i][k] * inv : 0.0;
+      if (i > k && i < n && lane > k && lane < n) c[i][lane] = fma(-lik, ukj, c[i][lane]);
+      prev_l[e] = lik;
+    }
+    prev_piv = piv;
+    if (threadIdx.x == 0) s[k] = sk;
+    __syncthreads();
+  }
+  if (n > 0 && lane == n - 1 && warp == ((n - 1) & 7)) c[n - 1][n - 1] = prev_piv;
+  __syncthreads();
+}
+
+template <typename T, bool BLOCK_STEPS>
+__global__ void __launch_bounds__(PANEL_THREADS)
+panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __restrict__ ws,
+            int* __restrict__ cert, T* __restrict__ w, long long ldw, T* __restrict__ ltop,
+            T* __restrict__ tau, int stop) {
+  __shared__ Mat x1[PANEL_B];
+  __shared__ Mat red[PANEL_B];
+  __shared__ Mat tile[PANEL_B];
+  __shared__ Mat qt[PANEL_B];
+  __shared__ Mat scratch[PANEL_B];
+  __shared__ double sv[PANEL_B];
+  __shared__ double e_sh;
+  __shared__ int ok_sh, fail1, near_identity;
+  unsigned int* bar = reinterpret_cast<unsigned int*>(cert + 1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double* part = ws + WS_PART;
+  unsigned int k = 0;  // barriers passed
+
+  for (int pass = 1; pass <= 2; ++pass) {
+    // ---- phase 1 / 4: partial Grams (panel_pass's loop) ----
+    double acc[TILE_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = 0.0;
+    for (long long row0 = (long long)blockIdx.x * PANEL_B; row0 < m;
+         row0 += (long long)gridDim.x * PANEL_B) {
+      __syncthreads();
+      load_tile(a, lda, m, n, row0, tile);
+      __syncthreads();
+      const Mat* src = tile;
+      if (pass == 2) {
+        double q[TILE_ENTRIES];
+        tile_times(tile, x1, q);
+#pragma unroll
+        for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+        __syncthreads();
+        src = qt;
+      }
+#pragma unroll 8
+      for (int r = 0; r < PANEL_B; ++r) {
+        const double v = src[r][lane];
+#pragma unroll
+        for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = fma(src[r][warp + 8 * e], v, acc[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e)
+      part[(long long)blockIdx.x * PANEL_B * PANEL_B + (warp + 8 * e) * PANEL_B + lane] = acc[e];
+    grid_sync(bar, ++k);
+    if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
+
+    // ---- phase 2 / 5: G in block order, one thread per entry ----
+    double* g_out = ws + (pass == 1 ? FUSED_G1 : FUSED_G2);
+    for (int idx = blockIdx.x * PANEL_THREADS + threadIdx.x; idx < PANEL_B * PANEL_B;
+         idx += gridDim.x * PANEL_THREADS) {
+      const double* p = part + idx;
+      const int nb = static_cast<int>(gridDim.x);
+      double s = 0.0;
+      int b = 0;
+      for (; b + 16 <= nb; b += 16) {
+        double v[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) v[u] = __ldcg(p + (long long)(b + u) * PANEL_B * PANEL_B);
+#pragma unroll
+        for (int u = 0; u < 16; ++u) s += v[u];
+      }
+      for (; b < nb; ++b) s += __ldcg(p + (long long)b * PANEL_B * PANEL_B);
+      g_out[idx] = s;
+    }
+    grid_sync(bar, ++k);
+    if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
+
+    // ---- phase 3 / 6: the n x n steps in block 0 ----
+    if (blockIdx.x == 0) {
+      FOR_IJ(i, j) red[i][j] = __ldcg(&g_out[i * PANEL_B + j]);
+      __syncthreads();
+      if (pass == 1) {
+        bool ok;
+        if (BLOCK_STEPS) {
+          ok = chol_block(red, n);
+        } else {
+          if (warp == 0) {
+            const bool okw = chol_warp(red, n);
+            if (lane == 0) ok_sh = okw;
+          }
+          __syncthreads();
+          ok = ok_sh != 0;
+        }
+        if (!ok) {  // X1 = I keeps pass 2 finite; the caller factors again
+          FOR_IJ(i, j) red[i][j] = i == j ? 1.0 : 0.0;
+          if (threadIdx.x == 0) atomicAdd(&cert[0], 1);
+        }
+        if (threadIdx.x == 0) fail1 = !ok;
+        __syncthreads();
+        inv_triangular_block<false>(red, x1, scratch, n);
+        FOR_IJ(i, j) {
+          ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
+          ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
+        }
+      } else {
+        // pass 2 (panel_pass's tail): X2 in `tile`, R1 and later L^-1 in `qt`, L\U over X1
+        Mat* x2 = tile;
+        Mat* r1 = qt;
+        Mat* lu = x1;
+        if (warp == 0) {
+          double e = 0.0;  // ||G2 - I||_F^2
+          for (int i = 0; i < n; ++i) {
+            const double d = red[i][lane] - (i == lane ? 1.0 : 0.0);
+            if (lane < n) e = fma(d, d, e);
+          }
+          for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(FULL_MASK, e, o);
+          if (lane == 0) e_sh = e;
+        }
+        __syncthreads();
+        const double e = e_sh;
+        const bool near = e <= PANEL_NEAR_IDENTITY;
+        bool ok = true;
+        if (near) {  // R2 = I + F, X2 = I - F (panel_pass's first order)
+          FOR_IJ(i, j) {
+            const double g = red[i][j];
+            const bool diag = i == j && j < n;
+            const double f = diag ? 0.5 * (g - 1.0) : (i < j && j < n ? g : 0.0);
+            red[i][j] = diag ? 1.0 + f : f;
+            x2[i][j] = diag ? 1.0 - f : -f;
+          }
+        } else if (BLOCK_STEPS) {
+          ok = chol_block(red, n);
+        } else {
+          if (warp == 0) {
+            const bool okw = chol_warp(red, n);
+            if (lane == 0) ok_sh = okw;
+          }
+          __syncthreads();
+          ok = ok_sh != 0;
+        }
+        const bool good = ok && e <= 0.25 && fail1 == 0;  // a NaN fails e <= 0.25
+        if (threadIdx.x == 0) {
+          if (!good && fail1 == 0) atomicAdd(&cert[0], 1);
+          near_identity = near && good;
+        }
+        __syncthreads();  // every thread's entries of R2 written, fail1 read
+        FOR_IJ(i, j) {  // R2: identity on failure, zero below the diagonal
+          if (!good) red[i][j] = i == j ? 1.0 : 0.0;
+          if (i > j) red[i][j] = 0.0;
+          r1[i][j] = __ldcg(&ws[WS_R1 + i * PANEL_B + j]);
+        }
+        __syncthreads();
+        if (!near_identity) inv_triangular_block<false>(red, x2, scratch, n);
+        FOR_IJ(i, j) {  // R = R2 R1
+          double v = 0.0;
+          if (j < n)
+            for (int l = i; l <= j; ++l) v = fma(red[i][l], r1[l][j], v);
+          ws[WS_R + i * PANEL_B + j] = v;
+        }
+        __syncthreads();
+        load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2
+        __syncthreads();
+        {
+          double q[TILE_ENTRIES];
+          tile_times(r1, x1, q);
+#pragma unroll
+          for (int e2 = 0; e2 < TILE_ENTRIES; ++e2) red[warp + 8 * e2][lane] = q[e2];
+        }
+        __syncthreads();
+        {
+          double q[TILE_ENTRIES];
+          tile_times(red, x2, q);
+#pragma unroll
+          for (int e2 = 0; e2 < TILE_ENTRIES; ++e2) lu[warp + 8 * e2][lane] = q[e2];
+        }
+        __syncthreads();
+        if (BLOCK_STEPS) {
+          lu_signed_block(lu, sv, n);
+        } else {
+          if (warp == 0) lu_signed_warp(lu, sv, n);
+          __syncthreads();
+        }
+        inv_triangular_block<false>(lu, red, scratch, n);  // U^-1 (into red)
+        inv_triangular_block<true>(lu, r1, scratch, n);    // L^-1 (into r1)
+        Mat* pm = scratch;
+        FOR_IJ(i, j) {  // P = X2 U^-1
+          double v = 0.0;
+          if (j < n)
+            for (int l = i; l <= j; ++l) v = fma(x2[i][l], red[l][j], v);
+          ws[WS_P + i * PANEL_B + j] = v;
+          pm[i][j] = v;
+        }
+        __syncthreads();
+        FOR_IJ(i, j) {  // T[i][j] = -sum_{i <= l <= j} U[i][l] s_l Linv[j][l]
+          double v = 0.0;
+          if (j < n)
+            for (int l = i; l <= j; ++l) v = fma(lu[i][l] * sv[l], r1[j][l], v);
+          red[i][j] = -v;
+        }
+        __syncthreads();
+        FOR_IJ(i, j) {
+          double v = 0.0;  // P T
+          if (j < n)
+            for (int l = i; l <= j; ++l) v = fma(pm[i][l], red[l][j], v);
+          ws[WS_PT + i * PANEL_B + j] = v;
+          if (i < n && j < n) {
+            const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
+            a[i * lda + j] = static_cast<T>(r);
+            ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
+            if (w != nullptr) {
+              double s = red[i][j];
+              for (int l = 0; l < i; ++l) s = fma(lu[i][l], red[l][j], s);
+              w[i * ldw + j] = static_cast<T>(s);
+            }
+            if (i == j) tau[i] = static_cast<T>(red[i][i]);
+          }
+        }
+      }
+    }
+    grid_sync(bar, ++k);
+    if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
+    if (pass == 1) {  // every block: X1 for pass 2
+      FOR_IJ(i, j) x1[i][j] = __ldcg(&ws[WS_X1 + i * PANEL_B + j]);
+    }
+  }
+
+  // ---- phase 7: rows i >= n (panel_apply's loop) ----
+  Mat* p = red;
+  Mat* pt = scratch;
+  FOR_IJ(i, j) {
+    x1[i][j] = __ldcg(&ws[WS_X1 + i * PANEL_B + j]);
+    p[i][j] = __ldcg(&ws[WS_P + i * PANEL_B + j]);
+    pt[i][j] = __ldcg(&ws[WS_PT + i * PANEL_B + j]);
+  }
+  for (long long row0 = n + (long long)blockIdx.x * PANEL_B; row0 < m;
+       row0 += (long long)gridDim.x * PANEL_B) {
+    __syncthreads();
+    load_tile(a, lda, m, n, row0, tile);
+    __syncthreads();
+    double q[TILE_ENTRIES];
+    tile_times(tile, x1, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+    __syncthreads();
+    tile_times(qt, p, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const long long row = row0 + warp + 8 * e;
+      if (row < m && lane < n) a[row * lda + lane] = static_cast<T>(q[e]);
+    }
+    if (w != nullptr) {
+      tile_times(qt, pt, q);
+#pragma unroll
+      for (int e = 0; e < TILE_ENTRIES; ++e) {
+        const long long row = row0 + warp + 8 * e;
+        if (row < m && lane < n) w[row * ldw + lane] = static_cast<T>(q[e]);
+      }
+    }
+  }
+  grid_leave(bar, k);
+}

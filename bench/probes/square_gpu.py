@@ -1,0 +1,370 @@
+"""The certified panel in one launch against the three launches, on the GPU:
+``python bench/probes/square_gpu.py`` (CuPy; < 90 s on an H200; JSON to
+``$OUT/square.json``).
+
+1. Compile check: ``panel_cholqr.cu`` + ``panel_fused.cu`` through NVRTC (CuPy's
+   ``RawModule``, as ``backends/cupy/modules.py`` builds them); the log on failure.
+2. Panel checks (PASS/FAIL): ``kernels/panel_fused.cu`` (``"warp"`` and ``"block"``
+   n x n steps) against the three launches on the same input: the panel (S R and Y),
+   W, L, tau and the certificate, float32 and float64, tall and short panels, a view
+   inside a wider matrix, a panel whose certificate fails; the barrier counter back at
+   zero after each launch.
+3. Panel timings (µs a panel, CUDA events over a batch of launches on distinct copies):
+   16384 x 32 and 8192 x 32, float32 and float64; the one launch taken apart by its
+   ``stop`` argument (returns after barrier k of the grid).
+4. Full QR (mode reduced, ``method="householder-recursive"``: the route the panel serves)
+   with ``panel_cholqr.ONE_LAUNCH`` off / ``"warp"`` / ``"block"``:
+   4096² backward error and orthogonality (PASS/FAIL against the three launches), then
+   8192² and 16384² at fp32-emulated, fp16 and fp64-emulated against ``cupy.linalg.qr``,
+   medians of 5 CUDA-synchronised calls after a warm-up, the configurations alternated.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+OUT = Path(os.environ.get("OUT", "/tmp"))
+RESULT: dict = {"checks": {}, "compile": {}, "panel_us": {}, "stages_us": {}, "qr": []}
+T0 = time.perf_counter()
+
+
+def status(name: str, ok: bool, detail: str = "") -> None:
+    RESULT["checks"][name] = {"pass": bool(ok), "detail": detail}
+    print(f"{'PASS' if ok else 'FAIL'}  {name}  {detail}", flush=True)
+
+
+def guarded(fn):
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            traceback.print_exc()
+            tail = traceback.format_exc()[-800:]
+            RESULT.setdefault("errors", []).append(f"{fn.__name__}: {tail}")
+            return None
+    return run
+
+
+@guarded
+def compile_check() -> bool:
+    from mpqr.backends.cupy.modules import KERNELS
+
+    code = (KERNELS / "panel_cholqr.cu").read_text() + (KERNELS / "panel_fused.cu").read_text()
+    names = [f"panel_fused<{t}, {b}>" for t in ("float", "double") for b in ("false", "true")]
+    t0 = time.perf_counter()
+    try:
+        mod = cp.RawModule(code=code, options=("--std=c++17",), name_expressions=names)
+        for nm in names:
+            f = mod.get_function(nm)
+            RESULT["compile"][nm] = {"regs": f.num_regs, "local_bytes": f.local_size_bytes,
+                                     "shared_bytes": f.shared_size_bytes}
+    except cp.cuda.compiler.CompileException as exc:
+        print("NVRTC failed:\n" + str(exc), flush=True)
+        try:
+            exc.dump(sys.stdout)
+        except Exception:
+            pass
+        status("compile panel_fused.cu (NVRTC)", False, str(exc)[-2000:])
+        return False
+    status("compile panel_fused.cu (NVRTC)", True,
+           f"{time.perf_counter() - t0:.1f} s; " + json.dumps(RESULT["compile"]))
+    return True
+
+
+def _panel(k, a0, lo, hi, mode, with_w=True):
+    """Factor columns lo:hi of a copy of a0 with ONE_LAUNCH = mode; host copies back."""
+    work = a0.copy()
+    w = cp.zeros_like(work)
+    cert = cp.zeros(4, cp.int32)
+    old = k.ONE_LAUNCH
+    k.ONE_LAUNCH = mode
+    try:
+        ltop, tau = k.certified_panel(work[:, lo:hi], w[:, lo:hi] if with_w else None, cert)
+    finally:
+        k.ONE_LAUNCH = old
+    cp.cuda.Device().synchronize()
+    return {"work": cp.asnumpy(work), "w": cp.asnumpy(w), "l": cp.asnumpy(ltop),
+            "tau": cp.asnumpy(tau), "cert": cp.asnumpy(cert)}
+
+
+@guarded
+def panel_checks() -> None:
+    from mpqr.backends.cupy import panel_cholqr as k
+
+    rng = np.random.default_rng(5)
+    cases = [((16384, 32), 0, 32), ((8192, 32), 0, 32), ((5000, 40), 3, 35), ((1000, 17), 0, 17),
+             ((32, 32), 0, 32), ((200, 8), 0, 8), ((100000, 32), 0, 32)]
+    for dtype in (np.float32, np.float64):
+        u = 2.0**-24 if dtype == np.float32 else 2.0**-53
+        for shape, lo, hi in cases:
+            a0 = cp.asarray(rng.standard_normal(shape).astype(dtype))
+            ref = _panel(k, a0, lo, hi, None)
+            for mode in ("warp", "block"):
+                got = _panel(k, a0, lo, hi, mode)
+                worst = 0.0
+                bitwise = True
+                for key in ("work", "w", "l", "tau"):
+                    d = np.abs(got[key].astype(np.float64) - ref[key]).max()
+                    scale = max(np.abs(ref[key]).max(), 1e-300)
+                    worst = max(worst, d / scale)
+                    bitwise &= np.array_equal(got[key], ref[key])
+                ok = (worst <= 16 * u and got["cert"][0] == ref["cert"][0] == 0
+                      and got["cert"][1] == 0 and got["cert"][2] == 0)
+                status(f"panel {mode} {np.dtype(dtype).name} {shape}[:, {lo}:{hi}]", ok,
+                       f"max rel diff {worst:.2e} (bitwise {bitwise}); cert {got['cert'].tolist()}")
+        # a panel whose certificate fails (a repeated column): counted once, like the three
+        a = rng.standard_normal((4096, 32)).astype(dtype)
+        a[:, 20] = a[:, 7]
+        a0 = cp.asarray(a)
+        ref = _panel(k, a0, 0, 32, None)
+        for mode in ("warp", "block"):
+            got = _panel(k, a0, 0, 32, mode)
+            status(f"panel {mode} {np.dtype(dtype).name} failing certificate",
+                   got["cert"][0] == ref["cert"][0] == 1 and got["cert"][1] == 0,
+                   f"cert {got['cert'].tolist()} (three launches {ref['cert'].tolist()})")
+        # the leaf's loop (raw pointers, one cert for all panels) with the one launch
+        a0 = cp.asarray(rng.standard_normal((3000, 300)).astype(dtype))
+        outs = {}
+        for mode in (None, "block"):
+            work = a0.copy()
+            w = cp.zeros_like(work)
+            cert = cp.zeros(4, cp.int32)
+            old = k.ONE_LAUNCH
+            k.ONE_LAUNCH = mode
+            try:
+                from mpqr.backends import get_backend
+                tau = k.certified_leaf(get_backend(cp), work, w, 40, 290, cert)
+            finally:
+                k.ONE_LAUNCH = old
+            outs[mode] = (cp.asnumpy(work), cp.asnumpy(w), cp.asnumpy(tau), cp.asnumpy(cert))
+        d = max(np.abs(outs["block"][i].astype(np.float64) - outs[None][i]).max()
+                / max(np.abs(outs[None][i]).max(), 1e-300) for i in range(3))
+        status(f"leaf 3000x300 cols 40:290 block {np.dtype(dtype).name}",
+               d <= 64 * u and outs["block"][3][0] == 0 and outs["block"][3][1] == 0,
+               f"max rel diff {d:.2e}; cert {outs['block'][3].tolist()}")
+
+
+_SPIN = cp.RawKernel(r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}""", "spin")
+
+
+def _batch_us(launch, copies, base) -> float:
+    """µs per launch: one launch per distinct copy of ``base`` (restored before each batch),
+    CUDA events around the batch, queued behind a ~5 ms spin so that the host's launch
+    cost is not in it."""
+    best = []
+    for rep in range(4):
+        for c in copies:
+            cp.copyto(c, base)
+        cp.cuda.Device().synchronize()
+        _SPIN((1,), (1,), (np.int64(10_000_000),))
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        for c in copies:
+            launch(c)
+        e.record()
+        e.synchronize()
+        if rep:  # the first is the warm-up
+            best.append(cp.cuda.get_elapsed_time(s, e) * 1e3 / len(copies))
+    return float(np.median(best))
+
+
+def _three_or_one(k, w, cert, ws, ltop, tau, c) -> None:
+    k._launch(c, w, cert, ws, ltop, tau)
+
+
+def _one(k, kern, m, n, ws, cert, w, ltop, tau, stop, c) -> None:
+    k._launch_fused(kern, c, cp.int64(n), m, n, ws, cert, w, cp.int64(n), ltop, tau, stop=stop)
+
+
+@guarded
+def panel_timings() -> None:
+    from mpqr.backends.cupy import panel_cholqr as k
+
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64):
+        for m in (16384, 8192):
+            n = 32
+            base = cp.asarray(rng.standard_normal((m, n)).astype(dtype))
+            count = 60
+            copies = [base.copy() for _ in range(count)]
+            ws = k._workspace()
+            cert = cp.zeros(4, cp.int32)
+            w = cp.empty_like(base)
+            ltop = cp.empty((n, n), dtype)
+            tau = cp.empty(n, dtype)
+            row = {}
+            for mode in (None, "warp", "block", None, "warp", "block"):
+                old = k.ONE_LAUNCH
+                k.ONE_LAUNCH = mode
+                try:
+                    t = _batch_us(functools.partial(_three_or_one, k, w, cert, ws, ltop, tau),
+                                  copies, base)
+                finally:
+                    k.ONE_LAUNCH = old
+                key = mode or "three launches"
+                row[key] = min(row.get(key, 1e30), t)
+            fails = int(cert[0].get())
+            label = f"{np.dtype(dtype).name} {m}x{n}"
+            RESULT["panel_us"][label] = row | {"cert_failures": fails}
+            print(f"panel {label}: " + ", ".join(f"{a} {b:.1f} us" for a, b in row.items())
+                  + f" (cert failures {fails})", flush=True)
+            # the one launch taken apart: stop after barrier s (1..6), 0 = whole
+            names = ["Gram 1 partials", "Gram 1 summed", "chol + X1 (block 0)",
+                     "Gram 2 partials", "Gram 2 summed", "cert, R2, LU, T (block 0)",
+                     "rows: Y and W"]
+            for mode in ("warp", "block"):
+                kern = k._fused_module(np.dtype(dtype).name)[mode == "block"]
+                cum = []
+                for s in (1, 2, 3, 4, 5, 6, 0):
+                    launch = functools.partial(_one, k, kern, m, n, ws, cert, w, ltop, tau, s)
+                    cum.append(_batch_us(launch, copies, base))
+                stages = {nm: cum[i] - (cum[i - 1] if i else 0.0) for i, nm in enumerate(names)}
+                RESULT["stages_us"][f"{label} {mode}"] = {"cumulative": cum, "stages": stages}
+                print(f"  stages {mode}: " + ", ".join(f"{nm} {v:.1f}" for nm, v in stages.items())
+                      + f" (whole {cum[-1]:.1f} us)", flush=True)
+            ok = int(cert[1].get()) == 0 and int(cert[2].get()) == 0
+            status(f"barrier counter at zero after the timed launches {label}", ok,
+                   f"cert {cp.asnumpy(cert).tolist()}")
+            del copies
+            cp.get_default_memory_pool().free_all_blocks()
+
+
+def _errors(a, q, r) -> tuple[float, float]:
+    a64, q64, r64 = (x.astype(cp.float64) for x in (a, q, r))
+    back = float(cp.linalg.norm(a64 - q64 @ r64) / cp.linalg.norm(a64))
+    n = q64.shape[1]
+    orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(n)) / np.sqrt(n))
+    return back, orth
+
+
+def _time(fn, repeat=5) -> float:
+    fn()
+    cp.cuda.Device().synchronize()
+    ts = []
+    for _ in range(repeat):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e))
+    return float(np.median(ts))
+
+
+@guarded
+def qr_checks() -> None:
+    from mpqr.backends.cupy import panel_cholqr as k
+
+    import mpqr
+
+    rng = np.random.default_rng(11)
+    for prec, dt in (("fp32-emulated", np.float32), ("fp64-emulated", np.float64),
+                     ("fp16", np.float32)):
+        a = cp.asarray(rng.standard_normal((4096, 4096)).astype(dt))
+        errs = {}
+        for mode in (None, "warp", "block"):
+            k.ONE_LAUNCH = mode
+            try:
+                with mpqr.explain() as trace:
+                    q, r = mpqr.qr(a, precision=prec, method="householder-recursive")
+                leaves = [e for e in trace.events if e.kind == "panel"]
+                again = any("factored again" in e.message for e in leaves)
+                errs[mode or "off"] = (*_errors(a, q, r), again)
+            finally:
+                k.ONE_LAUNCH = None
+        b0, o0, _ = errs["off"]
+        for mode in ("warp", "block"):
+            b, o, again = errs[mode]
+            ok = b <= 2 * b0 + 1e-15 and o <= 2 * o0 + 1e-15 and not again
+            status(f"qr 4096^2 {prec} one launch {mode}", ok,
+                   f"backward {b:.2e} (off {b0:.2e}), orthogonality {o:.2e} (off {o0:.2e})"
+                   f"{', factored again' if again else ''}")
+
+
+@guarded
+def qr_timings(shapes=(8192, 16384)) -> None:
+    from mpqr.backends.cupy import panel_cholqr as k
+
+    import mpqr
+
+    rng = np.random.default_rng(13)
+    for nn in shapes:
+        for dt in (np.float32, np.float64):
+            a = cp.asarray(rng.standard_normal((nn, nn)).astype(dt))
+            base = _time(functools.partial(cp.linalg.qr, a), repeat=3 if nn > 8192 else 5)
+            precs = ("fp32-emulated", "fp16") if dt == np.float32 else ("fp64-emulated",)
+            for prec in precs:
+                if time.perf_counter() - T0 > 80:
+                    print(f"skipped {nn}^2 {prec}: time budget", flush=True)
+                    continue
+                row = {"shape": f"{nn}x{nn}", "precision": prec,
+                       f"cusolver_{np.dtype(dt).name}_ms": base}
+                modes = (None, "block", "warp")
+                times = {m: [] for m in modes}
+
+                call = functools.partial(mpqr.qr, a, precision=prec,
+                                         method="householder-recursive")
+                for m in modes:  # warm-up (compiles)
+                    k.ONE_LAUNCH = m
+                    call()
+                cp.cuda.Device().synchronize()
+                for _ in range(5):
+                    for m in modes:
+                        k.ONE_LAUNCH = m
+                        s, e = cp.cuda.Event(), cp.cuda.Event()
+                        s.record()
+                        call()
+                        e.record()
+                        e.synchronize()
+                        times[m].append(cp.cuda.get_elapsed_time(s, e))
+                k.ONE_LAUNCH = None
+                for m in modes:
+                    t = float(np.median(times[m]))
+                    row[f"{m or 'off'}_ms"] = t
+                    row[f"{m or 'off'}_speedup"] = base / t
+                RESULT["qr"].append(row)
+                cells = [f"{m or 'off'} {row[(m or 'off') + '_ms']:.1f} ms "
+                         f"({row[(m or 'off') + '_speedup']:.2f}x)" for m in modes]
+                print(f"qr {nn}^2 {prec}: cuSOLVER {base:.1f} ms; " + ", ".join(cells), flush=True)
+            del a
+            cp.get_default_memory_pool().free_all_blocks()
+
+
+def main() -> None:
+    dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    RESULT["device"] = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
+    RESULT["cupy"] = cp.__version__
+    print(f"{RESULT['device']}, CuPy {cp.__version__}", flush=True)
+    if compile_check():
+        panel_checks()
+        panel_timings()
+        qr_checks()
+        qr_timings()
+    RESULT["seconds"] = time.perf_counter() - T0
+    fails = [k for k, v in RESULT["checks"].items() if not v["pass"]]
+    print(f"\n{len(RESULT['checks']) - len(fails)} PASS, {len(fails)} FAIL"
+          + (": " + "; ".join(fails) if fails else "") + f"  ({RESULT['seconds']:.0f} s)")
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "square.json").write_text(json.dumps(RESULT, indent=1, default=str))
+    print(f"wrote {OUT / 'square.json'}")
+
+
+if __name__ == "__main__":
+    main()
