@@ -35,6 +35,9 @@ _WS_FIXED = 5 * MAX_N * MAX_N
 #: keeps the three launches; ``"warp"`` takes their one-warp Cholesky and LU steps,
 #: ``"block"`` the whole block's (one barrier a step). Same factors to the last bit.
 ONE_LAUNCH: str | None = None
+#: the one launch's grid: None takes the three launches' (the same partial Grams, the same
+#: bits); a number of blocks up to one per SM (more tiles in flight; other partial sums)
+FUSED_BLOCKS: int | None = None
 
 
 def supports(a) -> bool:
@@ -63,9 +66,11 @@ def _sm_count(device: int) -> int:
 
 
 def fused_blocks(m: int) -> int:
-    """The one-launch panel's grid: the three launches' Gram-pass grid (same partial sums),
-    at most one block per SM, so that every block is resident for the grid barriers."""
-    return max(1, min(_MAX_BLOCKS, _sm_count(cp.cuda.Device().id), -(-m // _TILE)))
+    """The one-launch panel's grid: the three launches' Gram-pass grid (same partial sums)
+    or :data:`FUSED_BLOCKS`, at most one block per SM, so that every block is resident for
+    the grid barriers, and at most one block per 32 rows."""
+    cap = _MAX_BLOCKS if FUSED_BLOCKS is None else min(FUSED_BLOCKS, _MAX_PARTIALS)
+    return max(1, min(cap, _sm_count(cp.cuda.Device().id), -(-m // _TILE)))
 
 
 def _launch_fused(kernel, pa, lda, m: int, n: int, ws, cert, pw, ldw, ltop, tau,
@@ -96,8 +101,12 @@ def _launch(a, w, cert, ws, ltop, tau) -> None:
         apply_k((ab,), (_THREADS,), (*args, ws, wp, ldw))
 
 
+#: partial Grams the workspace holds (the one launch's largest grid)
+_MAX_PARTIALS = 256
+
+
 def _workspace():
-    return cp.empty(_WS_FIXED + _MAX_BLOCKS * MAX_N * MAX_N, dtype=cp.float64)
+    return cp.empty(_WS_FIXED + _MAX_PARTIALS * MAX_N * MAX_N, dtype=cp.float64)
 
 
 def certified_panel(a, w, cert):

@@ -59,25 +59,25 @@ def guarded(fn):
 
 @guarded
 def compile_check() -> bool:
-    from mpqr.backends.cupy.modules import KERNELS
+    """NVRTC on the modules the library loads (so the later calls find them compiled)."""
+    from mpqr.backends.cupy import panel_cholqr as k
 
-    code = (KERNELS / "panel_cholqr.cu").read_text() + (KERNELS / "panel_fused.cu").read_text()
-    names = [f"panel_fused<{t}, {b}>" for t in ("float", "double") for b in ("false", "true")]
     t0 = time.perf_counter()
-    try:
-        mod = cp.RawModule(code=code, options=("--std=c++17",), name_expressions=names)
-        for nm in names:
-            f = mod.get_function(nm)
-            RESULT["compile"][nm] = {"regs": f.num_regs, "local_bytes": f.local_size_bytes,
-                                     "shared_bytes": f.shared_size_bytes}
-    except cp.cuda.compiler.CompileException as exc:
-        print("NVRTC failed:\n" + str(exc), flush=True)
+    for dtype_name in ("float32", "float64"):
         try:
-            exc.dump(sys.stdout)
-        except Exception:
-            pass
-        status("compile panel_fused.cu (NVRTC)", False, str(exc)[-2000:])
-        return False
+            kernels = k._fused_module(dtype_name)
+        except cp.cuda.compiler.CompileException as exc:
+            print("NVRTC failed:\n" + str(exc), flush=True)
+            try:
+                exc.dump(sys.stdout)
+            except Exception:
+                pass
+            status(f"compile panel_fused.cu {dtype_name} (NVRTC)", False, str(exc)[-2000:])
+            return False
+        for steps, f in zip(("warp", "block"), kernels, strict=True):
+            RESULT["compile"][f"{dtype_name} {steps}"] = {
+                "regs": f.num_regs, "local_bytes": f.local_size_bytes,
+                "shared_bytes": f.shared_size_bytes}
     status("compile panel_fused.cu (NVRTC)", True,
            f"{time.perf_counter() - t0:.1f} s; " + json.dumps(RESULT["compile"]))
     return True
@@ -124,6 +124,20 @@ def panel_checks() -> None:
                       and got["cert"][1] == 0 and got["cert"][2] == 0)
                 status(f"panel {mode} {np.dtype(dtype).name} {shape}[:, {lo}:{hi}]", ok,
                        f"max rel diff {worst:.2e} (bitwise {bitwise}); cert {got['cert'].tolist()}")
+        # the one launch on one block per SM: other partial sums, same factors to
+        # working precision
+        a0 = cp.asarray(rng.standard_normal((16384, 32)).astype(dtype))
+        ref = _panel(k, a0, 0, 32, None)
+        k.FUSED_BLOCKS = k._sm_count(cp.cuda.Device().id)
+        try:
+            got = _panel(k, a0, 0, 32, "block")
+        finally:
+            k.FUSED_BLOCKS = None
+        worst = max(np.abs(got[x].astype(np.float64) - ref[x]).max()
+                    / max(np.abs(ref[x]).max(), 1e-300) for x in ("work", "w", "l", "tau"))
+        status(f"panel block {np.dtype(dtype).name} (16384, 32), one block per SM",
+               worst <= 64 * u and got["cert"].tolist() == [0, 0, 0, 0],
+               f"max rel diff {worst:.2e}; cert {got['cert'].tolist()}")
         # a panel whose certificate fails (a repeated column): counted once, like the three
         a = rng.standard_normal((4096, 32)).astype(dtype)
         a[:, 20] = a[:, 7]
@@ -145,7 +159,10 @@ def panel_checks() -> None:
             k.ONE_LAUNCH = mode
             try:
                 from mpqr.backends import get_backend
-                tau = k.certified_leaf(get_backend(cp), work, w, 40, 290, cert)
+
+                from mpqr._array_api import array_namespace
+                tau = k.certified_leaf(get_backend(array_namespace(work)), work, w, 40, 290,
+                                       cert)
             finally:
                 k.ONE_LAUNCH = old
             outs[mode] = (cp.asnumpy(work), cp.asnumpy(w), cp.asnumpy(tau), cp.asnumpy(cert))
@@ -210,15 +227,17 @@ def panel_timings() -> None:
             ltop = cp.empty((n, n), dtype)
             tau = cp.empty(n, dtype)
             row = {}
-            for mode in (None, "warp", "block", None, "warp", "block"):
-                old = k.ONE_LAUNCH
-                k.ONE_LAUNCH = mode
+            sms = k._sm_count(cp.cuda.Device().id)
+            configs = ((None, None), ("warp", None), ("block", None), ("block", sms))
+            for one, blocks in configs * 2:
+                old = k.ONE_LAUNCH, k.FUSED_BLOCKS
+                k.ONE_LAUNCH, k.FUSED_BLOCKS = one, blocks
                 try:
                     t = _batch_us(functools.partial(_three_or_one, k, w, cert, ws, ltop, tau),
                                   copies, base)
                 finally:
-                    k.ONE_LAUNCH = old
-                key = mode or "three launches"
+                    k.ONE_LAUNCH, k.FUSED_BLOCKS = old
+                key = (one or "three launches") + (f" {blocks} blocks" if blocks else "")
                 row[key] = min(row.get(key, 1e30), t)
             fails = int(cert[0].get())
             label = f"{np.dtype(dtype).name} {m}x{n}"
@@ -298,50 +317,55 @@ def qr_checks() -> None:
                    f"{', factored again' if again else ''}")
 
 
+def _config(k, one, blocks) -> None:
+    k.ONE_LAUNCH, k.FUSED_BLOCKS = one, blocks
+
+
 @guarded
-def qr_timings(shapes=(8192, 16384)) -> None:
+def qr_timings(shapes=(16384, 8192)) -> None:
     from mpqr.backends.cupy import panel_cholqr as k
 
     import mpqr
 
-    rng = np.random.default_rng(13)
+    rng = cp.random.default_rng(13)
+    sms = k._sm_count(cp.cuda.Device().id)
+    configs = {"off": (None, None), "block": ("block", None), "warp": ("warp", None),
+               f"block {sms} blocks": ("block", sms)}
     for nn in shapes:
         for dt in (np.float32, np.float64):
-            a = cp.asarray(rng.standard_normal((nn, nn)).astype(dt))
+            a = rng.standard_normal((nn, nn), dtype=dt)
             base = _time(functools.partial(cp.linalg.qr, a), repeat=3 if nn > 8192 else 5)
             precs = ("fp32-emulated", "fp16") if dt == np.float32 else ("fp64-emulated",)
             for prec in precs:
-                if time.perf_counter() - T0 > 80:
+                if time.perf_counter() - T0 > 78:
                     print(f"skipped {nn}^2 {prec}: time budget", flush=True)
                     continue
                 row = {"shape": f"{nn}x{nn}", "precision": prec,
                        f"cusolver_{np.dtype(dt).name}_ms": base}
-                modes = (None, "block", "warp")
-                times = {m: [] for m in modes}
-
+                times = {c: [] for c in configs}
                 call = functools.partial(mpqr.qr, a, precision=prec,
                                          method="householder-recursive")
-                for m in modes:  # warm-up (compiles)
-                    k.ONE_LAUNCH = m
+                for c in configs:  # warm-up (compiles)
+                    _config(k, *configs[c])
                     call()
                 cp.cuda.Device().synchronize()
                 for _ in range(5):
-                    for m in modes:
-                        k.ONE_LAUNCH = m
+                    for c in configs:
+                        _config(k, *configs[c])
                         s, e = cp.cuda.Event(), cp.cuda.Event()
                         s.record()
                         call()
                         e.record()
                         e.synchronize()
-                        times[m].append(cp.cuda.get_elapsed_time(s, e))
-                k.ONE_LAUNCH = None
-                for m in modes:
-                    t = float(np.median(times[m]))
-                    row[f"{m or 'off'}_ms"] = t
-                    row[f"{m or 'off'}_speedup"] = base / t
+                        times[c].append(cp.cuda.get_elapsed_time(s, e))
+                _config(k, None, None)
+                for c in configs:
+                    t = float(np.median(times[c]))
+                    row[f"{c}_ms"] = t
+                    row[f"{c}_speedup"] = base / t
                 RESULT["qr"].append(row)
-                cells = [f"{m or 'off'} {row[(m or 'off') + '_ms']:.1f} ms "
-                         f"({row[(m or 'off') + '_speedup']:.2f}x)" for m in modes]
+                cells = [f"{c} {row[c + '_ms']:.1f} ms ({row[c + '_speedup']:.2f}x)"
+                         for c in configs]
                 print(f"qr {nn}^2 {prec}: cuSOLVER {base:.1f} ms; " + ", ".join(cells), flush=True)
             del a
             cp.get_default_memory_pool().free_all_blocks()

@@ -13,7 +13,8 @@
 //   phase 7: every block: y_i and w_i of its rows (panel_apply's loop)
 //
 // Same tiles, same block count and the same summation order as the three launches, so
-// the factors are the same to the last bit. BLOCK_STEPS: the Cholesky and signed LU
+// the factors are the same to the last bit; each block's next tile is loaded into registers
+// while the current one is multiplied. BLOCK_STEPS: the Cholesky and signed LU
 // factorizations by the whole block (one barrier per step, each thread its four entries)
 // instead of one warp's loops (~0.45 us a step, H100); same operations on every entry,
 // same results.
@@ -43,6 +44,26 @@ __device__ __forceinline__ void grid_sync(unsigned int* bar, unsigned int k) {
 // after barrier k, for good: the last block out resets the counter
 __device__ __forceinline__ void grid_leave(unsigned int* bar, unsigned int k) {
   if (threadIdx.x == 0 && atomicAdd(bar, 1u) == (k + 1) * gridDim.x - 1) atomicExch(bar, 0u);
+}
+
+// This thread's entries of the tile at row0, in registers: the next tile's loads are issued
+// before the current tile is multiplied (load_tile's values: zero beyond m rows, n columns).
+template <typename T>
+__device__ __forceinline__ void fetch_tile(const T* a, long long lda, long long m, int n,
+                                           long long row0, T* v) {
+  const int j = threadIdx.x & 31;
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const long long row = row0 + (threadIdx.x >> 5) + 8 * e;
+    v[e] = (row < m && j < n) ? a[row * lda + j] : static_cast<T>(0);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_tile(const T* v, Mat* tile) {
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e)
+    tile[(threadIdx.x >> 5) + 8 * e][threadIdx.x & 31] = static_cast<double>(v[e]);
 }
 
 // Upper Cholesky G = R^T R in place by the whole block (chol_warp's operations on every
@@ -133,11 +154,14 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     double acc[TILE_ENTRIES];
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = 0.0;
-    for (long long row0 = (long long)blockIdx.x * PANEL_B; row0 < m;
-         row0 += (long long)gridDim.x * PANEL_B) {
+    const long long stride = (long long)gridDim.x * PANEL_B;
+    T nxt[TILE_ENTRIES];
+    fetch_tile(a, lda, m, n, (long long)blockIdx.x * PANEL_B, nxt);
+    for (long long row0 = (long long)blockIdx.x * PANEL_B; row0 < m; row0 += stride) {
       __syncthreads();
-      load_tile(a, lda, m, n, row0, tile);
+      store_tile(nxt, tile);
       __syncthreads();
+      if (row0 + stride < m) fetch_tile(a, lda, m, n, row0 + stride, nxt);
       const Mat* src = tile;
       if (pass == 2) {
         double q[TILE_ENTRIES];
@@ -338,11 +362,14 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     p[i][j] = __ldcg(&ws[WS_P + i * PANEL_B + j]);
     pt[i][j] = __ldcg(&ws[WS_PT + i * PANEL_B + j]);
   }
-  for (long long row0 = n + (long long)blockIdx.x * PANEL_B; row0 < m;
-       row0 += (long long)gridDim.x * PANEL_B) {
+  const long long stride = (long long)gridDim.x * PANEL_B;
+  T nxt[TILE_ENTRIES];
+  fetch_tile(a, lda, m, n, n + (long long)blockIdx.x * PANEL_B, nxt);
+  for (long long row0 = n + (long long)blockIdx.x * PANEL_B; row0 < m; row0 += stride) {
     __syncthreads();
-    load_tile(a, lda, m, n, row0, tile);
+    store_tile(nxt, tile);
     __syncthreads();
+    if (row0 + stride < m) fetch_tile(a, lda, m, n, row0 + stride, nxt);
     double q[TILE_ENTRIES];
     tile_times(tile, x1, q);
 #pragma unroll
