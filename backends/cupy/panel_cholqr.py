@@ -38,6 +38,11 @@ ONE_LAUNCH: str | None = None
 #: the one launch's grid: None takes the three launches' (the same partial Grams, the same
 #: bits); a number of blocks up to one per SM (more tiles in flight; other partial sums)
 FUSED_BLOCKS: int | None = None
+#: CuPy's leaf in sub-blocks of this many columns (a multiple of 32): the panels update
+#: only their sub-block, whose combined W then updates the leaf's later columns in one
+#: product of K = LEAF_SUB (fewer, larger products than a rank-32 update per panel);
+#: None: every panel updates the whole leaf (the portable loop's steps).
+LEAF_SUB: int | None = None
 
 
 def supports(a) -> bool:
@@ -158,9 +163,25 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
         cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha.ctypes.data, pa, rtype, la, pb, rtype,
                       lb, beta.ctypes.data, pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
+    sub = k if LEAF_SUB is None else max(MAX_N, LEAF_SUB // MAX_N * MAX_N)
+    if sub < k:  # the sub-blocks' combined W^T B (kb x q2), G and L's top block
+        z2ld = k - sub
+        z2 = cp.empty((sub, z2ld), dtype=work.dtype)
+        g = cp.empty((sub, MAX_N), dtype=work.dtype)
+
+    def rm_gemm(ta: bool, tb: bool, mm, nn, kk, alpha, pa, la, pb, lb, beta, pc, lc):
+        # row-major C (mm x nn) = alpha op(A) op(B) + beta C as column-major C^T
+        gemm(op_t if tb else op_n, op_t if ta else op_n, nn, mm, kk, alpha, pb, lb, pa, la,
+             beta, pc, lc)
+
+    def at(base, r, col):
+        return base + (r * ld + col) * it
+
     for c in range(c0, c1, MAX_N):
         e = min(c + MAX_N, c1)
         nn, mr = e - c, m - c
+        s0 = c0 + (c - c0) // sub * sub  # this sub-block: columns s0:se
+        se = min(s0 + sub, c1)
         pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ld + c) * it)
         if fused is not None:
             _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, lda, np.uint64(l0),
@@ -175,17 +196,42 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
             apply_k((ab,), (_THREADS,), (*args, ws, pw, lda))
         if e == c1:
             break
-        q = c1 - e
+        q = se - e
         pb = a0 + (c * ld + e) * it
-        # Z^T (q x nn) = B^T W, B = work[c:, e:c1], W = w_all[c:, c:e], as one GEMM (split
-        # over 512-row chunks and summed, the QR was no faster: 16384^2 fp16 299-320 ms
-        # against 296-299, H100, bench/NOTES.md 2026-11-24)
-        gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ld, zero, z0, zld)
-        # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
-        gemm(op_n, op_n, q, nn, nn, mone, z0, zld, l0, nn, one, pb, ld)
-        if e < m:
-            gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld, one,
-                 a0 + (e * ld + e) * it, ld)
+        if q > 0:
+            # Z^T (q x nn) = B^T W, B = work[c:, e:se], W = w_all[c:, c:e], as one GEMM
+            # (split over 512-row chunks and summed, the QR was no faster: 16384^2 fp16
+            # 299-320 ms against 296-299, H100, bench/NOTES.md 2026-11-24)
+            gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ld, zero, z0, zld)
+            # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
+            gemm(op_n, op_n, q, nn, nn, mone, z0, zld, l0, nn, one, pb, ld)
+            if e < m:
+                gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld,
+                     one, a0 + (e * ld + e) * it, ld)
+        if se == c1:
+            continue
+        if c > s0:  # W of the sub-block so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^T W_j)
+            # (Y's rows from c in the columns before c are stored as they are; W_j's rows
+            # above c are zero)
+            w_all[s0:c, c:e] = 0
+            rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, int(pw), ld, zero,
+                    g.data.ptr, MAX_N)
+            rm_gemm(False, False, m - s0, nn, c - s0, mone, at(w0, s0, s0), ld, g.data.ptr,
+                    MAX_N, one, at(w0, s0, c), ld)
+        if e < se:
+            continue
+        # the sub-block is factored: the leaf's later columns B2 = work[s0:, se:c1] <-
+        # B2 - Y (W^T B2), Y's top block explicit (unit lower), the rows below in place
+        kb, q2 = se - s0, c1 - se
+        lblk = cp.ascontiguousarray(cp.tril(work[s0:se, s0:se], -1))
+        lblk.ravel()[::kb + 1] = 1
+        rm_gemm(True, False, kb, q2, m - s0, one, at(w0, s0, s0), ld, at(a0, s0, se), ld,
+                zero, z2.data.ptr, z2ld)
+        rm_gemm(False, False, kb, q2, kb, mone, lblk.data.ptr, kb, z2.data.ptr, z2ld, one,
+                at(a0, s0, se), ld)
+        if se < m:
+            rm_gemm(False, False, m - se, q2, kb, mone, at(a0, se, s0), ld, z2.data.ptr, z2ld,
+                    one, at(a0, se, se), ld)
     return tau
 
 

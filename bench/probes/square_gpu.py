@@ -13,7 +13,8 @@
    16384 x 32 and 8192 x 32, float32 and float64; the one launch taken apart by its
    ``stop`` argument (returns after barrier k of the grid).
 4. Full QR (mode reduced, ``method="householder-recursive"``: the route the panel serves)
-   with ``panel_cholqr.ONE_LAUNCH`` off / ``"warp"`` / ``"block"``:
+   with ``panel_cholqr.ONE_LAUNCH`` off / ``"warp"`` / ``"block"`` (and ``FUSED_BLOCKS``,
+   ``LEAF_SUB``: the leaf in sub-blocks of 128 / 256 columns):
    4096² backward error and orthogonality (PASS/FAIL against the three launches), then
    8192² and 16384² at fp32-emulated, fp16 and fp64-emulated against ``cupy.linalg.qr``,
    medians of 5 CUDA-synchronised calls after a warm-up, the configurations alternated.
@@ -148,15 +149,16 @@ def panel_checks() -> None:
             status(f"panel {mode} {np.dtype(dtype).name} failing certificate",
                    got["cert"][0] == ref["cert"][0] == 1 and got["cert"][1] == 0,
                    f"cert {got['cert'].tolist()} (three launches {ref['cert'].tolist()})")
-        # the leaf's loop (raw pointers, one cert for all panels) with the one launch
+        # the leaf's loop (raw pointers, one cert for all panels) with the one launch, and
+        # in sub-blocks of 64 / 128 columns
         a0 = cp.asarray(rng.standard_normal((3000, 300)).astype(dtype))
         outs = {}
-        for mode in (None, "block"):
+        for cfg in ((None, None), ("block", None), ("block", 64), (None, 128)):
             work = a0.copy()
             w = cp.zeros_like(work)
             cert = cp.zeros(4, cp.int32)
-            old = k.ONE_LAUNCH
-            k.ONE_LAUNCH = mode
+            old = k.ONE_LAUNCH, k.LEAF_SUB
+            k.ONE_LAUNCH, k.LEAF_SUB = cfg
             try:
                 from mpqr.backends import get_backend
 
@@ -164,13 +166,17 @@ def panel_checks() -> None:
                 tau = k.certified_leaf(get_backend(array_namespace(work)), work, w, 40, 290,
                                        cert)
             finally:
-                k.ONE_LAUNCH = old
-            outs[mode] = (cp.asnumpy(work), cp.asnumpy(w), cp.asnumpy(tau), cp.asnumpy(cert))
-        d = max(np.abs(outs["block"][i].astype(np.float64) - outs[None][i]).max()
-                / max(np.abs(outs[None][i]).max(), 1e-300) for i in range(3))
-        status(f"leaf 3000x300 cols 40:290 block {np.dtype(dtype).name}",
-               d <= 64 * u and outs["block"][3][0] == 0 and outs["block"][3][1] == 0,
-               f"max rel diff {d:.2e}; cert {outs['block'][3].tolist()}")
+                k.ONE_LAUNCH, k.LEAF_SUB = old
+            outs[cfg] = (cp.asnumpy(work), cp.asnumpy(tau), cp.asnumpy(cert))
+        ref = outs[(None, None)]
+        for cfg in list(outs)[1:]:
+            got = outs[cfg]
+            d = max(np.abs(got[i].astype(np.float64) - ref[i]).max()
+                    / max(np.abs(ref[i]).max(), 1e-300) for i in range(2))
+            status(f"leaf 3000x300 cols 40:290 {cfg[0] or 'three launches'}, sub-blocks "
+                   f"{cfg[1]} {np.dtype(dtype).name}",
+                   d <= 256 * u and got[2].tolist() == [0, 0, 0, 0],
+                   f"max rel diff {d:.2e} (R, Y, tau); cert {got[2].tolist()}")
 
 
 _SPIN = cp.RawKernel(r"""
@@ -294,31 +300,33 @@ def qr_checks() -> None:
     import mpqr
 
     rng = np.random.default_rng(11)
+    configs = {"off": (None, None), "warp": ("warp", None), "block": ("block", None),
+               "block sub128": ("block", None, 128), "sub64": (None, None, 64)}
     for prec, dt in (("fp32-emulated", np.float32), ("fp64-emulated", np.float64),
                      ("fp16", np.float32)):
         a = cp.asarray(rng.standard_normal((4096, 4096)).astype(dt))
         errs = {}
-        for mode in (None, "warp", "block"):
-            k.ONE_LAUNCH = mode
+        for name, cfg in configs.items():
+            _config(k, *cfg)
             try:
                 with mpqr.explain() as trace:
                     q, r = mpqr.qr(a, precision=prec, method="householder-recursive")
                 leaves = [e for e in trace.events if e.kind == "panel"]
                 again = any("factored again" in e.message for e in leaves)
-                errs[mode or "off"] = (*_errors(a, q, r), again)
+                errs[name] = (*_errors(a, q, r), again)
             finally:
-                k.ONE_LAUNCH = None
+                _config(k, None, None)
         b0, o0, _ = errs["off"]
-        for mode in ("warp", "block"):
-            b, o, again = errs[mode]
+        for name in list(configs)[1:]:
+            b, o, again = errs[name]
             ok = b <= 2 * b0 + 1e-15 and o <= 2 * o0 + 1e-15 and not again
-            status(f"qr 4096^2 {prec} one launch {mode}", ok,
+            status(f"qr 4096^2 {prec} {name}", ok,
                    f"backward {b:.2e} (off {b0:.2e}), orthogonality {o:.2e} (off {o0:.2e})"
                    f"{', factored again' if again else ''}")
 
 
-def _config(k, one, blocks) -> None:
-    k.ONE_LAUNCH, k.FUSED_BLOCKS = one, blocks
+def _config(k, one, blocks, sub=None) -> None:
+    k.ONE_LAUNCH, k.FUSED_BLOCKS, k.LEAF_SUB = one, blocks, sub
 
 
 @guarded
@@ -329,8 +337,9 @@ def qr_timings(shapes=(16384, 8192)) -> None:
 
     rng = cp.random.default_rng(13)
     sms = k._sm_count(cp.cuda.Device().id)
-    configs = {"off": (None, None), "block": ("block", None), "warp": ("warp", None),
-               f"block {sms} blocks": ("block", sms)}
+    configs = {"off": (None, None), "block": ("block", None),
+               f"block {sms} blocks": ("block", sms), "sub128": (None, None, 128),
+               "block sub128": ("block", None, 128), "block sub256": ("block", None, 256)}
     for nn in shapes:
         for dt in (np.float32, np.float64):
             a = rng.standard_normal((nn, nn), dtype=dt)
