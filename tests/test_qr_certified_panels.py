@@ -375,3 +375,26 @@ def test_recursive_qr_with_one_launch_panels(xp, monkeypatch, precision):
     for got, ref in zip(out[1], out[0], strict=True):
         assert np.abs(got - ref).max() <= 64 * u * np.abs(ref).max()
     assert backward_error(a, *out[1]) <= 2 * np.sqrt(256) * unit_roundoff(precision, np.float64)
+
+
+@pytest.mark.parametrize("sub", [64, 96, 128])
+def test_leaf_in_sub_blocks_matches_the_portable_loop(xp, monkeypatch, sub):
+    """CuPy's leaf in sub-blocks (each panel updates its sub-block, the sub-block's combined
+    W the later columns) gives the portable right-looking loop's factors to rounding."""
+    cupy_panels = _cupy_panels(xp)
+    from mpqr.qr import panel_blocked
+
+    a = np.random.default_rng(53).standard_normal((3000, 300))
+    out = []
+    for leaf_sub in (sub, None):
+        monkeypatch.setattr(cupy_panels, "LEAF_SUB", leaf_sub)
+        backend, work, w, cert = _working(xp, a)
+        if leaf_sub is None:
+            monkeypatch.setattr(type(backend), "certified_leaf", ArrayAPIBackend.certified_leaf)
+        tau = panel_blocked.certified_leaf(backend, work, w, 40, 290, cert=cert,
+                                           precision="fp64")
+        out.append((to_numpy(work), to_numpy(tau), int(to_numpy(cert)[0])))
+    (w1, t1, f1), (w2, t2, f2) = out
+    assert f1 == f2 == 0
+    assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
+    assert np.abs(t1 - t2).max() <= 1e-12
