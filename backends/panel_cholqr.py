@@ -29,11 +29,17 @@ from typing import Any
 
 from mpqr._array_api import device
 
-__all__ = ["CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY", "certificate_failed", "certified_leaf",
-           "certified_panel", "new_certificate"]
+__all__ = ["CERTIFIED_LEAF_SUB", "CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY",
+           "certificate_failed", "certified_leaf", "certified_panel", "new_certificate"]
 
 #: widest certified panel (the kernels hold one column per lane of a warp)
 CERTIFIED_PANEL_MAX_N = 32
+#: A certified leaf in sub-blocks of this many columns (a multiple of 32), or None: each
+#: panel updates the sub-block's later columns only, and the sub-block's combined ``W``
+#: (``W_j <- W_j - W_<j (Y_<j^T W_j)``) updates the leaf's later columns in one product of
+#: depth ``CERTIFIED_LEAF_SUB`` instead of one rank-32 update per panel. None: every panel
+#: updates the whole leaf. (Read at each call, by the portable loop and CuPy's.)
+CERTIFIED_LEAF_SUB: int | None = None
 #: ``||Q1^T Q1 - I||_F^2`` at or below which ``R2`` and ``R2^-1`` are taken to first order
 #: (float64's unit roundoff: the second-order terms are below its rounding)
 NEAR_IDENTITY = 2.0**-53

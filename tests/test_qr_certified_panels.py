@@ -381,13 +381,15 @@ def test_recursive_qr_with_one_launch_panels(xp, monkeypatch, precision):
 def test_leaf_in_sub_blocks_matches_the_portable_loop(xp, monkeypatch, sub):
     """CuPy's leaf in sub-blocks (each panel updates its sub-block, the sub-block's combined
     W the later columns) gives the portable right-looking loop's factors to rounding."""
-    cupy_panels = _cupy_panels(xp)
+    _cupy_panels(xp)
+    from mpqr.backends import panel_cholqr as portable_panels
+
     from mpqr.qr import panel_blocked
 
     a = np.random.default_rng(53).standard_normal((3000, 300))
     out = []
     for leaf_sub in (sub, None):
-        monkeypatch.setattr(cupy_panels, "LEAF_SUB", leaf_sub)
+        monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_SUB", leaf_sub)
         backend, work, w, cert = _working(xp, a)
         if leaf_sub is None:
             monkeypatch.setattr(type(backend), "certified_leaf", ArrayAPIBackend.certified_leaf)
@@ -398,3 +400,35 @@ def test_leaf_in_sub_blocks_matches_the_portable_loop(xp, monkeypatch, sub):
     assert f1 == f2 == 0
     assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
     assert np.abs(t1 - t2).max() <= 1e-12
+
+
+def test_portable_leaf_in_sub_blocks_gives_the_right_looking_factors(monkeypatch):
+    """The portable leaf in sub-blocks (panels update their sub-block; the sub-block's
+    combined W, ``W_j - W_<j (Y_<j^T W_j)``, the leaf's later columns) factors the leaf as
+    the right-looking loop does, to rounding, and its W is the sub-block's compact WY
+    factor: ``H_s0 ... H_se = I - W Y^T``."""
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    from mpqr.qr import panel_blocked
+
+    a = np.random.default_rng(59).standard_normal((120, 110))
+    c0, c1, sub = 4, 100, 64
+    out = []
+    for leaf_sub in (sub, None):
+        monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_SUB", leaf_sub)
+        backend, work, w, cert = _working(np, a)
+        tau = panel_blocked.certified_leaf(backend, work, w, c0, c1, cert=cert,
+                                           precision="fp64")
+        out.append((work, tau, w, int(cert[0])))
+    (w1, t1, ww1, f1), (w2, t2, _, f2) = out
+    assert f1 == f2 == 0
+    u = 2.0**-53
+    assert np.abs(w1 - w2).max() <= 200 * u * np.abs(w2).max()
+    assert np.abs(t1 - t2).max() <= 200 * u
+    # the first sub-block's W (the last one's is not combined: nothing after it reads it)
+    m = 120 - c0
+    y = (np.tril(w1[c0:, c0:c1], -1) + np.eye(m, c1 - c0))[:, :sub]
+    h = np.eye(m)
+    for j in range(sub):  # H_1 ... H_sub, one rank-1 update each
+        h -= t1[j] * np.outer(h @ y[:, j], y[:, j])
+    assert np.abs(np.eye(m) - ww1[c0:, c0:c0 + sub] @ y.T - h).max() <= 1000 * u

@@ -17,6 +17,8 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
+from mpqr.qr.panel_blocked import leaf_sub
+
 __all__ = ["MAX_N", "ONE_LAUNCH", "certified_leaf", "certified_panel", "supports",
            "supports_leaf"]
 
@@ -38,11 +40,6 @@ ONE_LAUNCH: str | None = None
 #: the one launch's grid: None takes the three launches' (the same partial Grams, the same
 #: bits); a number of blocks up to one per SM (more tiles in flight; other partial sums)
 FUSED_BLOCKS: int | None = None
-#: CuPy's leaf in sub-blocks of this many columns (a multiple of 32): the panels update
-#: only their sub-block, whose combined W then updates the leaf's later columns in one
-#: product of K = LEAF_SUB (fewer, larger products than a rank-32 update per panel);
-#: None: every panel updates the whole leaf (the portable loop's steps).
-LEAF_SUB: int | None = None
 
 
 def supports(a) -> bool:
@@ -163,7 +160,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
         cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha.ctypes.data, pa, rtype, la, pb, rtype,
                       lb, beta.ctypes.data, pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
-    sub = k if LEAF_SUB is None else max(MAX_N, LEAF_SUB // MAX_N * MAX_N)
+    sub = leaf_sub(k)  # the portable loop's sub-blocks (CERTIFIED_LEAF_SUB)
     if sub < k:  # the sub-blocks' combined W^T B (kb x q2), G and L's top block
         z2ld = k - sub
         z2 = cp.empty((sub, z2ld), dtype=work.dtype)

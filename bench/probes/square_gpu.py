@@ -14,7 +14,7 @@
    ``stop`` argument (returns after barrier k of the grid).
 4. Full QR (mode reduced, ``method="householder-recursive"``: the route the panel serves)
    with ``panel_cholqr.ONE_LAUNCH`` off / ``"warp"`` / ``"block"`` (and ``FUSED_BLOCKS``,
-   ``LEAF_SUB``: the leaf in sub-blocks of 128 / 256 columns):
+   ``CERTIFIED_LEAF_SUB``: the leaf in sub-blocks of 128 / 256 columns):
    4096² backward error and orthogonality (PASS/FAIL against the three launches), then
    8192² and 16384² at fp32-emulated, fp16 and fp64-emulated against ``cupy.linalg.qr``,
    medians of 5 CUDA-synchronised calls after a warm-up, the configurations alternated.
@@ -158,8 +158,7 @@ def panel_checks() -> None:
             work = a0.copy()
             w = cp.zeros_like(work)
             cert = cp.zeros(4, cp.int32)
-            old = k.ONE_LAUNCH, k.LEAF_SUB
-            k.ONE_LAUNCH, k.LEAF_SUB = cfg
+            _config(k, cfg[0], None, cfg[1])
             try:
                 from mpqr.backends import get_backend
 
@@ -167,7 +166,7 @@ def panel_checks() -> None:
                 tau = k.certified_leaf(get_backend(array_namespace(work)), work, w, 40, 290,
                                        cert)
             finally:
-                k.ONE_LAUNCH, k.LEAF_SUB = old
+                _config(k, None, None)
             outs[cfg] = (cp.asnumpy(work), cp.asnumpy(tau), cp.asnumpy(cert))
         ref = outs[(None, None)]
         for cfg in list(outs)[1:]:
@@ -327,7 +326,10 @@ def qr_checks() -> None:
 
 
 def _config(k, one, blocks, sub=None) -> None:
-    k.ONE_LAUNCH, k.FUSED_BLOCKS, k.LEAF_SUB = one, blocks, sub
+    from mpqr.backends import panel_cholqr as portable
+
+    k.ONE_LAUNCH, k.FUSED_BLOCKS = one, blocks
+    portable.CERTIFIED_LEAF_SUB = sub
 
 
 @guarded

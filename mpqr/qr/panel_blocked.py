@@ -27,11 +27,12 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import ct, device
+from mpqr.backends import panel_cholqr as _panel_cholqr
 from mpqr.backends._base import compact_wy_t
 from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm, gemm_sub
 
-__all__ = ["blocked_householder_panel", "certified_leaf"]
+__all__ = ["blocked_householder_panel", "certified_leaf", "leaf_sub"]
 
 
 def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: str
@@ -65,7 +66,11 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     (``backend.certified_panel``: CholQR2 + reconstruction, the check counted into
     ``cert``). Each panel's ``W`` goes to ``w_all[c:, c:e]`` for the update of the leaf's
     later columns, ``B <- B - Y (W^H B)``, by products at ``precision`` (the second in
-    place, in two parts: ``Y``'s explicit unit-lower top and the rows below it).
+    place, in two parts: ``Y``'s explicit unit-lower top and the rows below it). With
+    :data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_SUB` set, the leaf goes in sub-blocks
+    of that many columns: each panel updates the rest of its sub-block, its ``W`` joins the
+    sub-block's (``W_j <- W_j - W_<j (Y_<j^H W_j)``; ``w_all`` then holds the sub-blocks'
+    combined ``W``), and each sub-block updates the leaf's later columns at once.
     Returns the leaf's ``tau`` (for its ``T``: :func:`~mpqr.backends._base.compact_wy_t`).
     """
     tau = backend.certified_leaf(work, w_all, c0, c1, cert)
@@ -73,18 +78,53 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
         return tau
     xp = backend.xp
     m = work.shape[-2]
+    nb = CERTIFIED_PANEL_MAX_N
+    sub = leaf_sub(c1 - c0)
     taus = []
-    for c in range(c0, c1, CERTIFIED_PANEL_MAX_N):
-        e = min(c + CERTIFIED_PANEL_MAX_N, c1)
+    for c in range(c0, c1, nb):
+        e = min(c + nb, c1)
+        s0 = c0 + (c - c0) // sub * sub  # this panel's sub-block: columns s0:se
+        se = min(s0 + sub, c1)
         l, tau = backend.certified_panel(work[c:, c:e], w_all[c:, c:e], cert)
         taus.append(tau)
         if e == c1:
             break
-        z = gemm(ct(xp, w_all[c:, c:e]), work[c:, e:c1], precision=precision,
+        if e < se:
+            z = gemm(ct(xp, w_all[c:, c:e]), work[c:, e:se], precision=precision,
+                     label="panel-update-WhB", backend=backend)
+            gemm_sub(work[c:e, e:se], l, z, precision=precision, label="panel-update-YZ",
+                     backend=backend)
+            if e < m:
+                gemm_sub(work[e:, e:se], work[e:, c:e], z, precision=precision,
+                         label="panel-update-YZ", backend=backend)
+        if se == c1:
+            continue
+        if c > s0:  # the sub-block's W so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^H W_j)
+            w_all[s0:c, c:e] = 0
+            g = gemm(ct(xp, work[c:, s0:c]), w_all[c:, c:e], precision=precision,
+                     label="panel-combine-YhW", backend=backend)
+            gemm_sub(w_all[s0:, c:e], w_all[s0:, s0:c], g, precision=precision,
+                     label="panel-combine-WG", backend=backend)
+        if e < se:
+            continue
+        # the sub-block is factored: the leaf's later columns B <- B - Y (W^H B), Y's top
+        # block explicit (unit lower), the rows below it in place
+        lblk = xp.tril(work[s0:se, s0:se], k=-1) + xp.eye(se - s0, dtype=work.dtype,
+                                                          device=device(work))
+        z = gemm(ct(xp, w_all[s0:, s0:se]), work[s0:, se:c1], precision=precision,
                  label="panel-update-WhB", backend=backend)
-        gemm_sub(work[c:e, e:c1], l, z, precision=precision, label="panel-update-YZ",
+        gemm_sub(work[s0:se, se:c1], lblk, z, precision=precision, label="panel-update-YZ",
                  backend=backend)
-        if e < m:
-            gemm_sub(work[e:, e:c1], work[e:, c:e], z, precision=precision,
+        if se < m:
+            gemm_sub(work[se:, se:c1], work[se:, s0:se], z, precision=precision,
                      label="panel-update-YZ", backend=backend)
     return xp.concat(taus)
+
+
+def leaf_sub(k: int) -> int:
+    """The sub-block width of a certified leaf of ``k`` columns
+    (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_SUB`, whole-leaf when None)."""
+    sub = _panel_cholqr.CERTIFIED_LEAF_SUB
+    if sub is None:
+        return k
+    return max(CERTIFIED_PANEL_MAX_N, sub // CERTIFIED_PANEL_MAX_N * CERTIFIED_PANEL_MAX_N)
