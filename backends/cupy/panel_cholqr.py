@@ -17,8 +17,6 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-from mpqr.qr.panel_blocked import leaf_sub
-
 __all__ = ["MAX_N", "ONE_LAUNCH", "certified_leaf", "certified_panel", "supports",
            "supports_leaf"]
 
@@ -132,6 +130,8 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     calls a leaf of 16 panels took ~4 ms of host time, ~250 us per panel (H100,
     ``python3 bench/probes/square_panels.py OUT leaf``)."""
     from cupy.cuda import cublas, runtime
+
+    from mpqr.qr.panel_blocked import leaf_sub
 
     m, ld = work.shape
     it = work.itemsize
