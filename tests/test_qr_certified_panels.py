@@ -329,7 +329,7 @@ def _cupy_panels(xp):
     return importlib.import_module("mpqr.backends.cupy.panel_cholqr")
 
 
-@pytest.mark.parametrize("steps", ["warp", "block"])
+@pytest.mark.parametrize("steps", ["warp", "block", "block, rows apart"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(5000, 40), (33, 40), (40000, 40)])
 def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, steps, dtype, shape):
@@ -338,9 +338,10 @@ def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, step
     as the three launches: the same factors to the last bit, the barrier counter left at
     zero."""
     cupy_panels = _cupy_panels(xp)
+    monkeypatch.setattr(cupy_panels, "ONE_LAUNCH_ROWS", "apart" not in steps)
     a = np.random.default_rng(43).standard_normal(shape).astype(dtype)
     out = []
-    for one in (None, steps):
+    for one in (None, steps.split(",")[0]):
         monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", one)
         backend, work, w, cert = _working(xp, a)
         l, tau = backend.certified_panel(work[:, 3:35], w[:, 3:35], cert)

@@ -34,10 +34,20 @@ _WS_FIXED = 5 * MAX_N * MAX_N
 #: persistent grid with grid barriers, the partial Grams summed by the whole grid): None
 #: keeps the three launches; ``"warp"`` takes their one-warp Cholesky and LU steps,
 #: ``"block"`` the whole block's (one barrier a step). Same factors to the last bit.
-ONE_LAUNCH: str | None = None
+#: ``"block"``: 16384 x 32 float32 120 against 119 us a panel, float64 109 against 122;
+#: the QR at 16384² fp16 145 against 155 ms, fp64-emulated 409 against 415, 8192² fp16
+#: 58 against 62 (H200, one process, bench/NOTES.md 2026-11-28).
+ONE_LAUNCH: str | None = "block"
 #: the one launch's grid: None takes the three launches' (the same partial Grams, the same
 #: bits); a number of blocks up to one per SM (more tiles in flight; other partial sums)
 FUSED_BLOCKS: int | None = None
+#: whether the one launch also writes the rows below the panel's top (Y and W); False:
+#: it stops after the n x n steps and ``panel_apply`` writes them on up to 528 blocks
+#: (the one launch's rows phase, on at most one block per SM, took 20 us at 16384 x 32
+#: against ~9 for the separate launch, H200)
+ONE_LAUNCH_ROWS: bool = True
+#: the one launch's ``stop`` that ends it before the rows (after its sixth grid barrier)
+_STOP_BEFORE_ROWS = 6
 
 
 def supports(a) -> bool:
@@ -74,9 +84,16 @@ def fused_blocks(m: int) -> int:
 
 
 def _launch_fused(kernel, pa, lda, m: int, n: int, ws, cert, pw, ldw, ltop, tau,
-                  stop: int = 0) -> None:
+                  stop: int = 0, apply_k=None) -> None:
+    """The one launch (``stop``: return after that grid barrier, 0 all); with ``apply_k``
+    (``panel_apply``) and :data:`ONE_LAUNCH_ROWS` False, the rows in a second launch."""
+    apart = apply_k is not None and not ONE_LAUNCH_ROWS and stop == 0
     kernel((fused_blocks(m),), (_THREADS,),
-           (pa, lda, cp.int64(m), cp.int32(n), ws, cert, pw, ldw, ltop, tau, cp.int32(stop)))
+           (pa, lda, cp.int64(m), cp.int32(n), ws, cert, pw, ldw, ltop, tau,
+            cp.int32(_STOP_BEFORE_ROWS if apart else stop)))
+    if apart and m > n:
+        ab = max(1, min(4 * 132, -(-(m - n) // _TILE)))
+        apply_k((ab,), (_THREADS,), (pa, lda, cp.int64(m), cp.int32(n), ws, pw, ldw))
 
 
 def _launch(a, w, cert, ws, ltop, tau) -> None:
@@ -86,7 +103,7 @@ def _launch(a, w, cert, ws, ltop, tau) -> None:
         lda = cp.int64(a.strides[0] // a.itemsize)
         ldw = cp.int64(w.strides[0] // w.itemsize) if w is not None else cp.int64(0)
         _launch_fused(kernel, a, lda, m, n, ws, cert, w if w is not None else cp.uint64(0),
-                      ldw, ltop, tau)
+                      ldw, ltop, tau, apply_k=_module(cp.dtype(a.dtype).name)[1])
         return
     pass_k, apply_k = _module(cp.dtype(a.dtype).name)
     lda = cp.int64(a.strides[0] // a.itemsize)
@@ -182,7 +199,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
         pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ld + c) * it)
         if fused is not None:
             _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, lda, np.uint64(l0),
-                          np.uint64(tau0 + (c - c0) * it))
+                          np.uint64(tau0 + (c - c0) * it), apply_k=apply_k)
         blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
         args = (pa, lda, np.int64(mr), np.int32(nn))
         for p in (1, 2) if fused is None else ():

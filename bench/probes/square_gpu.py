@@ -140,6 +140,19 @@ def panel_checks() -> None:
         status(f"panel block {np.dtype(dtype).name} (16384, 32), one block per SM",
                worst <= 64 * u and got["cert"].tolist() == [0, 0, 0, 0],
                f"max rel diff {worst:.2e}; cert {got['cert'].tolist()}")
+        # the rows in a second launch (panel_apply) after the one launch's n x n steps
+        for shape, lo, hi in cases[:3]:
+            a0 = cp.asarray(rng.standard_normal(shape).astype(dtype))
+            ref = _panel(k, a0, lo, hi, None)
+            k.ONE_LAUNCH_ROWS = False
+            try:
+                got = _panel(k, a0, lo, hi, "block")
+            finally:
+                k.ONE_LAUNCH_ROWS = True
+            same = all(np.array_equal(got[x], ref[x]) for x in ("work", "w", "l", "tau"))
+            status(f"panel block, rows apart {np.dtype(dtype).name} {shape}[:, {lo}:{hi}]",
+                   same and got["cert"].tolist() == [0, 0, 0, 0],
+                   f"bitwise {same}; cert {got['cert'].tolist()}")
         # a panel whose certificate fails (a repeated column): counted once, like the three
         a = rng.standard_normal((4096, 32)).astype(dtype)
         a[:, 20] = a[:, 7]
@@ -234,16 +247,17 @@ def panel_timings() -> None:
             tau = cp.empty(n, dtype)
             row = {}
             sms = k._sm_count(cp.cuda.Device().id)
-            configs = ((None, None), ("warp", None), ("block", None), ("block", sms))
-            for one, blocks in configs * 2:
-                old = k.ONE_LAUNCH, k.FUSED_BLOCKS
-                k.ONE_LAUNCH, k.FUSED_BLOCKS = one, blocks
+            configs = ((None, None), ("warp", None), ("block", None), ("block", sms),
+                       ("block", None, None, False), ("block", sms, None, False))
+            for cfg in configs * 2:
+                _config(k, *cfg)
                 try:
                     t = _batch_us(functools.partial(_three_or_one, k, w, cert, ws, ltop, tau),
                                   copies, base)
                 finally:
-                    k.ONE_LAUNCH, k.FUSED_BLOCKS = old
-                key = (one or "three launches") + (f" {blocks} blocks" if blocks else "")
+                    _config(k, None, None)
+                key = ((cfg[0] or "three launches") + (f" {cfg[1]} blocks" if cfg[1] else "")
+                       + (" rows apart" if len(cfg) > 3 else ""))
                 row[key] = min(row.get(key, 1e30), t)
             fails = int(cert[0].get())
             label = f"{np.dtype(dtype).name} {m}x{n}"
@@ -264,6 +278,7 @@ def panel_timings() -> None:
                 RESULT["stages_us"][f"{label} {mode}"] = {"cumulative": cum, "stages": stages}
                 print(f"  stages {mode}: " + ", ".join(f"{nm} {v:.1f}" for nm, v in stages.items())
                       + f" (whole {cum[-1]:.1f} us)", flush=True)
+            _config(k, None, None)
             ok = int(cert[1].get()) == 0 and int(cert[2].get()) == 0
             status(f"barrier counter at zero after the timed launches {label}", ok,
                    f"cert {cp.asnumpy(cert).tolist()}")
@@ -301,6 +316,7 @@ def qr_checks() -> None:
 
     rng = np.random.default_rng(11)
     configs = {"off": (None, None), "warp": ("warp", None), "block": ("block", None),
+               "block rows apart": ("block", None, None, False),
                "block sub128": ("block", None, 128), "sub64": (None, None, 64)}
     for prec, dt in (("fp32-emulated", np.float32), ("fp64-emulated", np.float64),
                      ("fp16", np.float32)):
@@ -325,10 +341,10 @@ def qr_checks() -> None:
                    f"{', factored again' if again else ''}")
 
 
-def _config(k, one, blocks, sub=None) -> None:
+def _config(k, one, blocks, sub=None, rows=True) -> None:
     from mpqr.backends import panel_cholqr as portable
 
-    k.ONE_LAUNCH, k.FUSED_BLOCKS = one, blocks
+    k.ONE_LAUNCH, k.FUSED_BLOCKS, k.ONE_LAUNCH_ROWS = one, blocks, rows
     portable.CERTIFIED_LEAF_SUB = sub
 
 
@@ -339,8 +355,10 @@ def qr_timings(shapes=(16384, 8192)) -> None:
     import mpqr
 
     rng = cp.random.default_rng(13)
+    sms = k._sm_count(cp.cuda.Device().id)
     configs = {"off": (None, None), "block": ("block", None),
-               "block sub128": ("block", None, 128), "block sub256": ("block", None, 256)}
+               "block rows apart": ("block", None, None, False),
+               f"block {sms} blocks rows apart": ("block", sms, None, False)}
     for nn in shapes:
         for dt in (np.float32, np.float64):
             if time.perf_counter() - T0 > 76:
