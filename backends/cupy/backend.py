@@ -624,7 +624,7 @@ class CupyBackend(ArrayAPIBackend):
         from mpqr.backends.cupy import panel_cholqr as cupy_panel_cholqr
 
         if cupy_panel_cholqr.supports(a) and (w is None or cupy_panel_cholqr.supports(w)):
-            # three launches (two passes and the rows) instead of ~20 small library calls
+            # one launch (or three) instead of ~20 small library calls
             return cupy_panel_cholqr.certified_panel(a, w, fails)
         return super().certified_panel(a, w, fails)
 

@@ -1,5 +1,5 @@
-"""Certified Householder panels of at most 32 columns in three launches
-(``kernels/panel_cholqr.cu``), or in one (``kernels/panel_fused.cu``, :data:`ONE_LAUNCH`):
+"""Certified Householder panels of at most 32 columns in one launch
+(``kernels/panel_fused.cu``, :data:`ONE_LAUNCH`) or three (``kernels/panel_cholqr.cu``):
 CholQR2 with the Gram matrices in float64 and the reconstruction of the reflectors, written
 in LAPACK's layout in place.
 

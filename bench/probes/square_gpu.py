@@ -317,7 +317,7 @@ def qr_checks() -> None:
     rng = np.random.default_rng(11)
     configs = {"off": (None, None), "warp": ("warp", None), "block": ("block", None),
                "block rows apart": ("block", None, None, False),
-               "block sub128": ("block", None, 128), "sub64": (None, None, 64)}
+               "block sub128": ("block", None, 128)}
     for prec, dt in (("fp32-emulated", np.float32), ("fp64-emulated", np.float64),
                      ("fp16", np.float32)):
         a = cp.asarray(rng.standard_normal((4096, 4096)).astype(dt))

@@ -11,7 +11,7 @@ precision, the second accumulated into ``B`` in place where the backend can
 
 * :func:`certified_leaf` — 32-column panels by CholQR2 with float64 Gram matrices and the
   reconstruction of the reflectors from the explicit Q (``backend.certified_panel``; on
-  CuPy three kernel launches per panel and a loop of its own, ``backend.certified_leaf``),
+  CuPy one kernel launch per panel and a loop of its own, ``backend.certified_leaf``),
   in place in LAPACK's layout; the checks are counted on the device and read once per
   factorization by the caller.
 * :func:`blocked_householder_panel` — an explicit QR of each sub-panel and the
