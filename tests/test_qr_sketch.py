@@ -144,6 +144,10 @@ def test_auto_hands_over_after_cholqr2s_first_factor(monkeypatch):
             assert "stopped after its first pass" in fb[0].data["reason"]
             assert fb[0].data["cond_estimate"] >= (cholqr.EARLY_HAND_OVER / U64) ** 0.5
             assert "cholqr2" not in seen  # Q1 = A R1^-1 was never formed
+            # the sketch queued while the host estimated is the one the route used: the
+            # same R as the sketch route called alone
+            assert any(e.kind == "sketch" for e in trace.events)
+            np.testing.assert_array_equal(r, mpqr.qr(a, method=NAME)[1])
         else:
             assert not fb
         _check(a, q, r, U64)
@@ -192,6 +196,42 @@ def test_right_solve_upper_gram(monkeypatch, dtype, n):
         w2, g2 = right_solve_upper_gram(be, a, r, "auto", "auto", "test", store=False)
         assert w2 is None
         np.testing.assert_allclose(g2, g, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize(("dtype", "n"), [("float64", 80), ("complex128", 96),
+                                          ("float32", 96)])
+def test_right_solve_left_looking(monkeypatch, dtype, n):
+    """The left-looking blocked substitution (leaves of 32 columns, each update one
+    product subtracted in the leaf's solve) has substitution's row-wise backward error
+    whatever cond(R) (1e12: the sketch's R0 of an ill-conditioned x), as the halving
+    order has; the leaves past the first get their update as ``sub``; inputs untouched."""
+    from mpqr.qr import cholqr
+
+    be = _leaf_backend(monkeypatch)
+    subs = []
+    solve = type(be).right_solve_upper
+    monkeypatch.setattr(type(be), "right_solve_upper", lambda self, a, r, out=None, sub=None:
+                        subs.append(sub is not None) or solve(self, a, r, out=out, sub=sub))
+    rng = np.random.default_rng(n)
+    u = U32 if dtype == "float32" else U64
+    a = geometric(rng, 700, n, 1e12).astype(dtype)
+    if dtype.startswith("complex"):
+        a = a + 1j * geometric(rng, 700, n, 1e12)
+    r = np.linalg.qr(rng.standard_normal((n, n)) * np.logspace(0, -12, n))[1]
+    r = (r * np.sign(np.diagonal(r))[:, None]).astype(dtype)
+    a0, r0 = a.copy(), r.copy()
+    ws = {}
+    for left in (True, False):
+        monkeypatch.setattr(cholqr, "LEFT_LOOKING", left)
+        subs.clear()
+        ws[left] = w = cholqr.right_solve_upper(be, a, r)
+        bound = 4 * n * u * (np.abs(w) @ np.abs(r))
+        assert np.all(np.abs(w @ r - a) <= bound)
+        if left:
+            assert subs == [False] + [True] * (-(-n // 32) - 1)
+    np.testing.assert_array_equal(a, a0)
+    np.testing.assert_array_equal(r, r0)
+    assert ws[True].dtype == a.dtype
 
 
 def test_blocked_leaves_route_q_by_gemm(monkeypatch):

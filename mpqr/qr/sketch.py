@@ -30,9 +30,12 @@ the preconditioned method (traced).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
-from mpqr._array_api import device
+from mpqr._array_api import array_namespace, device
 from mpqr._errors import BreakdownError, LinAlgError
 from mpqr.policy import record_event
 from mpqr.qr._kernels import panel_precision
@@ -56,7 +59,8 @@ from mpqr.qr.cholqr_precond import (
     _rank_deficient as _refuse,
 )
 
-__all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "sketch_cholqr"]
+__all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "prefetch_sketch", "sketch_ahead",
+           "sketch_cholqr"]
 
 NAME = "sketch-cholqr"
 
@@ -71,6 +75,45 @@ ONE_PASS_COND = 4.0
 #: the hash seed (fixed: results are reproducible)
 SEED = 0x5EED
 
+#: ``[x, S x]`` of the :func:`sketch_ahead` block (``[None, None]`` before a prefetch)
+_AHEAD: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "mpqr_sketch_ahead", default=None)
+
+
+@contextlib.contextmanager
+def sketch_ahead() -> Iterator[None]:
+    """Within the block, :func:`prefetch_sketch` keeps the sketch it queues and the
+    first :func:`sketch_cholqr` of exactly that array object takes it instead of
+    sketching again (``qr(method="auto")``: CholQR2 queues it where it is likely to
+    hand over, before the host's steps that decide)."""
+    token = _AHEAD.set([None, None])
+    try:
+        yield
+    finally:
+        _AHEAD.reset(token)
+
+
+def prefetch_sketch(backend: Any, a: Any) -> None:
+    """Queue ``a``'s sketch (as :func:`sketch_cholqr` forms it) inside a
+    :func:`sketch_ahead` block, where ``a`` is one the route sketches; else nothing."""
+    hold = _AHEAD.get()
+    m, n = a.shape[-2:]
+    if hold is None or hold[0] is not None or a.ndim != 2 or m < 2 * SKETCH_ROWS * n:
+        return
+    hold[:] = [a, backend.sketch_rows(a, SKETCH_ROWS * n, SEED)]
+
+
+def _sketch(backend: Any, a: Any, k: int) -> Any:
+    """``S a`` (``k`` rows): the prefetched one where it is ``a``'s, else formed."""
+    hold = _AHEAD.get()
+    if hold is not None and hold[0] is a:
+        y = hold[1]
+        hold[:] = [None, None]  # once
+        record_event("sketch", f"{NAME}: the sketch queued during CholQR2's first pass is "
+                     "used (formed while the host decided the hand-over)", method=NAME)
+        return y
+    return backend.sketch_rows(a, k, SEED)
+
 
 def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
                   want_q: bool = True, **kw: Any) -> tuple[Any, Any]:
@@ -79,7 +122,7 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     rank-deficient or not finite."""
     m, n = a.shape[-2:]
     k = SKETCH_ROWS * n
-    y = backend.sketch_rows(a, k, SEED) if a.ndim == 2 and m >= 2 * k else None
+    y = _sketch(backend, a, k) if a.ndim == 2 and m >= 2 * k else None
     if y is None:
         record_event("route", f"{NAME}: no sketch here (a stack, fewer than "
                      f"{2 * SKETCH_ROWS} n rows, or a backend without a scatter-add): "
@@ -99,16 +142,25 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     # rows scaled by the pivots' conjugate phases: R = R_1 R_0 has a positive diagonal
     dr = xs.linalg.diagonal(r0)
     r0 = r0 * xs.expand_dims(xs.conj(dr) / xs.astype(d0, dr.dtype), axis=-1)
-    # W = x R_0^-1 (substitution; the off-diagonal blocks through the policy) and its Gram
-    # matrix, in the solve's pass where the backend fuses them
     r0d = backend.from_small(r0, a)
+    # R_0 where the n x n steps run (the host up to the preconditioned method's limit),
+    # moved before the device's passes are queued (a transfer waits for the stream)
+    lim = backend.precondition_small_max
+    hb, r0s = backend.small(r0d) if lim is None else backend.small(r0d, limit=lim)
+    # W = x R_0^-1 (substitution; the off-diagonal blocks through the policy) and its Gram
+    # matrix, in the solve's pass where the backend fuses them; queued, not waited for
     w, g = right_solve_upper_gram(backend, a, r0d, precision, prec_name, f"{NAME}-gram",
                                   store=want_q)
+    # the rank test, made while the device forms W and G: the scaled cond(R_0 D_0^-1) is
+    # that of x within the sketch's distortion, and R = R_1 R_0's within cond(R_1)^2
+    # (<= ONE_PASS_COND^2 where the pass is accepted; else the chain tests its own R)
+    u = gram_roundoff(hb.xp, r0s.dtype, prec_name)
+    cond = float(hb.xp.max(estimate_cond(hb, r0s, prec_name)))
+    if not cond * u < RANK_DEFICIENT:
+        _rank_deficient(cond, u)
     # the n x n steps where the preconditioned method runs them (host up to its limit)
-    lim = backend.precondition_small_max
     sb, g = backend.small(g) if lim is None else backend.small(g, limit=lim)
-    r0 = _to(backend, sb, r0d)
-    u = gram_roundoff(sb.xp, g.dtype, prec_name)
+    r0 = r0s if array_namespace(r0s) is sb.xp else _to(backend, sb, r0d)
     cond_w = float("inf")
     r1 = None
     try:
@@ -116,8 +168,9 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
         r1 = sb.cholesky(g, upper=True)
     except (LinAlgError, BreakdownError):
         r1 = None
-    q = None
+    q = r = None
     if r1 is not None:
+        r1d = backend.from_small(r1, a)
         if want_q and _inverse_by_gemm(backend, w, n):
             # queued before the estimate below (which then runs beside it) and kept only
             # where the estimate accepts the pass: cond_2(R_1 D^-1) <= ONE_PASS_COND bounds
@@ -125,13 +178,14 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
             # X = R_1^-1 by substitution on I where W lives (the host's took 4 ms at 256
             # columns on an H200's host, on the critical path)
             xp = backend.xp
-            x = backend.right_solve_upper(xp.eye(n, dtype=w.dtype, device=device(w)),
-                                          backend.from_small(r1, w))
+            x = backend.right_solve_upper(xp.eye(n, dtype=w.dtype, device=device(w)), r1d)
             q = _times_upper(backend, w, x, f"{NAME}-apply-inverse",
                              panel_precision(prec_name, w.dtype, xp))
+        # R = R_1 R_0 where the factors' products run (queued on a device, no host copy)
+        r = _rr(backend, r1d, r0d, prec_name)
         cond_w = float(sb.xp.max(estimate_cond(sb, r1, prec_name)))
     if r1 is None or not cond_w <= ONE_PASS_COND:
-        del q
+        del q, r
         record_event("route", f"{NAME}: estimated cond(x R0^-1) = {cond_w:.2e} > "
                      f"{ONE_PASS_COND:g}: the preconditioned chain continues from R0 and "
                      "its Gram matrix", method=NAME, cond_sketched=cond_w)
@@ -145,15 +199,12 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
                      cond_sketched=cond_w)
     elif want_q:
         q = _apply_inverse(backend, sb, w, r1, NAME, prec_name)
-    r = _rr(sb, r1, r0, prec_name)
-    cond = float(sb.xp.max(estimate_cond(sb, r, prec_name)))
-    if not cond * u < RANK_DEFICIENT:
-        _rank_deficient(cond, u)
     record_event("route", f"{NAME}: CountSketch ({k} x {m}) preconditioner, one CholQR "
                  f"pass (estimated cond(x R0^-1) = {cond_w:.2f} <= {ONE_PASS_COND:g}); "
-                 f"estimated cond(x) = {cond:.2e} (columns scaled to unit norm)",
-                 method=NAME, cond_sketched=cond_w, cond_estimate=cond, grams=1)
-    return q, backend.from_small(r, a)
+                 f"estimated cond(x) = {cond:.2e} (columns scaled to unit norm; from the "
+                 "sketch's R0)", method=NAME, cond_sketched=cond_w, cond_estimate=cond,
+                 grams=1)
+    return q, r
 
 
 def _to(backend: Any, sb: Any, x: Any) -> Any:
