@@ -103,20 +103,34 @@ def test_rank_deficient_refused_and_auto_falls_back(case):
 
 @pytest.mark.usefixtures("_cholqr2_at_every_size")
 @pytest.mark.parametrize("cond", [1e4, 1e12])
-def test_auto_continues_cholqr2_with_the_sketch(cond):
+def test_auto_continues_cholqr2_with_the_sketch(monkeypatch, cond):
     """``auto``: CholQR2 within its reach; past it (its first Cholesky fails) the sketch
-    route, said in the trace, at working accuracy."""
+    route, said in the trace, at working accuracy. With the device's one-launch steps
+    (their portable version), a failed first factorization queues the sketch before the
+    host redoes the steps, and the route uses it; CholQR2 within reach queues none."""
+    from mpqr.backends import ArrayAPIBackend
+
+    from mpqr.qr.cholqr_steps import portable_chol_steps
+
     a = geometric(np.random.default_rng(40), M, 64, cond)
-    with mpqr.explain() as trace:
-        q, r = mpqr.qr(a)
-    fb = [e for e in trace.events if e.kind == "fallback"]
-    if cond == 1e4:
-        assert not fb
-    else:
-        assert [(e.data["method"], e.data["fallback"]) for e in fb] == [("cholqr2", NAME)]
-        assert "CountSketch" in fb[0].message
-        assert any("one CholQR pass" in m for m in _routes(trace))
-    _check(a, q, r, U64)
+    res = {}
+    for steps in (False, True):
+        if steps:
+            monkeypatch.setattr(ArrayAPIBackend, "chol_steps", portable_chol_steps)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a)
+        fb = [e for e in trace.events if e.kind == "fallback"]
+        if cond == 1e4:
+            assert not fb
+        else:
+            assert [(e.data["method"], e.data["fallback"]) for e in fb] == [("cholqr2", NAME)]
+            assert "CountSketch" in fb[0].message
+            assert any("one CholQR pass" in m for m in _routes(trace))
+        assert any(e.kind == "sketch" for e in trace.events) == (steps and cond > 1e8)
+        _check(a, q, r, U64)
+        res[steps] = r
+    if cond > 1e8:  # the prefetched sketch is the one the route would have formed
+        np.testing.assert_array_equal(res[True], res[False])
 
 
 def test_auto_hands_over_after_cholqr2s_first_factor(monkeypatch):

@@ -395,9 +395,9 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
             check = (_early_check(method, backend, a, (backend, g), prec_name) if early
                      else None)
             done = _device_pass(backend, a, g, method, prec_name, certify, want_q, check)
-            if done is not None:
+            if done:
                 return done
-            if check is not None:
+            if done is False and check is not None:
                 # the device's steps failed (mostly a failed Cholesky): the hand-over's
                 # first pass runs while the host redoes them
                 _prefetch(backend, a)
@@ -496,10 +496,10 @@ def _gram_min(xp: Any, g: Any, prec_name: str) -> float:
 
 
 def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, certify: Any,
-                 want_q: bool, check: Any = None) -> tuple[Any, Any, Any] | None:
+                 want_q: bool, check: Any = None) -> tuple[Any, Any, Any] | bool | None:
     """A pass whose ``n x n`` steps come from ``backend.chol_steps`` (one launch; see
-    :mod:`mpqr.qr.cholqr_steps`), or None where the backend has none for ``g`` or a check
-    fails: the caller then takes the host route from the same ``g``.
+    :mod:`mpqr.qr.cholqr_steps`), or None where the backend has none for ``g``, False where
+    a check fails: the caller then takes the host route from the same ``g``.
 
     The pass reads the checks' numbers back once. A certified pass (``certify``) first
     launches ``Q = A X``: its certificate, checked once the product is on its way, bounds
@@ -524,7 +524,7 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
             s, **limits, diag_ratio=_diag_ratio(backend, r, True))):
         record_event("small-steps", f"{method}: a check of the device's n x n steps failed; "
                      "the pass redoes them on the host route", method=method)
-        return None
+        return False
     if scaled and not cond1 <= INVERSE_COND_MAX and by_gemm and want_q:
         cond1 = _cond1(backend, r, x, True)  # graded columns: R D^-1's (see _apply_inverse)
     record_event("small-steps", f"{method}: the {n} x {n} steps (Cholesky, R^-1, checks) "

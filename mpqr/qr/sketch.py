@@ -75,7 +75,8 @@ ONE_PASS_COND = 4.0
 #: the hash seed (fixed: results are reproducible)
 SEED = 0x5EED
 
-#: ``[x, S x]`` of the :func:`sketch_ahead` block (``[None, None]`` before a prefetch)
+#: ``[x, S x, R of S x]`` of the :func:`sketch_ahead` block (``[None] * 3`` before a
+#: prefetch)
 _AHEAD: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
     "mpqr_sketch_ahead", default=None)
 
@@ -86,7 +87,7 @@ def sketch_ahead() -> Iterator[None]:
     first :func:`sketch_cholqr` of exactly that array object takes it instead of
     sketching again (``qr(method="auto")``: CholQR2 queues it where it is likely to
     hand over, before the host's steps that decide)."""
-    token = _AHEAD.set([None, None])
+    token = _AHEAD.set([None] * 3)
     try:
         yield
     finally:
@@ -94,25 +95,29 @@ def sketch_ahead() -> Iterator[None]:
 
 
 def prefetch_sketch(backend: Any, a: Any) -> None:
-    """Queue ``a``'s sketch (as :func:`sketch_cholqr` forms it) inside a
-    :func:`sketch_ahead` block, where ``a`` is one the route sketches; else nothing."""
+    """Queue ``a``'s sketch and its Householder R (as :func:`sketch_cholqr` forms them,
+    on ``backend``'s device, no host sync) inside a :func:`sketch_ahead` block, where
+    ``a`` is one the route sketches; else nothing."""
     hold = _AHEAD.get()
     m, n = a.shape[-2:]
     if hold is None or hold[0] is not None or a.ndim != 2 or m < 2 * SKETCH_ROWS * n:
         return
-    hold[:] = [a, backend.sketch_rows(a, SKETCH_ROWS * n, SEED)]
+    y = backend.sketch_rows(a, SKETCH_ROWS * n, SEED)
+    hold[:] = [a, y, backend.library_qr(y, "r")[1]]
 
 
-def _sketch(backend: Any, a: Any, k: int) -> Any:
-    """``S a`` (``k`` rows): the prefetched one where it is ``a``'s, else formed."""
+def _sketch(backend: Any, a: Any, k: int) -> tuple[Any, Any]:
+    """``(S a, its R or None)`` (``k`` rows): the prefetched ones where they are ``a``'s,
+    else the sketch formed now."""
     hold = _AHEAD.get()
     if hold is not None and hold[0] is a:
-        y = hold[1]
-        hold[:] = [None, None]  # once
-        record_event("sketch", f"{NAME}: the sketch queued during CholQR2's first pass is "
-                     "used (formed while the host decided the hand-over)", method=NAME)
-        return y
-    return backend.sketch_rows(a, k, SEED)
+        y, r0 = hold[1], hold[2]
+        hold[:] = [None] * 3  # once
+        record_event("sketch", f"{NAME}: the sketch and its R queued during CholQR2's "
+                     "first pass are used (formed while the host decided the hand-over)",
+                     method=NAME)
+        return y, r0
+    return backend.sketch_rows(a, k, SEED), None
 
 
 def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
@@ -122,18 +127,20 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     rank-deficient or not finite."""
     m, n = a.shape[-2:]
     k = SKETCH_ROWS * n
-    y = _sketch(backend, a, k) if a.ndim == 2 and m >= 2 * k else None
+    y, r0 = _sketch(backend, a, k) if a.ndim == 2 and m >= 2 * k else (None, None)
     if y is None:
         record_event("route", f"{NAME}: no sketch here (a stack, fewer than "
                      f"{2 * SKETCH_ROWS} n rows, or a backend without a scatter-add): "
                      "preconditioned-cholqr", method=NAME)
         return preconditioned_cholqr(backend, a, precision=precision, prec_name=prec_name,
                                      want_q=want_q, **kw)
-    sb, ys = backend.small(y)
+    # the small QR where the backend's small steps run (the device's, where prefetched)
+    sb, ys = backend.small(y) if r0 is None else (backend, y)
     if not sb.all_finite(ys):
         raise BreakdownError(f"{NAME} broke down: x holds NaN or Inf", method=NAME,
                              cond_estimate=float("inf"))
-    _, r0 = sb.library_qr(ys, "r")
+    if r0 is None:
+        _, r0 = sb.library_qr(ys, "r")
     xs = sb.xp
     d0 = xs.abs(xs.linalg.diagonal(r0))
     if not (bool(xs.all(d0 > 0)) and sb.all_finite(r0)):
