@@ -358,3 +358,38 @@ def test_cupy_sketch_kernel_and_route(dtype):
     assert any(NAME in m for m in _routes(trace))
     with pytest.raises(mpqr.BreakdownError, match="rank-deficient"):
         _qr(cp.asarray(geometric(np.random.default_rng(9), 2**14, 64, 1e18)))
+
+
+def test_device_and_host_namespaces(monkeypatch):
+    """A device backend whose small steps go to the host (as on CuPy; emulated with
+    array-api-strict as the device and NumPy as the host): the rank test's estimate of
+    R0 and the n x n steps on the host, W, Q and R = R1 R0 on the device, the same
+    factorization as the NumPy backend's."""
+    import array_api_strict as xs
+    from mpqr.backends import get_backend
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    strict = get_backend(xs)
+    host = get_backend(np)
+    moved = []
+
+    def small(x, limit=None):
+        if x.size > (16 * 16 if limit is None else limit):
+            return strict, x
+        moved.append(x.shape)
+        return host, np.asarray(x)
+
+    monkeypatch.setattr(strict, "small", small)
+    monkeypatch.setattr(strict, "from_small", lambda x, like: xs.asarray(x))
+    monkeypatch.setattr(strict, "precondition_small_max", 64 * 64)
+    monkeypatch.setattr(strict, "sketches", True, raising=False)
+    monkeypatch.setattr(strict, "sketch_rows", lambda a, k, seed: xs.asarray(
+        NumpyBackend.sketch_rows(host, np.asarray(a), k, seed)), raising=False)
+    a = geometric(np.random.default_rng(48), 2048, 48, 1e13)
+    _, r0, _ = _qr(a)
+    with mpqr.explain() as trace:
+        q1, r1 = mpqr.qr(xs.asarray(a), mode="reduced", method=NAME)
+    assert type(q1) is type(xs.asarray(a)) and type(r1) is type(q1)
+    assert (48, 48) in moved and any("one CholQR pass" in m for m in _routes(trace))
+    np.testing.assert_allclose(np.asarray(r1), r0, rtol=0, atol=64 * U64 * np.abs(r0).max())
+    _check(a, np.asarray(q1), np.asarray(r1), U64)
