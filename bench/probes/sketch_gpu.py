@@ -17,8 +17,9 @@
   route of the morning: ``sketch_old_route.py``, halving substitution, no prefetched
   sketch) and ``halving`` (this tree with the halving substitution), against cuSOLVER
   ``cupy.linalg.qr`` (geqrf + orgqr); accuracy of every timed variant. Phases (each
-  alone): sketch, R0, W left-looking / halving, G, host condition estimates of R0 and
-  R1, host Cholesky, Q by GEMM.
+  alone): sketch, R0, W left-looking / halving, G (native, and on the INT8 Ozaki engine
+  with its distance from the native one), host condition estimates of R0 and R1, host
+  Cholesky, Q by GEMM.
 * lstsq 2^22 x 64 cond 1e12 (new against the cuSOLVER QR route, residual ratio) and
   65536 x 4096 float64 ``auto`` / float32 ``fp32-emulated``, where the time allows.
 """
@@ -265,6 +266,13 @@ def stages(a):
     w = right_solve_upper(be, a, r0)
     t("G_gram", lambda: gram(be, w, "auto", "g"))
     g = gram(be, w, "auto", "g")
+    try:  # the Gram product on the INT8 Ozaki engine: time and distance from the native one
+        t("G_gram_fp64_emulated", lambda: gram(be, w, "fp64-emulated", "g"))
+        ge = gram(be, w, "fp64-emulated", "g")
+        ms["G_fp64_emulated_rel_diff"] = float(cp.max(cp.abs(ge - g)) / cp.max(cp.abs(g)))
+        del ge
+    except Exception as exc:
+        ms["G_gram_fp64_emulated_error"] = repr(exc)[:120]
     sb, r0h = be.small(r0, limit=r0.size)
     t("host_estimate_R0", lambda: estimate_cond(sb, r0h, "auto"))
     ms["estimated_cond_R0"] = float(estimate_cond(sb, r0h, "auto"))
