@@ -18,11 +18,16 @@ until its certificate holds. An accepted pass forms ``Q = W X`` with ``X = R_1^-
 by substitution) by GEMM: ``|fl(W X) R_1 - W| <= ~2 gamma_n |W||X||R_1|`` is, column-scaled,
 ``cond(R_1 D^-1) <= ONE_PASS_COND`` times substitution's bound, and ``W``'s own backward
 error (``x - W R_0``, by row-wise substitution) does not depend on ``cond(x)``. ``R_0^-1``
-is never formed: that product's error would grow with ``cond(x)``. The rank test is the
-preconditioned method's: ``u cond(R D^-1) >= 1/2`` raises :class:`mpqr.BreakdownError`
-(``qr(method="auto")`` then falls back to Householder), so a numerically rank-deficient
-``x`` is never factored silently wrong. Column scaling does not matter: ``S`` is linear
-and no Gram matrix of ``x`` itself is formed.
+is never formed: that product's error would grow with ``cond(x)`` (nor are the inverses
+of its diagonal blocks: they are ill-conditioned too, so the blocked substitution keeps
+substituting its leaves). The rank test is the preconditioned method's, on ``R_0``:
+``u cond(R_0 D_0^-1) >= 1/2`` raises :class:`mpqr.BreakdownError` (``qr(method="auto")``
+then falls back to Householder), so a numerically rank-deficient ``x`` is never factored
+silently wrong. ``R_0 D_0^-1`` has ``x``'s scaled condition number within the sketch's
+distortion and ``R``'s within ``cond(R_1)^2``; it is estimated on the host while the
+device forms ``W`` and ``G``. Column scaling does not matter: ``S`` is linear and no
+Gram matrix of ``x`` itself is formed. Under ``qr(method="auto")`` CholQR2 may queue the
+sketch and its ``R`` ahead (:func:`prefetch_sketch`) while the host decides to hand over.
 
 Stacks, backends without ``sketch_rows`` and matrices with fewer than ``2 k`` rows take
 the preconditioned method (traced).
