@@ -114,7 +114,7 @@ def test_auto_continues_cholqr2_with_the_sketch(monkeypatch, cond):
 
     a = geometric(np.random.default_rng(40), M, 64, cond)
     res = {}
-    for steps in (False, True):
+    for steps in (False, True) if cond > 1e8 else (True,):
         if steps:
             monkeypatch.setattr(ArrayAPIBackend, "chol_steps", portable_chol_steps)
         with mpqr.explain() as trace:
@@ -212,8 +212,8 @@ def test_right_solve_upper_gram(monkeypatch, dtype, n):
         np.testing.assert_allclose(g2, g, rtol=1e-14, atol=0)
 
 
-@pytest.mark.parametrize(("dtype", "n"), [("float64", 80), ("complex128", 96),
-                                          ("float32", 96)])
+@pytest.mark.parametrize(("dtype", "n"), [("float64", 80), ("complex128", 72),
+                                          ("float32", 72)])
 def test_right_solve_left_looking(monkeypatch, dtype, n):
     """The left-looking blocked substitution (leaves of 32 columns, each update one
     product subtracted in the leaf's solve) has substitution's row-wise backward error
@@ -228,9 +228,9 @@ def test_right_solve_left_looking(monkeypatch, dtype, n):
                         subs.append(sub is not None) or solve(self, a, r, out=out, sub=sub))
     rng = np.random.default_rng(n)
     u = U32 if dtype == "float32" else U64
-    a = geometric(rng, 700, n, 1e12).astype(dtype)
+    a = geometric(rng, 300, n, 1e12).astype(dtype)
     if dtype.startswith("complex"):
-        a = a + 1j * geometric(rng, 700, n, 1e12)
+        a = a + 1j * geometric(rng, 300, n, 1e12)
     r = np.linalg.qr(rng.standard_normal((n, n)) * np.logspace(0, -12, n))[1]
     r = (r * np.sign(np.diagonal(r))[:, None]).astype(dtype)
     a0, r0 = a.copy(), r.copy()
