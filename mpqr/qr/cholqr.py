@@ -360,8 +360,10 @@ def _early_check(method: str, backend: Any, a: Any, g_pair: tuple[Any, Any],
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
         if not (lo > 0 and (hi / lo) ** 2 * u >= _EARLY_GATE):
             return
-        _prefetch(backend, a)  # the device sketches while the host estimates
         hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
+        # queued after R's transfer (which waits for the stream): the device sketches
+        # while the host estimates
+        _prefetch(backend, a)
         cond = float(hs.xp.max(estimate_cond(hs, rh, prec_name)))
         if not cond**2 * u >= EARLY_HAND_OVER:
             return
@@ -397,12 +399,13 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
             done = _device_pass(backend, a, g, method, prec_name, certify, want_q, check)
             if done:
                 return done
-            if done is False and check is not None:
-                # the device's steps failed (mostly a failed Cholesky): the hand-over's
-                # first pass runs while the host redoes them
-                _prefetch(backend, a)
         # the n x n steps run in backend.small's namespace
         pair = backend.small(g)
+        if not shift and done is False and check is not None:
+            # the device's steps failed (mostly a failed Cholesky): the hand-over's first
+            # pass is queued (after G's transfer, which waits for the stream) and runs
+            # while the host redoes them
+            _prefetch(backend, a)
     sb, g = pair
     xp = sb.xp
     u = gram_roundoff(xp, g.dtype, prec_name)
