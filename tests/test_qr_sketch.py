@@ -393,3 +393,20 @@ def test_device_and_host_namespaces(monkeypatch):
     assert (48, 48) in moved and any("one CholQR pass" in m for m in _routes(trace))
     np.testing.assert_allclose(np.asarray(r1), r0, rtol=0, atol=64 * U64 * np.abs(r0).max())
     _check(a, np.asarray(q1), np.asarray(r1), U64)
+
+
+@pytest.mark.parametrize("two_solves", [True, False])
+def test_one_fused_pass_q_by_two_solves(monkeypatch, two_solves):
+    """Where W and its Gram matrix come from one fused pass (the GPU's up to 64 columns;
+    here the portable kernels), W is not stored and Q = (x R0^-1) R1^-1 is solved from x
+    in one pass (``Q_BY_TWO_SOLVES``), to working accuracy at cond 1e15; else W is
+    written and Q = W inv(R1) by GEMM. The same R either way."""
+    monkeypatch.setattr(sketch, "Q_BY_TWO_SOLVES", two_solves)
+    a = geometric(np.random.default_rng(64), M, 64, 1e15)
+    q, r, trace = _qr(a)
+    _check(a, q, r, U64)
+    assert any(e.kind == "fused-solve" for e in trace.events) == two_solves
+    assert any("by GEMM" in e.message for e in trace.events
+               if e.kind == "apply-inverse") == (not two_solves)
+    monkeypatch.setattr(sketch, "Q_BY_TWO_SOLVES", not two_solves)
+    np.testing.assert_array_equal(_qr(a)[1], r)

@@ -16,7 +16,8 @@
   1e12 / 1e15, ``auto`` and ``sketch-cholqr``, ``new`` (this tree) against ``old`` (the
   route of the morning: ``sketch_old_route.py``, halving substitution, no prefetched
   sketch) and ``halving`` (this tree with the halving substitution), against cuSOLVER
-  ``cupy.linalg.qr`` (geqrf + orgqr); accuracy of every timed variant. Phases (each
+  ``cupy.linalg.qr`` (geqrf + orgqr); ``gemm_q`` (this tree, W stored and Q by GEMM at
+  one fused leaf) at 64 columns; accuracy of every timed variant. Phases (each
   alone): sketch, R0, W left-looking / halving, G (native, and on the INT8 Ozaki engine
   with its distance from the native one), host condition estimates of R0 and R1, host
   Cholesky, Q by GEMM.
@@ -97,12 +98,16 @@ def _noop(*_a, **_k):
 @contextlib.contextmanager
 def variant(name):
     """``new``: this tree; ``old``: the morning's sketch route, halving substitution, no
-    prefetched sketch; ``halving``: this tree with the halving substitution."""
+    prefetched sketch; ``halving``: this tree with the halving substitution; ``gemm_q``:
+    this tree with W stored and Q by GEMM at one fused leaf (no two-solve pass)."""
     import sketch_old_route
 
     from mpqr.qr import cholqr, sketch
 
-    saved = sketch.sketch_cholqr, sketch.prefetch_sketch, cholqr.LEFT_LOOKING
+    saved = (sketch.sketch_cholqr, sketch.prefetch_sketch, cholqr.LEFT_LOOKING,
+             sketch.Q_BY_TWO_SOLVES)
+    if name == "gemm_q":
+        sketch.Q_BY_TWO_SOLVES = False
     if name in ("old", "halving"):
         cholqr.LEFT_LOOKING = False
     if name == "old":
@@ -111,7 +116,8 @@ def variant(name):
     try:
         yield
     finally:
-        sketch.sketch_cholqr, sketch.prefetch_sketch, cholqr.LEFT_LOOKING = saved
+        (sketch.sketch_cholqr, sketch.prefetch_sketch, cholqr.LEFT_LOOKING,
+         sketch.Q_BY_TWO_SOLVES) = saved
 
 
 def ab(fns, repeat=7, max_seconds=4.0):
@@ -263,6 +269,12 @@ def stages(a):
             t("W_left" if left else "W_halving", lambda: right_solve_upper(be, a, r0))
         finally:
             cholqr.LEFT_LOOKING = True
+    if n <= 64:  # one fused leaf: W and G stored / G alone
+        from mpqr.qr.cholqr import right_solve_upper_gram
+
+        t("WG_fused_stored", lambda: right_solve_upper_gram(be, a, r0, "auto", "auto", "g"))
+        t("G_fused_unstored", lambda: right_solve_upper_gram(be, a, r0, "auto", "auto", "g",
+                                                             store=False))
     w = right_solve_upper(be, a, r0)
     t("G_gram", lambda: gram(be, w, "auto", "g"))
     g = gram(be, w, "auto", "g")
@@ -289,6 +301,8 @@ def stages(a):
     t("device_inverse_R1", lambda: be.right_solve_upper(cp.eye(n), r1d))
     x = be.right_solve_upper(cp.eye(n), r1d)
     t("Q_gemm", lambda: _times_upper(be, w, x, "q", "auto"))
+    if n <= 64:
+        t("Q_two_solves_from_A", lambda: be.right_solve_twice(a, r0, r1d))
     t("R1R0_device", lambda: _rr(be, r1d, r0, "auto"))
     w = x = None
     release_pool(cp)
@@ -305,6 +319,8 @@ def bench_qr(m, n, cond, t_ref=None):
               ("sketch-cholqr", "old")]
     if n > 64 and cond != 1.0:
         combos.append(("auto", "halving"))
+    if n <= 64:
+        combos.append(("auto", "gemm_q"))
     fns = {}
     for meth, var in combos:
         key = f"{meth}_{var}"
@@ -390,7 +406,7 @@ def bench_square(dtype, precision):
 
 def table():
     print("\nshape          cond    cuSOLVER  auto new (x)     auto old (x)     sketch new/old"
-          "   halving  W left/halving  host est R0/R1")
+          "   halv|gemmQ  W left/halving  host est R0/R1")
     for r in ROWS:
         if r.get("what") != "qr" or "cond" not in r:
             continue
@@ -399,7 +415,7 @@ def table():
               f"{g('auto_new_ms', 0):6.1f} ({g('auto_new_speedup', 0):4.2f})  "
               f"{g('auto_old_ms', 0):6.1f} ({g('auto_old_speedup', 0):4.2f})  "
               f"{g('sketch-cholqr_new_ms', 0):6.1f}/{g('sketch-cholqr_old_ms', 0):6.1f}  "
-              f"{g('auto_halving_ms', 0):6.1f}  "
+              f"{g('auto_halving_ms') or g('auto_gemm_q_ms', 0):6.1f}     "
               f"{g('stage_W_left', 0):5.2f}/{g('stage_W_halving', 0):5.2f}  "
               f"{g('stage_host_estimate_R0', 0):5.2f}/{g('stage_host_estimate_R1', 0):5.2f}")
     bad = [r["what"] for r in ROWS if str(r.get("status", "")).startswith(("FAIL", "ERROR"))

@@ -80,6 +80,13 @@ ONE_PASS_COND = 4.0
 #: the hash seed (fixed: results are reproducible)
 SEED = 0x5EED
 
+#: where ``W`` and ``G`` come from one fused pass (one leaf): ``W`` is not stored and an
+#: accepted pass forms ``Q = (x R_0^-1) R_1^-1`` from ``x`` by two row-wise substitutions in
+#: one pass (``backend.right_solve_twice``, its intermediate rows rounded as the fused
+#: pass rounded the ``W`` whose Gram matrix gave ``R_1``), instead of writing ``W`` and
+#: then ``Q = W R_1^-1`` by GEMM: two passes of ``x``'s size fewer
+Q_BY_TWO_SOLVES = True
+
 #: ``[x, S x, R of S x]`` of the :func:`sketch_ahead` block (``[None] * 3`` before a
 #: prefetch)
 _AHEAD: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
@@ -162,7 +169,8 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     # W = x R_0^-1 (substitution; the off-diagonal blocks through the policy) and its Gram
     # matrix, in the solve's pass where the backend fuses them; queued, not waited for
     w, g = right_solve_upper_gram(backend, a, r0d, precision, prec_name, f"{NAME}-gram",
-                                  store=want_q)
+                                  store=want_q and not Q_BY_TWO_SOLVES)
+    twice = want_q and w is None  # one fused pass that did not write W
     # the rank test, made while the device forms W and G: the scaled cond(R_0 D_0^-1) is
     # that of x within the sketch's distortion, and R = R_1 R_0's within cond(R_1)^2
     # (<= ONE_PASS_COND^2 where the pass is accepted; else the chain tests its own R)
@@ -183,7 +191,9 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     q = r = None
     if r1 is not None:
         r1d = backend.from_small(r1, a)
-        if want_q and _inverse_by_gemm(backend, w, n):
+        if twice:
+            q = backend.right_solve_twice(a, r0d, r1d)
+        elif want_q and _inverse_by_gemm(backend, w, n):
             # queued before the estimate below (which then runs beside it) and kept only
             # where the estimate accepts the pass: cond_2(R_1 D^-1) <= ONE_PASS_COND bounds
             # the GEMM's backward error by that factor times substitution's
@@ -205,7 +215,11 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
         with resume_chain(state):
             return preconditioned_cholqr(backend, a, precision=precision,
                                          prec_name=prec_name, want_q=want_q, **kw)
-    if q is not None:
+    if twice:
+        record_event("fused-solve", f"{NAME}: W = x R0^-1 is not stored: its Gram matrix "
+                     "came from the solve's pass, and Q = (x R0^-1) R1^-1 is solved from x "
+                     "(two passes over x fewer)", method=NAME)
+    elif q is not None:
         record_event("apply-inverse", f"{NAME}: Q = W @ inv(R1) by GEMM (estimated "
                      f"cond_2(R1 D^-1) = {cond_w:.2f} <= {ONE_PASS_COND:g})",
                      cond_sketched=cond_w)
