@@ -356,6 +356,13 @@ def test_cupy_sketch_kernel_and_route(dtype):
     bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
     assert orth <= 8 * np.sqrt(n) * U64 / n and bwd <= 8 * np.sqrt(n) * U64
     assert any(NAME in m for m in _routes(trace))
+    # 64 columns: one fused pass, W not stored, Q by the two-solve kernel
+    a = cp.asarray(geometric(np.random.default_rng(10), 2**15, 64, 1e15))
+    q, r, trace = _qr(a)
+    orth = float(cp.linalg.norm(cp.eye(64) - q.T @ q)) / 64
+    bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
+    assert orth <= 8 * np.sqrt(64) * U64 / 64 and bwd <= 8 * np.sqrt(64) * U64
+    assert any(e.kind == "fused-solve" for e in trace.events)
     with pytest.raises(mpqr.BreakdownError, match="rank-deficient"):
         _qr(cp.asarray(geometric(np.random.default_rng(9), 2**14, 64, 1e18)))
 
