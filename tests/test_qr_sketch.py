@@ -356,13 +356,17 @@ def test_cupy_sketch_kernel_and_route(dtype):
     bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
     assert orth <= 8 * np.sqrt(n) * U64 / n and bwd <= 8 * np.sqrt(n) * U64
     assert any(NAME in m for m in _routes(trace))
-    # 64 columns: one fused pass, W not stored, Q by the two-solve kernel
+    # 64 columns: one fused pass; Q by GEMM from the stored W, or (Q_BY_TWO_SOLVES) by
+    # the two-solve kernel from A with W unstored
     a = cp.asarray(geometric(np.random.default_rng(10), 2**15, 64, 1e15))
-    q, r, trace = _qr(a)
-    orth = float(cp.linalg.norm(cp.eye(64) - q.T @ q)) / 64
-    bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
-    assert orth <= 8 * np.sqrt(64) * U64 / 64 and bwd <= 8 * np.sqrt(64) * U64
-    assert any(e.kind == "fused-solve" for e in trace.events)
+    for two in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sketch, "Q_BY_TWO_SOLVES", two)
+            q, r, trace = _qr(a)
+        orth = float(cp.linalg.norm(cp.eye(64) - q.T @ q)) / 64
+        bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
+        assert orth <= 8 * np.sqrt(64) * U64 / 64 and bwd <= 8 * np.sqrt(64) * U64
+        assert any(e.kind == "fused-solve" for e in trace.events) == two
     with pytest.raises(mpqr.BreakdownError, match="rank-deficient"):
         _qr(cp.asarray(geometric(np.random.default_rng(9), 2**14, 64, 1e18)))
 
@@ -405,9 +409,9 @@ def test_device_and_host_namespaces(monkeypatch):
 @pytest.mark.parametrize("two_solves", [True, False])
 def test_one_fused_pass_q_by_two_solves(monkeypatch, two_solves):
     """Where W and its Gram matrix come from one fused pass (the GPU's up to 64 columns;
-    here the portable kernels), W is not stored and Q = (x R0^-1) R1^-1 is solved from x
-    in one pass (``Q_BY_TWO_SOLVES``), to working accuracy at cond 1e15; else W is
-    written and Q = W inv(R1) by GEMM. The same R either way."""
+    here the portable kernels), with ``Q_BY_TWO_SOLVES`` W is not stored and Q = (x
+    R0^-1) R1^-1 is solved from x in one pass, to working accuracy at cond 1e15; else
+    (the default) W is written and Q = W inv(R1) by GEMM. The same R either way."""
     monkeypatch.setattr(sketch, "Q_BY_TWO_SOLVES", two_solves)
     a = geometric(np.random.default_rng(64), M, 64, 1e15)
     q, r, trace = _qr(a)

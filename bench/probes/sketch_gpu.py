@@ -16,8 +16,8 @@
   1e12 / 1e15, ``auto`` and ``sketch-cholqr``, ``new`` (this tree) against ``old`` (the
   route of the morning: ``sketch_old_route.py``, halving substitution, no prefetched
   sketch) and ``halving`` (this tree with the halving substitution), against cuSOLVER
-  ``cupy.linalg.qr`` (geqrf + orgqr); ``gemm_q`` (this tree, W stored and Q by GEMM at
-  one fused leaf) at 64 columns; accuracy of every timed variant. Phases (each
+  ``cupy.linalg.qr`` (geqrf + orgqr); ``two_solves`` (this tree, W unstored and Q by the
+  two-solve pass at one fused leaf) at 64 columns; accuracy of every timed variant. Phases (each
   alone): sketch, R0, W left-looking / halving, G (native, and on the INT8 Ozaki engine
   with its distance from the native one), host condition estimates of R0 and R1, host
   Cholesky, Q by GEMM.
@@ -98,16 +98,17 @@ def _noop(*_a, **_k):
 @contextlib.contextmanager
 def variant(name):
     """``new``: this tree; ``old``: the morning's sketch route, halving substitution, no
-    prefetched sketch; ``halving``: this tree with the halving substitution; ``gemm_q``:
-    this tree with W stored and Q by GEMM at one fused leaf (no two-solve pass)."""
+    prefetched sketch; ``halving``: this tree with the halving substitution;
+    ``two_solves``: this tree with W unstored and Q by the two-solve pass at one fused
+    leaf."""
     import sketch_old_route
 
     from mpqr.qr import cholqr, sketch
 
     saved = (sketch.sketch_cholqr, sketch.prefetch_sketch, cholqr.LEFT_LOOKING,
              sketch.Q_BY_TWO_SOLVES)
-    if name == "gemm_q":
-        sketch.Q_BY_TWO_SOLVES = False
+    if name == "two_solves":
+        sketch.Q_BY_TWO_SOLVES = True
     if name in ("old", "halving"):
         cholqr.LEFT_LOOKING = False
     if name == "old":
@@ -320,7 +321,7 @@ def bench_qr(m, n, cond, t_ref=None):
     if n > 64 and cond != 1.0:
         combos.append(("auto", "halving"))
     if n <= 64:
-        combos.append(("auto", "gemm_q"))
+        combos.append(("auto", "two_solves"))
     fns = {}
     for meth, var in combos:
         key = f"{meth}_{var}"
@@ -406,7 +407,7 @@ def bench_square(dtype, precision):
 
 def table():
     print("\nshape          cond    cuSOLVER  auto new (x)     auto old (x)     sketch new/old"
-          "   halv|gemmQ  W left/halving  host est R0/R1")
+          "   halv|2solv  W left/halving  host est R0/R1")
     for r in ROWS:
         if r.get("what") != "qr" or "cond" not in r:
             continue
@@ -415,7 +416,7 @@ def table():
               f"{g('auto_new_ms', 0):6.1f} ({g('auto_new_speedup', 0):4.2f})  "
               f"{g('auto_old_ms', 0):6.1f} ({g('auto_old_speedup', 0):4.2f})  "
               f"{g('sketch-cholqr_new_ms', 0):6.1f}/{g('sketch-cholqr_old_ms', 0):6.1f}  "
-              f"{g('auto_halving_ms') or g('auto_gemm_q_ms', 0):6.1f}     "
+              f"{g('auto_halving_ms') or g('auto_two_solves_ms', 0):6.1f}     "
               f"{g('stage_W_left', 0):5.2f}/{g('stage_W_halving', 0):5.2f}  "
               f"{g('stage_host_estimate_R0', 0):5.2f}/{g('stage_host_estimate_R1', 0):5.2f}")
     bad = [r["what"] for r in ROWS if str(r.get("status", "")).startswith(("FAIL", "ERROR"))

@@ -80,12 +80,14 @@ ONE_PASS_COND = 4.0
 #: the hash seed (fixed: results are reproducible)
 SEED = 0x5EED
 
-#: where ``W`` and ``G`` come from one fused pass (one leaf): ``W`` is not stored and an
-#: accepted pass forms ``Q = (x R_0^-1) R_1^-1`` from ``x`` by two row-wise substitutions in
-#: one pass (``backend.right_solve_twice``, its intermediate rows rounded as the fused
-#: pass rounded the ``W`` whose Gram matrix gave ``R_1``), instead of writing ``W`` and
-#: then ``Q = W R_1^-1`` by GEMM: two passes of ``x``'s size fewer
-Q_BY_TWO_SOLVES = True
+#: where ``W`` and ``G`` come from one fused pass (one leaf), whether ``W`` is left
+#: unstored and an accepted pass forms ``Q = (x R_0^-1) R_1^-1`` from ``x`` by two row-wise
+#: substitutions in one pass (``backend.right_solve_twice``, its intermediate rows rounded
+#: as the fused pass rounded the ``W`` whose Gram matrix gave ``R_1``) instead of writing
+#: ``W`` and then ``Q = W R_1^-1`` by GEMM. Off: on an H200 at 2^22 x 64 the two-solve pass
+#: took 4.3 ms against the stored pass's extra 0.9 ms and the GEMM's 1.2 (``auto`` 11.3 ms
+#: against 9.3; ``bench/probes/sketch_gpu.py``)
+Q_BY_TWO_SOLVES = False
 
 #: ``[x, S x, R of S x]`` of the :func:`sketch_ahead` block (``[None] * 3`` before a
 #: prefetch)
