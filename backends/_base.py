@@ -406,10 +406,14 @@ class ArrayAPIBackend:
         rounds it (here both as :meth:`right_solve_upper`)."""
         return self.right_solve_upper(self.right_solve_upper(a, r1), r2)
 
-    def right_solve_upper(self, a: Any, r: Any, out: Any = None) -> Any:
+    def right_solve_upper(self, a: Any, r: Any, out: Any = None, sub: Any = None) -> Any:
         """``a @ inv(r)`` for upper-triangular ``r`` (solved as ``r^H x^H = a^H``);
-        written into ``out`` (a view the caller owns) when given."""
+        written into ``out`` (a view the caller owns) when given. ``sub`` (the shape of
+        ``a``): ``a - sub`` is solved instead (a GPU backend subtracts it in the solve's
+        pass; here it is formed)."""
         xp = self.xp
+        if sub is not None:
+            a = a - sub
 
         def ct(x):
             t = xp.matrix_transpose(x)

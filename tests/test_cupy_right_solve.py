@@ -157,6 +157,47 @@ def test_gram_kernel_solves_a_minus_the_update(n):
     assert bool((right_solve_gram(a, r, sub=t) == g).all())
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [20, 64])
+def test_row_kernel_solves_a_minus_the_update(dtype, n):
+    """``sub`` of the row-per-thread kernel (a left-looking leaf): bitwise the solve of
+    the formed ``a - sub``, ``a`` a column slice, written into a column slice of ``out``
+    whose other columns stay untouched."""
+    rng = np.random.default_rng(n + 9)
+    m = 70_001
+    full = cp.asarray(rng.standard_normal((m, n + 5)), dtype=dtype)
+    a = full[:, 2:n + 2]
+    t = cp.asarray(rng.standard_normal((m, n)), dtype=dtype)
+    r = cp.asarray(_triu_factor(rng, n), dtype=dtype)
+    ref = right_solve_upper(a - t, r)
+    assert bool((right_solve_upper(a, r, sub=t) == ref).all())
+    wide = cp.zeros((m, n + 7), dtype=dtype)
+    right_solve_upper(a, r, out=wide[:, 3:n + 3], sub=t)
+    assert bool((wide[:, 3:n + 3] == ref).all()) and not bool(wide[:, :3].any())
+    assert not bool(wide[:, n + 3:].any())
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_blocked_solve_orders_at_256_columns(monkeypatch, left):
+    """The blocked substitution at 256 columns, left-looking (each leaf's update one
+    product, subtracted in the leaf's pass) or by halves: every row within
+    substitution's backward-error bound, the input untouched."""
+    from mpqr.backends import get_backend
+
+    from mpqr._array_api import array_namespace
+    from mpqr.qr import cholqr
+
+    monkeypatch.setattr(cholqr, "LEFT_LOOKING", left)
+    rng = np.random.default_rng(257)
+    n, m = 256, 3001
+    a = cp.asarray(rng.standard_normal((m, n)) * np.logspace(0, -10, n))
+    a0 = a.copy()
+    r = cp.asarray(np.linalg.qr(a.get())[1])
+    w = cholqr.right_solve_upper(get_backend(array_namespace(a)), a, r)
+    _check(a, r, w)
+    assert bool((a == a0).all())
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_blocked_solve_and_gram_at_256_columns(monkeypatch, fused):
     """The sketch route's ``W = A R^-1`` and ``W^T W`` at 256 columns (``fused``: 64-column

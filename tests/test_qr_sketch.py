@@ -103,20 +103,34 @@ def test_rank_deficient_refused_and_auto_falls_back(case):
 
 @pytest.mark.usefixtures("_cholqr2_at_every_size")
 @pytest.mark.parametrize("cond", [1e4, 1e12])
-def test_auto_continues_cholqr2_with_the_sketch(cond):
+def test_auto_continues_cholqr2_with_the_sketch(monkeypatch, cond):
     """``auto``: CholQR2 within its reach; past it (its first Cholesky fails) the sketch
-    route, said in the trace, at working accuracy."""
+    route, said in the trace, at working accuracy. With the device's one-launch steps
+    (their portable version), a failed first factorization queues the sketch before the
+    host redoes the steps, and the route uses it; CholQR2 within reach queues none."""
+    from mpqr.backends import ArrayAPIBackend
+
+    from mpqr.qr.cholqr_steps import portable_chol_steps
+
     a = geometric(np.random.default_rng(40), M, 64, cond)
-    with mpqr.explain() as trace:
-        q, r = mpqr.qr(a)
-    fb = [e for e in trace.events if e.kind == "fallback"]
-    if cond == 1e4:
-        assert not fb
-    else:
-        assert [(e.data["method"], e.data["fallback"]) for e in fb] == [("cholqr2", NAME)]
-        assert "CountSketch" in fb[0].message
-        assert any("one CholQR pass" in m for m in _routes(trace))
-    _check(a, q, r, U64)
+    res = {}
+    for steps in (False, True) if cond > 1e8 else (True,):
+        if steps:
+            monkeypatch.setattr(ArrayAPIBackend, "chol_steps", portable_chol_steps)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a)
+        fb = [e for e in trace.events if e.kind == "fallback"]
+        if cond == 1e4:
+            assert not fb
+        else:
+            assert [(e.data["method"], e.data["fallback"]) for e in fb] == [("cholqr2", NAME)]
+            assert "CountSketch" in fb[0].message
+            assert any("one CholQR pass" in m for m in _routes(trace))
+        assert any(e.kind == "sketch" for e in trace.events) == (steps and cond > 1e8)
+        _check(a, q, r, U64)
+        res[steps] = r
+    if cond > 1e8:  # the prefetched sketch is the one the route would have formed
+        np.testing.assert_array_equal(res[True], res[False])
 
 
 def test_auto_hands_over_after_cholqr2s_first_factor(monkeypatch):
@@ -144,6 +158,10 @@ def test_auto_hands_over_after_cholqr2s_first_factor(monkeypatch):
             assert "stopped after its first pass" in fb[0].data["reason"]
             assert fb[0].data["cond_estimate"] >= (cholqr.EARLY_HAND_OVER / U64) ** 0.5
             assert "cholqr2" not in seen  # Q1 = A R1^-1 was never formed
+            # the sketch queued while the host estimated is the one the route used: the
+            # same R as the sketch route called alone
+            assert any(e.kind == "sketch" for e in trace.events)
+            np.testing.assert_array_equal(r, mpqr.qr(a, method=NAME)[1])
         else:
             assert not fb
         _check(a, q, r, U64)
@@ -192,6 +210,42 @@ def test_right_solve_upper_gram(monkeypatch, dtype, n):
         w2, g2 = right_solve_upper_gram(be, a, r, "auto", "auto", "test", store=False)
         assert w2 is None
         np.testing.assert_allclose(g2, g, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize(("dtype", "n"), [("float64", 80), ("complex128", 72),
+                                          ("float32", 72)])
+def test_right_solve_left_looking(monkeypatch, dtype, n):
+    """The left-looking blocked substitution (leaves of 32 columns, each update one
+    product subtracted in the leaf's solve) has substitution's row-wise backward error
+    whatever cond(R) (1e12: the sketch's R0 of an ill-conditioned x), as the halving
+    order has; the leaves past the first get their update as ``sub``; inputs untouched."""
+    from mpqr.qr import cholqr
+
+    be = _leaf_backend(monkeypatch)
+    subs = []
+    solve = type(be).right_solve_upper
+    monkeypatch.setattr(type(be), "right_solve_upper", lambda self, a, r, out=None, sub=None:
+                        subs.append(sub is not None) or solve(self, a, r, out=out, sub=sub))
+    rng = np.random.default_rng(n)
+    u = U32 if dtype == "float32" else U64
+    a = geometric(rng, 300, n, 1e12).astype(dtype)
+    if dtype.startswith("complex"):
+        a = a + 1j * geometric(rng, 300, n, 1e12)
+    r = np.linalg.qr(rng.standard_normal((n, n)) * np.logspace(0, -12, n))[1]
+    r = (r * np.sign(np.diagonal(r))[:, None]).astype(dtype)
+    a0, r0 = a.copy(), r.copy()
+    ws = {}
+    for left in (True, False):
+        monkeypatch.setattr(cholqr, "LEFT_LOOKING", left)
+        subs.clear()
+        ws[left] = w = cholqr.right_solve_upper(be, a, r)
+        bound = 4 * n * u * (np.abs(w) @ np.abs(r))
+        assert np.all(np.abs(w @ r - a) <= bound)
+        if left:
+            assert subs == [False] + [True] * (-(-n // 32) - 1)
+    np.testing.assert_array_equal(a, a0)
+    np.testing.assert_array_equal(r, r0)
+    assert ws[True].dtype == a.dtype
 
 
 def test_blocked_leaves_route_q_by_gemm(monkeypatch):
@@ -302,5 +356,68 @@ def test_cupy_sketch_kernel_and_route(dtype):
     bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
     assert orth <= 8 * np.sqrt(n) * U64 / n and bwd <= 8 * np.sqrt(n) * U64
     assert any(NAME in m for m in _routes(trace))
+    # 64 columns: one fused pass; Q by GEMM from the stored W, or (Q_BY_TWO_SOLVES) by
+    # the two-solve kernel from A with W unstored
+    a = cp.asarray(geometric(np.random.default_rng(10), 2**15, 64, 1e15))
+    for two in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sketch, "Q_BY_TWO_SOLVES", two)
+            q, r, trace = _qr(a)
+        orth = float(cp.linalg.norm(cp.eye(64) - q.T @ q)) / 64
+        bwd = float(cp.linalg.norm(a - q @ r) / cp.linalg.norm(a))
+        assert orth <= 8 * np.sqrt(64) * U64 / 64 and bwd <= 8 * np.sqrt(64) * U64
+        assert any(e.kind == "fused-solve" for e in trace.events) == two
     with pytest.raises(mpqr.BreakdownError, match="rank-deficient"):
         _qr(cp.asarray(geometric(np.random.default_rng(9), 2**14, 64, 1e18)))
+
+
+def test_device_and_host_namespaces(monkeypatch):
+    """A device backend whose small steps go to the host (as on CuPy; emulated with
+    array-api-strict as the device and NumPy as the host): the rank test's estimate of
+    R0 and the n x n steps on the host, W, Q and R = R1 R0 on the device, the same
+    factorization as the NumPy backend's."""
+    import array_api_strict as xs
+    from mpqr.backends import get_backend
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    strict = get_backend(xs)
+    host = get_backend(np)
+    moved = []
+
+    def small(x, limit=None):
+        if x.size > (16 * 16 if limit is None else limit):
+            return strict, x
+        moved.append(x.shape)
+        return host, np.asarray(x)
+
+    monkeypatch.setattr(strict, "small", small)
+    monkeypatch.setattr(strict, "from_small", lambda x, like: xs.asarray(x))
+    monkeypatch.setattr(strict, "precondition_small_max", 64 * 64)
+    monkeypatch.setattr(strict, "sketches", True, raising=False)
+    monkeypatch.setattr(strict, "sketch_rows", lambda a, k, seed: xs.asarray(
+        NumpyBackend.sketch_rows(host, np.asarray(a), k, seed)), raising=False)
+    a = geometric(np.random.default_rng(48), 2048, 48, 1e13)
+    _, r0, _ = _qr(a)
+    with mpqr.explain() as trace:
+        q1, r1 = mpqr.qr(xs.asarray(a), mode="reduced", method=NAME)
+    assert type(q1) is type(xs.asarray(a)) and type(r1) is type(q1)
+    assert (48, 48) in moved and any("one CholQR pass" in m for m in _routes(trace))
+    np.testing.assert_allclose(np.asarray(r1), r0, rtol=0, atol=64 * U64 * np.abs(r0).max())
+    _check(a, np.asarray(q1), np.asarray(r1), U64)
+
+
+@pytest.mark.parametrize("two_solves", [True, False])
+def test_one_fused_pass_q_by_two_solves(monkeypatch, two_solves):
+    """Where W and its Gram matrix come from one fused pass (the GPU's up to 64 columns;
+    here the portable kernels), with ``Q_BY_TWO_SOLVES`` W is not stored and Q = (x
+    R0^-1) R1^-1 is solved from x in one pass, to working accuracy at cond 1e15; else
+    (the default) W is written and Q = W inv(R1) by GEMM. The same R either way."""
+    monkeypatch.setattr(sketch, "Q_BY_TWO_SOLVES", two_solves)
+    a = geometric(np.random.default_rng(64), M, 64, 1e15)
+    q, r, trace = _qr(a)
+    _check(a, q, r, U64)
+    assert any(e.kind == "fused-solve" for e in trace.events) == two_solves
+    assert any("by GEMM" in e.message for e in trace.events
+               if e.kind == "apply-inverse") == (not two_solves)
+    monkeypatch.setattr(sketch, "Q_BY_TWO_SOLVES", not two_solves)
+    np.testing.assert_array_equal(_qr(a)[1], r)

@@ -504,12 +504,12 @@ class CupyBackend(ArrayAPIBackend):
 
         return cupy_sketch.count_sketch(a, k, seed)
 
-    def right_solve_upper(self, a, r, out=None):
+    def right_solve_upper(self, a, r, out=None, sub=None):
         from mpqr.backends.cupy import right_solve as cupy_right_solve
 
         if cupy_right_solve.supports(a, r):  # tall 2-D real: a row-per-thread kernel
-            return cupy_right_solve.right_solve_upper(a, r, out=out)
-        return super().right_solve_upper(a, r, out=out)
+            return cupy_right_solve.right_solve_upper(a, r, out=out, sub=sub)
+        return super().right_solve_upper(a, r, out=out, sub=sub)
 
     def right_solve_gram(self, a, r, out=None, sub=None):
         from mpqr.backends.cupy import right_solve as cupy_right_solve

@@ -6,10 +6,11 @@ CholQR2 on narrow float64 matrices: the Gram matrix of ``A R1^{-1}`` without
 writing it (:func:`right_solve_gram`), and ``(A R1^{-1}) R2^{-1}`` from ``A``
 (:func:`right_solve_twice`), the same rounded intermediate rows in both; they
 solve a tile by 8-column blocks, the off-diagonal updates on the fp64 MMA; the Gram
-kernel also solves ``A - T`` for a blocked solve's leaf (``sub``: the update ``T``
-subtracted in the pass). Kernel sources: ``kernels/right_solve.cu`` (and
-``right_solve_sub.cu`` appended to it); one instantiation per ``(dtype, n, kernel)``,
-compiled on first use and cached by CuPy.
+kernel and the row-per-thread one also solve ``A - T`` for a blocked solve's leaf
+(``sub``: the update ``T`` subtracted in the pass). Kernel sources:
+``kernels/right_solve.cu`` (and ``right_solve_sub.cu``, ``right_solve_rows_sub.cu``
+appended to it); one instantiation per ``(dtype, n, kernel)``, compiled on first use
+and cached by CuPy.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def _kernel(dtype_name: str, n: int, rows: int, variant: str):
     t, minb = ("double", 3) if dtype_name == "float64" else ("float", 1)
     name = {"one": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, false>",
             "twice": f"right_solve_upper_rows<{t}, {n}, {rows}, {minb}, true>",
+            "one_sub": f"right_solve_upper_sub_rows<{t}, {n}, {rows}, {minb}>",
             "gram": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, false>",
             "gram_store": f"right_solve_gram_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, true>",
             "gram_sub": f"right_solve_gram_sub_rows<{n}, {_GRAM_ROWS}, {_gram_minb(n)}, false>",
@@ -69,7 +71,8 @@ def _kernel(dtype_name: str, n: int, rows: int, variant: str):
                               "true>",
             "twice_tiles": f"right_solve_twice_tiles<{n}, {_GRAM_ROWS}, {_TWICE_MINB}>",
             }[variant]
-    after = ("right_solve_sub.cu",) if variant.endswith("_sub") else ()
+    after = (("right_solve_rows_sub.cu",) if variant == "one_sub" else
+             ("right_solve_sub.cu",) if variant.endswith("_sub") else ())
     fn = functions("right_solve.cu", (name,), after)[0]
     if variant.startswith("gram") or variant == "twice_tiles":  # past 48 KiB: dynamic smem
         fn.max_dynamic_shared_size_bytes = _fused_smem(n, 2 if variant == "twice_tiles" else 1)
@@ -112,26 +115,36 @@ def _operands(a, out, who):
     return a, lda, out, np.int64(out.strides[0] // out.itemsize if m > 1 else n)
 
 
-def _solve(a, rs, out, variant):
+def _solve(a, rs, out, variant, sub=None):
     m, n = a.shape
     a, lda, out, ldq = _operands(a, out, "right_solve_upper")
     if m == 0:
         return out
     rows = _rows(n, a.dtype)
     rt, dinv = _factor(rs[0], a.dtype)
-    rt2, dinv2 = _factor(rs[1], a.dtype) if len(rs) > 1 else (rt, dinv)  # unused by "one"
+    if sub is not None:
+        if sub.shape != (m, n) or sub.dtype != a.dtype:
+            raise ValueError("internal: right_solve_upper `sub` must be (m, n), a's dtype")
+        sub, lds = _rows_operand(sub)
+        tail = (sub, lds)
+        variant = "one_sub"
+    else:
+        tail = _factor(rs[1], a.dtype) if len(rs) > 1 else (rt, dinv)  # unused by "one"
     _kernel(np.dtype(a.dtype).name, n, rows, variant)(
-        (-(-m // rows),), (rows,), (a, lda, rt, dinv, out, ldq, np.int64(m), rt2, dinv2))
+        (-(-m // rows),), (rows,), (a, lda, rt, dinv, out, ldq, np.int64(m), *tail))
     return out
 
 
-def right_solve_upper(a, r, out=None):
+def right_solve_upper(a, r, out=None, sub=None):
     """``a @ inv(r)`` for 2-D float32/float64 ``a`` (m x n, n <= 64).
 
     Written into ``out`` (m x n, unit stride along rows, e.g. a column slice of a
     wider array) when given, else into a new C-ordered array, which is returned.
+    ``sub`` (m x n, ``a``'s dtype): ``a - sub`` is solved instead, each difference
+    rounded once as the subtraction rounds it, without writing it (one pass fewer
+    for a blocked solve's leaf).
     """
-    return _solve(a, (r,), out, "one")
+    return _solve(a, (r,), out, "one", sub)
 
 
 def _padded(r):

@@ -1,38 +1,28 @@
-"""The sketch route before the fused solve-and-Gram pass (A/B baseline of sketch_gpu.py).
+"""The sketch route as it was before this round's changes (A/B baseline of sketch_gpu.py).
 
-A copy of ``mpqr/qr/sketch.py`` as it was before W and its Gram matrix shared a pass,
-Q = W inv(R1) went by GEMM and the n x n steps moved to the host at 256 columns.
-
-Randomized (sketch-preconditioned) Cholesky QR for ill-conditioned tall matrices.
-
-One pass over ``x`` forms a CountSketch ``Y = S x`` (``k = SKETCH_ROWS n`` rows,
-``backend.sketch_rows``); ``R_0`` is the Householder ``R`` of the small ``Y``. Then
-``W = x R_0^-1`` has ``cond(W) = O(1)`` whatever ``cond(x)`` below ``~u^-1`` (Fan, Guo
-& Lin 2021; Higgins et al. 2024; Garrison, Chen & Ipsen 2026), so one CholQR pass on
-``W`` gives ``Q`` orthonormal to ``O(n u cond(W)^2)``::
-
-    G = W^H W,  R_1 = chol(G),  Q = W R_1^-1,  R = R_1 R_0.
-
-That single pass is accepted where the estimated ``cond(W D^-1)`` (``D``: ``W``'s
-column norms; CholQR's error depends on the scaled condition number) is at most
-:data:`ONE_PASS_COND`; else the chain of :mod:`mpqr.qr.cholqr_precond` continues from
-``R_0`` and ``G`` (no pass repeated) until its certificate holds. The rank test is the
-preconditioned method's: ``u cond(R D^-1) >= 1/2`` raises :class:`mpqr.BreakdownError`
-(``qr(method="auto")`` then falls back to Householder), so a numerically rank-deficient
-``x`` is never factored silently wrong. Column scaling does not matter: ``S`` is linear
-and no Gram matrix of ``x`` itself is formed.
-
-Stacks, backends without ``sketch_rows`` and matrices with fewer than ``2 k`` rows take
-the preconditioned method (traced).
+A copy of ``mpqr/qr/sketch.py``'s ``sketch_cholqr`` of 2026-11-28 (third round): the rank
+test's condition estimate of R = R1 R0 on the host after Q (on the critical path), R1 R0
+formed on the host, no prefetched sketch. The probe pairs it with the halving order of
+the blocked substitution (``cholqr.LEFT_LOOKING = False``) and no prefetch.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from mpqr._array_api import device
 from mpqr._errors import BreakdownError, LinAlgError
 from mpqr.policy import record_event
-from mpqr.qr.cholqr import _apply_inverse, _check_gram, _rr, gram_roundoff, right_solve_upper
+from mpqr.qr._kernels import panel_precision
+from mpqr.qr.cholqr import (
+    _apply_inverse,
+    _check_gram,
+    _inverse_by_gemm,
+    _rr,
+    _times_upper,
+    gram_roundoff,
+    right_solve_upper_gram,
+)
 from mpqr.qr.cholqr_precond import (
     RANK_DEFICIENT,
     Resume,
@@ -43,7 +33,6 @@ from mpqr.qr.cholqr_precond import (
 from mpqr.qr.cholqr_precond import (
     _rank_deficient as _refuse,
 )
-from mpqr.qr.gram_blocked import gram
 
 __all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "sketch_cholqr"]
 
@@ -88,22 +77,39 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     # rows scaled by the pivots' conjugate phases: R = R_1 R_0 has a positive diagonal
     dr = xs.linalg.diagonal(r0)
     r0 = r0 * xs.expand_dims(xs.conj(dr) / xs.astype(d0, dr.dtype), axis=-1)
-    # W = x R_0^-1: the application of R_0^-1 through the policy (blocked substitution)
-    w = right_solve_upper(backend, a, backend.from_small(r0, a), prec_name)
-    g = gram(backend, w, precision, f"{NAME}-gram")
-    sb, g = backend.small(g)
-    # R_0 where the n x n steps run (the k x n sketch may have stayed on the device)
-    _, r0 = backend.small(backend.from_small(r0, a))
+    # W = x R_0^-1 (substitution; the off-diagonal blocks through the policy) and its Gram
+    # matrix, in the solve's pass where the backend fuses them
+    r0d = backend.from_small(r0, a)
+    w, g = right_solve_upper_gram(backend, a, r0d, precision, prec_name, f"{NAME}-gram",
+                                  store=want_q)
+    # the n x n steps where the preconditioned method runs them (host up to its limit)
+    lim = backend.precondition_small_max
+    sb, g = backend.small(g) if lim is None else backend.small(g, limit=lim)
+    r0 = _to(backend, sb, r0d)
     u = gram_roundoff(sb.xp, g.dtype, prec_name)
     cond_w = float("inf")
     r1 = None
     try:
         _check_gram(sb, g, NAME, prec_name)
         r1 = sb.cholesky(g, upper=True)
-        cond_w = float(sb.xp.max(estimate_cond(sb, r1, prec_name)))
     except (LinAlgError, BreakdownError):
         r1 = None
+    q = None
+    if r1 is not None:
+        if want_q and _inverse_by_gemm(backend, w, n):
+            # queued before the estimate below (which then runs beside it) and kept only
+            # where the estimate accepts the pass: cond_2(R_1 D^-1) <= ONE_PASS_COND bounds
+            # the GEMM's backward error by that factor times substitution's
+            # X = R_1^-1 by substitution on I where W lives (the host's took 4 ms at 256
+            # columns on an H200's host, on the critical path)
+            xp = backend.xp
+            x = backend.right_solve_upper(xp.eye(n, dtype=w.dtype, device=device(w)),
+                                          backend.from_small(r1, w))
+            q = _times_upper(backend, w, x, f"{NAME}-apply-inverse",
+                             panel_precision(prec_name, w.dtype, xp))
+        cond_w = float(sb.xp.max(estimate_cond(sb, r1, prec_name)))
     if r1 is None or not cond_w <= ONE_PASS_COND:
+        del q
         record_event("route", f"{NAME}: estimated cond(x R0^-1) = {cond_w:.2e} > "
                      f"{ONE_PASS_COND:g}: the preconditioned chain continues from R0 and "
                      "its Gram matrix", method=NAME, cond_sketched=cond_w)
@@ -111,8 +117,13 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
         with resume_chain(state):
             return preconditioned_cholqr(backend, a, precision=precision,
                                          prec_name=prec_name, want_q=want_q, **kw)
+    if q is not None:
+        record_event("apply-inverse", f"{NAME}: Q = W @ inv(R1) by GEMM (estimated "
+                     f"cond_2(R1 D^-1) = {cond_w:.2f} <= {ONE_PASS_COND:g})",
+                     cond_sketched=cond_w)
+    elif want_q:
+        q = _apply_inverse(backend, sb, w, r1, NAME, prec_name)
     r = _rr(sb, r1, r0, prec_name)
-    q = _apply_inverse(backend, sb, w, r1, NAME, prec_name) if want_q else None
     cond = float(sb.xp.max(estimate_cond(sb, r, prec_name)))
     if not cond * u < RANK_DEFICIENT:
         _rank_deficient(cond, u)
@@ -121,6 +132,13 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
                  f"estimated cond(x) = {cond:.2e} (columns scaled to unit norm)",
                  method=NAME, cond_sketched=cond_w, cond_estimate=cond, grams=1)
     return q, backend.from_small(r, a)
+
+
+def _to(backend: Any, sb: Any, x: Any) -> Any:
+    """``x`` (on ``backend``'s device) in the small backend ``sb``'s namespace."""
+    if sb is backend:
+        return x
+    return backend.small(x, limit=x.size)[1]
 
 
 def _rank_deficient(cond: float, u: float, why: str = "") -> None:

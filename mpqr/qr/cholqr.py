@@ -55,21 +55,52 @@ def gram_roundoff(xp: Any, dtype: Any, prec_name: str) -> float:
     return max(unit_roundoff(xp, dtype), _GEMM_U.get(prec_name, 0.0))
 
 
+#: whether :func:`right_solve_upper` past ``backend.right_solve_block`` columns runs
+#: left-looking (each leaf's whole update ``W[:, :j] R[:j, leaf]`` one product, subtracted
+#: in the leaf's pass: at 256 columns 20 units of ``m x 64`` moved against the halving's
+#: 28) instead of by column halves (each update a product, a subtraction pass, a solve)
+LEFT_LOOKING = True
+
+
 def right_solve_upper(backend: Any, a: Any, r: Any, prec_name: str = "auto") -> Any:
     """``a @ inv(r)`` for upper-triangular ``r``, by row-wise substitution.
 
-    Solves wider than the backend's ``right_solve_block`` are split in column
-    halves, ``Q1 = A1 R11^-1``, ``Q2 = (A2 - Q1 R12) R22^-1``, the product in
-    the working precision through the policy; every block is written straight
-    into its columns of the result.
+    Solves wider than the backend's ``right_solve_block`` are blocked: left-looking
+    (:data:`LEFT_LOOKING`), leaf ``j`` solves ``(A_j - W_{<j} R_{<j,j}) R_jj^-1`` with the
+    update one product (its rounding the standard blocked solve's: componentwise
+    ``γ_k |W_{<j}||R_{<j,j}|``) subtracted in the leaf's pass; else in column halves,
+    ``Q1 = A1 R11^-1``, ``Q2 = (A2 - Q1 R12) R22^-1``. The products in the working
+    precision through the policy; every block is written straight into its columns of
+    the result. Either way each row of the result is a backward-stable solve of that
+    row (the diagonal blocks by substitution, never by an inverse).
     """
     xp = backend.xp
     blk = backend.right_solve_block
     if blk is None or r.shape[-1] <= blk:
         return backend.right_solve_upper(a, r)
     out = xp.empty(a.shape, dtype=a.dtype, device=device(a))
-    _right_solve_into(backend, a, r, out, blk, panel_precision(prec_name, a.dtype, xp))
+    prec = panel_precision(prec_name, a.dtype, xp)
+    if LEFT_LOOKING and a.ndim == 2:
+        _right_solve_left(backend, a, r, out, blk, prec)
+    else:
+        _right_solve_into(backend, a, r, out, blk, prec)
     return out
+
+
+def _right_solve_left(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: str) -> None:
+    """Left-looking blocked ``out = a r^-1`` (2-D): leaves of ``blk`` columns in order,
+    each solving ``a_j - out_{<j} r_{<j,j}`` (the backend subtracts the update in the
+    solve's pass where it can)."""
+    n = r.shape[-1]
+    for j0 in range(0, n, blk):
+        j1 = min(n, j0 + blk)
+        if j0 == 0:
+            backend.right_solve_upper(a[:, :j1], r[:j1, :j1], out=out[:, :j1])
+            continue
+        t = gemm(out[:, :j0], r[:j0, j0:j1], precision=prec, label="trsm-update",
+                 backend=backend)
+        backend.right_solve_upper(a[:, j0:j1], r[j0:j1, j0:j1], out=out[:, j0:j1], sub=t)
+        del t
 
 
 def _right_solve_into(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: str) -> None:
@@ -282,13 +313,14 @@ EARLY_HAND_OVER = 0.05
 #: on ``u cond(R)^2`` without the column scaling) reaches this
 _EARLY_GATE = 1e-6
 
-#: the condition estimator of the :func:`hand_over_early` block, or None outside one
-_EARLY: contextvars.ContextVar[Callable[..., Any] | None] = contextvars.ContextVar(
-    "mpqr_cholqr2_early", default=None)
+#: ``(estimator, prefetch)`` of the :func:`hand_over_early` block, or None outside one
+_EARLY: contextvars.ContextVar[tuple[Callable[..., Any], Callable[..., Any] | None] | None] = (
+    contextvars.ContextVar("mpqr_cholqr2_early", default=None))
 
 
 @contextlib.contextmanager
-def hand_over_early(estimate: Callable[..., Any]) -> Iterator[None]:
+def hand_over_early(estimate: Callable[..., Any], prefetch: Callable[..., Any] | None = None
+                    ) -> Iterator[None]:
     """Within the block, :func:`cholqr2` raises :class:`BreakdownError` (with its first
     Gram matrix, as a failed first Cholesky does) right after its first factor where
     that factor's estimated condition number says its second pass would not be
@@ -296,28 +328,42 @@ def hand_over_early(estimate: Callable[..., Any]) -> Iterator[None]:
     route can take over, so that ``Q1 = x R1^-1`` and a second Gram pass are not paid
     for a certificate that would fail. ``estimate(sb, r, prec_name)``: the scaled
     2-norm condition number of the upper-triangular ``r`` in the small backend ``sb``
-    (:func:`mpqr.qr.cholqr_precond.estimate_cond`)."""
-    token = _EARLY.set(estimate)
+    (:func:`mpqr.qr.cholqr_precond.estimate_cond`). ``prefetch(backend, x)``: queues the
+    route that takes over's first pass over ``x`` (the sketch) where a hand-over is
+    likely (the first Cholesky failed, or the gate below passed), before the host's
+    steps that decide it, so the device works while the host does."""
+    token = _EARLY.set((estimate, prefetch))
     try:
         yield
     finally:
         _EARLY.reset(token)
 
 
-def _early_check(method: str, a: Any, g_pair: tuple[Any, Any], prec_name: str
-                 ) -> Any:
+def _prefetch(backend: Any, a: Any) -> None:
+    """The :func:`hand_over_early` block's prefetch of ``a``'s hand-over pass, if any."""
+    early = _EARLY.get()
+    if early is not None and early[1] is not None:
+        early[1](backend, a)
+
+
+def _early_check(method: str, backend: Any, a: Any, g_pair: tuple[Any, Any],
+                 prec_name: str) -> Any:
     """The check :func:`hand_over_early` asks of CholQR2's first pass: a function of
     ``(sb, r, hi, lo)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of ``|diag r|``)
     that raises where the pass should stop; None outside the block."""
-    estimate_cond = _EARLY.get()
-    if estimate_cond is None:
+    early = _EARLY.get()
+    if early is None:
         return None
+    estimate_cond = early[0]
 
     def check(sb: Any, r: Any, hi: float, lo: float) -> None:
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
         if not (lo > 0 and (hi / lo) ** 2 * u >= _EARLY_GATE):
             return
         hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
+        # queued after R's transfer (which waits for the stream): the device sketches
+        # while the host estimates
+        _prefetch(backend, a)
         cond = float(hs.xp.max(estimate_cond(hs, rh, prec_name)))
         if not cond**2 * u >= EARLY_HAND_OVER:
             return
@@ -348,12 +394,18 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         if g is None:
             g = gram(backend, a, precision, f"{method}-gram")
         if not shift:
-            check = _early_check(method, a, (backend, g), prec_name) if early else None
+            check = (_early_check(method, backend, a, (backend, g), prec_name) if early
+                     else None)
             done = _device_pass(backend, a, g, method, prec_name, certify, want_q, check)
-            if done is not None:
+            if done:
                 return done
         # the n x n steps run in backend.small's namespace
         pair = backend.small(g)
+        if not shift and done is False and check is not None:
+            # the device's steps failed (mostly a failed Cholesky): the hand-over's first
+            # pass is queued (after G's transfer, which waits for the stream) and runs
+            # while the host redoes them
+            _prefetch(backend, a)
     sb, g = pair
     xp = sb.xp
     u = gram_roundoff(xp, g.dtype, prec_name)
@@ -390,7 +442,8 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
         elif certify is not None:
             _with_gram(exc, sb, g)
         raise
-    check = _early_check(method, a, (sb, g), prec_name) if early and not shift else None
+    check = (_early_check(method, backend, a, (sb, g), prec_name) if early and not shift
+             else None)
     if check is not None:
         d = xp.abs(xp.linalg.diagonal(r))
         check(sb, r, float(xp.max(d)), float(xp.min(d)))
@@ -446,10 +499,10 @@ def _gram_min(xp: Any, g: Any, prec_name: str) -> float:
 
 
 def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, certify: Any,
-                 want_q: bool, check: Any = None) -> tuple[Any, Any, Any] | None:
+                 want_q: bool, check: Any = None) -> tuple[Any, Any, Any] | bool | None:
     """A pass whose ``n x n`` steps come from ``backend.chol_steps`` (one launch; see
-    :mod:`mpqr.qr.cholqr_steps`), or None where the backend has none for ``g`` or a check
-    fails: the caller then takes the host route from the same ``g``.
+    :mod:`mpqr.qr.cholqr_steps`), or None where the backend has none for ``g``, False where
+    a check fails: the caller then takes the host route from the same ``g``.
 
     The pass reads the checks' numbers back once. A certified pass (``certify``) first
     launches ``Q = A X``: its certificate, checked once the product is on its way, bounds
@@ -474,7 +527,7 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
             s, **limits, diag_ratio=_diag_ratio(backend, r, True))):
         record_event("small-steps", f"{method}: a check of the device's n x n steps failed; "
                      "the pass redoes them on the host route", method=method)
-        return None
+        return False
     if scaled and not cond1 <= INVERSE_COND_MAX and by_gemm and want_q:
         cond1 = _cond1(backend, r, x, True)  # graded columns: R D^-1's (see _apply_inverse)
     record_event("small-steps", f"{method}: the {n} x {n} steps (Cholesky, R^-1, checks) "

@@ -187,10 +187,13 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
     if early:
         from mpqr.qr.cholqr import hand_over_early
         from mpqr.qr.cholqr_precond import estimate_cond
-    with device_errors(backend, "mpqr.qr"):
+        from mpqr.qr.sketch import prefetch_sketch, sketch_ahead
+    with (device_errors(backend, "mpqr.qr"),
+          sketch_ahead() if early else contextlib.nullcontext()):
         try:
             with (backend.ignore_fp_warnings() if unscaled else contextlib.nullcontext(),
-                  hand_over_early(estimate_cond) if early else contextlib.nullcontext()):
+                  hand_over_early(estimate_cond, prefetch_sketch) if early
+                  else contextlib.nullcontext()):
                 q, r = factor_any(backend, method, a, scale=not unscaled, **kw)
         except BreakdownError as exc:
             if not auto:

@@ -18,11 +18,16 @@ until its certificate holds. An accepted pass forms ``Q = W X`` with ``X = R_1^-
 by substitution) by GEMM: ``|fl(W X) R_1 - W| <= ~2 gamma_n |W||X||R_1|`` is, column-scaled,
 ``cond(R_1 D^-1) <= ONE_PASS_COND`` times substitution's bound, and ``W``'s own backward
 error (``x - W R_0``, by row-wise substitution) does not depend on ``cond(x)``. ``R_0^-1``
-is never formed: that product's error would grow with ``cond(x)``. The rank test is the
-preconditioned method's: ``u cond(R D^-1) >= 1/2`` raises :class:`mpqr.BreakdownError`
-(``qr(method="auto")`` then falls back to Householder), so a numerically rank-deficient
-``x`` is never factored silently wrong. Column scaling does not matter: ``S`` is linear
-and no Gram matrix of ``x`` itself is formed.
+is never formed: that product's error would grow with ``cond(x)`` (nor are the inverses
+of its diagonal blocks: they are ill-conditioned too, so the blocked substitution keeps
+substituting its leaves). The rank test is the preconditioned method's, on ``R_0``:
+``u cond(R_0 D_0^-1) >= 1/2`` raises :class:`mpqr.BreakdownError` (``qr(method="auto")``
+then falls back to Householder), so a numerically rank-deficient ``x`` is never factored
+silently wrong. ``R_0 D_0^-1`` has ``x``'s scaled condition number within the sketch's
+distortion and ``R``'s within ``cond(R_1)^2``; it is estimated on the host while the
+device forms ``W`` and ``G``. Column scaling does not matter: ``S`` is linear and no
+Gram matrix of ``x`` itself is formed. Under ``qr(method="auto")`` CholQR2 may queue the
+sketch and its ``R`` ahead (:func:`prefetch_sketch`) while the host decides to hand over.
 
 Stacks, backends without ``sketch_rows`` and matrices with fewer than ``2 k`` rows take
 the preconditioned method (traced).
@@ -30,9 +35,12 @@ the preconditioned method (traced).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
-from mpqr._array_api import device
+from mpqr._array_api import array_namespace, device
 from mpqr._errors import BreakdownError, LinAlgError
 from mpqr.policy import record_event
 from mpqr.qr._kernels import panel_precision
@@ -56,7 +64,8 @@ from mpqr.qr.cholqr_precond import (
     _rank_deficient as _refuse,
 )
 
-__all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "sketch_cholqr"]
+__all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "prefetch_sketch", "sketch_ahead",
+           "sketch_cholqr"]
 
 NAME = "sketch-cholqr"
 
@@ -71,6 +80,59 @@ ONE_PASS_COND = 4.0
 #: the hash seed (fixed: results are reproducible)
 SEED = 0x5EED
 
+#: where ``W`` and ``G`` come from one fused pass (one leaf), whether ``W`` is left
+#: unstored and an accepted pass forms ``Q = (x R_0^-1) R_1^-1`` from ``x`` by two row-wise
+#: substitutions in one pass (``backend.right_solve_twice``, its intermediate rows rounded
+#: as the fused pass rounded the ``W`` whose Gram matrix gave ``R_1``) instead of writing
+#: ``W`` and then ``Q = W R_1^-1`` by GEMM. Off: on an H200 at 2^22 x 64 the two-solve pass
+#: took 4.3 ms against the stored pass's extra 0.9 ms and the GEMM's 1.2 (``auto`` 11.3 ms
+#: against 9.3; ``bench/probes/sketch_gpu.py``)
+Q_BY_TWO_SOLVES = False
+
+#: ``[x, S x, R of S x]`` of the :func:`sketch_ahead` block (``[None] * 3`` before a
+#: prefetch)
+_AHEAD: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "mpqr_sketch_ahead", default=None)
+
+
+@contextlib.contextmanager
+def sketch_ahead() -> Iterator[None]:
+    """Within the block, :func:`prefetch_sketch` keeps the sketch it queues and the
+    first :func:`sketch_cholqr` of exactly that array object takes it instead of
+    sketching again (``qr(method="auto")``: CholQR2 queues it where it is likely to
+    hand over, before the host's steps that decide)."""
+    token = _AHEAD.set([None] * 3)
+    try:
+        yield
+    finally:
+        _AHEAD.reset(token)
+
+
+def prefetch_sketch(backend: Any, a: Any) -> None:
+    """Queue ``a``'s sketch and its Householder R (as :func:`sketch_cholqr` forms them,
+    on ``backend``'s device, no host sync) inside a :func:`sketch_ahead` block, where
+    ``a`` is one the route sketches; else nothing."""
+    hold = _AHEAD.get()
+    m, n = a.shape[-2:]
+    if hold is None or hold[0] is not None or a.ndim != 2 or m < 2 * SKETCH_ROWS * n:
+        return
+    y = backend.sketch_rows(a, SKETCH_ROWS * n, SEED)
+    hold[:] = [a, y, backend.library_qr(y, "r")[1]]
+
+
+def _sketch(backend: Any, a: Any, k: int) -> tuple[Any, Any]:
+    """``(S a, its R or None)`` (``k`` rows): the prefetched ones where they are ``a``'s,
+    else the sketch formed now."""
+    hold = _AHEAD.get()
+    if hold is not None and hold[0] is a:
+        y, r0 = hold[1], hold[2]
+        hold[:] = [None] * 3  # once
+        record_event("sketch", f"{NAME}: the sketch and its R queued during CholQR2's "
+                     "first pass are used (formed while the host decided the hand-over)",
+                     method=NAME)
+        return y, r0
+    return backend.sketch_rows(a, k, SEED), None
+
 
 def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
                   want_q: bool = True, **kw: Any) -> tuple[Any, Any]:
@@ -79,18 +141,20 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     rank-deficient or not finite."""
     m, n = a.shape[-2:]
     k = SKETCH_ROWS * n
-    y = backend.sketch_rows(a, k, SEED) if a.ndim == 2 and m >= 2 * k else None
+    y, r0 = _sketch(backend, a, k) if a.ndim == 2 and m >= 2 * k else (None, None)
     if y is None:
         record_event("route", f"{NAME}: no sketch here (a stack, fewer than "
                      f"{2 * SKETCH_ROWS} n rows, or a backend without a scatter-add): "
                      "preconditioned-cholqr", method=NAME)
         return preconditioned_cholqr(backend, a, precision=precision, prec_name=prec_name,
                                      want_q=want_q, **kw)
-    sb, ys = backend.small(y)
+    # the small QR where the backend's small steps run (the device's, where prefetched)
+    sb, ys = backend.small(y) if r0 is None else (backend, y)
     if not sb.all_finite(ys):
         raise BreakdownError(f"{NAME} broke down: x holds NaN or Inf", method=NAME,
                              cond_estimate=float("inf"))
-    _, r0 = sb.library_qr(ys, "r")
+    if r0 is None:
+        _, r0 = sb.library_qr(ys, "r")
     xs = sb.xp
     d0 = xs.abs(xs.linalg.diagonal(r0))
     if not (bool(xs.all(d0 > 0)) and sb.all_finite(r0)):
@@ -99,16 +163,26 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     # rows scaled by the pivots' conjugate phases: R = R_1 R_0 has a positive diagonal
     dr = xs.linalg.diagonal(r0)
     r0 = r0 * xs.expand_dims(xs.conj(dr) / xs.astype(d0, dr.dtype), axis=-1)
-    # W = x R_0^-1 (substitution; the off-diagonal blocks through the policy) and its Gram
-    # matrix, in the solve's pass where the backend fuses them
     r0d = backend.from_small(r0, a)
-    w, g = right_solve_upper_gram(backend, a, r0d, precision, prec_name, f"{NAME}-gram",
-                                  store=want_q)
-    # the n x n steps where the preconditioned method runs them (host up to its limit)
+    # R_0 where the n x n steps run (the host up to the preconditioned method's limit),
+    # moved before the device's passes are queued (a transfer waits for the stream)
     lim = backend.precondition_small_max
+    hb, r0s = backend.small(r0d) if lim is None else backend.small(r0d, limit=lim)
+    # W = x R_0^-1 (substitution; the off-diagonal blocks through the policy) and its Gram
+    # matrix, in the solve's pass where the backend fuses them; queued, not waited for
+    w, g = right_solve_upper_gram(backend, a, r0d, precision, prec_name, f"{NAME}-gram",
+                                  store=want_q and not Q_BY_TWO_SOLVES)
+    twice = want_q and w is None  # one fused pass that did not write W
+    # the rank test, made while the device forms W and G: the scaled cond(R_0 D_0^-1) is
+    # that of x within the sketch's distortion, and R = R_1 R_0's within cond(R_1)^2
+    # (<= ONE_PASS_COND^2 where the pass is accepted; else the chain tests its own R)
+    u = gram_roundoff(hb.xp, r0s.dtype, prec_name)
+    cond = float(hb.xp.max(estimate_cond(hb, r0s, prec_name)))
+    if not cond * u < RANK_DEFICIENT:
+        _rank_deficient(cond, u)
+    # the n x n steps where the preconditioned method runs them (host up to its limit)
     sb, g = backend.small(g) if lim is None else backend.small(g, limit=lim)
-    r0 = _to(backend, sb, r0d)
-    u = gram_roundoff(sb.xp, g.dtype, prec_name)
+    r0 = r0s if array_namespace(r0s) is sb.xp else _to(backend, sb, r0d)
     cond_w = float("inf")
     r1 = None
     try:
@@ -116,22 +190,26 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
         r1 = sb.cholesky(g, upper=True)
     except (LinAlgError, BreakdownError):
         r1 = None
-    q = None
+    q = r = None
     if r1 is not None:
-        if want_q and _inverse_by_gemm(backend, w, n):
+        r1d = backend.from_small(r1, a)
+        if twice:
+            q = backend.right_solve_twice(a, r0d, r1d)
+        elif want_q and _inverse_by_gemm(backend, w, n):
             # queued before the estimate below (which then runs beside it) and kept only
             # where the estimate accepts the pass: cond_2(R_1 D^-1) <= ONE_PASS_COND bounds
             # the GEMM's backward error by that factor times substitution's
             # X = R_1^-1 by substitution on I where W lives (the host's took 4 ms at 256
             # columns on an H200's host, on the critical path)
             xp = backend.xp
-            x = backend.right_solve_upper(xp.eye(n, dtype=w.dtype, device=device(w)),
-                                          backend.from_small(r1, w))
+            x = backend.right_solve_upper(xp.eye(n, dtype=w.dtype, device=device(w)), r1d)
             q = _times_upper(backend, w, x, f"{NAME}-apply-inverse",
                              panel_precision(prec_name, w.dtype, xp))
+        # R = R_1 R_0 where the factors' products run (queued on a device, no host copy)
+        r = _rr(backend, r1d, r0d, prec_name)
         cond_w = float(sb.xp.max(estimate_cond(sb, r1, prec_name)))
     if r1 is None or not cond_w <= ONE_PASS_COND:
-        del q
+        del q, r
         record_event("route", f"{NAME}: estimated cond(x R0^-1) = {cond_w:.2e} > "
                      f"{ONE_PASS_COND:g}: the preconditioned chain continues from R0 and "
                      "its Gram matrix", method=NAME, cond_sketched=cond_w)
@@ -139,21 +217,22 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
         with resume_chain(state):
             return preconditioned_cholqr(backend, a, precision=precision,
                                          prec_name=prec_name, want_q=want_q, **kw)
-    if q is not None:
+    if twice:
+        record_event("fused-solve", f"{NAME}: W = x R0^-1 is not stored: its Gram matrix "
+                     "came from the solve's pass, and Q = (x R0^-1) R1^-1 is solved from x "
+                     "(two passes over x fewer)", method=NAME)
+    elif q is not None:
         record_event("apply-inverse", f"{NAME}: Q = W @ inv(R1) by GEMM (estimated "
                      f"cond_2(R1 D^-1) = {cond_w:.2f} <= {ONE_PASS_COND:g})",
                      cond_sketched=cond_w)
     elif want_q:
         q = _apply_inverse(backend, sb, w, r1, NAME, prec_name)
-    r = _rr(sb, r1, r0, prec_name)
-    cond = float(sb.xp.max(estimate_cond(sb, r, prec_name)))
-    if not cond * u < RANK_DEFICIENT:
-        _rank_deficient(cond, u)
     record_event("route", f"{NAME}: CountSketch ({k} x {m}) preconditioner, one CholQR "
                  f"pass (estimated cond(x R0^-1) = {cond_w:.2f} <= {ONE_PASS_COND:g}); "
-                 f"estimated cond(x) = {cond:.2e} (columns scaled to unit norm)",
-                 method=NAME, cond_sketched=cond_w, cond_estimate=cond, grams=1)
-    return q, backend.from_small(r, a)
+                 f"estimated cond(x) = {cond:.2e} (columns scaled to unit norm; from the "
+                 "sketch's R0)", method=NAME, cond_sketched=cond_w, cond_estimate=cond,
+                 grams=1)
+    return q, r
 
 
 def _to(backend: Any, sb: Any, x: Any) -> Any:
