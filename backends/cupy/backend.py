@@ -220,6 +220,13 @@ class CupyBackend(ArrayAPIBackend):
     # 0.81x cupy.linalg.qr through it)
     small_max = 2**18
     direct_qr_max = 2**27
+    # least squares takes the one geqrf of [A | b] beyond small_max too: the general
+    # route's Gram/CGLS steps cost ms where geqrf costs a fraction (H200, 10000 x 50
+    # float64: 4.0 ms against gels' 0.62); up to the measured cut, where the general
+    # route catches up. R's singular values are taken on the host, whose gesdd grows as
+    # n^3 (small.SVD_HOST_MAX_N). `python bench/probes/smallgpu_gpu.py` (grid)
+    small_lstsq_max = 2**22
+    small_lstsq_max_n = 128
 
     @property
     def small_type(self):

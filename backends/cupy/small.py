@@ -26,6 +26,8 @@ What the checks reject (NaN/Inf, columns the general route would rescale, a rank
 
 from __future__ import annotations
 
+import math
+import threading
 from typing import Any
 
 import cupy as cp
@@ -34,8 +36,8 @@ from cupy.cuda import runtime
 from cupy_backends.cuda.libs import cublas, cusolver
 from mpqr.backends.numpy.small import aug_solve, r_in_range
 
-__all__ = ["PACK_ON_DEVICE", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N", "small_lstsq",
-           "small_qr"]
+__all__ = ["PACK_ON_DEVICE", "PINNED", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N",
+           "small_lstsq", "small_qr"]
 
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
@@ -55,6 +57,29 @@ SOLVE_ON_DEVICE = True
 #: least squares: R_aug packed by a device-to-device copy before its download (else one
 #: strided copy to the host)
 PACK_ON_DEVICE = True
+#: the downloads (QR's R for its check, least squares' R_aug) land in a page-locked
+#: buffer kept per thread (a copy to pageable memory is staged by the driver)
+PINNED = True
+
+_local = threading.local()
+
+
+def _host(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """A C-order host array for a download: a view of this thread's page-locked buffer
+    (grown by doubling; valid until the thread's next call) or, with :data:`PINNED`
+    off, a new pageable array. Only read after the stream's synchronisation."""
+    dt = np.dtype(dtype)
+    nbytes = dt.itemsize * math.prod(shape)
+    if not PINNED:
+        return np.empty(shape, dtype=dt)
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.nbytes < nbytes:
+        import cupyx
+
+        buf = _local.buf = cupyx.empty_pinned(max(nbytes, 2 * (0 if buf is None
+                                                              else buf.nbytes), 4096),
+                                              dtype=np.uint8)
+    return buf[:nbytes].view(dt).reshape(shape)
 
 # [A | b] (or A alone: b is a) into cuSOLVER's column-major buffer; ``xt`` is its
 # transpose (C order, shape (columns, m)), ``a`` and ``b`` any 2-D strides
@@ -156,7 +181,7 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     if n <= R_HOST_MAX_N:
         # the one wait, once everything is queued (a plain copy: ``get``'s checks and
         # allocation cost more than the few kB)
-        rh = np.empty((n, n), dtype=dt)
+        rh = _host((n, n), dt)
         stream = cp.cuda.get_current_stream()
         runtime.memcpyAsync(rh.ctypes.data, r.data.ptr, rh.nbytes,
                             runtime.memcpyDeviceToHost, stream.ptr)
@@ -247,7 +272,7 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     # (the strided copy straight to pageable host memory grew with m: H200, lstsq
     # 10000 x 50 4.2 ms against gels' 0.6, 4000 x 50 0.8 against 0.4, 1000 x 20 on a
     # par); aug_solve drops the reflectors below the diagonal
-    host = np.empty((w, p), dtype=dt)
+    host = _host((w, p), dt)
     stream = cp.cuda.get_current_stream()
     if PACK_ON_DEVICE:
         runtime.memcpy2DAsync(packed, p * item, xp, m * item, p * item, w,

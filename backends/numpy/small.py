@@ -65,8 +65,27 @@ def r_in_range(cmax: np.ndarray, m: int, n: int, single: bool) -> bool:
     lo, hi = _RANGE[single]
     if not float(cmax.max()) * math.sqrt(n) < hi:  # NaN compares False
         return False
+    low = lo * math.sqrt(m)
+    if float(cmax.min()) >= low:  # the usual case: one reduction, no temporaries
+        return True
     # exact zero columns are the input's zero columns, factored exactly
-    return not bool(((cmax < lo * math.sqrt(m)) & (cmax != 0)).any())
+    return not bool(((cmax < low) & (cmax != 0)).any())
+
+
+#: (rows, columns) -> the mask of a matrix's entries below its diagonal
+_BELOW: dict[tuple[int, int], np.ndarray] = {}
+#: the singular values of R run on one BLAS thread from this many columns (OpenBLAS's
+#: thread wake-ups in gebrd's level-2 calls: 2-core host, n = 128 1.75 against 2.7 ms)
+SVD_ONE_THREAD_N = 64
+
+
+def _below(p: int, w: int) -> np.ndarray:
+    mask = _BELOW.get((p, w))
+    if mask is None:
+        if len(_BELOW) > 64:
+            _BELOW.clear()
+        mask = _BELOW[(p, w)] = ~np.triu(np.ones((p, w), dtype=bool))
+    return mask
 
 
 def _aug_funcs(char: str) -> tuple[Any, Any, Any]:
@@ -95,23 +114,30 @@ def aug_solve(raug: np.ndarray, m: int, n: int, cut: float, u: float, *,
     roundoff ``u`` (:func:`mpqr.lstsq.solver.solvable`'s rule)."""
     from mpqr.lstsq.solver import RESOLUTION
 
-    raug = np.triu(raug)
+    raug = np.array(raug, order="F")  # never the caller's buffer; R's columns contiguous
+    raug[_below(*raug.shape)] = 0
     if not np.isfinite(raug).all():
         return None
     char = raug.dtype.char
     _, gesdd, trtrs = _aug_funcs(char)
-    rr = np.asfortranarray(raug[:n, :n])
+    rr = raug[:n, :n]
     if not r_in_range(np.abs(rr).max(axis=0), m, n, char in "fF"):
         return None
-    s, info = gesdd(rr, compute_uv=0)[1::2]
+    if n >= SVD_ONE_THREAD_N:
+        from mpqr.backends.host.blas import OneThread
+
+        with OneThread():
+            s, info = gesdd(rr, compute_uv=0)[1::2]
+    else:
+        s, info = gesdd(rr, compute_uv=0)[1::2]
     if info != 0:
         return None
     s1 = float(s[0])
-    if not (s1 > 0.0 and np.isfinite(s1)):
+    if not (s1 > 0.0 and math.isfinite(s1)):
         return None
-    rank = int(np.count_nonzero(s > cut * s1))
-    if rank < n or not float(s[-1]) > (cut + RESOLUTION * math.sqrt(n) * u) * s1:
-        return None
+    if not float(s[-1]) > (cut + RESOLUTION * math.sqrt(n) * u) * s1:
+        return None  # the rank by cut is below n, or R too close to it to solve by
+    rank = n
     if solved:
         x = raug[:n, n:]
     else:
@@ -121,8 +147,8 @@ def aug_solve(raug: np.ndarray, m: int, n: int, cut: float, u: float, *,
     rsq = None
     if m > n:
         t = raug[n:, n:]
-        rsq = np.sum(t.real * t.real + t.imag * t.imag if t.dtype.kind == "c" else t * t,
-                     axis=0).astype(s.dtype, copy=False)
+        rsq = (np.sum(t.real * t.real + t.imag * t.imag, axis=0) if t.dtype.kind == "c"
+               else np.einsum("ij,ij->j", t, t)).astype(s.dtype, copy=False)
     return x, rsq, rank, s
 
 
