@@ -34,10 +34,10 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import runtime
 from cupy_backends.cuda.libs import cublas, cusolver
-from mpqr.backends.numpy.small import aug_solve, r_in_range
+from mpqr.backends.numpy.small import aug_solve, cmax_in_range, r_in_range
 
-__all__ = ["PACK_ON_DEVICE", "PINNED", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N",
-           "small_lstsq", "small_qr"]
+__all__ = ["EARLY_CHECK", "EARLY_CHECK_MAX", "PACK_ON_DEVICE", "PINNED", "R_HOST_MAX_N",
+           "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N", "small_lstsq", "small_qr"]
 
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
@@ -57,6 +57,12 @@ SOLVE_ON_DEVICE = True
 #: least squares: R_aug packed by a device-to-device copy before its download (else one
 #: strided copy to the host)
 PACK_ON_DEVICE = True
+#: QR of at most this many elements checks ``a``'s column maxima (NaN/Inf, the range),
+#: gathered by its copy kernel and downloaded while cuSOLVER works: the host waits for
+#: that copy only and returns without waiting for the factorization (the check of R
+#: after it cost ~57 us of 1000 x 20's 266, H200); larger ones read R afterwards
+EARLY_CHECK_MAX = 1 << 18
+EARLY_CHECK = True
 #: the downloads (QR's R for its check, least squares' R_aug) land in a page-locked
 #: buffer kept per thread (a copy to pageable memory is staged by the driver)
 PINNED = True
@@ -90,6 +96,37 @@ _AUG = cp.ElementwiseKernel(
     if (col < n) { const ptrdiff_t ia[] = {row, col}; xt = a[ia]; }
     else { const ptrdiff_t ib[] = {row, col - n}; xt = b[ib]; }
     """, "mpqr_small_aug", reduce_dims=False)
+
+# A into cuSOLVER's column-major buffer (as _AUG) while each column's max |a_ij| is
+# gathered: ``cm`` holds the maxima's bit patterns with the sign bit cleared, whose
+# unsigned order is the values' order (NaN's patterns above Inf's), so one integer
+# atomicMax per entry keeps the column maximum and any NaN
+_BITS = r"""
+__device__ inline unsigned long long mpqr_abs_bits(double x) {
+    return (unsigned long long)__double_as_longlong(x) & 0x7FFFFFFFFFFFFFFFull;
+}
+__device__ inline unsigned int mpqr_abs_bits(float x) {
+    return __float_as_uint(x) & 0x7FFFFFFFu;
+}
+"""
+_COPY_MAX_REAL = cp.ElementwiseKernel(
+    "raw T a, int64 m, raw U cm", "T xt",
+    """
+    const ptrdiff_t col = i / m, row = i % m;
+    const ptrdiff_t ia[] = {row, col};
+    const T v = a[ia];
+    xt = v;
+    atomicMax(&cm[col], mpqr_abs_bits(v));
+    """, "mpqr_small_copy_max_real", preamble=_BITS, reduce_dims=False)
+_COPY_MAX_COMPLEX = cp.ElementwiseKernel(
+    "raw T a, int64 m, raw U cm", "T xt",
+    """
+    const ptrdiff_t col = i / m, row = i % m;
+    const ptrdiff_t ia[] = {row, col};
+    const T v = a[ia];
+    xt = v;
+    atomicMax(&cm[col], mpqr_abs_bits(abs(v)));
+    """, "mpqr_small_copy_max_complex", preamble=_BITS, reduce_dims=False)
 
 # R (n x n, C order) from a column-major buffer ``f`` of leading dimension ``ld``: the
 # upper triangle, row ``row`` by the conjugate phase of its diagonal entry, the diagonal
@@ -171,13 +208,19 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
         return None
     dt = a.dtype
     single = single or dt.char in "fF"
+    if EARLY_CHECK and m * n <= EARLY_CHECK_MAX:
+        q, r, event, cmax = _qr(a, mode, check=True)
+        event.synchronize()  # the copy kernel's maxima are on the host; cuSOLVER works on
+        if not cmax_in_range(cmax, single):
+            return None
+        return (None, r) if mode == "r" else (q, r)
     if m * n > (1 << 18) and dt.kind == "f":
         # large real inputs: the general route's library call (tiled layout copies)
         from mpqr.backends.cupy import geqrf as cupy_geqrf
 
         q, r = cupy_geqrf.qr(a, mode)
     else:
-        q, r = _qr(a, mode)
+        q, r = _qr(a, mode)[:2]
     if n <= R_HOST_MAX_N:
         # the one wait, once everything is queued (a plain copy: ``get``'s checks and
         # allocation cost more than the few kB)
@@ -194,13 +237,27 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     return (None, r) if mode == "r" else (q, r)
 
 
-def _qr(a: Any, mode: str) -> tuple[Any, Any]:
-    """cuSOLVER's QR of the tall ``a`` with ``diag(R) >= 0``: ``(Q or None, R)``."""
+def _event() -> Any:
+    """This thread's event on the current device for the early check's wait."""
+    events = getattr(_local, "events", None)
+    if events is None:
+        events = _local.events = {}
+    dev = runtime.getDevice()
+    ev = events.get(dev)
+    if ev is None:
+        ev = events[dev] = cp.cuda.Event(block=False, disable_timing=True)
+    return ev
+
+
+def _qr(a: Any, mode: str, check: bool = False) -> tuple[Any, Any, Any, Any]:
+    """cuSOLVER's QR of the tall ``a`` with ``diag(R) >= 0``: ``(Q or None, R, event,
+    cmax)``; with ``check``, ``cmax`` (a host view, valid once ``event`` has completed)
+    receives ``a``'s column maxima of ``|a_ij|`` (NaN where a column holds one), queued
+    before the factorization; else both are None."""
     m, n = a.shape
     dt = a.dtype
     char, item = dt.char, dt.itemsize
     xt = cp.empty((n, m), dtype=dt)  # Q's column-major storage, A copied in
-    _AUG(a, a, m, n, xt)
     xp = xt.data.ptr
     handle = cp.cuda.device.get_cusolver_handle()
     geqrf, gsize = _funcs(char, "geqrf", "geqrf_bufferSize")
@@ -209,26 +266,43 @@ def _qr(a: Any, mode: str) -> tuple[Any, Any]:
     if want_q:
         orgqr, osize = _funcs(char, "orgqr", "orgqr_bufferSize")
         lw = max(lw, _lwork((char, "orgqr", m, n), osize, handle, m, n, n, xp, m, xp))
-    # one allocation: workspace, geqrf's R (Q's pass reads it after orgqr), tau, info
+    # one allocation: workspace, geqrf's R (Q's pass reads it after orgqr), tau, info,
+    # the column maxima's bit patterns
     nr = n * n if want_q else 0
-    buf = cp.empty((lw + nr + n) * item + 8, dtype=np.uint8)
+    cm_off = -(-((lw + nr + n) * item + 8) // 8) * 8
+    bits = np.uint32 if char in "fF" else np.uint64
+    cm_bytes = n * np.dtype(bits).itemsize if check else 0
+    buf = cp.empty(cm_off + cm_bytes, dtype=np.uint8)
     work = buf.data.ptr
     rcopy = work + lw * item
     tau = rcopy + nr * item
     info = tau + n * item
+    event = cmax = None
+    stream = cp.cuda.get_current_stream()
+    if check:
+        cm = buf[cm_off:].view(bits)
+        runtime.memsetAsync(cm.data.ptr, 0, cm_bytes, stream.ptr)
+        (_COPY_MAX_COMPLEX if dt.kind == "c" else _COPY_MAX_REAL)(a, m, cm, xt)
+        host = _host((n,), bits)
+        runtime.memcpyAsync(host.ctypes.data, cm.data.ptr, cm_bytes,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+        event = _event()
+        event.record(stream)
+        cmax = host.view(np.float32 if char in "fF" else np.float64)
+    else:
+        _AUG(a, a, m, n, xt)
     geqrf(handle, m, n, xp, m, tau, work, lw, info)
     r = cp.empty((n, n), dtype=dt)
     if not want_q:
         (_R_COMPLEX if dt.kind == "c" else _R_REAL)(xt, m, n, r)
-        return None, r
+        return None, r, event, cmax
     if n:
         runtime.memcpy2DAsync(rcopy, n * item, xp, m * item, n * item, n,
-                              runtime.memcpyDeviceToDevice,
-                              cp.cuda.get_current_stream().ptr)
+                              runtime.memcpyDeviceToDevice, stream.ptr)
     orgqr(handle, m, n, n, xp, m, tau, work, lw, info)
     cbuf = cp.ndarray((nr,), dtype=dt, memptr=buf.data + lw * item)
     (_QR_COMPLEX if dt.kind == "c" else _QR_REAL)(cbuf, m, n, xt, r)
-    return xt.T, r
+    return xt.T, r, event, cmax
 
 
 def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, Any] | None:

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AUG_MIN", "aug_solve", "r_in_range", "small_lstsq", "small_qr"]
+__all__ = ["AUG_MIN", "aug_solve", "cmax_in_range", "in_range", "r_in_range", "small_lstsq",
+           "small_qr"]
 
 #: LAPACK routines per dtype character (looked up once)
 _QR_FUNCS: dict[str, tuple[Any, Any]] = {}
@@ -45,11 +46,20 @@ def _qr_funcs(char: str) -> tuple[Any, Any]:
 def in_range(a: np.ndarray, single: bool) -> bool:
     """Whether every entry of ``a`` is finite and every nonzero column maximum lies where
     the general QR route runs the library's QR unscaled (one pass over ``a``)."""
-    mx = np.abs(a).max(axis=0)
-    lo, hi = _RANGE[single or a.dtype.char in "fF"]
-    if not mx.max() < hi:  # NaN compares False: the general route decides
+    return cmax_in_range(np.abs(a).max(axis=0), single or a.dtype.char in "fF")
+
+
+def cmax_in_range(mx: np.ndarray, single: bool) -> bool:
+    """:func:`in_range` from the column maxima ``mx`` of ``|a|`` (NaN where a column
+    holds one; float32's range if ``single``)."""
+    if not mx.size:
+        return True
+    lo, hi = _RANGE[single]
+    if not float(mx.max()) < hi:  # NaN compares False: the general route decides
         return False
-    return not mx.size or not bool(((mx < lo) & (mx != 0)).any())
+    if float(mx.min()) >= lo:
+        return True
+    return not bool(((mx < lo) & (mx != 0)).any())
 
 
 def r_in_range(cmax: np.ndarray, m: int, n: int, single: bool) -> bool:
