@@ -120,13 +120,41 @@ def test_lstsq_rank_deficient_and_nan_take_general_route(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("where", [(3, 4), (0, 9), (99, 0), (5, 5)])
-@pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_qr_nonfinite_anywhere_is_seen_in_r(dtype, where, bad):
-    # the range and NaN/Inf check reads R: non-finite input must leave R non-finite
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("early", [True, False])
+def test_qr_nonfinite_anywhere_is_seen(monkeypatch, dtype, where, bad, early):
+    # the check reads A's column maxima from the copy kernel (early) or R after the
+    # factorization (non-finite input leaves R non-finite): both see every entry
+    from mpqr.backends.cupy import small
+
+    monkeypatch.setattr(small, "EARLY_CHECK", early)
     a = cp.asarray(_rand((100, 10), dtype, 5))
     a[where] = bad
     assert _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
     assert _fast.qr(a, "r", None, "auto", False) is _fast.MISS
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qr_early_check_reads_magnitudes_not_signs(dtype):
+    # the maxima are gathered as sign-cleared bit patterns: -0.0, negative NaN and
+    # negative entries must order as their magnitudes
+    big = 2.0 ** (50 if np.dtype(dtype).char in "fF" else 420)
+    ah = _rand((100, 10), dtype, 8)
+    ah[:, 2] = -0.0
+    a = cp.asarray(ah)
+    got = _fast.qr(a, "reduced", None, "auto", True)
+    assert got is not _fast.MISS  # a zero column (of -0.0) is factored exactly
+    q, r = got
+    ref = mpqr.qr(a, method="geqrf")
+    tol = 30 * np.sqrt(1000) * _u(dtype)
+    assert float(cp.linalg.norm(r - ref[1]) / cp.linalg.norm(ref[1])) <= tol
+    assert float(cp.linalg.norm(q @ r - a) / cp.linalg.norm(a)) <= tol
+    ah[7, 2] = -big  # a column of -0.0 and one huge negative entry: out of range
+    assert _fast.qr(cp.asarray(ah), "reduced", None, "auto", True) is _fast.MISS
+    ah[7, 2] = np.copysign(np.nan, -1.0)
+    assert _fast.qr(cp.asarray(ah), "r", None, "auto", False) is _fast.MISS
+    ah[7, 2] = -1.0  # in range again: taken
+    assert _fast.qr(cp.asarray(ah), "r", None, "auto", True) is not _fast.MISS
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -218,3 +246,33 @@ def test_lstsq_nonfinite_anywhere_takes_general_route(dtype):
             bn = b.copy()
             bn[where] = bad
             assert fast(a, bn) is _fast.MISS
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
+def test_lstsq_beyond_small_max_takes_the_augmented_qr(dtype):
+    # past small_max (2^18) up to small_lstsq_max, tall with at most small_lstsq_max_n
+    # columns: the one geqrf of [A | b], SciPy's tuple, against a complex128 reference
+    from mpqr.backends import get_backend
+
+    be = get_backend(cp)
+    m, n = 10000, 50
+    assert be.small_max < m * n <= be.small_lstsq_max and n <= be.small_lstsq_max_n
+    ah, bh = _rand((m, n), dtype, 1), _rand((m,), dtype, 2)
+    a, b = cp.asarray(ah), cp.asarray(bh)
+    fast = _fast.lstsq(a, b, None, True, None, precision=None, refine="auto", tol=None,
+                       maxiter=None)
+    assert fast is not _fast.MISS
+    x, res, rank, s = fast
+    a128, b128 = ah.astype(np.complex128), bh.astype(np.complex128)
+    xr = np.linalg.lstsq(a128, b128, rcond=None)[0]
+    sr = np.linalg.svd(a128, compute_uv=False)
+    tol = 100 * np.sqrt(m * n) * _u(dtype) * float(sr[0] / sr[-1])
+    assert rank == n and x.shape == (n,) and res.shape == (1,) and s.shape == (n,)
+    assert np.linalg.norm(x.get() - xr) <= tol * np.linalg.norm(xr)
+    assert np.allclose(s.get(), sr, rtol=0, atol=tol * sr[0])
+    rr = b128 - a128 @ x.get()
+    assert np.allclose(res.get(), np.sum(np.abs(rr) ** 2), rtol=tol * 10)
+    # more columns than the host SVD takes: the general route
+    w = cp.asarray(_rand((10000, be.small_lstsq_max_n + 8), dtype, 3))
+    assert _fast.lstsq(w, b, None, True, None, precision=None, refine="auto", tol=None,
+                       maxiter=None) is _fast.MISS
