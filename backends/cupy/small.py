@@ -34,15 +34,19 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import runtime
 from cupy_backends.cuda.libs import cublas, cusolver
-from mpqr.backends.numpy.small import aug_solve, cmax_in_range, r_in_range
+from mpqr.backends.numpy.small import aug_solve, cmax_in_range, gram_svd, r_in_range
 
-__all__ = ["EARLY_CHECK", "EARLY_CHECK_MAX", "PACK_ON_DEVICE", "PINNED", "R_HOST_MAX_N",
-           "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N", "small_lstsq", "small_qr"]
+__all__ = ["EARLY_CHECK", "EARLY_CHECK_MAX", "GRAM_SVD", "GRAM_SVD_MIN_N", "PACK_ON_DEVICE",
+           "PINNED", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N", "small_lstsq",
+           "small_qr"]
 
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
 _LWORK: dict[tuple[Any, ...], int] = {}
 _ONE = {c: np.ones((), dtype=c) for c in "fdFD"}
+#: syrk/herk's real scalars per dtype character
+_ONE_REAL = {c: np.ones((), dtype=c.lower()) for c in "fdFD"}
+_ZERO_REAL = {c: np.zeros((), dtype=c.lower()) for c in "fdFD"}
 #: least squares with more columns take the general route: R's singular values are taken
 #: on the host, where n = 256 was already slower than on the GPU (``host_steps_max``)
 SVD_HOST_MAX_N = 128
@@ -57,6 +61,13 @@ SOLVE_ON_DEVICE = True
 #: least squares: R_aug packed by a device-to-device copy before its download (else one
 #: strided copy to the host)
 PACK_ON_DEVICE = True
+#: least squares from this many columns: ``A^H A`` by cuBLAS ``syrk``/``herk`` from the
+#: copy before ``geqrf``, downloaded first, so the host takes its Cholesky factor's
+#: singular values while cuSOLVER factors (R's host SVD grows as n^3: ~0.2 ms at
+#: n = 50); ``aug_solve`` keeps them where the factor matches R
+#: (:data:`~mpqr.backends.numpy.small.GRAM_SVD_TOL`), else takes R's own
+GRAM_SVD_MIN_N = 32
+GRAM_SVD = False
 #: QR of at most this many elements checks ``a``'s column maxima (NaN/Inf, the range),
 #: gathered by its copy kernel and downloaded while cuSOLVER works: the host waits for
 #: that copy only and returns without waiting for the factorization (the check of R
@@ -330,11 +341,30 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     handle = cp.cuda.device.get_cusolver_handle()
     geqrf, gsize = _funcs(char, "geqrf", "geqrf_bufferSize")
     lw = _lwork((char, "geqrf", m, w), gsize, handle, m, w, xp, m)
-    # one allocation: workspace, tau, info, then R_aug's packed copy (256-byte aligned)
+    # one allocation: workspace, tau, info, then R_aug's packed copy and A^H A (256-byte
+    # aligned); on the host one buffer for both downloads
+    gram = GRAM_SVD and n >= GRAM_SVD_MIN_N
     off = -(-((lw + p) * item + 8) // 256) * 256
-    buf = cp.empty(off + p * w * item, dtype=np.uint8)
+    rbytes = p * w * item
+    goff = -(-rbytes // 256) * 256
+    gbytes = n * n * item if gram else 0
+    buf = cp.empty(off + goff + gbytes, dtype=np.uint8)
     work = buf.data.ptr
     packed = work + off
+    hostbuf = _host((goff + gbytes,), np.uint8)
+    host = hostbuf[:rbytes].view(dt).reshape(w, p)
+    stream = cp.cuda.get_current_stream()
+    event = None
+    if gram:  # A^H A's upper triangle (column-major), downloaded before geqrf runs
+        gdev = packed + goff
+        herk = getattr(cublas, _PREFIX[char] + ("herk" if dt.kind == "c" else "syrk"))
+        herk(cp.cuda.device.get_cublas_handle(), cublas.CUBLAS_FILL_MODE_UPPER,
+             cublas.CUBLAS_OP_C if dt.kind == "c" else cublas.CUBLAS_OP_T, n, m,
+             _ONE_REAL[char].ctypes.data, xp, m, _ZERO_REAL[char].ctypes.data, gdev, n)
+        runtime.memcpyAsync(hostbuf.ctypes.data + goff, gdev, gbytes,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+        event = _event()
+        event.record(stream)
     geqrf(handle, m, w, xp, m, work + lw * item, work, lw, work + (lw + p) * item)
     if SOLVE_ON_DEVICE:  # x over Q^H b in R_aug's rows :n (R stays as it is)
         trsm = getattr(cublas, _PREFIX[char] + "trsm")
@@ -346,8 +376,6 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     # (the strided copy straight to pageable host memory grew with m: H200, lstsq
     # 10000 x 50 4.2 ms against gels' 0.6, 4000 x 50 0.8 against 0.4, 1000 x 20 on a
     # par); aug_solve drops the reflectors below the diagonal
-    host = _host((w, p), dt)
-    stream = cp.cuda.get_current_stream()
     if PACK_ON_DEVICE:
         runtime.memcpy2DAsync(packed, p * item, xp, m * item, p * item, w,
                               runtime.memcpyDeviceToDevice, stream.ptr)
@@ -356,8 +384,12 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     else:
         runtime.memcpy2DAsync(host.ctypes.data, p * item, xp, m * item, p * item, w,
                               runtime.memcpyDeviceToHost, stream.ptr)
+    pre = None
+    if event is not None:  # the Gram matrix's SVD while cuSOLVER factors [A | b]
+        event.synchronize()
+        pre = gram_svd(hostbuf[goff:goff + gbytes].view(dt).reshape(n, n).T)
     stream.synchronize()
-    res = aug_solve(host.T, m, n, cut, u, solved=SOLVE_ON_DEVICE)
+    res = aug_solve(host.T, m, n, cut, u, solved=SOLVE_ON_DEVICE, gram=pre)
     if res is None:
         return None
     sol, rsq, rank, s = res
