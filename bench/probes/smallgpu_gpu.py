@@ -41,7 +41,7 @@ from mpqr import _fast
 RESULTS: dict = {"checks": [], "grid": [], "steps": [], "gesdd": [], "qr": [], "fp16_wide": []}
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 T0 = time.perf_counter()
-BUDGET_S = float(os.environ.get("SMALLGPU_BUDGET_S", "80"))
+BUDGET_S = float(os.environ.get("SMALLGPU_BUDGET_S", "75"))
 BE = get_backend(cp)
 
 
@@ -151,10 +151,19 @@ def _lstsq_one(tag, ah, bh, expect_fast=True):
 
 
 def qr_checks():
+    for early in (True, False):
+        small.EARLY_CHECK = early
+        try:
+            _qr_checks(early)
+        finally:
+            small.EARLY_CHECK = True
+
+
+def _qr_checks(early):
     for dtype in DTYPES:
         u = np.finfo(dtype).eps / 2
         for m, n in ((100, 10), (1000, 20)):
-            tag = f"qr {m}x{n} {np.dtype(dtype).name}"
+            tag = f"qr {m}x{n} {np.dtype(dtype).name} early={early}"
             try:
                 ah = rand((m, n), dtype, m + n)
                 a = cp.asarray(ah)
@@ -181,16 +190,24 @@ def qr_checks():
             except Exception:
                 traceback.print_exc()
                 check(tag, False, "exception")
-        tag = f"qr NaN {np.dtype(dtype).name} takes the general route"
-        try:
-            a = cp.asarray(rand((100, 10), dtype, 5))
-            a[3, 4] = np.nan
-            miss = _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
-            nan_out = not bool(cp.isfinite(mpqr.qr(a)[1]).all())
-            check(tag, miss and nan_out, f"miss={miss} non-finite out={nan_out}")
-        except Exception:
-            traceback.print_exc()
-            check(tag, False, "exception")
+        for what, v in (("NaN", np.nan), ("-NaN", -np.nan), ("Inf", np.inf),
+                        ("-Inf", -np.inf), ("huge", -2.0 ** 500)):
+            tag = f"qr {what} {np.dtype(dtype).name} early={early} takes the general route"
+            try:
+                ah = rand((100, 10), dtype, 5)
+                ah[:, 4] = -0.0
+                if np.dtype(dtype).char in "fF" and what == "huge":
+                    v = -2.0 ** 60
+                ah[3, 4] = v
+                a = cp.asarray(ah)
+                miss = _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
+                out = mpqr.qr(a)[1]
+                ok_out = (not bool(cp.isfinite(out).all())) if what != "huge" else \
+                    bool(cp.isfinite(out).all())
+                check(tag, miss and ok_out, f"miss={miss} out as the general route={ok_out}")
+            except Exception:
+                traceback.print_exc()
+                check(tag, False, "exception")
 
 
 def lstsq_checks():
@@ -208,6 +225,30 @@ def lstsq_checks():
             except Exception:
                 traceback.print_exc()
                 check(tag, False, "exception")
+    # the singular values from A^H A's Cholesky factor, taken while cuSOLVER factors
+    small.GRAM_SVD = True
+    try:
+        for (m, n), dts in (((4000, 50), DTYPES), ((10000, 50), [np.float64, np.complex128]),
+                            ((60000, 50), [np.float64]), ((4000, 128), [np.float32])):
+            for dtype in dts:
+                tag = f"lstsq {m}x{n} {np.dtype(dtype).name} GRAM_SVD"
+                try:
+                    _lstsq_one(tag, rand((m, n), dtype, 3), rand((m,), dtype, 4))
+                except Exception:
+                    traceback.print_exc()
+                    check(tag, False, "exception")
+        for kappa in (1e2, 1e6, 1e10):
+            tag = f"lstsq 4000x50 float64 cond {kappa:.0e} GRAM_SVD"
+            try:
+                q1 = np.linalg.qr(rand((4000, 50), np.float64, 5))[0]
+                q2 = np.linalg.qr(rand((50, 50), np.float64, 6))[0]
+                ah = (q1 * np.logspace(0, -np.log10(kappa), 50)) @ q2
+                _lstsq_one(tag, ah, rand((4000,), np.float64, 7))
+            except Exception:
+                traceback.print_exc()
+                check(tag, False, "exception")
+    finally:
+        small.GRAM_SVD = False
     tag = "lstsq 10000x200 float64 keeps the general route (n > small_lstsq_max_n)"
     try:
         a = cp.asarray(rand((10000, 200), np.float64, 3))
@@ -243,6 +284,14 @@ class _NoFast:
         _fast.lstsq = self.f
 
 
+def _gram(a, b):
+    small.GRAM_SVD = True
+    try:
+        return mpqr.lstsq(a, b)
+    finally:
+        small.GRAM_SVD = False
+
+
 def _general(a, b):
     with _NoFast():
         return mpqr.lstsq(a, b)
@@ -270,6 +319,7 @@ def grid():
                 b = cp.asarray(rand((m,), dt, 2))
                 took = fast_lstsq(a, b) is not _fast.MISS
                 funcs = {"fast": lambda a=a, b=b: mpqr.lstsq(a, b),
+                         "fast gram-svd": lambda a=a, b=b: _gram(a, b),
                          "general": lambda a=a, b=b: _general(a, b),
                          "gels": lambda a=a, b=b: lapack.gels(a, b)}
                 if m * n <= 2**21:
@@ -280,6 +330,7 @@ def grid():
                 row = {"shape": [m, n], "dtype": np.dtype(dt).name, "fast_taken": took}
                 row.update({k + "_us": v * 1e6 for k, v in t.items()})
                 row["fast/general"] = t["fast"] / t["general"]
+                row["gram/gels"] = t["fast gram-svd"] / t["gels"]
                 row["fast/gels"] = t["fast"] / t["gels"]
                 if "cupy.linalg.lstsq" in t:
                     row["fast/cupy_lstsq"] = t["fast"] / t["cupy.linalg.lstsq"]
@@ -288,7 +339,8 @@ def grid():
                       f"general {t['general']*1e6:.0f} gels {t['gels']*1e6:.0f} "
                       f"cupy.lstsq {t.get('cupy.linalg.lstsq', float('nan'))*1e6:.0f}  "
                       f"fast/general {row['fast/general']:.2f} fast/gels "
-                      f"{row['fast/gels']:.2f} (taken={took})", flush=True)
+                      f"{row['fast/gels']:.2f} gram-svd {t['fast gram-svd']*1e6:.0f} "
+                      f"({row['gram/gels']:.2f}) (taken={took})", flush=True)
                 del a, b
                 cp.get_default_memory_pool().free_all_blocks()
             except Exception:
@@ -361,28 +413,47 @@ def steps():
 
 
 def qr_times():
+    variants = {"early check, pinned": (True, True), "R read, pinned": (False, True),
+                "R read, pageable": (False, False)}
     for dt in (np.float64, np.float32, np.complex128):
         a = cp.asarray(rand((1000, 20), dt, 1))
         res = {}
-        for pinned in (True, False):
-            small.PINNED = pinned
-            t = rounds({"mpqr.qr": lambda a=a: mpqr.qr(a),
-                        "cupy.linalg.qr": lambda a=a: cp.linalg.qr(a)}, repeats=15)
-            res["pinned" if pinned else "pageable"] = {k: v * 1e6 for k, v in t.items()}
-            res[("pinned" if pinned else "pageable") + " ratio"] = t["mpqr.qr"] / t[
-                "cupy.linalg.qr"]
-        small.PINNED = True
+        try:
+            for name, (early, pinned) in variants.items():
+                small.EARLY_CHECK, small.PINNED = early, pinned
+                t = rounds({"mpqr.qr": lambda a=a: mpqr.qr(a),
+                            "cupy.linalg.qr": lambda a=a: cp.linalg.qr(a)}, repeats=15)
+                res[name] = {k: v * 1e6 for k, v in t.items()}
+                res[name + " ratio"] = t["mpqr.qr"] / t["cupy.linalg.qr"]
+        finally:
+            small.EARLY_CHECK, small.PINNED = True, True
         b = cp.asarray(rand((1000,), dt, 2))
-        t = {}
         for pinned in (True, False):
             small.PINNED = pinned
-            tt = rounds({"mpqr.lstsq": lambda a=a, b=b: mpqr.lstsq(a, b),
-                         "gels": lambda a=a, b=b: lapack.gels(a, b)}, repeats=15)
-            t["lstsq pinned" if pinned else "lstsq pageable"] = tt["mpqr.lstsq"] / tt["gels"]
-        small.PINNED = True
-        res.update(t)
+            try:
+                tt = rounds({"mpqr.lstsq": lambda a=a, b=b: mpqr.lstsq(a, b),
+                             "gels": lambda a=a, b=b: lapack.gels(a, b)}, repeats=15)
+            finally:
+                small.PINNED = True
+            res["lstsq/gels " + ("pinned" if pinned else "pageable")] = \
+                tt["mpqr.lstsq"] / tt["gels"]
         RESULTS["qr"].append({"shape": [1000, 20], "dtype": np.dtype(dt).name, **res})
-        print(f"qr 1000x20 {np.dtype(dt).name}: {res}", flush=True)
+        print(f"qr 1000x20 {np.dtype(dt).name}: " + ", ".join(
+            f"{k} {v:.3f}" for k, v in res.items() if not isinstance(v, dict)), flush=True)
+    # the early check's copy kernel with its atomics at the largest size it takes
+    for shape in ((512, 512), (16384, 16)):
+        a = cp.asarray(rand(shape, np.float64, 3))
+        try:
+            t = {}
+            for early in (True, False):
+                small.EARLY_CHECK = early
+                t["early" if early else "R read"] = rounds(
+                    {"mpqr.qr": lambda a=a: mpqr.qr(a)}, repeats=9)["mpqr.qr"] * 1e6
+        finally:
+            small.EARLY_CHECK = True
+        t["cupy.linalg.qr"] = rounds({"c": lambda a=a: cp.linalg.qr(a)}, repeats=9)["c"] * 1e6
+        RESULTS["qr"].append({"shape": list(shape), "dtype": "float64", **t})
+        print(f"qr {shape} float64 (us): {t}", flush=True)
 
 
 def fp16_wide():
