@@ -7,18 +7,22 @@ launches; what costs time at this size is the host side of every CuPy call (H200
 of array creations, reductions and wrapper calls around ~0.3 ms of GPU work at
 1000 x 20), so the steps are few and fused:
 
-* QR: one kernel copies ``a`` into cuSOLVER's column-major buffer, ``geqrf`` and
-  ``orgqr``/``ungqr`` share one workspace allocation, one kernel writes R (rows by the
-  conjugate phase of their diagonal entry, the diagonal exactly ``|d|``) and scales Q's
-  columns. The range and NaN/Inf check reads R afterwards (``r_in_range`` of
-  :mod:`mpqr.backends.numpy.small`): R's column norms are A's, so its column maxima
-  bound A's, and non-finite input gives a non-finite R. One synchronisation, at the end.
+* QR: one kernel copies ``a`` into cuSOLVER's column-major buffer and gathers its
+  column maxima (the range and NaN/Inf check), ``geqrf`` and ``orgqr``/``ungqr`` share
+  one workspace allocation, one kernel writes R (rows by the conjugate phase of their
+  diagonal entry, the diagonal exactly ``|d|``) and scales Q's columns. The host waits
+  only for the maxima's download, which overlaps the factorization, and returns without
+  a synchronisation. Past :data:`EARLY_CHECK_MAX` the check reads R afterwards
+  (``r_in_range`` of :mod:`mpqr.backends.numpy.small`: R's column norms are A's, so its
+  column maxima bound A's, and non-finite input gives a non-finite R).
 * Least squares: ``geqrf`` of the augmented ``[A | b]`` (no ``ormqr``): ``Q^H b`` is
   ``R_aug[:n, n:]`` and the squared residual norms the column sums of
   ``|R_aug[n:, n:]|^2``; cuBLAS ``trsm`` solves for ``x`` in place. One device-to-host
   copy of the small ``R_aug``; on the host the checks, the singular values of ``R``
   (SciPy's ``s``) and the rank by SciPy's cutoff; ``x``, the residues and ``s`` go back
-  in one upload.
+  in one upload. With :data:`GRAM_SVD`, ``A^H A`` goes to the host first and its
+  Cholesky factor's singular values are taken while cuSOLVER factors, kept where that
+  factor matches R.
 
 What the checks reject (NaN/Inf, columns the general route would rescale, a rank below
 ``n`` or too close to it for a triangular solve) returns None: the general route decides.
@@ -212,7 +216,9 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     """``(Q or None, R)`` of a 2-D tall (``m >= n``) ``a`` with ``diag(R)`` real and
     ``>= 0`` (``mode``: reduced or r; complete returns None), as ``qr(method="geqrf")``
     gives it; None where ``a`` holds NaN/Inf or a column outside the range the general
-    route leaves unscaled (:func:`~mpqr.backends.numpy.small.r_in_range`). ``a`` is never
+    route leaves unscaled (:func:`~mpqr.backends.numpy.small.cmax_in_range`; past
+    :data:`EARLY_CHECK_MAX` read from R: :func:`~mpqr.backends.numpy.small.r_in_range`).
+    ``a`` is never
     modified (cuSOLVER gets a copy). Q comes back in cuSOLVER's column-major order, as from CuPy."""
     m, n = a.shape
     if mode == "complete" or m < n:
