@@ -10,7 +10,8 @@
   30000 x 20, 60000 x 50) against ``numpy.linalg.lstsq`` in complex128 and the general
   route's tuple; n = 200 keeps the general route;
 * lstsq grid (m 1000 .. 2^20, n 20 / 50 / 128, float64; float32 and complex128 rows):
-  the fast path and the general route (the fast path switched off) in one process,
+  the fast path (R's SVD on the host after the factorization, and with ``GRAM_SVD``:
+  the Gram factor's SVD during it) and the general route (the fast path switched off),
   ``cupyx.lapack.gels`` and ``cupy.linalg.lstsq`` (to 2^21 elements); medians of
   round-robin rounds;
 * lstsq steps at 4000 x 50 and 10000 x 50 (device part, host part, upload) and the
@@ -228,7 +229,9 @@ def lstsq_checks():
     # the singular values from A^H A's Cholesky factor, taken while cuSOLVER factors
     small.GRAM_SVD = True
     try:
-        for (m, n), dts in (((4000, 50), DTYPES), ((10000, 50), [np.float64, np.complex128]),
+        small.GRAM_SVD_MIN_N = 1
+        for (m, n), dts in (((1000, 20), [np.float64]), ((4000, 50), DTYPES),
+                            ((10000, 50), [np.float64, np.complex128]),
                             ((60000, 50), [np.float64]), ((4000, 128), [np.float32])):
             for dtype in dts:
                 tag = f"lstsq {m}x{n} {np.dtype(dtype).name} GRAM_SVD"
@@ -248,7 +251,7 @@ def lstsq_checks():
                 traceback.print_exc()
                 check(tag, False, "exception")
     finally:
-        small.GRAM_SVD = False
+        small.GRAM_SVD, small.GRAM_SVD_MIN_N = GRAM_DEFAULT
     tag = "lstsq 10000x200 float64 keeps the general route (n > small_lstsq_max_n)"
     try:
         a = cp.asarray(rand((10000, 200), np.float64, 3))
@@ -284,12 +287,24 @@ class _NoFast:
         _fast.lstsq = self.f
 
 
+#: the module's defaults, restored after each variant
+GRAM_DEFAULT = (small.GRAM_SVD, small.GRAM_SVD_MIN_N)
+
+
 def _gram(a, b):
-    small.GRAM_SVD = True
+    small.GRAM_SVD, small.GRAM_SVD_MIN_N = True, 1  # every n of the grid
     try:
         return mpqr.lstsq(a, b)
     finally:
-        small.GRAM_SVD = False
+        small.GRAM_SVD, small.GRAM_SVD_MIN_N = GRAM_DEFAULT
+
+
+def _plain(a, b):
+    small.GRAM_SVD = False
+    try:
+        return mpqr.lstsq(a, b)
+    finally:
+        small.GRAM_SVD, small.GRAM_SVD_MIN_N = GRAM_DEFAULT
 
 
 def _general(a, b):
@@ -318,7 +333,7 @@ def grid():
                 a = cp.asarray(rand((m, n), dt, 1))
                 b = cp.asarray(rand((m,), dt, 2))
                 took = fast_lstsq(a, b) is not _fast.MISS
-                funcs = {"fast": lambda a=a, b=b: mpqr.lstsq(a, b),
+                funcs = {"fast": lambda a=a, b=b: _plain(a, b),
                          "fast gram-svd": lambda a=a, b=b: _gram(a, b),
                          "general": lambda a=a, b=b: _general(a, b),
                          "gels": lambda a=a, b=b: lapack.gels(a, b)}
