@@ -218,8 +218,8 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     gives it; None where ``a`` holds NaN/Inf or a column outside the range the general
     route leaves unscaled (:func:`~mpqr.backends.numpy.small.cmax_in_range`; past
     :data:`EARLY_CHECK_MAX` read from R: :func:`~mpqr.backends.numpy.small.r_in_range`).
-    ``a`` is never
-    modified (cuSOLVER gets a copy). Q comes back in cuSOLVER's column-major order, as from CuPy."""
+    ``a`` is never modified (cuSOLVER gets a copy). Q comes back in cuSOLVER's
+    column-major order, as from CuPy."""
     m, n = a.shape
     if mode == "complete" or m < n:
         return None
