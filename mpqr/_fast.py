@@ -84,12 +84,14 @@ def _decide(be: Any, dtype: Any, shape: tuple[int, ...], prec: str) -> Any:
     return d
 
 
-def _lstsq_above_small(be: Any, dtype: Any, m: int, n: int, prec: str) -> bool:
+def _lstsq_above_small(be: Any, dtype: Any, m: int, n: int, k: int, prec: str) -> bool:
     """Whether a least-squares problem above ``small_max`` takes the fast path: tall
     (``m >= n``), at most ``backend.small_lstsq_max`` elements and
-    ``backend.small_lstsq_max_n`` columns, a request the dtype's own arithmetic meets (the
-    QR of ``[A | b]`` is backward stable in it, as the library's QR route ``gels``)."""
-    if not (n <= m and m * n <= getattr(be, "small_lstsq_max", 0)
+    ``backend.small_lstsq_max_n`` columns, at most ``n`` right-hand sides (the QR of
+    ``[A | b]`` also factors b's trailing ``(m - n) x k`` block), a request the dtype's
+    own arithmetic meets (that QR is backward stable in it, as the library's QR route
+    ``gels``)."""
+    if not (n <= m and k <= n and m * n <= getattr(be, "small_lstsq_max", 0)
             and n <= getattr(be, "small_lstsq_max_n", 0)):
         return False
     key = (be, dtype, "lstsq", prec)
@@ -157,7 +159,8 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
         return MISS
     prec = _precision(precision)
     if a.size > be.small_max:
-        if not _lstsq_above_small(be, a.dtype, m, n, prec):
+        if not _lstsq_above_small(be, a.dtype, m, n, 1 if b.ndim == 1 else b.shape[1],
+                                  prec):
             return MISS
     elif _decide(be, a.dtype, a.shape, prec) is None:
         return MISS

@@ -284,6 +284,7 @@ def test_lstsq_above_small_max_up_to_its_own_cut(monkeypatch):
         is _fast.MISS
     assert _fast_lstsq(_rand((20, 1500), np.float64), _rand((20,), np.float64)) \
         is _fast.MISS
+    assert _fast_lstsq(a, _rand((1500, 21), np.float64)) is _fast.MISS  # k > n
     a32, b32 = _rand((1500, 20), np.float32), _rand((1500,), np.float32)
     assert _fast_lstsq(a32, b32) is not _fast.MISS
     assert _fast_lstsq(a32, b32, precision="fp64") is _fast.MISS
