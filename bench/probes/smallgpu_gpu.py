@@ -495,7 +495,15 @@ def fp16_wide():
           f"backward={back:.1e} tol={tol:.1e}")
 
 
+def _write():
+    out = os.path.join(os.environ.get("OUT", "/tmp"), "smallgpu.json")
+    with open(out, "w") as f:
+        json.dump(RESULTS, f, indent=1, default=str)
+    return out
+
+
 def main():
+    RESULTS["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     for part in (qr_checks, lstsq_checks, fp16_wide, qr_times, steps, grid):
         try:
             part()
@@ -503,13 +511,10 @@ def main():
             traceback.print_exc()
             check(part.__name__, False, "exception")
         print(f"-- {part.__name__} done at {elapsed():.1f} s", flush=True)
-    RESULTS["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        _write()  # after every part: a run stopped by its time limit keeps what it has
     n_ok = sum(c["pass"] for c in RESULTS["checks"])
     print(f"checks: {n_ok} PASS, {len(RESULTS['checks']) - n_ok} FAIL")
-    out = os.path.join(os.environ.get("OUT", "/tmp"), "smallgpu.json")
-    with open(out, "w") as f:
-        json.dump(RESULTS, f, indent=1, default=str)
-    print("wrote", out)
+    print("wrote", _write())
 
 
 if __name__ == "__main__":
