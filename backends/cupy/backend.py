@@ -235,12 +235,17 @@ class CupyBackend(ArrayAPIBackend):
     def small_qr(self, a, mode, single=False):
         from mpqr.backends.cupy import small as _small
 
+        if a.size <= _small.HOST_MAX:  # tiny: one round trip to the host's LAPACK
+            return _small.host_qr(a, mode, single)
         return _small.small_qr(a, mode, single)
 
     def small_lstsq(self, a, b, cond, driver):
+        from mpqr.backends.cupy import small as _small
+
+        if a.size + b.size <= _small.HOST_MAX:  # tiny: SciPy's driver on the host
+            return _small.host_lstsq(a, b, cond, driver)
         if driver not in (None, "gelsd", "gelss"):  # gelsy: the general route
             return None
-        from mpqr.backends.cupy import small as _small
 
         from mpqr.lstsq import _scipy_rules as rules
 

@@ -38,11 +38,12 @@ import cupy as cp
 import numpy as np
 from cupy.cuda import runtime
 from cupy_backends.cuda.libs import cublas, cusolver
+from mpqr.backends.numpy import small as host_small
 from mpqr.backends.numpy.small import aug_solve, cmax_in_range, gram_svd, r_in_range
 
-__all__ = ["EARLY_CHECK", "EARLY_CHECK_MAX", "GRAM_SVD", "GRAM_SVD_MIN_N", "PACK_ON_DEVICE",
-           "PINNED", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N", "small_lstsq",
-           "small_qr"]
+__all__ = ["EARLY_CHECK", "EARLY_CHECK_MAX", "GRAM_SVD", "GRAM_SVD_MIN_N", "HOST_MAX",
+           "PACK_ON_DEVICE", "PINNED", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N",
+           "host_lstsq", "host_qr", "small_lstsq", "small_qr"]
 
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
@@ -65,6 +66,11 @@ SOLVE_ON_DEVICE = True
 #: least squares: R_aug packed by a device-to-device copy before its download (else one
 #: strided copy to the host)
 PACK_ON_DEVICE = True
+#: inputs of at most this many elements (least squares: of ``a`` and ``b``) take the
+#: host: one download, LAPACK there (the NumPy fast path, ``mpqr/backends/numpy/
+#: small.py``, SciPy's driver for least squares), one upload; cuSOLVER's launches and
+#: CuPy's wrappers cost more than that at this size (0: never)
+HOST_MAX = 2048
 #: least squares from this many columns: ``A^H A`` by cuBLAS ``syrk``/``herk`` from the
 #: copy before ``geqrf``, downloaded first, so the host takes its Cholesky factor's
 #: singular values while cuSOLVER factors (R's host SVD grows as n^3: ~0.2 ms at
@@ -252,6 +258,64 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     if not r_in_range(cmax, m, n, single):
         return None
     return (None, r) if mode == "r" else (q, r)
+
+
+def _upload(arrays: list[np.ndarray]) -> list[Any]:
+    """Device copies of host arrays (their C or Fortran layout kept) in one transfer:
+    views of one device buffer. The host buffer is pageable, so the copy has read it
+    when the call returns."""
+    offs, total = [], 0
+    for x in arrays:
+        offs.append(total)
+        total += -(-x.nbytes // 16) * 16
+    hb = np.empty(max(total, 16), dtype=np.uint8)
+    fortran = []
+    for x, off in zip(arrays, offs):
+        f = x.ndim > 1 and not x.flags.c_contiguous and x.flags.f_contiguous
+        fortran.append(f)
+        view = hb[off:off + x.nbytes].view(x.dtype)
+        view.reshape(x.shape[::-1] if f else x.shape)[...] = x.T if f else x
+    db = cp.empty(hb.size, dtype=np.uint8)
+    runtime.memcpyAsync(db.data.ptr, hb.ctypes.data, total, runtime.memcpyHostToDevice,
+                        cp.cuda.get_current_stream().ptr)
+    out = []
+    for x, off, f in zip(arrays, offs, fortran):
+        d = db[off:off + x.nbytes].view(x.dtype)
+        out.append(d.reshape(x.shape[::-1]).T if f else d.reshape(x.shape))
+    return out
+
+
+def host_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
+    """:func:`small_qr` through the host's LAPACK (:data:`HOST_MAX`): ``a`` downloaded,
+    :func:`mpqr.backends.numpy.small.small_qr` (its range check; None where it declines
+    or for ``mode="complete"``), Q (Fortran order, as cuSOLVER's) and R uploaded."""
+    if mode == "complete" or a.shape[0] < a.shape[1]:
+        return None
+    res = host_small.small_qr(a.get(), mode, single)
+    if res is None:
+        return None
+    q, r = res
+    if q is None:
+        return None, _upload([r])[0]
+    q, r = _upload([np.asfortranarray(q), r])
+    return q, r
+
+
+def host_lstsq(a: Any, b: Any, cond: Any, driver: str | None
+               ) -> tuple[Any, Any, Any, Any] | None:
+    """SciPy's ``lstsq`` results through the host's LAPACK (:data:`HOST_MAX`): ``a`` and
+    ``b`` downloaded, :func:`mpqr.backends.numpy.small.small_lstsq` (SciPy's driver
+    call; None for NaN/Inf), ``x``, the squared residual norms and ``s`` uploaded
+    together (``s`` None for gelsy)."""
+    res = host_small.small_lstsq(a.get(), b.get(), cond, driver)
+    if res is None:
+        return None
+    x, rsq, rank, s = res
+    ups = _upload([np.asarray(v) for v in (x, rsq, s) if v is not None])
+    x_d = ups.pop(0)
+    rsq_d = ups.pop(0) if rsq is not None else None
+    s_d = ups.pop(0) if s is not None else None
+    return x_d, rsq_d, rank, s_d
 
 
 def _event() -> Any:

@@ -16,8 +16,10 @@
   round-robin rounds;
 * lstsq steps at 4000 x 50 and 10000 x 50 (device part, host part, upload) and the
   host ``gesdd`` of an n x n R with the process's BLAS threads and with one;
-* qr 1000 x 20 (float64/float32/complex128) against ``cupy.linalg.qr`` with the pinned
-  and the pageable download of R;
+* qr 1000 x 20 (float64/float32/complex128) against ``cupy.linalg.qr``: the early check
+  (A's column maxima from the copy kernel) or R read afterwards, pinned or pageable;
+* tiny inputs through the host's LAPACK (``small.HOST_MAX``): SciPy's results (PASS/FAIL,
+  wide, rank-deficient, gelss/gelsy) and the host route against the device route;
 * 4096 x 16384 float32 ``precision="fp16"``: route and time against ``cupy.linalg.qr``.
 """
 
@@ -39,7 +41,8 @@ from mpqr.backends.cupy import small
 import mpqr
 from mpqr import _fast
 
-RESULTS: dict = {"checks": [], "grid": [], "steps": [], "gesdd": [], "qr": [], "fp16_wide": []}
+RESULTS: dict = {"checks": [], "grid": [], "steps": [], "gesdd": [], "qr": [], "fp16_wide": [],
+                 "host_route": []}
 DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
 T0 = time.perf_counter()
 BUDGET_S = float(os.environ.get("SMALLGPU_BUDGET_S", "75"))
@@ -195,7 +198,7 @@ def _qr_checks(early):
                         ("-Inf", -np.inf), ("huge", -2.0 ** 500)):
             tag = f"qr {what} {np.dtype(dtype).name} early={early} takes the general route"
             try:
-                ah = rand((100, 10), dtype, 5)
+                ah = rand((400, 10), dtype, 5)  # past HOST_MAX: the device's check
                 ah[:, 4] = -0.0
                 if np.dtype(dtype).char in "fF" and what == "huge":
                     v = -2.0 ** 60
@@ -273,6 +276,84 @@ def lstsq_checks():
         except Exception:
             traceback.print_exc()
             check(tag, False, "exception")
+
+
+def host_checks():
+    """Tiny inputs (small.HOST_MAX) take the host's LAPACK: SciPy's results exactly."""
+    import scipy.linalg as sla
+
+    for dtype in DTYPES:
+        name = np.dtype(dtype).name
+        for (m, n), k, driver in (((100, 10), None, None), ((30, 30), 2, None),
+                                  ((21, 20), 4, "gelss"), ((10, 30), None, None),
+                                  ((100, 10), 3, "gelsy"), ((40, 8), None, "rankdef")):
+            tag = f"host lstsq {m}x{n} k={k} {driver} {name}"
+            try:
+                ah = rand((m, n), dtype, 11)
+                drv = driver
+                if driver == "rankdef":
+                    ah[:, 7] = ah[:, 1]
+                    drv = None
+                bh = rand((m,) if k is None else (m, k), dtype, 12)
+                a, b = cp.asarray(ah), cp.asarray(bh)
+                took = _fast.lstsq(a, b, None, True, drv, precision=None, refine="auto",
+                                   tol=None, maxiter=None) is not _fast.MISS
+                got = mpqr.lstsq(a, b, lapack_driver=drv)
+                ref = sla.lstsq(ah, bh, lapack_driver=drv)
+                ok = took and got[2] == ref[2]
+                detail = []
+                for g, r in zip(got, ref):
+                    if r is None or isinstance(r, (int, np.integer)):
+                        ok &= (g is None) == (r is None)
+                        continue
+                    gh = g.get()
+                    same = gh.shape == np.shape(r) and gh.dtype == np.asarray(r).dtype \
+                        and np.allclose(gh, r, rtol=50 * np.finfo(dtype).eps,
+                                        atol=50 * np.finfo(dtype).eps * max(1.0, float(
+                                            np.abs(r).max()) if np.size(r) else 1.0))
+                    detail.append(f"{gh.shape}{gh.dtype}:{same}")
+                    ok &= bool(same)
+                check(tag, ok, f"fast={took} rank={got[2]}/{ref[2]} " + " ".join(detail))
+            except Exception:
+                traceback.print_exc()
+                check(tag, False, "exception")
+        tag = f"host qr 100x10 r / NaN {name}"
+        try:
+            ah = rand((100, 10), dtype, 13)
+            r = mpqr.qr(cp.asarray(ah), mode="r").get()
+            rref = np.linalg.qr(ah, mode="r")
+            ph = np.diagonal(rref)
+            ph = np.where(ph != 0, ph / np.abs(ph), 1)
+            err = np.linalg.norm(ph.conj()[:, None] * rref - r) / np.linalg.norm(r)
+            ah[5, 5] = np.nan
+            miss = _fast.qr(cp.asarray(ah), "reduced", None, "auto", False) is _fast.MISS
+            check(tag, err <= 100 * np.finfo(dtype).eps and miss, f"R err={err:.1e} miss={miss}")
+        except Exception:
+            traceback.print_exc()
+            check(tag, False, "exception")
+
+
+def host_times():
+    """The host route against the device route at small sizes (qr and lstsq)."""
+    dev_max = small.HOST_MAX
+    for m, n in ((100, 10), (200, 10), (500, 10), (300, 20), (1000, 20), (2000, 20)):
+        a = cp.asarray(rand((m, n), np.float64, 1))
+        b = cp.asarray(rand((m,), np.float64, 2))
+        t = {}
+        try:
+            for name, lim in (("host", 2**40), ("device", 0)):
+                small.HOST_MAX = lim
+                tt = rounds({"qr": lambda a=a: mpqr.qr(a),
+                             "lstsq": lambda a=a, b=b: mpqr.lstsq(a, b)}, repeats=11)
+                t.update({f"{name} {k}": v * 1e6 for k, v in tt.items()})
+        finally:
+            small.HOST_MAX = dev_max
+        tt = rounds({"cupy.linalg.qr": lambda a=a: cp.linalg.qr(a),
+                     "gels": lambda a=a, b=b: lapack.gels(a, b)}, repeats=11)
+        t.update({k: v * 1e6 for k, v in tt.items()})
+        RESULTS["host_route"].append({"shape": [m, n], **t})
+        print(f"host route {m}x{n} (us): " + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
+              flush=True)
 
 
 class _NoFast:
@@ -504,7 +585,8 @@ def _write():
 
 def main():
     RESULTS["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    for part in (qr_checks, lstsq_checks, fp16_wide, qr_times, steps, grid):
+    for part in (qr_checks, lstsq_checks, host_checks, fp16_wide, qr_times, host_times,
+                 steps, grid):
         try:
             part()
         except Exception:
