@@ -128,7 +128,8 @@ def test_qr_nonfinite_anywhere_is_seen(monkeypatch, dtype, where, bad, early):
     from mpqr.backends.cupy import small
 
     monkeypatch.setattr(small, "EARLY_CHECK", early)
-    a = cp.asarray(_rand((100, 10), dtype, 5))
+    a = cp.asarray(_rand((400, 10), dtype, 5))  # past HOST_MAX: the device's check
+    assert a.size > small.HOST_MAX
     a[where] = bad
     assert _fast.qr(a, "reduced", None, "auto", False) is _fast.MISS
     assert _fast.qr(a, "r", None, "auto", False) is _fast.MISS
@@ -139,14 +140,14 @@ def test_qr_early_check_reads_magnitudes_not_signs(dtype):
     # the maxima are gathered as sign-cleared bit patterns: -0.0, negative NaN and
     # negative entries must order as their magnitudes
     big = 2.0 ** (50 if np.dtype(dtype).char in "fF" else 420)
-    ah = _rand((100, 10), dtype, 8)
+    ah = _rand((400, 10), dtype, 8)  # past HOST_MAX: the device's check
     ah[:, 2] = -0.0
     a = cp.asarray(ah)
     got = _fast.qr(a, "reduced", None, "auto", True)
     assert got is not _fast.MISS  # a zero column (of -0.0) is factored exactly
     q, r = got
     ref = mpqr.qr(a, method="geqrf")
-    tol = 30 * np.sqrt(1000) * _u(dtype)
+    tol = 30 * np.sqrt(4000) * _u(dtype)
     assert float(cp.linalg.norm(r - ref[1]) / cp.linalg.norm(ref[1])) <= tol
     assert float(cp.linalg.norm(q @ r - a) / cp.linalg.norm(a)) <= tol
     ah[7, 2] = -big  # a column of -0.0 and one huge negative entry: out of range
@@ -227,7 +228,12 @@ def test_lstsq_augmented_shapes(monkeypatch, dtype, shape, bshape, on_device, pa
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_lstsq_nonfinite_anywhere_takes_general_route(dtype):
+@pytest.mark.parametrize("host_max", [0, None])
+def test_lstsq_nonfinite_anywhere_takes_general_route(monkeypatch, dtype, host_max):
+    from mpqr.backends.cupy import small
+
+    if host_max is not None:  # the device's route (else the host's for this size)
+        monkeypatch.setattr(small, "HOST_MAX", host_max)
     a = cp.asarray(_rand((100, 10), dtype, 6))
     b = cp.asarray(_rand((100, 2), dtype, 4))
 
@@ -276,3 +282,41 @@ def test_lstsq_beyond_small_max_takes_the_augmented_qr(dtype):
     w = cp.asarray(_rand((10000, be.small_lstsq_max_n + 8), dtype, 3))
     assert _fast.lstsq(w, b, None, True, None, precision=None, refine="auto", tol=None,
                        maxiter=None) is _fast.MISS
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,k,driver,dep", [
+    ((100, 10), None, None, False), ((21, 20), 4, "gelss", False),
+    ((10, 30), None, None, False), ((100, 10), 3, "gelsy", False), ((40, 8), None, None, True)])
+def test_tiny_inputs_take_the_host_lapack_with_scipys_results(dtype, shape, k, driver, dep):
+    # up to HOST_MAX elements: one download, SciPy's driver call, one upload; wide,
+    # rank-deficient and every driver as SciPy gives them
+    import scipy.linalg as sla
+    from mpqr.backends.cupy import small
+
+    m, n = shape
+    ah = _rand(shape, dtype, 11)
+    if dep:
+        ah[:, n - 1] = ah[:, 1]
+    bh = _rand((m,) if k is None else (m, k), dtype, 12)
+    a, b = cp.asarray(ah), cp.asarray(bh)
+    assert a.size + b.size <= small.HOST_MAX
+    assert _fast.lstsq(a, b, None, True, driver, precision=None, refine="auto", tol=None,
+                       maxiter=None) is not _fast.MISS
+    got = mpqr.lstsq(a, b, lapack_driver=driver)
+    ref = sla.lstsq(ah, bh, lapack_driver=driver)
+    assert got[2] == ref[2]
+    eps = np.finfo(dtype).eps
+    for g, r in ((got[0], ref[0]), (got[1], ref[1]), (got[3], ref[3])):
+        if r is None:
+            assert g is None
+            continue
+        assert isinstance(g, cp.ndarray) and g.shape == r.shape and g.dtype == r.dtype
+        scale = float(np.nanmax(np.abs(r))) if r.size else 1.0
+        assert np.allclose(g.get(), r, rtol=50 * eps, atol=50 * eps * scale, equal_nan=True)
+    qa = cp.asarray(_rand((100, 10), dtype, 13))
+    q, r = mpqr.qr(qa)
+    assert q.flags.f_contiguous and r.flags.c_contiguous  # cuSOLVER's layouts
+    tol = 30 * np.sqrt(1000) * _u(dtype)
+    assert float(cp.linalg.norm(q @ r - qa) / cp.linalg.norm(qa)) <= tol
+    assert bool((cp.diagonal(r).real >= 0).all()) and not bool(cp.tril(r, -1).any())
