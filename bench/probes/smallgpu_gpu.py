@@ -271,7 +271,7 @@ def lstsq_checks():
             b = cp.asarray(rand((10000,), dtype, 4))
             b[77] = np.nan
             miss = fast_lstsq(a, b) is _fast.MISS
-            x = mpqr.lstsq(a, b)[0]
+            x = mpqr.lstsq(a, b, check_finite=False)[0]
             check(tag, miss and not bool(cp.isfinite(x).all()), f"miss={miss}")
         except Exception:
             traceback.print_exc()
