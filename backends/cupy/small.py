@@ -12,7 +12,8 @@ of array creations, reductions and wrapper calls around ~0.3 ms of GPU work at
   one workspace allocation, one kernel writes R (rows by the conjugate phase of their
   diagonal entry, the diagonal exactly ``|d|``) and scales Q's columns. The host waits
   only for the maxima's download, which overlaps the factorization, and returns without
-  a synchronisation. Past :data:`EARLY_CHECK_MAX` the check reads R afterwards
+  a synchronisation (past :data:`EARLY_CHECK_MAX` the maxima take a pass of their own,
+  queued first). With :data:`EARLY_CHECK` off the check reads R afterwards
   (``r_in_range`` of :mod:`mpqr.backends.numpy.small`: R's column norms are A's, so its
   column maxima bound A's, and non-finite input gives a non-finite R).
 * Least squares: ``geqrf`` of the augmented ``[A | b]`` (no ``ormqr``): ``Q^H b`` is
@@ -78,10 +79,11 @@ HOST_MAX = 2048
 #: (:data:`~mpqr.backends.numpy.small.GRAM_SVD_TOL`), else takes R's own
 GRAM_SVD_MIN_N = 32
 GRAM_SVD = False
-#: QR of at most this many elements checks ``a``'s column maxima (NaN/Inf, the range),
-#: gathered by its copy kernel and downloaded while cuSOLVER works: the host waits for
-#: that copy only and returns without waiting for the factorization (the check of R
-#: after it cost ~57 us of 1000 x 20's 266, H200); larger ones read R afterwards
+#: QR checks ``a``'s column maxima (NaN/Inf, the range), downloaded while cuSOLVER
+#: works: the host waits for that copy only and returns without waiting for the
+#: factorization (the check of R after it cost ~57 us of 1000 x 20's 266, H200); up to
+#: this many elements the copy kernel gathers them, beyond a pass of their own (off:
+#: R read afterwards)
 EARLY_CHECK_MAX = 1 << 18
 EARLY_CHECK = True
 #: the downloads (QR's R for its check, least squares' R_aug) land in a page-locked
@@ -148,6 +150,14 @@ _COPY_MAX_COMPLEX = cp.ElementwiseKernel(
     xt = v;
     atomicMax(&cm[col], mpqr_abs_bits(abs(v)));
     """, "mpqr_small_copy_max_complex", preamble=_BITS, reduce_dims=False)
+
+# the same maxima without the copy (``i`` runs over ``a`` in C order: column ``i % n``)
+_MAX_BITS_REAL = cp.ElementwiseKernel(
+    "T x, int64 n", "raw U cm", "atomicMax(&cm[i % n], mpqr_abs_bits(x));",
+    "mpqr_small_max_bits_real", preamble=_BITS, reduce_dims=False)
+_MAX_BITS_COMPLEX = cp.ElementwiseKernel(
+    "T x, int64 n", "raw U cm", "atomicMax(&cm[i % n], mpqr_abs_bits(abs(x)));",
+    "mpqr_small_max_bits_complex", preamble=_BITS, reduce_dims=False)
 
 # R (n x n, C order) from a column-major buffer ``f`` of leading dimension ``ld``: the
 # upper triangle, row ``row`` by the conjugate phase of its diagonal entry, the diagonal
@@ -222,8 +232,8 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     """``(Q or None, R)`` of a 2-D tall (``m >= n``) ``a`` with ``diag(R)`` real and
     ``>= 0`` (``mode``: reduced or r; complete returns None), as ``qr(method="geqrf")``
     gives it; None where ``a`` holds NaN/Inf or a column outside the range the general
-    route leaves unscaled (:func:`~mpqr.backends.numpy.small.cmax_in_range`; past
-    :data:`EARLY_CHECK_MAX` read from R: :func:`~mpqr.backends.numpy.small.r_in_range`).
+    route leaves unscaled (:func:`~mpqr.backends.numpy.small.cmax_in_range`; with
+    :data:`EARLY_CHECK` off read from R: :func:`~mpqr.backends.numpy.small.r_in_range`).
     ``a`` is never modified (cuSOLVER gets a copy). Q comes back in cuSOLVER's
     column-major order, as from CuPy."""
     m, n = a.shape
@@ -234,6 +244,18 @@ def small_qr(a: Any, mode: str, single: bool = False) -> tuple[Any, Any] | None:
     if EARLY_CHECK and m * n <= EARLY_CHECK_MAX:
         q, r, event, cmax = _qr(a, mode, check=True)
         event.synchronize()  # the copy kernel's maxima are on the host; cuSOLVER works on
+        if not cmax_in_range(cmax, single):
+            return None
+        return (None, r) if mode == "r" else (q, r)
+    if EARLY_CHECK:  # larger: the maxima by their own pass over a, queued first
+        event, cmax = _colmax(a)
+        if dt.kind == "f":
+            from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+            q, r = cupy_geqrf.qr(a, mode)
+        else:
+            q, r = _qr(a, mode)[:2]
+        event.synchronize()
         if not cmax_in_range(cmax, single):
             return None
         return (None, r) if mode == "r" else (q, r)
@@ -316,6 +338,23 @@ def host_lstsq(a: Any, b: Any, cond: Any, driver: str | None
     rsq_d = ups.pop(0) if rsq is not None else None
     s_d = ups.pop(0) if s is not None else None
     return x_d, rsq_d, rank, s_d
+
+
+def _colmax(a: Any) -> tuple[Any, np.ndarray]:
+    """``(event, cmax)``: ``a``'s column maxima of ``|a_ij|`` (NaN where a column holds
+    one) queued for a host view ``cmax``, valid once ``event`` has completed."""
+    n = a.shape[1]
+    bits = np.uint32 if a.dtype.char in "fF" else np.uint64
+    cm = cp.empty(n, dtype=bits)
+    stream = cp.cuda.get_current_stream()
+    runtime.memsetAsync(cm.data.ptr, 0, cm.nbytes, stream.ptr)
+    (_MAX_BITS_COMPLEX if a.dtype.kind == "c" else _MAX_BITS_REAL)(a, n, cm)
+    host = _host((n,), bits)
+    runtime.memcpyAsync(host.ctypes.data, cm.data.ptr, cm.nbytes,
+                        runtime.memcpyDeviceToHost, stream.ptr)
+    event = _event()
+    event.record(stream)
+    return event, host.view(np.float32 if a.dtype.char in "fF" else np.float64)
 
 
 def _event() -> Any:
