@@ -324,3 +324,23 @@ def test_tiny_inputs_take_the_host_lapack_with_scipys_results(dtype, shape, k, d
     tol = 30 * np.sqrt(1000) * _u(dtype)
     assert float(cp.linalg.norm(q @ r - qa) / cp.linalg.norm(qa)) <= tol
     assert bool((cp.diagonal(r).real >= 0).all()) and not bool(cp.tril(r, -1).any())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("early", [True, False])
+def test_qr_direct_call_past_the_fused_check_sees_nonfinite_and_range(monkeypatch, dtype,
+                                                                       early):
+    # past EARLY_CHECK_MAX the maxima take a pass of their own (or R is read afterwards)
+    from mpqr.backends.cupy import small
+
+    monkeypatch.setattr(small, "EARLY_CHECK", early)
+    m, n = 1200, 300
+    assert m * n > small.EARLY_CHECK_MAX
+    ah = _rand((m, n), dtype, 21)
+    a = cp.asarray(ah)
+    assert _fast.qr(a, "r", None, "auto", True) is not _fast.MISS
+    big = -(2.0 ** (60 if np.dtype(dtype).char in "fF" else 500))
+    for v in (np.nan, -np.inf, big):
+        bad = ah.copy()
+        bad[777, 123] = v
+        assert _fast.qr(cp.asarray(bad), "reduced", None, "auto", False) is _fast.MISS

@@ -278,6 +278,31 @@ def lstsq_checks():
             check(tag, False, "exception")
 
 
+def large_checks():
+    """Past EARLY_CHECK_MAX (the maxima's own pass before the library QR)."""
+    for dtype in (np.float64, np.complex64):
+        name = np.dtype(dtype).name
+        tag = f"qr 1200x300 {name}: taken, NaN/-Inf/huge take the general route"
+        try:
+            ah = rand((1200, 300), dtype, 21)
+            took = _fast.qr(cp.asarray(ah), "r", None, "auto", True) is not _fast.MISS
+            q, r = mpqr.qr(cp.asarray(ah))
+            back = float(cp.linalg.norm(q @ r - cp.asarray(ah)) / np.linalg.norm(ah))
+            big = -(2.0 ** (60 if np.dtype(dtype).char in "fF" else 500))
+            misses = []
+            for v in (np.nan, -np.inf, big):
+                bad = ah.copy()
+                bad[777, 123] = v
+                misses.append(_fast.qr(cp.asarray(bad), "reduced", None, "auto", False)
+                              is _fast.MISS)
+            tol = 30 * np.sqrt(1200 * 300) * np.finfo(dtype).eps
+            check(tag, took and all(misses) and back <= tol,
+                  f"taken={took} misses={misses} backward={back:.1e}")
+        except Exception:
+            traceback.print_exc()
+            check(tag, False, "exception")
+
+
 def host_checks():
     """Tiny inputs (small.HOST_MAX) take the host's LAPACK: SciPy's results exactly."""
     import scipy.linalg as sla
@@ -586,8 +611,8 @@ def _write():
 
 def main():
     RESULTS["device"] = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    for part in (qr_checks, lstsq_checks, host_checks, fp16_wide, qr_times, host_times,
-                 steps, grid):
+    for part in (qr_checks, large_checks, lstsq_checks, host_checks, fp16_wide, qr_times,
+                 host_times, steps, grid):
         try:
             part()
         except Exception:
