@@ -563,7 +563,7 @@ def qr_times():
         print(f"qr 1000x20 {np.dtype(dt).name}: " + ", ".join(
             f"{k} {v:.3f}" for k, v in res.items() if not isinstance(v, dict)), flush=True)
     # the early check's copy kernel with its atomics at the largest size it takes
-    for shape in ((512, 512), (16384, 16)):
+    for shape in ((512, 512), (16384, 16), (10000, 50), (2048, 2048)):
         a = cp.asarray(rand(shape, np.float64, 3))
         try:
             t = {}
