@@ -44,7 +44,7 @@ from mpqr.backends.numpy.small import aug_solve, cmax_in_range, gram_svd, r_in_r
 
 __all__ = ["EARLY_CHECK", "EARLY_CHECK_MAX", "GRAM_SVD", "GRAM_SVD_MIN_N", "HOST_MAX",
            "PACK_ON_DEVICE", "PINNED", "R_HOST_MAX_N", "SOLVE_ON_DEVICE", "SVD_HOST_MAX_N",
-           "host_lstsq", "host_qr", "small_lstsq", "small_qr"]
+           "TILED_COPY_MIN", "host_lstsq", "host_qr", "small_lstsq", "small_qr"]
 
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
@@ -72,6 +72,9 @@ PACK_ON_DEVICE = True
 #: small.py``, SciPy's driver for least squares), one upload; cuSOLVER's launches and
 #: CuPy's wrappers cost more than that at this size (0: never)
 HOST_MAX = 2048
+#: least squares past this many elements of a real row-major ``a`` copy it into the
+#: column-major buffer by the tiled transpose of ``geqrf.py``
+TILED_COPY_MIN = 1 << 18
 #: least squares from this many columns: ``A^H A`` by cuBLAS ``syrk``/``herk`` from the
 #: copy before ``geqrf``, downloaded first, so the host takes its Cholesky factor's
 #: singular values while cuSOLVER factors (R's host SVD grows as n^3: ~0.2 ms at
@@ -445,7 +448,16 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     dt = a.dtype
     char, item = dt.char, dt.itemsize
     xt = cp.empty((w, m), dtype=dt)  # [A | b], column-major
-    _AUG(a, b2, m, n, xt)
+    if (dt.kind == "f" and m * n > TILED_COPY_MIN and a.strides[1] == item
+            and a.strides[0] >= n * item):
+        # a large row-major A: the tiled transpose reads and writes whole lines (the
+        # element-wise copy reads a column's entries a row apart)
+        from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        cupy_geqrf._transpose(a, xt[:n])
+        xt[n:] = b2.T
+    else:
+        _AUG(a, b2, m, n, xt)
     xp = xt.data.ptr
     handle = cp.cuda.device.get_cusolver_handle()
     geqrf, gsize = _funcs(char, "geqrf", "geqrf_bufferSize")
