@@ -259,7 +259,8 @@ def test_lstsq_nonfinite_anywhere_takes_general_route(monkeypatch, dtype, host_m
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex64])
-def test_lstsq_beyond_small_max_takes_the_augmented_qr(dtype):
+@pytest.mark.parametrize("layout", ["C", "F", "columns of a wider array"])
+def test_lstsq_beyond_small_max_takes_the_augmented_qr(dtype, layout):
     # past small_max (2^18) up to small_lstsq_max, tall with at most small_lstsq_max_n
     # columns: the one geqrf of [A | b], SciPy's tuple, against a complex128 reference
     from mpqr.backends import get_backend
@@ -269,6 +270,12 @@ def test_lstsq_beyond_small_max_takes_the_augmented_qr(dtype):
     assert be.small_max < m * n <= be.small_lstsq_max and n <= be.small_lstsq_max_n
     ah, bh = _rand((m, n), dtype, 1), _rand((m,), dtype, 2)
     a, b = cp.asarray(ah), cp.asarray(bh)
+    if layout == "F":
+        a = cp.asfortranarray(a)
+    elif layout != "C":  # row-major with a leading dimension past n (the tiled copy)
+        wide = cp.zeros((m, n + 7), dtype=dtype)
+        wide[:, 3:n + 3] = a
+        a = wide[:, 3:n + 3]
     fast = _fast.lstsq(a, b, None, True, None, precision=None, refine="auto", tol=None,
                        maxiter=None)
     assert fast is not _fast.MISS
