@@ -50,9 +50,9 @@ _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 #: (dtype char, routine, sizes...) -> workspace elements
 _LWORK: dict[tuple[Any, ...], int] = {}
 _ONE = {c: np.ones((), dtype=c) for c in "fdFD"}
-#: syrk/herk's real scalars per dtype character
-_ONE_REAL = {c: np.ones((), dtype=c.lower()) for c in "fdFD"}
-_ZERO_REAL = {c: np.zeros((), dtype=c.lower()) for c in "fdFD"}
+#: syrk's scalars per dtype character
+_ONE_REAL = {c: np.ones((), dtype=c) for c in "fd"}
+_ZERO_REAL = {c: np.zeros((), dtype=c) for c in "fd"}
 #: least squares with more columns take the general route: R's singular values are taken
 #: on the host, where n = 256 was already slower than on the GPU (``host_steps_max``)
 SVD_HOST_MAX_N = 128
@@ -75,11 +75,14 @@ HOST_MAX = 2048
 #: least squares past this many elements of a real row-major ``a`` copy it into the
 #: column-major buffer by the tiled transpose of ``geqrf.py``
 TILED_COPY_MIN = 1 << 18
-#: least squares from this many columns: ``A^H A`` by cuBLAS ``syrk``/``herk`` from the
+#: real least squares from this many columns: ``A^T A`` by cuBLAS ``syrk`` from the
 #: copy before ``geqrf``, downloaded first, so the host takes its Cholesky factor's
 #: singular values while cuSOLVER factors (R's host SVD grows as n^3: ~0.2 ms at
 #: n = 50); ``aug_solve`` keeps them where the factor matches R
-#: (:data:`~mpqr.backends.numpy.small.GRAM_SVD_TOL`), else takes R's own
+#: (:data:`~mpqr.backends.numpy.small.GRAM_SVD_TOL`), else takes R's own. Off: mixed
+#: on the GPU host (H200, `python bench/probes/smallgpu_gpu.py`, float64 4000 x 50 657
+#: against 730 us, 10000 x 50 915 against 966, but 4000 x 128 5.3 against 2.9 ms and
+#: float32 10000 x 50 1.6 against 0.88 ms)
 GRAM_SVD_MIN_N = 32
 GRAM_SVD = False
 #: QR checks ``a``'s column maxima (NaN/Inf, the range), downloaded while cuSOLVER
@@ -136,7 +139,7 @@ __device__ inline unsigned int mpqr_abs_bits(float x) {
 }
 """
 _COPY_MAX_REAL = cp.ElementwiseKernel(
-    "raw T a, int64 m, raw U cm", "T xt",
+    "raw T a, int64 m", "T xt, raw U cm",
     """
     const ptrdiff_t col = i / m, row = i % m;
     const ptrdiff_t ia[] = {row, col};
@@ -145,7 +148,7 @@ _COPY_MAX_REAL = cp.ElementwiseKernel(
     atomicMax(&cm[col], mpqr_abs_bits(v));
     """, "mpqr_small_copy_max_real", preamble=_BITS, reduce_dims=False)
 _COPY_MAX_COMPLEX = cp.ElementwiseKernel(
-    "raw T a, int64 m, raw U cm", "T xt",
+    "raw T a, int64 m", "T xt, raw U cm",
     """
     const ptrdiff_t col = i / m, row = i % m;
     const ptrdiff_t ia[] = {row, col};
@@ -405,7 +408,7 @@ def _qr(a: Any, mode: str, check: bool = False) -> tuple[Any, Any, Any, Any]:
     if check:
         cm = buf[cm_off:].view(bits)
         runtime.memsetAsync(cm.data.ptr, 0, cm_bytes, stream.ptr)
-        (_COPY_MAX_COMPLEX if dt.kind == "c" else _COPY_MAX_REAL)(a, m, cm, xt)
+        (_COPY_MAX_COMPLEX if dt.kind == "c" else _COPY_MAX_REAL)(a, m, xt, cm)
         host = _host((n,), bits)
         runtime.memcpyAsync(host.ctypes.data, cm.data.ptr, cm_bytes,
                             runtime.memcpyDeviceToHost, stream.ptr)
@@ -464,7 +467,7 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     lw = _lwork((char, "geqrf", m, w), gsize, handle, m, w, xp, m)
     # one allocation: workspace, tau, info, then R_aug's packed copy and A^H A (256-byte
     # aligned); on the host one buffer for both downloads
-    gram = GRAM_SVD and n >= GRAM_SVD_MIN_N
+    gram = GRAM_SVD and n >= GRAM_SVD_MIN_N and dt.kind == "f"  # syrk (no herk in CuPy)
     off = -(-((lw + p) * item + 8) // 256) * 256
     rbytes = p * w * item
     goff = -(-rbytes // 256) * 256
@@ -478,10 +481,10 @@ def small_lstsq(a: Any, b: Any, cut: float, u: float) -> tuple[Any, Any, Any, An
     event = None
     if gram:  # A^H A's upper triangle (column-major), downloaded before geqrf runs
         gdev = packed + goff
-        herk = getattr(cublas, _PREFIX[char] + ("herk" if dt.kind == "c" else "syrk"))
-        herk(cp.cuda.device.get_cublas_handle(), cublas.CUBLAS_FILL_MODE_UPPER,
-             cublas.CUBLAS_OP_C if dt.kind == "c" else cublas.CUBLAS_OP_T, n, m,
-             _ONE_REAL[char].ctypes.data, xp, m, _ZERO_REAL[char].ctypes.data, gdev, n)
+        syrk = getattr(cublas, _PREFIX[char] + "syrk")
+        syrk(cp.cuda.device.get_cublas_handle(), cublas.CUBLAS_FILL_MODE_UPPER,
+             cublas.CUBLAS_OP_T, n, m, _ONE_REAL[char].ctypes.data, xp, m,
+             _ZERO_REAL[char].ctypes.data, gdev, n)
         runtime.memcpyAsync(hostbuf.ctypes.data + goff, gdev, gbytes,
                             runtime.memcpyDeviceToHost, stream.ptr)
         event = _event()

@@ -85,8 +85,10 @@ def r_in_range(cmax: np.ndarray, m: int, n: int, single: bool) -> bool:
 #: (rows, columns) -> the mask of a matrix's entries below its diagonal
 _BELOW: dict[tuple[int, int], np.ndarray] = {}
 #: the singular values of R run on one BLAS thread from this many columns (OpenBLAS's
-#: thread wake-ups in gebrd's level-2 calls: 2-core host, n = 128 1.75 against 2.7 ms)
-SVD_ONE_THREAD_N = 64
+#: thread wake-ups in gebrd's level-2 calls; H200 host, 16 cores, host gesdd of an
+#: n x n R, one thread against the default: n = 64 185 / 176 us, 96 464 / 546, 128
+#: 974 / 2018; `python bench/probes/smallgpu_gpu.py`)
+SVD_ONE_THREAD_N = 96
 
 
 def _below(p: int, w: int) -> np.ndarray:
