@@ -221,10 +221,12 @@ class CupyBackend(ArrayAPIBackend):
     small_max = 2**18
     direct_qr_max = 2**27
     # least squares takes the one geqrf of [A | b] beyond small_max too: the general
-    # route's Gram/CGLS steps cost ms where geqrf costs a fraction (H200, 10000 x 50
-    # float64: 4.0 ms against gels' 0.62); up to the measured cut, where the general
-    # route catches up. R's singular values are taken on the host, whose gesdd grows as
-    # n^3 (small.SVD_HOST_MAX_N). `python bench/probes/smallgpu_gpu.py` (grid)
+    # route's Gram/CGLS steps cost ~3 ms where geqrf costs a fraction; up to the cut
+    # where the library's QR stops winning (H200, float64, fast path / general route:
+    # 10000 x 50 0.97 / 3.16 ms, 4000 x 128 2.9 / 5.8, 1000 x 20 0.33 / 3.0; gels
+    # against the general route 65536 x 64 2.54 / 3.57 ms, 262144 x 128 8.7 / 5.1;
+    # `python bench/probes/smallgpu_gpu.py`, grid). R's singular values are taken on the
+    # host, whose gesdd grows as n^3 (small.SVD_HOST_MAX_N).
     small_lstsq_max = 2**22
     small_lstsq_max_n = 128
 
