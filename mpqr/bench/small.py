@@ -128,16 +128,20 @@ def _small_route(a: Any, b: Any = None) -> str:
     or the general route's first method."""
     import mpqr
     from mpqr import _fast
+    from mpqr.backends.cupy import small
 
+    size = a.size + (0 if b is None else b.size)
+    where = "the host's LAPACK" if size <= small.HOST_MAX else "cuSOLVER"
     if b is None:
         if _fast.qr(a, "reduced", None, "auto", False) is not _fast.MISS:
-            return "geqrf (small-input fast path)"
+            return f"geqrf by {where} (small-input fast path)"
         with mpqr.explain() as tr:
             mpqr.qr(a)
         return _route(tr)
     if _fast.lstsq(a, b, None, False, None, precision=None, refine="auto", tol=None,
                    maxiter=None) is not _fast.MISS:
-        return "geqrf of [A | b] (small-input fast path)"
+        return ("SciPy's driver on the host (small-input fast path)" if size <= small.HOST_MAX
+                else "geqrf of [A | b] by cuSOLVER (small-input fast path)")
     with mpqr.explain() as tr:
         mpqr.lstsq(a, b)
     ev = [e for e in tr.events if e.kind == "method"] or list(tr.events)
