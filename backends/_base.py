@@ -457,6 +457,11 @@ class ArrayAPIBackend:
     #: single QRs the route choice gives to the library's QR (``geqrf``) take the same
     #: direct call up to this many elements where it exceeds ``small_max``; 0: none
     direct_qr_max: int = 0
+    #: least squares (tall, a request the dtype's own arithmetic meets) takes the fast
+    #: path up to this many elements of ``a`` where it exceeds ``small_max``, and up to
+    #: ``small_lstsq_max_n`` columns; 0: none
+    small_lstsq_max: int = 0
+    small_lstsq_max_n: int = 0
     #: the exact array type the fast path accepts (subclasses take the general route)
     small_type: type | None = None
 

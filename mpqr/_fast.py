@@ -29,7 +29,7 @@ from mpqr.lstsq import _scipy_rules as rules
 from mpqr.policy import record_event, resolve_precision
 from mpqr.policy.trace import tracing
 from mpqr.qr import in_memory as qr_in_memory
-from mpqr.qr.choice import precision_of
+from mpqr.qr.choice import own_precision_meets, precision_of
 from mpqr.qr.in_memory import MODES, QRResult
 
 __all__ = ["MISS", "lstsq", "qr"]
@@ -78,6 +78,28 @@ def _decide(be: Any, dtype: Any, shape: tuple[int, ...], prec: str) -> Any:
                 and choose(be, prec, dtype, m, n)[0] == "geqrf"):
             # the general route's range check: float32's limits where it factors at fp32
             d = precision_of(be, prec, dtype, "geqrf") == "fp32"
+        if len(_DECISIONS) >= _DECISIONS_MAX:
+            _DECISIONS.clear()
+        _DECISIONS[key] = d
+    return d
+
+
+def _lstsq_above_small(be: Any, dtype: Any, m: int, n: int, k: int, prec: str) -> bool:
+    """Whether a least-squares problem above ``small_max`` takes the fast path: tall
+    (``m >= n``), at most ``backend.small_lstsq_max`` elements and
+    ``backend.small_lstsq_max_n`` columns, at most ``n`` right-hand sides (the QR of
+    ``[A | b]`` also factors b's trailing ``(m - n) x k`` block), a request the dtype's
+    own arithmetic meets (that QR is backward stable in it, as the library's QR route
+    ``gels``)."""
+    if not (n <= m and k <= n and m * n <= getattr(be, "small_lstsq_max", 0)
+            and n <= getattr(be, "small_lstsq_max_n", 0)):
+        return False
+    key = (be, dtype, "lstsq", prec)
+    d = _DECISIONS.get(key, _UNSEEN)
+    if d is _UNSEEN:
+        xp = be.xp
+        d = (dtype in (xp.float32, xp.float64, xp.complex64, xp.complex128)
+             and own_precision_meets(be, prec, dtype))
         if len(_DECISIONS) >= _DECISIONS_MAX:
             _DECISIONS.clear()
         _DECISIONS[key] = d
@@ -136,7 +158,11 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     if b.shape[0] != m or (b.ndim == 2 and b.shape[1] == 0):
         return MISS
     prec = _precision(precision)
-    if a.size > be.small_max or _decide(be, a.dtype, a.shape, prec) is None:
+    if a.size > be.small_max:
+        if not _lstsq_above_small(be, a.dtype, m, n, 1 if b.ndim == 1 else b.shape[1],
+                                  prec):
+            return MISS
+    elif _decide(be, a.dtype, a.shape, prec) is None:
         return MISS
     res = be.small_lstsq(a, b, cond, lapack_driver)
     if res is None:

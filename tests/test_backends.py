@@ -142,6 +142,15 @@ def test_gpu_backend_keeps_host_blas_on_one_thread_during_a_call():
         with _host_blas_one_thread():
             assert blas_threads() and set(blas_threads()) == {1}
         assert blas_threads() == before
+        # the direct form the small least squares use around R's SVD, nested too
+        from mpqr.backends.host.blas import OneThread
+
+        with OneThread():
+            assert set(blas_threads()) == {1}
+            with OneThread():
+                assert set(blas_threads()) == {1}
+            assert set(blas_threads()) == {1}
+        assert blas_threads() == before
 
 
 def test_device_errors_enters_the_backends_host_blas_scope():

@@ -213,7 +213,7 @@ class _GpuLike:
         self.small_max = 0
         self.library_qr_tall_max = nb.library_qr_tall_max
         self.library_qr_square_max = 2**27  # the CuPy backend's cuts
-        self.library_qr_square_max_by_precision = {"fp64-emulated": 2**25}
+        self.library_qr_square_max_by_precision = {"fp16": 2**25, "fp64-emulated": 2**25}
         self.batched_qr_fits = nb.batched_qr_fits
         self.stack_q_products_min_n = 65  # the CuPy backend's (stacks only)
 
@@ -250,3 +250,51 @@ def test_square_real_and_stacks_keep_the_other_rules():
     assert not library_meets_emulated(be, "fp32-emulated", np.dtype(np.float32), 64, 4096,
                                       batch=4)
     assert not library_meets_emulated(_nb(), "fp32-emulated", np.dtype(np.float32), 64, 4096)
+
+
+def _fast_lstsq(a, b, precision=None):
+    return _fast.lstsq(a, b, None, True, None, precision=precision, refine="auto",
+                       tol=None, maxiter=None)
+
+
+def test_lstsq_above_small_max_up_to_its_own_cut(monkeypatch):
+    # a backend whose least squares takes the fast path past small_max (CuPy's rule, on
+    # the NumPy backend's LAPACK): tall, within small_lstsq_max and small_lstsq_max_n
+    # columns, a precision the dtype meets; everything else keeps the general route
+    nb = _nb()
+    monkeypatch.setattr(nb, "small_max", 1000)
+    monkeypatch.setattr(nb, "small_lstsq_max", 40_000)
+    monkeypatch.setattr(nb, "small_lstsq_max_n", 32)
+    a, b = _rand((1500, 20), np.float64, 3), _rand((1500, 2), np.float64, 4)
+    got = _fast_lstsq(a, b)
+    assert got is not _fast.MISS
+    ref = sla.lstsq(a, b)
+    sr = ref[3]
+    tol = 30 * _u(np.float64) * float(sr[0] / sr[-1]) * 1500
+    np.testing.assert_allclose(got[0], ref[0], rtol=tol, atol=tol)
+    np.testing.assert_allclose(got[1], ref[1], rtol=tol)
+    np.testing.assert_allclose(got[3], sr, rtol=0, atol=tol * sr[0])
+    assert got[2] == ref[2] == 20
+    # past the cut, too many columns, wide, a request float32 does not meet
+    assert _fast_lstsq(_rand((2100, 20), np.float64), _rand((2100,), np.float64)) \
+        is _fast.MISS
+    assert _fast_lstsq(_rand((1500, 24), np.float64), _rand((1500,), np.float64)) \
+        is not _fast.MISS
+    assert _fast_lstsq(_rand((1200, 33), np.float64), _rand((1200,), np.float64)) \
+        is _fast.MISS
+    assert _fast_lstsq(_rand((20, 1500), np.float64), _rand((20,), np.float64)) \
+        is _fast.MISS
+    assert _fast_lstsq(a, _rand((1500, 21), np.float64)) is _fast.MISS  # k > n
+    a32, b32 = _rand((1500, 20), np.float32), _rand((1500,), np.float32)
+    assert _fast_lstsq(a32, b32) is not _fast.MISS
+    assert _fast_lstsq(a32, b32, precision="fp64") is _fast.MISS
+    # and the same call through the public function gives the fast path's answer
+    np.testing.assert_array_equal(mpqr.lstsq(a, b)[0], got[0])
+
+
+def test_lstsq_above_small_max_needs_the_backend_cut():
+    # the NumPy backend keeps SciPy's driver past small_max (no cut of its own)
+    nb = _nb()
+    assert nb.small_lstsq_max == 0
+    m = nb.small_max // 20 + 100
+    assert _fast_lstsq(_rand((m, 20), np.float64), _rand((m,), np.float64)) is _fast.MISS

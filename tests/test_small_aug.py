@@ -146,3 +146,57 @@ def test_fast_path_above_aug_min_matches_scipy(dtype, k, driver):
         assert np.allclose(g, r, rtol=300 * u, atol=300 * u)
     assert type(fast[2]) is type(ref[2])
     assert mpqr.lstsq(a, b, lapack_driver=driver)[2] == ref[2]
+
+
+def _graded(m, n, kappa, dtype, seed):
+    """An m x n matrix of condition number ``kappa`` (singular values log-spaced)."""
+    q1 = np.linalg.qr(_rand((m, n), np.complex128 if np.dtype(dtype).kind == "c"
+                            else np.float64, seed))[0]
+    q2 = np.linalg.qr(_rand((n, n), np.float64, seed + 1))[0]
+    return ((q1 * np.logspace(0, -np.log10(kappa), n)) @ q2).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kappa,taken", [(1.0, True), (10.0, True), (None, False)])
+def test_aug_solve_takes_the_gram_factors_singular_values_only_where_they_match(
+        dtype, kappa, taken):
+    # the CuPy path hands aug_solve the Cholesky factor U of A^H A and U's singular values
+    # (computed while R_aug was factored); they stand for R's where U and R agree to
+    # GRAM_SVD_TOL n u s1, which bounds every singular value's change (Weyl)
+    m, n = 200, 36
+    if kappa is None:  # the Gram matrix's rounding shows (kappa^2 u ~ 1e-4 .. 0.1)
+        kappa = 1e3 if np.dtype(dtype).char in "fF" else 1e6
+    a = _graded(m, n, kappa, dtype, 3)
+    b = _rand((m,), dtype, 4)
+    g = np.asfortranarray(a.conj().T @ a)
+    pre = small.gram_svd(g)
+    assert pre is not None
+    uf, su = pre
+    eps = _eps(dtype)
+    assert not np.tril(uf, -1).any()  # upper, U^H U = A^H A
+    assert np.linalg.norm(uf.conj().T @ uf - g) <= 10 * n * eps * np.linalg.norm(g)
+    x0 = np.asfortranarray(np.concatenate([a, b[:, None]], axis=1))
+    qr = lapack.get_lapack_funcs("geqrf", (x0,))(x0)[0][:n + 1]
+    cut = rules.cutoff(None, "gelsd", eps, single=np.dtype(dtype).char in "fF")
+    with_gram = small.aug_solve(qr, m, n, cut, eps / 2, gram=pre)
+    plain = small.aug_solve(qr, m, n, cut, eps / 2)
+    assert with_gram is not None and plain is not None
+    assert (with_gram[3] is su) == taken  # U's values taken, or R's own
+    if not taken:
+        np.testing.assert_array_equal(with_gram[3], plain[3])
+    sr = np.linalg.svd(a.astype(np.complex128), compute_uv=False)
+    u = eps / 2
+    # within the certified distance plus a backward-stable SVD's error of the n x n R
+    assert np.max(np.abs(with_gram[3] - sr)) <= (small.GRAM_SVD_TOL + 10) * n * u * sr[0]
+    np.testing.assert_array_equal(with_gram[0], plain[0])  # x and residues: R_aug's
+    np.testing.assert_array_equal(with_gram[1], plain[1])
+
+
+def test_gram_svd_refuses_a_numerically_singular_gram_matrix():
+    a = _rand((50, 6), np.float64, 5)
+    g = np.asfortranarray(a.T @ a)
+    assert small.gram_svd(g) is not None
+    g[5, 5] = -1.0  # indefinite: potrf stops
+    assert small.gram_svd(g) is None
+    g[5, 5] = np.nan
+    assert small.gram_svd(g) is None

@@ -220,6 +220,15 @@ class CupyBackend(ArrayAPIBackend):
     # 0.81x cupy.linalg.qr through it)
     small_max = 2**18
     direct_qr_max = 2**27
+    # least squares takes the one geqrf of [A | b] beyond small_max too: the general
+    # route's Gram/CGLS steps cost ~3 ms where geqrf costs a fraction; up to the cut
+    # where the library's QR stops winning (H200, float64, fast path / general route:
+    # 10000 x 50 0.97 / 3.16 ms, 4000 x 128 2.9 / 5.8, 1000 x 20 0.33 / 3.0; gels
+    # against the general route 65536 x 64 2.54 / 3.57 ms, 262144 x 128 8.7 / 5.1;
+    # `python bench/probes/smallgpu_gpu.py`, grid). R's singular values are taken on the
+    # host, whose gesdd grows as n^3 (small.SVD_HOST_MAX_N).
+    small_lstsq_max = 2**22
+    small_lstsq_max_n = 128
 
     @property
     def small_type(self):
@@ -228,12 +237,17 @@ class CupyBackend(ArrayAPIBackend):
     def small_qr(self, a, mode, single=False):
         from mpqr.backends.cupy import small as _small
 
+        if a.size <= _small.HOST_MAX:  # tiny: one round trip to the host's LAPACK
+            return _small.host_qr(a, mode, single)
         return _small.small_qr(a, mode, single)
 
     def small_lstsq(self, a, b, cond, driver):
+        from mpqr.backends.cupy import small as _small
+
+        if a.size + b.size <= _small.HOST_MAX:  # tiny: SciPy's driver on the host
+            return _small.host_lstsq(a, b, cond, driver)
         if driver not in (None, "gelsd", "gelss"):  # gelsy: the general route
             return None
-        from mpqr.backends.cupy import small as _small
 
         from mpqr.lstsq import _scipy_rules as rules
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AUG_MIN", "aug_solve", "r_in_range", "small_lstsq", "small_qr"]
+__all__ = ["AUG_MIN", "GRAM_SVD_TOL", "aug_solve", "cmax_in_range", "gram_svd", "in_range",
+           "r_in_range", "small_lstsq", "small_qr"]
 
 #: LAPACK routines per dtype character (looked up once)
 _QR_FUNCS: dict[str, tuple[Any, Any]] = {}
@@ -45,11 +46,20 @@ def _qr_funcs(char: str) -> tuple[Any, Any]:
 def in_range(a: np.ndarray, single: bool) -> bool:
     """Whether every entry of ``a`` is finite and every nonzero column maximum lies where
     the general QR route runs the library's QR unscaled (one pass over ``a``)."""
-    mx = np.abs(a).max(axis=0)
-    lo, hi = _RANGE[single or a.dtype.char in "fF"]
-    if not mx.max() < hi:  # NaN compares False: the general route decides
+    return cmax_in_range(np.abs(a).max(axis=0), single or a.dtype.char in "fF")
+
+
+def cmax_in_range(mx: np.ndarray, single: bool) -> bool:
+    """:func:`in_range` from the column maxima ``mx`` of ``|a|`` (NaN where a column
+    holds one; float32's range if ``single``)."""
+    if not mx.size:
+        return True
+    lo, hi = _RANGE[single]
+    if not float(mx.max()) < hi:  # NaN compares False: the general route decides
         return False
-    return not mx.size or not bool(((mx < lo) & (mx != 0)).any())
+    if float(mx.min()) >= lo:
+        return True
+    return not bool(((mx < lo) & (mx != 0)).any())
 
 
 def r_in_range(cmax: np.ndarray, m: int, n: int, single: bool) -> bool:
@@ -65,8 +75,29 @@ def r_in_range(cmax: np.ndarray, m: int, n: int, single: bool) -> bool:
     lo, hi = _RANGE[single]
     if not float(cmax.max()) * math.sqrt(n) < hi:  # NaN compares False
         return False
+    low = lo * math.sqrt(m)
+    if float(cmax.min()) >= low:  # the usual case: one reduction, no temporaries
+        return True
     # exact zero columns are the input's zero columns, factored exactly
-    return not bool(((cmax < lo * math.sqrt(m)) & (cmax != 0)).any())
+    return not bool(((cmax < low) & (cmax != 0)).any())
+
+
+#: (rows, columns) -> the mask of a matrix's entries below its diagonal
+_BELOW: dict[tuple[int, int], np.ndarray] = {}
+#: the singular values of R run on one BLAS thread from this many columns (OpenBLAS's
+#: thread wake-ups in gebrd's level-2 calls; H200 host, 16 cores, host gesdd of an
+#: n x n R, one thread against the default: n = 64 185 / 176 us, 96 464 / 546, 128
+#: 974 / 2018; `python bench/probes/smallgpu_gpu.py`)
+SVD_ONE_THREAD_N = 96
+
+
+def _below(p: int, w: int) -> np.ndarray:
+    mask = _BELOW.get((p, w))
+    if mask is None:
+        if len(_BELOW) > 64:
+            _BELOW.clear()
+        mask = _BELOW[(p, w)] = ~np.triu(np.ones((p, w), dtype=bool))
+    return mask
 
 
 def _aug_funcs(char: str) -> tuple[Any, Any, Any]:
@@ -80,8 +111,59 @@ def _aug_funcs(char: str) -> tuple[Any, Any, Any]:
     return f
 
 
+#: :func:`aug_solve` takes the singular values of the Cholesky factor of ``A^H A`` for
+#: R's where the two factors differ by at most this many ``n u s1`` in the Frobenius
+#: norm (then, by Weyl's inequality, every singular value is within that of R's: the
+#: error of a backward-stable SVD of an ``n x n`` R, a few ``n u s1``); farther apart
+#: (condition numbers past ~100, where the Gram matrix's rounding shows), R's own
+GRAM_SVD_TOL = 4.0
+
+
+def gram_svd(g: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(U, s)``: the upper Cholesky factor ``U`` of the Hermitian ``g`` (``A^H A``; its
+    upper triangle is read) and U's singular values, descending; None where the
+    factorization or the SVD fails (``g`` numerically singular or non-finite)."""
+    char = g.dtype.char
+    potrf = _gram_funcs(char)
+    gesdd = _aug_funcs(char)[1]
+    n = g.shape[0]
+    with _svd_threads(n):
+        uf, info = potrf(g, lower=0, clean=1)
+        if info != 0:
+            return None
+        s, info = gesdd(uf, compute_uv=0)[1::2]
+    if info != 0 or not (n == 0 or math.isfinite(float(s[0]))):
+        return None
+    return uf, s
+
+
+_GRAM_FUNCS: dict[str, Any] = {}
+
+
+def _gram_funcs(char: str) -> Any:
+    f = _GRAM_FUNCS.get(char)
+    if f is None:
+        from scipy.linalg import lapack
+
+        f = _GRAM_FUNCS[char] = getattr(lapack, {"f": "s", "d": "d", "F": "c",
+                                                 "D": "z"}[char] + "potrf")
+    return f
+
+
+def _svd_threads(n: int) -> Any:
+    """One BLAS thread for R's n x n host steps from :data:`SVD_ONE_THREAD_N` columns."""
+    if n >= SVD_ONE_THREAD_N:
+        from mpqr.backends.host.blas import OneThread
+
+        return OneThread()
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def aug_solve(raug: np.ndarray, m: int, n: int, cut: float, u: float, *,
-              solved: bool = False) -> tuple[Any, Any, int, Any] | None:
+              solved: bool = False, gram: tuple[np.ndarray, np.ndarray] | None = None
+              ) -> tuple[Any, Any, int, Any] | None:
     """Least squares from the QR of ``[A | b]`` (``A``: ``m x n`` with ``m >= n``; ``b``:
     ``k`` columns): ``raug`` holds the factorization's first ``min(m, n + k)`` rows
     (what lies below the diagonal is ignored), so ``Q^H b`` is its ``[:n, n:]`` block and
@@ -92,26 +174,46 @@ def aug_solve(raug: np.ndarray, m: int, n: int, cut: float, u: float, *,
     general route decides) where R_aug is non-finite (NaN/Inf in ``A`` or ``b``), A's
     columns are out of range (:func:`r_in_range`), or the rank by the relative cutoff
     ``cut`` is below ``n`` or ``R`` too close to it for a triangular solve at unit
-    roundoff ``u`` (:func:`mpqr.lstsq.solver.solvable`'s rule)."""
+    roundoff ``u`` (:func:`mpqr.lstsq.solver.solvable`'s rule). ``gram``: ``(U, s_U)``
+    of :func:`gram_svd` (computed while R_aug was factored); its ``s_U`` stands for R's
+    singular values where ``U`` and R (rows by their diagonal's phase) are within
+    :data:`GRAM_SVD_TOL` ``n u s1`` (the rank's margin then allows for that distance)."""
     from mpqr.lstsq.solver import RESOLUTION
 
-    raug = np.triu(raug)
+    raug = np.array(raug, order="F")  # never the caller's buffer; R's columns contiguous
+    raug[_below(*raug.shape)] = 0
     if not np.isfinite(raug).all():
         return None
     char = raug.dtype.char
     _, gesdd, trtrs = _aug_funcs(char)
-    rr = np.asfortranarray(raug[:n, :n])
+    rr = raug[:n, :n]
     if not r_in_range(np.abs(rr).max(axis=0), m, n, char in "fF"):
         return None
-    s, info = gesdd(rr, compute_uv=0)[1::2]
-    if info != 0:
-        return None
+    s = None
+    dist = 0.0
+    if gram is not None:
+        uf, su = gram
+        d = rr.diagonal()
+        ad = np.abs(d)
+        ph = np.where(ad != 0, d / np.where(ad != 0, ad, 1), 1)
+        dist = float(np.linalg.norm(ph.conj()[:, None] * rr - uf))
+        if su.size and dist <= GRAM_SVD_TOL * n * u * float(su[0]):
+            s = su
+        else:
+            dist = 0.0
+    if s is None:
+        with _svd_threads(n):
+            s, info = gesdd(rr, compute_uv=0)[1::2]
+        if info != 0:
+            return None
     s1 = float(s[0])
-    if not (s1 > 0.0 and np.isfinite(s1)):
+    if not (s1 > 0.0 and math.isfinite(s1)):
         return None
-    rank = int(np.count_nonzero(s > cut * s1))
-    if rank < n or not float(s[-1]) > (cut + RESOLUTION * math.sqrt(n) * u) * s1:
-        return None
+    # R's smallest singular value is at least s[-1] - dist (Weyl), its largest at most
+    # s1 + dist
+    if not float(s[-1]) - dist > (cut + RESOLUTION * math.sqrt(n) * u) * (s1 + dist):
+        return None  # the rank by cut is below n, or R too close to it to solve by
+    rank = n
     if solved:
         x = raug[:n, n:]
     else:
@@ -121,8 +223,8 @@ def aug_solve(raug: np.ndarray, m: int, n: int, cut: float, u: float, *,
     rsq = None
     if m > n:
         t = raug[n:, n:]
-        rsq = np.sum(t.real * t.real + t.imag * t.imag if t.dtype.kind == "c" else t * t,
-                     axis=0).astype(s.dtype, copy=False)
+        rsq = (np.sum(t.real * t.real + t.imag * t.imag, axis=0) if t.dtype.kind == "c"
+               else np.einsum("ij,ij->j", t, t)).astype(s.dtype, copy=False)
     return x, rsq, rank, s
 
 

@@ -12,6 +12,7 @@ __all__ = [
     "choose_method",
     "factor_precision",
     "library_meets_emulated",
+    "own_precision_meets",
     "precision_of",
     "small_library_route",
 ]
@@ -74,6 +75,13 @@ def _covers_precision(backend: Any, prec_name: str, dtype: Any) -> bool:
         return True
     return dtype in (xp.float32, xp.complex64) and prec_name in ("fp16", "fp32-emulated",
                                                                  "fp32", "auto")
+
+
+def own_precision_meets(backend: Any, prec_name: str, dtype: Any) -> bool:
+    """Whether the input dtype's own arithmetic is at least as accurate as ``prec_name``
+    (float64/complex128: every request; float32/complex64: ``"fp16"``,
+    ``"fp32-emulated"``, ``"fp32"`` and ``"auto"``)."""
+    return _covers_precision(backend, prec_name, dtype)
 
 
 def small_library_route(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
