@@ -492,6 +492,12 @@ class ArrayAPIBackend:
     #: ``geqrf-wy`` (geqrf per member, Q by batched products) rather than ``geqrf`` (the
     #: library's QR per member); None: never
     stack_q_products_min_n: int | None = None
+    #: the fastest stack route measured per dtype, member width and ratio for stacks
+    #: past :attr:`stack_q_products_min_n` columns (``{dtype name: {n: {m/n: route}}}``,
+    #: read by :func:`mpqr.qr.choice.stack_table_route`); None: ``geqrf-wy`` throughout
+    stack_routes: Mapping[str, Mapping[int, Mapping[int, str]]] | None = None
+    #: where :attr:`stack_routes` was measured (device and command), for ``explain()``
+    stack_routes_source: str = ""
 
     def batched_qr_fits(self, dtype: Any, m: int, n: int) -> bool:
         """Whether stacks of ``m x n`` (``m >= n``) matrices of ``dtype`` take

@@ -725,6 +725,13 @@ class CupyBackend(ArrayAPIBackend):
     #: geqrf-wy for stacks beyond the batched kernels, from the width where the TSQR
     #: tile kernels (reduced members up to 64 columns) stop
     stack_q_products_min_n = 65
+    #: the fastest of cholqr2-batched, geqrf-wy and geqrf per sweep point (n >= 65 only)
+    stack_routes = MappingProxyType({
+        dt: {n: {k: ("cholqr2-batched" if k >= 4 else "geqrf-wy") for k in (1, 2, 4, 8, 16)}
+             for n in (128, 256, 512)}
+        for dt in ("float32", "float64")})
+    stack_routes_source = ("not yet measured: tall members (m >= 4n) by CholQR2, "
+                           "`python bench/probes/batched2_gpu.py`")
 
     def library_qr(self, a, mode):
         # cuSOLVER geqrf (+ orgqr unless mode "r"): real 2-D inputs with the layout copies

@@ -117,6 +117,38 @@ STREAMS = 4
 
 _side: dict = {}
 
+#: whether each side stream's members are issued by a host thread of its own (where a
+#: library call waits on the host, the lanes' waits overlap); False: one thread issues all
+THREADS = False
+
+
+class _Lanes:
+    """Host threads issuing the side streams' calls, one per lane, on one device."""
+
+    def __init__(self, k: int, dev: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.dev = dev
+        self.ex = ThreadPoolExecutor(max_workers=k, thread_name_prefix="mpqr-lane")
+
+    def map_lanes(self, lane, k, call, args) -> None:
+        def run(j):
+            with cp.cuda.Device(self.dev):
+                lane(j, call, args)
+
+        for f in [self.ex.submit(run, j) for j in range(k)]:
+            f.result()
+
+
+_pools: dict = {}
+
+
+def _pool(k: int, dev: int) -> _Lanes:
+    key = (k, dev)
+    if key not in _pools:
+        _pools[key] = _Lanes(k, dev)
+    return _pools[key]
+
 
 def _side_streams(k: int):
     """``k`` (stream, cuSOLVER handle on it) pairs of the current device, made once."""
@@ -151,6 +183,7 @@ def _stack_geqrf(a, mode: str, streams: int | None):
     buf = cp.empty((*batch, cols, m), dtype=a.dtype)
     buf[..., :n, :] = cp.swapaxes(a, -1, -2)
     cur = cp.cuda.get_current_stream()
+    dev = cp.cuda.Device().id
     k = max(1, min(nb, STREAMS if streams is None else streams))
     lanes = [(cur, device.get_cusolver_handle())] if k == 1 else _side_streams(k)
     geqrf_size, geqrf, orgqr_size, orgqr = _solver(a.dtype)
@@ -167,14 +200,22 @@ def _stack_geqrf(a, mode: str, streams: int | None):
     w = [work[j].data.ptr for j in range(k)]
     ip = [info.data.ptr + 4 * j for j in range(k)]
 
+    def lane(j, call, args):
+        for i in range(j, nb, k):
+            call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork, ip[j])
+
     def deal(call, *args):
         if k > 1:  # side streams start after the current stream's copy, it waits for them
             ev = cur.record()
             for st, _ in lanes:
                 st.wait_event(ev)
-        for i in range(nb):
-            j = i % k
-            call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork, ip[j])
+        if k > 1 and THREADS:
+            _pool(k, dev).map_lanes(lane, k, call, args)
+        else:
+            for i in range(nb):
+                j = i % k
+                call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork,
+                     ip[j])
         if k > 1:
             for st, _ in lanes:
                 cur.wait_event(st.record())
