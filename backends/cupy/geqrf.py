@@ -201,8 +201,12 @@ def _stack_geqrf(a, mode: str, streams: int | None):
     ip = [info.data.ptr + 4 * j for j in range(k)]
 
     def lane(j, call, args):
-        for i in range(j, nb, k):
-            call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork, ip[j])
+        # CuPy's cuSOLVER wrappers set the handle's stream to the current one before each
+        # call: the lane's stream is made current around its calls
+        with lanes[j][0]:
+            for i in range(j, nb, k):
+                call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork,
+                     ip[j])
 
     def deal(call, *args):
         if k > 1:  # side streams start after the current stream's copy, it waits for them
@@ -212,10 +216,8 @@ def _stack_geqrf(a, mode: str, streams: int | None):
         if k > 1 and THREADS:
             _pool(k, dev).map_lanes(lane, k, call, args)
         else:
-            for i in range(nb):
-                j = i % k
-                call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork,
-                     ip[j])
+            for j in range(k):
+                lane(j, call, args)
         if k > 1:
             for st, _ in lanes:
                 cur.wait_event(st.record())
