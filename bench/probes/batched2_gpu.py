@@ -185,12 +185,12 @@ def check_threads(dtype):
     finally:
         cupy_geqrf.STREAMS, cupy_geqrf.THREADS = old
     base = outs[(1, False)]
-    same = all(bool(cp.all(x.Q == y.Q)) and bool(cp.all(x.R == y.R))
+    diff = max(float(cp.abs(x.Q - y.Q).max() + cp.abs(x.R - y.R).max() / cp.abs(y.R).max())
                for o in outs.values() for x, y in zip(o, base))
     e = member_errors(a, *base[0])
     tol = 30 * float(np.finfo(dtype).eps) * 700
-    check(f"lanes 1 / 4 / 4 threaded equal 6x(700x200) {np.dtype(dtype).name}",
-          same and e["backward"] <= tol and e["orth"] <= tol, **e)
+    check(f"lanes 1 / 4 / 4 threaded agree 6x(700x200) {np.dtype(dtype).name}",
+          diff <= tol and e["backward"] <= tol and e["orth"] <= tol, diff=diff, **e)
 
 
 def levers(a):
