@@ -111,12 +111,12 @@ def run_sweep(xp, *, shapes=None, dtypes=("float32", "float64"), target: int = T
     rows left, the looping baselines are timed on the whole stack only where that fits
     a quarter of the row's share (else scaled from their leading slice, as the row
     says), and rows still left at ``budget_s`` are skipped."""
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if not torch_too:
-        torch = None
+    torch = None
+    if torch_too:
+        try:
+            import torch
+        except ImportError:
+            torch = None
     rows, skipped = [], []
     t_start = time.perf_counter()
     rng = np.random.default_rng(0)
