@@ -115,10 +115,12 @@ def test_auto_falls_back_to_geqrf_wy(gpu_like):
     falls = [e.data for e in ex.events if e.kind == "fallback"]
     assert [f["fallback"] for f in falls] == ["geqrf-wy"]
     assert max(_errors(a, q, r)) <= 30 * np.finfo(float).eps * 280
+    gpu_like.stack_routes["float64"][128][1] = "cholqr2-batched"
+    b = a[:, :260, :]  # past the fused kernel's 256 rows
     with mpqr.explain() as ex:
-        q, r = mpqr.qr(a, mode="complete")
+        q, r = mpqr.qr(b, mode="complete")  # complete Q: geqrf-wy, never the thin route
     assert [e.data["method"] for e in ex.events if e.kind == "method"] == ["geqrf-wy"]
-    assert q.shape == (2, 280, 280)
+    assert q.shape == (2, 260, 260) and np.abs(q @ r - b).max() <= 1e-13
 
 
 def test_sweep_budget_skips_and_reports():
