@@ -538,8 +538,20 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_right_solve.right_solve_twice(a, r1, r2)
         return super().right_solve_twice(a, r1, r2)
 
+    #: Cholesky factors of real stacks: "batched" (CuPy's potrfBatched) or "lanes"
+    #: (potrf per member on the side streams, cupy_geqrf.cholesky_stack)
+    stack_cholesky = "batched"
+
     def cholesky(self, a, *, upper=False, check=True):
         cp = self._cp
+        from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        if self.stack_cholesky == "lanes" and cupy_geqrf.supports_cholesky_stack(a):
+            r = cupy_geqrf.cholesky_stack(a)
+            if check and not bool(cp.all(cp.isfinite(r))):
+                raise LinAlgError("Cholesky factorization failed: matrix is not positive "
+                                  "definite")
+            return r if upper else cp.swapaxes(r, -1, -2)
         # cuSOLVER reports failure through `info`, which CuPy ignores by default.
         l = cp.linalg.cholesky(a)
         if check and not bool(cp.all(cp.isfinite(l))):

@@ -9,7 +9,9 @@ Checks (per member against float64 references on the host): ``cholqr2-batched``
 (reduced and r, float32/float64), ``auto`` on a stack with one ill-conditioned member
 (the certified route breaks down and ``geqrf-wy`` takes the stack), complete mode
 (``geqrf-wy``), the cuSOLVER lanes issued by host threads against one thread (the same
-calls: equal results), ``explain()`` naming the table.
+calls: equal results), ``explain()`` naming the table, ``cholesky_stack`` (potrf per
+member on the lanes) against float64 Cholesky factors. Timed: stacks' Cholesky factors by
+``potrfBatched`` and by the lanes.
 
 A/B (one process, medians after a warm-up, synchronised): every grid point of the sweep
 past the batched kernels (n = 128, 256, 512; m/n = 1..16; float32 and float64; 16 MB
@@ -17,8 +19,9 @@ stacks): ``cupy.linalg.qr``, ``torch.linalg.qr``, ``mpqr.qr`` (auto), ``geqrf-wy
 1/4/8 side streams (now truly on them: CuPy's cuSOLVER wrappers set a handle's stream to the
 current one before each call, so each lane's stream is made current around its calls) and
 with 4 host threads, ``geqrf`` (the library per member) with 4
-streams and with threads, ``cholqr2-batched``; then a coarse sweep of the narrow
-members (``mpqr.bench.batched_sweep``) within a budget.
+streams, ``cholqr2-batched`` with CuPy's ``potrfBatched`` and with
+``potrf`` per member on the side streams (``CupyBackend.stack_cholesky``); then a coarse
+sweep of the narrow members (``mpqr.bench.batched_sweep``) within a budget.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def stack(batch, m, n, dtype, seed=0):
 
 
 @guarded
-def check_cholqr2(batch, m, n, dtype):
+def check_cholqr2(batch, m, n, dtype, tag=""):
     a = stack(batch, m, n, dtype, seed=m + n)
     a0 = a.copy()
     eps = float(np.finfo(dtype).eps)
@@ -126,18 +129,18 @@ def check_cholqr2(batch, m, n, dtype):
     r_err = float(np.abs(cp.asnumpy(r).astype(np.float64) - r_ref).max()
                   / np.abs(r_ref).max())
     pos = bool(cp.all(cp.diagonal(r, axis1=-2, axis2=-1) > 0))
-    check(f"cholqr2-batched {batch}x({m}x{n}) {np.dtype(dtype).name} reduced",
+    check(f"cholqr2-batched{tag} {batch}x({m}x{n}) {np.dtype(dtype).name} reduced",
           e["backward"] <= tol and e["orth"] <= tol and r_err <= tol and pos
           and bool(cp.all(a == a0)) and q.dtype == a.dtype and q.shape == a.shape,
           backward=e["backward"], orth=e["orth"], r_err=r_err, tol=tol,
           events=len(ex.events))
     r2 = mpqr.qr(a, method="cholqr2-batched", mode="r")
-    check(f"cholqr2-batched {batch}x({m}x{n}) {np.dtype(dtype).name} r",
+    check(f"cholqr2-batched{tag} {batch}x({m}x{n}) {np.dtype(dtype).name} r",
           bool(cp.all(r2 == r)), r_equal=bool(cp.all(r2 == r)))
 
 
 @guarded
-def check_auto_fallback(dtype):
+def check_auto_fallback(dtype, tag=""):
     batch, m, n = 4, 1024, 128
     a = stack(batch, m, n, dtype, seed=7)
     rng = np.random.default_rng(8)
@@ -151,7 +154,7 @@ def check_auto_fallback(dtype):
     falls = [e.data.get("fallback") for e in ex.events if e.kind == "fallback"]
     e = member_errors(a, q, r)
     tol = 30 * float(np.finfo(dtype).eps) * m
-    check(f"auto fallback {batch}x({m}x{n}) {np.dtype(dtype).name} one member ill-conditioned",
+    check(f"auto fallback{tag} {batch}x({m}x{n}) {np.dtype(dtype).name} one ill-conditioned",
           falls == ["geqrf-wy"] and e["backward"] <= tol and e["orth"] <= tol,
           methods=methods, falls=falls, backward=e["backward"], orth=e["orth"])
 
@@ -193,6 +196,32 @@ def check_threads(dtype):
           diff <= tol and e["backward"] <= tol and e["orth"] <= tol, diff=diff, **e)
 
 
+@guarded
+def check_cholesky_stack(dtype):
+    from mpqr.backends.cupy.backend import CupyBackend
+
+    for batch, m, n in ((5, 300, 200), (3, 700, 512)):
+        a = stack(batch, m, n, dtype, seed=n)
+        g = cp.swapaxes(a, -1, -2) @ a
+        r = cupy_geqrf.cholesky_stack(g)
+        g64 = cp.asnumpy(g).astype(np.float64)
+        r64 = cp.asnumpy(r).astype(np.float64)
+        err = float(np.abs(np.swapaxes(r64, -1, -2) @ r64 - g64).max() / np.abs(g64).max())
+        upper = bool(np.all(np.tril(r64, -1) == 0))
+        ref = np.swapaxes(np.linalg.cholesky(g64), -1, -2)
+        diff = float(np.abs(r64 - ref).max() / np.abs(ref).max())
+        tol = 30 * float(np.finfo(dtype).eps) * n
+        check(f"cholesky_stack {batch}x({n}x{n}) {np.dtype(dtype).name}",
+              err <= tol and upper and diff <= 1e3 * tol, err=err, diff=diff, tol=tol)
+    old = CupyBackend.stack_cholesky
+    CupyBackend.stack_cholesky = "lanes"
+    try:
+        check_cholqr2(4, 900, 150, dtype, tag=" lanes")
+        check_auto_fallback(dtype, tag=" lanes")
+    finally:
+        CupyBackend.stack_cholesky = old
+
+
 def levers(a):
     """name -> callable of every lever timed on stack ``a``."""
     def lib(method, streams, threads):
@@ -211,11 +240,22 @@ def levers(a):
         out["torch"] = lambda: torch.linalg.qr(ta)
     out["mpqr_auto"] = lambda: mpqr.qr(a)
     out["cholqr2_batched"] = lambda: mpqr.qr(a, method="cholqr2-batched")
+
+    def chol_lanes():
+        from mpqr.backends.cupy.backend import CupyBackend
+
+        old = CupyBackend.stack_cholesky
+        CupyBackend.stack_cholesky = "lanes"
+        try:
+            return mpqr.qr(a, method="cholqr2-batched")
+        finally:
+            CupyBackend.stack_cholesky = old
+
+    out["cholqr2_lanes"] = chol_lanes
     for s in (1, 4, 8):
         out[f"wy_s{s}"] = lib("geqrf-wy", s, False)
     out["wy_t4"] = lib("geqrf-wy", 4, True)
     out["lib_s4"] = lib("geqrf", 4, False)
-    out["lib_t4"] = lib("geqrf", 4, True)
     return out
 
 
@@ -256,6 +296,20 @@ def ab(m, n, dtype, mb=16):
     cp.get_default_memory_pool().free_all_blocks()
 
 
+@guarded
+def time_cholesky(batch, n, dtype):
+    a = stack(batch, 4 * n, n, dtype, seed=3)
+    g = cp.swapaxes(a, -1, -2) @ a
+    row = {"case": f"cholesky {batch}x({n}x{n}) {np.dtype(dtype).name}"}
+    row["potrf_batched_ms"], _ = timeit(lambda: cp.linalg.cholesky(g), budget=0.2)
+    for s_ in (1, 4, 8):
+        row[f"lanes_s{s_}_ms"], _ = timeit(lambda s_=s_: cupy_geqrf.cholesky_stack(
+            g, streams=s_), budget=0.2)
+    RESULTS.setdefault("cholesky", []).append(row)
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else str(v)
+                   for k, v in row.items()), flush=True)
+
+
 def dump():
     out = os.environ.get("OUT", "/tmp")
     os.makedirs(out, exist_ok=True)
@@ -276,8 +330,12 @@ def main():
         check_auto_fallback(dt)
         check_complete(dt)
         check_threads(dt)
+        check_cholesky_stack(dt)
     print(f"-- checks done in {time.perf_counter() - T0:.1f} s", flush=True)
     dump()
+    for batch, n, dt in ((64, 128, np.float32), (16, 512, np.float32), (2, 512, np.float32),
+                         (16, 256, np.float64), (4, 512, np.float64)):
+        time_cholesky(batch, n, dt)
     # the losing shapes first, then the rest of the grid past the batched kernels
     first = [(2048, 128, np.float32), (2048, 512, np.float32), (8192, 512, np.float32),
              (2048, 512, np.float64), (512, 128, np.float32), (512, 512, np.float32)]
