@@ -56,8 +56,8 @@ def _chol(backend: Any, g: Any) -> tuple[Any, Any]:
         r = backend.cholesky(g, upper=True, check=False)
     except LinAlgError:
         return None, None
-    d = xp.linalg.diagonal(g)
-    cn = xp.sum(r * r, axis=-2)
+    d = xp.real(xp.linalg.diagonal(g))
+    cn = xp.sum(xp.real(r * xp.conj(r)), axis=-2)
     scale = xp.max(xp.abs(d), axis=-1, keepdims=True)
     ok = xp.all(xp.isfinite(cn) & (xp.abs(cn - d) <= 1e-3 * scale), axis=-1)
     return r, ok
@@ -84,14 +84,15 @@ def _breakdown(why: str, cond: float) -> BreakdownError:
 
 def cholqr2_batched(backend: Any, a: Any, *, precision: Any, prec_name: str,
                     want_q: bool = True, **_: Any) -> tuple[Any | None, Any]:
-    """CholQR2 of every member of a real stack ``(..., m, n)``, ``m >= n``; ``(Q, R)``
-    with thin ``Q`` (None where not ``want_q``) and ``diag(R) > 0``.
+    """CholQR2 of every member of a stack ``(..., m, n)`` (or of one matrix), ``m >= n``;
+    ``(Q, R)`` with thin ``Q`` (None where not ``want_q``) and ``diag(R) > 0``.
 
     Parameters
     ----------
     backend : ArrayAPIBackend
     a : array
-        ``(..., m, n)`` float32 or float64 (:func:`supports`); not modified.
+        ``(..., m, n)``, real or complex (``auto`` takes it for the real stacks of
+        :func:`supports`); not modified.
     precision, prec_name : str
         The policy's precision; the Gram products run at it, the other products at
         the panel precision of ``prec_name`` (the input's own for the working ones).
