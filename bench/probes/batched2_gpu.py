@@ -14,14 +14,14 @@ member on the lanes) against float64 Cholesky factors. Timed: stacks' Cholesky f
 ``potrfBatched`` and by the lanes.
 
 A/B (one process, medians after a warm-up, synchronised): every grid point of the sweep
-past the batched kernels (n = 128, 256, 512; m/n = 1..16; float32 and float64; 16 MB
-stacks): ``cupy.linalg.qr``, ``torch.linalg.qr``, ``mpqr.qr`` (auto), ``geqrf-wy`` with
-1/4/8 side streams (now truly on them: CuPy's cuSOLVER wrappers set a handle's stream to the
-current one before each call, so each lane's stream is made current around its calls) and
-with 4 host threads, ``geqrf`` (the library per member) with 4
-streams, ``cholqr2-batched`` with CuPy's ``potrfBatched`` and with
-``potrf`` per member on the side streams (``CupyBackend.stack_cholesky``); then a coarse
-sweep of the narrow members (``mpqr.bench.batched_sweep``) within a budget.
+past the fused kernel (n = 128, 256, 512; m/n = 1..16; 256 x 256 on the blocked route;
+float32 and float64; 16 MB stacks): ``cupy.linalg.qr``, ``torch.linalg.qr``, ``mpqr.qr``
+(auto), ``geqrf-wy`` with 1/4/8 side streams (now truly on them: CuPy's cuSOLVER wrappers
+set a handle's stream to the current one before each call, so each lane's stream is made
+current around its calls) and with 4 host threads, ``geqrf`` (the library per member)
+with 4 streams and with 4 threads, ``cholqr2-batched`` with CuPy's ``potrfBatched`` and
+with ``potrf`` per member on the side streams (``CupyBackend.stack_cholesky``); then a
+coarse sweep of the narrow members (``mpqr.bench.batched_sweep``) within a budget.
 """
 
 from __future__ import annotations
@@ -256,6 +256,7 @@ def levers(a):
         out[f"wy_s{s}"] = lib("geqrf-wy", s, False)
     out["wy_t4"] = lib("geqrf-wy", 4, True)
     out["lib_s4"] = lib("geqrf", 4, False)
+    out["lib_t4"] = lib("geqrf", 4, True)
     return out
 
 
@@ -340,7 +341,7 @@ def main():
     first = [(2048, 128, np.float32), (2048, 512, np.float32), (8192, 512, np.float32),
              (2048, 512, np.float64), (512, 128, np.float32), (512, 512, np.float32)]
     grid = [(n * k, n, dt) for dt in (np.float32, np.float64) for n in (128, 256, 512)
-            for k in (1, 2, 4, 8, 16) if n * k > 256]
+            for k in (1, 2, 4, 8, 16) if n * k > 256 or (n, k) == (256, 1)]
     for m, n, dt in first + [g for g in grid if g not in first]:
         if left() < 14:
             RESULTS.setdefault("ab_skipped", []).append(f"{m}x{n} {np.dtype(dt).name}")
