@@ -154,11 +154,14 @@ def run_sweep(xp, *, shapes=None, dtypes=("float32", "float64"), target: int = T
             row.update(cupy_ms=1e3 * t, cupy_scaled_from=k,
                        x_cupy=1e3 * t / row["mpqr_ms"])
             if torch is not None:
-                ta = torch.as_tensor(a, device="cuda")
-                t, k = _baseline(xp, lambda x: torch.linalg.qr(x), ta, batch, row_full)
-                row.update(torch_ms=1e3 * t, torch_scaled_from=k,
-                           x_torch=1e3 * t / row["mpqr_ms"])
-                del ta
+                try:
+                    ta = torch.as_tensor(a, device="cuda")
+                    t, k = _baseline(xp, lambda x: torch.linalg.qr(x), ta, batch, row_full)
+                    row.update(torch_ms=1e3 * t, torch_scaled_from=k,
+                               x_torch=1e3 * t / row["mpqr_ms"])
+                    del ta
+                except Exception as exc:  # the row keeps mpqr's and CuPy's numbers
+                    row["torch_error"] = f"{type(exc).__name__}: {exc}"
             del a
         except Exception as exc:  # one shape's failure does not end the sweep
             row["error"] = f"{type(exc).__name__}: {exc}"
