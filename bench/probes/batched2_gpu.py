@@ -11,7 +11,8 @@ Checks (per member against float64 references on the host): ``cholqr2-batched``
 (``geqrf-wy``), the cuSOLVER lanes issued by host threads against one thread (the same
 calls: equal results), ``explain()`` naming the table, ``cholesky_stack`` (potrf per
 member on the lanes) against float64 Cholesky factors. Timed: stacks' Cholesky factors by
-``potrfBatched`` and by the lanes.
+``potrfBatched`` and by the lanes; the pieces of a ``cholqr2-batched`` pass and the raw
+``geqrf`` on 1 and 4 lanes, each alone.
 
 A/B (one process, medians after a warm-up, synchronised): every grid point of the sweep
 past the fused kernel (n = 128, 256, 512; m/n = 1..16; 256 x 256 on the blocked route;
@@ -311,6 +312,33 @@ def time_cholesky(batch, n, dtype):
                    for k, v in row.items()), flush=True)
 
 
+@guarded
+def time_parts(batch, m, n, dtype):
+    """The pieces of one cholqr2-batched pass, each alone (the route runs two passes)."""
+    from mpqr.backends.cupy import trsm_stack
+
+    a = stack(batch, m, n, dtype, seed=4)
+    g = cp.swapaxes(a, -1, -2) @ a
+    r = cp.swapaxes(cp.linalg.cholesky(g), -1, -2)
+    eye = cp.broadcast_to(cp.eye(n, dtype=dtype), r.shape)
+    x = trsm_stack.solve(r, eye)
+    row = {"case": f"parts {batch}x({m}x{n}) {np.dtype(dtype).name}"}
+    row["gram_ms"], _ = timeit(lambda: cp.swapaxes(a, -1, -2) @ a, budget=0.2)
+    row["potrf_batched_ms"], _ = timeit(lambda: cp.linalg.cholesky(g), budget=0.2)
+    row["potrf_lanes_ms"], _ = timeit(lambda: cupy_geqrf.cholesky_stack(g), budget=0.2)
+    row["inverse_trsm_ms"], _ = timeit(lambda: trsm_stack.solve(r, eye), budget=0.2)
+    row["apply_gemm_ms"], _ = timeit(lambda: a @ x, budget=0.2)
+    row["substitution_ms"], _ = timeit(lambda: trsm_stack.solve(
+        cp.swapaxes(r, -1, -2), cp.swapaxes(a, -1, -2), lower=True), budget=0.2)
+    row["raw_geqrf_s4_ms"], _ = timeit(lambda: cupy_geqrf.raw_stack(a, streams=4), budget=0.2)
+    row["raw_geqrf_s1_ms"], _ = timeit(lambda: cupy_geqrf.raw_stack(a, streams=1), budget=0.2)
+    row["cholqr2_ms"], _ = timeit(lambda: mpqr.qr(a, method="cholqr2-batched"), budget=0.2)
+    row["geqrf_wy_ms"], _ = timeit(lambda: mpqr.qr(a, method="geqrf-wy"), budget=0.2)
+    RESULTS.setdefault("parts", []).append(row)
+    print(" ".join(f"{k}={v:.3f}" if isinstance(v, float) else str(v)
+                   for k, v in row.items()), flush=True)
+
+
 def dump():
     out = os.environ.get("OUT", "/tmp")
     os.makedirs(out, exist_ok=True)
@@ -337,6 +365,9 @@ def main():
     for batch, n, dt in ((64, 128, np.float32), (16, 512, np.float32), (2, 512, np.float32),
                          (16, 256, np.float64), (4, 512, np.float64)):
         time_cholesky(batch, n, dt)
+    for batch, m, n, dt in ((4, 2048, 512, np.float32), (16, 2048, 128, np.float32),
+                            (16, 512, 512, np.float32)):
+        time_parts(batch, m, n, dt)
     # the losing shapes first, then the rest of the grid past the batched kernels
     first = [(2048, 128, np.float32), (2048, 512, np.float32), (8192, 512, np.float32),
              (2048, 512, np.float64), (512, 128, np.float32), (512, 512, np.float32)]
