@@ -286,6 +286,13 @@ class ArrayAPIBackend:
                                        lower=False, unit_diagonal=unit_diagonal)
         return xp.concat([x1, x2], axis=-2)
 
+    def triangular_inverse(self, r: Any) -> Any:
+        """``r^-1`` of every member of an upper-triangular stack ``(..., n, n)`` (by
+        :meth:`solve_triangular` on the identity here)."""
+        xp = self.xp
+        eye = xp.eye(r.shape[-1], dtype=r.dtype, device=device(r))
+        return self.solve_triangular(r, xp.broadcast_to(eye, r.shape), lower=False)
+
     #: widest ``r`` that :meth:`right_solve_upper` takes in one call; ``None``: any width
     #: (callers block wider solves and do the off-diagonal products through the policy)
     right_solve_block: int | None = None

@@ -283,3 +283,17 @@ def test_lanes_agree(threads, monkeypatch):
     monkeypatch.setattr(G, "THREADS", threads)
     q4, r4 = G.qr_stack(a, "reduced", streams=4)
     assert float(cp.abs(q4 - q1).max()) <= 1e-13 and float(cp.abs(r4 - r1).max()) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [40, 64, 200, 512])
+def test_inverse_upper(dtype, n):
+    from mpqr.backends.cupy import trsm_stack
+
+    a = cp.asarray(np.random.default_rng(n).standard_normal((3, 2 * n, n)).astype(dtype))
+    r = cp.linalg.qr(a, mode="r")
+    x = trsm_stack.inverse_upper(r)
+    r64 = r.astype(cp.float64)
+    res = float(cp.abs(r64 @ x.astype(cp.float64) - cp.eye(n)).max())
+    cond = float(np.linalg.cond(cp.asnumpy(r64)).max())
+    assert res <= _tol(dtype, n) * cond and bool(cp.all(cp.tril(x, -1) == 0))

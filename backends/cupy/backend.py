@@ -480,6 +480,18 @@ class CupyBackend(ArrayAPIBackend):
             return trsm_stack.solve(a, b, lower=lower, unit_diagonal=unit_diagonal)
         return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
 
+    #: stacks' triangular inverses: "solve" (trsm_stack.solve on the identity) or
+    #: "blocks" (trsm_stack.inverse_upper: leaves on LEAF right-hand sides, products above)
+    stack_inverse = "solve"
+
+    def triangular_inverse(self, r):
+        from mpqr.backends.cupy import trsm_stack
+
+        if (self.stack_inverse == "blocks" and self.trsm_batched
+                and trsm_stack.supports(r, r)):
+            return trsm_stack.inverse_upper(r)
+        return super().triangular_inverse(r)
+
     #: stacks' triangular solves through cuBLAS trsmBatched (trsm_stack); False: the
     #: portable recursion
     trsm_batched = True

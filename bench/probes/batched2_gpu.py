@@ -10,7 +10,8 @@ Checks (per member against float64 references on the host): ``cholqr2-batched``
 (the certified route breaks down and ``geqrf-wy`` takes the stack), complete mode
 (``geqrf-wy``), the cuSOLVER lanes issued by host threads against one thread (the same
 calls: equal results), ``explain()`` naming the table, ``cholesky_stack`` (potrf per
-member on the lanes) against float64 Cholesky factors. Timed: stacks' Cholesky factors by
+member on the lanes) against float64 Cholesky factors, ``trsm_stack.inverse_upper``
+against float64 inverses. Timed: stacks' Cholesky factors by
 ``potrfBatched`` and by the lanes; the pieces of a ``cholqr2-batched`` pass and the raw
 ``geqrf`` on 1 and 4 lanes, each alone.
 
@@ -21,7 +22,8 @@ float32 and float64; 16 MB stacks): ``cupy.linalg.qr``, ``torch.linalg.qr``, ``m
 set a handle's stream to the current one before each call, so each lane's stream is made
 current around its calls) and with 4 host threads, ``geqrf`` (the library per member)
 with 4 streams and with 4 threads, ``cholqr2-batched`` with CuPy's ``potrfBatched`` and
-with ``potrf`` per member on the side streams (``CupyBackend.stack_cholesky``); then a
+with ``potrf`` per member on the side streams (``CupyBackend.stack_cholesky``) and with
+the block inverse (``CupyBackend.stack_inverse = "blocks"``); then a
 coarse sweep of the narrow members (``mpqr.bench.batched_sweep``) within a budget.
 """
 
@@ -214,13 +216,27 @@ def check_cholesky_stack(dtype):
         tol = 30 * float(np.finfo(dtype).eps) * n
         check(f"cholesky_stack {batch}x({n}x{n}) {np.dtype(dtype).name}",
               err <= tol and upper and diff <= 1e3 * tol, err=err, diff=diff, tol=tol)
-    old = CupyBackend.stack_cholesky
-    CupyBackend.stack_cholesky = "lanes"
+    old = CupyBackend.stack_cholesky, CupyBackend.stack_inverse
+    CupyBackend.stack_cholesky, CupyBackend.stack_inverse = "lanes", "blocks"
     try:
-        check_cholqr2(4, 900, 150, dtype, tag=" lanes")
-        check_auto_fallback(dtype, tag=" lanes")
+        check_cholqr2(4, 900, 150, dtype, tag=" lanes+blocks")
+        check_auto_fallback(dtype, tag=" lanes+blocks")
     finally:
-        CupyBackend.stack_cholesky = old
+        CupyBackend.stack_cholesky, CupyBackend.stack_inverse = old
+    from mpqr.backends.cupy import trsm_stack
+
+    for batch, n in ((5, 200), (3, 512)):
+        a = stack(batch, 3 * n, n, dtype, seed=n + 1)
+        r = cp.linalg.qr(a, mode="r")
+        x = trsm_stack.inverse_upper(r)
+        r64 = cp.asnumpy(r).astype(np.float64)
+        ref = np.linalg.inv(r64)
+        err = float(np.abs(cp.asnumpy(x) - ref).max() / np.abs(ref).max())
+        res = float(np.abs(r64 @ cp.asnumpy(x).astype(np.float64) - np.eye(n)).max())
+        tol = 30 * float(np.finfo(dtype).eps) * n * np.linalg.cond(r64).max()
+        check(f"inverse_upper {batch}x({n}x{n}) {np.dtype(dtype).name}",
+              err <= tol and res <= tol and bool(cp.all(cp.tril(x, -1) == 0)),
+              err=err, res=res, tol=tol)
 
 
 def levers(a):
@@ -253,6 +269,18 @@ def levers(a):
             CupyBackend.stack_cholesky = old
 
     out["cholqr2_lanes"] = chol_lanes
+
+    def chol_blocks():
+        from mpqr.backends.cupy.backend import CupyBackend
+
+        old = CupyBackend.stack_inverse
+        CupyBackend.stack_inverse = "blocks"
+        try:
+            return mpqr.qr(a, method="cholqr2-batched")
+        finally:
+            CupyBackend.stack_inverse = old
+
+    out["cholqr2_blocks"] = chol_blocks
     for s in (1, 4, 8):
         out[f"wy_s{s}"] = lib("geqrf-wy", s, False)
     out["wy_t4"] = lib("geqrf-wy", 4, True)
@@ -327,6 +355,7 @@ def time_parts(batch, m, n, dtype):
     row["potrf_batched_ms"], _ = timeit(lambda: cp.linalg.cholesky(g), budget=0.2)
     row["potrf_lanes_ms"], _ = timeit(lambda: cupy_geqrf.cholesky_stack(g), budget=0.2)
     row["inverse_trsm_ms"], _ = timeit(lambda: trsm_stack.solve(r, eye), budget=0.2)
+    row["inverse_blocks_ms"], _ = timeit(lambda: trsm_stack.inverse_upper(r), budget=0.2)
     row["apply_gemm_ms"], _ = timeit(lambda: a @ x, budget=0.2)
     row["substitution_ms"], _ = timeit(lambda: trsm_stack.solve(
         cp.swapaxes(r, -1, -2), cp.swapaxes(a, -1, -2), lower=True), budget=0.2)

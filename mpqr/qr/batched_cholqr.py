@@ -39,13 +39,6 @@ def supports(backend: Any, a: Any) -> bool:
             and a.shape[-2] >= a.shape[-1] > 0)
 
 
-def _eye_stack(xp: Any, like: Any) -> Any:
-    """An identity per member of ``like`` (``(..., n, n)``)."""
-    n = like.shape[-1]
-    eye = xp.eye(n, dtype=like.dtype, device=device(like))
-    return xp.broadcast_to(eye, like.shape)
-
-
 def _chol(backend: Any, g: Any) -> tuple[Any, Any]:
     """``(R, ok)``: upper Cholesky factors of every member of ``g`` and, per member,
     whether it factored (R's squared column norms reproduce ``diag(g)``: cuSOLVER stops
@@ -130,7 +123,7 @@ def cholqr2_batched(backend: Any, a: Any, *, precision: Any, prec_name: str,
     r1, ok1 = _chol(backend, g1)
     if r1 is None:
         raise _breakdown("a member's Gram matrix is not positive definite", math.inf)
-    x1 = backend.solve_triangular(r1, _eye_stack(xp, r1), lower=False)
+    x1 = backend.triangular_inverse(r1)
     kappa = _cond1(xp, r1, x1, prec_name in SCALE_FREE)
     worst = xp.where(ok1, kappa, xp.full_like(kappa, math.inf))
     k1 = float(xp.max(worst))  # the first host sync: every member factored, cond_1(R_1)
@@ -150,7 +143,7 @@ def cholqr2_batched(backend: Any, a: Any, *, precision: Any, prec_name: str,
         raise _breakdown("a member's second Gram matrix is not positive definite", k1)
     q = None
     if want_q:  # queued before the certificate is read: cond_2(R_2) <= sqrt(3) if it holds
-        x2 = backend.solve_triangular(r2, _eye_stack(xp, r2), lower=False)
+        x2 = backend.triangular_inverse(r2)
         q = gemm(q1, x2, precision=prec, label="cholqr2-batched-apply-inverse",
                  backend=backend)
     bad = xp.where(ok2, dist, xp.full_like(dist, math.inf))
