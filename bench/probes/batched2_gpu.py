@@ -307,7 +307,7 @@ def ab(m, n, dtype, mb=16):
         row["cholqr2_error"] = f"{type(exc).__name__}: {exc}"[:200]
     for name, f in levers(a).items():
         try:
-            row[name + "_ms"], row[name + "_calls"] = timeit(f, reps=5, budget=0.25)
+            row[name + "_ms"], row[name + "_calls"] = timeit(f, reps=5, budget=0.15)
         except Exception as exc:
             row[name + "_error"] = f"{type(exc).__name__}: {exc}"[:200]
     base = min(row.get("cupy_ms", np.inf), row.get("torch_ms", np.inf))
