@@ -18,7 +18,7 @@ against float64 inverses. Timed: stacks' Cholesky factors by
 A/B (one process, medians after a warm-up, synchronised): every grid point of the sweep
 past the fused kernel (n = 128, 256, 512; m/n = 1..16; 256 x 256 on the blocked route;
 float32 and float64; 16 MB stacks): ``cupy.linalg.qr``, ``torch.linalg.qr``, ``mpqr.qr``
-(auto), ``geqrf-wy`` with 1/4/8 side streams (now truly on them: CuPy's cuSOLVER wrappers
+(auto), ``geqrf-wy`` with 4/8/16 side streams (now truly on them: CuPy's cuSOLVER wrappers
 set a handle's stream to the current one before each call, so each lane's stream is made
 current around its calls) and with 4 host threads, ``geqrf`` (the library per member)
 with 4 streams and with 4 threads, ``cholqr2-batched`` with CuPy's ``potrfBatched`` and
@@ -281,7 +281,7 @@ def levers(a):
             CupyBackend.stack_inverse = old
 
     out["cholqr2_blocks"] = chol_blocks
-    for s in (1, 4, 8):
+    for s in (4, 8, 16):
         out[f"wy_s{s}"] = lib("geqrf-wy", s, False)
     out["wy_t4"] = lib("geqrf-wy", 4, True)
     out["lib_s4"] = lib("geqrf", 4, False)
