@@ -503,6 +503,9 @@ class ArrayAPIBackend:
     #: past :attr:`stack_q_products_min_n` columns (``{dtype name: {n: {m/n: route}}}``,
     #: read by :func:`mpqr.qr.choice.stack_table_route`); None: ``geqrf-wy`` throughout
     stack_routes: Mapping[str, Mapping[int, Mapping[int, str]]] | None = None
+    #: with :attr:`stack_routes`, stacks of at most this many members take ``geqrf``
+    #: (the library per member) whatever the table says; None: no such rule
+    stack_library_max_batch: int | None = None
     #: where :attr:`stack_routes` was measured (device and command), for ``explain()``
     stack_routes_source: str = ""
 

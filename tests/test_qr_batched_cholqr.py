@@ -80,7 +80,7 @@ def gpu_like(monkeypatch):
     return be
 
 
-def test_table_buckets(gpu_like):
+def test_table_buckets(gpu_like, monkeypatch):
     f64 = np.float64
     assert stack_table_route(gpu_like, f64, 300, 70)[0] == "cholqr2-batched"  # n < 128: 128
     assert stack_table_route(gpu_like, f64, 300, 100)[0] == "geqrf-wy"  # m/n 3 -> 1
@@ -96,6 +96,11 @@ def test_table_buckets(gpu_like):
     assert choose_method(gpu_like, "auto", f64, 600, 130, batch=3, complete=True)[0] == \
         "geqrf-wy"
     assert choose_method(gpu_like, "auto", f64, 300, 300, batch=3)[0] == "geqrf"
+    monkeypatch.setattr(type(gpu_like), "stack_library_max_batch", 4)
+    m, why = choose_method(gpu_like, "auto", f64, 600, 130, batch=4)
+    assert m == "geqrf" and "at most 4 members" in why and "test device" in why
+    assert choose_method(gpu_like, "auto", f64, 600, 130, batch=5)[0] == "cholqr2-batched"
+    monkeypatch.setattr(type(gpu_like), "stack_library_max_batch", None)
     # single matrices and fp16 requests never read it
     assert choose_method(gpu_like, "auto", f64, 600, 130)[0] != "cholqr2-batched"
     assert choose_method(gpu_like, "fp32", f64, 600, 130, batch=3)[0] != "cholqr2-batched"

@@ -749,13 +749,19 @@ class CupyBackend(ArrayAPIBackend):
     #: geqrf-wy for stacks beyond the batched kernels, from the width where the TSQR
     #: tile kernels (reduced members up to 64 columns) stop
     stack_q_products_min_n = 65
-    #: the fastest of cholqr2-batched, geqrf-wy and geqrf per sweep point (n >= 65 only)
+    #: the fastest of cholqr2-batched, geqrf-wy and geqrf per grid point past the fused
+    #: kernel (n >= 65): geqrf-wy on the lanes at every one (cholqr2-batched at most 0.75x
+    #: of it: its batched triangular inverses and Cholesky factors cost more than geqrf
+    #: on 16 lanes)
     stack_routes = MappingProxyType({
-        dt: {n: {k: ("cholqr2-batched" if k >= 4 else "geqrf-wy") for k in (1, 2, 4, 8, 16)}
-             for n in (128, 256, 512)}
+        dt: {n: dict.fromkeys((1, 2, 4, 8, 16), "geqrf-wy") for n in (128, 256, 512)}
         for dt in ("float32", "float64")})
-    stack_routes_source = ("not yet measured: tall members (m >= 4n) by CholQR2, "
-                           "`python bench/probes/batched2_gpu.py`")
+    #: stacks of at most this many members take geqrf (the library per member, each on
+    #: its own lane: its orgqr costs less than Q's batched products for so few members;
+    #: 1.03-1.3x geqrf-wy at 2 to 4 members)
+    stack_library_max_batch = 4
+    stack_routes_source = ("H200, 2026-11-28, `python bench/probes/batched2_gpu.py`, "
+                           "16 MB stacks against cupy.linalg.qr and torch.linalg.qr")
 
     def library_qr(self, a, mode):
         # cuSOLVER geqrf (+ orgqr unless mode "r"): real 2-D inputs with the layout copies

@@ -113,8 +113,10 @@ def raw(a):
 
 #: side streams a stack's members are dealt to (cuSOLVER's geqrf/orgqr of a small matrix
 #: is a chain of latency-bound launches that leaves most of the GPU idle; members on
-#: several streams overlap). 1: every call on the current stream.
-STREAMS = 4
+#: several streams overlap). 1: every call on the current stream. H200, 16 MB stacks,
+#: `python bench/probes/batched2_gpu.py`: geqrf-wy on 16 lanes 2.0-6.6x cupy.linalg.qr
+#: with 8 or more members (4 lanes 1.9-3.9x, 8 lanes 1.9-5.5x)
+STREAMS = 16
 
 _side: dict = {}
 

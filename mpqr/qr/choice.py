@@ -186,19 +186,26 @@ def _bucket(grid: Any, v: float) -> Any:
     return max((g for g in keys if g <= v), default=keys[0])
 
 
-def stack_table_route(backend: Any, dtype: Any, m: int, n: int, *,
+def stack_table_route(backend: Any, dtype: Any, m: int, n: int, *, batch: int = 2,
                       complete: bool = False) -> tuple[str, str] | None:
     """``(route, why)`` from the backend's measured table of stack routes
     (``backend.stack_routes``: ``{dtype name: {n: {m/n: route}}}``, each cell the
     fastest route of the sweep at that grid point), or None where the backend has none
     for ``dtype``. Between grid points the cell of the largest grid ``n`` and ``m / n``
     at most the member's is read. ``cholqr2-batched`` gives thin factors only: for
-    ``complete`` Q, wide members (``m < n``) and ratios below 1 it reads ``geqrf-wy``."""
+    ``complete`` Q it reads ``geqrf-wy``. Stacks of at most
+    ``backend.stack_library_max_batch`` members take ``geqrf`` whatever the cell."""
     table = getattr(backend, "stack_routes", None)
     xp = backend.xp
     name = "float32" if dtype == xp.float32 else "float64" if dtype == xp.float64 else None
     if not table or name not in table or m < n:
         return None
+    source = getattr(backend, "stack_routes_source", "")
+    few = getattr(backend, "stack_library_max_batch", None)
+    if few is not None and batch <= few:
+        return "geqrf", (f"{_STACK_ROUTES['geqrf']}; at most {few} members, where the "
+                         f"library's orgqr per member beats Q's batched products "
+                         f"(the backend's measurement: {source})")
     rows = table[name]
     nb = _bucket(rows, n)
     cells = rows[nb]
@@ -206,7 +213,7 @@ def stack_table_route(backend: Any, dtype: Any, m: int, n: int, *,
     route = cells[rb]
     if route == "cholqr2-batched" and complete:
         route = "geqrf-wy"
-    where = (f"the backend's measured table ({getattr(backend, 'stack_routes_source', '')}) "
+    where = (f"the backend's measured table ({source}) "
              f"gives {route} at {name}, n >= {nb}, m/n >= {rb}")
     return route, f"{_STACK_ROUTES.get(route, route)}; {where}"
 
@@ -249,7 +256,8 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     unless the backend's measured table of stack routes (:func:`stack_table_route`)
     gives ``cholqr2-batched`` (certified CholQR2 of every member at once; reduced and
     r modes) or ``geqrf`` (the library's QR per matrix) for the member's width and
-    ratio.
+    ratio, or the stack has at most ``backend.stack_library_max_batch`` members
+    (``geqrf``).
     Narrower ones take ``geqrf`` (the library's QR per matrix; CuPy's TSQR tile kernels
     for reduced tall-skinny members up to 64 columns), others the routes below.
 
@@ -304,7 +312,7 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     wy_min = backend.stack_q_products_min_n
     if (batch > 1 and wy_min is not None and k >= wy_min
             and _in_working_precision(backend, prec_name, dtype)):
-        picked = stack_table_route(backend, dtype, m, n, complete=complete)
+        picked = stack_table_route(backend, dtype, m, n, batch=batch, complete=complete)
         if picked is not None and picked[0] != "geqrf-wy":
             return picked[0], f"a stack of {batch} matrices of {m}x{n}: {picked[1]}"
         return ("geqrf-wy",
