@@ -286,6 +286,13 @@ class ArrayAPIBackend:
                                        lower=False, unit_diagonal=unit_diagonal)
         return xp.concat([x1, x2], axis=-2)
 
+    def triangular_inverse(self, r: Any) -> Any:
+        """``r^-1`` of every member of an upper-triangular stack ``(..., n, n)`` (by
+        :meth:`solve_triangular` on the identity here)."""
+        xp = self.xp
+        eye = xp.eye(r.shape[-1], dtype=r.dtype, device=device(r))
+        return self.solve_triangular(r, xp.broadcast_to(eye, r.shape), lower=False)
+
     #: widest ``r`` that :meth:`right_solve_upper` takes in one call; ``None``: any width
     #: (callers block wider solves and do the off-diagonal products through the policy)
     right_solve_block: int | None = None
@@ -501,6 +508,15 @@ class ArrayAPIBackend:
     #: ``geqrf-wy`` (geqrf per member, Q by batched products) rather than ``geqrf`` (the
     #: library's QR per member); None: never
     stack_q_products_min_n: int | None = None
+    #: the fastest stack route measured per dtype, member width and ratio for stacks
+    #: past :attr:`stack_q_products_min_n` columns (``{dtype name: {n: {m/n: route}}}``,
+    #: read by :func:`mpqr.qr.choice.stack_table_route`); None: ``geqrf-wy`` throughout
+    stack_routes: Mapping[str, Mapping[int, Mapping[int, str]]] | None = None
+    #: with :attr:`stack_routes`, stacks of at most this many members take ``geqrf``
+    #: (the library per member) whatever the table says; None: no such rule
+    stack_library_max_batch: int | None = None
+    #: where :attr:`stack_routes` was measured (device and command), for ``explain()``
+    stack_routes_source: str = ""
 
     def batched_qr_fits(self, dtype: Any, m: int, n: int) -> bool:
         """Whether stacks of ``m x n`` (``m >= n``) matrices of ``dtype`` take

@@ -1,5 +1,6 @@
 """GPU tests of stacks beyond one thread block (``cupy_geqrf.qr_stack``: cuSOLVER per
-member on side streams) and of ``mpqr.lstsq`` on stacks through ``householder-batched``.
+member on side streams; ``cholqr2-batched``; ``cholesky_stack``) and of ``mpqr.lstsq``
+on stacks through ``householder-batched``.
 
 Run on a GPU machine with ``python -m pytest -q tests/test_cupy_batched_stacks.py``.
 Every member against float64 references: backward error and orthogonality in float64,
@@ -150,9 +151,12 @@ def test_blocked_route_stacks(dtype, mode):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
-def test_geqrf_wy_route_stacks(dtype, mode):
+def test_geqrf_wy_route_stacks(dtype, mode, monkeypatch):
     """Members above 256 rows, more than 64 columns: geqrf per member, Q by batched
     products; a zero column (tau = 0) in one member."""
+    from mpqr.backends.cupy.backend import CupyBackend
+
+    monkeypatch.setattr(CupyBackend, "stack_routes", None)  # geqrf-wy throughout
     a = cp.asarray(np.random.default_rng(6).standard_normal((4, 520, 130)).astype(dtype))
     a[0, :, 3] = 0
     a0 = a.copy()
@@ -212,3 +216,84 @@ def test_batched_svdvals(dtype, m, n):
     eps = np.finfo(dtype).eps
     assert np.all(np.abs(s[2:] - ref) <= 4 * np.sqrt(max(m, n)) * min(m, n) * eps
                   * ref[:, :1])
+
+
+def _ill_member(m, n, cond, dtype, seed):
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    return cp.asarray(((u * np.logspace(0, -np.log10(cond), n)) @ v.T).astype(dtype))
+
+
+@pytest.mark.parametrize("chol", ["batched", "lanes"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cholqr2_batched_route(dtype, chol, monkeypatch):
+    """Tall members past the batched kernels by the table's cholqr2-batched: per member
+    against float64 references; one member beyond its reach: geqrf-wy takes the stack."""
+    from mpqr.backends.cupy.backend import CupyBackend
+
+    table = {d: {128: {1: "geqrf-wy", 4: "cholqr2-batched"}} for d in ("float32", "float64")}
+    monkeypatch.setattr(CupyBackend, "stack_routes", table)
+    monkeypatch.setattr(CupyBackend, "stack_cholesky", chol)
+    a = cp.asarray(np.random.default_rng(7).standard_normal((5, 640, 150)).astype(dtype))
+    a[3] = _ill_member(640, 150, 100, dtype, 11)  # cond_1(R1) > 8: Q1 by substitution
+    a[4] = a[4] * cp.asarray(np.logspace(0, 3, 150).astype(dtype))  # graded columns
+    a0 = a.copy()
+    for mode in ("reduced", "r"):
+        with mpqr.explain() as ex:
+            out = mpqr.qr(a, mode=mode)
+        assert [e.data["method"] for e in ex.events if e.kind == "method"] == \
+            ["cholqr2-batched"]
+        assert not [e for e in ex.events if e.kind == "fallback"]
+        r = out if mode == "r" else out.R
+        rr = _ref_r(a)
+        assert float(cp.abs(r - rr).max() / cp.abs(rr).max()) <= _tol(dtype, 640) * 10
+        if mode == "reduced":
+            be, oe = _member_errors(a, out.Q, r)
+            assert be <= _tol(dtype, 640) and oe <= _tol(dtype, 640)
+    assert bool(cp.all(a == a0))
+    a[1] = _ill_member(640, 150, 1e6 if dtype == np.float32 else 1e12, dtype, 8)
+    with mpqr.explain() as ex:
+        out = mpqr.qr(a)
+    assert [e.data["fallback"] for e in ex.events if e.kind == "fallback"] == ["geqrf-wy"]
+    be, oe = _member_errors(a, out.Q, out.R)
+    assert be <= _tol(dtype, 640) and oe <= _tol(dtype, 640)
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cholesky_stack(dtype, streams):
+    a = cp.asarray(np.random.default_rng(9).standard_normal((6, 500, 300)).astype(dtype))
+    g = cp.swapaxes(a, -1, -2) @ a
+    g0 = g.copy()
+    r = G.cholesky_stack(g, streams=streams)
+    assert bool(cp.all(g == g0)) and bool(cp.all(cp.tril(r, -1) == 0))
+    g64 = g.astype(cp.float64)
+    r64 = r.astype(cp.float64)
+    err = float(cp.abs(cp.swapaxes(r64, -1, -2) @ r64 - g64).max() / cp.abs(g64).max())
+    assert err <= _tol(dtype, 300)
+
+
+@pytest.mark.parametrize("threads", [False, True])
+def test_lanes_agree(threads, monkeypatch):
+    """The members dealt to 4 lanes (issued by one host thread or a thread each) give the
+    one-lane results."""
+    a = cp.asarray(np.random.default_rng(10).standard_normal((7, 400, 150)))
+    q1, r1 = G.qr_stack(a, "reduced", streams=1)
+    monkeypatch.setattr(G, "THREADS", threads)
+    q4, r4 = G.qr_stack(a, "reduced", streams=4)
+    assert float(cp.abs(q4 - q1).max()) <= 1e-13 and float(cp.abs(r4 - r1).max()) <= 1e-12
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [40, 64, 200, 512])
+def test_inverse_upper(dtype, n):
+    from mpqr.backends.cupy import trsm_stack
+
+    a = cp.asarray(np.random.default_rng(n).standard_normal((3, 2 * n, n)).astype(dtype))
+    r = cp.linalg.qr(a, mode="r")
+    x = trsm_stack.inverse_upper(r)
+    r64 = r.astype(cp.float64)
+    res = float(cp.abs(r64 @ x.astype(cp.float64) - cp.eye(n)).max())
+    cond = float(np.linalg.cond(cp.asnumpy(r64)).max())
+    assert res <= _tol(dtype, n) * cond and bool(cp.all(cp.tril(x, -1) == 0))

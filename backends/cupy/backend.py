@@ -494,6 +494,18 @@ class CupyBackend(ArrayAPIBackend):
             return trsm_stack.solve(a, b, lower=lower, unit_diagonal=unit_diagonal)
         return super().solve_triangular(a, b, lower=lower, unit_diagonal=unit_diagonal)
 
+    #: stacks' triangular inverses: "solve" (trsm_stack.solve on the identity) or
+    #: "blocks" (trsm_stack.inverse_upper: leaves on LEAF right-hand sides, products above)
+    stack_inverse = "solve"
+
+    def triangular_inverse(self, r):
+        from mpqr.backends.cupy import trsm_stack
+
+        if (self.stack_inverse == "blocks" and self.trsm_batched
+                and trsm_stack.supports(r, r)):
+            return trsm_stack.inverse_upper(r)
+        return super().triangular_inverse(r)
+
     #: stacks' triangular solves through cuBLAS trsmBatched (trsm_stack); False: the
     #: portable recursion
     trsm_batched = True
@@ -552,8 +564,20 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_right_solve.right_solve_twice(a, r1, r2)
         return super().right_solve_twice(a, r1, r2)
 
+    #: Cholesky factors of real stacks: "batched" (CuPy's potrfBatched) or "lanes"
+    #: (potrf per member on the side streams, cupy_geqrf.cholesky_stack)
+    stack_cholesky = "batched"
+
     def cholesky(self, a, *, upper=False, check=True):
         cp = self._cp
+        from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        if self.stack_cholesky == "lanes" and cupy_geqrf.supports_cholesky_stack(a):
+            r = cupy_geqrf.cholesky_stack(a)
+            if check and not bool(cp.all(cp.isfinite(r))):
+                raise LinAlgError("Cholesky factorization failed: matrix is not positive "
+                                  "definite")
+            return r if upper else cp.swapaxes(r, -1, -2)
         # cuSOLVER reports failure through `info`, which CuPy ignores by default.
         l = cp.linalg.cholesky(a)
         if check and not bool(cp.all(cp.isfinite(l))):
@@ -739,6 +763,19 @@ class CupyBackend(ArrayAPIBackend):
     #: geqrf-wy for stacks beyond the batched kernels, from the width where the TSQR
     #: tile kernels (reduced members up to 64 columns) stop
     stack_q_products_min_n = 65
+    #: the fastest of cholqr2-batched, geqrf-wy and geqrf per grid point past the fused
+    #: kernel (n >= 65): geqrf-wy on the lanes at every one (cholqr2-batched at most 0.75x
+    #: of it: its batched triangular inverses and Cholesky factors cost more than geqrf
+    #: on 16 lanes)
+    stack_routes = MappingProxyType({
+        dt: {n: dict.fromkeys((1, 2, 4, 8, 16), "geqrf-wy") for n in (128, 256, 512)}
+        for dt in ("float32", "float64")})
+    #: stacks of at most this many members take geqrf (the library per member, each on
+    #: its own lane: its orgqr costs less than Q's batched products for so few members;
+    #: 1.03-1.3x geqrf-wy at 2 to 4 members)
+    stack_library_max_batch = 4
+    stack_routes_source = ("H200, 2026-11-28, `python bench/probes/batched2_gpu.py`, "
+                           "16 MB stacks against cupy.linalg.qr and torch.linalg.qr")
 
     def library_qr(self, a, mode):
         # cuSOLVER geqrf (+ orgqr unless mode "r"): real 2-D inputs with the layout copies

@@ -20,7 +20,8 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-__all__ = ["qr", "qr_stack", "raw", "raw_stack", "supports", "supports_stack"]
+__all__ = ["cholesky_stack", "qr", "qr_stack", "raw", "raw_stack", "supports",
+           "supports_cholesky_stack", "supports_stack"]
 
 _TILE = 32
 
@@ -112,10 +113,44 @@ def raw(a):
 
 #: side streams a stack's members are dealt to (cuSOLVER's geqrf/orgqr of a small matrix
 #: is a chain of latency-bound launches that leaves most of the GPU idle; members on
-#: several streams overlap). 1: every call on the current stream.
-STREAMS = 4
+#: several streams overlap). 1: every call on the current stream. H200, 16 MB stacks,
+#: `python bench/probes/batched2_gpu.py`: geqrf-wy on 16 lanes 2.0-6.6x cupy.linalg.qr
+#: with 8 or more members (4 lanes 1.9-3.9x, 8 lanes 1.9-5.5x)
+STREAMS = 16
 
 _side: dict = {}
+
+#: whether each side stream's members are issued by a host thread of its own (where a
+#: library call waits on the host, the lanes' waits overlap); False: one thread issues all
+THREADS = False
+
+
+class _Lanes:
+    """Host threads issuing the side streams' calls, one per lane, on one device."""
+
+    def __init__(self, k: int, dev: int):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.dev = dev
+        self.ex = ThreadPoolExecutor(max_workers=k, thread_name_prefix="mpqr-lane")
+
+    def map_lanes(self, lane, k, call=None, args=()) -> None:
+        def run(j):
+            with cp.cuda.Device(self.dev):
+                lane(j, call, args)
+
+        for f in [self.ex.submit(run, j) for j in range(k)]:
+            f.result()
+
+
+_pools: dict = {}
+
+
+def _pool(k: int, dev: int) -> _Lanes:
+    key = (k, dev)
+    if key not in _pools:
+        _pools[key] = _Lanes(k, dev)
+    return _pools[key]
 
 
 def _side_streams(k: int):
@@ -132,6 +167,81 @@ def _side_streams(k: int):
     return got[:k]
 
 
+def _deal(nb: int, lanes, cur, dev: int, issue) -> None:
+    """``issue(j, i)`` for every member ``i`` on lane ``j = i % len(lanes)``: each lane's
+    calls on its stream, after the current stream's work so far; the current stream then
+    waits for every lane."""
+    k = len(lanes)
+
+    def lane(j, *_):
+        # CuPy's cuSOLVER wrappers set the handle's stream to the current one before each
+        # call: the lane's stream is made current around its calls
+        with lanes[j][0]:
+            for i in range(j, nb, k):
+                issue(j, i)
+
+    if k > 1:  # side streams start after the current stream's copy, it waits for them
+        ev = cur.record()
+        for st, _ in lanes:
+            st.wait_event(ev)
+    if k > 1 and THREADS:
+        _pool(k, dev).map_lanes(lane, k, None, ())
+    else:
+        for j in range(k):
+            lane(j)
+    if k > 1:
+        for st, _ in lanes:
+            cur.wait_event(st.record())
+
+
+def _lanes(nb: int, streams: int | None):
+    """``(lanes, current stream, device id)`` for a stack of ``nb`` members."""
+    from cupy.cuda import device
+
+    cur = cp.cuda.get_current_stream()
+    k = max(1, min(nb, STREAMS if streams is None else streams))
+    lanes = [(cur, device.get_cusolver_handle())] if k == 1 else _side_streams(k)
+    return lanes, cur, cp.cuda.Device().id
+
+
+def supports_cholesky_stack(g) -> bool:
+    """A real float32/float64 stack of square matrices with members."""
+    return (g.ndim > 2 and g.dtype in (cp.float32, cp.float64)
+            and g.shape[-1] == g.shape[-2] > 0 and g.size > 0)
+
+
+def cholesky_stack(g, *, streams: int | None = None):
+    """Upper Cholesky factors ``R`` (``g = R^T R``) of every member of a symmetric stack
+    (:func:`supports_cholesky_stack`; the lower triangle is read): cuSOLVER ``potrf`` per
+    member dealt to ``streams`` side streams as :func:`qr_stack` deals ``geqrf``, instead
+    of ``potrfBatched`` (built for small matrices). Failure shows only in ``info``, which
+    is not read: a member that did not factor has a factor whose column norms do not
+    reproduce ``diag(g)``."""
+    from cupy.cuda import cublas, cusolver
+
+    *_, n = g.shape
+    nb = g.size // (n * n)
+    buf = cp.array(g, order="C", copy=True)
+    lanes, cur, dev = _lanes(nb, streams)
+    p = "d" if g.dtype == cp.float64 else "s"
+    size, potrf = getattr(cusolver, f"{p}potrf_bufferSize"), getattr(cusolver, f"{p}potrf")
+    # row-major storage read column-major is the same symmetric matrix; column-major L
+    # (lower) is row-major R = L^T (upper)
+    lo = cublas.CUBLAS_FILL_MODE_LOWER
+    lwork = max(1, size(lanes[0][1], lo, n, buf.data.ptr, n))
+    k = len(lanes)
+    work = cp.empty((k, lwork), dtype=g.dtype)
+    info = cp.empty(k, dtype=cp.int32)
+    step, p0 = n * n * g.itemsize, buf.data.ptr
+    w = [work[j].data.ptr for j in range(k)]
+    ip = [info.data.ptr + 4 * j for j in range(k)]
+    _deal(nb, lanes, cur, dev, lambda j, i: potrf(lanes[j][1], lo, n, p0 + i * step, n,
+                                                   w[j], lwork, ip[j]))
+    r = cp.triu(buf)
+    del work, info  # the current stream waited for the lanes: reuse is ordered after
+    return r
+
+
 def supports_stack(a) -> bool:
     """A real float32/float64 stack ``(..., m, n)`` with ``m >= n > 0`` and members."""
     return (a.ndim > 2 and a.dtype in (cp.float32, cp.float64)
@@ -143,16 +253,13 @@ def _stack_geqrf(a, mode: str, streams: int | None):
     tau, orgqr_call)``, ``buf`` ``(..., cols, m)`` whose member ``i`` is the column-major
     ``m x cols`` storage with geqrf's result in its top ``n`` rows (``cols`` = ``m`` for
     ``mode`` "complete", else ``n``), ``orgqr_call()`` forming every Q in it."""
-    from cupy.cuda import device
-
     *batch, m, n = a.shape
     nb = a.size // (m * n)
     cols = m if mode == "complete" else n
     buf = cp.empty((*batch, cols, m), dtype=a.dtype)
     buf[..., :n, :] = cp.swapaxes(a, -1, -2)
-    cur = cp.cuda.get_current_stream()
-    k = max(1, min(nb, STREAMS if streams is None else streams))
-    lanes = [(cur, device.get_cusolver_handle())] if k == 1 else _side_streams(k)
+    lanes, cur, dev = _lanes(nb, streams)
+    k = len(lanes)
     geqrf_size, geqrf, orgqr_size, orgqr = _solver(a.dtype)
     info = cp.empty(k, dtype=cp.int32)
     tau = cp.empty((*batch, n), dtype=a.dtype)
@@ -168,16 +275,8 @@ def _stack_geqrf(a, mode: str, streams: int | None):
     ip = [info.data.ptr + 4 * j for j in range(k)]
 
     def deal(call, *args):
-        if k > 1:  # side streams start after the current stream's copy, it waits for them
-            ev = cur.record()
-            for st, _ in lanes:
-                st.wait_event(ev)
-        for i in range(nb):
-            j = i % k
-            call(lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork, ip[j])
-        if k > 1:
-            for st, _ in lanes:
-                cur.wait_event(st.record())
+        _deal(nb, lanes, cur, dev, lambda j, i: call(
+            lanes[j][1], m, *args, p0 + i * step, m, t0 + i * tstep, w[j], lwork, ip[j]))
 
     deal(geqrf, n)
     held = (tau, work, info)  # orgqr reads them by pointer: alive until it is queued

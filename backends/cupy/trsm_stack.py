@@ -12,7 +12,7 @@ from __future__ import annotations
 import cupy as cp
 import numpy as np
 
-__all__ = ["LEAF", "solve", "supports"]
+__all__ = ["LEAF", "inverse_upper", "solve", "supports"]
 
 #: diagonal blocks up to this size are one trsmBatched call for the stack
 LEAF = 64
@@ -67,4 +67,25 @@ def _leaf(a, b, lower, unit):
          cublas.CUBLAS_FILL_MODE_UPPER if lower else cublas.CUBLAS_FILL_MODE_LOWER,
          cublas.CUBLAS_OP_N, cublas.CUBLAS_DIAG_UNIT if unit else cublas.CUBLAS_DIAG_NON_UNIT,
          r, k, one.ctypes.data, ap.data.ptr, k, xp_.data.ptr, r, nb)
+    return x
+
+
+def inverse_upper(a):
+    """``a^-1`` of every member of an upper-triangular stack (:func:`supports` with
+    ``b = a``): diagonal blocks of at most :data:`LEAF` rows by ``trsmBatched`` on the
+    identity, the blocks above them by two batched products each,
+    ``inv([[A, B], [0, C]]) = [[A^-1, -A^-1 B C^-1], [0, C^-1]]`` (the leaves solve ``LEAF``
+    right-hand sides instead of ``k``, as :func:`solve` on the identity would)."""
+    k = a.shape[-1]
+    if a.size == 0:
+        return cp.empty(a.shape, dtype=a.dtype)
+    if k <= LEAF:
+        return _leaf(a, cp.broadcast_to(cp.eye(k, dtype=a.dtype), a.shape), False, False)
+    h = max(LEAF, (k // 2) // 32 * 32)
+    x = cp.zeros(a.shape, dtype=a.dtype)
+    ai = inverse_upper(a[..., :h, :h])
+    ci = inverse_upper(a[..., h:, h:])
+    x[..., :h, :h] = ai
+    x[..., h:, h:] = ci
+    x[..., :h, h:] = -(ai @ (a[..., :h, h:] @ ci))
     return x

@@ -390,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
                    "cupy.linalg.qr and torch.linalg.qr (mpqr.bench.batched_sweep)")
     p.add_argument("--sweep-mb", type=float, default=64.0,
                    help="--sweep: megabytes of data a stack (batch capped at 65536)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="--sweep: the whole sweep within about this many seconds (the "
+                   "looping baselines scaled from 16 members where the whole stack would "
+                   "not fit a row's share; rows past it skipped and listed)")
     p.add_argument("--json", default=None)
     p.add_argument("--png", default=None,
                    help="draw the speed-ups here (needs matplotlib)")
@@ -437,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error("--sweep runs with --shapes batched on the GPU")
         payload = {"environment": environment(xp),
                    "sweep": run_sweep(xp, target=int(args.sweep_mb * (1 << 20)),
-                                      repeat=min(args.repeat, 5))}
+                                      repeat=min(args.repeat, 5),
+                                      budget_s=args.budget_s)}
         write_json(args.json, payload)
         return 0
     from mpqr.bench.batched_shapes import BATCHED_SHAPES

@@ -15,6 +15,7 @@ __all__ = [
     "own_precision_meets",
     "precision_of",
     "small_library_route",
+    "stack_table_route",
 ]
 
 #: ``method="auto"`` takes CholQR2 for single matrices with ``m >= TALL_RATIO * n``
@@ -175,8 +176,58 @@ def _figure(backend: Any, gpu: str, host: str) -> str:
     return f"({gpu})" if "tensor-cores" in backend.capabilities else f"({host})"
 
 
+#: what each route of a backend's measured stack table (``backend.stack_routes``) does
+_STACK_ROUTES = {
+    "cholqr2-batched": "CholQR2 of every member at once (batched Gram products, Cholesky "
+                       "factors, n x n inverses and products Q = A R^-1), certified per "
+                       "member (geqrf-wy where a member is beyond its reach)",
+    "geqrf-wy": "the backend library's geqrf per matrix, Q of every matrix at once from its "
+                "reflectors (compact WY: batched products and a batched triangular solve)",
+    "geqrf": "the backend library's QR per matrix (geqrf and orgqr, members dealt to side "
+             "streams), nothing added",
+}
+
+
+def _bucket(grid: Any, v: float) -> Any:
+    """The largest key of ``grid`` at most ``v`` (its smallest where none is)."""
+    keys = sorted(grid)
+    return max((g for g in keys if g <= v), default=keys[0])
+
+
+def stack_table_route(backend: Any, dtype: Any, m: int, n: int, *, batch: int = 2,
+                      complete: bool = False) -> tuple[str, str] | None:
+    """``(route, why)`` from the backend's measured table of stack routes
+    (``backend.stack_routes``: ``{dtype name: {n: {m/n: route}}}``, each cell the
+    fastest route of the sweep at that grid point), or None where the backend has none
+    for ``dtype``. Between grid points the cell of the largest grid ``n`` and ``m / n``
+    at most the member's is read. ``cholqr2-batched`` gives thin factors only: for
+    ``complete`` Q it reads ``geqrf-wy``. Stacks of at most
+    ``backend.stack_library_max_batch`` members take ``geqrf`` whatever the cell."""
+    table = getattr(backend, "stack_routes", None)
+    xp = backend.xp
+    name = "float32" if dtype == xp.float32 else "float64" if dtype == xp.float64 else None
+    if not table or name not in table or m < n:
+        return None
+    source = getattr(backend, "stack_routes_source", "")
+    few = getattr(backend, "stack_library_max_batch", None)
+    if few is not None and batch <= few:
+        return "geqrf", (f"{_STACK_ROUTES['geqrf']}; at most {few} members, where the "
+                         f"library's orgqr per member beats Q's batched products "
+                         f"(the backend's measurement: {source})")
+    rows = table[name]
+    nb = _bucket(rows, n)
+    cells = rows[nb]
+    rb = _bucket(cells, m / n)
+    route = cells[rb]
+    if route == "cholqr2-batched" and complete:
+        route = "geqrf-wy"
+    where = (f"the backend's measured table ({source}) "
+             f"gives {route} at {name}, n >= {nb}, m/n >= {rb}")
+    return route, f"{_STACK_ROUTES.get(route, route)}; {where}"
+
+
 def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
-                  batch: int = 1) -> tuple[str, str]:
+                  batch: int = 1, complete: bool = False) -> tuple[str, str]:
     """``(method, reason)`` for ``method="auto"``.
 
     A single tall-skinny matrix (``m >= 16 n``) at a working-precision setting
@@ -209,7 +260,12 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     Larger stacks in their own working precision with at least
     ``backend.stack_q_products_min_n`` columns (CuPy: 65) take ``geqrf-wy``: the library's
     ``geqrf`` per matrix (on CuPy with the members spread over several streams), Q of the
-    whole stack from the reflectors by batched products instead of ``orgqr`` per matrix.
+    whole stack from the reflectors by batched products instead of ``orgqr`` per matrix,
+    unless the backend's measured table of stack routes (:func:`stack_table_route`)
+    gives ``cholqr2-batched`` (certified CholQR2 of every member at once; reduced and
+    r modes) or ``geqrf`` (the library's QR per matrix) for the member's width and
+    ratio, or the stack has at most ``backend.stack_library_max_batch`` members
+    (``geqrf``).
     Narrower ones take ``geqrf`` (the library's QR per matrix; CuPy's TSQR tile kernels
     for reduced tall-skinny members up to 64 columns), others the routes below.
 
@@ -264,6 +320,9 @@ def choose_method(backend: Any, prec_name: str, dtype: Any, m: int, n: int, *,
     wy_min = backend.stack_q_products_min_n
     if (batch > 1 and wy_min is not None and k >= wy_min
             and _in_working_precision(backend, prec_name, dtype)):
+        picked = stack_table_route(backend, dtype, m, n, batch=batch, complete=complete)
+        if picked is not None and picked[0] != "geqrf-wy":
+            return picked[0], f"a stack of {batch} matrices of {m}x{n}: {picked[1]}"
         return ("geqrf-wy",
                 f"a stack of {batch} matrices of {m}x{n}, beyond one GPU thread block: the "
                 "backend library's geqrf per matrix (on CuPy members dealt to several "

@@ -92,6 +92,12 @@ def _geqrf_wy(backend, a, **kw):
     return geqrf_wy(backend, a, **kw)
 
 
+def _cholqr2_batched(backend, a, **kw):
+    from mpqr.qr.batched_cholqr import cholqr2_batched
+
+    return cholqr2_batched(backend, a, **kw)
+
+
 def _svqr(backend, a, **kw):
     from mpqr.qr.svqr import svqr
 
@@ -114,11 +120,12 @@ METHODS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "householder-batched": _householder_batched,
     "householder-batched-blocked": _householder_batched_blocked,
     "geqrf-wy": _geqrf_wy,
+    "cholqr2-batched": _cholqr2_batched,
 }
 
 #: methods that build an orthonormal basis of the columns only (no complete Q).
 THIN_ONLY: set[str] = {"gram-schmidt-recursive", "cholqr", "cholqr2", "shifted-cholqr3",
-                        "preconditioned-cholqr", "sketch-cholqr", "svqr"}
+                        "preconditioned-cholqr", "sketch-cholqr", "svqr", "cholqr2-batched"}
 
 
 #: methods whose R has a real, positive diagonal by construction (Cholesky factors and
@@ -130,11 +137,15 @@ _POSITIVE_DIAGONAL: frozenset[str] = frozenset({"cholqr", "cholqr2", "shifted-ch
                                                  "sketch-cholqr",
                                                  "householder-batched",
                                                  "householder-batched-blocked",
-                                                 "geqrf-wy"})
+                                                 "geqrf-wy", "cholqr2-batched"})
 
 #: methods that run the library's geqrf in the input's precision on the unscaled input:
 #: queued before the range check, which then reads its one host sync after them
 _LIBRARY_FIRST: frozenset[str] = frozenset({"geqrf", "geqrf-wy"})
+
+#: where ``method="auto"``'s certified stack route breaks down (a member beyond its
+#: reach), the stack route it continues with
+STACK_FALLBACK: dict[str, str] = {"cholqr2-batched": "geqrf-wy"}
 
 #: where ``method="auto"``'s CholQR2 breaks down, the method it continues with (from the
 #: Gram matrix CholQR2 computed) before falling back to Householder
@@ -176,6 +187,8 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
         kw = {**kw, "precision": own, "prec_name": own}
         if n > 32 and "tensor-cores" in backend.capabilities:
             fallback = "householder-recursive"
+    if method in STACK_FALLBACK:
+        fallback = STACK_FALLBACK[method]
     # auto's CholQR2 checks the range itself (its Gram diagonal holds the squared column
     # norms: overflow or underflow raise BreakdownError), so the pass computing column
     # maxima is saved; the fallback below scales as usual

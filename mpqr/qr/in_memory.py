@@ -81,7 +81,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
 
     auto = method == "auto"
     if auto:
-        method, why = choose_method(backend, prec_name, a.dtype, m, n, batch=math.prod(batch))
+        method, why = choose_method(backend, prec_name, a.dtype, m, n, batch=math.prod(batch),
+                                    complete=complete)
         record_event("method", f"qr: {method} ({why})", method=method, shape=(m, n),
                      batch=math.prod(batch), precision=prec_name)
     else:
@@ -125,7 +126,7 @@ def _qr_pivoted(backend: Any, a: Any, *, mode: str, method: str, precision: Any,
             mth, auto = method, method == "auto"
             if auto:
                 mth, why = choose_method(backend, prec_name, ap.dtype, m, n,
-                                         batch=math.prod(batch))
+                                         batch=math.prod(batch), complete=complete)
                 record_event("method", f"qr: {mth} ({why}) of the permuted matrix",
                              method=mth, shape=(m, n), batch=math.prod(batch),
                              precision=prec_name)

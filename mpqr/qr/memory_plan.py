@@ -92,7 +92,8 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         return math.ceil(_TALL * nbytes)
     if method == "geqrf":
         return math.ceil(_LIBRARY * nbytes)
-    if method == "geqrf-wy":  # geqrf's copy, Y^T, Y W and Q, each the input's size
+    if method in ("geqrf-wy", "cholqr2-batched"):  # geqrf-wy: its copy, Y^T, Y W and Q;
+        # cholqr2-batched: Q1, its transposed solve, Q (each the input's size)
         return math.ceil(_WY * nbytes)
     *batch, m, n = shape
     k = min(m, n)
