@@ -91,8 +91,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     if m == 0 or n == 0 or math.prod(batch) == 0:
         q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
     else:
-        memory_plan.check_fits(backend, a, method, prec_name)
-        with memory_plan.workspace_scope(backend, a, prec_name, method):
+        plan = memory_plan.check_fits(backend, a, method, prec_name)
+        with memory_plan.workspace_scope(backend, a, prec_name, method, plan):
             q, r = driver.run(backend, a, method, auto=auto, precision=precision,
                               prec_name=prec_name, want_q=want_q, complete=complete,
                               overwrite=overwrite)

@@ -59,7 +59,7 @@ def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: st
 
 
 def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cert: Any,
-                   precision: str) -> Any:
+                   precision: str, woff: int = 0) -> Any:
     """Factor the leaf ``work[c0:, c0:c1]`` (2-D, LAPACK's layout) in place in certified
     panels of :data:`~mpqr.qr._kernels.CERTIFIED_PANEL_MAX_N` columns, left to right
     (``backend.certified_panel``: CholQR2 + reconstruction, the check counted into
@@ -67,8 +67,10 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     later columns, ``B <- B - Y (W^H B)``, by products at ``precision`` (the second in
     place, in two parts: ``Y``'s explicit unit-lower top and the rows below it).
     Returns the leaf's ``tau`` (for its ``T``: :func:`~mpqr.backends._base.compact_wy_t`).
+    W's entry ``(i, j)`` lives at ``w_all[..., i - woff, j - woff]`` (a W narrower than
+    ``work``: the lean plan of docs/memory.md).
     """
-    tau = backend.certified_leaf(work, w_all, c0, c1, cert)
+    tau = backend.certified_leaf(work, w_all, c0, c1, cert, woff)
     if tau is not None:  # the backend's own loop (the same steps)
         return tau
     xp = backend.xp
@@ -76,11 +78,12 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     taus = []
     for c in range(c0, c1, CERTIFIED_PANEL_MAX_N):
         e = min(c + CERTIFIED_PANEL_MAX_N, c1)
-        l, tau = backend.certified_panel(work[c:, c:e], w_all[c:, c:e], cert)
+        wp = w_all[c - woff:m - woff, c - woff:e - woff]
+        l, tau = backend.certified_panel(work[c:, c:e], wp, cert)
         taus.append(tau)
         if e == c1:
             break
-        z = gemm(ct(xp, w_all[c:, c:e]), work[c:, e:c1], precision=precision,
+        z = gemm(ct(xp, wp), work[c:, e:c1], precision=precision,
                  label="panel-update-WhB", backend=backend)
         gemm_sub(work[c:e, e:c1], l, z, precision=precision, label="panel-update-YZ",
                  backend=backend)
