@@ -485,10 +485,11 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
     leaves, whose ``T`` has the block's ``T`` on its diagonal), last to first,
     ``Q[:, c1:] <- (I - W_j Y_j^H) Q[:, c1:]`` and ``Q[:, c0:c1] <- E_j - W_j Y_j[:kb]^H``
     with ``W_j = Y_j T_j`` (``m x kb``). ``Y_j`` is read from the block's own columns,
-    which are written last; the only other storage is ``W_j``, ``Y_j``'s top and a
-    ``kb x n`` product."""
+    which are written last; the only other storage is ``W_j``, ``Y_j``'s top and the
+    ``kb x n/LEAN_PARTS`` products of the trailing update's column chunks."""
     xp = backend.xp
     n = work.shape[-1]
+    chunk = -(-n // LEAN_PARTS)
     blocks = [(c, min(l1, c + LEAN_Q_BLOCK), l0, t) for l0, (l1, t) in sorted(ts.items())
               for c in range(l0, l1, LEAN_Q_BLOCK)]
     for c0, c1, l0, t in reversed(blocks):
@@ -499,11 +500,14 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
         # -W_j: its products then subtract and write with the signs they need
         wn = gemm(y, -t[..., c0 - l0:c1 - l0, c0 - l0:c1 - l0], precision=precision,
                   label="formq-lean-YT", backend=backend)
-        if c1 < n:
-            work[..., c0:c1, c1:] = 0  # R's rows there (taken out); Q is zero there yet
-            d = gemm(ct(xp, y[..., kb:, :]), work[..., c1:, c1:], precision=precision,
+        work[..., c0:c1, c1:] = 0  # R's rows there (taken out); Q is zero there yet
+        # the formed columns right of the block, in chunks: a product formed before it is
+        # subtracted (where the engine has no fused update) stays a chunk's size
+        for j0 in range(c1, n, chunk):
+            j1 = min(n, j0 + chunk)
+            d = gemm(ct(xp, y[..., kb:, :]), work[..., c1:, j0:j1], precision=precision,
                      label="formq-lean-YhQ", backend=backend)
-            gemm_sub(work[..., c0:, c1:], wn, -d, precision=precision,
+            gemm_sub(work[..., c0:, j0:j1], wn, -d, precision=precision,
                      label="formq-lean-WD", backend=backend)
             d = None
         y1 = xp.asarray(y[..., :kb, :], copy=True)
