@@ -171,6 +171,9 @@ class CupyBackend(ArrayAPIBackend):
     def ldexp(self, x, e):
         return self._cp.ldexp(x, e)
 
+    def ldexp_in_place(self, x, e):
+        self._cp.ldexp(x, e, out=x)
+
     # Fused single-pass versions of the engines' conversion steps.
     def all_finite(self, x):
         from mpqr.backends.cupy.engine_kernels import all_finite

@@ -295,7 +295,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                      "(geqrf panels if a check fails)", leaf=nb, panel=CERTIFIED_PANEL_MAX_N)
     # the lean plan (docs/memory.md): W a block column of about k/LEAN_PARTS, the leaves'
     # T kept, Q formed over the working copy after R is taken out
-    lean = lean_active() and not complete and not f16
+    lean = lean_active() and not complete
+    # fp16 on the fast plan: Ŷ in a float16 array of its own (explicit); on the lean plan
+    # Ŷ replaces Y in the working copy (float32 numbers that are fp16 numbers)
+    yx = f16 and not lean
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
     if lean:
@@ -304,8 +307,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     w_all = xp.zeros((*batch, m, wk), dtype=a.dtype, device=dev)
     # fp16: the rounded vectors as float16, explicit (zeros above: a diagonal block of Q's
     # formation may span leaves); the products with Y read these, not the working copy
-    yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if f16 else None
-    ysrc = yh_all if f16 else work
+    yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if yx else None
+    ysrc = yh_all if yx else work
     # lean: each leaf's T by its first column (Q's formation reads them)
     ts: dict[int, tuple[int, Any]] = {}
 
@@ -326,11 +329,20 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                  woff=off)
             if not (need_w or need_t):
                 return
-            if f16:  # Ŷ into its float16 array; the working copy keeps the unrounded Y
+            if yx:  # Ŷ into its float16 array; the working copy keeps the unrounded Y
                 y16, t = round_reflectors_fp16(backend, None, work[..., c0:, c0:c1],
                                                precision=pp, tau=tau,
                                                out=yh_all[..., c0:, c0:c1])
                 rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
+                return
+            if f16:  # lean: Ŷ over Y in the working copy
+                y16, t = round_reflectors_fp16(
+                    backend, None, work[..., c0:, c0:c1], precision=pp, tau=tau,
+                    out=xp.empty((*batch, m - c0, k), dtype=xp.float16, device=dev))
+                _store_vectors(xp, work, y16, c0, c1)
+                ts[c0] = (c1, t)
+                if need_w:
+                    rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
                 return
             y = unit_lower(xp, work[..., c0:, c0:c1])
             t = compact_wy_t(backend, y, tau)
@@ -345,6 +357,15 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                         need_w=need_w or need_t)
             work[..., c0:c1, c0:c1] = xp.triu(r) + xp.tril(y[..., :k, :], k=-1)
             work[..., c1:, c0:c1] = y[..., k:, :]
+            if f16 and lean:  # Ŷ over Y in the working copy, T̂ kept, Ŵ = Ŷ T̂
+                y16, t = round_reflectors_fp16(
+                    backend, w, y, precision=pp,
+                    out=xp.empty((*batch, m - c0, k), dtype=xp.float16, device=dev))
+                _store_vectors(xp, work, y16, c0, c1)
+                ts[c0] = (c1, t)
+                if need_w:
+                    rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
+                return
             if need_t:  # W = Y T with Y's top block unit lower: T from W's top block
                 ts[c0] = (c1, backend.solve_triangular(y[..., :k, :], w[..., :k, :],
                                                        lower=True, unit_diagonal=True))
@@ -385,7 +406,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         else:
             c = gemm(ct(xp, w1), b, precision=precision,
                      label="rec-update-WhB", options=opt_w, backend=backend)
-        if f16:
+        if yx:
             # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
             # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
             # below would add half-size products and copies of them
@@ -443,7 +464,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if lean:
         w_all = None
         r = xp.triu(work[..., :n, :])
-        _form_q_lean(backend, work, ts, precision=precision)
+        _form_q_lean(backend, work, ts, precision=precision, pp=pp,
+                     options=SPLIT_FP16 if f16 else None)
         return work, r
     if complete:
         r = xp.triu(work[..., :n, :])
@@ -462,12 +484,12 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # fp16 (Y1 has an array of its own), after Q otherwise; in place for a square input,
     # so that Q and R are the only arrays of the input's size left
     r = None
-    if f16:
+    if yx:
         r = _take_r(xp, work, nb)
         work = None
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
-                      explicit=f16)
+                      explicit=yx)
     # Y1 was their last use: free them before the sign normalisation copies Q
     ysrc = yh_all = None
     if r is None:
@@ -479,14 +501,16 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
 
 
 def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
-                 precision: Any) -> None:
+                 precision: Any, pp: Any, options: Any = None) -> None:
     """The reduced Q over the working copy (R already taken out), backward like LAPACK's
     ``orgqr``: for the column blocks ``j`` of at most :data:`LEAN_Q_BLOCK` (within the
     leaves, whose ``T`` has the block's ``T`` on its diagonal), last to first,
-    ``Q[:, c1:] <- (I - W_j Y_j^H) Q[:, c1:]`` and ``Q[:, c0:c1] <- E_j - W_j Y_j[:kb]^H``
-    with ``W_j = Y_j T_j`` (``m x kb``). ``Y_j`` is read from the block's own columns,
-    which are written last; the only other storage is ``W_j``, ``Y_j``'s top and the
-    ``kb x n/LEAN_PARTS`` products of the trailing update's column chunks."""
+    ``Q[:, c1:] <- Q[:, c1:] - Y_j (T_j (Y_j^H Q[:, c1:]))`` in column chunks of
+    ``n / LEAN_PARTS``, then ``Q[:, c0:c1] <- E_j - Y_j (T_j Y_j[:kb]^H)``. The vectors are
+    the left operand of every product (``options``: the fp16 QR's engine that reads the
+    rounded vectors exactly); the small products with ``T_j`` run at ``pp``. The storage
+    is a copy of the block's vectors (its columns are written last), ``kb x n/LEAN_PARTS``
+    products and, where the engine forms a product before subtracting it, one chunk."""
     xp = backend.xp
     n = work.shape[-1]
     chunk = -(-n // LEAN_PARTS)
@@ -494,28 +518,37 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
               for c in range(l0, l1, LEAN_Q_BLOCK)]
     for c0, c1, l0, t in reversed(blocks):
         kb = c1 - c0
+        tj = t[..., c0 - l0:c1 - l0, c0 - l0:c1 - l0]
         # the block's vectors as explicit unit lower columns (R above is already out)
         work[..., c0:c1, c0:c1] = unit_lower(xp, work[..., c0:c1, c0:c1])
         y = work[..., c0:, c0:c1]
-        # -W_j: its products then subtract and write with the signs they need
-        wn = gemm(y, -t[..., c0 - l0:c1 - l0, c0 - l0:c1 - l0], precision=precision,
-                  label="formq-lean-YT", backend=backend)
         work[..., c0:c1, c1:] = 0  # R's rows there (taken out); Q is zero there yet
-        # the formed columns right of the block, in chunks: a product formed before it is
-        # subtracted (where the engine has no fused update) stays a chunk's size
         for j0 in range(c1, n, chunk):
             j1 = min(n, j0 + chunk)
             d = gemm(ct(xp, y[..., kb:, :]), work[..., c1:, j0:j1], precision=precision,
-                     label="formq-lean-YhQ", backend=backend)
-            gemm_sub(work[..., c0:, j0:j1], wn, -d, precision=precision,
-                     label="formq-lean-WD", backend=backend)
+                     label="formq-lean-YhQ", options=options, backend=backend)
+            d = gemm(tj, d, precision=pp, label="formq-lean-TD", backend=backend)
+            gemm_sub(work[..., c0:, j0:j1], y, d, precision=precision,
+                     label="formq-lean-YD", options=options, backend=backend)
             d = None
-        y1 = xp.asarray(y[..., :kb, :], copy=True)
+        yc = xp.asarray(y, copy=True)
         y = None
-        gemm_into(work[..., c0:, c0:c1], wn, ct(xp, y1), precision=precision,
-                  label="formq-lean-WYh", backend=backend)
+        e = gemm(-tj, ct(xp, yc[..., :kb, :]), precision=pp, label="formq-lean-TYh",
+                 backend=backend)
+        gemm_into(work[..., c0:, c0:c1], yc, e, precision=precision,
+                  label="formq-lean-YE", options=options, backend=backend)
+        yc = e = None
         work[..., :c0, c0:c1] = 0
         backend.add_identity(work[..., c0:c1, c0:c1])
+
+
+def _store_vectors(xp: Any, work: Any, y16: Any, c0: int, c1: int) -> None:
+    """The rounded vectors ``Ŷ`` (float16, explicit unit lower) over ``Y`` below the
+    diagonal of the working copy's columns ``c0:c1`` (R above is kept)."""
+    k = c1 - c0
+    yw = xp.astype(y16, work.dtype)
+    work[..., c0:c1, c0:c1] = xp.triu(work[..., c0:c1, c0:c1]) + xp.tril(yw[..., :k, :], k=-1)
+    work[..., c1:, c0:c1] = yw[..., k:, :]
 
 
 def _take_r(xp: Any, work: Any, nb: int) -> Any:

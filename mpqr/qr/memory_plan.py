@@ -38,6 +38,7 @@ from mpqr.engines.ozaki import workspace_bytes
 from mpqr.policy import active_gemm_options, gemm_options, record_event
 from mpqr.qr._kernels import TRMM_CUTOFF
 from mpqr.qr.householder_recursive import (
+    LEAN_PARTS,
     LEAN_Q_BLOCK,
     MAX_CERTIFIED_LEAF_WIDTH,
     leaf_width,
@@ -110,7 +111,7 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     *batch, m, n = shape
     k = min(m, n)
     stack = math.prod(batch)
-    if plan == "lean" and prec_name != "fp16" and method == "householder-recursive":
+    if plan == "lean" and method == "householder-recursive":
         return _lean_bytes(prec_name, m, n, stack, itemsize)
     # the working copy (R in its storage where square) and W (Q in its storage)
     need = 2 * nbytes + (stack * k * k * itemsize if m != n else 0)
@@ -146,7 +147,7 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
     nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
     wk = min(k, lean_width(k, nb))
     qb = min(LEAN_Q_BLOCK, nb, k)
-    if prec_name in ("fp32-emulated", "auto"):
+    if prec_name in ("fp16", "fp32-emulated", "auto"):
         scratch = lean_split_cap(nbytes)
     elif prec_name == "fp64-emulated":
         scratch = lean_ozaki_cap(nbytes)
@@ -154,7 +155,10 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
         scratch = 0
     factoring = (m * n + m * wk + max(_HALF_PRODUCTS * wk * (k - wk),
                                       _LEAF_COPIES * m * min(nb, k))) * itemsize
-    forming_q = (m * n + k * n + m * qb + 3 * qb * n) * itemsize
+    if prec_name == "fp16":  # W's block column rounded to fp16 once for its two products
+        factoring += m * wk * 2
+    # Q over the working copy, R, a copy of a block's vectors, the chunks' products
+    forming_q = (m * n + k * n + m * qb + 2 * qb * -(-n // LEAN_PARTS)) * itemsize
     return math.ceil(stack * max(factoring, forming_q) + min(scratch, nbytes)
                      + _SLACK * nbytes)
 
