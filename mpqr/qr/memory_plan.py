@@ -147,20 +147,27 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
     nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
     wk = min(k, lean_width(k, nb))
     qb = min(LEAN_Q_BLOCK, nb, k)
+    chunk = -(-n // LEAN_PARTS)
+    # the largest products (out rows, out columns, inner): the update right of W's block;
+    # a chunk of Q's trailing update
+    prods = ((wk, k - wk, m), (m, chunk, qb))
     if prec_name in ("fp16", "fp32-emulated", "auto"):
-        scratch = lean_split_cap(nbytes)
+        per = 2 if prec_name == "fp16" else 6
+        whole = max(per * kk * (r + c) + 8 * r * c for r, c, kk in prods)
+        scratch = min(lean_split_cap(nbytes), whole)
     elif prec_name == "fp64-emulated":
-        scratch = lean_ozaki_cap(nbytes)
+        whole = max(workspace_bytes(r, c, kk, _OZAKI_TERMS, _OZAKI_LIMBS) for r, c, kk in prods)
+        scratch = min(lean_ozaki_cap(nbytes), whole)
     else:
         scratch = 0
-    factoring = (m * n + m * wk + max(_HALF_PRODUCTS * wk * (k - wk),
+    # the leaves' T (k x nb in all), kept for Q's formation
+    factoring = (m * n + k * min(nb, k) + m * wk + max(_HALF_PRODUCTS * wk * (k - wk),
                                       _LEAF_COPIES * m * min(nb, k))) * itemsize
     if prec_name == "fp16":  # W's block column rounded to fp16 once for its two products
         factoring += m * wk * 2
-    # Q over the working copy, R, a copy of a block's vectors, the chunks' products
-    forming_q = (m * n + k * n + m * qb + 2 * qb * -(-n // LEAN_PARTS)) * itemsize
-    return math.ceil(stack * max(factoring, forming_q) + min(scratch, nbytes)
-                     + _SLACK * nbytes)
+    # Q over the working copy, R, the T's, a copy of a block's vectors, the chunks' products
+    forming_q = (m * n + k * n + k * min(nb, k) + m * qb + 2 * qb * chunk) * itemsize
+    return math.ceil(stack * (max(factoring, forming_q) + scratch) + _SLACK * nbytes)
 
 
 def lean_split_cap(nbytes: int) -> int:
