@@ -15,7 +15,7 @@ the largest n that fits a pool limit.
    <= 1.05);
 3. the largest n x n that mpqr.qr (fp32-emulated float32, fp64-emulated float64; the
    default plan, which goes lean when the fast route would not fit) and cupy.linalg.qr
-   factor under a CuPy pool limit of 4 GiB, by bisection on n (multiples of 256): the
+   factor under a CuPy pool limit of 4 GiB, by bisection on n (multiples of 512): the
    ratio mpqr / cupy (target >= 0.85);
 4. an oversize device input -> DeviceMemoryError.
 Each part is caught on its own; a failure prints its traceback and the script goes on.
@@ -160,7 +160,7 @@ def timings():
                            (16384, 16384, "float32", "fp16"),
                            (65536, 8192, "float32", "fp32-emulated")):
         a = cp.random.default_rng(2).standard_normal((m, n), dtype=cp.float64).astype(dt)
-        settings = ("lean", "fast", "1", "0") if m == n else ("1", "0")
+        settings = ("lean", "fast", "1", "0") if m == n and prec != "fp16" else ("1", "0")
         t = _time(a, prec, settings)
         del a
         pool.free_all_blocks()
@@ -185,7 +185,7 @@ def largest():
         for who in (prec, "cupy"):
             fn = cp.linalg.qr if who == "cupy" else (lambda x, pr=prec: mpqr.qr(x, precision=pr))
             t0 = time.perf_counter()
-            n = largest_n(cp, fn, dt, limit, lo=2048, step=256)
+            n = largest_n(cp, fn, dt, limit, lo=4096, step=512)
             ns[who] = n
             res["largest"].append(dict(dtype=dt, who=who, limit=limit, n=n))
             print(f"{dt} {who}: largest n under {limit:,} bytes: {n} "
