@@ -1,28 +1,34 @@
 """How much device memory a QR call needs, checked before the work starts.
 
-A call on a device array whose workspace estimate exceeds the device's free memory (the
-driver's free bytes plus what the array library's pool holds unused) raises
-:class:`mpqr.DeviceMemoryError` up front, saying how much it needs, how much is free and
-which precision or out-of-core budget would fit, instead of an out-of-memory error from
-deep inside the factorization. Host arrays (free memory unknown: ``None``) are never
-refused here.
+A call takes one of three plans (:data:`PLANS`, :func:`choose_plan`): on a device the
+fastest whose estimate fits the free memory (the driver's free bytes plus what the array
+library's pool holds unused, within a pool limit) — ``"fast"`` (whole products, no caps),
+``"tiled"`` (the engines' scratch capped) or ``"lean"`` (the square/wide Householder
+route's lean footprint: W a block column, Q formed over the working copy; docs/memory.md).
+Where even the lean plan would not fit, :class:`mpqr.DeviceMemoryError` is raised up
+front, saying how much it needs, how much is free and which precision or out-of-core
+budget would fit, instead of an out-of-memory error from deep inside the factorization.
+Host arrays (free memory unknown: ``None``) are never refused here and take the tiled
+plan.
 
-The estimate (:func:`estimate_bytes`) is the route's budget beyond the input itself: for
-the square/wide Householder route its working copy (where R is left for a square input)
-and W (where Q is formed), R where it is not square, the fp16 vectors at ``fp16``, the
-engines' scratch cap of the plan and the top level's half-size products; tall methods and
-the library's QR a measured multiple of the input's bytes.
+The estimate (:func:`estimate_bytes`) is the plan's budget beyond the input itself: for
+the square/wide Householder route on the fast and tiled plans its working copy (where R
+is left for a square input) and W (where Q is formed), R where it is not square, the fp16
+vectors at ``fp16``, the engines' scratch and the top level's half-size products; on the
+lean plan the larger of its factoring and its formation of Q; tall methods and the
+library's QR a measured multiple of the input's bytes.
 
-The plan also bounds the engines' scratch memory during the call
+The tiled and lean plans bound the engines' scratch memory during the call
 (:func:`workspace_scope`): the fp16 engines' operand splits and products (``fp16``,
-``fp32-emulated``) stay within ``SPLIT_FRACTION`` of the input's bytes (at least
-``SPLIT_FLOOR``), the policy running a larger product in output tiles (on a device only
-where the untiled call would not fit the free memory); the Ozaki engine's
-residues and int32 products (whose default cap is half the free device memory, so a call
-used to take as much as it found) within ``OZAKI_FRACTION`` of the input's bytes (at least
-``OZAKI_FLOOR``), the engine blocking its products, which changes no bit of the result.
+``fp32-emulated``) stay within ``SPLIT_FRACTION`` (lean: ``LEAN_SPLIT_FRACTION``) of the
+input's bytes (at least ``SPLIT_FLOOR``), the policy running a larger product in output
+tiles; the Ozaki engine's residues and int32 products (whose default cap is half the free
+device memory) within ``OZAKI_FRACTION`` (lean: ``LEAN_OZAKI_FRACTION``) of the input's
+bytes (at least ``OZAKI_FLOOR``), the engine blocking its products, which changes no bit
+of the result.
 
-``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements).
+``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements); ``lean`` or
+``fast`` forces that plan.
 """
 
 from __future__ import annotations
