@@ -1016,5 +1016,11 @@ def _host_staging(self: ArrayAPIBackend, dtype: Any, block_elems: int, *, nbuf: 
     return SyncStaging(self, dtype, block_elems, nbuf)
 
 
+def _release_cached_memory(self: ArrayAPIBackend) -> None:
+    """Hand the blocks an array library's memory pool holds unused back to the device
+    (between the phases of a call on the lean memory plan); nothing here."""
+
+
 ArrayAPIBackend.device_memory_free = _device_memory_free
+ArrayAPIBackend.release_cached_memory = _release_cached_memory
 ArrayAPIBackend.host_staging = _host_staging

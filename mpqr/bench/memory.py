@@ -85,6 +85,7 @@ def largest_n(cp: Any, fn: Any, dtype: str, budget: int, lo: int = 256, step: in
         pool.free_all_blocks()
         pool.set_limit(size=0)
         a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float64).astype(dtype)
+        pool.free_all_blocks()  # the float64 draw's block: not counted against the budget
         pool.set_limit(size=budget)
         try:
             res = fn(a)

@@ -302,6 +302,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
     if lean:
+        backend.release_cached_memory()
         record_event("memory", f"householder-recursive: lean plan (W {m} x {wk}, Q formed "
                      "over the working copy)", width=wk)
     w_all = xp.zeros((*batch, m, wk), dtype=a.dtype, device=dev)
@@ -462,7 +463,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if not want_q:
         return None, _take_r(xp, work, nb)
     if lean:
+        # the factoring's workspace goes back before R and the formation of Q take theirs
         w_all = None
+        backend.release_cached_memory()
         r = xp.triu(work[..., :n, :])
         _form_q_lean(backend, work, ts, precision=precision, pp=pp,
                      options=SPLIT_FP16 if f16 else None)
