@@ -2,9 +2,10 @@
 
 CuPy only. For each row (the tall, square and wide routes at the precisions of the
 memory targets) one call of ``mpqr.qr`` and of ``cupy.linalg.qr`` after the pool's cached
-blocks are freed: what the pool grew by (``total_bytes`` after the call less before it,
-what the pool had to take from the device beyond the input) and the peak of live bytes
-the call added (a CuPy memory hook), each a multiple of the input's bytes.
+blocks are freed: what the pool grew by (the high-water of ``total_bytes`` during the
+call less before it, what the pool had to take from the device beyond the input) and the
+peak of live bytes the call added (a CuPy memory hook), each a multiple of the input's
+bytes.
 ``MPQR_MEMORY_PLAN`` is read as it is set (``0``: the check before a call is off).
 Then, under a pool limit of ``--budget`` bytes, the largest
 ``n`` of an ``n x n`` matrix each of ``mpqr.qr(precision=...)`` and ``cupy.linalg.qr``
@@ -34,12 +35,20 @@ QUICK = [(1 << 20, 64, "float64", "auto"), (4096, 4096, "float32", "fp16"),
 def _hook(cp: Any) -> Any:
     from cupy.cuda import memory_hook
 
+    pool = cp.get_default_memory_pool()
+
     class Peak(memory_hook.MemoryHook):
         name = "mpqr-peak"
 
         def __init__(self) -> None:
             self.live = self.peak = 0
+            self.pool_peak = pool.total_bytes()
             self.sizes: dict[int, int] = {}
+
+        def alloc_postprocess(self, device_id, mem_size, mem_ptr):
+            # a new block from the device: the pool's total is at a high-water mark
+            # (blocks handed back during the call lower it again)
+            self.pool_peak = max(self.pool_peak, pool.total_bytes())
 
         def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
             self.sizes[mem_ptr] = mem_size
@@ -67,7 +76,7 @@ def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
         res = fn(a)
         cp.cuda.Device().synchronize()
     dt = time.perf_counter() - t0
-    high = pool.total_bytes()
+    high = max(pool.total_bytes(), hook.pool_peak)
     del res
     pool.free_all_blocks()
     return {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
