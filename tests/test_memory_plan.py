@@ -358,3 +358,33 @@ def test_gpu_lean_plan_pool_within_its_estimate(monkeypatch):
         assert be <= tol and orth <= (2e-4 if prec == "fp16" else tol), (prec, be, orth)
         del a, q, r, a64, q64
         cp.get_default_memory_pool().free_all_blocks()
+
+
+def test_out_of_memory_on_a_faster_plan_runs_again_lean(small_device, monkeypatch):
+    # an estimate that fell short (a MemoryError from inside the fast plan's call): the
+    # call runs once more on the lean plan; not where the input may have been overwritten
+    from mpqr.qr import driver
+
+    a = np.random.default_rng(11).standard_normal((96, 96))
+    small_device["bytes"] = 10 * memory_plan.estimate_bytes(
+        "householder-recursive", "fp64", a.shape, 8, "fast")
+    run, calls = driver.run, []
+
+    def failing_once(*args, **kw):
+        calls.append(kw.get("overwrite"))
+        if len(calls) == 1:
+            raise MemoryError("out of device memory")
+        return run(*args, **kw)
+
+    monkeypatch.setattr(driver, "run", failing_once)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64", method="householder-recursive")
+    assert len(calls) == 2
+    assert any("factored again on the lean plan" in str(e) for e in trace.events)
+    assert any("lean plan" in str(e) and e.kind == "memory" for e in trace.events)
+    np.testing.assert_allclose(q @ r, a, atol=1e-12 * np.linalg.norm(a))
+    calls.clear()
+    with pytest.raises(MemoryError, match="out of device memory"):
+        mpqr.qr(np.array(a), precision="fp64", method="householder-recursive",
+                overwrite_a=True)
+    assert len(calls) == 1
