@@ -392,47 +392,52 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         if lean and not need_w:
             off = c0  # no W of this block is read later: the left block's from its corner
         rec(c0, cm, True, off)
-        # right half <- (I - W1 Y1^H)^H right half = B - Y1 (W1^H B)
-        b = work[..., c0:, cm:c1]
+        # right half <- (I - W1 Y1^H)^H right half = B - Y1 (W1^H B); on the lean plan's
+        # spine in column chunks of W's width, so that C and its triangular update stay
+        # wk x wk (their k1 x (k - k1) whole were the factoring's largest workspace)
         w1 = wv(off, c0, c0, cm)
         w1h = s1 = None
-        if need_w and w16:
-            # W1 rounded to fp16 once, its columns scaled (the engine's own rounding of
-            # W1^H's rows), for both products with it: C = S^-1 ((W1 S)^H B) here and
-            # W2 -= (W1 S)(S^-1 D) in the merge (S = diag(2^s1): exact)
-            s1, w1h = fp16_operand(backend, w1, -2)
-            c = backend.ldexp(gemm(ct(xp, w1h), b, precision=precision,
-                                   label="rec-update-WhB", options=opt_w, backend=backend),
-                              -ct(xp, s1))
-        else:
-            c = gemm(ct(xp, w1), b, precision=precision,
-                     label="rec-update-WhB", options=opt_w, backend=backend)
-        if yx:
-            # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
-            # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
-            # below would add half-size products and copies of them
-            gemm_sub(work[..., c0:, cm:c1], yh_all[..., c0:, c0:cm], c, precision=precision,
-                     label="rec-update-YC", options=opt_y, backend=backend)
-        elif TRIANGLE_AS_GEMM * k1 <= m - c0:
-            # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
-            # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
-            # that C is converted once (two GEMMs would split it twice).
-            r1 = xp.triu(work[..., c0:cm, c0:cm])
-            work[..., c0:cm, c0:cm] = unit_lower(xp, work[..., c0:cm, c0:cm])
-            # in place (one fused pass where the engine has one; a view where the
-            # library has them)
-            gemm_sub(work[..., c0:, cm:c1], work[..., c0:, c0:cm], c, precision=precision,
-                     label="rec-update-YC", options=opt_y, backend=backend)
-            work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
-            r1 = None
-        else:
-            with y_ctx():
-                upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
-                            label="rec-update-trmm", backend=backend)
-            work[..., c0:cm, cm:c1] -= upd
-            upd = None
-            gemm_sub(work[..., cm:, cm:c1], work[..., cm:, c0:cm], c, precision=precision,
-                     label="rec-update-YC", options=opt_y, backend=backend)
+        step = wk if lean and not need_w else c1 - cm
+        for j0 in range(cm, c1, step):
+            j1 = min(c1, j0 + step)
+            b = work[..., c0:, j0:j1]
+            if need_w and w16:
+                # W1 rounded to fp16 once, its columns scaled (the engine's own rounding of
+                # W1^H's rows), for both products with it: C = S^-1 ((W1 S)^H B) here and
+                # W2 -= (W1 S)(S^-1 D) in the merge (S = diag(2^s1): exact)
+                s1, w1h = fp16_operand(backend, w1, -2)
+                c = backend.ldexp(gemm(ct(xp, w1h), b, precision=precision,
+                                       label="rec-update-WhB", options=opt_w, backend=backend),
+                                  -ct(xp, s1))
+            else:
+                c = gemm(ct(xp, w1), b, precision=precision,
+                         label="rec-update-WhB", options=opt_w, backend=backend)
+            if yx:
+                # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
+                # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
+                # below would add half-size products and copies of them
+                gemm_sub(work[..., c0:, j0:j1], yh_all[..., c0:, c0:cm], c, precision=precision,
+                         label="rec-update-YC", options=opt_y, backend=backend)
+            elif TRIANGLE_AS_GEMM * k1 <= m - c0:
+                # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
+                # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
+                # that C is converted once (two GEMMs would split it twice).
+                r1 = xp.triu(work[..., c0:cm, c0:cm])
+                work[..., c0:cm, c0:cm] = unit_lower(xp, work[..., c0:cm, c0:cm])
+                # in place (one fused pass where the engine has one; a view where the
+                # library has them)
+                gemm_sub(work[..., c0:, j0:j1], work[..., c0:, c0:cm], c, precision=precision,
+                         label="rec-update-YC", options=opt_y, backend=backend)
+                work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
+                r1 = None
+            else:
+                with y_ctx():
+                    upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
+                                label="rec-update-trmm", backend=backend)
+                work[..., c0:cm, j0:j1] -= upd
+                upd = None
+                gemm_sub(work[..., cm:, j0:j1], work[..., cm:, c0:cm], c, precision=precision,
+                         label="rec-update-YC", options=opt_y, backend=backend)
         c = b = w1 = None
         rec(cm, c1, need_w, off)
         if not need_w:

@@ -71,8 +71,8 @@ OZAKI_FLOOR = 256 << 20
 SPLIT_FRACTION = 0.5
 SPLIT_FLOOR = 64 << 20
 #: the caps on the lean plan (docs/memory.md), fractions of the input's bytes
-LEAN_SPLIT_FRACTION = 0.25
-LEAN_OZAKI_FRACTION = 0.5
+LEAN_SPLIT_FRACTION = 0.2
+LEAN_OZAKI_FRACTION = 0.35
 #: the plans a device call may take, fastest first
 PLANS = ("fast", "tiled", "lean")
 
@@ -156,7 +156,7 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
     chunk = -(-n // LEAN_PARTS)
     # the largest products (out rows, out columns, inner): the update right of W's block;
     # a chunk of Q's trailing update
-    prods = ((wk, k - wk, m), (m, chunk, qb))
+    prods = ((wk, min(wk, k - wk), m), (m, chunk, qb))
     if prec_name in ("fp16", "fp32-emulated", "auto"):
         per = 2 if prec_name == "fp16" else 6
         whole = max(per * kk * (r + c) + 8 * r * c for r, c, kk in prods)
@@ -166,9 +166,11 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
         scratch = min(lean_ozaki_cap(nbytes), whole)
     else:
         scratch = 0
-    # the leaves' T (k x nb in all), kept for Q's formation
-    factoring = (m * n + k * min(nb, k) + m * wk + max(_HALF_PRODUCTS * wk * (k - wk),
-                                      _LEAF_COPIES * m * min(nb, k))) * itemsize
+    # the leaves' T (k x nb in all), kept for Q's formation; the spine's update in column
+    # chunks of wk: C, its triangular update and a converted copy are wk x wk
+    factoring = (m * n + k * min(nb, k) + m * wk
+                 + max(_HALF_PRODUCTS * wk * min(wk, k - wk),
+                       _LEAF_COPIES * m * min(nb, k))) * itemsize
     if prec_name == "fp16":  # W's block column rounded to fp16 once for its two products
         factoring += m * wk * 2
     # Q over the working copy, R, the T's, a copy of a block's vectors, the chunks' products
