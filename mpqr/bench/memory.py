@@ -61,11 +61,14 @@ def _hook(cp: Any) -> Any:
     return Peak()
 
 
-def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
+def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False) -> Any:
     """Pool growth and live-bytes peak of ``fn(a)`` beyond the input, as multiples of
-    ``a.nbytes``, and its seconds (one call, after a warm-up call)."""
+    ``a.nbytes``, and its seconds (one call, after a warm-up call); with ``keep``, a pair
+    of that and the call's result (of the warm-up call, held outside the count)."""
     pool = cp.get_default_memory_pool()
     res = fn(a)
+    if keep:  # off the device while the call is measured
+        kept = [x.get() if hasattr(x, "get") else x for x in res]
     del res
     cp.cuda.Device().synchronize()
     pool.free_all_blocks()
@@ -79,8 +82,9 @@ def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
     high = max(pool.total_bytes(), hook.pool_peak)
     del res
     pool.free_all_blocks()
-    return {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
-            "seconds": dt}
+    got = {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
+           "seconds": dt}
+    return (got, kept) if keep else got
 
 
 def largest_n(cp: Any, fn: Any, dtype: str, budget: int, lo: int = 256, step: int = 256
