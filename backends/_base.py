@@ -103,6 +103,15 @@ class ArrayAPIBackend:
         two = xp.asarray(2.0, dtype=x.dtype, device=device(x))
         return (x * xp.pow(two, xp.astype(h, x.dtype))) * xp.pow(two, xp.astype(e - h, x.dtype))
 
+    def ldexp_in_place(self, x: Any, e: Any) -> None:
+        """``x *= 2**e`` exactly, in place (``e`` an int array broadcasting against ``x``,
+        of ``x``'s shape or smaller): no temporary of ``x``'s size."""
+        xp = self.xp
+        h = e // 2
+        two = xp.asarray(2.0, dtype=x.dtype, device=device(x))
+        x *= xp.pow(two, xp.astype(h, x.dtype))
+        x *= xp.pow(two, xp.astype(e - h, x.dtype))
+
     # --- fused conversions for the tensor-core engines (overridden on CuPy) ----
     def ignore_fp_warnings(self) -> Any:
         """Context in which IEEE overflow/underflow give inf/0 silently (an expected probe,
@@ -1032,5 +1041,11 @@ def _host_staging(self: ArrayAPIBackend, dtype: Any, block_elems: int, *, nbuf: 
     return SyncStaging(self, dtype, block_elems, nbuf)
 
 
+def _release_cached_memory(self: ArrayAPIBackend) -> None:
+    """Hand the blocks an array library's memory pool holds unused back to the device
+    (between the phases of a call on the lean memory plan); nothing here."""
+
+
 ArrayAPIBackend.device_memory_free = _device_memory_free
+ArrayAPIBackend.release_cached_memory = _release_cached_memory
 ArrayAPIBackend.host_staging = _host_staging

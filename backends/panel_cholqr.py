@@ -56,8 +56,8 @@ def certificate_failed(self: Any, fails: Any) -> bool:
     return bool(fails[0] != 0)
 
 
-def certified_leaf(self: Any, work: Any, w_all: Any, c0: int, c1: int, cert: Any
-                   ) -> Any | None:
+def certified_leaf(self: Any, work: Any, w_all: Any, c0: int, c1: int, cert: Any,
+                   woff: int = 0) -> Any | None:
     """A backend's own certified leaf (:func:`mpqr.qr.panel_blocked.certified_leaf`: the
     same steps, its buffers and products in the backend's hands), or None: the portable
     loop runs."""

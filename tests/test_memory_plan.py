@@ -11,9 +11,9 @@ import mpqr
 from mpqr.qr import memory_plan
 
 
-def _peak_bytes(fn):
+def _peak_bytes(fn, keep=False):
     """Peak of NumPy's live data buffers (NumPy reports them to tracemalloc) during
-    ``fn()``, beyond what was live before."""
+    ``fn()``, beyond what was live before (and ``fn()``'s result where ``keep``)."""
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
@@ -22,6 +22,8 @@ def _peak_bytes(fn):
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
+    if keep:
+        return peak, res
     del res
     return peak
 
@@ -42,8 +44,9 @@ def test_oversize_input_raises_device_memory_error(small_device):
         mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
     err = info.value
     assert isinstance(err, MemoryError)
+    # the leanest plan's estimate is what it says it needs
     assert err.free == a.nbytes and err.needed == memory_plan.estimate_bytes(
-        "householder-recursive", "fp64-emulated", a.shape, 8) > 3 * a.nbytes
+        "householder-recursive", "fp64-emulated", a.shape, 8, "lean") > 3 * a.nbytes
     msg = str(err)
     assert f"{err.needed:,} bytes" in msg and f"{err.free:,} are free" in msg
     assert "memory_budget=" in msg
@@ -55,7 +58,7 @@ def test_oversize_input_raises_device_memory_error(small_device):
 
 def test_hint_names_a_precision_that_fits(small_device):
     a = np.random.default_rng(1).standard_normal((96, 96)).astype(np.float32)
-    need = {p: memory_plan.estimate_bytes("householder-recursive", p, a.shape, 4)
+    need = {p: memory_plan.estimate_bytes("householder-recursive", p, a.shape, 4, "lean")
             for p in ("fp16", "fp32-emulated", "fp64-emulated")}
     asked = max(need, key=need.get)
     small_device["bytes"] = sorted(need.values())[1]  # fits the two smaller plans
@@ -134,7 +137,7 @@ def test_gpu_pool_high_water_within_plan():
                      ("float64", "fp64-emulated")):
         a = cp.random.default_rng(1).standard_normal((4096, 4096)).astype(dt)
         got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
-        whole = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize, tiles=False)
+        whole = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize, "fast")
         assert got["pool_multiple"] * a.nbytes <= whole, (prec, got, whole / a.nbytes)
         tiled = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
         if tiled < whole:  # 4096^2 float32: the cap (64 MiB, the input's size) tiles
@@ -203,35 +206,185 @@ def test_split_engine_products_tile_to_the_workspace_limit(engine):
     assert np.all(np.abs(out - whole) <= 2 * tol)
 
 
-@pytest.mark.parametrize("dtype,precision", [("float32", "fp32-emulated"),
-                                             ("float32", "fp16"),
-                                             ("float64", "fp64-emulated"),
-                                             ("float64", "fp64")])
-def test_square_route_peak_within_the_documented_bound(dtype, precision, monkeypatch):
+def _errors(a, q, r):
+    a64 = a.astype(np.float64)
+    be = np.linalg.norm(q.astype(np.float64) @ r - a64) / np.linalg.norm(a64)
+    orth = np.linalg.norm(q.T.astype(np.float64) @ q - np.eye(q.shape[1]))
+    return be, orth
+
+
+@pytest.mark.parametrize("dtype,precision,plan", [
+    ("float32", "fp32-emulated", "tiled"), ("float32", "fp16", "tiled"),
+    ("float64", "fp64-emulated", "tiled"), ("float64", "fp64", "tiled"),
+    ("float64", "fp64-emulated", "lean"), ("float64", "fp64", "lean")])
+def test_square_route_peak_within_the_documented_bound(dtype, precision, plan, monkeypatch):
     # the bytes counted on the NumPy backend (its fp16 GEMM's float32 widening counted by
     # the policy's tiles) stay within the plan's budget of the route (docs/memory.md), the
-    # caps' floors lowered to this size; the plan off goes past it where it splits
-    # operands whole
+    # caps' floors lowered to this size; the plan off goes past the tiled budget where it
+    # splits operands whole; the lean route within the lean budget, below the tiled one.
+    # (The fp16 engines' lean bound is counted on a GPU: NumPy's emulation of their
+    # splits takes 14 bytes an element where CuPy takes 6, and the narrowest tile leaves
+    # it above the lean cap at this size.)
     import mpqr.policy.policy as pol
 
     monkeypatch.setattr(memory_plan, "SPLIT_FLOOR", 1 << 12)
     monkeypatch.setattr(memory_plan, "OZAKI_FLOOR", 1 << 12)
     monkeypatch.setattr(pol, "MIN_TILE", 32)
-    a = np.random.default_rng(7).standard_normal((256, 256)).astype(dtype)
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "1" if plan == "tiled" else plan)
+    n = 256
+    a = np.random.default_rng(7).standard_normal((n, n)).astype(dtype)
 
     def call():
         return mpqr.qr(a, precision=precision, method="householder-recursive")
 
     call()  # first-call caches out of the count
-    peak = _peak_bytes(call)
+    peak, (q, r) = _peak_bytes(call, keep=True)
     bound = memory_plan.estimate_bytes("householder-recursive", precision, a.shape,
-                                       a.itemsize)
-    # NumPy forms the product of an in-place update first (cuBLAS accumulates into it):
-    # one more block of the top level's update, m x n/2
-    numpy_products = a.shape[0] * (a.shape[1] // 2) * a.itemsize
+                                       a.itemsize, plan)
+    # NumPy forms the product of an in-place update first (cuBLAS accumulates into it;
+    # the fp16 engines' products are within their tiles): one more block of the top
+    # level's update (m x n/2), or of the lean route's Q formation (a chunk, m x n/4, and
+    # a contiguous copy of a block's vectors, m x 32)
+    numpy_products = n * (n // 2 if plan == "tiled" else n // 4 + 32) * a.itemsize
     assert peak <= bound + numpy_products, (peak / a.nbytes, bound / a.nbytes)
-    # the factors are the input's size each (Q, and R in the working copy's storage)
-    assert bound <= (4.0 if precision in ("fp16", "fp64-emulated") else 3.5) * a.nbytes
-    if precision == "fp32-emulated":
+    be, orth = _errors(a, q, r)
+    u = {"fp16": 2.0**-11, "fp32-emulated": 2.0**-24}.get(precision, 2.0**-53)
+    if precision == "fp16":  # the TC-QR table's bounds
+        assert be <= 1e-3 and orth / n <= 2e-4, (be, orth)
+    else:
+        assert be <= 4 * n * u and orth <= 4 * n * u, (be, orth)
+    del q, r
+    if plan == "lean":
+        tiled = memory_plan.estimate_bytes("householder-recursive", precision, a.shape,
+                                           a.itemsize)
+        assert peak < tiled, (peak / a.nbytes, tiled / a.nbytes)
+    elif precision == "fp32-emulated":
         monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
         assert _peak_bytes(call) > bound + numpy_products
+
+
+@pytest.mark.parametrize("dtype,precision", [("float32", "fp16"),
+                                             ("float32", "fp32-emulated")])
+def test_lean_route_accuracy(dtype, precision, monkeypatch):
+    # the lean route (W a block column, Q formed backward over the working copy; at fp16
+    # the rounded vectors over Y) against the precision's bounds and the fast route's
+    rng = np.random.default_rng(10)
+    m, n = 224, 160
+    a = rng.standard_normal((m, n)).astype(dtype)
+    err = {}
+    for plan in ("fast", "lean"):
+        monkeypatch.setenv("MPQR_MEMORY_PLAN", plan)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision=precision, method="householder-recursive")
+        assert any("lean plan" in str(e) for e in trace.events) == (plan == "lean")
+        assert q.dtype == r.dtype == a.dtype and q.shape == (m, n) and r.shape == (n, n)
+        assert np.all(np.diagonal(r) >= 0) and np.array_equal(r, np.triu(r))
+        err[plan] = _errors(a, q, r)
+    (be, orth), (be0, orth0) = err["lean"], err["fast"]
+    if precision == "fp16":  # the TC-QR table's bounds
+        assert be <= 1e-3 and orth / n <= 2e-4, (be, orth)
+    else:
+        assert be <= 4 * n * 2.0**-24 and orth <= 4 * n * 2.0**-24, (be, orth)
+    assert be <= 2 * be0 and orth <= 2 * max(orth0, n * 2.0**-24), (err,)
+
+
+@pytest.mark.parametrize("shape,precision,target", [
+    ((16384, 16384), "fp32-emulated", 2.5), ((16384, 16384), "fp16", 2.5),
+    ((16384, 16384), "fp64-emulated", 3.0), ((65536, 8192), "fp32-emulated", 2.5),
+    ((32768, 32768), "fp64-emulated", 3.0)])
+def test_lean_plan_budget_meets_the_targets(shape, precision, target):
+    # the lean route's documented budget (docs/memory.md) at the target shapes; its
+    # bytes are counted against it above and on a GPU (bench/probes/memory_gpu.py)
+    itemsize = 8 if precision == "fp64-emulated" else 4
+    nbytes = shape[0] * shape[1] * itemsize
+    lean = memory_plan.estimate_bytes("householder-recursive", precision, shape, itemsize,
+                                      "lean")
+    assert lean <= target * nbytes, lean / nbytes
+    assert lean < memory_plan.estimate_bytes("householder-recursive", precision, shape,
+                                             itemsize, "tiled")
+
+
+def test_lean_route_tall_wide_and_mode_r(monkeypatch):
+    # m > n (R copied out, Q formed over the working copy) and R alone, against LAPACK
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "lean")
+    a = np.random.default_rng(8).standard_normal((400, 150))
+    q, r = mpqr.qr(a, method="householder-recursive")
+    be, orth = _errors(a, q, r)
+    assert q.shape == (400, 150) and r.shape == (150, 150)
+    assert be <= 600 * 2.0**-53 and orth <= 600 * 2.0**-53, (be, orth)
+    r_lapack = np.linalg.qr(a, mode="r")
+    np.testing.assert_allclose(np.abs(r), np.abs(r_lapack), atol=1e-12 * np.abs(r).max())
+    r_only = mpqr.qr(a, mode="r", method="householder-recursive")
+    np.testing.assert_allclose(r_only, r, atol=1e-12 * np.abs(r).max())
+
+
+def test_plan_choice_follows_the_free_memory(small_device):
+    # the fastest plan whose estimate fits what is free; lean where only it fits
+    a = np.random.default_rng(9).standard_normal((96, 96))
+    est = {p: memory_plan.estimate_bytes("householder-recursive", "fp64", a.shape, 8, p)
+           for p in memory_plan.PLANS}
+    assert est["lean"] < est["tiled"] <= est["fast"]
+    for free, want in ((est["fast"], "fast"), (est["lean"], "lean")):
+        small_device["bytes"] = free
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision="fp64", method="householder-recursive")
+        plans = [e.data.get("plan") for e in trace.events if e.kind == "memory"]
+        assert want in plans, (free, plans)
+        assert any("lean plan" in str(e) for e in trace.events) == (want == "lean")
+        np.testing.assert_allclose(q @ r, a, atol=1e-12 * np.linalg.norm(a))
+
+
+def test_gpu_lean_plan_pool_within_its_estimate(monkeypatch):
+    # forced lean: one call's pool growth (CuPy's allocator) within the lean estimate,
+    # below the tiled estimate, and the factors as accurate as the precision's bounds
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+    from mpqr.qr.memory_plan import estimate_bytes
+
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "lean")
+    n = 4096
+    for dt, prec, tol in (("float32", "fp32-emulated", 32 * n**0.5 * 2.0**-24),
+                          ("float32", "fp16", 1e-3), ("float64", "fp64-emulated",
+                                                       32 * n**0.5 * 2.0**-53)):
+        a = cp.random.default_rng(2).standard_normal((n, n)).astype(dt)
+        got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
+        lean = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize, "lean")
+        tiled = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)
+        assert got["pool_multiple"] * a.nbytes <= lean < tiled, (prec, got, lean / a.nbytes)
+        q, r = mpqr.qr(a, precision=prec)
+        a64, q64 = a.astype(cp.float64), q.astype(cp.float64)
+        be = float(cp.linalg.norm(q64 @ r.astype(cp.float64) - a64) / cp.linalg.norm(a64))
+        orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(n)) / n)
+        assert be <= tol and orth <= (2e-4 if prec == "fp16" else tol), (prec, be, orth)
+        del a, q, r, a64, q64
+        cp.get_default_memory_pool().free_all_blocks()
+
+
+def test_out_of_memory_on_a_faster_plan_runs_again_lean(small_device, monkeypatch):
+    # an estimate that fell short (a MemoryError from inside the fast plan's call): the
+    # call runs once more on the lean plan; not where the input may have been overwritten
+    from mpqr.qr import driver
+
+    a = np.random.default_rng(11).standard_normal((96, 96))
+    small_device["bytes"] = 10 * memory_plan.estimate_bytes(
+        "householder-recursive", "fp64", a.shape, 8, "fast")
+    run, calls = driver.run, []
+
+    def failing_once(*args, **kw):
+        calls.append(kw.get("overwrite"))
+        if len(calls) == 1:
+            raise MemoryError("out of device memory")
+        return run(*args, **kw)
+
+    monkeypatch.setattr(driver, "run", failing_once)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp64", method="householder-recursive")
+    assert len(calls) == 2
+    assert any("factored again on the lean plan" in str(e) for e in trace.events)
+    assert any("lean plan" in str(e) and e.kind == "memory" for e in trace.events)
+    np.testing.assert_allclose(q @ r, a, atol=1e-12 * np.linalg.norm(a))
+    calls.clear()
+    with pytest.raises(MemoryError, match="out of device memory"):
+        mpqr.qr(np.array(a), precision="fp64", method="householder-recursive",
+                overwrite_a=True)
+    assert len(calls) == 1

@@ -171,6 +171,9 @@ class CupyBackend(ArrayAPIBackend):
     def ldexp(self, x, e):
         return self._cp.ldexp(x, e)
 
+    def ldexp_in_place(self, x, e):
+        self._cp.ldexp(x, e, out=x)
+
     # Fused single-pass versions of the engines' conversion steps.
     def all_finite(self, x):
         from mpqr.backends.cupy.engine_kernels import all_finite
@@ -666,12 +669,12 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_panel_cholqr.certified_panel(a, w, fails)
         return super().certified_panel(a, w, fails)
 
-    def certified_leaf(self, work, w_all, c0, c1, cert):
+    def certified_leaf(self, work, w_all, c0, c1, cert, woff=0):
         from mpqr.backends.cupy import panel_cholqr as cupy_panel_cholqr
 
         if cupy_panel_cholqr.supports_leaf(work, w_all):
             # buffers allocated once per leaf, updates as direct cuBLAS calls: host time
-            return cupy_panel_cholqr.certified_leaf(self, work, w_all, c0, c1, cert)
+            return cupy_panel_cholqr.certified_leaf(self, work, w_all, c0, c1, cert, woff)
         return None
 
     def reconstruct_panel(self, a):
@@ -1031,5 +1034,13 @@ def _cupy_host_staging(self, dtype, block_elems, *, nbuf=3, nout=2):
     return CupyStaging(self, dtype, block_elems, nbuf=nbuf, nout=nout)
 
 
+def _cupy_release_cached_memory(self):
+    # CuPy's pool counts its cached blocks against a pool limit (set_limit) and hands a
+    # request larger than any of them a new block: between the lean plan's phases the
+    # workspace of the first would sit beside the factors of the second
+    self._cp.get_default_memory_pool().free_all_blocks()
+
+
 CupyBackend.device_memory_free = _cupy_device_memory_free
+CupyBackend.release_cached_memory = _cupy_release_cached_memory
 CupyBackend.host_staging = _cupy_host_staging

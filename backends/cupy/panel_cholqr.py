@@ -140,12 +140,13 @@ def certified_panel(a, w, cert):
     return ltop, tau
 
 
-def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
+def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
     """:func:`mpqr.qr.panel_blocked.certified_leaf` with its buffers allocated once, the
     kernels launched on raw pointers and the update products as direct cuBLAS calls
     (column-major views of the row-major blocks): through array views and the policy's
     calls a leaf of 16 panels took ~4 ms of host time, ~250 us per panel (H100,
-    ``python3 bench/probes/square_panels.py OUT leaf``)."""
+    ``python3 bench/probes/square_panels.py OUT leaf``). Entry ``(i, j)`` of W lives at
+    ``w_all[i - woff, j - woff]`` (a W narrower than the working matrix)."""
     from cupy.cuda import cublas, runtime
 
     from mpqr.qr.panel_blocked import leaf_sub
@@ -168,7 +169,8 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     one, zero, mone = np.array(1.0, dt), np.array(0.0, dt), np.array(-1.0, dt)
     handle = backend._cublas_handle()
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    a0, w0 = work.data.ptr, w_all.data.ptr
+    a0, w0 = work.data.ptr, w_all.data.ptr - (woff * w_all.shape[1] + woff) * it
+    ldw = w_all.shape[1]
     tau0, l0, z0 = tau.data.ptr, ltop.data.ptr, z.data.ptr
     lda = np.int64(ld)
     op_n, op_t = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
@@ -191,23 +193,26 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
     def at(base, r, col):
         return base + (r * ld + col) * it
 
+    def atw(r, col):  # W's entry (r, col) (W's own leading dimension)
+        return w0 + (r * ldw + col) * it
+
     for c in range(c0, c1, MAX_N):
         e = min(c + MAX_N, c1)
         nn, mr = e - c, m - c
         s0 = c0 + (c - c0) // sub * sub  # this sub-block: columns s0:se
         se = min(s0 + sub, c1)
-        pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ld + c) * it)
+        pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ldw + c) * it)
         if fused is not None:
-            _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, lda, np.uint64(l0),
+            _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, np.int64(ldw), np.uint64(l0),
                           np.uint64(tau0 + (c - c0) * it), apply_k=apply_k)
         blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
         args = (pa, lda, np.int64(mr), np.int32(nn))
         for p in (1, 2) if fused is None else ():
-            pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, lda,
+            pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, np.int64(ldw),
                                             np.uint64(l0), np.uint64(tau0 + (c - c0) * it)))
         if mr > nn and fused is None:
             ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
-            apply_k((ab,), (_THREADS,), (*args, ws, pw, lda))
+            apply_k((ab,), (_THREADS,), (*args, ws, pw, np.int64(ldw)))
         if e == c1:
             break
         q = se - e
@@ -216,7 +221,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
             # Z^T (q x nn) = B^T W, B = work[c:, e:se], W = w_all[c:, c:e], as one GEMM
             # (split over 512-row chunks and summed, the QR was no faster: 16384^2 fp16
             # 299-320 ms against 296-299, H100, bench/NOTES.md 2026-11-24)
-            gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ld, zero, z0, zld)
+            gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ldw, zero, z0, zld)
             # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
             gemm(op_n, op_n, q, nn, nn, mone, z0, zld, l0, nn, one, pb, ld)
             if e < m:
@@ -227,11 +232,11 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
         if c > s0:  # W of the sub-block so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^T W_j)
             # (Y's rows from c in the columns before c are stored as they are; W_j's rows
             # above c are zero)
-            w_all[s0:c, c:e] = 0
-            rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, int(pw), ld, zero,
+            w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
+            rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, int(pw), ldw, zero,
                     g.data.ptr, MAX_N)
-            rm_gemm(False, False, m - s0, nn, c - s0, mone, at(w0, s0, s0), ld, g.data.ptr,
-                    MAX_N, one, at(w0, s0, c), ld)
+            rm_gemm(False, False, m - s0, nn, c - s0, mone, atw(s0, s0), ldw, g.data.ptr,
+                    MAX_N, one, atw(s0, c), ldw)
         if e < se:
             continue
         # the sub-block is factored: the leaf's later columns B2 = work[s0:, se:c1] <-
@@ -239,7 +244,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
         kb, q2 = se - s0, c1 - se
         lblk = cp.ascontiguousarray(cp.tril(work[s0:se, s0:se], -1))
         lblk.ravel()[::kb + 1] = 1
-        rm_gemm(True, False, kb, q2, m - s0, one, at(w0, s0, s0), ld, at(a0, s0, se), ld,
+        rm_gemm(True, False, kb, q2, m - s0, one, atw(s0, s0), ldw, at(a0, s0, se), ld,
                 zero, z2.data.ptr, z2ld)
         rm_gemm(False, False, kb, q2, kb, mone, lblk.data.ptr, kb, z2.data.ptr, z2ld, one,
                 at(a0, s0, se), ld)
@@ -250,7 +255,8 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert):
 
 
 def supports_leaf(work, w_all) -> bool:
-    """A 2-D C-contiguous float32/float64 working matrix and W of the same shape."""
+    """A 2-D C-contiguous float32/float64 working matrix and a C-contiguous W of its rows
+    and dtype."""
     return (work.ndim == 2 and work.dtype in (cp.float32, cp.float64)
-            and work.flags.c_contiguous and w_all.flags.c_contiguous
-            and w_all.shape == work.shape and w_all.dtype == work.dtype)
+            and work.flags.c_contiguous and w_all.flags.c_contiguous and w_all.ndim == 2
+            and w_all.shape[0] == work.shape[0] and w_all.dtype == work.dtype)

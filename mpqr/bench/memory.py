@@ -2,9 +2,10 @@
 
 CuPy only. For each row (the tall, square and wide routes at the precisions of the
 memory targets) one call of ``mpqr.qr`` and of ``cupy.linalg.qr`` after the pool's cached
-blocks are freed: what the pool grew by (``total_bytes`` after the call less before it,
-what the pool had to take from the device beyond the input) and the peak of live bytes
-the call added (a CuPy memory hook), each a multiple of the input's bytes.
+blocks are freed: what the pool grew by (the high-water of ``total_bytes`` during the
+call less before it, what the pool had to take from the device beyond the input) and the
+peak of live bytes the call added (a CuPy memory hook), each a multiple of the input's
+bytes.
 ``MPQR_MEMORY_PLAN`` is read as it is set (``0``: the check before a call is off).
 Then, under a pool limit of ``--budget`` bytes, the largest
 ``n`` of an ``n x n`` matrix each of ``mpqr.qr(precision=...)`` and ``cupy.linalg.qr``
@@ -34,12 +35,20 @@ QUICK = [(1 << 20, 64, "float64", "auto"), (4096, 4096, "float32", "fp16"),
 def _hook(cp: Any) -> Any:
     from cupy.cuda import memory_hook
 
+    pool = cp.get_default_memory_pool()
+
     class Peak(memory_hook.MemoryHook):
         name = "mpqr-peak"
 
         def __init__(self) -> None:
             self.live = self.peak = 0
+            self.pool_peak = pool.total_bytes()
             self.sizes: dict[int, int] = {}
+
+        def alloc_postprocess(self, device_id, mem_size, mem_ptr):
+            # a new block from the device: the pool's total is at a high-water mark
+            # (blocks handed back during the call lower it again)
+            self.pool_peak = max(self.pool_peak, pool.total_bytes())
 
         def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
             self.sizes[mem_ptr] = mem_size
@@ -52,11 +61,14 @@ def _hook(cp: Any) -> Any:
     return Peak()
 
 
-def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
+def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False) -> Any:
     """Pool growth and live-bytes peak of ``fn(a)`` beyond the input, as multiples of
-    ``a.nbytes``, and its seconds (one call, after a warm-up call)."""
+    ``a.nbytes``, and its seconds (one call, after a warm-up call); with ``keep``, a pair
+    of that and the call's result (of the warm-up call, held outside the count)."""
     pool = cp.get_default_memory_pool()
     res = fn(a)
+    if keep:  # off the device while the call is measured
+        kept = [x.get() if hasattr(x, "get") else x for x in res]
     del res
     cp.cuda.Device().synchronize()
     pool.free_all_blocks()
@@ -67,11 +79,12 @@ def measure_call(cp: Any, fn: Any, a: Any) -> dict[str, float]:
         res = fn(a)
         cp.cuda.Device().synchronize()
     dt = time.perf_counter() - t0
-    high = pool.total_bytes()
+    high = max(pool.total_bytes(), hook.pool_peak)
     del res
     pool.free_all_blocks()
-    return {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
-            "seconds": dt}
+    got = {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
+           "seconds": dt}
+    return (got, kept) if keep else got
 
 
 def largest_n(cp: Any, fn: Any, dtype: str, budget: int, lo: int = 256, step: int = 256
@@ -85,6 +98,7 @@ def largest_n(cp: Any, fn: Any, dtype: str, budget: int, lo: int = 256, step: in
         pool.free_all_blocks()
         pool.set_limit(size=0)
         a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float64).astype(dtype)
+        pool.free_all_blocks()  # the float64 draw's block: not counted against the budget
         pool.set_limit(size=budget)
         try:
             res = fn(a)

@@ -121,10 +121,14 @@ def panel_precision(prec: str, dtype: Any, xp: Any) -> str:
     return "fp32" if single else "fp64"
 
 
-def pow2_scale(backend: Any, x: Any, e: Any) -> Any:
-    """``x * 2**e`` exactly (``e`` int32, broadcasting against ``x``), complex too."""
+def pow2_scale(backend: Any, x: Any, e: Any, *, in_place: bool = False) -> Any:
+    """``x * 2**e`` exactly (``e`` int32, broadcasting against ``x``), complex too;
+    ``in_place``: into ``x`` (real ``x``; no temporary of its size), returned."""
     xp = backend.xp
     if not is_complex(xp, x):
+        if in_place:
+            backend.ldexp_in_place(x, e)
+            return x
         return backend.ldexp(x, e)
     # ldexp is real-only: multiply by real powers of two, in two halves so each stays finite
     rdt = xp.float64 if x.dtype == xp.complex128 else xp.float32

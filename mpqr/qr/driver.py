@@ -337,7 +337,9 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
                                   single=prec_name == "fp32")
         with certified_panels(False):
             q, r = _factor_scaled(backend, method, a2, overwrite=a2 is not a, **kw)
-    return q, (r if e is None else pow2_scale(backend, r, e))
+    # R is the call's own array (of the scaled copy): scaled back in place, so that no
+    # second R is alive beside Q and R at the call's end
+    return q, (r if e is None else pow2_scale(backend, r, e, in_place=True))
 
 
 def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_name: str,

@@ -43,6 +43,8 @@ than ``fp32-emulated``'s QR relative to what it buys, so not the default
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from mpqr._array_api import device
@@ -63,10 +65,27 @@ from mpqr.qr._kernels import (
 )
 from mpqr.qr.panel_blocked import certified_leaf
 
-__all__ = ["EXACT_FP16", "FP16_SCHEME", "FP16_SCHEMES", "MAX_CERTIFIED_LEAF_WIDTH",
-           "MAX_LEAF_WIDTH", "MAX_LEAVES", "RECURSION_CUTOFF", "SPLIT_FP16", "fp16_products",
-           "fp16_scheme", "householder_recursive", "leaf_width", "round_reflectors_fp16",
-           "rounded_wy"]
+__all__ = [
+    "EXACT_FP16",
+    "FP16_SCHEME",
+    "FP16_SCHEMES",
+    "LEAN_PARTS",
+    "LEAN_Q_BLOCK",
+    "MAX_CERTIFIED_LEAF_WIDTH",
+    "MAX_LEAF_WIDTH",
+    "MAX_LEAVES",
+    "RECURSION_CUTOFF",
+    "SPLIT_FP16",
+    "fp16_products",
+    "fp16_scheme",
+    "householder_recursive",
+    "leaf_width",
+    "lean_active",
+    "lean_plan",
+    "lean_width",
+    "round_reflectors_fp16",
+    "rounded_wy",
+]
 
 #: Narrowest leaf (Leng et al. use 32-wide tiles).
 RECURSION_CUTOFF = 32
@@ -91,6 +110,34 @@ TRMM_DEPTH_FRACTION = 4
 #: ``Y1 C`` is one GEMM over all rows (the zeros above Y1's diagonal included)
 #: when Y1 has at least this many rows per column: at most 1/16 of its flops wasted.
 TRIANGLE_AS_GEMM = 8
+#: The lean plan (docs/memory.md) stores W for about ``k / LEAN_PARTS`` columns at a time
+#: (the recursion's unmerged spine then takes left blocks of that width)
+LEAN_PARTS = 4
+#: Q's backward formation in the lean plan: column blocks of at most this width
+LEAN_Q_BLOCK = 512
+_LEAN: ContextVar[bool] = ContextVar("mpqr_lean_qr", default=False)
+
+
+def lean_active() -> bool:
+    """Whether the lean plan is in force (:func:`lean_plan`)."""
+    return _LEAN.get()
+
+
+@contextlib.contextmanager
+def lean_plan() -> Iterator[None]:
+    """Run the Householder QRs of this block on the lean plan: W a block column, Q formed
+    over the working copy (docs/memory.md); for a call that would not fit otherwise."""
+    token = _LEAN.set(True)
+    try:
+        yield
+    finally:
+        _LEAN.reset(token)
+
+
+def lean_width(n: int, nb: int) -> int:
+    """Columns of W's storage in the lean plan for ``n`` columns and leaf width ``nb``."""
+    panels = -(-n // nb)
+    return nb * max(1, -(-panels // LEAN_PARTS))
 
 
 #: The fp16 QR's schemes: name -> (engine of the products with the rounded vectors,
@@ -246,115 +293,172 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                      f"{CERTIFIED_PANEL_MAX_N}-column panels by CholQR2 (float64 Gram) and "
                      "the reconstruction of their reflectors, checked once at the end "
                      "(geqrf panels if a check fails)", leaf=nb, panel=CERTIFIED_PANEL_MAX_N)
+    # the lean plan (docs/memory.md): W a block column of about k/LEAN_PARTS, the leaves'
+    # T kept, Q formed over the working copy after R is taken out
+    lean = lean_active() and not complete
+    # fp16 on the fast plan: Ŷ in a float16 array of its own (explicit); on the lean plan
+    # Ŷ replaces Y in the working copy (float32 numbers that are fp16 numbers)
+    yx = f16 and not lean
     work = a if overwrite else xp.asarray(a, copy=True)
-    w_all = xp.zeros((*batch, m, n), dtype=a.dtype, device=dev)
+    wk = lean_width(n, nb) if lean else n
+    if lean:
+        backend.release_cached_memory()
+        record_event("memory", f"householder-recursive: lean plan (W {m} x {wk}, Q formed "
+                     "over the working copy)", width=wk)
+    w_all = xp.zeros((*batch, m, wk), dtype=a.dtype, device=dev)
     # fp16: the rounded vectors as float16, explicit (zeros above: a diagonal block of Q's
     # formation may span leaves); the products with Y read these, not the working copy
-    yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if f16 else None
-    ysrc = yh_all if f16 else work
+    yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if yx else None
+    ysrc = yh_all if yx else work
+    # lean: each leaf's T by its first column (Q's formation reads them)
+    ts: dict[int, tuple[int, Any]] = {}
 
-    def leaf(c0: int, c1: int, need_w: bool) -> None:
+    def wv(off: int, r0: int, c0: int, c1: int) -> Any:
+        # W's rows r0: and columns c0:c1, stored from (off, off) on
+        return w_all[..., r0 - off:m - off, c0 - off:c1 - off]
+
+    def leaf(c0: int, c1: int, need_w: bool, off: int) -> None:
         k = c1 - c0
+        need_t = lean and want_q
+        if lean and need_w and c0 > off:
+            # W's storage is reused: its rows above the block are read by merges as zeros
+            w_all[..., :c0 - off, c0 - off:c1 - off] = 0
         if cert is not None:
             # certified 32-column panels in place, right-looking at the panel's precision
             # (the certificate is read once, at the end)
-            tau = certified_leaf(backend, work, w_all, c0, c1, cert=cert, precision=pp)
-            if not need_w:
+            tau = certified_leaf(backend, work, w_all, c0, c1, cert=cert, precision=pp,
+                                 woff=off)
+            if not (need_w or need_t):
                 return
-            if f16:  # Ŷ into its float16 array; the working copy keeps the unrounded Y
+            if yx:  # Ŷ into its float16 array; the working copy keeps the unrounded Y
                 y16, t = round_reflectors_fp16(backend, None, work[..., c0:, c0:c1],
                                                precision=pp, tau=tau,
                                                out=yh_all[..., c0:, c0:c1])
-                rounded_wy(backend, w_all[..., c0:, c0:c1], y16, t, precision=pp)
+                rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
+                return
+            if f16:  # lean: Ŷ over Y in the working copy
+                y16, t = round_reflectors_fp16(
+                    backend, None, work[..., c0:, c0:c1], precision=pp, tau=tau,
+                    out=xp.empty((*batch, m - c0, k), dtype=xp.float16, device=dev))
+                _store_vectors(xp, work, y16, c0, c1)
+                ts[c0] = (c1, t)
+                if need_w:
+                    rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
                 return
             y = unit_lower(xp, work[..., c0:, c0:c1])
             t = compact_wy_t(backend, y, tau)
-            gemm_into(w_all[..., c0:, c0:c1], y, t, precision=pp, label="panel-wy",
-                      backend=backend)
+            if need_t:
+                ts[c0] = (c1, t)
+            if need_w:
+                gemm_into(wv(off, c0, c0, c1), y, t, precision=pp, label="panel-wy",
+                          backend=backend)
             return
         else:
             w, y, r = householder_panel(backend, work[..., c0:, c0:c1], precision=pp,
-                                        need_w=need_w)
+                                        need_w=need_w or need_t)
             work[..., c0:c1, c0:c1] = xp.triu(r) + xp.tril(y[..., :k, :], k=-1)
             work[..., c1:, c0:c1] = y[..., k:, :]
+            if f16 and lean:  # Ŷ over Y in the working copy, T̂ kept, Ŵ = Ŷ T̂
+                y16, t = round_reflectors_fp16(
+                    backend, w, y, precision=pp,
+                    out=xp.empty((*batch, m - c0, k), dtype=xp.float16, device=dev))
+                _store_vectors(xp, work, y16, c0, c1)
+                ts[c0] = (c1, t)
+                if need_w:
+                    rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
+                return
+            if need_t:  # W = Y T with Y's top block unit lower: T from W's top block
+                ts[c0] = (c1, backend.solve_triangular(y[..., :k, :], w[..., :k, :],
+                                                       lower=True, unit_diagonal=True))
             if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
                 y16, t = round_reflectors_fp16(backend, w, y, precision=pp,
                                                out=yh_all[..., c0:, c0:c1])
-                rounded_wy(backend, w_all[..., c0:, c0:c1], y16, t, precision=pp)
+                rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
             elif need_w:
-                w_all[..., c0:, c0:c1] = w
+                wv(off, c0, c0, c1)[...] = w
 
-    def rec(c0: int, c1: int, need_w: bool) -> None:
+    def rec(c0: int, c1: int, need_w: bool, off: int) -> None:
         # need_w: a later step reads this block's W (an update of the right
-        # sibling, a parent's merge, or Q)
+        # sibling, a parent's merge, or Q); W's block is stored from (off, off) on
         k = c1 - c0
         if k <= nb:
-            leaf(c0, c1, need_w)
+            leaf(c0, c1, need_w, off if need_w or not lean else c0)
             return
         panels = -(-k // nb)
         k1 = nb * ((panels + 1) // 2)  # half the panels, rounded up
+        if lean and not need_w:
+            k1 = min(k1, wk)  # lean: the left block no wider than W's storage
         cm = c0 + k1
-        rec(c0, cm, True)
-        # right half <- (I - W1 Y1^H)^H right half = B - Y1 (W1^H B)
-        b = work[..., c0:, cm:c1]
+        if lean and not need_w:
+            off = c0  # no W of this block is read later: the left block's from its corner
+        rec(c0, cm, True, off)
+        # right half <- (I - W1 Y1^H)^H right half = B - Y1 (W1^H B); on the lean plan's
+        # spine in column chunks of W's width, so that C and its triangular update stay
+        # wk x wk (their k1 x (k - k1) whole were the factoring's largest workspace)
+        w1 = wv(off, c0, c0, cm)
         w1h = s1 = None
-        if need_w and w16:
-            # W1 rounded to fp16 once, its columns scaled (the engine's own rounding of
-            # W1^H's rows), for both products with it: C = S^-1 ((W1 S)^H B) here and
-            # W2 -= (W1 S)(S^-1 D) in the merge (S = diag(2^s1): exact)
-            s1, w1h = fp16_operand(backend, w_all[..., c0:, c0:cm], -2)
-            c = backend.ldexp(gemm(ct(xp, w1h), b, precision=precision,
-                                   label="rec-update-WhB", options=opt_w, backend=backend),
-                              -ct(xp, s1))
-        else:
-            c = gemm(ct(xp, w_all[..., c0:, c0:cm]), b, precision=precision,
-                     label="rec-update-WhB", options=opt_w, backend=backend)
-        if f16:
-            # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
-            # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
-            # below would add half-size products and copies of them
-            gemm_sub(work[..., c0:, cm:c1], yh_all[..., c0:, c0:cm], c, precision=precision,
-                     label="rec-update-YC", options=opt_y, backend=backend)
-        elif TRIANGLE_AS_GEMM * k1 <= m - c0:
-            # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
-            # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
-            # that C is converted once (two GEMMs would split it twice).
-            r1 = xp.triu(work[..., c0:cm, c0:cm])
-            work[..., c0:cm, c0:cm] = unit_lower(xp, work[..., c0:cm, c0:cm])
-            # in place (one fused pass where the engine has one; a view where the
-            # library has them)
-            gemm_sub(work[..., c0:, cm:c1], work[..., c0:, c0:cm], c, precision=precision,
-                     label="rec-update-YC", options=opt_y, backend=backend)
-            work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
-            r1 = None
-        else:
-            with y_ctx():
-                upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
-                            label="rec-update-trmm", backend=backend)
-            work[..., c0:cm, cm:c1] -= upd
-            upd = None
-            gemm_sub(work[..., cm:, cm:c1], work[..., cm:, c0:cm], c, precision=precision,
-                     label="rec-update-YC", options=opt_y, backend=backend)
-        c = b = None
-        rec(cm, c1, need_w)
+        step = wk if lean and not need_w else c1 - cm
+        for j0 in range(cm, c1, step):
+            j1 = min(c1, j0 + step)
+            b = work[..., c0:, j0:j1]
+            if need_w and w16:
+                # W1 rounded to fp16 once, its columns scaled (the engine's own rounding of
+                # W1^H's rows), for both products with it: C = S^-1 ((W1 S)^H B) here and
+                # W2 -= (W1 S)(S^-1 D) in the merge (S = diag(2^s1): exact)
+                s1, w1h = fp16_operand(backend, w1, -2)
+                c = backend.ldexp(gemm(ct(xp, w1h), b, precision=precision,
+                                       label="rec-update-WhB", options=opt_w, backend=backend),
+                                  -ct(xp, s1))
+            else:
+                c = gemm(ct(xp, w1), b, precision=precision,
+                         label="rec-update-WhB", options=opt_w, backend=backend)
+            if yx:
+                # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
+                # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
+                # below would add half-size products and copies of them
+                gemm_sub(work[..., c0:, j0:j1], yh_all[..., c0:, c0:cm], c, precision=precision,
+                         label="rec-update-YC", options=opt_y, backend=backend)
+            elif TRIANGLE_AS_GEMM * k1 <= m - c0:
+                # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
+                # zeros included. R's triangle steps aside (a k1 x k1 copy) meanwhile, so
+                # that C is converted once (two GEMMs would split it twice).
+                r1 = xp.triu(work[..., c0:cm, c0:cm])
+                work[..., c0:cm, c0:cm] = unit_lower(xp, work[..., c0:cm, c0:cm])
+                # in place (one fused pass where the engine has one; a view where the
+                # library has them)
+                gemm_sub(work[..., c0:, j0:j1], work[..., c0:, c0:cm], c, precision=precision,
+                         label="rec-update-YC", options=opt_y, backend=backend)
+                work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
+                r1 = None
+            else:
+                with y_ctx():
+                    upd = _trmm(work[..., c0:cm, c0:cm], c, precision=precision,
+                                label="rec-update-trmm", backend=backend)
+                work[..., c0:cm, j0:j1] -= upd
+                upd = None
+                gemm_sub(work[..., cm:, j0:j1], work[..., cm:, c0:cm], c, precision=precision,
+                         label="rec-update-YC", options=opt_y, backend=backend)
+        c = b = w1 = None
+        rec(cm, c1, need_w, off)
         if not need_w:
             return
         # merge: W2 <- W2 - W1 (Y1^H W2); rows cm: of Y1 lie below the diagonal
-        d = gemm(ct(xp, ysrc[..., cm:, c0:cm]), w_all[..., cm:, cm:c1], precision=precision,
+        w2 = wv(off, c0, cm, c1)
+        d = gemm(ct(xp, ysrc[..., cm:, c0:cm]), w2[..., cm - c0:, :], precision=precision,
                  label="rec-merge-YhW", options=opt_y, backend=backend)
         if w1h is not None:
-            gemm_sub(w_all[..., c0:, cm:c1], w1h, backend.ldexp(d, -ct(xp, s1)),
+            gemm_sub(w2, w1h, backend.ldexp(d, -ct(xp, s1)),
                      precision=precision, label="rec-merge-WD", options=opt_w,
                      backend=backend)
             w1h = None
         else:
-            gemm_sub(w_all[..., c0:, cm:c1], w_all[..., c0:, c0:cm], d, precision=precision,
+            gemm_sub(w2, wv(off, c0, c0, cm), d, precision=precision,
                      label="rec-merge-WD", options=opt_w, backend=backend)
 
     # after a failed certificate the rest runs on meaningless numbers that are thrown
     # away: no floating-point warnings from them (a certified run has none to give)
     with backend.ignore_fp_warnings() if cert is not None else contextlib.nullcontext():
-        rec(0, n, want_q)
+        rec(0, n, want_q and not lean, 0)
     # rec refers to itself through its closure cell: unless that cycle is cut, the
     # working arrays outlive the return until a garbage collection (device memory too)
     rec = None
@@ -363,6 +467,14 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                 "panel failed CholQR2's certificate (cond >= ~1e7)")
     if not want_q:
         return None, _take_r(xp, work, nb)
+    if lean:
+        # the factoring's workspace goes back before R and the formation of Q take theirs
+        w_all = None
+        backend.release_cached_memory()
+        r = xp.triu(work[..., :n, :])
+        _form_q_lean(backend, work, ts, precision=precision, pp=pp,
+                     options=SPLIT_FP16 if f16 else None)
+        return work, r
     if complete:
         r = xp.triu(work[..., :n, :])
         # Q = I - W Y^H (m x m); fp16: as (Y W^H)^H, the rounded vectors on the left
@@ -380,12 +492,12 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # fp16 (Y1 has an array of its own), after Q otherwise; in place for a square input,
     # so that Q and R are the only arrays of the input's size left
     r = None
-    if f16:
+    if yx:
         r = _take_r(xp, work, nb)
         work = None
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
-                      explicit=f16)
+                      explicit=yx)
     # Y1 was their last use: free them before the sign normalisation copies Q
     ysrc = yh_all = None
     if r is None:
@@ -394,6 +506,57 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     q = w_all  # -W Y1^H already
     backend.add_identity(q)
     return q, r
+
+
+def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
+                 precision: Any, pp: Any, options: Any = None) -> None:
+    """The reduced Q over the working copy (R already taken out), backward like LAPACK's
+    ``orgqr``: for the column blocks ``j`` of at most :data:`LEAN_Q_BLOCK` (within the
+    leaves, whose ``T`` has the block's ``T`` on its diagonal), last to first,
+    ``Q[:, c1:] <- Q[:, c1:] - Y_j (T_j (Y_j^H Q[:, c1:]))`` in column chunks of
+    ``n / LEAN_PARTS``, then ``Q[:, c0:c1] <- E_j - Y_j (T_j Y_j[:kb]^H)``. The vectors are
+    the left operand of every product (``options``: the fp16 QR's engine that reads the
+    rounded vectors exactly); the small products with ``T_j`` run at ``pp``. The storage
+    is a copy of the block's vectors (its columns are written last), ``kb x n/LEAN_PARTS``
+    products and, where the engine forms a product before subtracting it, one chunk."""
+    xp = backend.xp
+    n = work.shape[-1]
+    chunk = -(-n // LEAN_PARTS)
+    blocks = [(c, min(l1, c + LEAN_Q_BLOCK), l0, t) for l0, (l1, t) in sorted(ts.items())
+              for c in range(l0, l1, LEAN_Q_BLOCK)]
+    for c0, c1, l0, t in reversed(blocks):
+        kb = c1 - c0
+        tj = t[..., c0 - l0:c1 - l0, c0 - l0:c1 - l0]
+        # the block's vectors as explicit unit lower columns (R above is already out)
+        work[..., c0:c1, c0:c1] = unit_lower(xp, work[..., c0:c1, c0:c1])
+        y = work[..., c0:, c0:c1]
+        work[..., c0:c1, c1:] = 0  # R's rows there (taken out); Q is zero there yet
+        for j0 in range(c1, n, chunk):
+            j1 = min(n, j0 + chunk)
+            d = gemm(ct(xp, y[..., kb:, :]), work[..., c1:, j0:j1], precision=precision,
+                     label="formq-lean-YhQ", options=options, backend=backend)
+            d = gemm(tj, d, precision=pp, label="formq-lean-TD", backend=backend)
+            gemm_sub(work[..., c0:, j0:j1], y, d, precision=precision,
+                     label="formq-lean-YD", options=options, backend=backend)
+            d = None
+        yc = xp.asarray(y, copy=True)
+        y = None
+        e = gemm(-tj, ct(xp, yc[..., :kb, :]), precision=pp, label="formq-lean-TYh",
+                 backend=backend)
+        gemm_into(work[..., c0:, c0:c1], yc, e, precision=precision,
+                  label="formq-lean-YE", options=options, backend=backend)
+        yc = e = None
+        work[..., :c0, c0:c1] = 0
+        backend.add_identity(work[..., c0:c1, c0:c1])
+
+
+def _store_vectors(xp: Any, work: Any, y16: Any, c0: int, c1: int) -> None:
+    """The rounded vectors ``Ŷ`` (float16, explicit unit lower) over ``Y`` below the
+    diagonal of the working copy's columns ``c0:c1`` (R above is kept)."""
+    k = c1 - c0
+    yw = xp.astype(y16, work.dtype)
+    work[..., c0:c1, c0:c1] = xp.triu(work[..., c0:c1, c0:c1]) + xp.tril(yw[..., :k, :], k=-1)
+    work[..., c1:, c0:c1] = yw[..., k:, :]
 
 
 def _take_r(xp: Any, work: Any, nb: int) -> Any:

@@ -92,11 +92,28 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     if m == 0 or n == 0 or math.prod(batch) == 0:
         q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
     else:
-        memory_plan.check_fits(backend, a, method, prec_name)
-        with memory_plan.workspace_scope(backend, a, prec_name, method):
-            q, r = driver.run(backend, a, method, auto=auto, precision=precision,
-                              prec_name=prec_name, want_q=want_q, complete=complete,
-                              overwrite=overwrite)
+        plan = memory_plan.check_fits(backend, a, method, prec_name)
+        again = False
+        try:
+            with memory_plan.workspace_scope(backend, a, prec_name, method, plan):
+                q, r = driver.run(backend, a, method, auto=auto, precision=precision,
+                                  prec_name=prec_name, want_q=want_q, complete=complete,
+                                  overwrite=overwrite)
+        except MemoryError:
+            # the estimate of a faster plan fell short (the pool's cached blocks, or memory
+            # taken meanwhile): once more on the lean plan, where the input is intact
+            if plan not in ("fast", "tiled") or overwrite or \
+                    method != "householder-recursive":
+                raise
+            again = True
+        if again:  # outside the handler: the failed attempt's arrays are gone by now
+            record_event("memory", f"qr: out of device memory on the {plan} plan; "
+                         "factored again on the lean plan", plan="lean")
+            backend.release_cached_memory()
+            with memory_plan.workspace_scope(backend, a, prec_name, method, "lean"):
+                q, r = driver.run(backend, a, method, auto=auto, precision=precision,
+                                  prec_name=prec_name, want_q=want_q, complete=complete,
+                                  overwrite=overwrite)
     return QRResult(q, r) if want_q else r
 
 

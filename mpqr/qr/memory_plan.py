@@ -1,28 +1,34 @@
 """How much device memory a QR call needs, checked before the work starts.
 
-A call on a device array whose workspace estimate exceeds the device's free memory (the
-driver's free bytes plus what the array library's pool holds unused) raises
-:class:`mpqr.DeviceMemoryError` up front, saying how much it needs, how much is free and
-which precision or out-of-core budget would fit, instead of an out-of-memory error from
-deep inside the factorization. Host arrays (free memory unknown: ``None``) are never
-refused here.
+A call takes one of three plans (:data:`PLANS`, :func:`choose_plan`): on a device the
+fastest whose estimate fits the free memory (the driver's free bytes plus what the array
+library's pool holds unused, within a pool limit) — ``"fast"`` (whole products, no caps),
+``"tiled"`` (the engines' scratch capped) or ``"lean"`` (the square/wide Householder
+route's lean footprint: W a block column, Q formed over the working copy; docs/memory.md).
+Where even the lean plan would not fit, :class:`mpqr.DeviceMemoryError` is raised up
+front, saying how much it needs, how much is free and which precision or out-of-core
+budget would fit, instead of an out-of-memory error from deep inside the factorization.
+Host arrays (free memory unknown: ``None``) are never refused here and take the tiled
+plan.
 
-The estimate (:func:`estimate_bytes`) is the route's budget beyond the input itself: for
-the square/wide Householder route its working copy (where R is left for a square input)
-and W (where Q is formed), R where it is not square, the fp16 vectors at ``fp16``, the
-engines' scratch cap of the plan and the top level's half-size products; tall methods and
-the library's QR a measured multiple of the input's bytes.
+The estimate (:func:`estimate_bytes`) is the plan's budget beyond the input itself: for
+the square/wide Householder route on the fast and tiled plans its working copy (where R
+is left for a square input) and W (where Q is formed), R where it is not square, the fp16
+vectors at ``fp16``, the engines' scratch and the top level's half-size products; on the
+lean plan the larger of its factoring and its formation of Q; tall methods and the
+library's QR a measured multiple of the input's bytes.
 
-The plan also bounds the engines' scratch memory during the call
+The tiled and lean plans bound the engines' scratch memory during the call
 (:func:`workspace_scope`): the fp16 engines' operand splits and products (``fp16``,
-``fp32-emulated``) stay within ``SPLIT_FRACTION`` of the input's bytes (at least
-``SPLIT_FLOOR``), the policy running a larger product in output tiles (on a device only
-where the untiled call would not fit the free memory); the Ozaki engine's
-residues and int32 products (whose default cap is half the free device memory, so a call
-used to take as much as it found) within ``OZAKI_FRACTION`` of the input's bytes (at least
-``OZAKI_FLOOR``), the engine blocking its products, which changes no bit of the result.
+``fp32-emulated``) stay within ``SPLIT_FRACTION`` (lean: ``LEAN_SPLIT_FRACTION``) of the
+input's bytes (at least ``SPLIT_FLOOR``), the policy running a larger product in output
+tiles; the Ozaki engine's residues and int32 products (whose default cap is half the free
+device memory) within ``OZAKI_FRACTION`` (lean: ``LEAN_OZAKI_FRACTION``) of the input's
+bytes (at least ``OZAKI_FLOOR``), the engine blocking its products, which changes no bit
+of the result.
 
-``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements).
+``MPQR_MEMORY_PLAN=0`` turns the check and the caps off (A/B measurements); ``lean`` or
+``fast`` forces that plan.
 """
 
 from __future__ import annotations
@@ -37,11 +43,19 @@ from mpqr._errors import DeviceMemoryError
 from mpqr.engines.ozaki import workspace_bytes
 from mpqr.policy import active_gemm_options, gemm_options, record_event
 from mpqr.qr._kernels import TRMM_CUTOFF
-from mpqr.qr.householder_recursive import MAX_CERTIFIED_LEAF_WIDTH, leaf_width
+from mpqr.qr.householder_recursive import (
+    LEAN_PARTS,
+    LEAN_Q_BLOCK,
+    MAX_CERTIFIED_LEAF_WIDTH,
+    leaf_width,
+    lean_plan,
+    lean_width,
+)
 
-__all__ = ["OZAKI_FLOOR", "OZAKI_FRACTION", "SPLIT_FLOOR", "SPLIT_FRACTION",
-           "TALL_METHODS", "check_fits", "enabled", "estimate_bytes", "ozaki_cap", "split_cap",
-           "workspace_scope"]
+__all__ = ["LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR", "OZAKI_FRACTION",
+           "PLANS", "SPLIT_FLOOR", "SPLIT_FRACTION", "TALL_METHODS", "check_fits",
+           "choose_plan", "enabled", "estimate_bytes", "lean_ozaki_cap", "lean_split_cap",
+           "ozaki_cap", "plan_setting", "split_cap", "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
 #: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products); at 0.5 a
@@ -56,6 +70,11 @@ OZAKI_FLOOR = 256 << 20
 #: columns of B are split independently)
 SPLIT_FRACTION = 0.5
 SPLIT_FLOOR = 64 << 20
+#: the caps on the lean plan (docs/memory.md), fractions of the input's bytes
+LEAN_SPLIT_FRACTION = 0.2
+LEAN_OZAKI_FRACTION = 0.35
+#: the plans a device call may take, fastest first
+PLANS = ("fast", "tiled", "lean")
 
 #: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
 TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
@@ -78,15 +97,16 @@ _OZAKI_TERMS, _OZAKI_LIMBS = 17, 4
 
 def enabled() -> bool:
     """Whether calls are checked against free device memory (``MPQR_MEMORY_PLAN``)."""
-    return os.environ.get("MPQR_MEMORY_PLAN", "1").strip().lower() not in ("0", "off",
-                                                                          "false", "no")
+    return plan_setting() != "off"
 
 
 def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int,
-                   tiles: bool = True) -> int:
+                   plan: str = "tiled") -> int:
     """Device bytes a QR of ``shape`` (``(..., m, n)``) by ``method`` at ``prec_name``
-    needs at its high-water mark beyond the input (its factors included); ``tiles``:
-    with the fp16 engines' products in tiles within :func:`split_cap` (else whole)."""
+    needs at its high-water mark beyond the input (its factors included) on ``plan``
+    (:data:`PLANS`): ``"fast"`` the engines' products whole, ``"tiled"`` the fp16
+    engines' products in tiles within :func:`split_cap`, ``"lean"`` the lean route of
+    the square/wide Householder QR (docs/memory.md) with the lean caps."""
     nbytes = math.prod(shape) * itemsize
     if method in TALL_METHODS:
         return math.ceil(_TALL * nbytes)
@@ -98,6 +118,8 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     *batch, m, n = shape
     k = min(m, n)
     stack = math.prod(batch)
+    if plan == "lean" and method == "householder-recursive":
+        return _lean_bytes(prec_name, m, n, stack, itemsize)
     # the working copy (R in its storage where square) and W (Q in its storage)
     need = 2 * nbytes + (stack * k * k * itemsize if m != n else 0)
     if prec_name == "fp16":  # the rounded vectors as float16
@@ -106,10 +128,11 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         # the top level's update W1^H A2 (operands m x k/2) unsplit, or tiles within the cap
         per = 2 if prec_name == "fp16" else 6
         whole = stack * (per * m * k + 8 * (k // 2) ** 2)
-        need += min(split_cap(nbytes), whole) if tiles else whole
+        need += whole if plan == "fast" else min(split_cap(nbytes), whole)
     elif prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
         h = -(-k // 2)
-        need += min(ozaki_cap(nbytes), workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS))
+        whole = workspace_bytes(m, h, h, _OZAKI_TERMS, _OZAKI_LIMBS)
+        need += whole if plan == "fast" else min(ozaki_cap(nbytes), whole)
     # factoring: the top level's C = W1^H A2 (k/2 x k/2), its triangular update and a
     # converted copy, or a leaf's panel copies; forming Q: a diagonal block of W Y1^H
     # (m x k/4)
@@ -118,6 +141,52 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     forming_q = m * max(TRMM_CUTOFF, k // 4)
     need += stack * max(factoring, forming_q) * itemsize
     return math.ceil(need + _SLACK * nbytes)
+
+
+def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> int:
+    """The lean route's high-water mark beyond the input (docs/memory.md): the larger of
+    factoring (the working copy, W of ``wk`` columns, the products of the update of the
+    columns right of W's block or a leaf's panel copies, the engines' scratch) and
+    forming Q (the working copy where Q is formed, R, ``W_j`` and the ``kb x n`` products
+    of a block, the engines' scratch)."""
+    k = min(m, n)
+    nbytes = m * n * itemsize
+    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
+    wk = min(k, lean_width(k, nb))
+    qb = min(LEAN_Q_BLOCK, nb, k)
+    chunk = -(-n // LEAN_PARTS)
+    # the largest products (out rows, out columns, inner): the update right of W's block;
+    # a chunk of Q's trailing update
+    prods = ((wk, min(wk, k - wk), m), (m, chunk, qb))
+    if prec_name in ("fp16", "fp32-emulated", "auto"):
+        per = 2 if prec_name == "fp16" else 6
+        whole = max(per * kk * (r + c) + 8 * r * c for r, c, kk in prods)
+        scratch = min(lean_split_cap(nbytes), whole)
+    elif prec_name == "fp64-emulated":
+        whole = max(workspace_bytes(r, c, kk, _OZAKI_TERMS, _OZAKI_LIMBS) for r, c, kk in prods)
+        scratch = min(lean_ozaki_cap(nbytes), whole)
+    else:
+        scratch = 0
+    # the leaves' T (k x nb in all), kept for Q's formation; the spine's update in column
+    # chunks of wk: C, its triangular update and a converted copy are wk x wk
+    factoring = (m * n + k * min(nb, k) + m * wk
+                 + max(_HALF_PRODUCTS * wk * min(wk, k - wk),
+                       _LEAF_COPIES * m * min(nb, k))) * itemsize
+    if prec_name == "fp16":  # W's block column rounded to fp16 once for its two products
+        factoring += m * wk * 2
+    # Q over the working copy, R, the T's, a copy of a block's vectors, the chunks' products
+    forming_q = (m * n + k * n + k * min(nb, k) + m * qb + 2 * qb * chunk) * itemsize
+    return math.ceil(stack * (max(factoring, forming_q) + scratch) + _SLACK * nbytes)
+
+
+def lean_split_cap(nbytes: int) -> int:
+    """The fp16 engines' scratch cap on the lean plan."""
+    return max(SPLIT_FLOOR, int(LEAN_SPLIT_FRACTION * nbytes))
+
+
+def lean_ozaki_cap(nbytes: int) -> int:
+    """The Ozaki engine's scratch cap on the lean plan."""
+    return max(OZAKI_FLOOR, int(LEAN_OZAKI_FRACTION * nbytes))
 
 
 def ozaki_cap(nbytes: int) -> int:
@@ -131,23 +200,42 @@ def split_cap(nbytes: int) -> int:
     return max(SPLIT_FLOOR, int(SPLIT_FRACTION * nbytes))
 
 
-def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
-    """Raise :class:`~mpqr.DeviceMemoryError` if QR of ``a`` would not fit the device."""
-    if not enabled():
-        return
+def plan_setting() -> str:
+    """``MPQR_MEMORY_PLAN``: ``"off"`` (``0``, ``off``, ``false``, ``no``), ``"lean"`` or
+    ``"fast"`` (forced), else ``"auto"``."""
+    v = os.environ.get("MPQR_MEMORY_PLAN", "1").strip().lower()
+    if v in ("0", "off", "false", "no"):
+        return "off"
+    return v if v in ("lean", "fast") else "auto"
+
+
+def choose_plan(backend: Any, a: Any, method: str, prec_name: str) -> str:
+    """The plan of a QR call of ``a`` (:data:`PLANS`); raise
+    :class:`~mpqr.DeviceMemoryError` where even the lean plan would not fit the device.
+
+    On a device: ``"fast"`` where its estimate fits the free memory (whole products:
+    the speed of a call with the plan off), else ``"tiled"`` where that fits, else
+    ``"lean"``. On the host (free memory unknown) ``"tiled"``. ``MPQR_MEMORY_PLAN=lean``
+    or ``fast`` forces a plan (checked against the free memory all the same)."""
+    setting = plan_setting()
+    if setting == "off":
+        return "off"
     free = backend.device_memory_free()
-    if free is None:  # host memory: no estimate of what is free
-        return
     shape = tuple(a.shape)
     itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    if free is None:  # host memory: no estimate of what is free
+        return "tiled" if setting == "auto" else setting
+    plans = PLANS if setting == "auto" else (setting,)
     # the input already lives on the device: what the call adds must fit what is free
-    need = estimate_bytes(method, prec_name, shape, itemsize)
-    record_event("memory", f"qr: plan {need:,} bytes beyond the input, {free:,} free",
-                 needed=need, free=free, method=method, precision=prec_name)
-    if need <= free:
-        return
+    for plan in plans:
+        need = estimate_bytes(method, prec_name, shape, itemsize, plan)
+        if need <= free:
+            record_event("memory", f"qr: {plan} plan, {need:,} bytes beyond the input, "
+                         f"{free:,} free", needed=need, free=free, method=method,
+                         precision=prec_name, plan=plan)
+            return plan
     fits = [p for p in ("fp16", "fp32-emulated", "fp64-emulated")
-            if p != prec_name and estimate_bytes(method, p, shape, itemsize) <= free]
+            if p != prec_name and estimate_bytes(method, p, shape, itemsize, "lean") <= free]
     hint = (f"precision={fits[0]!r} would fit" if fits else
             "no precision of this route fits")
     raise DeviceMemoryError(
@@ -159,31 +247,38 @@ def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> None:
         needed=need, free=free)
 
 
+def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> str:
+    """Raise :class:`~mpqr.DeviceMemoryError` if QR of ``a`` would not fit the device;
+    else return its plan (:func:`choose_plan`)."""
+    return choose_plan(backend, a, method, prec_name)
+
+
 @contextlib.contextmanager
-def workspace_scope(backend: Any, a: Any, prec_name: str, method: str = "householder-recursive"
-                    ) -> Iterator[None]:
-    """The engines' scratch caps of the plan for QR of ``a`` (none where the caller set
-    ``workspace_limit`` or the plan is off). On a device the fp16 engines' products go in
-    tiles only where the untiled call would not fit the free memory: the tiles re-split
-    an operand each (16384^2 float32 fp32-emulated: 8.9% slower with them, H200,
-    ``python bench/probes/memory_gpu.py``)."""
+def workspace_scope(backend: Any, a: Any, prec_name: str, method: str = "householder-recursive",
+                    plan: str | None = None) -> Iterator[None]:
+    """The engines' scratch caps of ``plan`` for QR of ``a`` (default
+    :func:`choose_plan`): none on ``"fast"``, where the caller set ``workspace_limit`` or
+    the plan is off; :func:`split_cap` and :func:`ozaki_cap` on ``"tiled"``; the lean
+    caps and the lean route on ``"lean"``. The tiles re-split an operand each (16384^2
+    float32 fp32-emulated: 8.9% slower with them, H200,
+    ``python bench/probes/memory_gpu.py``), so a call that fits keeps whole products."""
+    if plan is None:
+        plan = choose_plan(backend, a, method, prec_name)
     opts = active_gemm_options()
-    if not enabled() or (opts is not None and opts.workspace_limit is not None) \
+    lean = lean_plan() if plan == "lean" else contextlib.nullcontext()
+    if plan in ("off", "fast") or (opts is not None and opts.workspace_limit is not None) \
             or prec_name not in ("fp64-emulated", "auto", "fp16", "fp32-emulated"):
-        yield
+        with lean:
+            yield
         return
     itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
     nbytes = math.prod(a.shape) * itemsize
     if prec_name in ("fp16", "fp32-emulated"):
-        free = backend.device_memory_free()
-        if free is not None and estimate_bytes(method, prec_name, tuple(a.shape), itemsize,
-                                               tiles=False) <= free:
-            yield
-            return
-        cap = split_cap(nbytes)
+        cap = lean_split_cap(nbytes) if plan == "lean" else split_cap(nbytes)
     else:
-        cap = min(ozaki_cap(nbytes), backend.ozaki_workspace_limit())
-    with gemm_options(opts, workspace_limit=cap):
+        cap = min(lean_ozaki_cap(nbytes) if plan == "lean" else ozaki_cap(nbytes),
+                  backend.ozaki_workspace_limit())
+    with gemm_options(opts, workspace_limit=cap), lean:
         yield
 
 

@@ -60,7 +60,7 @@ def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: st
 
 
 def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cert: Any,
-                   precision: str) -> Any:
+                   precision: str, woff: int = 0) -> Any:
     """Factor the leaf ``work[c0:, c0:c1]`` (2-D, LAPACK's layout) in place in certified
     panels of :data:`~mpqr.qr._kernels.CERTIFIED_PANEL_MAX_N` columns, left to right
     (``backend.certified_panel``: CholQR2 + reconstruction, the check counted into
@@ -72,8 +72,10 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     sub-block's (``W_j <- W_j - W_<j (Y_<j^H W_j)``; ``w_all`` then holds the sub-blocks'
     combined ``W``), and each sub-block updates the leaf's later columns at once.
     Returns the leaf's ``tau`` (for its ``T``: :func:`~mpqr.backends._base.compact_wy_t`).
+    W's entry ``(i, j)`` lives at ``w_all[..., i - woff, j - woff]`` (a W narrower than
+    ``work``: the lean plan of docs/memory.md).
     """
-    tau = backend.certified_leaf(work, w_all, c0, c1, cert)
+    tau = backend.certified_leaf(work, w_all, c0, c1, cert, woff)
     if tau is not None:  # the backend's own loop (the same steps)
         return tau
     xp = backend.xp
@@ -81,16 +83,20 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     nb = CERTIFIED_PANEL_MAX_N
     sub = leaf_sub(c1 - c0)
     taus = []
+
+    def w(r0: int, r1: int, j0: int, j1: int) -> Any:  # W's rows r0:r1, columns j0:j1
+        return w_all[r0 - woff:r1 - woff, j0 - woff:j1 - woff]
+
     for c in range(c0, c1, nb):
         e = min(c + nb, c1)
         s0 = c0 + (c - c0) // sub * sub  # this panel's sub-block: columns s0:se
         se = min(s0 + sub, c1)
-        l, tau = backend.certified_panel(work[c:, c:e], w_all[c:, c:e], cert)
+        l, tau = backend.certified_panel(work[c:, c:e], w(c, m, c, e), cert)
         taus.append(tau)
         if e == c1:
             break
         if e < se:
-            z = gemm(ct(xp, w_all[c:, c:e]), work[c:, e:se], precision=precision,
+            z = gemm(ct(xp, w(c, m, c, e)), work[c:, e:se], precision=precision,
                      label="panel-update-WhB", backend=backend)
             gemm_sub(work[c:e, e:se], l, z, precision=precision, label="panel-update-YZ",
                      backend=backend)
@@ -100,10 +106,10 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
         if se == c1:
             continue
         if c > s0:  # the sub-block's W so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^H W_j)
-            w_all[s0:c, c:e] = 0
-            g = gemm(ct(xp, work[c:, s0:c]), w_all[c:, c:e], precision=precision,
+            w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
+            g = gemm(ct(xp, work[c:, s0:c]), w(c, m, c, e), precision=precision,
                      label="panel-combine-YhW", backend=backend)
-            gemm_sub(w_all[s0:, c:e], w_all[s0:, s0:c], g, precision=precision,
+            gemm_sub(w(s0, m, c, e), w(s0, m, s0, c), g, precision=precision,
                      label="panel-combine-WG", backend=backend)
         if e < se:
             continue
@@ -111,7 +117,7 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
         # block explicit (unit lower), the rows below it in place
         lblk = xp.tril(work[s0:se, s0:se], k=-1) + xp.eye(se - s0, dtype=work.dtype,
                                                           device=device(work))
-        z = gemm(ct(xp, w_all[s0:, s0:se]), work[s0:, se:c1], precision=precision,
+        z = gemm(ct(xp, w(s0, m, s0, se)), work[s0:, se:c1], precision=precision,
                  label="panel-update-WhB", backend=backend)
         gemm_sub(work[s0:se, se:c1], lblk, z, precision=precision, label="panel-update-YZ",
                  backend=backend)
