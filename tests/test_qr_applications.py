@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+
 import numpy as np
 import pytest
 
@@ -109,3 +112,44 @@ def test_svd_on_the_gpu_with_a_jacobi_factor(dtype):
     assert np.linalg.norm(xh - (u * s) @ vh) <= 20 * n * eps * np.linalg.norm(xh)
     assert np.linalg.norm(u.conj().T @ u - np.eye(n)) <= 20 * n * eps
     assert np.linalg.norm(vh @ vh.conj().T - np.eye(n)) <= 20 * n * eps
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.complex128])
+@pytest.mark.parametrize("cond", [1e2, 1e13])
+def test_svd_applies_cholqr2s_last_solve_to_the_small_factor(monkeypatch, dtype, cond):
+    """The QR-SVD on CholQR2 forms ``U = Q1 (R2^-1 U_r)`` (one product over x) where CholQR2
+    ran; where it broke down (cond 1e13) the rescue's own Q is used. Both: singular values
+    to k u ||x||, U orthonormal and ``U S V^H = x`` to u x size, and U as the unfactored
+    route's to the perturbation bound of well-separated singular vectors."""
+    backend = mpqr.backends.get_backend(mpqr._array_api.array_namespace(np.ones(1)))
+    monkeypatch.setattr(type(backend), "library_qr_tall_max", 0)  # CholQR2, not geqrf
+    deferred = cond < 1e6
+    if dtype == np.float32 and not deferred:
+        cond = 1e9
+    rng = np.random.default_rng(7)
+    m, n = 1024, 40
+    a = geometric(rng, m, n, cond)
+    if dtype == np.complex128:  # times a unitary: the same singular values
+        a = a @ np.linalg.qr(rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n)))[0]
+    a = a.astype(dtype)
+    with mpqr.explain() as trace:
+        u, s, vh = mpqr.svd(a)
+    kinds = [e.kind for e in trace.events]
+    assert ("deferred-solve" in kinds) == deferred != ("fallback" in kinds)
+    eps = np.finfo(dtype).eps
+    ref = np.linalg.svd(a.astype(np.complex128), compute_uv=False)
+    assert u.shape == (m, n) and s.shape == (n,) and vh.shape == (n, n) and u.dtype == dtype
+    assert np.max(np.abs(s - ref)) <= 4 * n * eps * ref[0]
+    assert np.linalg.norm(a - (u * s) @ vh) <= 4 * np.sqrt(m) * n * eps * np.linalg.norm(a)
+    assert orthogonality(u) <= np.sqrt(m) * n * eps
+    # the route that forms Q first: same U up to column signs (phases), columns whose
+    # singular value is separated by gap g agree to ~ n u s_0 / g
+    monkeypatch.setattr(importlib.import_module("mpqr.qr.applications"), "defer_last_solve",
+                        lambda _a: contextlib.nullcontext([None, None]))
+    u2, s2, _vh2 = mpqr.svd(a)
+    assert np.max(np.abs(s2 - s)) <= 4 * n * eps * ref[0]
+    gap = np.minimum(np.abs(np.diff(ref, prepend=np.inf)), np.abs(np.diff(ref, append=-np.inf)))
+    phase = np.sum(np.conj(u2) * u, axis=0)
+    phase = phase / np.abs(phase)
+    dev = np.linalg.norm(u - u2 * phase, axis=0)
+    assert np.all(dev <= 16 * n * eps * ref[0] / gap + 16 * n * eps)

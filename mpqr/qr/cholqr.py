@@ -29,8 +29,8 @@ from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
 
 __all__ = ["EARLY_HAND_OVER", "INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2",
-           "hand_over_early", "inverse_and_cond", "reuse_first_gram", "right_solve_upper",
-           "right_solve_upper_gram", "shifted_cholqr3"]
+           "defer_last_solve", "hand_over_early", "inverse_and_cond", "reuse_first_gram",
+           "right_solve_upper", "right_solve_upper_gram", "shifted_cholqr3"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -270,6 +270,36 @@ def _first_gram(a: Any, method: str) -> tuple[Any, Any] | None:
     record_event("gram-reuse", f"{method}: the first Gram matrix x^H x is the one the "
                  "caller already computed (one pass over x fewer)", method=method)
     return pair
+
+
+#: ``[a, pieces]`` set by :func:`defer_last_solve`
+_DEFER: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "mpqr_cholqr2_defer", default=None)
+
+
+@contextlib.contextmanager
+def defer_last_solve(a: Any) -> Iterator[list[Any]]:
+    """Within the block, :func:`cholqr2` of exactly the array object ``a`` (2-D, thin
+    ``Q``, not the fused route) returns ``Q`` as None and puts ``(Q1, R2, sb)`` in the
+    yielded list's second slot instead: ``Q = Q1 R2^-1`` (``R2`` in the small backend
+    ``sb``, certified ``cond_2(R2) <= sqrt(3)``). For a caller that applies ``Q`` to a
+    small matrix next: ``Q M = Q1 (R2^-1 M)`` is one product over ``a``'s size instead
+    of two (the QR-SVD's ``U = Q U_r``). Taken once; the slot stays None where CholQR2
+    did not run on ``a`` or broke down."""
+    slot: list[Any] = [a, None]
+    token = _DEFER.set(slot)
+    try:
+        yield slot
+    finally:
+        _DEFER.reset(token)
+
+
+def _take_defer(a: Any) -> list[Any] | None:
+    slot = _DEFER.get()
+    if slot is None or slot[0] is not a or a.ndim != 2:
+        return None
+    slot[0] = None  # once: a rescue's own CholQR2 computes its Q
+    return slot
 
 
 #: where ``u cond(x D^-1)^2`` of CholQR2's first factor (``D``: column norms) is at least
@@ -630,6 +660,7 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     matrix the certificate checked), in four passes over A's size instead of six (two
     instead of four without Q). The explain trace says so (``fused-solve``)."""
     fusable = _fusable(backend, a)
+    slot = None if fusable or not want_q else _take_defer(a)
     q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable,
                             early=True)
     if fusable:
@@ -652,10 +683,15 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
         q1 = _apply_inverse(backend, sb1, a, r1, "cholqr2", prec_name)
     try:
         q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
-                              want_q=want_q)
+                              want_q=want_q and slot is None)
     except BreakdownError as exc:
         _hand_over(exc, backend, a, r1, q1)
         raise
+    if slot is not None:
+        slot[1] = (q1, r2, sb)
+        record_event("deferred-solve", "cholqr2: Q = Q1 R2^-1 is not formed; the caller "
+                     "applies R2^-1 to its small factor first (one pass over x fewer)",
+                     method="cholqr2")
     return q, _final_r(backend, sb, [r2, r1], a, prec_name)
 
 
