@@ -84,25 +84,39 @@ def test_svd_orth_bad_input():
         mpqr.svd(np.ones((3, 2), dtype=bool))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "complex128"])
-def test_svd_on_the_gpu_with_a_jacobi_factor(dtype):
-    """mpqr.svd on CuPy with R's SVD by cuSOLVER's gesvdj (n >= 128): singular values as
-    LAPACK's, U diag(s) V^H = x, U and V orthonormal, to u x size."""
+def _cupy_or_skip():
     cp = pytest.importorskip("cupy")
     try:
         if cp.cuda.runtime.getDeviceCount() == 0:
             pytest.skip("no CUDA GPU visible")
     except Exception:  # CuPy without a driver
         pytest.skip("no CUDA GPU visible")
-    import mpqr
+    return cp
+
+
+@pytest.mark.parametrize("route", ["gesvdj", "gesvdj-t", "eigh-gesvdj"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex128"])
+@pytest.mark.parametrize("m", [2000, 1 << 15])
+def test_svd_on_the_gpu_with_a_jacobi_factor(monkeypatch, dtype, route, m):
+    """mpqr.svd on CuPy with R's SVD by cuSOLVER's gesvdj (n >= 128), each way of running
+    it (``small_svd_route``), with the library's QR (2000 rows) and CholQR2 (2^15, U from
+    its deferred last solve): singular values as LAPACK's, U diag(s) V^H = x, U and V
+    orthonormal, to u x size."""
+    cp = _cupy_or_skip()
+    backend = mpqr.backends.get_backend(mpqr._array_api.array_namespace(cp.ones(1)))
+    monkeypatch.setattr(type(backend), "small_svd_route", route)
 
     rng = np.random.default_rng(3)
-    m, n = 2000, 160
+    n = 160
     xh = rng.standard_normal((m, n)) * np.logspace(0, -3, n)
     if dtype.startswith("complex"):
         xh = xh + 1j * rng.standard_normal((m, n)) * np.logspace(0, -3, n)
     xh = xh.astype(dtype)
-    u, s, vh = (cp.asnumpy(t) for t in mpqr.svd(cp.asarray(xh)))
+    with mpqr.explain() as trace:
+        u, s, vh = (cp.asnumpy(t) for t in mpqr.svd(cp.asarray(xh)))
+    kinds = [e.kind for e in trace.events]
+    if m > 2000 and dtype == "float64":  # CholQR2 (cond 1e3), not the library's QR
+        assert "deferred-solve" in kinds, kinds
     ref = np.linalg.svd(xh.astype(np.complex128 if dtype.startswith("complex") else np.float64),
                         compute_uv=False)
     eps = np.finfo(xh.dtype).eps
