@@ -337,15 +337,22 @@ def hand_over_early(estimate: Callable[..., Any]) -> Iterator[None]:
 def _early_check(method: str, a: Any, g_pair: tuple[Any, Any], prec_name: str
                  ) -> Any:
     """The check :func:`hand_over_early` asks of CholQR2's first pass: a function of
-    ``(sb, r, hi, lo)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of ``|diag r|``)
-    that raises where the pass should stop; None outside the block."""
+    ``(sb, r, hi, lo, ratio=None)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of
+    ``|diag r|``; ``ratio``: the column-scaled diagonal ratio where already made, else
+    made here at the precisions of :data:`SCALE_FREE` where the unscaled one reaches the
+    gate) that raises where the pass should stop; None outside the block."""
     estimate_cond = _EARLY.get()
     if estimate_cond is None:
         return None
 
-    def check(sb: Any, r: Any, hi: float, lo: float) -> None:
+    def check(sb: Any, r: Any, hi: float, lo: float, ratio: float | None = None) -> None:
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
-        if not (lo > 0 and (hi / lo) ** 2 * u >= _EARLY_GATE):
+        if not (lo > 0 and (hi / lo if ratio is None else ratio) ** 2 * u >= _EARLY_GATE):
+            return
+        if ratio is None and prec_name in SCALE_FREE and not _diag_ratio(
+                sb, r, True) ** 2 * u >= _EARLY_GATE:
+            # the estimate is of the column-scaled condition number: graded columns with
+            # a small scaled ratio skip it (a host SVD of R per call on a GPU)
             return
         hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
         cond = float(hs.xp.max(estimate_cond(hs, rh, prec_name)))
@@ -500,8 +507,9 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
                   gram_min=_gram_min(xp, g, prec_name), certified=certify is not None)
     scaled = prec_name in SCALE_FREE and certify is None
     cond1 = s.cond1
+    ratio = None  # the column-scaled diagonal ratio, where the unscaled one failed
     if not passes(s, **limits) and not (scaled and passes(
-            s, **limits, diag_ratio=_diag_ratio(backend, r, True))):
+            s, **limits, diag_ratio=(ratio := _diag_ratio(backend, r, True)))):
         record_event("small-steps", f"{method}: a check of the device's n x n steps failed; "
                      "the pass redoes them on the host route", method=method)
         return None
@@ -511,7 +519,7 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
                  "ran on the device in one launch; their 8 numbers were read back once",
                  method=method, n=n)
     if check is not None:
-        check(backend, r, s.r_diag_max, s.r_diag_min)
+        check(backend, r, s.r_diag_max, s.r_diag_min, ratio)
     if q is not None:
         record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (certified pass: "
                      f"cond_2(R) <= sqrt(3); cond_1(R) = {s.cond1:.3g})", cond_1=s.cond1)
