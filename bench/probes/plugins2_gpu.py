@@ -266,6 +266,30 @@ def _small_routes(r, dtype):
     return row
 
 
+def _qr_pieces(x):
+    """CholQR2's pieces one by one: the Gram product, the device's n x n steps (one
+    launch and the read-back of their numbers), ``A X`` with X upper triangular, a
+    full ``A W``, and a 256 x 256 R to the host and back."""
+    from mpqr.qr import cholqr as chq
+    from mpqr.qr.cholqr_steps import StepNumbers
+    from mpqr.qr.gram_blocked import gram
+
+    p = {}
+    g = gram(BE, x, None, "probe-gram")
+    p["gram"] = med(lambda: gram(BE, x, None, "probe-gram"))
+    steps = BE.chol_steps(g)
+    if steps is not None:
+        r, xinv, _st = steps
+        p["chol_steps"] = med(lambda: BE.chol_steps(g))
+        p["chol_steps_and_read"] = med(
+            lambda: StepNumbers.from_host(BE.small(BE.chol_steps(g)[2])[1]))
+        p["A_X_upper"] = med(lambda: chq._times_upper(BE, x, xinv, "probe", "auto"))
+        p["A_W_full"] = med(lambda: mpqr.matmul(x, xinv))
+        p["R_to_host_and_back"] = med(lambda: cp.asarray(cp.asnumpy(r)))
+        p["diag_ratio_scaled"] = med(lambda: chq._diag_ratio(BE, r, True))
+    return {f"qr_piece_{k}": v for k, v in p.items()}
+
+
 def _ab_one(m, n, dtype, label, x):
     row = {"shape": [m, n], "dtype": dtype, "data": label}
     t = {}
@@ -303,6 +327,8 @@ def _ab_one(m, n, dtype, label, x):
         t["Q1_W"] = med(lambda: mpqr.matmul(q1, w))
         t["isfinite_R"] = med(lambda: bool(cp.all(cp.isfinite(r))))
         del q1, w
+    if m == M and n == N:
+        t.update(_qr_pieces(x))
     row["ms"] = t
     row["R_svd_routes"] = _small_routes(cp.ascontiguousarray(r[:n]), dtype)
     base = t.get("cupy_svd")
