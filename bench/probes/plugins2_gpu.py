@@ -267,26 +267,31 @@ def _small_routes(r, dtype):
 
 
 def _qr_pieces(x):
-    """CholQR2's pieces one by one: the Gram product, the device's n x n steps (one
-    launch and the read-back of their numbers), ``A X`` with X upper triangular, a
-    full ``A W``, and a 256 x 256 R to the host and back."""
+    """CholQR2's pieces one by one: the Gram product, the n x n steps of a pass (at 256
+    columns past the device kernel's 64: CuPy calls, each check read back), ``A X`` with
+    X upper triangular, a full ``A W``, ``mode="r"`` (two Grams, one ``A X``, the steps),
+    and a 256 x 256 R to the host and back."""
     from mpqr.qr import cholqr as chq
-    from mpqr.qr.cholqr_steps import StepNumbers
     from mpqr.qr.gram_blocked import gram
 
     p = {}
+    n = x.shape[1]
     g = gram(BE, x, None, "probe-gram")
     p["gram"] = med(lambda: gram(BE, x, None, "probe-gram"))
-    steps = BE.chol_steps(g)
-    if steps is not None:
-        r, xinv, _st = steps
-        p["chol_steps"] = med(lambda: BE.chol_steps(g))
-        p["chol_steps_and_read"] = med(
-            lambda: StepNumbers.from_host(BE.small(BE.chol_steps(g)[2])[1]))
-        p["A_X_upper"] = med(lambda: chq._times_upper(BE, x, xinv, "probe", "auto"))
-        p["A_W_full"] = med(lambda: mpqr.matmul(x, xinv))
-        p["R_to_host_and_back"] = med(lambda: cp.asarray(cp.asnumpy(r)))
-        p["diag_ratio_scaled"] = med(lambda: chq._diag_ratio(BE, r, True))
+    p["chol_steps_kernel_supported"] = float(BE.chol_steps(g) is not None)
+    p["cupy_cholesky"] = med(lambda: cp.linalg.cholesky(g))
+    r = cp.ascontiguousarray(cp.linalg.cholesky(g).T)
+    eye = cp.eye(n, dtype=x.dtype)
+    p["inverse_by_substitution"] = med(lambda: BE.right_solve_upper(eye, r))
+    xinv = BE.right_solve_upper(eye, r)
+    p["check_gram"] = med(lambda: chq._check_gram(BE, g, "cholqr2", "auto"))
+    p["diag_ratio_scaled"] = med(lambda: chq._diag_ratio(BE, r, True))
+    p["cond1_scaled"] = med(lambda: chq._cond1(BE, r, xinv, True))
+    p["certificate_norm"] = med(lambda: float(cp.linalg.norm(g - eye)))
+    p["A_X_upper"] = med(lambda: chq._times_upper(BE, x, xinv, "probe", "auto"))
+    p["A_W_full"] = med(lambda: mpqr.matmul(x, xinv))
+    p["R_to_host_and_back"] = med(lambda: cp.asarray(cp.asnumpy(r)))
+    p["qr_mode_r"] = med(lambda: mpqr.qr(x, mode="r"))
     return {f"qr_piece_{k}": v for k, v in p.items()}
 
 
@@ -328,6 +333,10 @@ def _ab_one(m, n, dtype, label, x):
         t["isfinite_R"] = med(lambda: bool(cp.all(cp.isfinite(r))))
         del q1, w
     if m == M and n == N:
+        # the n x n steps on the host (one transfer each way) instead of CuPy calls
+        with setting(host_steps_max=n * n):
+            t["mpqr_svd_host_steps"] = med(lambda: mpqr.svd(x))
+            t["mpqr_qr_host_steps"] = med(lambda: mpqr.qr(x))
         t.update(_qr_pieces(x))
         from mpqr.compat.array_api import namespace
         plug = namespace(array_namespace(x))
