@@ -2,8 +2,9 @@
 
 :func:`functions` returns, for a namespace ``ns`` and a way to read the precision,
 replacements of ``ns.linalg.qr``, ``svd``, ``svdvals``, ``lstsq`` (NumPy and CuPy
-namespaces), ``pinv`` and ``matrix_rank`` and of the products ``matmul``,
-``linalg.matmul``, ``tensordot`` and ``vecdot``. Each takes the standard's
+namespaces), ``pinv`` and ``matrix_rank``, of the products ``matmul``,
+``linalg.matmul``, ``tensordot`` and ``vecdot``, and of ``mean`` (namespaces in
+:data:`BLOCKED_MEAN`: CuPy's). Each takes the standard's
 arguments, runs mpqr where it applies and hands every other call to the namespace's
 own function unchanged, so arguments, errors and edge cases stay the namespace's:
 
