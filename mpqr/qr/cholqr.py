@@ -349,12 +349,12 @@ def _early_check(method: str, a: Any, g_pair: tuple[Any, Any], prec_name: str
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
         if not (lo > 0 and (hi / lo if ratio is None else ratio) ** 2 * u >= _EARLY_GATE):
             return
+        hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
         if ratio is None and prec_name in SCALE_FREE and not _diag_ratio(
-                sb, r, True) ** 2 * u >= _EARLY_GATE:
+                hs, rh, True) ** 2 * u >= _EARLY_GATE:
             # the estimate is of the column-scaled condition number: graded columns with
             # a small scaled ratio skip it (a host SVD of R per call on a GPU)
             return
-        hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
         cond = float(hs.xp.max(estimate_cond(hs, rh, prec_name)))
         if not cond**2 * u >= EARLY_HAND_OVER:
             return
