@@ -14,8 +14,7 @@ scikit-learn is imported (scikit-learn's array-API dispatch needs it).
    ``mpqr.qr``, ``mpqr.svd`` with the deferred solve and with Q formed, per R-SVD route;
    the R-SVD routes alone on the R of the data (time, Jacobi sweeps, accuracy against
    LAPACK in float64 on the host); the pieces (``R2^-1 U_r``, ``Q1 W``); float32 under
-   ``precision="fp32-emulated"``; at 512 columns gesvdj against the present route
-   (cuSOLVER gesvd).
+   ``precision="fp32-emulated"``; at 512 columns gesvdj against cuSOLVER gesvd for R.
 3. ``sklearn``: per estimator and dtype, unplugged and plugged fits, the time inside the
    plugged calls (median of 3 synchronised runs), the remainder, the Amdahl bound, the
    agreement with the unplugged result; and plugged with CuPy's own ``mean`` left in
@@ -221,7 +220,8 @@ def _checks_one(dtype):
                       ok_route, str(met["fallback"])[:160])
                 check(f"svd {tag}: s within 4 n u ||x||", met["s_err"] <= 4 * N * u0,
                       f"{met['s_err']:.2e}")
-                check(f"svd {tag}: ||U^T U - I|| <= 8 n u", met["orth"] <= 8 * N * u0,
+                # LAPACK's tests pass an SVD whose ||U^T U - I|| / (n u) is below 30
+                check(f"svd {tag}: ||U^T U - I|| <= 30 n u", met["orth"] <= 30 * N * u0,
                       f"{met['orth']:.2e}")
                 check(f"svd {tag}: backward <= 8 n u", met["backward"] <= 8 * N * u0,
                       f"{met['backward']:.2e}")
@@ -272,8 +272,8 @@ def _small_routes(r, dtype):
     for route in ROUTES:
         m = row.get(route, {})
         if "s_err" in m:
-            check(f"R-SVD {route} {n}x{n} {dtype}: s, U, V, backward within 8 n u",
-                  max(m["s_err"], m["orth_u"], m["orth_v"], m["backward"]) <= 8 * n * u0,
+            check(f"R-SVD {route} {n}x{n} {dtype}: s, U, V, backward within 30 n u",
+                  max(m["s_err"], m["orth_u"], m["orth_v"], m["backward"]) <= 30 * n * u0,
                   json.dumps({k: m[k] for k in ("s_err", "orth_u", "orth_v", "backward")}))
     return row
 
@@ -318,10 +318,8 @@ def _ab_one(m, n, dtype, label, x):
         with setting(small_svd_route=route):
             t[f"mpqr_svd_{route}"] = med(lambda: mpqr.svd(x))
     if n > 256:
-        with setting(gesvdj_max=n):
-            for route in ROUTES:
-                with setting(small_svd_route=route):
-                    t[f"mpqr_svd_gesvdj_max_{n}_{route}"] = med(lambda: mpqr.svd(x), rep=3)
+        with setting(gesvdj_max=256):  # R's SVD by cuSOLVER gesvd, as before
+            t["mpqr_svd_R_by_gesvd"] = med(lambda: mpqr.svd(x), rep=3)
     if dtype == "float32":
         t["mpqr_svd_fp32_emulated"] = med(lambda: mpqr.svd(x, precision="fp32-emulated"))
         xx = x.astype(cp.float64)
