@@ -2,8 +2,9 @@
 
 :func:`functions` returns, for a namespace ``ns`` and a way to read the precision,
 replacements of ``ns.linalg.qr``, ``svd``, ``svdvals``, ``lstsq`` (NumPy and CuPy
-namespaces), ``pinv`` and ``matrix_rank`` and of the products ``matmul``,
-``linalg.matmul``, ``tensordot`` and ``vecdot``. Each takes the standard's
+namespaces), ``pinv`` and ``matrix_rank``, of the products ``matmul``,
+``linalg.matmul``, ``tensordot`` and ``vecdot``, and of ``mean`` (namespaces in
+:data:`BLOCKED_MEAN`: CuPy's). Each takes the standard's
 arguments, runs mpqr where it applies and hands every other call to the namespace's
 own function unchanged, so arguments, errors and edge cases stay the namespace's:
 
@@ -39,10 +40,21 @@ from mpqr._array_api import array_namespace, device
 from mpqr.policy import explain, gemm, record_event
 from mpqr.policy.trace import tracing
 
-__all__ = ["SVD_ASPECT", "functions", "inside_mpqr"]
+__all__ = ["BLOCKED_MEAN", "MEAN_BLOCK", "MEAN_ROWS_MIN", "SVD_ASPECT", "functions",
+           "inside_mpqr"]
 
 #: the QR-SVD route needs ``max(m, n) >= SVD_ASPECT * min(m, n)``
 SVD_ASPECT = 2.0
+
+#: namespaces whose ``mean(x, axis=0)`` of a tall C-ordered matrix is replaced by a sum of
+#: row blocks' sums: CuPy's reduction kernel gives a thread block 32 output columns and
+#: no block a share of the rows, so 256 columns of 2^20 rows ran on 8 blocks (H200:
+#: 25.5 ms for 2^20 x 256 float64, against 0.5 ms for one read of it)
+BLOCKED_MEAN = frozenset({"cupy"})
+#: rows a block of that sum takes; the mean is replaced from ``MEAN_ROWS_MIN`` rows and
+#: at least 8 rows a column
+MEAN_BLOCK = 1024
+MEAN_ROWS_MIN = 4096
 
 _inside: contextvars.ContextVar[bool] = contextvars.ContextVar("mpqr_xp_inside", default=False)
 
@@ -218,6 +230,23 @@ def functions(ns: Any, originals: dict[str, Any], precision: Callable[[], str | 
             x = cnp.lstsq(a, b, rcond)
         return x if finite(x[0]) else orig(a, b, rcond)
 
+    def mean(x, /, *, axis=None, keepdims=False, **kwargs):
+        orig = originals["mean"]
+        if _inside.get() or kwargs or not takes(x) or x.ndim != 2 or not _leading(axis) \
+                or not isinstance(keepdims, bool) or not _tall_c_order(x):
+            return orig(x, axis=axis, keepdims=keepdims, **kwargs)
+        m, n = x.shape
+        q = m // MEAN_BLOCK
+        with _running(lib, "mean", x, "sum of row blocks' sums"):
+            # (q, b, n) -> (q, n) partial rows, each a contiguous block's sum: q n outputs
+            # keep every block busy, where n outputs alone could not
+            s = ns.sum(ns.reshape(x[:q * MEAN_BLOCK, :], (q, MEAN_BLOCK, n)), axis=1)
+            s = ns.sum(s, axis=0)
+            if q * MEAN_BLOCK < m:
+                s = s + ns.sum(x[q * MEAN_BLOCK:, :], axis=0)
+            out = s / m
+        return ns.reshape(out, (1, n)) if keepdims else out
+
     def explicit() -> str | None:
         p = precision()
         return None if p in (None, "auto") else p
@@ -287,6 +316,7 @@ def functions(ns: Any, originals: dict[str, Any], precision: Callable[[], str | 
 
     linalg = {"qr": qr, "svd": svd, "svdvals": svdvals, "pinv": pinv,
               "matrix_rank": matrix_rank, "lstsq": lstsq}
+    reductions = {"mean": mean}
     products = {"matmul": make_matmul, "tensordot": make_tensordot, "vecdot": make_vecdot}
     out: dict[str, Any] = {}
     for name, orig in originals.items():
@@ -295,11 +325,29 @@ def functions(ns: Any, originals: dict[str, Any], precision: Callable[[], str | 
             f = linalg[base]
         elif base in products:
             f = products[base](orig)
+        elif name in reductions:
+            f = reductions[name]
         else:
             continue
         f.__doc__ = f"``{name}`` through mpqr where it applies (:mod:`mpqr.compat.array_api`)."
         out[name] = f
     return out
+
+
+def _leading(axis: Any) -> bool:
+    """``axis`` names the first of two axes only (``0``, ``-2`` or a 1-tuple of one)."""
+    if isinstance(axis, tuple) and len(axis) == 1:
+        axis = axis[0]
+    return isinstance(axis, int) and not isinstance(axis, bool) and axis in (0, -2)
+
+
+def _tall_c_order(x: Any) -> bool:
+    """Enough rows for the blocked mean, and rows contiguous where the array says (an
+    F-ordered array's column reduction is contiguous already)."""
+    m, n = x.shape
+    flags = getattr(x, "flags", None)
+    c_order = bool(getattr(flags, "c_contiguous", True)) if flags is not None else True
+    return c_order and m >= MEAN_ROWS_MIN and m >= 8 * n
 
 
 def _ct(ns: Any, x: Any) -> Any:

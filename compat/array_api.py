@@ -28,6 +28,10 @@ see :mod:`mpqr.compat._xp_functions`):
 ``matmul``, ``tensordot``,  through the precision policy, only under an explicit
 ``vecdot`` (also in       precision other than ``"auto"``: ``"auto"`` leaves every
 ``linalg``)               product native
+``mean`` (CuPy)           ``axis=0`` of a tall C-ordered matrix (at least 4096 rows, 8
+                          a column): the sum of blocks of 1024 rows' sums, divided by
+                          the rows (CuPy's own runs such a reduction on a few thread
+                          blocks)
 ========================  ===============================================================
 
 ``mpqr.explain()`` records each plugged call (``array-api`` events: namespace,
@@ -44,6 +48,7 @@ import sys
 import threading
 from typing import Any
 
+from mpqr.compat import _xp_functions
 from mpqr.compat._xp_functions import SVD_ASPECT, functions, library
 
 from mpqr.policy import validate_precision
@@ -64,6 +69,8 @@ def _names(ns: Any, *, products: bool) -> dict[str, Any]:
                 continue  # torch's lstsq has other arguments and results: left native
             if callable(getattr(lin, n, None)):
                 out[f"linalg.{n}"] = getattr(lin, n)
+        if library(ns) in _xp_functions.BLOCKED_MEAN and callable(getattr(ns, "mean", None)):
+            out["mean"] = ns.mean
     if products:
         for n in _PRODUCTS:
             if callable(getattr(ns, n, None)):

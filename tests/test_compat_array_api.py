@@ -321,3 +321,65 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("lib", "dtype"), [("numpy", "float64"), ("numpy", "complex128"),
+                                           ("array_api_strict", "float32")])
+def test_blocked_column_mean_matches_xp(monkeypatch, lib, dtype):
+    """``mean(x, axis=0)`` of a tall matrix as the sum of row blocks' sums (CuPy's
+    namespaces; here the NumPy and strict ones stand in): xp's dtype, shape, keepdims
+    and result type, values to the blocked sum's rounding bound ``gamma_(b + q + 2)``
+    in units of ``sum |x_i| / m``, NaN propagated per column; every other call (other
+    axes, few rows, a wide matrix, 1-D, integers, an F-ordered array) is xp's own."""
+    from mpqr.compat import _xp_functions as xf
+
+    xp = NAMESPACES[lib]
+    monkeypatch.setattr(xf, "BLOCKED_MEAN", frozenset({lib}))
+    mx = maa.namespace(xp)
+    m, n = 5000, 7  # four blocks of 1024 rows and 904 more
+    a = _matrix(np, (m, n), dtype, 3)
+    a[17, 2] = np.nan
+    x = xp.asarray(a)
+    for axis, keep in ((0, False), ((0,), True), (-2, False)):
+        with mpqr.explain() as trace:
+            got = mx.mean(x, axis=axis, keepdims=keep)
+        ref = xp.mean(x, axis=axis, keepdims=keep)
+        assert _routes(trace) == ["sum of row blocks' sums"]
+        assert type(got) is type(ref) and got.dtype == ref.dtype and got.shape == ref.shape
+        g, r = _np(got).reshape(n), np.mean(a.astype(np.complex128), axis=0)
+        assert np.isnan(g[2]) and np.isnan(_np(ref).reshape(n)[2])
+        ok = np.arange(n) != 2
+        q = m // xf.MEAN_BLOCK
+        bound = 2 * (xf.MEAN_BLOCK + q + 2) * np.finfo(dtype).eps / 2
+        scale = np.mean(np.abs(a), axis=0)
+        assert np.all(np.abs(g - r)[ok] <= bound * scale[ok])
+    small = xp.asarray(a[:4000])
+    wide = xp.asarray(_matrix(np, (4096, 600), dtype, 4))
+    cases = [(x, {"axis": 1}), (x, {"axis": None}), (small, {"axis": 0}), (wide, {"axis": 0}),
+             (x[:, 0], {"axis": 0}), (xp.asarray(np.ones((m, 3), dtype=np.int64)), {"axis": 0})]
+    if lib == "numpy":
+        cases.append((np.asfortranarray(a), {"axis": 0}))
+    for v, kw in cases:
+        with mpqr.explain() as trace:
+            got, err = _outcome(mx.mean, v, **kw)
+        ref, ref_err = _outcome(xp.mean, v, **kw)
+        assert _routes(trace) == []
+        assert type(err) is type(ref_err)
+        if err is None:
+            np.testing.assert_array_equal(_np(got), _np(ref))
+
+
+def test_patch_plugs_the_mean_only_where_it_is_blocked(monkeypatch):
+    """Under ``patch()`` the NumPy namespace's ``mean`` stays NumPy's (only CuPy's is
+    replaced by default); with NumPy listed it is replaced and restored on exit."""
+    from mpqr.compat import _xp_functions as xf
+
+    orig = cnp.mean
+    with maa.patch():
+        assert cnp.mean is orig
+    monkeypatch.setattr(xf, "BLOCKED_MEAN", frozenset({"numpy"}))
+    with maa.patch():
+        assert cnp.mean is not orig
+        x = cnp.asarray(np.ones((8192, 4)))
+        np.testing.assert_array_equal(cnp.mean(x, axis=0), np.ones(4))
+    assert cnp.mean is orig

@@ -77,3 +77,28 @@ def test_sklearn_pca_on_cupy_under_the_patch():
     assert any(e.data.get("route") == "mpqr.svd" for e in trace.events if e.kind == "array-api")
     # svd_flip fixes the signs: components agree entrywise (gap 10%: kappa ~ 10)
     assert float(cp.max(cp.abs(got - ref))) <= 1e3 * 2.0**-52 * 64
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex128"])
+def test_cupy_mean_of_a_tall_matrix_by_row_blocks(dtype):
+    """Under ``patch()`` the CuPy namespace's ``mean(x, axis=0)`` of a tall C-ordered
+    matrix is the sum of row blocks' sums: CuPy's dtype and shape, values to the blocked
+    sum's bound in units of ``sum |x_i| / m``; axis 1 stays CuPy's."""
+    from mpqr.compat import _xp_functions as xf
+
+    m, n = (1 << 16) + 5, 48
+    rng = np.random.default_rng(1)
+    a_np = rng.standard_normal((m, n)) + (1j * rng.standard_normal((m, n)) if "complex" in dtype
+                                         else 0)
+    a = cp.asarray(a_np.astype(dtype))
+    with maa.patch(), mpqr.explain() as trace:
+        got = ccp.mean(a, axis=0)
+        ccp.mean(a, axis=1)
+    routes = [e.data["route"] for e in trace.events if e.kind == "array-api"]
+    assert routes == ["sum of row blocks' sums"]
+    ref = cp.mean(a, axis=0)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    exact = np.mean(a_np.astype(dtype).astype(np.complex128), axis=0)
+    bound = (xf.MEAN_BLOCK + m // xf.MEAN_BLOCK + 2) * np.finfo(dtype).eps
+    scale = np.mean(np.abs(a_np.astype(dtype)), axis=0)
+    assert np.all(np.abs(cp.asnumpy(got) - exact) <= bound * scale)

@@ -221,3 +221,33 @@ def test_device_and_host_routes_agree(xp, n, device_steps, monkeypatch):
     # both are R factors of A: they agree to O(u cond(A)) relative, column by column
     err = np.linalg.norm(r_dev - r_host, axis=0) / np.linalg.norm(r_host, axis=0)
     assert np.max(err) <= 8 * n * U["float64"] * 1e3
+
+
+@pytest.mark.parametrize("graded", [True, False])
+def test_early_hand_over_gate_reads_the_column_scaled_ratio(monkeypatch, device_steps, graded):
+    """``auto``'s CholQR2 estimates its first factor's (column-scaled) condition number only
+    where a free lower bound of it is large: graded columns (Gaussian times 0.6^j, cond
+    ~1e7, column-scaled ~1) gate on the scaled diagonal ratio and skip the estimate;
+    a truly ill-conditioned matrix (cond 1e8 with unit columns) still runs it and hands
+    over to the sketch route."""
+    import importlib
+
+    precond = importlib.import_module("mpqr.qr.cholqr_precond")
+    calls = []
+    est = precond.estimate_cond
+    monkeypatch.setattr(precond, "estimate_cond", lambda *a, **k: calls.append(1) or est(*a, **k))
+    rng = np.random.default_rng(5)
+    m, n = 2048, 32
+    if graded:
+        a = rng.standard_normal((m, n)) * 0.6 ** np.arange(n)
+    else:
+        a = geometric(rng, m, n, 1e8)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a)
+    fb = _events(trace, "fallback")
+    if graded:
+        assert not calls and not fb
+    else:
+        assert calls and fb and "stopped after its first pass" in fb[0].data["reason"]
+    assert orthogonality(q) <= 8 * np.sqrt(n) * U["float64"]
+    assert backward_error(a, q, r) <= 8 * np.sqrt(n) * U["float64"]

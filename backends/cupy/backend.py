@@ -605,8 +605,14 @@ class CupyBackend(ArrayAPIBackend):
     #: n x n SVDs up to this size run on the host: cuSOLVER gesvd took 26 ms for
     #: 256 x 256 on an H200 (blocking launches), LAPACK ~7 ms plus a 0.5 MB round trip
     host_svd_max = 256
-    #: smallest 2-D factor whose SVD runs on the device by Jacobi (cuSOLVER gesvdj)
+    #: smallest and largest 2-D factor whose SVD runs on the device by Jacobi (cuSOLVER
+    #: gesvdj); past the largest, on the host up to ``host_svd_max``, else cuSOLVER gesvd
     gesvdj_min = 128
+    #: 512: 2^18 x 512 float64 mpqr.svd 39.7 ms with gesvdj, 77.4 with gesvd (H200)
+    gesvdj_max = 512
+    #: how that Jacobi SVD runs (``backends/cupy/small_svd.py``): "gesvdj" on the factor,
+    #: "gesvdj-t" on its transpose, "eigh-gesvdj" on it times the eigenvectors of its Gram
+    small_svd_route = "gesvdj"
 
     #: singular values of stacks past 32 columns: "jacobi" (batched_svdvals, one block
     #: per member) where it fits, else the host's LAPACK; "host": always the host
@@ -632,14 +638,13 @@ class CupyBackend(ArrayAPIBackend):
     def svd(self, a, *, full_matrices=False):
         cp = self._cp
         if (a.ndim == 2 and not full_matrices and min(a.shape) >= self.gesvdj_min
-                and max(a.shape) <= self.host_svd_max):
+                and max(a.shape) <= self.gesvdj_max):
             # Jacobi SVD on the device: 256 x 256 float64 9.2 ms against 17.3 ms for the
             # host's LAPACK with its transfers and 31 ms for gesvd (H200,
-            # bench/probes/plugins2_gpu.py); A = U diag(s) V^H
-            from cupyx import cusolver
+            # bench/probes/plugins2_gpu.py)
+            from mpqr.backends.cupy import small_svd
 
-            u, s, v = cusolver.gesvdj(a, full_matrices=False)
-            return u, s, cp.conj(v.T)
+            return small_svd.svd(a, self.small_svd_route)
         if a.ndim == 2 and max(a.shape) <= self.host_svd_max:
             u, s, vh = np.linalg.svd(a.get(), full_matrices=full_matrices)
             return cp.asarray(u), cp.asarray(s), cp.asarray(vh)

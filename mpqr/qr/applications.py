@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from mpqr import _route
@@ -11,7 +12,7 @@ from mpqr._validation import check_dtype, check_ndim, namespace_of, plain_array
 from mpqr.backends import get_backend
 from mpqr.policy import gemm, record_event, resolve_precision, validate_precision
 from mpqr.qr._kernels import ct, panel_precision
-from mpqr.qr.cholqr import right_solve_upper, unit_roundoff
+from mpqr.qr.cholqr import defer_last_solve, right_solve_upper, unit_roundoff
 from mpqr.qr.gram_blocked import gram
 from mpqr.qr.in_memory import qr
 
@@ -70,21 +71,42 @@ def _svd(x: Any, full_matrices: bool, precision: str | None) -> tuple[Any, Any, 
         u, s, vh = _svd(ct(xp, a), full_matrices, precision)
         return ct(xp, vh), s, ct(xp, u)
     backend = get_backend(xp)
-    q, r = qr(a, mode="complete" if full_matrices else "reduced", precision=precision)
+    # CholQR2's Q = Q1 R2^-1 is left as its factors (see defer_last_solve): U = Q1 (R2^-1 U_r)
+    with contextlib.nullcontext([None, None]) if full_matrices else defer_last_solve(a) as slot:
+        q, r = qr(a, mode="complete" if full_matrices else "reduced", precision=precision)
     with device_errors(backend, "mpqr.svd"):
         r = r[..., :n, :]
         if not bool(xp.all(xp.isfinite(r))):
             # LAPACK refuses non-finite input (NumPy raises): propagate NaN instead (IEEE)
             nan = float("nan")
             sdt = xp.float32 if r.dtype in (xp.float32, xp.complex64) else xp.float64
-            return (xp.full_like(q if full_matrices else q[..., :, :n], nan),
+            return (xp.full((*a.shape[:-1], m if full_matrices else n), nan, dtype=r.dtype,
+                            device=device(r)),
                     xp.full(r.shape[:-1], nan, dtype=sdt, device=device(r)),
                     xp.full_like(r, nan))
         ur, s, vh = backend.svd(r, full_matrices=False)
+        if q is None:
+            q, ur = _deferred_factor(backend, slot[1], ur, precision, a)
     u1 = gemm(q[..., :, :n], ur, precision=precision, label="qrsvd-QU", backend=backend)
     if full_matrices and m > n:
         u1 = xp.concat([u1, q[..., :, n:]], axis=-1)
     return u1, s, vh
+
+
+def _deferred_factor(backend: Any, pieces: tuple[Any, Any, Any], ur: Any,
+                     precision: str | None, like: Any) -> tuple[Any, Any]:
+    """``(Q1, R2^-1 U_r)`` from CholQR2's deferred pieces ``(Q1, R2, sb)``: ``R2^-1`` by
+    substitution (``cond_2(R2) <= sqrt(3)``, certified), its product with ``U_r`` small and
+    in the working precision, so ``Q1 (R2^-1 U_r)`` rounds as ``(Q1 R2^-1) U_r`` does."""
+    xp = backend.xp
+    q1, r2, _sb = pieces
+    r2 = backend.from_small(r2, like)
+    n = r2.shape[-1]
+    x2 = backend.right_solve_upper(xp.eye(n, dtype=r2.dtype, device=device(r2)), r2)
+    prec_name, _ = resolve_precision(precision)
+    w = gemm(x2, ur, precision=panel_precision(prec_name, r2.dtype, xp), label="qrsvd-R2invU",
+             backend=backend)
+    return q1, w
 
 
 def orth(x: Any, precision: str | None = None) -> Any:

@@ -29,8 +29,8 @@ from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
 
 __all__ = ["EARLY_HAND_OVER", "INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2",
-           "hand_over_early", "inverse_and_cond", "reuse_first_gram", "right_solve_upper",
-           "right_solve_upper_gram", "shifted_cholqr3"]
+           "defer_last_solve", "hand_over_early", "inverse_and_cond", "reuse_first_gram",
+           "right_solve_upper", "right_solve_upper_gram", "shifted_cholqr3"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -303,6 +303,36 @@ def _first_gram(a: Any, method: str) -> tuple[Any, Any] | None:
     return pair
 
 
+#: ``[a, pieces]`` set by :func:`defer_last_solve`
+_DEFER: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "mpqr_cholqr2_defer", default=None)
+
+
+@contextlib.contextmanager
+def defer_last_solve(a: Any) -> Iterator[list[Any]]:
+    """Within the block, :func:`cholqr2` of exactly the array object ``a`` (2-D, thin
+    ``Q``, not the fused route) returns ``Q`` as None and puts ``(Q1, R2, sb)`` in the
+    yielded list's second slot instead: ``Q = Q1 R2^-1`` (``R2`` in the small backend
+    ``sb``, certified ``cond_2(R2) <= sqrt(3)``). For a caller that applies ``Q`` to a
+    small matrix next: ``Q M = Q1 (R2^-1 M)`` is one product over ``a``'s size instead
+    of two (the QR-SVD's ``U = Q U_r``). Taken once; the slot stays None where CholQR2
+    did not run on ``a`` or broke down."""
+    slot: list[Any] = [a, None]
+    token = _DEFER.set(slot)
+    try:
+        yield slot
+    finally:
+        _DEFER.reset(token)
+
+
+def _take_defer(a: Any) -> list[Any] | None:
+    slot = _DEFER.get()
+    if slot is None or slot[0] is not a or a.ndim != 2:
+        return None
+    slot[0] = None  # once: a rescue's own CholQR2 computes its Q
+    return slot
+
+
 #: where ``u cond(x D^-1)^2`` of CholQR2's first factor (``D``: column norms) is at least
 #: this, its first pass's orthogonality error (``~ u cond^2``) leaves the second pass's
 #: certificate (``||Q1^H Q1 - I||_F <= 1/2``) to chance: under :func:`hand_over_early` it
@@ -349,18 +379,25 @@ def _prefetch(backend: Any, a: Any) -> None:
 def _early_check(method: str, backend: Any, a: Any, g_pair: tuple[Any, Any],
                  prec_name: str) -> Any:
     """The check :func:`hand_over_early` asks of CholQR2's first pass: a function of
-    ``(sb, r, hi, lo)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of ``|diag r|``)
-    that raises where the pass should stop; None outside the block."""
+    ``(sb, r, hi, lo, ratio=None)`` (``r`` in ``sb``; ``hi``, ``lo``: the extremes of
+    ``|diag r|``; ``ratio``: the column-scaled diagonal ratio where already made, else
+    made here at the precisions of :data:`SCALE_FREE` where the unscaled one reaches the
+    gate) that raises where the pass should stop; None outside the block."""
     early = _EARLY.get()
     if early is None:
         return None
     estimate_cond = early[0]
 
-    def check(sb: Any, r: Any, hi: float, lo: float) -> None:
+    def check(sb: Any, r: Any, hi: float, lo: float, ratio: float | None = None) -> None:
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
-        if not (lo > 0 and (hi / lo) ** 2 * u >= _EARLY_GATE):
+        if not (lo > 0 and (hi / lo if ratio is None else ratio) ** 2 * u >= _EARLY_GATE):
             return
         hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
+        if ratio is None and prec_name in SCALE_FREE and not _diag_ratio(
+                hs, rh, True) ** 2 * u >= _EARLY_GATE:
+            # the estimate is of the column-scaled condition number: graded columns with
+            # a small scaled ratio skip it (a host SVD of R per call on a GPU)
+            return
         # queued after R's transfer (which waits for the stream): the device sketches
         # while the host estimates
         _prefetch(backend, a)
@@ -523,8 +560,9 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
                   gram_min=_gram_min(xp, g, prec_name), certified=certify is not None)
     scaled = prec_name in SCALE_FREE and certify is None
     cond1 = s.cond1
+    ratio = None  # the column-scaled diagonal ratio, where the unscaled one failed
     if not passes(s, **limits) and not (scaled and passes(
-            s, **limits, diag_ratio=_diag_ratio(backend, r, True))):
+            s, **limits, diag_ratio=(ratio := _diag_ratio(backend, r, True)))):
         record_event("small-steps", f"{method}: a check of the device's n x n steps failed; "
                      "the pass redoes them on the host route", method=method)
         return False
@@ -534,7 +572,7 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
                  "ran on the device in one launch; their 8 numbers were read back once",
                  method=method, n=n)
     if check is not None:
-        check(backend, r, s.r_diag_max, s.r_diag_min)
+        check(backend, r, s.r_diag_max, s.r_diag_min, ratio)
     if q is not None:
         record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (certified pass: "
                      f"cond_2(R) <= sqrt(3); cond_1(R) = {s.cond1:.3g})", cond_1=s.cond1)
@@ -683,6 +721,7 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     matrix the certificate checked), in four passes over A's size instead of six (two
     instead of four without Q). The explain trace says so (``fused-solve``)."""
     fusable = _fusable(backend, a)
+    slot = None if fusable or not want_q else _take_defer(a)
     q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable,
                             early=True)
     if fusable:
@@ -705,10 +744,15 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
         q1 = _apply_inverse(backend, sb1, a, r1, "cholqr2", prec_name)
     try:
         q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
-                              want_q=want_q)
+                              want_q=want_q and slot is None)
     except BreakdownError as exc:
         _hand_over(exc, backend, a, r1, q1)
         raise
+    if slot is not None:
+        slot[1] = (q1, r2, sb)
+        record_event("deferred-solve", "cholqr2: Q = Q1 R2^-1 is not formed; the caller "
+                     "applies R2^-1 to its small factor first (one pass over x fewer)",
+                     method="cholqr2")
     return q, _final_r(backend, sb, [r2, r1], a, prec_name)
 
 
