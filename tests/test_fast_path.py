@@ -182,13 +182,26 @@ def test_lstsq_nonfinite_keeps_contract(bad, where):
         assert np.isnan(x).all()
 
 
-def test_lstsq_explain_inside_takes_the_general_route():
-    # under explain() every step of the general route is recorded; the answer agrees
-    a, b = _rand((100, 10), np.float64), _rand((100,), np.float64)
+def test_lstsq_explain_describes_the_route_that_ran():
+    # explain() does not change the route: the fast path runs and says so; the answer
+    # is the one an unexplained call gets and matches SciPy's to the problem's condition
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((200, 30)), rng.standard_normal(200)
     with mpqr.explain() as tr:
-        x = mpqr.lstsq(a, b)[0]
-    assert any(e.message.startswith("lstsq") for e in tr.events)
-    np.testing.assert_allclose(x, mpqr.lstsq(a, b)[0], rtol=1e-12, atol=1e-14)
+        x, res, rank, s = mpqr.lstsq(a, b)
+    msg = [e.message for e in tr.events if e.kind == "method"]
+    assert len(msg) == 1 and msg[0].startswith("lstsq: small-input fast path"), msg
+    x2, res2, _, s2 = mpqr.lstsq(a, b)
+    np.testing.assert_array_equal(res, res2)
+    np.testing.assert_array_equal(x, x2)
+    np.testing.assert_array_equal(s, s2)
+    xs, ress, ranks, ss = sla.lstsq(a, b)
+    u = np.finfo(np.float64).eps
+    cond = ss[0] / ss[-1]
+    assert np.linalg.norm(x - xs) <= 200 * u * cond**2 * np.linalg.norm(xs)
+    np.testing.assert_allclose(s, ss, rtol=200 * u * cond)
+    np.testing.assert_allclose(res, ress, rtol=200 * u * cond**2)
+    assert rank == ranks == 30
 
 
 def test_tall_tensor_core_request_takes_the_library_qr_fast():
