@@ -1,13 +1,22 @@
 """Pivoted Cholesky on the GPU in LAPACK ``?pstrf``'s order (the column order of QR with
-column pivoting from a Gram matrix, :mod:`mpqr.qr.pivoted_gram`): ``kernels/pstrf.cu``
-takes ``PANEL`` steps in one launch (one thread block: the pivot search, the exchanges,
-the column of ``L``), the trailing update between panels is a product through the
-precision policy; the end (a pivot below the threshold) is read every ``CHECK_EVERY``
-panels, so at most that many panels' updates are spent after it.
+column pivoting from a Gram matrix, :mod:`mpqr.qr.pivoted_gram`), a panel of steps a
+launch and the trailing update between panels a product through the precision policy;
+the end (a pivot below the threshold) is read every few panels, so at most that many
+panels' updates are spent after it.
 
-``VARIANT``: "rows" defers the panel's row exchanges (a strided access an element in
-the serial loop) to one launch over all columns (``pstrf_panel_rows``, ``pstrf_rows``);
-"swap" exchanges rows and columns at each step (``pstrf_panel``).
+``VARIANT``:
+
+* "grid" (the default): a panel of up to ``GRID_PANEL`` steps in one launch over up to
+  one thread block a multiprocessor (``pstrf_grid_panel``): each block keeps its rows of
+  the panel's ``L`` in shared memory, one grid barrier a step carries the blocks'
+  candidate pivots, nothing is exchanged inside the panel; then the few rows and columns
+  the panel's exchanges moved past it are moved into place and the trailing block is
+  updated by one rank-``nb`` product. If the blocks are not all resident at once (the
+  barrier times out), the call is redone by "rows".
+* "rows": ``PANEL`` steps in one thread block (``pstrf_panel_rows``), the panel's row
+  exchanges (strided in a column-major matrix) deferred to one launch over the columns
+  (``pstrf_rows``).
+* "swap": rows and columns exchanged at each step (``pstrf_panel``).
 """
 
 from __future__ import annotations
@@ -17,15 +26,23 @@ from mpqr.backends.cupy.modules import ctype, functions
 
 from mpqr.policy import gemm_sub
 
-__all__ = ["CHECK_EVERY", "PANEL", "VARIANT", "pivoted_cholesky", "supports"]
+__all__ = ["CHECK_EVERY", "GRID_PANEL", "GRID_ROWS", "PANEL", "VARIANT", "pivoted_cholesky",
+           "supports"]
 
-#: Steps a launch (at most 64: the kernel's shared row of L)
+#: Steps a launch of "rows" / "swap" (at most 64: the kernel's shared row of L)
 PANEL = 32
-#: Panels between reads of whether the factorization has ended
+#: Panels between reads of whether the factorization has ended ("rows" / "swap")
 CHECK_EVERY = 4
-#: "rows" or "swap" (module docstring)
-VARIANT = "rows"
+#: "grid", "rows" or "swap" (module docstring)
+VARIANT = "grid"
+#: Steps a launch of "grid" (fewer where the blocks' rows of L would not fit in shared
+#: memory), and the fewest rows a block owns (fewer blocks: a cheaper barrier)
+GRID_PANEL = 128
+GRID_ROWS = 128
+_GRID_CHECK_EVERY = 2
+_GRID_SMEM = 200 * 1024
 _THREADS = 1024
+_grid_failed = False
 
 
 def supports(g) -> bool:
@@ -34,19 +51,34 @@ def supports(g) -> bool:
 
 def pivoted_cholesky(g, tol: float, panel: int | None = None, variant: str | None = None):
     """``(P, k, gmax)`` of :meth:`mpqr.backends._base.ArrayAPIBackend.pivoted_cholesky`
-    for a real symmetric ``g``; ``g`` is not modified."""
-    nb = PANEL if panel is None else panel
+    for a real symmetric ``g``; ``g`` is not modified. ``panel``: steps a launch
+    (default ``GRID_PANEL`` for "grid", ``PANEL`` otherwise)."""
+    global _grid_failed
     variant = VARIANT if variant is None else variant
-    if not 1 <= nb <= 64:
-        raise ValueError(f"panel must be within 1..64; got {nb}")
-    if variant not in ("rows", "swap"):
-        raise ValueError(f"variant must be 'rows' or 'swap'; got {variant!r}")
+    if variant not in ("grid", "rows", "swap"):
+        raise ValueError(f"variant must be 'grid', 'rows' or 'swap'; got {variant!r}")
+    hi = 1024 if variant == "grid" else 64
+    if panel is not None and not 1 <= panel <= hi:
+        raise ValueError(f"panel must be within 1..{hi} for {variant!r}; got {panel}")
     n = g.shape[0]
-    dt = g.dtype
     perm = cp.arange(n, dtype=cp.int32)
     gmax = float(cp.max(cp.diagonal(g))) if n else 0.0
     if not gmax > 0:
         return perm, 0, max(gmax, 0.0)
+    if variant == "grid" and not _grid_failed:
+        out = _grid(g, tol, gmax, GRID_PANEL if panel is None else panel)
+        if out is not None:
+            return out
+        _grid_failed = True  # the blocks were not co-resident: "rows" from now on
+    if variant == "grid":
+        variant, panel = "rows", None
+    return _single_block(g, tol, gmax, PANEL if panel is None else panel, variant)
+
+
+def _single_block(g, tol, gmax, nb, variant):
+    n = g.shape[0]
+    dt = g.dtype
+    perm = cp.arange(n, dtype=cp.int32)
     t = ctype(cp.dtype(dt).name)
     swap, rows, moves = functions("pstrf.cu", (f"pstrf_panel<{t}>", f"pstrf_panel_rows<{t}>",
                                                f"pstrf_rows<{t}>"))
@@ -72,4 +104,78 @@ def pivoted_cholesky(g, tol: float, panel: int | None = None, variant: str | Non
         lt = w[j0:j2, j2:]  # the panel's columns of L below it, as rows
         gemm_sub(w[j2:, j2:], lt.T, lt, precision=prec, label="qrcp-pstrf-update")
     h = state.get()
+    return perm, (int(h[0]) if h[1] else n), gmax
+
+
+def grid_layout(rows: int, sms: int, least: int = GRID_ROWS) -> tuple[int, int]:
+    """``(blocks, R)``: ``rows`` rows in ``blocks`` contiguous runs of ``R`` (the last
+    may be shorter, none empty), at most ``sms`` blocks, each at least ``least`` rows
+    where there are enough."""
+    blocks = max(1, min(sms, -(-rows // least)))
+    r = -(-rows // blocks)
+    return -(-rows // r), r
+
+
+def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
+    """The panel width for blocks of ``r`` rows: ``nb`` halved until the block's shared
+    memory ((nb + 1) r + nb values and r ints) fits; 0 where not even 8 steps fit."""
+    while nb >= 8:
+        if ((nb + 1) * r + nb) * itemsize + 4 * r <= _GRID_SMEM:
+            return nb
+        nb //= 2
+    return 0
+
+
+def _grid(g, tol, gmax, nb):
+    """The "grid" variant; None where its barrier timed out."""
+    n = g.shape[0]
+    dt = g.dtype
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    _b0, r0 = grid_layout(n, sms)
+    nb = min(grid_panel_width(r0, dt.itemsize, nb), n)
+    if nb == 0:
+        return None
+    t = ctype(cp.dtype(dt).name)
+    panel_k, cols_out, cols_in, rows_k = functions(
+        "pstrf.cu", (f"pstrf_grid_panel<{t}>", f"pstrf_grid_cols_out<{t}>",
+                     f"pstrf_grid_cols_in<{t}>", f"pstrf_grid_rows<{t}>"))
+    threads = min(512, max(64, -(-r0 // 32) * 32))
+    smem = ((nb + 1) * r0 + nb) * dt.itemsize + 4 * r0
+    if smem > 48 * 1024 and panel_k.max_dynamic_shared_size_bytes < smem:
+        panel_k.max_dynamic_shared_size_bytes = smem  # beyond 48 KiB: opt in
+    w = cp.array(g, order="C", copy=True)  # the column-major view is the matrix itself
+    perm = cp.arange(n, dtype=cp.int32)
+    lp = cp.empty((nb, n), dtype=dt)  # the panel's L, a row a step, physical columns
+    cval, cpos, cidx = (cp.empty(sms, dtype=dt), cp.empty(sms, dtype=cp.int32),
+                        cp.empty(sms, dtype=cp.int32))
+    rho = cp.empty(n, dtype=cp.int32)
+    moved = cp.empty(nb, dtype=cp.int32)
+    tmp = cp.empty(nb * n, dtype=dt)
+    state = cp.zeros(4, dtype=cp.int32)
+    npanels = -(-n // nb)
+    bars = cp.zeros(npanels, dtype=cp.uint32)
+    stop = dt.type(tol * gmax)
+    prec = "fp64" if dt == cp.float64 else "fp32"
+    ld, n32 = cp.int64(n), cp.int32(n)
+    for i, j0 in enumerate(range(0, n, nb)):
+        blocks, r = grid_layout(n - j0, sms)
+        panel_k((blocks,), (threads,),
+                (w, ld, n32, cp.int32(j0), cp.int32(nb), cp.int32(r), lp, cval, cpos, cidx,
+                 perm, rho, moved, stop, state, bars[i:]), shared_mem=smem)
+        j2 = j0 + nb
+        if j2 >= n:
+            break
+        if i % _GRID_CHECK_EVERY == _GRID_CHECK_EVERY - 1:
+            h = state.get()
+            if h[1] or h[3]:
+                break
+        cols_out((nb,), (256,), (w, ld, n32, cp.int32(j0), rho, moved, state, tmp))
+        cols_in((nb,), (256,), (w, ld, n32, cp.int32(j0), moved, state, tmp))
+        rows_k((n - j2,), (max(32, -(-nb // 32) * 32),),
+               (w, ld, n32, cp.int32(j2), rho, moved, state))
+        lt = cp.take(lp, rho[j2:], axis=1)  # the panel's L at the positions after it
+        gemm_sub(w[j2:, j2:], lt.T, lt, precision=prec, label="qrcp-pstrf-update")
+    h = state.get()
+    if h[3]:
+        return None
     return perm, (int(h[0]) if h[1] else n), gmax

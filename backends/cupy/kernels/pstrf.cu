@@ -206,3 +206,229 @@ __global__ void pstrf_rows(T* __restrict__ w, long long ld, int n, int j0, int n
   __syncthreads();
   if (i >= 0) w[i + c * ld] = v;
 }
+
+// ---------------------------------------------------------------------------------------
+// "grid": a panel of nb steps in one launch over many thread blocks (pstrf.py's
+// pivoted_cholesky_grid). Block b owns the physical rows [r0, r0 + R) of the trailing
+// Schur complement S = w[j0:, j0:] (physical = logical at the panel's start) and keeps
+// their diagonal d, their logical positions and their rows of the panel's L (nb x R in
+// shared memory). Nothing is exchanged inside the panel: step t takes pivot p (physical)
+// and computes l[i] = (S[i, p] - sum_{s<t} L[i, s] L[p, s]) / sqrt(d[p]) for the rows
+// not taken (S[:, p] is contiguous in the column-major view), d[i] -= l[i]^2. The pivot
+// is the largest d, the first in LAPACK's logical order among equals: each block's
+// candidate (d, position, row) goes to global memory, one grid barrier a step, and every
+// block reduces the candidates the same way. The logical order follows LAPACK's
+// exchanges (position k <-> the pivot's position pp): rho (position -> physical row) in
+// global memory, written for pp only (position k is not read again), by block 0.
+// After the panel, the rows and columns at the positions >= j0 + nb that now hold other
+// rows are moved into place (pstrf_grid_cols_*, pstrf_grid_rows) and the trailing block
+// is updated by one product through the precision policy.
+
+__device__ __forceinline__ unsigned long long pstrf_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// All blocks of the grid (co-resident: at most one per multiprocessor) reach the
+// barrier: a counter that only grows; `target` barriers passed so far including this
+// one. A wait over 2 s (blocks not co-resident) sets state[3] and every block leaves.
+__device__ __forceinline__ bool pstrf_grid_sync(unsigned* bar, unsigned target,
+                                                int* state, int* s_err) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(bar, 1u);
+    const unsigned want = target * gridDim.x;
+    const unsigned long long t0 = pstrf_now();
+    int err = 0;
+    while (*(volatile unsigned*)bar < want) {
+      if (*(volatile int*)(state + 3)) { err = 1; break; }
+      if (pstrf_now() - t0 > 2000000000ull) { atomicExch(state + 3, 1); err = 1; break; }
+    }
+    __threadfence();
+    *s_err = err;
+  }
+  __syncthreads();
+  return *s_err != 0;
+}
+
+template <typename T>
+__device__ __forceinline__ void pstrf_better(T& v, int& pos, int& idx, T v2, int pos2,
+                                             int idx2) {
+  if (v2 > v || (v2 == v && pos2 < pos)) { v = v2; pos = pos2; idx = idx2; }
+}
+
+// The block's best (d, position, row) over its rows not taken -> the candidate arrays.
+template <typename T>
+__device__ void pstrf_block_best(const T* ds, const int* lpos, int nr, int r0, int n,
+                                 T* cval, int* cpos, int* cidx, T* s_val, int* s_pos,
+                                 int* s_idx) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const T ninf = T(-__longlong_as_double(0x7ff0000000000000LL));
+  T best = ninf;
+  int bp = 0x7fffffff, bi = n;
+  for (int li = tid; li < nr; li += blockDim.x)
+    if (ds[li] != ninf) pstrf_better(best, bp, bi, ds[li], lpos[li], r0 + li);
+  for (int off = 16; off > 0; off >>= 1) {
+    const T v2 = __shfl_down_sync(0xffffffffu, best, off);
+    const int p2 = __shfl_down_sync(0xffffffffu, bp, off);
+    const int i2 = __shfl_down_sync(0xffffffffu, bi, off);
+    pstrf_better(best, bp, bi, v2, p2, i2);
+  }
+  if (lane == 0) { s_val[warp] = best; s_pos[warp] = bp; s_idx[warp] = bi; }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = (blockDim.x + 31) >> 5;
+    best = lane < nw ? s_val[lane] : ninf;
+    bp = lane < nw ? s_pos[lane] : 0x7fffffff;
+    bi = lane < nw ? s_idx[lane] : n;
+    for (int off = 16; off > 0; off >>= 1) {
+      const T v2 = __shfl_down_sync(0xffffffffu, best, off);
+      const int p2 = __shfl_down_sync(0xffffffffu, bp, off);
+      const int i2 = __shfl_down_sync(0xffffffffu, bi, off);
+      pstrf_better(best, bp, bi, v2, p2, i2);
+    }
+    if (lane == 0) {
+      cval[blockIdx.x] = best; cpos[blockIdx.x] = bp; cidx[blockIdx.x] = bi;
+    }
+  }
+}
+
+// One panel (steps j0 .. j0 + nb - 1). lp: nb x n, lp[t * n + i] the panel's column t
+// at physical row i. rho: position -> physical row for [j0, n). moved[0 .. state[2]):
+// the positions >= j0 + nb whose row changed. state = {steps done, ended, moved count,
+// barrier timeout}. bar: this launch's own zeroed counter. Dynamic shared memory:
+// (nb + 1) R + nb values of T, then R ints.
+template <typename T>
+__global__ void __launch_bounds__(512)
+pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, int R,
+                 T* __restrict__ lp, T* __restrict__ cval, int* __restrict__ cpos,
+                 int* __restrict__ cidx, int* __restrict__ perm, int* __restrict__ rho,
+                 int* __restrict__ moved, T stop, int* __restrict__ state,
+                 unsigned* __restrict__ bar) {
+  extern __shared__ __align__(16) unsigned char pstrf_smem[];
+  T* ls = reinterpret_cast<T*>(pstrf_smem);  // nb x R: ls[t * R + li]
+  T* ds = ls + (size_t)nb * R;                 // R
+  T* lrow = ds + R;                            // nb: L[p, 0:t]
+  int* lpos = reinterpret_cast<int*>(lrow + nb);  // R
+  __shared__ T s_val[32];
+  __shared__ int s_pos[32], s_idx[32];
+  __shared__ int s_p, s_pp, s_err, s_nmoved;
+  __shared__ T s_pv;
+  if (state[1] || state[3]) return;
+  const int tid = threadIdx.x, nt = blockDim.x, b = blockIdx.x;
+  const T ninf = T(-__longlong_as_double(0x7ff0000000000000LL));
+  const int r0 = j0 + b * R, nr = max(min(r0 + R, n) - r0, 0);
+  const int jend = min(j0 + nb, n), j2 = j0 + nb;
+  for (int li = tid; li < nr; li += nt) {
+    const int i = r0 + li;
+    ds[li] = w[i + i * ld];
+    lpos[li] = i;
+    rho[i] = i;
+  }
+  if (tid == 0) s_nmoved = 0;
+  __syncthreads();
+  pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, s_val, s_pos, s_idx);
+  unsigned target = 0;
+  if (pstrf_grid_sync(bar, ++target, state, &s_err)) return;
+  for (int k = j0; k < jend; ++k) {
+    const int t = k - j0;
+    if (tid < 32) {  // every block reduces the candidates alike
+      T best = ninf;
+      int bp = 0x7fffffff, bi = n;
+      for (int c = tid; c < gridDim.x; c += 32)
+        pstrf_better(best, bp, bi, __ldcg(cval + c), __ldcg(cpos + c), __ldcg(cidx + c));
+      for (int off = 16; off > 0; off >>= 1) {
+        const T v2 = __shfl_down_sync(0xffffffffu, best, off);
+        const int p2 = __shfl_down_sync(0xffffffffu, bp, off);
+        const int i2 = __shfl_down_sync(0xffffffffu, bi, off);
+        pstrf_better(best, bp, bi, v2, p2, i2);
+      }
+      if (tid == 0) { s_pv = best; s_pp = bp; s_p = bi; }
+    }
+    __syncthreads();
+    const int p = s_p, pp = s_pp;
+    const T pv = s_pv;
+    if (!(pv > stop) || p >= n) {
+      if (b == 0 && tid == 0) { state[0] = k; state[1] = 1; }
+      return;
+    }
+    if (tid == 0) {
+      // LAPACK's exchange of positions k and pp: the row at k (q) goes to pp
+      const int q = __ldcg(rho + k);
+      if (q >= r0 && q < r0 + nr) lpos[q - r0] = pp;
+      if (p >= r0 && p < r0 + nr) ds[p - r0] = ninf;  // taken
+      if (b == 0 && pp != k) {
+        rho[pp] = q;
+        const int x = perm[k]; perm[k] = perm[pp]; perm[pp] = x;
+        if (pp >= j2) moved[s_nmoved++] = pp;
+      }
+    }
+    for (int s = tid; s < t; s += nt) lrow[s] = __ldcg(lp + (size_t)s * n + p);
+    __syncthreads();
+    const T inv = T(1) / sqrt(pv);
+    for (int li = tid; li < nr; li += nt) {
+      if (ds[li] == ninf) continue;
+      const int i = r0 + li;
+      T v = w[i + p * ld];
+      for (int s = 0; s < t; ++s) v -= ls[s * R + li] * lrow[s];
+      v *= inv;
+      ls[t * R + li] = v;
+      lp[(size_t)t * n + i] = v;
+      ds[li] -= v * v;
+    }
+    __syncthreads();
+    pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, s_val, s_pos, s_idx);
+    if (pstrf_grid_sync(bar, ++target, state, &s_err)) return;
+  }
+  if (b == 0 && tid == 0) { state[0] = jend; state[2] = s_nmoved; }
+}
+
+// Columns (contiguous in the column-major view) at the moved positions a take those of
+// rho[a], rows j0 .. n - 1: copied out to tmp (cnt x (n - j0)), then in. A block a
+// moved position (gridDim.x >= the count; the rest return).
+template <typename T>
+__global__ void pstrf_grid_cols_out(const T* __restrict__ w, long long ld, int n, int j0,
+                                    const int* __restrict__ rho,
+                                    const int* __restrict__ moved,
+                                    const int* __restrict__ state, T* __restrict__ tmp) {
+  const int e = blockIdx.x;
+  if (state[1] || state[3] || e >= state[2]) return;
+  const long long x = rho[moved[e]];
+  const int len = n - j0;
+  for (int r = threadIdx.x; r < len; r += blockDim.x)
+    tmp[(size_t)e * len + r] = w[j0 + r + x * ld];
+}
+
+template <typename T>
+__global__ void pstrf_grid_cols_in(T* __restrict__ w, long long ld, int n, int j0,
+                                   const int* __restrict__ moved,
+                                   const int* __restrict__ state,
+                                   const T* __restrict__ tmp) {
+  const int e = blockIdx.x;
+  if (state[1] || state[3] || e >= state[2]) return;
+  const long long a = moved[e];
+  const int len = n - j0;
+  for (int r = threadIdx.x; r < len; r += blockDim.x)
+    w[j0 + r + a * ld] = tmp[(size_t)e * len + r];
+}
+
+// Rows: for each column c >= j2 (a block; after the column moves), each moved position
+// a takes row rho[a]; all reads before any write. blockDim.x >= the count.
+template <typename T>
+__global__ void pstrf_grid_rows(T* __restrict__ w, long long ld, int n, int j2,
+                                const int* __restrict__ rho, const int* __restrict__ moved,
+                                const int* __restrict__ state) {
+  const long long c = j2 + blockIdx.x;
+  if (state[1] || state[3] || c >= n) return;
+  const int e = threadIdx.x;
+  int a = -1;
+  T v = T(0);
+  if (e < state[2]) {
+    a = moved[e];
+    v = w[rho[a] + c * ld];
+  }
+  __syncthreads();
+  if (a >= 0) w[a + c * ld] = v;
+}
