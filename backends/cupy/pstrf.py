@@ -146,8 +146,8 @@ def _grid(g, tol, gmax, nb):
     w = cp.array(g, order="C", copy=True)  # the column-major view is the matrix itself
     perm = cp.arange(n, dtype=cp.int32)
     lp = cp.empty((nb, n), dtype=dt)  # the panel's L, a row a step, physical columns
-    cval, cpos, cidx = (cp.empty(sms, dtype=dt), cp.empty(sms, dtype=cp.int32),
-                        cp.empty(sms, dtype=cp.int32))
+    cval, cpos, cidx = (cp.empty(2 * sms, dtype=dt), cp.empty(2 * sms, dtype=cp.int32),
+                        cp.empty(2 * sms, dtype=cp.int32))
     rho = cp.empty(n, dtype=cp.int32)
     moved = cp.empty(nb, dtype=cp.int32)
     tmp = cp.empty(nb * n, dtype=dt)

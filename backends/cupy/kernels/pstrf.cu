@@ -259,11 +259,13 @@ __device__ __forceinline__ void pstrf_better(T& v, int& pos, int& idx, T v2, int
   if (v2 > v || (v2 == v && pos2 < pos)) { v = v2; pos = pos2; idx = idx2; }
 }
 
-// The block's best (d, position, row) over its rows not taken -> the candidate arrays.
+// The block's best (d, position, row) over its rows not taken -> the candidate arrays'
+// half `half` (two halves: a block may write the next step's candidate while another
+// still reads this step's).
 template <typename T>
 __device__ void pstrf_block_best(const T* ds, const int* lpos, int nr, int r0, int n,
-                                 T* cval, int* cpos, int* cidx, T* s_val, int* s_pos,
-                                 int* s_idx) {
+                                 T* cval, int* cpos, int* cidx, int half, T* s_val,
+                                 int* s_pos, int* s_idx) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const T ninf = T(-__longlong_as_double(0x7ff0000000000000LL));
   T best = ninf;
@@ -290,13 +292,14 @@ __device__ void pstrf_block_best(const T* ds, const int* lpos, int nr, int r0, i
       pstrf_better(best, bp, bi, v2, p2, i2);
     }
     if (lane == 0) {
-      cval[blockIdx.x] = best; cpos[blockIdx.x] = bp; cidx[blockIdx.x] = bi;
+      const int c = half * gridDim.x + blockIdx.x;
+      cval[c] = best; cpos[c] = bp; cidx[c] = bi;
     }
   }
 }
 
 // One panel (steps j0 .. j0 + nb - 1). lp: nb x n, lp[t * n + i] the panel's column t
-// at physical row i. rho: position -> physical row for [j0, n). moved[0 .. state[2]):
+// at physical row i. cval, cpos, cidx: two halves of gridDim.x candidates. rho: position -> physical row for [j0, n). moved[0 .. state[2]):
 // the positions >= j0 + nb whose row changed. state = {steps done, ended, moved count,
 // barrier timeout}. bar: this launch's own zeroed counter. Dynamic shared memory:
 // (nb + 1) R + nb values of T, then R ints.
@@ -329,7 +332,7 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
   }
   if (tid == 0) s_nmoved = 0;
   __syncthreads();
-  pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, s_val, s_pos, s_idx);
+  pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, 0, s_val, s_pos, s_idx);
   unsigned target = 0;
   if (pstrf_grid_sync(bar, ++target, state, &s_err)) return;
   for (int k = j0; k < jend; ++k) {
@@ -337,7 +340,7 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
     if (tid < 32) {  // every block reduces the candidates alike
       T best = ninf;
       int bp = 0x7fffffff, bi = n;
-      for (int c = tid; c < gridDim.x; c += 32)
+      for (int c = (t & 1) * gridDim.x + tid; c < ((t & 1) + 1) * gridDim.x; c += 32)
         pstrf_better(best, bp, bi, __ldcg(cval + c), __ldcg(cpos + c), __ldcg(cidx + c));
       for (int off = 16; off > 0; off >>= 1) {
         const T v2 = __shfl_down_sync(0xffffffffu, best, off);
@@ -379,7 +382,8 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
       ds[li] -= v * v;
     }
     __syncthreads();
-    pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, s_val, s_pos, s_idx);
+    pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, (t + 1) & 1, s_val, s_pos,
+                     s_idx);
     if (pstrf_grid_sync(bar, ++target, state, &s_err)) return;
   }
   if (b == 0 && tid == 0) { state[0] = jend; state[2] = s_nmoved; }
