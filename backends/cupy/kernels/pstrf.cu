@@ -299,8 +299,9 @@ __device__ void pstrf_block_best(const T* ds, const int* lpos, int nr, int r0, i
 }
 
 // One panel (steps j0 .. j0 + nb - 1). lp: nb x n, lp[t * n + i] the panel's column t
-// at physical row i. cval, cpos, cidx: two halves of gridDim.x candidates. rho: position -> physical row for [j0, n). moved[0 .. state[2]):
-// the positions >= j0 + nb whose row changed. state = {steps done, ended, moved count,
+// at physical row i. cval, cpos, cidx: two halves of gridDim.x candidates. rho:
+// position -> physical row for [j0, n). moved[0 .. state[2]): the positions >= j0 + nb
+// whose row changed. state = {steps done, ended, moved count,
 // barrier timeout}. bar: this launch's own zeroed counter. Dynamic shared memory:
 // (nb + 1) R + nb values of T, then R ints.
 template <typename T>
@@ -357,6 +358,8 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
       if (b == 0 && tid == 0) { state[0] = k; state[1] = 1; }
       return;
     }
+    // S[i, p] of this thread's first row, loaded while the bookkeeping runs
+    const T s0 = tid < nr ? w[r0 + tid + p * ld] : T(0);
     if (tid == 0) {
       // LAPACK's exchange of positions k and pp: the row at k (q) goes to pp
       const int q = __ldcg(rho + k);
@@ -374,8 +377,17 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
     for (int li = tid; li < nr; li += nt) {
       if (ds[li] == ninf) continue;
       const int i = r0 + li;
-      T v = w[i + p * ld];
-      for (int s = 0; s < t; ++s) v -= ls[s * R + li] * lrow[s];
+      // four partial sums: a shorter chain of dependent multiply-adds
+      T v0 = li == tid ? s0 : w[i + p * ld], v1 = T(0), v2 = T(0), v3 = T(0);
+      int s = 0;
+      for (; s + 4 <= t; s += 4) {
+        v0 -= ls[s * R + li] * lrow[s];
+        v1 -= ls[(s + 1) * R + li] * lrow[s + 1];
+        v2 -= ls[(s + 2) * R + li] * lrow[s + 2];
+        v3 -= ls[(s + 3) * R + li] * lrow[s + 3];
+      }
+      for (; s < t; ++s) v0 -= ls[s * R + li] * lrow[s];
+      T v = (v0 + v1) + (v2 + v3);
       v *= inv;
       ls[t * R + li] = v;
       lp[(size_t)t * n + i] = v;
