@@ -1,18 +1,21 @@
-"""GPU probe: ``qr(pivoting=True)`` by the Gram-resolved greedy order with the device
-pivoted Cholesky's "grid" variant (``backends/cupy/pstrf.py``: a panel of up to 128 steps
-a launch over one block a multiprocessor, one grid barrier a step) against the earlier
-"rows" variant (32 steps a launch in one block) and cuSOLVER's unpivoted QR
-(``cupy.linalg.qr``: geqrf + orgqr), float64, one process.
+"""GPU probe: ``qr(pivoting=True)`` by the Gram-resolved greedy order, new against old,
+float64, one process: the device pivoted Cholesky's "grid" variant
+(``backends/cupy/pstrf.py``: a panel of up to 128 steps a launch over one block a
+multiprocessor, one grid barrier a step) against the earlier "rows" variant (32 steps a
+launch in one block); the levels ordered between the blocks of one Householder
+factorization (``pivoted_gram.householder_levels``: geqrf + ormqr a level, orgqr once)
+against a QR of each level's trailing block and a product into Q; cuSOLVER's unpivoted
+QR (``cupy.linalg.qr``: geqrf + orgqr) as the baseline.
 
 Correctness (PASS/FAIL): the device pivoted Cholesky ("grid", panels 128 and 8, and
 "rows") against LAPACK ``dpstrf`` on the host (the stop and the order; exact ties of
 identical 2 x 2 blocks in LAPACK's order); the grid barrier never timed out; 0
 increases of |diag(R)|, backward error and orthogonality within 8 (m + n) u; the
 numerical rank of SciPy's geqp3 at a gap; float32, rank 1, complex at 3000 x 500.
-Timings: median of >= 3-5 synchronized runs after a warm-up, old ("rows") and new
-("grid") alternating per shape, cuSOLVER in the same process, SciPy geqp3 4096^2 once on
-the host; then one warm run of the new route timed by phase (Gram, pivoted Cholesky,
-the QR of A P, the later levels' QR and Q update, the repair, the rest).
+Timings: median of synchronized runs after a warm-up (new x5 or x3, the others x3 or x1
+at 16384^2), cuSOLVER in the same process, SciPy geqp3 4096^2 once on the host; then one
+warm run of the new route timed by phase (Gram, pivoted Cholesky, the Householder steps,
+Q's formation, the repair, the rest).
 Writes ``$OUT/pivot2.json``. Run: ``python bench/probes/pivot2_gpu.py``.
 """
 
@@ -92,9 +95,17 @@ def part(label, fn, need=0.0):
         res["checks"][label] = {"pass": False, "error": traceback.format_exc()[-800:]}
 
 
-def use(variant):
+def use(variant, levels=True):
+    """The pivoted Cholesky's variant; ``levels``: one Householder factorization with the
+    levels ordered between its blocks (else a QR of each level's trailing block)."""
     cupy_pstrf.VARIANT = variant
+    pivoted_gram.HOUSEHOLDER_LEVELS = levels
     CupyBackend.qrcp_exact_route = "gram"
+
+
+CONFIGS = {"new (grid pstrf, one factorization)": ("grid", True),
+           "grid pstrf, level QRs": ("grid", False),
+           "old (rows pstrf, level QRs)": ("rows", False)}
 
 
 def run_qr(a):
@@ -156,6 +167,9 @@ class Stages:
         # the Gram matrix of a native engine is a product (policy.gram: None)
         self._wrap(pivoted_gram, "gemm", lambda t, kw: "Gram (all levels)" if
                    kw.get("label") == "qrcp-gram" else "levels 2+: Q update", skip_in_run=True)
+        self._wrap(CupyBackend, "householder_workspace", "workspace A P (column-major)")
+        self._wrap(CupyBackend, "householder_steps", "Householder steps (geqrf + ormqr)")
+        self._wrap(CupyBackend, "householder_q", "Q formation (orgqr)")
         self._wrap(pivoted_route, "repair_diagonal", "repair")
         self._wrap(pivoted_route, "gram_qrcp", "gram_qrcp")
         return self
@@ -231,12 +245,12 @@ def shape_case(kind, m, n, geqp3=False, reps=5, need=0.0):
         a = matrix(kind, m, n)
         key = f"{kind} {m}x{n}"
         row = {}
-        use("grid")
-        row["new (grid pstrf)"] = timed(lambda: mpqr.qr(a, pivoting=True), reps)
-        row["cusolver geqrf+orgqr"] = timed(lambda: cp.linalg.qr(a), reps)
-        use("rows")
-        row["old (rows pstrf)"] = timed(lambda: mpqr.qr(a, pivoting=True),
-                                        1 if n >= 16384 else 3)
+        for i, (label, cfg) in enumerate(CONFIGS.items()):
+            use(*cfg)
+            row[label] = timed(lambda: mpqr.qr(a, pivoting=True),
+                               reps if i == 0 else 1 if n >= 16384 else 3)
+            if i == 0:
+                row["cusolver geqrf+orgqr"] = timed(lambda: cp.linalg.qr(a), reps)
         use("grid")
         with Stages() as st:
             sync()
@@ -247,7 +261,9 @@ def shape_case(kind, m, n, geqp3=False, reps=5, need=0.0):
         stages = {k: v * 1e3 for k, v in st.t.items()}
         stages["total (one staged run)"] = total * 1e3
         named = ("order level 1", "order levels 2+", "QR of A P (unpivoted)",
-                 "levels 2+: QR of T P2", "levels 2+: Q update", "repair")
+                 "levels 2+: QR of T P2", "levels 2+: Q update", "repair",
+                 "workspace A P (column-major)", "Householder steps (geqrf + ormqr)",
+                 "Q formation (orgqr)")
         stages["rest (copies, permutations, checks)"] = total * 1e3 - sum(
             stages.get(k, 0.0) for k in named)
         c = check(a, q, r, p)
@@ -264,12 +280,12 @@ def shape_case(kind, m, n, geqp3=False, reps=5, need=0.0):
         res["stages"][key] = stages
         res["timings"][key] = row
         base = row["cusolver geqrf+orgqr"][0]
-        new = row["new (grid pstrf)"][0]
+        new = row["new (grid pstrf, one factorization)"][0]
         print(f"{key}: {'PASS' if c['pass'] else 'FAIL'} inc {c['increases']} "
               f"be {c['backward']:.1e} orth {c['orth']:.1e}; {piv}")
         print(f"{key}: " + ", ".join(f"{k} {v[0] * 1e3:.1f} ms (x{v[1]}, {v[0] / base:.2f}x)"
                                      for k, v in row.items())
-              + f"; old/new {row['old (rows pstrf)'][0] / new:.2f}x"
+              + f"; old/new {row['old (rows pstrf, level QRs)'][0] / new:.2f}x"
               + (f"; geqp3/new {row['scipy geqp3 (host, once)'][0] / new:.1f}x"
                  if geqp3 else ""))
         print(f"{key} phases (new, one staged run, ms): " +
@@ -326,8 +342,8 @@ def warm_up():
     """The kernels' first compilation (both variants), outside every timed run."""
     t = time.perf_counter()
     a = matrix("geometric", 1024, 600, seed=1)
-    for v in ("grid", "rows"):
-        use(v)
+    for cfg in CONFIGS.values():
+        use(*cfg)
         mpqr.qr(a, pivoting=True)
     cp.linalg.qr(a)
     sync()
