@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import mpqr
+from tests.conftest import GPU
 from tests.test_qr_pivoted_order import _check, _gram_route, _with_sv, family
 
 gram = importlib.import_module("mpqr.qr.pivoted_gram")
@@ -77,3 +78,26 @@ def test_householder_levels_only_for_the_library_factor(monkeypatch):
     qc, rc, pc = mpqr.qr(a, pivoting=True, mode="complete")
     assert taken == [] and qc.shape == (160, 160)
     np.testing.assert_allclose(qc @ rc, a[:, pc], atol=64 * 230 * 2.0**-53)
+
+
+@pytest.mark.skipif(not GPU, reason="no CUDA GPU visible")
+@pytest.mark.parametrize("name,m,n", [("deep", 1500, 600), ("float32", 1200, 400),
+                                      ("deficient-noise", 900, 300)])
+def test_gpu_householder_levels(monkeypatch, name, m, n):
+    """cuSOLVER's steps (geqrf + ormqr a level, orgqr once): the level-by-level route's
+    P, SciPy's promise, backward error and orthogonality."""
+    import cupy as cp
+
+    a = _deep(m, n) if name == "deep" else family(name, m, n)
+    taken = []
+    real = gram.householder_levels
+    monkeypatch.setattr(gram, "householder_levels",
+                        lambda *x, **k: taken.append(1) or real(*x, **k))
+    out = {}
+    for levels in (True, False):
+        monkeypatch.setattr(gram, "HOUSEHOLDER_LEVELS", levels)
+        out[levels] = [cp.asnumpy(v) for v in mpqr.qr(cp.asarray(a), pivoting=True)]
+    assert taken == [1]
+    q, r, p = out[True]
+    _check(a, q, r, p)
+    np.testing.assert_array_equal(p, out[False][2])
