@@ -19,11 +19,18 @@ from tests.test_qr_pivoted_order import family
 gram = importlib.import_module("mpqr.qr.pivoted_gram")
 
 
-def grid_model(g, tol, nb, rows):
+def grid_model(g, tol, nb, rows, lower=False):
     """``(P, k)`` by the kernels' steps; ``rows``: rows a block (only the candidates'
-    reduction depends on it, and that reduction's result does not)."""
+    reduction depends on it, and that reduction's result does not). ``lower``: only
+    ``w[i, j]``, ``i >= j``, is kept (the rest NaN here: any read of it shows)."""
     n = g.shape[0]
     w = np.array(g, dtype=np.float64)  # symmetric: the kernel's column-major view
+    if lower:
+        w[np.triu_indices(n, 1)] = np.nan
+
+    def col(rest, p):  # S[rest, p] through the kept triangle
+        return np.where(rest >= p, w[rest, p], w[p, rest]) if lower else w[rest, p]
+
     perm = np.arange(n)
     stop = tol * np.max(np.diagonal(w))
     lp = np.zeros((nb, n))
@@ -56,16 +63,26 @@ def grid_model(g, tol, nb, rows):
                 if pp >= j2:
                     moved.append(pp)
             rest = np.flatnonzero(~taken)
-            v = (w[rest, p] - lp[:t, rest].T @ lp[:t, p]) / np.sqrt(pv)
+            v = (col(rest, p) - lp[:t, rest].T @ lp[:t, p]) / np.sqrt(pv)
             lp[t, rest] = v
             d[rest] -= v * v
         if j2 >= n:
             break
         src = rho[moved]
-        w[j0:, moved] = w[j0:, src]  # columns, then rows (after the columns)
-        w[moved, j2:] = w[src, j2:]
         lt = lp[:, rho[j2:]]
-        w[j2:, j2:] -= lt.T @ lt
+        if not lower:
+            w[j0:, moved] = w[j0:, src]  # columns, then rows (after the columns)
+            w[moved, j2:] = w[src, j2:]
+            w[j2:, j2:] -= lt.T @ lt
+            continue
+        b = np.arange(j2, n)
+        vals = [col(rho[b], x) for x in src]  # all reads before the writes
+        for a, v in zip(moved, vals, strict=True):
+            w[np.maximum(a, b), np.minimum(a, b)] = v
+        step = -(-(n - j2) // 4)
+        for c0 in range(j2, n, step):  # block columns of the lower triangle
+            c1 = min(c0 + step, n)
+            w[c0:, c0:c1] -= lt[:, c0 - j2:].T @ lt[:, c0 - j2:c1 - j2]
     return perm, n
 
 
@@ -73,10 +90,11 @@ def _ties(pairs):
     return np.kron(np.eye(pairs), np.array([[2.0, 1.0], [1.0, 2.0]]))
 
 
-@pytest.mark.parametrize("name,n,nb,rows", [("ties", 48, 4, 7), ("ties", 48, 16, 5),
-                                            ("geometric", 90, 8, 13),
-                                            ("gaussian", 70, 16, 9), ("rank1", 40, 8, 6)])
-def test_grid_scheme_matches_lapack(name, n, nb, rows):
+@pytest.mark.parametrize("name,n,nb,rows,lower", [
+    ("ties", 48, 4, 7, False), ("ties", 48, 16, 5, False), ("geometric", 90, 8, 13, False),
+    ("gaussian", 70, 16, 9, False), ("rank1", 40, 8, 6, False), ("ties", 48, 4, 7, True),
+    ("geometric", 90, 8, 13, True), ("gaussian", 70, 16, 9, True)])
+def test_grid_scheme_matches_lapack(name, n, nb, rows, lower):
     """The scheme's stop and order are LAPACK dpstrf's: equal pivots (identical 2 x 2
     blocks, every Schur complement the same numbers) in its logical order."""
     from mpqr.backends.host.pstrf import lapack_pivoted_cholesky
@@ -88,7 +106,7 @@ def test_grid_scheme_matches_lapack(name, n, nb, rows):
         a = family(name, 200, n)
         g = a.T @ a
         tol = gram.resolve_threshold(200, n, 2.0**-53)
-    p, k = grid_model(g, tol, nb, rows)
+    p, k = grid_model(g, tol, nb, rows, lower)
     p2, k2, _ = lapack_pivoted_cholesky(g, tol)
     assert k == k2 and (k < n or name != "rank1")
     np.testing.assert_array_equal(p[:k], p2[:k])
@@ -98,10 +116,15 @@ def test_grid_scheme_matches_lapack(name, n, nb, rows):
 
 
 @pytest.mark.skipif(not GPU, reason="no CUDA GPU visible")
-@pytest.mark.parametrize("name,n,nb", [("ties", 600, 32), ("geometric", 700, 128),
-                                       ("gaussian", 500, 64), ("rank1", 200, 16),
-                                       ("geometric", 300, 8)])
-def test_gpu_grid_kernel_matches_lapack(name, n, nb):
+@pytest.mark.parametrize("name,n,nb,lower", [("ties", 600, 32, False),
+                                             ("geometric", 700, 128, False),
+                                             ("gaussian", 500, 64, False),
+                                             ("rank1", 200, 16, False),
+                                             ("geometric", 300, 8, False),
+                                             ("ties", 600, 32, True),
+                                             ("geometric", 700, 128, True),
+                                             ("gaussian", 500, 16, True)])
+def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower):
     """The "grid" kernel (no silent fallback: the barrier must not time out) against
     LAPACK dpstrf; float32 G: the same stop."""
     import cupy as cp
@@ -115,7 +138,7 @@ def test_gpu_grid_kernel_matches_lapack(name, n, nb):
         a = family(name, 1200, n)
         g = a.T @ a
         tol = gram.resolve_threshold(1200, n, 2.0**-53)
-    out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), nb)
+    out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), nb, lower)
     assert out is not None, "grid barrier timed out"
     p, k, _ = out
     p2, k2, _ = lapack_pivoted_cholesky(g, tol)

@@ -253,6 +253,13 @@ __device__ __forceinline__ bool pstrf_grid_sync(unsigned* bar, unsigned target,
   return *s_err != 0;
 }
 
+// Entry (i, j) of the symmetric matrix in the column-major view: where only the lower
+// triangle is kept up to date ("lower"), the one of (i, j) and (j, i) inside it.
+template <typename T>
+__device__ __forceinline__ T pstrf_sym(const T* w, long long ld, int i, int j, int lower) {
+  return (!lower || i >= j) ? w[i + j * ld] : w[j + i * ld];
+}
+
 template <typename T>
 __device__ __forceinline__ void pstrf_better(T& v, int& pos, int& idx, T v2, int pos2,
                                              int idx2) {
@@ -303,14 +310,15 @@ __device__ void pstrf_block_best(const T* ds, const int* lpos, int nr, int r0, i
 // position -> physical row for [j0, n). moved[0 .. state[2]): the positions >= j0 + nb
 // whose row changed. state = {steps done, ended, moved count,
 // barrier timeout}. bar: this launch's own zeroed counter. Dynamic shared memory:
-// (nb + 1) R + nb values of T, then R ints.
+// (nb + 1) R + nb values of T, then R ints. lower: only the lower triangle (rows >=
+// columns of the column-major view) is up to date (pstrf_grid_sym_*).
 template <typename T>
 __global__ void __launch_bounds__(512)
 pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, int R,
                  T* __restrict__ lp, T* __restrict__ cval, int* __restrict__ cpos,
                  int* __restrict__ cidx, int* __restrict__ perm, int* __restrict__ rho,
                  int* __restrict__ moved, T stop, int* __restrict__ state,
-                 unsigned* __restrict__ bar) {
+                 unsigned* __restrict__ bar, int lower) {
   extern __shared__ __align__(16) unsigned char pstrf_smem[];
   T* ls = reinterpret_cast<T*>(pstrf_smem);  // nb x R: ls[t * R + li]
   T* ds = ls + (size_t)nb * R;                 // R
@@ -359,7 +367,7 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
       return;
     }
     // S[i, p] of this thread's first row, loaded while the bookkeeping runs
-    const T s0 = tid < nr ? w[r0 + tid + p * ld] : T(0);
+    const T s0 = tid < nr ? pstrf_sym(w, ld, r0 + tid, p, lower) : T(0);
     if (tid == 0) {
       // LAPACK's exchange of positions k and pp: the row at k (q) goes to pp
       const int q = __ldcg(rho + k);
@@ -378,7 +386,8 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
       if (ds[li] == ninf) continue;
       const int i = r0 + li;
       // four partial sums: a shorter chain of dependent multiply-adds
-      T v0 = li == tid ? s0 : w[i + p * ld], v1 = T(0), v2 = T(0), v3 = T(0);
+      T v0 = li == tid ? s0 : pstrf_sym(w, ld, i, p, lower), v1 = T(0), v2 = T(0),
+        v3 = T(0);
       int s = 0;
       for (; s + 4 <= t; s += 4) {
         v0 -= ls[s * R + li] * lrow[s];
@@ -447,4 +456,36 @@ __global__ void pstrf_grid_rows(T* __restrict__ w, long long ld, int n, int j2,
   }
   __syncthreads();
   if (a >= 0) w[a + c * ld] = v;
+}
+
+// The "lower" storage's moves: each moved position a takes, for every position b >= j2,
+// the entry (rho[a], rho[b]) of the symmetric matrix (read through its lower triangle),
+// copied out to tmp (cnt x (n - j2)), then written to (max(a, b), min(a, b)). A block a
+// moved position.
+template <typename T>
+__global__ void pstrf_grid_sym_out(const T* __restrict__ w, long long ld, int n, int j2,
+                                   const int* __restrict__ rho,
+                                   const int* __restrict__ moved,
+                                   const int* __restrict__ state, T* __restrict__ tmp) {
+  const int e = blockIdx.x;
+  if (state[1] || state[3] || e >= state[2]) return;
+  const int x = rho[moved[e]];
+  const int len = n - j2;
+  for (int c = threadIdx.x; c < len; c += blockDim.x)
+    tmp[(size_t)e * len + c] = pstrf_sym(w, ld, x, rho[j2 + c], 1);
+}
+
+template <typename T>
+__global__ void pstrf_grid_sym_in(T* __restrict__ w, long long ld, int n, int j2,
+                                  const int* __restrict__ moved,
+                                  const int* __restrict__ state,
+                                  const T* __restrict__ tmp) {
+  const int e = blockIdx.x;
+  if (state[1] || state[3] || e >= state[2]) return;
+  const int a = moved[e];
+  const int len = n - j2;
+  for (int c = threadIdx.x; c < len; c += blockDim.x) {
+    const long long b = j2 + c;
+    w[(a >= b ? a + b * ld : b + a * ld)] = tmp[(size_t)e * len + c];
+  }
 }
