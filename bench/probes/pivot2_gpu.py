@@ -95,17 +95,20 @@ def part(label, fn, need=0.0):
         res["checks"][label] = {"pass": False, "error": traceback.format_exc()[-800:]}
 
 
-def use(variant, levels=True):
+def use(variant, levels=True, lower=False):
     """The pivoted Cholesky's variant; ``levels``: one Householder factorization with the
-    levels ordered between its blocks (else a QR of each level's trailing block)."""
+    levels ordered between its blocks (else a QR of each level's trailing block);
+    ``lower``: the "grid" kernel keeps only the lower triangle."""
     cupy_pstrf.VARIANT = variant
+    cupy_pstrf.GRID_LOWER = lower
     pivoted_gram.HOUSEHOLDER_LEVELS = levels
     CupyBackend.qrcp_exact_route = "gram"
 
 
 CONFIGS = {"new (grid pstrf, one factorization)": ("grid", True),
            "grid pstrf, level QRs": ("grid", False),
-           "old (rows pstrf, level QRs)": ("rows", False)}
+           "old (rows pstrf, level QRs)": ("rows", False),
+           "new, pstrf on the lower triangle": ("grid", True, True)}
 
 
 def run_qr(a):
@@ -199,9 +202,12 @@ def pstrf_check():
             g = (g + g.T) / 2
             theta = pivoted_gram.resolve_threshold(m, n, U)
         ph, kh, _ = lapack_pivoted_cholesky(cp.asnumpy(g), theta)
-        for variant, nb in (("grid", 128), ("grid", 8), ("rows", 32)):
+        for variant, nb in (("grid", 128), ("grid", 8), ("grid-lower", 128), ("rows", 32)):
             was = cupy_pstrf._grid_failed
-            pd, kd, _ = cupy_pstrf.pivoted_cholesky(g, theta, panel=nb, variant=variant)
+            cupy_pstrf.GRID_LOWER = variant == "grid-lower"
+            pd, kd, _ = cupy_pstrf.pivoted_cholesky(g, theta, panel=nb,
+                                                    variant=variant.split("-")[0])
+            cupy_pstrf.GRID_LOWER = False
             fell = cupy_pstrf._grid_failed and not was
             pd = cp.asnumpy(pd)
             same = int(np.argmax(np.r_[pd[:min(kd, kh)] != ph[:min(kd, kh)], True]))
@@ -229,18 +235,21 @@ def pstrf_ab(kind, n):
         del a
         theta = pivoted_gram.resolve_threshold(n, n, U)
         row = {}
-        for variant in ("grid", "rows"):
-            reps = 3 if variant == "grid" else 1
+        for variant in ("grid", "grid-lower", "rows"):
+            reps = 1 if variant == "rows" else 3
+            cupy_pstrf.GRID_LOWER = variant == "grid-lower"
             row[variant] = timed(lambda v=variant: cupy_pstrf.pivoted_cholesky(
-                g, theta, variant=v), reps=reps)
+                g, theta, variant=v.split("-")[0]), reps=reps)
+        cupy_pstrf.GRID_LOWER = False
         k = cupy_pstrf.pivoted_cholesky(g, theta)[1]
         res["timings"][f"pstrf {kind} G of {n}"] = {**row, "steps": k}
         print(f"pstrf alone, {kind} G of {n} ({k} steps): grid {row['grid'][0] * 1e3:.1f} ms,"
-              f" rows {row['rows'][0] * 1e3:.1f} ms ({row['rows'][0] / row['grid'][0]:.2f}x)")
+              f" grid-lower {row['grid-lower'][0] * 1e3:.1f} ms, rows "
+              f"{row['rows'][0] * 1e3:.1f} ms ({row['rows'][0] / row['grid'][0]:.2f}x)")
     part(f"pstrf A/B {kind} {n}", go, need=8.0)
 
 
-def shape_case(kind, m, n, geqp3=False, reps=5, need=0.0):
+def shape_case(kind, m, n, geqp3=False, reps=5, others=3, need=0.0):
     def go():
         a = matrix(kind, m, n)
         key = f"{kind} {m}x{n}"
@@ -248,7 +257,7 @@ def shape_case(kind, m, n, geqp3=False, reps=5, need=0.0):
         for i, (label, cfg) in enumerate(CONFIGS.items()):
             use(*cfg)
             row[label] = timed(lambda: mpqr.qr(a, pivoting=True),
-                               reps if i == 0 else 1 if n >= 16384 else 3)
+                               reps if i == 0 else others)
             if i == 0:
                 row["cusolver geqrf+orgqr"] = timed(lambda: cp.linalg.qr(a), reps)
         use("grid")
@@ -354,14 +363,14 @@ def warm_up():
 part("warm-up", warm_up)
 part("pstrf_vs_lapack", pstrf_check)
 shape_case("geometric", 4096, 4096, geqp3=True)
+shape_case("geometric", 16384, 16384, reps=3, others=1, need=22.0)
 pstrf_ab("geometric", 4096)
-pstrf_ab("random", 4096)
-shape_case("geometric", 8192, 8192, reps=3, need=10.0)
-shape_case("geometric", 65536, 4096, reps=3, need=10.0)
+shape_case("geometric", 65536, 4096, reps=3, others=1, need=10.0)
 part("gap_rank", gap_rank, need=3.0)
 part("families 3000x500", small_families, need=3.0)
-shape_case("geometric", 16384, 16384, reps=3, need=22.0)
+shape_case("geometric", 8192, 8192, reps=3, others=1, need=8.0)
 pstrf_ab("geometric", 16384)
+pstrf_ab("random", 4096)
 ok = all(v.get("pass", True) for v in res["checks"].values() if isinstance(v, dict))
 res["grid_fell_back"] = cupy_pstrf._grid_failed
 print("ALL PASS" if ok else "SOME FAIL", f"({time.perf_counter() - T0:.0f} s)")
