@@ -93,6 +93,9 @@ def part(label, fn, need=0.0):
         print(f"{label}: FAIL (exception)")
         traceback.print_exc()
         res["checks"][label] = {"pass": False, "error": traceback.format_exc()[-800:]}
+    finally:  # what is done so far, should a later part run past the time limit
+        with open(os.path.join(OUT, "pivot2.json"), "w") as f:
+            json.dump(res, f, indent=1, default=str)
 
 
 def use(variant, levels=True, lower=False):
