@@ -73,9 +73,10 @@ def pivoted_cholesky(g, tol: float, panel: int | None = None, variant: str | Non
         return perm, 0, max(gmax, 0.0)
     if variant == "grid" and not _grid_failed:
         out = _grid(g, tol, gmax, GRID_PANEL if panel is None else panel)
-        if out is not None:
+        if out is False:  # the blocks were not co-resident: "rows" from now on
+            _grid_failed = True
+        elif out is not None:
             return out
-        _grid_failed = True  # the blocks were not co-resident: "rows" from now on
     if variant == "grid":
         variant, panel = "rows", None
     return _single_block(g, tol, gmax, PANEL if panel is None else panel, variant)
@@ -124,8 +125,8 @@ def grid_layout(rows: int, sms: int, least: int = GRID_ROWS) -> tuple[int, int]:
 
 def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
     """The panel width for blocks of ``r`` rows: ``nb`` halved until the block's shared
-    memory ((nb + 1) r + nb values and r ints) fits; 0 where not even 8 steps fit."""
-    while nb >= 8:
+    memory ((nb + 1) r + nb values and r ints) fits; 0 where not even one step fits."""
+    while nb >= 1:
         if ((nb + 1) * r + nb) * itemsize + 4 * r <= _GRID_SMEM:
             return nb
         nb //= 2
@@ -133,8 +134,8 @@ def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
 
 
 def _grid(g, tol, gmax, nb, lower=None):
-    """The "grid" variant; None where its barrier timed out. ``lower``: default
-    ``GRID_LOWER``."""
+    """The "grid" variant; None where a block's rows of one step do not fit its shared
+    memory, False where its barrier timed out. ``lower``: default ``GRID_LOWER``."""
     lower = GRID_LOWER if lower is None else lower
     n = g.shape[0]
     dt = g.dtype
@@ -199,5 +200,5 @@ def _grid(g, tol, gmax, nb, lower=None):
                      label="qrcp-pstrf-update")
     h = state.get()
     if h[3]:
-        return None
+        return False
     return perm, (int(h[0]) if h[1] else n), gmax
