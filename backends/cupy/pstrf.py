@@ -169,6 +169,9 @@ def _grid(g, tol, gmax, nb, lower=None):
     ld, n32 = cp.int64(n), cp.int32(n)
     for i, j0 in enumerate(range(0, n, nb)):
         blocks, r = grid_layout(n - j0, sms)
+        if r > r0:  # never more rows a block than the shared memory was sized for
+            r = r0
+            blocks = -(-(n - j0) // r)
         panel_k((blocks,), (threads,),
                 (w, ld, n32, cp.int32(j0), cp.int32(nb), cp.int32(r), lp, cval, cpos, cidx,
                  perm, rho, moved, stop, state, bars[i:], cp.int32(lower)), shared_mem=smem)
