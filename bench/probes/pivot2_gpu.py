@@ -364,13 +364,14 @@ def warm_up():
 
 
 part("warm-up", warm_up)
-part("pstrf_vs_lapack", pstrf_check)
+# the shapes first: a device fault in a later part (it ends the CUDA context) leaves them
 shape_case("geometric", 4096, 4096, geqp3=True)
 shape_case("geometric", 16384, 16384, reps=3, others=1, need=22.0)
-pstrf_ab("geometric", 4096)
 shape_case("geometric", 65536, 4096, reps=3, others=1, need=10.0)
 part("gap_rank", gap_rank, need=3.0)
 part("families 3000x500", small_families, need=3.0)
+pstrf_ab("geometric", 4096)
+part("pstrf_vs_lapack", pstrf_check, need=6.0)
 shape_case("geometric", 8192, 8192, reps=3, others=1, need=8.0)
 pstrf_ab("geometric", 16384)
 pstrf_ab("random", 4096)
