@@ -116,15 +116,17 @@ def test_grid_scheme_matches_lapack(name, n, nb, rows, lower):
 
 
 @pytest.mark.skipif(not GPU, reason="no CUDA GPU visible")
-@pytest.mark.parametrize("name,n,nb,lower", [("ties", 600, 32, False),
-                                             ("geometric", 700, 128, False),
-                                             ("gaussian", 500, 64, False),
-                                             ("rank1", 200, 16, False),
-                                             ("geometric", 300, 8, False),
-                                             ("ties", 600, 32, True),
-                                             ("geometric", 700, 128, True),
-                                             ("gaussian", 500, 16, True)])
-def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower):
+@pytest.mark.parametrize("name,n,nb,lower,spread", [("ties", 600, 32, False, True),
+                                                    ("geometric", 700, 128, False, True),
+                                                    ("gaussian", 500, 64, False, True),
+                                                    ("rank1", 200, 16, False, True),
+                                                    ("geometric", 300, 8, False, True),
+                                                    ("ties", 600, 32, True, True),
+                                                    ("geometric", 700, 128, True, True),
+                                                    ("gaussian", 500, 16, True, True),
+                                                    ("ties", 600, 32, False, False),
+                                                    ("geometric", 700, 128, False, False)])
+def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower, spread):
     """The "grid" kernel (no silent fallback: the barrier must not time out) against
     LAPACK dpstrf; float32 G: the same stop."""
     import cupy as cp
@@ -138,7 +140,7 @@ def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower):
         a = family(name, 1200, n)
         g = a.T @ a
         tol = gram.resolve_threshold(1200, n, 2.0**-53)
-    out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), nb, lower)
+    out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), nb, lower, spread)
     assert out not in (None, False), "grid barrier timed out" if out is False else "no fit"
     p, k, _ = out
     p2, k2, _ = lapack_pivoted_cholesky(g, tol)

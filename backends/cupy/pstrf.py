@@ -26,8 +26,9 @@ from mpqr.backends.cupy.modules import ctype, functions
 
 from mpqr.policy import gemm_sub
 
-__all__ = ["CHECK_EVERY", "GRID_LOWER", "GRID_LOWER_CHUNKS", "GRID_PANEL", "GRID_ROWS", "PANEL",
-           "VARIANT", "grid_layout", "grid_panel_width", "pivoted_cholesky", "supports"]
+__all__ = ["CHECK_EVERY", "GRID_LOWER", "GRID_LOWER_CHUNKS", "GRID_PANEL", "GRID_ROWS",
+           "GRID_SPREAD", "PANEL", "VARIANT", "grid_layout", "grid_panel_width",
+           "pivoted_cholesky", "supports"]
 
 #: Steps a launch of "rows" / "swap" (at most 64: the kernel's shared row of L)
 PANEL = 32
@@ -45,6 +46,10 @@ GRID_ROWS = 128
 GRID_LOWER = False
 #: block columns of the "lower" update
 GRID_LOWER_CHUNKS = 4
+#: "grid": a step's exchange bookkeeping on the block's last threads, apart from the
+#: threads that load the pivot's row of L (one dependent memory round trip a thread
+#: instead of up to three on thread 0, on every step's critical path); False: thread 0
+GRID_SPREAD = True
 _GRID_CHECK_EVERY = 2
 _GRID_SMEM = 200 * 1024
 _THREADS = 1024
@@ -133,10 +138,12 @@ def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
     return 0
 
 
-def _grid(g, tol, gmax, nb, lower=None):
+def _grid(g, tol, gmax, nb, lower=None, spread=None):
     """The "grid" variant; None where a block's rows of one step do not fit its shared
-    memory, False where its barrier timed out. ``lower``: default ``GRID_LOWER``."""
+    memory, False where its barrier timed out. ``lower``, ``spread``: default
+    ``GRID_LOWER``, ``GRID_SPREAD``."""
     lower = GRID_LOWER if lower is None else lower
+    spread = GRID_SPREAD if spread is None else spread
     n = g.shape[0]
     dt = g.dtype
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -174,7 +181,8 @@ def _grid(g, tol, gmax, nb, lower=None):
             blocks = -(-(n - j0) // r)
         panel_k((blocks,), (threads,),
                 (w, ld, n32, cp.int32(j0), cp.int32(nb), cp.int32(r), lp, cval, cpos, cidx,
-                 perm, rho, moved, stop, state, bars[i:], cp.int32(lower)), shared_mem=smem)
+                 perm, rho, moved, stop, state, bars[i:], cp.int32(lower), cp.int32(spread)),
+                shared_mem=smem)
         j2 = j0 + nb
         if j2 >= n:
             break

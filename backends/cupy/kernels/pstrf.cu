@@ -318,7 +318,7 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
                  T* __restrict__ lp, T* __restrict__ cval, int* __restrict__ cpos,
                  int* __restrict__ cidx, int* __restrict__ perm, int* __restrict__ rho,
                  int* __restrict__ moved, T stop, int* __restrict__ state,
-                 unsigned* __restrict__ bar, int lower) {
+                 unsigned* __restrict__ bar, int lower, int spread) {
   extern __shared__ __align__(16) unsigned char pstrf_smem[];
   T* ls = reinterpret_cast<T*>(pstrf_smem);  // nb x R: ls[t * R + li]
   T* ds = ls + (size_t)nb * R;                 // R
@@ -368,16 +368,20 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
     }
     // S[i, p] of this thread's first row, loaded while the bookkeeping runs
     const T s0 = tid < nr ? pstrf_sym(w, ld, r0 + tid, p, lower) : T(0);
-    if (tid == 0) {
+    // spread: the exchange's reads on the last thread (rho) and, in block 0, the one
+    // before it (perm), apart from the threads that load the pivot's row of L (tid < t):
+    // three dependent memory round trips on one thread become one a thread
+    const int bk = spread ? nt - 1 : 0, bperm = spread ? nt - 2 : 0;
+    if (tid == bk) {
       // LAPACK's exchange of positions k and pp: the row at k (q) goes to pp
       const int q = __ldcg(rho + k);
       if (q >= r0 && q < r0 + nr) lpos[q - r0] = pp;
       if (p >= r0 && p < r0 + nr) ds[p - r0] = ninf;  // taken
-      if (b == 0 && pp != k) {
-        rho[pp] = q;
-        const int x = perm[k]; perm[k] = perm[pp]; perm[pp] = x;
-        if (pp >= j2) moved[s_nmoved++] = pp;
-      }
+      if (b == 0 && pp != k) rho[pp] = q;
+    }
+    if (tid == bperm && b == 0 && pp != k) {
+      const int x = perm[k]; perm[k] = perm[pp]; perm[pp] = x;
+      if (pp >= j2) moved[s_nmoved++] = pp;
     }
     for (int s = tid; s < t; s += nt) lrow[s] = __ldcg(lp + (size_t)s * n + p);
     __syncthreads();
