@@ -126,7 +126,8 @@ def test_grid_scheme_matches_lapack(name, n, nb, rows, lower):
                                                     ("gaussian", 500, 16, True, True),
                                                     ("ties", 600, 32, False, False),
                                                     ("geometric", 700, 128, False, False)])
-def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower, spread):
+@pytest.mark.parametrize("lean", [True, False])
+def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower, spread, lean):
     """The "grid" kernel (no silent fallback: the barrier must not time out) against
     LAPACK dpstrf; float32 G: the same stop."""
     import cupy as cp
@@ -140,7 +141,8 @@ def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower, spread):
         a = family(name, 1200, n)
         g = a.T @ a
         tol = gram.resolve_threshold(1200, n, 2.0**-53)
-    out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), nb, lower, spread)
+    out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), nb, lower, spread,
+                      lean)
     assert out not in (None, False), "grid barrier timed out" if out is False else "no fit"
     p, k, _ = out
     p2, k2, _ = lapack_pivoted_cholesky(g, tol)

@@ -26,8 +26,8 @@ from mpqr.backends.cupy.modules import ctype, functions
 
 from mpqr.policy import gemm_sub
 
-__all__ = ["CHECK_EVERY", "GRID_LOWER", "GRID_LOWER_CHUNKS", "GRID_PANEL", "GRID_ROWS",
-           "GRID_SPREAD", "PANEL", "VARIANT", "grid_layout", "grid_panel_width",
+__all__ = ["CHECK_EVERY", "GRID_LEAN_POLL", "GRID_LOWER", "GRID_LOWER_CHUNKS", "GRID_PANEL",
+           "GRID_ROWS", "GRID_SPREAD", "PANEL", "VARIANT", "grid_layout", "grid_panel_width",
            "pivoted_cholesky", "supports"]
 
 #: Steps a launch of "rows" / "swap" (at most 64: the kernel's shared row of L)
@@ -50,6 +50,9 @@ GRID_LOWER_CHUNKS = 4
 #: threads that load the pivot's row of L (one dependent memory round trip a thread
 #: instead of up to three on thread 0, on every step's critical path); False: thread 0
 GRID_SPREAD = True
+#: "grid": the barrier's wait reads only the counter, the timeout's flag and clock every
+#: 32nd poll (a poll one memory round trip instead of two); False: every poll
+GRID_LEAN_POLL = True
 _GRID_CHECK_EVERY = 2
 _GRID_SMEM = 200 * 1024
 _THREADS = 1024
@@ -138,12 +141,13 @@ def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
     return 0
 
 
-def _grid(g, tol, gmax, nb, lower=None, spread=None):
+def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None):
     """The "grid" variant; None where a block's rows of one step do not fit its shared
-    memory, False where its barrier timed out. ``lower``, ``spread``: default
-    ``GRID_LOWER``, ``GRID_SPREAD``."""
+    memory, False where its barrier timed out. ``lower``, ``spread``, ``lean``: default
+    ``GRID_LOWER``, ``GRID_SPREAD``, ``GRID_LEAN_POLL``."""
     lower = GRID_LOWER if lower is None else lower
     spread = GRID_SPREAD if spread is None else spread
+    lean = GRID_LEAN_POLL if lean is None else lean
     n = g.shape[0]
     dt = g.dtype
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -181,8 +185,8 @@ def _grid(g, tol, gmax, nb, lower=None, spread=None):
             blocks = -(-(n - j0) // r)
         panel_k((blocks,), (threads,),
                 (w, ld, n32, cp.int32(j0), cp.int32(nb), cp.int32(r), lp, cval, cpos, cidx,
-                 perm, rho, moved, stop, state, bars[i:], cp.int32(lower), cp.int32(spread)),
-                shared_mem=smem)
+                 perm, rho, moved, stop, state, bars[i:], cp.int32(lower), cp.int32(spread),
+                 cp.int32(lean)), shared_mem=smem)
         j2 = j0 + nb
         if j2 >= n:
             break
