@@ -149,3 +149,25 @@ def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower, spread, lean):
     assert k == k2
     np.testing.assert_array_equal(cp.asnumpy(p)[:k], p2[:k])
     assert sorted(cp.asnumpy(p).tolist()) == list(range(n))
+
+
+@pytest.mark.skipif(not GPU, reason="no CUDA GPU visible")
+@pytest.mark.parametrize("lagged", [True, False])
+def test_gpu_grid_end_read_lagged_or_waited(monkeypatch, lagged):
+    """The end read from a copy one panel old (or by a wait every few panels): the same
+    stop and order as LAPACK dpstrf, the stop inside a middle panel of many."""
+    import cupy as cp
+    from mpqr.backends.cupy import pstrf
+    from mpqr.backends.host.pstrf import lapack_pivoted_cholesky
+
+    monkeypatch.setattr(pstrf, "GRID_ASYNC_CHECK", lagged)
+    a = family("geometric", 1200, 700)
+    g = a.T @ a
+    tol = gram.resolve_threshold(1200, 700, 2.0**-53)
+    out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), 16)
+    assert out not in (None, False)
+    p, k, _ = out
+    p2, k2, _ = lapack_pivoted_cholesky(g, tol)
+    assert k == k2 and 16 < k < 700 - 32
+    np.testing.assert_array_equal(cp.asnumpy(p)[:k], p2[:k])
+    assert sorted(cp.asnumpy(p).tolist()) == list(range(700))

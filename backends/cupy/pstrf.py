@@ -22,13 +22,14 @@ panels' updates are spent after it.
 from __future__ import annotations
 
 import cupy as cp
+import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
 from mpqr.policy import gemm_sub
 
-__all__ = ["CHECK_EVERY", "GRID_LEAN_POLL", "GRID_LOWER", "GRID_LOWER_CHUNKS", "GRID_PANEL",
-           "GRID_ROWS", "GRID_SPREAD", "PANEL", "VARIANT", "grid_layout", "grid_panel_width",
-           "pivoted_cholesky", "supports"]
+__all__ = ["CHECK_EVERY", "GRID_ASYNC_CHECK", "GRID_LEAN_POLL", "GRID_LOWER",
+           "GRID_LOWER_CHUNKS", "GRID_PANEL", "GRID_ROWS", "GRID_SPREAD", "PANEL", "VARIANT",
+           "grid_layout", "grid_panel_width", "pivoted_cholesky", "supports"]
 
 #: Steps a launch of "rows" / "swap" (at most 64: the kernel's shared row of L)
 PANEL = 32
@@ -53,6 +54,12 @@ GRID_SPREAD = True
 #: "grid": the barrier's wait reads only the counter, the timeout's flag and clock every
 #: 32nd poll (a poll one memory round trip instead of two); False: every poll
 GRID_LEAN_POLL = True
+#: "grid": whether the factorization has ended is read after every panel from a copy
+#: made one panel earlier (pinned memory, an event): the host never waits for an empty
+#: device queue (the next panel is queued first); a launch after the end returns at
+#: once, so the lag costs at most one trailing product. False: a wait every
+#: ``_GRID_CHECK_EVERY`` panels
+GRID_ASYNC_CHECK = True
 _GRID_CHECK_EVERY = 2
 _GRID_SMEM = 200 * 1024
 _THREADS = 1024
@@ -178,6 +185,12 @@ def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None):
     stop = dt.type(tol * gmax)
     prec = "fp64" if dt == cp.float64 else "fp32"
     ld, n32 = cp.int64(n), cp.int32(n)
+    lagged = GRID_ASYNC_CHECK
+    if lagged:
+        hmem = cp.cuda.alloc_pinned_memory(state.nbytes)
+        hstate = np.frombuffer(hmem, dtype=np.int32, count=state.size)
+        stream = cp.cuda.get_current_stream()
+        copied = None  # the event after the last copy of state
     for i, j0 in enumerate(range(0, n, nb)):
         blocks, r = grid_layout(n - j0, sms)
         if r > r0:  # never more rows a block than the shared memory was sized for
@@ -190,7 +203,16 @@ def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None):
         j2 = j0 + nb
         if j2 >= n:
             break
-        if i % _GRID_CHECK_EVERY == _GRID_CHECK_EVERY - 1:
+        if lagged:
+            if copied is not None:  # the state before this panel (this one is queued)
+                copied.synchronize()
+                if hstate[1] or hstate[3]:
+                    break
+            cp.cuda.runtime.memcpyAsync(hstate.ctypes.data, state.data.ptr, state.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+            copied = cp.cuda.Event(disable_timing=True)
+            copied.record(stream)
+        elif i % _GRID_CHECK_EVERY == _GRID_CHECK_EVERY - 1:
             h = state.get()
             if h[1] or h[3]:
                 break
