@@ -129,10 +129,11 @@ def _single_block(g, tol, gmax, nb, variant):
     return perm, (int(h[0]) if h[1] else n), gmax
 
 
-def grid_layout(rows: int, sms: int, least: int = GRID_ROWS) -> tuple[int, int]:
+def grid_layout(rows: int, sms: int, least: int | None = None) -> tuple[int, int]:
     """``(blocks, R)``: ``rows`` rows in ``blocks`` contiguous runs of ``R`` (the last
     may be shorter, none empty), at most ``sms`` blocks, each at least ``least`` rows
-    where there are enough."""
+    (default ``GRID_ROWS`` as it is at the call) where there are enough."""
+    least = GRID_ROWS if least is None else least
     blocks = max(1, min(sms, -(-rows // least)))
     r = -(-rows // blocks)
     return -(-rows // r), r

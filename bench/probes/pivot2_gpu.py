@@ -98,20 +98,41 @@ def part(label, fn, need=0.0):
             json.dump(res, f, indent=1, default=str)
 
 
-def use(variant, levels=True, lower=False):
+DEFAULTS = {"spread": cupy_pstrf.GRID_SPREAD, "lean": cupy_pstrf.GRID_LEAN_POLL,
+            "lagged": cupy_pstrf.GRID_ASYNC_CHECK, "rows": cupy_pstrf.GRID_ROWS}
+
+
+def use(variant, levels=True, lower=False, **grid):
     """The pivoted Cholesky's variant; ``levels``: one Householder factorization with the
     levels ordered between its blocks (else a QR of each level's trailing block);
-    ``lower``: the "grid" kernel keeps only the lower triangle."""
+    ``lower``: the "grid" kernel keeps only the lower triangle; ``grid``: the grid
+    kernel's step latency options (``spread``, ``lean``, ``lagged``) and ``rows`` (the
+    fewest rows a block), the module defaults where not given."""
+    o = {**DEFAULTS, **grid}
     cupy_pstrf.VARIANT = variant
     cupy_pstrf.GRID_LOWER = lower
+    cupy_pstrf.GRID_SPREAD = o["spread"]
+    cupy_pstrf.GRID_LEAN_POLL = o["lean"]
+    cupy_pstrf.GRID_ASYNC_CHECK = o["lagged"]
+    cupy_pstrf.GRID_ROWS = o["rows"]
     pivoted_gram.HOUSEHOLDER_LEVELS = levels
     CupyBackend.qrcp_exact_route = "gram"
 
 
-CONFIGS = {"new (grid pstrf, one factorization)": ("grid", True),
-           "grid pstrf, level QRs": ("grid", False),
-           "old (rows pstrf, level QRs)": ("rows", False),
-           "new, pstrf on the lower triangle": ("grid", True, True)}
+PREVIOUS = {"spread": False, "lean": False, "lagged": False}
+CONFIGS = {"new (grid pstrf, one factorization)": (("grid", True), {}),
+           "before: step latency as before": (("grid", True), PREVIOUS),
+           "grid pstrf, level QRs": (("grid", False), {}),
+           "old (rows pstrf, level QRs)": (("rows", False), {}),
+           "new, pstrf on the lower triangle": (("grid", True, True), {}),
+           # 4096^2 only: each latency option alone off, the blocks' fewest rows
+           "new, exchange on thread 0": (("grid", True), {"spread": False}),
+           "new, full polls": (("grid", True), {"lean": False}),
+           "new, end waited every 2nd panel": (("grid", True), {"lagged": False}),
+           "new, blocks >= 64 rows": (("grid", True), {"rows": 64}),
+           "new, blocks >= 256 rows": (("grid", True), {"rows": 256})}
+SMALL_ONLY = ("new, exchange on thread 0", "new, full polls", "new, end waited every 2nd panel",
+              "new, blocks >= 64 rows", "new, blocks >= 256 rows")
 
 
 def run_qr(a):
@@ -238,15 +259,17 @@ def pstrf_ab(kind, n):
         del a
         theta = pivoted_gram.resolve_threshold(n, n, U)
         row = {}
-        for variant in ("grid", "grid-lower", "rows"):
+        for variant in ("grid", "grid-before", "grid-lower", "rows"):
             reps = 1 if variant == "rows" else 3
+            use("grid", **(PREVIOUS if variant == "grid-before" else {}))
             cupy_pstrf.GRID_LOWER = variant == "grid-lower"
             row[variant] = timed(lambda v=variant: cupy_pstrf.pivoted_cholesky(
                 g, theta, variant=v.split("-")[0]), reps=reps)
-        cupy_pstrf.GRID_LOWER = False
+        use("grid")
         k = cupy_pstrf.pivoted_cholesky(g, theta)[1]
         res["timings"][f"pstrf {kind} G of {n}"] = {**row, "steps": k}
         print(f"pstrf alone, {kind} G of {n} ({k} steps): grid {row['grid'][0] * 1e3:.1f} ms,"
+              f" grid with the step latency as before {row['grid-before'][0] * 1e3:.1f} ms,"
               f" grid-lower {row['grid-lower'][0] * 1e3:.1f} ms, rows "
               f"{row['rows'][0] * 1e3:.1f} ms ({row['rows'][0] / row['grid'][0]:.2f}x)")
     part(f"pstrf A/B {kind} {n}", go, need=8.0)
@@ -257,8 +280,10 @@ def shape_case(kind, m, n, geqp3=False, reps=5, others=3, need=0.0):
         a = matrix(kind, m, n)
         key = f"{kind} {m}x{n}"
         row = {}
-        for i, (label, cfg) in enumerate(CONFIGS.items()):
-            use(*cfg)
+        for i, (label, (cfg, grid)) in enumerate(CONFIGS.items()):
+            if label in SMALL_ONLY and max(m, n) > 4096:
+                continue
+            use(*cfg, **grid)
             row[label] = timed(lambda: mpqr.qr(a, pivoting=True),
                                reps if i == 0 else others)
             if i == 0:
@@ -298,6 +323,7 @@ def shape_case(kind, m, n, geqp3=False, reps=5, others=3, need=0.0):
         print(f"{key}: " + ", ".join(f"{k} {v[0] * 1e3:.1f} ms (x{v[1]}, {v[0] / base:.2f}x)"
                                      for k, v in row.items())
               + f"; old/new {row['old (rows pstrf, level QRs)'][0] / new:.2f}x"
+              + f"; before/new {row['before: step latency as before'][0] / new:.2f}x"
               + (f"; geqp3/new {row['scipy geqp3 (host, once)'][0] / new:.1f}x"
                  if geqp3 else ""))
         print(f"{key} phases (new, one staged run, ms): " +
@@ -354,8 +380,8 @@ def warm_up():
     """The kernels' first compilation (both variants), outside every timed run."""
     t = time.perf_counter()
     a = matrix("geometric", 1024, 600, seed=1)
-    for cfg in CONFIGS.values():
-        use(*cfg)
+    for cfg, grid in CONFIGS.values():
+        use(*cfg, **grid)
         mpqr.qr(a, pivoting=True)
     cp.linalg.qr(a)
     sync()
@@ -366,11 +392,11 @@ def warm_up():
 part("warm-up", warm_up)
 # the shapes first: a device fault in a later part (it ends the CUDA context) leaves them
 shape_case("geometric", 4096, 4096, geqp3=True)
+pstrf_ab("geometric", 4096)
 shape_case("geometric", 16384, 16384, reps=3, others=1, need=22.0)
-shape_case("geometric", 65536, 4096, reps=3, others=1, need=10.0)
 part("gap_rank", gap_rank, need=3.0)
 part("families 3000x500", small_families, need=3.0)
-pstrf_ab("geometric", 4096)
+shape_case("geometric", 65536, 4096, reps=3, others=1, need=10.0)
 part("pstrf_vs_lapack", pstrf_check, need=6.0)
 shape_case("geometric", 8192, 8192, reps=3, others=1, need=8.0)
 pstrf_ab("geometric", 16384)
