@@ -189,7 +189,7 @@ def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None):
     lagged = GRID_ASYNC_CHECK
     if lagged:
         hmem = cp.cuda.alloc_pinned_memory(state.nbytes)
-        hstate = np.frombuffer(hmem, dtype=np.int32, count=state.size)
+        hstate = np.ndarray((state.size,), dtype=np.int32, buffer=hmem)
         stream = cp.cuda.get_current_stream()
         copied = None  # the event after the last copy of state
     for i, j0 in enumerate(range(0, n, nb)):
