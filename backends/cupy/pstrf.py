@@ -27,7 +27,7 @@ from mpqr.backends.cupy.modules import ctype, functions
 
 from mpqr.policy import gemm_sub
 
-__all__ = ["CHECK_EVERY", "GRID_ASYNC_CHECK", "GRID_LEAN_POLL", "GRID_LOWER",
+__all__ = ["CHECK_EVERY", "GRID_ACQ_REL", "GRID_ASYNC_CHECK", "GRID_LEAN_POLL", "GRID_LOWER",
            "GRID_LOWER_CHUNKS", "GRID_PANEL", "GRID_ROWS", "GRID_SPREAD", "PANEL", "VARIANT",
            "grid_layout", "grid_panel_width", "pivoted_cholesky", "supports"]
 
@@ -54,6 +54,11 @@ GRID_SPREAD = True
 #: "grid": the barrier's wait reads only the counter, the timeout's flag and clock every
 #: 32nd poll (a poll one memory round trip instead of two); False: every poll
 GRID_LEAN_POLL = True
+#: "grid": the barrier's two fences release/acquire (``fence.acq_rel.gpu``: the
+#: barrier passes messages, it needs no single order of all fences) instead of
+#: sequentially consistent (``__threadfence``); devices before compute capability 7.0
+#: keep the latter
+GRID_ACQ_REL = True
 #: "grid": whether the factorization has ended is read after every panel from a copy
 #: made one panel earlier (pinned memory, an event): the host never waits for an empty
 #: device queue (the next panel is queued first); a launch after the end returns at
@@ -149,13 +154,16 @@ def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
     return 0
 
 
-def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None):
+def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None, acq_rel=None):
     """The "grid" variant; None where a block's rows of one step do not fit its shared
-    memory, False where its barrier timed out. ``lower``, ``spread``, ``lean``: default
-    ``GRID_LOWER``, ``GRID_SPREAD``, ``GRID_LEAN_POLL``."""
+    memory, False where its barrier timed out. ``lower``, ``spread``, ``lean``,
+    ``acq_rel``: default ``GRID_LOWER``, ``GRID_SPREAD``, ``GRID_LEAN_POLL``,
+    ``GRID_ACQ_REL``."""
     lower = GRID_LOWER if lower is None else lower
     spread = GRID_SPREAD if spread is None else spread
     lean = GRID_LEAN_POLL if lean is None else lean
+    acq_rel = GRID_ACQ_REL if acq_rel is None else acq_rel
+    barrier = int(bool(lean)) | (int(bool(acq_rel)) << 1)  # the kernel's bits
     n = g.shape[0]
     dt = g.dtype
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
@@ -200,7 +208,7 @@ def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None):
         panel_k((blocks,), (threads,),
                 (w, ld, n32, cp.int32(j0), cp.int32(nb), cp.int32(r), lp, cval, cpos, cidx,
                  perm, rho, moved, stop, state, bars[i:], cp.int32(lower), cp.int32(spread),
-                 cp.int32(lean)), shared_mem=smem)
+                 cp.int32(barrier)), shared_mem=smem)
         j2 = j0 + nb
         if j2 >= n:
             break

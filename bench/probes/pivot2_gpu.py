@@ -99,27 +99,29 @@ def part(label, fn, need=0.0):
 
 
 DEFAULTS = {"spread": cupy_pstrf.GRID_SPREAD, "lean": cupy_pstrf.GRID_LEAN_POLL,
-            "lagged": cupy_pstrf.GRID_ASYNC_CHECK, "rows": cupy_pstrf.GRID_ROWS}
+            "acq_rel": cupy_pstrf.GRID_ACQ_REL, "lagged": cupy_pstrf.GRID_ASYNC_CHECK,
+            "rows": cupy_pstrf.GRID_ROWS}
 
 
 def use(variant, levels=True, lower=False, **grid):
     """The pivoted Cholesky's variant; ``levels``: one Householder factorization with the
     levels ordered between its blocks (else a QR of each level's trailing block);
     ``lower``: the "grid" kernel keeps only the lower triangle; ``grid``: the grid
-    kernel's step latency options (``spread``, ``lean``, ``lagged``) and ``rows`` (the
-    fewest rows a block), the module defaults where not given."""
+    kernel's step latency options (``spread``, ``lean``, ``acq_rel``, ``lagged``) and
+    ``rows`` (the fewest rows a block), the module defaults where not given."""
     o = {**DEFAULTS, **grid}
     cupy_pstrf.VARIANT = variant
     cupy_pstrf.GRID_LOWER = lower
     cupy_pstrf.GRID_SPREAD = o["spread"]
     cupy_pstrf.GRID_LEAN_POLL = o["lean"]
+    cupy_pstrf.GRID_ACQ_REL = o["acq_rel"]
     cupy_pstrf.GRID_ASYNC_CHECK = o["lagged"]
     cupy_pstrf.GRID_ROWS = o["rows"]
     pivoted_gram.HOUSEHOLDER_LEVELS = levels
     CupyBackend.qrcp_exact_route = "gram"
 
 
-PREVIOUS = {"spread": False, "lean": False, "lagged": False}
+PREVIOUS = {"spread": False, "lean": False, "acq_rel": False, "lagged": False}
 CONFIGS = {"new (grid pstrf, one factorization)": (("grid", True), {}),
            "before: step latency as before": (("grid", True), PREVIOUS),
            "grid pstrf, level QRs": (("grid", False), {}),
@@ -128,10 +130,12 @@ CONFIGS = {"new (grid pstrf, one factorization)": (("grid", True), {}),
            # 4096^2 only: each latency option alone off, the blocks' fewest rows
            "new, exchange on thread 0": (("grid", True), {"spread": False}),
            "new, full polls": (("grid", True), {"lean": False}),
+           "new, sequentially consistent fences": (("grid", True), {"acq_rel": False}),
            "new, end waited every 2nd panel": (("grid", True), {"lagged": False}),
            "new, blocks >= 64 rows": (("grid", True), {"rows": 64}),
            "new, blocks >= 256 rows": (("grid", True), {"rows": 256})}
-SMALL_ONLY = ("new, exchange on thread 0", "new, full polls", "new, end waited every 2nd panel",
+SMALL_ONLY = ("new, exchange on thread 0", "new, full polls",
+              "new, sequentially consistent fences", "new, end waited every 2nd panel",
               "new, blocks >= 64 rows", "new, blocks >= 256 rows")
 
 

@@ -230,14 +230,27 @@ __device__ __forceinline__ unsigned long long pstrf_now() {
   return t;
 }
 
+// The barrier's fences: sequentially consistent (__threadfence), or with `acq_rel`
+// release/acquire only (what the barrier needs: the writes before it seen after it)
+__device__ __forceinline__ void pstrf_fence(int acq_rel) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  if (acq_rel) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    return;
+  }
+#endif
+  __threadfence();
+}
+
 // All blocks of the grid (co-resident: at most one per multiprocessor) reach the
 // barrier: a counter that only grows; `target` barriers passed so far including this
 // one. A wait over 2 s (blocks not co-resident) sets state[3] and every block leaves.
+// lean: bit 0 the timeout checked every 32nd poll only, bit 1 acq_rel fences.
 __device__ __forceinline__ bool pstrf_grid_sync(unsigned* bar, unsigned target,
                                                 int* state, int* s_err, int lean = 0) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
+    pstrf_fence(lean & 2);
     atomicAdd(bar, 1u);
     const unsigned want = target * gridDim.x;
     const unsigned long long t0 = pstrf_now();
@@ -245,11 +258,11 @@ __device__ __forceinline__ bool pstrf_grid_sync(unsigned* bar, unsigned target,
     unsigned spins = 0;
     while (*(volatile unsigned*)bar < want) {
       // lean: the timeout's two reads every 32nd poll only (a poll is one read then)
-      if (lean && (++spins & 31u)) continue;
+      if ((lean & 1) && (++spins & 31u)) continue;
       if (*(volatile int*)(state + 3)) { err = 1; break; }
       if (pstrf_now() - t0 > 2000000000ull) { atomicExch(state + 3, 1); err = 1; break; }
     }
-    __threadfence();
+    pstrf_fence(lean & 2);
     *s_err = err;
   }
   __syncthreads();
