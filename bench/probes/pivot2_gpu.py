@@ -5,7 +5,11 @@ multiprocessor, one grid barrier a step) against the earlier "rows" variant (32 
 launch in one block); the levels ordered between the blocks of one Householder
 factorization (``pivoted_gram.householder_levels``: geqrf + ormqr a level, orgqr once)
 against a QR of each level's trailing block and a product into Q; cuSOLVER's unpivoted
-QR (``cupy.linalg.qr``: geqrf + orgqr) as the baseline.
+QR (``cupy.linalg.qr``: geqrf + orgqr) as the baseline. The grid kernel's step latency
+options (exchange bookkeeping off thread 0, lean polls, release/acquire fences, the end
+read a panel late without a host wait) all off against all on at every shape, each alone
+off at 4096^2 (and blocks of >= 64 / 256 rows there), and the pivoted Cholesky alone at
+4096^2 with them on and off.
 
 Correctness (PASS/FAIL): the device pivoted Cholesky ("grid", panels 128 and 8, and
 "rows") against LAPACK ``dpstrf`` on the host (the stop and the order; exact ties of
