@@ -142,7 +142,7 @@ def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower, spread, lean):
         g = a.T @ a
         tol = gram.resolve_threshold(1200, n, 2.0**-53)
     out = pstrf._grid(cp.asarray(g), tol, float(np.max(np.diagonal(g))), nb, lower, spread,
-                      lean, lean)
+                      lean, lean, lean)
     assert out not in (None, False), "grid barrier timed out" if out is False else "no fit"
     p, k, _ = out
     p2, k2, _ = lapack_pivoted_cholesky(g, tol)

@@ -28,8 +28,9 @@ from mpqr.backends.cupy.modules import ctype, functions
 from mpqr.policy import gemm_sub
 
 __all__ = ["CHECK_EVERY", "GRID_ACQ_REL", "GRID_ASYNC_CHECK", "GRID_LEAN_POLL", "GRID_LOWER",
-           "GRID_LOWER_CHUNKS", "GRID_PANEL", "GRID_ROWS", "GRID_SPREAD", "PANEL", "VARIANT",
-           "grid_layout", "grid_panel_width", "pivoted_cholesky", "supports"]
+           "GRID_LOWER_CHUNKS", "GRID_PANEL", "GRID_PREFETCH", "GRID_ROWS", "GRID_SPREAD",
+           "PANEL", "VARIANT", "grid_layout", "grid_panel_width", "pivoted_cholesky",
+           "supports"]
 
 #: Steps a launch of "rows" / "swap" (at most 64: the kernel's shared row of L)
 PANEL = 32
@@ -59,6 +60,10 @@ GRID_LEAN_POLL = True
 #: sequentially consistent (``__threadfence``); devices before compute capability 7.0
 #: keep the latter
 GRID_ACQ_REL = True
+#: "grid": each block prefetches its candidate's column into L2 before the barrier (the
+#: next pivot's column is one of them), where the blocks' columns together are at most
+#: 4 MiB (4096 columns: 1 MiB a step; at 16384 only the last panels)
+GRID_PREFETCH = True
 #: "grid": whether the factorization has ended is read after every panel from a copy
 #: made one panel earlier (pinned memory, an event): the host never waits for an empty
 #: device queue (the next panel is queued first); a launch after the end returns at
@@ -154,16 +159,19 @@ def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
     return 0
 
 
-def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None, acq_rel=None):
+def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None, acq_rel=None,
+          prefetch=None):
     """The "grid" variant; None where a block's rows of one step do not fit its shared
     memory, False where its barrier timed out. ``lower``, ``spread``, ``lean``,
-    ``acq_rel``: default ``GRID_LOWER``, ``GRID_SPREAD``, ``GRID_LEAN_POLL``,
-    ``GRID_ACQ_REL``."""
+    ``acq_rel``, ``prefetch``: default ``GRID_LOWER``, ``GRID_SPREAD``,
+    ``GRID_LEAN_POLL``, ``GRID_ACQ_REL``, ``GRID_PREFETCH``."""
     lower = GRID_LOWER if lower is None else lower
     spread = GRID_SPREAD if spread is None else spread
     lean = GRID_LEAN_POLL if lean is None else lean
     acq_rel = GRID_ACQ_REL if acq_rel is None else acq_rel
-    barrier = int(bool(lean)) | (int(bool(acq_rel)) << 1)  # the kernel's bits
+    prefetch = GRID_PREFETCH if prefetch is None else prefetch
+    # the kernel's bits
+    barrier = int(bool(lean)) | (int(bool(acq_rel)) << 1) | (int(bool(prefetch)) << 2)
     n = g.shape[0]
     dt = g.dtype
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]

@@ -6,10 +6,10 @@ launch in one block); the levels ordered between the blocks of one Householder
 factorization (``pivoted_gram.householder_levels``: geqrf + ormqr a level, orgqr once)
 against a QR of each level's trailing block and a product into Q; cuSOLVER's unpivoted
 QR (``cupy.linalg.qr``: geqrf + orgqr) as the baseline. The grid kernel's step latency
-options (exchange bookkeeping off thread 0, lean polls, release/acquire fences, the end
-read a panel late without a host wait) all off against all on at every shape, each alone
-off at 4096^2 (and blocks of >= 64 / 256 rows there), and the pivoted Cholesky alone at
-4096^2 with them on and off.
+options (exchange bookkeeping off thread 0, lean polls, release/acquire fences, the
+candidates' columns prefetched into L2, the end read a panel late without a host wait)
+all off against all on at every shape, each alone off at 4096^2 (and blocks of >= 64 /
+256 rows there), and the pivoted Cholesky alone at 4096^2 with them on and off.
 
 Correctness (PASS/FAIL): the device pivoted Cholesky ("grid", panels 128 and 8, and
 "rows") against LAPACK ``dpstrf`` on the host (the stop and the order; exact ties of
@@ -104,28 +104,31 @@ def part(label, fn, need=0.0):
 
 DEFAULTS = {"spread": cupy_pstrf.GRID_SPREAD, "lean": cupy_pstrf.GRID_LEAN_POLL,
             "acq_rel": cupy_pstrf.GRID_ACQ_REL, "lagged": cupy_pstrf.GRID_ASYNC_CHECK,
-            "rows": cupy_pstrf.GRID_ROWS}
+            "prefetch": cupy_pstrf.GRID_PREFETCH, "rows": cupy_pstrf.GRID_ROWS}
 
 
 def use(variant, levels=True, lower=False, **grid):
     """The pivoted Cholesky's variant; ``levels``: one Householder factorization with the
     levels ordered between its blocks (else a QR of each level's trailing block);
     ``lower``: the "grid" kernel keeps only the lower triangle; ``grid``: the grid
-    kernel's step latency options (``spread``, ``lean``, ``acq_rel``, ``lagged``) and
-    ``rows`` (the fewest rows a block), the module defaults where not given."""
+    kernel's step latency options (``spread``, ``lean``, ``acq_rel``, ``prefetch``,
+    ``lagged``) and ``rows`` (the fewest rows a block), the module defaults where not
+    given."""
     o = {**DEFAULTS, **grid}
     cupy_pstrf.VARIANT = variant
     cupy_pstrf.GRID_LOWER = lower
     cupy_pstrf.GRID_SPREAD = o["spread"]
     cupy_pstrf.GRID_LEAN_POLL = o["lean"]
     cupy_pstrf.GRID_ACQ_REL = o["acq_rel"]
+    cupy_pstrf.GRID_PREFETCH = o["prefetch"]
     cupy_pstrf.GRID_ASYNC_CHECK = o["lagged"]
     cupy_pstrf.GRID_ROWS = o["rows"]
     pivoted_gram.HOUSEHOLDER_LEVELS = levels
     CupyBackend.qrcp_exact_route = "gram"
 
 
-PREVIOUS = {"spread": False, "lean": False, "acq_rel": False, "lagged": False}
+PREVIOUS = {"spread": False, "lean": False, "acq_rel": False, "prefetch": False,
+            "lagged": False}
 CONFIGS = {"new (grid pstrf, one factorization)": (("grid", True), {}),
            "before: step latency as before": (("grid", True), PREVIOUS),
            "grid pstrf, level QRs": (("grid", False), {}),
@@ -135,11 +138,13 @@ CONFIGS = {"new (grid pstrf, one factorization)": (("grid", True), {}),
            "new, exchange on thread 0": (("grid", True), {"spread": False}),
            "new, full polls": (("grid", True), {"lean": False}),
            "new, sequentially consistent fences": (("grid", True), {"acq_rel": False}),
+           "new, no prefetch": (("grid", True), {"prefetch": False}),
            "new, end waited every 2nd panel": (("grid", True), {"lagged": False}),
            "new, blocks >= 64 rows": (("grid", True), {"rows": 64}),
            "new, blocks >= 256 rows": (("grid", True), {"rows": 256})}
 SMALL_ONLY = ("new, exchange on thread 0", "new, full polls",
-              "new, sequentially consistent fences", "new, end waited every 2nd panel",
+              "new, sequentially consistent fences", "new, no prefetch",
+              "new, end waited every 2nd panel",
               "new, blocks >= 64 rows", "new, blocks >= 256 rows")
 
 

@@ -284,11 +284,14 @@ __device__ __forceinline__ void pstrf_better(T& v, int& pos, int& idx, T v2, int
 
 // The block's best (d, position, row) over its rows not taken -> the candidate arrays'
 // half `half` (two halves: a block may write the next step's candidate while another
-// still reads this step's).
+// still reads this step's). pcol (not null): the candidate's column of the column-major
+// view, rows lo .. n - 1, prefetched into L2 by the first warp (the next step's pivot
+// column is one of the blocks' candidates: read from L2 rather than memory then).
 template <typename T>
 __device__ void pstrf_block_best(const T* ds, const int* lpos, int nr, int r0, int n,
                                  T* cval, int* cpos, int* cidx, int half, T* s_val,
-                                 int* s_pos, int* s_idx) {
+                                 int* s_pos, int* s_idx, const T* pcol = nullptr,
+                                 long long ld = 0, int lo = 0) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const T ninf = T(-__longlong_as_double(0x7ff0000000000000LL));
   T best = ninf;
@@ -317,6 +320,15 @@ __device__ void pstrf_block_best(const T* ds, const int* lpos, int nr, int r0, i
     if (lane == 0) {
       const int c = half * gridDim.x + blockIdx.x;
       cval[c] = best; cpos[c] = bp; cidx[c] = bi;
+    }
+    if (pcol != nullptr) {
+      const int pb = __shfl_sync(0xffffffffu, bi, 0);
+      if (pb < n) {
+        const char* base = reinterpret_cast<const char*>(pcol + (size_t)pb * ld + lo);
+        const size_t bytes = (size_t)(n - lo) * sizeof(T);
+        for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(base + off));
+      }
     }
   }
 }
@@ -357,7 +369,12 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
   }
   if (tid == 0) s_nmoved = 0;
   __syncthreads();
-  pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, 0, s_val, s_pos, s_idx);
+  // lean bit 2: the candidates' columns prefetched into L2 where the blocks' columns
+  // together are at most 4 MiB (the memory is otherwise idle during the panel)
+  const bool pf = (lean & 4) && !lower &&
+                  (size_t)gridDim.x * (size_t)(n - j0) * sizeof(T) <= ((size_t)4 << 20);
+  pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, 0, s_val, s_pos, s_idx,
+                   pf ? w : nullptr, ld, j0);
   unsigned target = 0;
   if (pstrf_grid_sync(bar, ++target, state, &s_err, lean)) return;
   for (int k = j0; k < jend; ++k) {
@@ -424,7 +441,7 @@ pstrf_grid_panel(const T* __restrict__ w, long long ld, int n, int j0, int nb, i
     }
     __syncthreads();
     pstrf_block_best(ds, lpos, nr, r0, n, cval, cpos, cidx, (t + 1) & 1, s_val, s_pos,
-                     s_idx);
+                     s_idx, pf ? w : nullptr, ld, j0);
     if (pstrf_grid_sync(bar, ++target, state, &s_err, lean)) return;
   }
   if (b == 0 && tid == 0) { state[0] = jend; state[2] = s_nmoved; }
