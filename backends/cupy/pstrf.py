@@ -21,6 +21,8 @@ panels' updates are spent after it.
 
 from __future__ import annotations
 
+import functools
+
 import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
@@ -159,6 +161,12 @@ def grid_panel_width(r: int, itemsize: int, nb: int) -> int:
     return 0
 
 
+@functools.cache
+def _sm_count(device: int) -> int:
+    # once a device: ``attributes`` reads every attribute of the device, each call
+    return cp.cuda.Device(device).attributes["MultiProcessorCount"]
+
+
 def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None, acq_rel=None,
           prefetch=None):
     """The "grid" variant; None where a block's rows of one step do not fit its shared
@@ -174,7 +182,7 @@ def _grid(g, tol, gmax, nb, lower=None, spread=None, lean=None, acq_rel=None,
     barrier = int(bool(lean)) | (int(bool(acq_rel)) << 1) | (int(bool(prefetch)) << 2)
     n = g.shape[0]
     dt = g.dtype
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    sms = _sm_count(cp.cuda.Device().id)
     _b0, r0 = grid_layout(n, sms)
     nb = min(grid_panel_width(r0, dt.itemsize, nb), n)
     if nb == 0:
