@@ -129,7 +129,9 @@ def test_grid_scheme_matches_lapack(name, n, nb, rows, lower):
 @pytest.mark.parametrize("lean", [True, False])
 def test_gpu_grid_kernel_matches_lapack(name, n, nb, lower, spread, lean):
     """The "grid" kernel (no silent fallback: the barrier must not time out) against
-    LAPACK dpstrf; float32 G: the same stop."""
+    LAPACK dpstrf, the step latency options on and off (``spread``: the exchange's
+    bookkeeping threads; ``lean``: lean polls, release/acquire fences and the L2
+    prefetch together)."""
     import cupy as cp
     from mpqr.backends.cupy import pstrf
     from mpqr.backends.host.pstrf import lapack_pivoted_cholesky
