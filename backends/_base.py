@@ -636,6 +636,30 @@ class ArrayAPIBackend:
     #: few columns where norms are close
     qrcp_exact_route = "gram"
 
+    def householder_levels(self, a: Any) -> bool:
+        """Whether :meth:`householder_steps` and :meth:`householder_q` take 2-D ``a``'s
+        dtype (the pivoted QR's Gram route then factors once, ordering the trailing
+        columns between blocks of reflectors: :mod:`mpqr.qr.pivoted_gram`). Here no:
+        the array API has no Householder steps to resume."""
+        return False
+
+    def householder_workspace(self, a: Any, p: Any) -> Any:
+        """A column-major copy of ``a[:, p]`` (2-D ``a``, ``p`` an index vector) for
+        :meth:`householder_steps`."""
+        raise NotImplementedError
+
+    def householder_steps(self, w: Any, j0: int, j1: int) -> Any:
+        """LAPACK ``geqrf`` of ``w[j0:, j0:j1]`` in place (reflectors below the
+        diagonal, R on and above it), then its ``Q^H`` applied to ``w[j0:, j1:]`` in place
+        (``ormqr``/``unmqr``); returns the ``j1 - j0`` scalars ``tau``. ``w``: from
+        :meth:`householder_workspace`."""
+        raise NotImplementedError
+
+    def householder_q(self, w: Any, tau: Any) -> Any:
+        """``Q`` (``m x k``, ``k = len(tau)``) from the reflectors in ``w[:, :k]``
+        (``orgqr``/``ungqr``); ``w`` is overwritten."""
+        raise NotImplementedError
+
     def diagonal_repair(self, q: Any | None, r: Any, p: Any, tol: float, limit: int) -> Any:
         """The exchanges of :func:`mpqr.qr.pivoted_repair.repair_diagonal` done by the
         array library's own kernels: ``(Q, R, P, exchanges, entries lowered, largest

@@ -650,6 +650,25 @@ class CupyBackend(ArrayAPIBackend):
             return cp.asarray(u), cp.asarray(s), cp.asarray(vh)
         return cp.linalg.svd(a, full_matrices=full_matrices)
 
+    def householder_levels(self, a):
+        from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        return cupy_geqrf.supports(a)
+
+    def householder_workspace(self, a, p):
+        # a gather of a's transpose's rows: column-major in one pass
+        return self._cp.take(a.T, p, axis=0).T
+
+    def householder_steps(self, w, j0, j1):
+        from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        return cupy_geqrf.steps(w, j0, j1)
+
+    def householder_q(self, w, tau):
+        from mpqr.backends.cupy import geqrf as cupy_geqrf
+
+        return cupy_geqrf.form_q(w, tau)
+
     def householder_panel(self, a):
         # one cuSOLVER geqrf instead of qr_panel + a host-side signed LU and two solves;
         # stacks keep the portable path (raw mode of stacks is not cuSOLVER-batched)

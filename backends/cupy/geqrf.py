@@ -20,7 +20,7 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-__all__ = ["cholesky_stack", "qr", "qr_stack", "raw", "raw_stack", "supports",
+__all__ = ["cholesky_stack", "form_q", "qr", "qr_stack", "raw", "raw_stack", "steps", "supports",
            "supports_cholesky_stack", "supports_stack"]
 
 _TILE = 32
@@ -109,6 +109,53 @@ def raw(a):
     info = cp.empty((), dtype=cp.int32)
     geqrf(handle, m, n, h.data.ptr, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
     return h, tau
+
+
+def steps(w, j0: int, j1: int):
+    """cuSOLVER ``geqrf`` of ``w[j0:, j0:j1]`` in place, then ``ormqr`` applying its
+    ``Q^T`` to ``w[j0:, j1:]`` in place; returns ``tau`` (``j1 - j0``). ``w``: a real
+    float32/float64 Fortran-order ``m x n`` array with ``m - j0 >= j1 - j0``. No wait for
+    either call's ``info`` (it reports only invalid arguments)."""
+    from cupy.cuda import cublas, cusolver, device
+
+    m, n = w.shape
+    rows, cols = m - j0, j1 - j0
+    p = "d" if w.dtype == cp.float64 else "s"
+    geqrf_size, geqrf = getattr(cusolver, f"{p}geqrf_bufferSize"), getattr(cusolver, f"{p}geqrf")
+    ormqr_size, ormqr = getattr(cusolver, f"{p}ormqr_bufferSize"), getattr(cusolver, f"{p}ormqr")
+    it = w.itemsize
+    a = w.data.ptr + (j0 + j0 * m) * it
+    c = w.data.ptr + (j0 + j1 * m) * it
+    tau = cp.empty(cols, dtype=w.dtype)
+    handle = device.get_cusolver_handle()
+    lwork = geqrf_size(handle, rows, cols, a, m)
+    side, trans = cublas.CUBLAS_SIDE_LEFT, cublas.CUBLAS_OP_T
+    if j1 < n:
+        lwork = max(lwork, ormqr_size(handle, side, trans, rows, n - j1, cols, a, m,
+                                      tau.data.ptr, c, m))
+    work = cp.empty(max(lwork, 1), dtype=w.dtype)
+    info = cp.empty((), dtype=cp.int32)
+    geqrf(handle, rows, cols, a, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
+    if j1 < n:
+        ormqr(handle, side, trans, rows, n - j1, cols, a, m, tau.data.ptr, c, m,
+              work.data.ptr, lwork, info.data.ptr)
+    return tau
+
+
+def form_q(w, tau):
+    """``Q`` (``m x k``, Fortran order, ``k = len(tau)``) by cuSOLVER ``orgqr`` over the
+    reflectors in ``w[:, :k]`` (a Fortran-order array from :func:`steps`; overwritten)."""
+    from cupy.cuda import device
+
+    m = w.shape[0]
+    k = tau.shape[0]
+    _gs, _g, orgqr_size, orgqr = _solver(w.dtype)
+    handle = device.get_cusolver_handle()
+    lwork = orgqr_size(handle, m, k, k, w.data.ptr, m, tau.data.ptr)
+    work = cp.empty(max(lwork, 1), dtype=w.dtype)
+    info = cp.empty((), dtype=cp.int32)
+    orgqr(handle, m, k, k, w.data.ptr, m, tau.data.ptr, work.data.ptr, lwork, info.data.ptr)
+    return w[:, :k]
 
 
 #: side streams a stack's members are dealt to (cuSOLVER's geqrf/orgqr of a small matrix

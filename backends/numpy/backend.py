@@ -245,6 +245,28 @@ class NumpyBackend(ArrayAPIBackend):
                 return None, np.linalg.qr(a, mode="r")
             return tuple(np.linalg.qr(a, mode=mode))
 
+    def householder_levels(self, a):
+        from mpqr.backends.numpy.lapack_qr import LAPACK_DTYPES
+
+        return a.ndim == 2 and a.dtype in LAPACK_DTYPES
+
+    def householder_workspace(self, a, p):
+        return np.take(a.T, p, axis=0).T  # column-major
+
+    def householder_steps(self, w, j0, j1):
+        from mpqr.backends.host.blas import small_lapack
+        from mpqr.backends.numpy.lapack_qr import householder_steps
+
+        with small_lapack(w.size):  # as library_qr: one thread for small calls
+            return householder_steps(w, j0, j1)
+
+    def householder_q(self, w, tau):
+        from mpqr.backends.host.blas import small_lapack
+        from mpqr.backends.numpy.lapack_qr import householder_q
+
+        with small_lapack(w.size):
+            return householder_q(w, tau)
+
     def library_raw_stack(self, a):
         from mpqr.backends.numpy.lapack_qr import LAPACK_DTYPES
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LAPACK_DTYPES", "lapack_qr"]
+__all__ = ["LAPACK_DTYPES", "householder_q", "householder_steps", "lapack_qr"]
 
 #: the dtypes LAPACK factors directly (others, and stacks, take ``numpy.linalg.qr``)
 LAPACK_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
@@ -78,3 +78,32 @@ def lapack_qr(a: np.ndarray, mode: str) -> tuple[np.ndarray | None, np.ndarray]:
     if k:
         q[:, :k] *= p[None, :]
     return q, r
+
+
+def householder_steps(w: np.ndarray, j0: int, j1: int) -> np.ndarray:
+    """``geqrf`` of ``w[j0:, j0:j1]``, its ``Q^H`` applied to ``w[j0:, j1:]`` (``ormqr``
+    / ``unmqr``), both written back into ``w`` (2-D, Fortran order); returns ``tau``."""
+    from scipy.linalg import lapack
+
+    cplx = np.iscomplexobj(w)
+    geqrf, ormqr = lapack.get_lapack_funcs(("geqrf", "unmqr" if cplx else "ormqr"), (w,))
+    h = w[j0:, j0:j1]
+    h, tau = _call(geqrf, "geqrf", h, lwork=_lwork(geqrf, h))[:2]
+    w[j0:, j0:j1] = h
+    if j1 < w.shape[1] and tau.size:
+        c = w[j0:, j1:]
+        trans = "C" if cplx else "T"
+        h = h[:, :tau.shape[0]]
+        work = ormqr("L", trans, h, tau, c, -1)[-2]
+        lwork = max(1, int(np.real(np.ravel(work)[0])), c.shape[1])
+        w[j0:, j1:] = _call(ormqr, "ormqr", "L", trans, h, tau, c, lwork)[0]
+    return tau
+
+
+def householder_q(w: np.ndarray, tau: np.ndarray) -> np.ndarray:
+    """``Q`` (``m x k``) from the reflectors in ``w[:, :k]`` (``orgqr`` / ``ungqr``)."""
+    from scipy.linalg import lapack
+
+    orgqr = lapack.get_lapack_funcs(("ungqr" if np.iscomplexobj(w) else "orgqr",), (w,))[0]
+    q = w[:, :tau.shape[0]]
+    return _call(orgqr, "orgqr", q, tau, lwork=_lwork(orgqr, q, tau), overwrite_a=1)[0]

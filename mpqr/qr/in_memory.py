@@ -151,6 +151,11 @@ def _qr_pivoted(backend: Any, a: Any, *, mode: str, method: str, precision: Any,
                               prec_name=prec_name, want_q=want_q, complete=complete,
                               overwrite=True)
 
+        # the factor is the library's Householder QR: the Gram route may resume its steps
+        # between levels instead (mpqr.qr.pivoted_gram.householder_levels)
+        factor.householder = not batch and (method == "geqrf" or (
+            method == "auto" and choose_method(backend, prec_name, a.dtype, m, n,
+                                               batch=1)[0] == "geqrf"))
         with device_errors(backend, "mpqr.qr"):
             q, r, p = qr_pivoted(backend, a, factor=factor, precision=precision,
                                  prec_name=prec_name, want_q=want_q, complete=complete,

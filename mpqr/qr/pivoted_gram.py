@@ -47,7 +47,8 @@ from mpqr._array_api import ct, is_complex
 from mpqr.policy import gemm, gram
 from mpqr.qr._kernels import column_exponents, normalize_signs, pow2_scale, safe_exponent
 
-__all__ = ["NARROW", "RESOLVE", "gram_order", "gram_qrcp", "resolve_threshold", "take_columns"]
+__all__ = ["HOUSEHOLDER_LEVELS", "NARROW", "RESOLVE", "gram_order", "gram_qrcp",
+           "householder_levels", "resolve_threshold", "take_columns"]
 
 #: Pivots are trusted while their Schur-complement diagonal is above ``RESOLVE`` times
 #: its rounding error (:func:`resolve_threshold`): near-ties closer than ``1 / RESOLVE``
@@ -56,6 +57,10 @@ RESOLVE = 1e3
 #: A trailing block of at most this many columns is ordered by the exact column-norm
 #: steps (vectorized, one pass a column) instead of another Gram level.
 NARROW = 16
+#: Where the factor is the library's Householder QR and the backend resumes its steps:
+#: one factorization with the levels ordered between its blocks
+#: (:func:`householder_levels`) rather than a QR of each level's trailing block
+HOUSEHOLDER_LEVELS = True
 
 
 def resolve_threshold(m: int, n: int, u: float) -> float:
@@ -101,19 +106,25 @@ def gram_order(backend: Any, x: Any, *, prec_name: str) -> tuple[Any, int, Any]:
 
 
 def gram_qrcp(backend: Any, a: Any, *, factor: Any, prec_name: str, precision: Any,
-              want_q: bool) -> tuple[Any | None, Any, Any, dict]:
+              want_q: bool, householder: bool = False) -> tuple[Any | None, Any, Any, dict]:
     """``(Q or None, R, P, info)``: the QR of ``a[:, P]`` by ``factor`` (the unpivoted QR,
     sign-normalised ``(Q or None, R)``, any mode) in the Gram-resolved greedy order
     (module docstring, steps 1-3; the caller runs the exchange repair). ``a``: 2-D,
     non-empty, finite; not modified. ``info``: ``levels`` (Gram levels),
     ``resolved`` (columns resolved a level), ``narrow`` (columns ordered by the exact
-    steps at the end)."""
+    steps at the end). ``householder`` (the factor is the library's Householder QR,
+    reduced or mode "r"): where the backend resumes Householder steps
+    (:meth:`~mpqr.backends._base.ArrayAPIBackend.householder_levels`) and
+    ``HOUSEHOLDER_LEVELS``, the levels are ordered between blocks of one factorization
+    (:func:`householder_levels`) instead."""
     from mpqr.qr import pivoted
 
     xp = backend.xp
     m, n = a.shape
     kk = min(m, n)
     p, k1, _g = gram_order(backend, a, prec_name=prec_name)
+    if householder and HOUSEHOLDER_LEVELS and backend.householder_levels(a):
+        return householder_levels(backend, a, p, k1, prec_name=prec_name, want_q=want_q)
     q, r = factor(take_columns(xp, a, p))
     info = {"levels": 1, "resolved": [k1], "narrow": 0}
     j = max(k1, 1)
@@ -139,6 +150,53 @@ def gram_qrcp(backend: Any, a: Any, *, factor: Any, prec_name: str, precision: A
                               backend=backend)
         p = xp.concat([p[:j], xp.take(p[j:], pt)])
         j += step
+    return q, r, p, info
+
+
+def householder_levels(backend: Any, a: Any, p: Any, k1: int, *, prec_name: str,
+                       want_q: bool) -> tuple[Any | None, Any, Any, dict]:
+    """:func:`gram_qrcp` as one Householder factorization of ``a[:, P]``: ``geqrf`` of the
+    ``k1`` resolved columns, their reflectors applied to the rest (``ormqr``); the rest's
+    rows below them, ``B`` (``(m - j) x (n - j)``, the same Gram matrix as the trailing
+    block ``T`` of the full factorization: ``B = Q_B T``), ordered from its own Gram
+    matrix and its columns (with the rows of ``R`` above) permuted; the next resolved
+    columns factored, and so on; ``Q`` formed once at the end (``orgqr``). The same
+    orders and rounding as the level-by-level route, without its QR of each ``T P2`` and
+    the product ``Q[:, j:] Q2``."""
+    from mpqr.qr import pivoted
+
+    xp = backend.xp
+    m, n = a.shape
+    kk = min(m, n)
+    w = backend.householder_workspace(a, p)
+    info = {"levels": 1, "resolved": [k1], "narrow": 0}
+    taus = []
+    j, step = 0, max(k1, 1)
+    while j < kk:
+        j1 = min(j + step, kk)
+        taus.append(backend.householder_steps(w, j, j1))
+        j = j1
+        if j >= kk:
+            break
+        b = w[j:, j:]
+        nt = n - j
+        if nt <= NARROW:
+            pt = pivoted.deterministic_pivots(backend, b, min(b.shape))
+            info["narrow"] = nt
+            step = nt
+        else:
+            pt, step, _g = gram_order(backend, b, prec_name=prec_name)
+            if step == 0:  # B is exactly zero: nothing left to order
+                step = kk - j
+                continue
+            info["levels"] += 1
+            info["resolved"].append(step)
+        w[:, j:] = take_columns(xp, w[:, j:], pt)
+        p = xp.concat([p[:j], xp.take(p[j:], pt)])
+    tau = xp.concat(taus)
+    r = xp.triu(w[:kk, :])
+    q = backend.householder_q(w, tau) if want_q else None
+    q, r = normalize_signs(xp, q, r, check=False, in_place=True)
     return q, r, p, info
 
 

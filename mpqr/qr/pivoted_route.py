@@ -71,8 +71,10 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
                      "again from their own Gram matrix, then adjacent column exchanges "
                      "until |diag(R)| is non-increasing", method="qrcp-gram", shape=(m, n))
         with backend.ignore_fp_warnings():
-            q, r, p, info = gram_qrcp(backend, a, factor=factor, prec_name=prec_name,
-                                      precision=precision, want_q=want_q)
+            q, r, p, info = gram_qrcp(
+                backend, a, factor=factor, prec_name=prec_name, precision=precision,
+                want_q=want_q, householder=getattr(factor, "householder", False)
+                and not complete)
             out = repair_diagonal(backend, q, r, p, u=u)
         if out is not None:
             q, r, p, swaps = out
