@@ -29,7 +29,7 @@ from mpqr.lstsq import _scipy_rules as rules
 from mpqr.policy import record_event, resolve_precision
 from mpqr.policy.trace import tracing
 from mpqr.qr import in_memory as qr_in_memory
-from mpqr.qr.choice import own_precision_meets, precision_of
+from mpqr.qr.choice import factor_precision, own_precision_meets, precision_of
 from mpqr.qr.in_memory import MODES, QRResult
 
 __all__ = ["MISS", "lstsq", "qr"]
@@ -170,6 +170,11 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     x, rsq, rank, s = res
     if tracing():  # explain() describes the route that ran: this one
         k = 1 if b.ndim == 1 else b.shape[1]
+        own = factor_precision(be, prec, a.dtype, m, n)
+        if own != prec:  # as the general route says it (lstsq.solver)
+            record_event("precision", f"lstsq: precision={prec!r} on a tall-skinny {m}x{n} "
+                         f"matrix: its QR runs in the input's own, at least as accurate "
+                         f"precision ({own})", requested=prec, precision=own)
         record_event("method", f"lstsq: small-input fast path ({m}x{n}, {k} right-hand "
                      f"side(s), precision={prec!r}, which the input's own arithmetic meets): "
                      "the backend library's routines called directly (one QR of [A | b] "

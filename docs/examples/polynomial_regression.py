@@ -42,7 +42,10 @@ def fit(a: np.ndarray, y: np.ndarray, precision: str) -> dict:
         x, _, rank, s = mpqr.lstsq(a, y, precision=precision)
     ref = np.linalg.lstsq(a, y, rcond=None)[0]
     refine = [e for e in trace.events if e.kind == "refine"]
-    path = "fallback" if any(e.kind == "fallback" for e in trace.events) else "refine"
+    fast = any(e.kind == "method" and e.message.startswith("lstsq: small-input fast path")
+               for e in trace.events)
+    path = ("fallback" if any(e.kind == "fallback" for e in trace.events)
+            else "direct" if fast else "refine")
     chosen = [e.data["precision"] for e in trace.events if e.kind == "precision"]
     return {"x": x, "ref": ref, "rank": rank, "cond": float(s[0] / s[-1]),
             "factored": chosen[0] if chosen else precision,
@@ -67,6 +70,7 @@ def main(samples: int = 5000, degree: int = 12, knots: int = 20, monomial_degree
             print(f"{name:<10} {a.shape[0]}x{a.shape[1]}  cond {r['cond']:.1e}  "
                   f"precision={precision} (factored at {r['factored']}): "
                   + (f"{r['iterations']} CGLS iterations" if r["path"] == "refine"
+                     else "solved directly (small-input fast path)" if r["path"] == "direct"
                      else "refactored at working precision") + ", "
                   f"||x - x_numpy|| / ||x_numpy|| = {r['rel_diff']:.1e}, "
                   f"residual {r['residual']:.4f}")
