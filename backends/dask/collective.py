@@ -497,6 +497,15 @@ def _block_futures(client: Any, x: Any) -> list[Any]:
     return [order[k] for k in _row_keys(x)]
 
 
+def _ready(futs: list[Any]) -> None:
+    """Wait for ``futs`` unless the client already knows them finished (a wait on
+    finished futures still costs a trip through the client's event loop)."""
+    from distributed import wait
+
+    if any(f.status != "finished" for f in futs):
+        wait(futs)
+
+
 def _row_keys(x: Any) -> list[Any]:
     return [k if x.ndim == 1 else k[0] for k in x.__dask_keys__()]
 
@@ -613,7 +622,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         (:func:`check_memory`).
     """
     import dask.array as da
-    from distributed import default_client, wait
+    from distributed import default_client
 
     client = client or default_client()
     if x.ndim != 2 or x.numblocks[1] != 1:
@@ -636,7 +645,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             last = exc
             continue
         futs = _block_futures(client, x)
-        wait(futs)
+        _ready(futs)
         where = client.who_has(futs)
         if any(w not in h.ranks for f in futs for w in where[f.key]):
             h = communicator(client, kind)  # the cluster changed: asks the scheduler

@@ -204,8 +204,6 @@ class CollectiveSolver(DaskSolver):
                      self.need_s)
 
     def run(self) -> tuple[Any, int, Any, Any]:
-        from distributed import wait
-
         client = self.client
         t_start = time.perf_counter()
         b = self.vector if self.vector is not None else self.b
@@ -223,7 +221,7 @@ class CollectiveSolver(DaskSolver):
                 continue
             fa = collective._block_futures(client, self.a)
             fb = collective._block_futures(client, b)
-            wait([*fa, *fb])
+            collective._ready([*fa, *fb])
             where = client.who_has([*fa, *fb])
             if any(w not in h.ranks for f in fa for w in where[f.key]):
                 h = collective.communicator(client, self.kind)  # the cluster changed
