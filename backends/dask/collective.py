@@ -1,13 +1,14 @@
-"""The collective route: Dask places the blocks and starts one task per worker, a
-communicator carries the ``n x n`` reductions between the workers.
+"""The collective route: Dask places the blocks, each call goes straight to every
+worker at once (:mod:`mpqr.backends.dask._launch`, no task graph), a communicator
+carries the ``n x n`` reductions between the workers.
 
-A call sends one task per worker: the task runs every pass of CholQR2 over the
-worker's row blocks, one block's temporaries at a time (a worker holds its share of
-``A``, its share of ``Q`` and one block more), with each Gram matrix summed across
-the workers by :meth:`Communicator.allreduce_sum`, and keeps its share of ``Q`` on the
-worker as the blocks of the result array (the input's row chunks; one small task per
-block names each block). Only the ``n x n``
-sums move between workers; no result passes through the client but ``R``.
+A call runs every pass of CholQR2 on each worker over its row blocks, one block's
+temporaries at a time (a worker holds its share of ``A``, its share of ``Q`` and one
+block more), with each Gram matrix summed across the workers by
+:meth:`Communicator.allreduce_sum`, and keeps its share of ``Q`` in the worker's memory
+as the blocks of the result array (the input's row chunks, new keys announced to the
+scheduler as the client's). Only the ``n x n`` sums move between workers; no result
+passes through the client but ``R``.
 
 Communicators (one per cluster, made once by :func:`communicator` and kept in a
 registry on each worker, keyed by the communicator's id and the worker's address):
@@ -515,7 +516,7 @@ def assign(holders: list[Any], rows: tuple[int, ...], ranks: dict[str, int]
     """Which worker reads each block: its holder; a block held by several (replicated,
     e.g. by an earlier ``compute``) goes to the holder with the fewest rows so far, after
     the blocks held once are counted; a block held by no worker of the communicator to
-    the least loaded worker (Dask moves it there)."""
+    the least loaded worker (:func:`_on_their_workers` copies it there)."""
     per: dict[str, list[int]] = {w: [] for w in ranks}
     load = dict.fromkeys(ranks, 0)
     mine = [[w for w in hs if w in per] for hs in holders]
