@@ -316,3 +316,43 @@ def test_blocks_assigned_to_their_holders_replicas_balanced():
     holders = [["a", "b"]] * 4 + [["b"]] * 4 + [["c"]]
     per = collective.assign(holders, (10,) * 9, ranks)
     assert per == {"a": [0, 1, 2, 3, 8], "b": [4, 5, 6, 7]}
+
+
+def _q_keys(client):
+    """Keys of the collective route's Q blocks the scheduler holds, and the workers."""
+    def on_scheduler(dask_scheduler=None):
+        return sorted(str(k) for k in dask_scheduler.tasks if "collective-q-" in str(k))
+
+    def on_worker(dask_worker=None):
+        return sorted(str(k) for k in dask_worker.data if "collective-q-" in str(k))
+
+    on_workers = [k for keys in client.run(on_worker).values() for k in keys]
+    return client.run_on_scheduler(on_scheduler), sorted(on_workers)
+
+
+def test_q_blocks_are_the_clients_data_released_with_q(client):
+    import time
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((1000, 4))
+    x = _placed(client, a, 250, (2, 2))
+    q, r = collective.cholqr2(x)
+    held, on_workers = _q_keys(client)
+    assert len(held) == 4 and sorted(held) == sorted(on_workers)
+    assert all(f.status == "finished" for f in distributed.futures_of(q))
+    np.testing.assert_allclose(q.compute() @ r, a, rtol=0, atol=1e3 * np.finfo(float).eps)
+    del q
+    deadline = time.monotonic() + 10
+    while any(_q_keys(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _q_keys(client) == ([], [])
+
+
+def test_a_block_away_from_its_reader_is_copied_there(client):
+    workers = sorted(client.scheduler_info()["workers"])
+    f = client.scatter(np.arange(6.0), workers=[workers[0]], hash=False)
+    where = client.who_has([f])
+    (g,) = collective._on_their_workers(client, [f], where, {workers[1]: [0]})
+    assert client.who_has([g])[g.key] == [workers[1]]
+    np.testing.assert_array_equal(g.result(), np.arange(6.0))
+    assert collective._on_their_workers(client, [f], where, {workers[0]: [0]}) == [f]
