@@ -464,6 +464,16 @@ def main() -> None:
             mine = col2 if ref == "tsqr" else tm.get("collective lstsq 2 workers, 2^26")
             if v and mine:
                 results[f"speedup_vs_dask_{ref}"] = v / mine
+    # the budget: each timed call's median against its slowest worker body's median
+    results["budget_ms"] = {
+        lab: {"total": tm[lab], "body": tl.get("body"),
+              "outside_body": None if tl.get("body") is None else tm[lab] - tl["body"],
+              **{k: v for k, v in tl.items() if k != "body"}}
+        for lab, tl in results.get("timeline_median_ms", {}).items() if lab in tm}
+    for lab, b in results["budget_ms"].items():
+        steps = {k: v for k, v in b.items() if k not in ("total", "body", "outside_body")}
+        print(f"budget {lab}: total {b['total']:.1f} = body {b['body']} + outside "
+              f"{b['outside_body']:.1f} {steps}")
     targets = {  # the route's targets (2^26 x 64 float64, Q persisted)
         "2 workers <= 0.6x in core": (results["ratios_to_in_core"].get(
             "collective 2 workers, 2^26"), 0.6, "le"),
