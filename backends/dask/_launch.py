@@ -19,15 +19,17 @@ import functools
 import time
 from typing import Any
 
-__all__ = ["launch", "register", "release", "timeline"]
+__all__ = ["Lost", "launch", "register", "release", "settle", "timeline"]
 
 
 class Lost(RuntimeError):
-    """A worker failed or left during a call; ``gone``: the workers seen gone."""
+    """A worker failed or left during a call; ``gone``: the workers seen gone;
+    ``pending``: the other workers' calls, still running (see :func:`settle`)."""
 
     def __init__(self, message: str, gone: set[str] | None = None):
         super().__init__(message)
         self.gone = gone or set()
+        self.pending: set[Any] = set()
 
 
 async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
@@ -83,18 +85,31 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
     deadline = time.monotonic() + timeout
     out: dict[str, Any] = {}
     pending = set(calls)
-    while pending:
-        done, pending = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
-        for f in done:
-            out[calls[f]] = _unpack(f, calls[f])
-        if done:
-            continue
-        gone = set(work) - set(client.ncores())
-        if gone:
-            raise Lost(f"worker(s) {sorted(gone)} left the cluster during the call", gone)
-        if time.monotonic() > deadline:
-            raise Lost(f"collective call did not finish in {timeout:.0f} s")
+    try:
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                out[calls[f]] = _unpack(f, calls[f])
+            if done:
+                continue
+            gone = set(work) - set(client.ncores())
+            if gone:
+                raise Lost(f"worker(s) {sorted(gone)} left the cluster during the call",
+                           gone)
+            if time.monotonic() > deadline:
+                raise Lost(f"collective call did not finish in {timeout:.0f} s")
+    except Lost as exc:
+        exc.pending = pending
+        raise
     return out
+
+
+def settle(exc: Lost, timeout: float = 10.0) -> None:
+    """Wait (up to ``timeout`` s) for the calls still running when ``exc`` was raised, once
+    their all-reduces were aborted: a worker that finished meanwhile has kept its blocks
+    of ``Q``, which :func:`release` then drops."""
+    if exc.pending:
+        cf.wait(exc.pending, timeout=timeout)
 
 
 def _unpack(f: Any, addr: str) -> Any:

@@ -669,6 +669,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             lost |= exc.gone
             client.run(_abort, h.cid, on_error="ignore")  # a closing worker may not answer
             forget(client, h)
+            _launch.settle(exc)
             _launch.release(client, qkeys)
             last = CollectiveError(str(exc))
             continue
