@@ -19,7 +19,10 @@ import functools
 import time
 from typing import Any
 
-__all__ = ["Lost", "launch", "register", "release", "settle", "timeline"]
+__all__ = ["REGISTRY", "Lost", "launch", "register", "release", "settle", "timeline"]
+
+#: worker-side registry of communicators: (communicator id, worker address) -> communicator
+REGISTRY: dict[tuple[str, str], Any] = {}
 
 
 class Lost(RuntimeError):
@@ -36,16 +39,14 @@ async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
                      client_id: str, args: tuple[Any, ...], dask_worker: Any = None) -> Any:
     """The worker's side: its blocks by key, ``body(comm, blocks, *args)`` in the task
     thread, ``Q``'s blocks (the body's second result) kept here under ``qkeys``."""
-    from mpqr.backends.dask import collective
-
     t_in = time.time()
-    comm = collective._REGISTRY[cid, dask_worker.address]
+    comm = REGISTRY[cid, dask_worker.address]
     try:
         blocks = tuple(dask_worker.data[k] for k in keys)
     except KeyError as exc:
         comm.abort()  # the other ranks would wait for this one at their first sum
-        raise collective.CollectiveError(
-            f"block {exc} is no longer on worker {dask_worker.address}") from None
+        raise RuntimeError(f"block {exc} is no longer on worker {dask_worker.address}") \
+            from None
     loop = asyncio.get_running_loop()
     t_body = time.time()
     info, out = await loop.run_in_executor(dask_worker.executors["default"],

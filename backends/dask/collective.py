@@ -45,7 +45,7 @@ __all__ = ["CollectiveError", "Communicator", "NcclCommunicator", "ThreadCommuni
 TIMEOUT = 60.0
 
 #: worker-side registry: (communicator id, worker address) -> communicator
-_REGISTRY: dict[tuple[str, str], Any] = {}
+_REGISTRY = _launch.REGISTRY
 #: in-process groups of the thread communicator: communicator id -> shared state
 _GROUPS: dict[str, _Group] = {}
 _LOCK = threading.Lock()
