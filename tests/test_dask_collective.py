@@ -354,6 +354,13 @@ def test_q_blocks_are_the_clients_data_released_with_q(client):
     while any(_q_keys(client)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _q_keys(client) == ([], [])
+    # a breakdown keeps no block of Q: the blocks announced with the call are dropped
+    with pytest.raises(BreakdownError):
+        collective.cholqr2(_placed(client, np.ones((400, 4)), 100, (2, 2)))
+    deadline = time.monotonic() + 10
+    while any(_q_keys(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _q_keys(client) == ([], [])
 
 
 def test_a_block_away_from_its_reader_is_copied_there(client):

@@ -5,8 +5,8 @@ The scheduler takes no part in a call: no graph to build, order and dispatch, no
 transitions reported back, no result gathered through it. Each worker reads its blocks
 from its own memory (by key), runs the call's body in its task thread (so the body queues
 behind the worker's running tasks, never beside them) and, for ``Q``, hands the blocks
-to its own memory under new keys and tells the scheduler they exist and that the client
-holds them (as ``Client.scatter`` does for data made on a worker). Only the small results
+to its own memory under new keys, which the client announced to the scheduler as its
+own beside the call (as ``Client.scatter`` does for data it places). Only the small results
 come back to the client; they come back worker by worker, so that a worker that fails or
 leaves is seen while the others still wait for it at an all-reduce.
 """
@@ -36,7 +36,7 @@ class Lost(RuntimeError):
 
 
 async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
-                     client_id: str, args: tuple[Any, ...], dask_worker: Any = None) -> Any:
+                     args: tuple[Any, ...], dask_worker: Any = None) -> Any:
     """The worker's side: its blocks by key, ``body(comm, blocks, *args)`` in the task
     thread, ``Q``'s blocks (the body's second result) kept here under ``qkeys``."""
     t_in = time.time()
@@ -52,22 +52,24 @@ async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
     info, out = await loop.run_in_executor(dask_worker.executors["default"],
                                            functools.partial(body, comm, blocks, *args))
     t_done = time.time()
-    if out:
-        addr = dask_worker.address
-        data = dict(zip(qkeys, out))
-        dask_worker.update_data(data=data, stimulus_id=f"mpqr-collective-{t_done}")
-        await dask_worker.scheduler.update_data(
-            who_has={k: [addr] for k in data},
-            nbytes={k: int(getattr(v, "nbytes", 0)) for k, v in data.items()},
-            client=client_id)
+    if out:  # the scheduler knows them already (announced by the client with the call)
+        dask_worker.update_data(data=dict(zip(qkeys, out)),
+                                stimulus_id=f"mpqr-collective-{t_done}")
     info["wall"] = (t_in, t_body, t_done, time.time())
     return info
 
 
 def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], list[Any]]],
-           args: tuple[Any, ...], timeout: float) -> dict[str, Any]:
+           args: tuple[Any, ...], timeout: float,
+           nbytes: dict[Any, int] | None = None) -> dict[str, Any]:
     """Run ``body(comm, blocks, *args)`` on every worker of ``work`` (worker -> its block
     keys and the keys of its result blocks) at once; return each worker's first result.
+
+    The result blocks (``nbytes``: their sizes) are announced to the scheduler as the
+    client's, held where ``work`` puts them, while the workers compute (one message
+    beside the calls, off the call's path): no task can ask for them before the client
+    hands out their futures (:func:`register`); where the call fails, :func:`release`
+    drops them, and where a body keeps fewer blocks (a breakdown) too.
 
     Raises :class:`Lost` as soon as a worker's call fails (the worker left, or the body
     raised) or a worker of ``work`` has left the cluster, or after ``timeout`` seconds.
@@ -79,10 +81,13 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
 
     async def one(addr: str, keys: list[Any], qkeys: list[Any]) -> Any:
         return await client.rpc(addr).run(
-            function=fn, args=pickle.dumps((cid, body, keys, qkeys, client.id, args)),
+            function=fn, args=pickle.dumps((cid, body, keys, qkeys, args)),
             wait=True)
 
     calls = {asyncio.run_coroutine_threadsafe(one(w, *kq), loop): w for w, kq in work.items()}
+    who_has = {k: [w] for w, (_, qk) in work.items() for k in qk}
+    told = asyncio.run_coroutine_threadsafe(client.scheduler.update_data(
+        who_has=who_has, nbytes=nbytes or {}, client=client.id), loop) if who_has else None
     deadline = time.monotonic() + timeout
     out: dict[str, Any] = {}
     pending = set(calls)
@@ -100,8 +105,14 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
             if time.monotonic() > deadline:
                 raise Lost(f"collective call did not finish in {timeout:.0f} s")
     except Lost as exc:
-        exc.pending = pending
+        exc.pending = pending | ({told} if told is not None else set())
         raise
+    if told is not None:
+        try:
+            told.result(timeout=timeout)
+        except Exception as exc:  # a worker of the call left the scheduler meanwhile
+            raise Lost(f"the call's result blocks could not be announced: "
+                       f"{type(exc).__name__}: {exc}") from exc
     return out
 
 

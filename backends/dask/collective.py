@@ -663,7 +663,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         sent = time.time()
         try:
             res = _launch.launch(client, h.cid, bind(_cholqr2_task), work, args,
-                                 TIMEOUT + 10)
+                                 TIMEOUT + 10, {k: x.chunks[0][k[1]] * rowbytes
+                                                for k in qkeys})
             back = time.time()
         except _launch.Lost as exc:  # a lost worker, a timeout, an aborted all-reduce
             lost |= exc.gone
@@ -675,6 +676,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             continue
         infos = list(res.values())
         r0 = next(v for v in infos if v["rank"] == 0)
+        if want_q and (r0.get("nonfinite") or "breakdown" in r0 or r0["cert"] > 0.5):
+            _launch.release(client, qkeys)  # announced, never kept
         if r0.get("nonfinite"):
             raise ValueError("array must not contain infs or NaNs (`x`)")
         if "breakdown" in r0:
