@@ -52,6 +52,9 @@ async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
     info, out = await loop.run_in_executor(dask_worker.executors["default"],
                                            functools.partial(body, comm, blocks, *args))
     t_done = time.time()
+    if dask_worker.status.name in ("closing", "closing_gracefully", "closed", "failed"):
+        # a worker leaving would take the call's blocks of Q with it: the call fails
+        raise RuntimeError(f"worker {dask_worker.address} is closing")
     if out:  # the scheduler knows them already (announced by the client with the call)
         dask_worker.update_data(data=dict(zip(qkeys, out)),
                                 stimulus_id=f"mpqr-collective-{t_done}")
