@@ -5,6 +5,7 @@ error and a retry, the interface's sum checked directly."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -24,7 +25,14 @@ pytestmark = pytest.mark.xdist_group("dask_collective")
 
 @pytest.fixture(scope="module")
 def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+    # the two workers' bodies run at once in this process: one BLAS thread each, not two
+    # BLAS pools spinning against each other on the same cores (10x slower on two cores)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        threadpool_limits = contextlib.nullcontext
+    limits = threadpool_limits(1)
+    with limits, distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                                   dashboard_address=None, silence_logs=40) as cluster, \
             distributed.Client(cluster) as c:
         yield c
@@ -40,7 +48,8 @@ def test_cholqr2_one_task_per_worker(client, cond, n):
     with mpqr.explain() as trace:
         q, r = collective.cholqr2(x)
     (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
-    assert ev.data["tasks"] == 2 and ev.data["collectives"] == 2
+    assert ev.data["launches"] == 2 and ev.data["collectives"] == 2
+    assert ev.data["graphs"] == 0 and ev.data["q_blocks"] == len(x.chunks[0])
     assert ev.data["q_by"] == ("fused-solve" if n <= 32 else "q1-times-inverse")
     assert q.chunks == x.chunks
     # each block of Q sits on the worker of its block of A (already persisted)
@@ -190,7 +199,7 @@ def test_worker_without_blocks_and_uneven_blocks(client, counts):
     with mpqr.explain() as trace:
         q, r = collective.cholqr2(x)
     (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
-    assert ev.data["blocks_per_worker"] == list(counts) and ev.data["tasks"] == 2
+    assert ev.data["blocks_per_worker"] == list(counts) and ev.data["launches"] == 2
     qh = q.compute()
     u = np.finfo(np.float64).eps
     assert backward_error(a, qh, r) <= 20 * u * 5 and orthogonality(qh) <= 20 * u * 5
@@ -214,7 +223,8 @@ def test_qr_and_lstsq_take_the_route_asked(client):
         client.run_on_scheduler(_take)
         with mpqr.explain() as trace:
             q, r = mpqr.qr(x)
-        assert client.run_on_scheduler(_take)["graphs"] == 1  # what the scheduler saw
+        # the scheduler saw no graph and ran no task: the call went straight to the workers
+        assert client.run_on_scheduler(_take) == {"graphs": 0, "tasks": 0, "block_tasks": 0}
         with mpqr.explain() as more:
             r_only = mpqr.qr(x, mode="r")
         events = [*trace.events, *more.events]
@@ -222,8 +232,8 @@ def test_qr_and_lstsq_take_the_route_asked(client):
             ["collective"] * 2
         assert not [e for e in events if e.kind == "dask-pass"]  # no graph a pass
         evs = [e.data for e in events if e.kind == "dask-collective"]
-        assert [(v["graphs"], v["tasks"], v["block_tasks"], v["collectives"])
-                for v in evs] == [(1, 2, 6, 2), (1, 2, 0, 2)]
+        assert [(v["graphs"], v["launches"], v["q_blocks"], v["collectives"])
+                for v in evs] == [(0, 2, 6, 2), (0, 2, 0, 2)]
         u = np.finfo(np.float64).eps
         assert backward_error(a, q.compute(), r.compute()) <= 20 * u * 6
         np.testing.assert_array_equal(r_only.compute(), r.compute())
@@ -232,7 +242,7 @@ def test_qr_and_lstsq_take_the_route_asked(client):
             with mpqr.explain() as trace:
                 got = mpqr.lstsq(x, bd)
             (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
-            assert ev["graphs"] == 1 and ev["tasks"] == 2
+            assert ev["graphs"] == 0 and ev["launches"] == 2
             ref = scipy.linalg.lstsq(a, b)
             xs, res, rank, s = (v.compute() if hasattr(v, "compute") else v for v in got)
             assert rank == ref[2] and xs.shape == ref[0].shape and res.shape == ref[1].shape
@@ -242,14 +252,14 @@ def test_qr_and_lstsq_take_the_route_asked(client):
             np.testing.assert_allclose(res, ref[1], rtol=1e-10)
             np.testing.assert_allclose(s, ref[3], rtol=100 * u * 6)
         # a refinement stopped early (refine="auto"): the direct solution on the
-        # workers' blocks of Q, still one graph
+        # workers' blocks of Q, still one call
         a6 = geometric(rng, 1200, 6, 1e6)
         x6 = _placed(client, a6, 200, (5, 1))
         with mpqr.explain() as trace:
             xs, res, rank, s = mpqr.lstsq(x6, bd, maxiter=1)
         assert [e for e in trace.events if e.data.get("path") == "direct"]
         (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
-        assert ev["graphs"] == 1
+        assert ev["graphs"] == 0
         ref = scipy.linalg.lstsq(a6, b)
         np.testing.assert_allclose(xs.compute(), ref[0], rtol=0,
                                    atol=10 * 6 * u * 1e6**2 * np.linalg.norm(ref[0]))
@@ -288,7 +298,7 @@ def test_worker_lost_mid_call_then_a_retry_from_the_inputs(monkeypatch):
 
     def body(comm, *args, **kw):
         if not lost and comm.rank == comm.size - 1:
-            w = distributed.get_worker()
+            (w,) = [w for w in cluster.workers.values() if w.address == comm.address]
             lost.append(w.address)
             w.loop.add_callback(w.close, executor_wait=False)
         return real(comm, *args, **kw)
@@ -314,3 +324,50 @@ def test_blocks_assigned_to_their_holders_replicas_balanced():
     holders = [["a", "b"]] * 4 + [["b"]] * 4 + [["c"]]
     per = collective.assign(holders, (10,) * 9, ranks)
     assert per == {"a": [0, 1, 2, 3, 8], "b": [4, 5, 6, 7]}
+
+
+def _q_keys(client):
+    """Keys of the collective route's Q blocks the scheduler holds, and the workers."""
+    def on_scheduler(dask_scheduler=None):
+        return sorted(str(k) for k in dask_scheduler.tasks if "collective-q-" in str(k))
+
+    def on_worker(dask_worker=None):
+        return sorted(str(k) for k in dask_worker.data if "collective-q-" in str(k))
+
+    on_workers = [k for keys in client.run(on_worker).values() for k in keys]
+    return client.run_on_scheduler(on_scheduler), sorted(on_workers)
+
+
+def test_q_blocks_are_the_clients_data_released_with_q(client):
+    import time
+
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((1000, 4))
+    x = _placed(client, a, 250, (2, 2))
+    q, r = collective.cholqr2(x)
+    held, on_workers = _q_keys(client)
+    assert len(held) == 4 and sorted(held) == sorted(on_workers)
+    assert all(f.status == "finished" for f in distributed.futures_of(q))
+    np.testing.assert_allclose(q.compute() @ r, a, rtol=0, atol=1e3 * np.finfo(float).eps)
+    del q
+    deadline = time.monotonic() + 10
+    while any(_q_keys(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _q_keys(client) == ([], [])
+    # a breakdown keeps no block of Q: the blocks announced with the call are dropped
+    with pytest.raises(BreakdownError):
+        collective.cholqr2(_placed(client, np.ones((400, 4)), 100, (2, 2)))
+    deadline = time.monotonic() + 10
+    while any(_q_keys(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _q_keys(client) == ([], [])
+
+
+def test_a_block_away_from_its_reader_is_copied_there(client):
+    workers = sorted(client.scheduler_info()["workers"])
+    f = client.scatter(np.arange(6.0), workers=[workers[0]], hash=False)
+    where = client.who_has([f])
+    (g,) = collective._on_their_workers(client, [f], where, {workers[1]: [0]})
+    assert client.who_has([g])[g.key] == [workers[1]]
+    np.testing.assert_array_equal(g.result(), np.arange(6.0))
+    assert collective._on_their_workers(client, [f], where, {workers[0]: [0]}) == [f]

@@ -1,13 +1,14 @@
-"""The collective route: Dask places the blocks and starts one task per worker, a
-communicator carries the ``n x n`` reductions between the workers.
+"""The collective route: Dask places the blocks, each call goes straight to every
+worker at once (:mod:`mpqr.backends.dask._launch`, no task graph), a communicator
+carries the ``n x n`` reductions between the workers.
 
-A call sends one task per worker: the task runs every pass of CholQR2 over the
-worker's row blocks, one block's temporaries at a time (a worker holds its share of
-``A``, its share of ``Q`` and one block more), with each Gram matrix summed across
-the workers by :meth:`Communicator.allreduce_sum`, and keeps its share of ``Q`` on the
-worker as the blocks of the result array (the input's row chunks; one small task per
-block names each block). Only the ``n x n``
-sums move between workers; no result passes through the client but ``R``.
+A call runs every pass of CholQR2 on each worker over its row blocks, one block's
+temporaries at a time (a worker holds its share of ``A``, its share of ``Q`` and one
+block more), with each Gram matrix summed across the workers by
+:meth:`Communicator.allreduce_sum`, and keeps its share of ``Q`` in the worker's memory
+as the blocks of the result array (the input's row chunks, new keys announced to the
+scheduler as the client's). Only the ``n x n`` sums move between workers; no result
+passes through the client but ``R``.
 
 Communicators (one per cluster, made once by :func:`communicator` and kept in a
 registry on each worker, keyed by the communicator's id and the worker's address):
@@ -31,8 +32,8 @@ import time
 import uuid
 from typing import Any, Protocol
 
+from mpqr.backends.dask import _launch
 from mpqr.backends.dask._blocks import bind, block_backend, to_host
-from mpqr.backends.dask._graph import _held
 
 from mpqr._errors import BreakdownError
 from mpqr.policy import gemm, record_event
@@ -44,7 +45,7 @@ __all__ = ["CollectiveError", "Communicator", "NcclCommunicator", "ThreadCommuni
 TIMEOUT = 60.0
 
 #: worker-side registry: (communicator id, worker address) -> communicator
-_REGISTRY: dict[tuple[str, str], Any] = {}
+_REGISTRY = _launch.REGISTRY
 #: in-process groups of the thread communicator: communicator id -> shared state
 _GROUPS: dict[str, _Group] = {}
 _LOCK = threading.Lock()
@@ -181,6 +182,7 @@ def _join(cid: str, kind: str, uid: Any, ranks: dict[str, int], dask_worker: Any
         size, rank = len(ranks), ranks[addr]
         comm = (NcclCommunicator(uid, size, rank) if kind == "nccl"
                 else ThreadCommunicator(cid, size, rank))
+        comm.address = addr
         _REGISTRY[cid, addr] = comm
     return addr
 
@@ -356,31 +358,30 @@ def _chol(backend: Any, g: Any, which: str) -> Any:
     return r
 
 
-def _worker_cholqr2(cid: str, n: int, dtype: str, like: Any, want_q: bool, prec: str,
-                    check: bool, *blocks: Any) -> tuple[dict[str, Any], list[Any]]:
-    """CholQR2 over this worker's blocks, the Gram sums by all-reduce."""
-    from distributed import get_worker
-
-    comm = _REGISTRY[cid, get_worker().address]
+def _cholqr2_task(comm: Any, blocks: tuple[Any, ...], n: int, dtype: str, like: Any,
+                  want_q: bool, prec: str, check: bool, phases: bool
+                  ) -> tuple[dict[str, Any], list[Any]]:
+    """CholQR2 over this worker's blocks, the Gram sums by all-reduce (the body a call
+    runs on each worker, :func:`mpqr.backends.dask._launch.launch`)."""
     backend = block_backend(blocks[0] if blocks else like)
-    t0, wall0 = time.perf_counter(), time.time()
+    t0 = time.perf_counter()
     calls0 = comm.calls
     try:
         with backend.ignore_fp_warnings():  # a Gram matrix out of range breaks down below
             info, q = _cholqr2_body(comm, backend, n, dtype, blocks, want_q, prec, check, t0,
-                                    calls0)
+                                    calls0, phases=phases)
     except _Breakdown as exc:
         info, q = {"breakdown": str(exc), "rank": comm.rank, "cond": exc.args[1]}, []
-    info["wall"] = (wall0, time.time())  # the host's clock: the call's timeline
     return info, q
 
 
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
                   want_q: bool, prec: str, check: bool, t0: float, calls0: int,
-                  first_gram: Any = None,
-                  r_everywhere: bool = False) -> tuple[dict[str, Any], list[Any]]:
+                  first_gram: Any = None, r_everywhere: bool = False,
+                  phases: bool = False) -> tuple[dict[str, Any], list[Any]]:
     """CholQR2's passes over ``blocks``; ``first_gram``: the summed ``A^H A`` already
-    made (a host array, the same on every rank), in place of the first pass."""
+    made (a host array, the same on every rank), in place of the first pass; ``phases``:
+    the device synchronised after each step and its time recorded (``phases_ms``)."""
     from mpqr.backends.dask._blocks import _finite
 
     from mpqr.policy import fused_gemm
@@ -396,6 +397,16 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
         return xp.zeros(shape, dtype=dt, device=dev) if dev is not None else \
             xp.zeros(shape, dtype=dt)
 
+    marks: dict[str, float] = {}
+    last = [time.perf_counter()]
+
+    def mark(step: str) -> None:
+        if phases:
+            backend.synchronize()
+            now = time.perf_counter()
+            marks[step] = round(1e3 * (now - last[0]), 3)
+            last[0] = now
+
     # pass 1: each block's Gram product added up (no concatenation: one block at a time)
     g = zeros((n, n))
     bad = 0
@@ -404,15 +415,18 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
         if check and not _finite(backend, b, gb, True):
             bad += 1
         g = g + gb
+    mark("gram1")
     if check:  # a count of non-finite blocks rides on the first sum
         g = xp.concat([g, xp.full((1, n), float(bad), dtype=dt, device=dev)
                        if dev is not None else xp.full((1, n), float(bad), dtype=dt)])
     g = comm.allreduce_sum(g) if first_gram is None else backend.from_small(first_gram, g)
+    mark("allreduce1")
     if check:
         if float(g[n, 0]) > 0:
             return {"nonfinite": True, "rank": comm.rank}, []
         g = g[:n]
     r1 = _chol(backend, g, "first")
+    mark("chol1")
     # pass 2: the Gram matrix of Q1 = A R1^-1, as the in-core CholQR2 forms it: up to
     # backend.fused_cholqr_max_n columns (float64, native products) in the solve's own
     # pass over A (Q1 never stored), else Q1 by a GEMM by R1^-1 where R1 is well
@@ -433,7 +447,9 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
             if want_q:
                 kept.append(w)
             del w
+    mark("gram2")
     g2 = comm.allreduce_sum(g2)
+    mark("allreduce2")
     eye = xp.eye(n, dtype=g2.dtype, device=dev) if dev is not None else \
         xp.eye(n, dtype=g2.dtype)
     cert = float(xp.linalg.matrix_norm(g2 - eye))
@@ -443,6 +459,7 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
         return info, []
     r2 = _chol(backend, g2, "second")
     r = gemm(r2, r1, label="collective-r", backend=backend)
+    mark("chol2")
     out = []
     if want_q and blocks and fused:  # Q from A in one pass a block
         out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
@@ -454,20 +471,13 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
                                         inverse=inv2))
             kept[j] = None
         info["q_by"] = "q1-times-inverse"
+    mark("q")
     info.update(r=to_host(r) if comm.rank == 0 or r_everywhere else None,
                 collectives=comm.calls - calls0,
                 seconds=time.perf_counter() - t0)
+    if phases:
+        info["phases_ms"] = marks
     return info, out
-
-
-def _pick(res: tuple[dict[str, Any], list[Any]], j: int) -> Any:
-    """Block ``j`` of the worker's ``Q`` (the same array, no copy)."""
-    return res[1][j] if j < len(res[1]) else None
-
-
-def _info(res: tuple[dict[str, Any], list[Any]]) -> dict[str, Any]:
-    """The task's small results (``R`` on rank 0, the certificate, counts)."""
-    return res[0]
 
 
 # --- the client's side -----------------------------------------------------------------
@@ -488,6 +498,15 @@ def _block_futures(client: Any, x: Any) -> list[Any]:
     return [order[k] for k in _row_keys(x)]
 
 
+def _ready(futs: list[Any]) -> None:
+    """Wait for ``futs`` unless the client already knows them finished (a wait on
+    finished futures still costs a trip through the client's event loop)."""
+    from distributed import wait
+
+    if any(f.status != "finished" for f in futs):
+        wait(futs)
+
+
 def _row_keys(x: Any) -> list[Any]:
     return [k if x.ndim == 1 else k[0] for k in x.__dask_keys__()]
 
@@ -497,7 +516,7 @@ def assign(holders: list[Any], rows: tuple[int, ...], ranks: dict[str, int]
     """Which worker reads each block: its holder; a block held by several (replicated,
     e.g. by an earlier ``compute``) goes to the holder with the fewest rows so far, after
     the blocks held once are counted; a block held by no worker of the communicator to
-    the least loaded worker (Dask moves it there)."""
+    the least loaded worker (:func:`_on_their_workers` copies it there)."""
     per: dict[str, list[int]] = {w: [] for w in ranks}
     load = dict.fromkeys(ranks, 0)
     mine = [[w for w in hs if w in per] for hs in holders]
@@ -535,63 +554,29 @@ def check_memory(limits: dict[str, int], held: dict[str, int]) -> None:
             f"(CuPy blocks live in device memory) or a limit above twice their share of x")
 
 
-def _wait_or_lost(client: Any, futs: list[Any], ranks: dict[str, int]) -> None:
-    """Wait for ``futs``; raise :class:`CollectiveError` as soon as a worker of the
-    communicator has left the cluster (its task would wait for it forever)."""
+def _on_their_workers(client: Any, futs: list[Any], where: dict[Any, Any],
+                      per: dict[str, list[int]]) -> list[Any]:
+    """``futs`` with each block on the worker ``per`` reads it there: a block held by
+    none of the communicator's workers is copied to its worker first (one small graph;
+    only where the cluster changed since the blocks were made)."""
     from distributed import wait
 
-    deadline = time.monotonic() + TIMEOUT + 10
-    while True:
-        try:
-            wait(futs, timeout=0.25)
-            return
-        except TimeoutError:
-            pass
-        failed = [f for f in futs if f.status == "error"]
-        if failed:  # the other ranks wait for it at their next all-reduce
-            raise CollectiveError(f"a worker's task failed: {failed[0].exception()!r}")
-        gone = set(ranks) - set(client.ncores())
-        if gone:
-            exc = CollectiveError(f"worker(s) {sorted(gone)} left the cluster during the "
-                                  f"call")
-            exc.gone = gone
-            raise exc
-        if time.monotonic() > deadline:
-            raise CollectiveError(f"collective call did not finish in {TIMEOUT + 10:.0f} s")
+    moved = {i: client.submit(_same, futs[i], workers=[w], allow_other_workers=False,
+                              pure=False)
+             for w, idx in per.items() for i in idx if w not in where[futs[i].key]}
+    if not moved:
+        return futs
+    wait(list(moved.values()))
+    return [moved.get(i, f) for i, f in enumerate(futs)]
 
 
-class _Where:
-    """Worker restrictions by key (a graph-wide annotation the scheduler calls per key)."""
-
-    def __init__(self, where: dict[Any, list[str]]):
-        self.where = where
-
-    def __call__(self, key: Any) -> list[str] | None:
-        return self.where.get(key)
+def _same(block: Any) -> Any:
+    return block
 
 
-def submit_graph(client: Any, dsk: dict[Any, Any], where: dict[Any, list[str]]) -> dict[Any, Any]:
-    """Send ``dsk`` (legacy task tuples; futures as arguments) as ONE graph, each task
-    restricted to ``where[key]`` (no other worker, no retry: a task of a collective
-    call cannot move). Returns the futures by key."""
-    import dask
-
-    with dask.annotate(workers=_Where(where), allow_other_workers=False, retries=0):
-        futs = client.get(dsk, list(dsk), sync=False)
-    return dict(zip(dsk, futs))
-
-
-def _timeline(marks: dict[str, float], walls: list[tuple[float, float]]) -> dict[str, float]:
-    """Where a call's time went (ms; the client's and the workers' clocks of one host):
-    before the graph went out, until the first worker task started, the slowest task,
-    until the client had the results, until Q's blocks were in place."""
-    first, last = min(w[0] for w in walls), max(w[1] for w in walls)
-    out = {"before_submit": marks["submit"] - marks["start"],
-           "submit_to_task": first - marks["submit"], "tasks": last - first,
-           "task_to_results": marks["results"] - last}
-    if "q" in marks:
-        out["results_to_q"] = marks["q"] - marks["results"]
-    return {k: round(1e3 * v, 2) for k, v in out.items()}
+#: where True, each call's worker bodies synchronise the device after each step and
+#: report the step's milliseconds (the trace's ``phases_ms``): for profiling only
+PHASES = False
 
 
 def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int = 1,
@@ -638,7 +623,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         (:func:`check_memory`).
     """
     import dask.array as da
-    from distributed import default_client, wait
+    from distributed import default_client
 
     client = client or default_client()
     if x.ndim != 2 or x.numblocks[1] != 1:
@@ -649,7 +634,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
     if kind is None:
         kind = "nccl" if type(meta).__module__.startswith("cupy") else "thread"
     last: Exception | None = None
-    t_start, marks = time.perf_counter(), {"start": time.time()}
+    t_start, start = time.perf_counter(), time.time()
     lost: set[str] = set()
     for attempt in range(retries + 1):
         try:
@@ -661,7 +646,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             last = exc
             continue
         futs = _block_futures(client, x)
-        wait(futs)
+        _ready(futs)
         where = client.who_has(futs)
         if any(w not in h.ranks for f in futs for w in where[f.key]):
             h = communicator(client, kind)  # the cluster changed: asks the scheduler
@@ -669,41 +654,30 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         rowbytes = n * x.dtype.itemsize
         check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i] for i in idx)
                                 for w, idx in per.items()})
+        futs = _on_their_workers(client, futs, where, per)
         name = "collective-q-" + uuid.uuid4().hex
-        dsk, where = {}, {}
-        for w, idx in per.items():
-            task, info = (f"{name}-task", h.ranks[w]), (f"{name}-info", h.ranks[w])
-            dsk[task] = (bind(_worker_cholqr2), h.cid, n, str(x.dtype), meta, want_q, precision,
-                         check_finite, *[futs[i] for i in idx])
-            where[task] = [w]
-            if want_q:  # else the task's result is small itself: gathered, no task more
-                dsk[info] = (_info, task)
-                where[info] = [w]
-            # Q's blocks: the worker's arrays, kept on it
-            for j, i in enumerate(idx if want_q else ()):
-                dsk[name, i, 0] = (_pick, task, j)
-                where[name, i, 0] = [w]
-        marks["submit"] = time.time()
-        got = submit_graph(client, dsk, where)
-        _held.release()  # the last call's task futures, now that this graph is out
-        tasks = {w: got[f"{name}-task", h.ranks[w]] for w in per}
-        infos = [got[f"{name}-info" if want_q else f"{name}-task", h.ranks[w]] for w in per]
-        blocks = [got[name, i, 0] for i in range(len(futs))] if want_q else []
+        qkeys = [(name, i, 0) for i in range(len(futs))] if want_q else []
+        work = {w: ([futs[i].key for i in idx], [qkeys[i] for i in idx] if want_q else [])
+                for w, idx in per.items()}
+        args = (n, str(x.dtype), meta, want_q, precision, check_finite, PHASES)
+        sent = time.time()
         try:
-            _wait_or_lost(client, infos, h.ranks)
-            res = client.gather(infos)
-            if not want_q:
-                res = [v[0] for v in res]
-            marks["results"] = time.time()
-        except Exception as exc:  # a lost worker, a timeout, an aborted all-reduce
-            lost |= getattr(exc, "gone", set())
+            res = _launch.launch(client, h.cid, bind(_cholqr2_task), work, args,
+                                 TIMEOUT + 10, {k: x.chunks[0][k[1]] * rowbytes
+                                                for k in qkeys})
+            back = time.time()
+        except _launch.Lost as exc:  # a lost worker, a timeout, an aborted all-reduce
+            lost |= exc.gone
             client.run(_abort, h.cid, on_error="ignore")  # a closing worker may not answer
             forget(client, h)
-            for f in [*tasks.values(), *infos, *blocks]:
-                f.cancel()
-            last = exc
+            _launch.settle(exc)
+            _launch.release(client, qkeys)
+            last = CollectiveError(str(exc))
             continue
-        r0 = next(v for v in res if v["rank"] == 0)
+        infos = list(res.values())
+        r0 = next(v for v in infos if v["rank"] == 0)
+        if want_q and (r0.get("nonfinite") or "breakdown" in r0 or r0["cert"] > 0.5):
+            _launch.release(client, qkeys)  # announced, never kept
         if r0.get("nonfinite"):
             raise ValueError("array must not contain infs or NaNs (`x`)")
         if "breakdown" in r0:
@@ -715,26 +689,24 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
                                  cond_estimate=float("inf"))
         q = None
         if want_q:
-            wait(blocks)
-            q = da.Array({b.key: b for b in blocks}, name, (x.chunks[0], (n,)), meta=meta)
-        marks["q"] = time.time()
-        # released after the next call's graph has gone out (or a moment later): a
-        # release sent now would hold that graph back in the client's 10 ms batching
-        _held.hold(client, [*tasks.values(), *infos])
+            blocks = _launch.register(client, qkeys, meta)
+            q = da.Array(dict(zip(qkeys, blocks)), name, (x.chunks[0], (n,)), meta=meta)
+        walls = [v["wall"] for v in infos]
+        extra = {"phases_ms": {w: res[w].get("phases_ms") for w in sorted(res)}} \
+            if PHASES else {}
         record_event("dask-collective",
                      f"dask: collective CholQR2 ({kind}) over {len(per)} workers, "
-                     f"{len(futs)} blocks: one graph of {len(per)} compute tasks and "
-                     f"{want_q * (len(per) + len(futs))} tasks that name the results and "
-                     f"Q's blocks, "
-                     f"{r0['collectives']} all-reduces per worker",
-                     route="collective", communicator=kind, graphs=1, tasks=len(per),
-                     block_tasks=want_q * len(futs), collectives=r0["collectives"],
-                     fused_gram=r0["fused"], q_by=r0.get("q_by"),
-                     attempts=attempt + 1, workers=len(per),
+                     f"{len(futs)} blocks: one call straight to each worker (no task "
+                     f"graph), {r0['collectives']} all-reduces per worker, "
+                     f"{want_q * len(futs)} blocks of Q kept where A's are",
+                     route="collective", communicator=kind, graphs=0, tasks=0,
+                     launches=len(per), q_blocks=want_q * len(futs),
+                     collectives=r0["collectives"], fused_gram=r0["fused"],
+                     q_by=r0.get("q_by"), attempts=attempt + 1, workers=len(per),
                      blocks_per_worker=[len(per[w]) for w in sorted(per)],
-                     seconds=max(v["seconds"] for v in res),
+                     seconds=max(v["seconds"] for v in infos),
                      call_seconds=time.perf_counter() - t_start,
-                     timeline_ms=_timeline(marks, [v["wall"] for v in res]))
+                     timeline_ms=_launch.timeline(start, sent, back, walls), **extra)
         return q, r0["r"]
     raise CollectiveError(f"collective CholQR2 failed on {retries + 1} attempts (a worker "
                           f"lost or failed); last error: {type(last).__name__}: {last}") \

@@ -14,12 +14,11 @@ and the client runs the scheduler route instead.
 from __future__ import annotations
 
 import time
-import uuid
 import warnings
 from typing import Any
 
-from mpqr.backends.dask import _blocks, collective
-from mpqr.backends.dask._graph import _held, sum_parts
+from mpqr.backends.dask import _blocks, _launch, collective
+from mpqr.backends.dask._graph import sum_parts
 from mpqr.backends.dask.solver import DaskSolver
 
 from mpqr.lstsq.solver import Solver
@@ -155,19 +154,20 @@ def _allreduce(comm: Any, backend: Any, out: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def _worker_lstsq(cid: str, meta: Any, ashape: tuple[int, int], bshape: tuple[int, int],
-                  args: tuple[Any, ...], check_finite: bool, nblocks: int, vector: bool,
-                  *blocks: Any) -> dict[str, Any]:
-    from distributed import get_worker
-
+def _lstsq_task(comm: Any, blocks: tuple[Any, ...], meta: Any, ashape: tuple[int, int],
+                bshape: tuple[int, int], args: tuple[Any, ...], check_finite: bool,
+                vector: bool) -> tuple[dict[str, Any], list[Any]]:
+    """The solver over this worker's block pairs, ``blocks`` its blocks of ``a`` then
+    those of ``b`` (the body a call runs on each worker,
+    :func:`mpqr.backends.dask._launch.launch`); no blocks kept."""
     import mpqr
 
-    comm = collective._REGISTRY[cid, get_worker().address]
-    a_blocks, b_blocks = blocks[:nblocks], blocks[nblocks:]
+    half = len(blocks) // 2
+    a_blocks, b_blocks = blocks[:half], blocks[half:]
     if vector:
         b_blocks = tuple(v[:, None] for v in b_blocks)
     backend = _blocks.block_backend(a_blocks[0] if a_blocks else meta)
-    t0, calls0, wall0 = time.perf_counter(), comm.calls, time.time()
+    t0, calls0 = time.perf_counter(), comm.calls
     solver = _WorkerSolver(comm, list(zip(a_blocks, b_blocks)), meta, backend,
                            _Shape(ashape, meta.dtype, meta), _Shape(bshape, meta.dtype, meta),
                            args, check_finite)
@@ -176,14 +176,13 @@ def _worker_lstsq(cid: str, meta: Any, ashape: tuple[int, int], bshape: tuple[in
         try:
             x, rank, s, rr = solver.run()
         except Stop as exc:
-            return {"stop": str(exc), "rank_id": comm.rank}
+            return {"stop": str(exc), "rank_id": comm.rank}, []
         except collective.CollectiveError:
             raise
         except Exception as exc:  # check_finite's NaN/Inf...: the same on every rank
-            return {"error": exc, "rank_id": comm.rank}
+            return {"error": exc, "rank_id": comm.rank}, []
     out = {"rank_id": comm.rank, "collectives": comm.calls - calls0,
-           "passes": solver.passes[0], "seconds": time.perf_counter() - t0,
-           "wall": (wall0, time.time())}
+           "passes": solver.passes[0], "seconds": time.perf_counter() - t0}
     if comm.rank == 0:
         out.update(x=_blocks.to_host(x), rank=rank,
                    s=None if s is None else _blocks.to_host(s),
@@ -191,7 +190,7 @@ def _worker_lstsq(cid: str, meta: Any, ashape: tuple[int, int], bshape: tuple[in
                    events=[(e.kind, e.message, e.data) for e in trace.events
                            if e.kind in ("refine", "scale", "method", "fallback")],
                    warnings=[(w.category, str(w.message)) for w in caught])
-    return out
+    return out, []
 
 
 class CollectiveSolver(DaskSolver):
@@ -209,7 +208,7 @@ class CollectiveSolver(DaskSolver):
         t_start = time.perf_counter()
         b = self.vector if self.vector is not None else self.b
         last: Exception | None = None
-        marks = {"start": time.time()}
+        start = time.time()
         lost: set[str] = set()
         for attempt in range(2):
             try:
@@ -222,7 +221,8 @@ class CollectiveSolver(DaskSolver):
                 continue
             fa = collective._block_futures(client, self.a)
             fb = collective._block_futures(client, b)
-            where = client.who_has(fa)
+            collective._ready([*fa, *fb])
+            where = client.who_has([*fa, *fb])
             if any(w not in h.ranks for f in fa for w in where[f.key]):
                 h = collective.communicator(client, self.kind)  # the cluster changed
             per = collective.assign([where[f.key] for f in fa], self.a.chunks[0], h.ranks)
@@ -230,30 +230,26 @@ class CollectiveSolver(DaskSolver):
             collective.check_memory(h.limits, {w: rowbytes * sum(self.a.chunks[0][i]
                                                                   for i in idx)
                                                for w, idx in per.items()})
+            # b's blocks read beside A's (copied there first where they are elsewhere)
+            fa = collective._on_their_workers(client, fa, where, per)
+            fb = collective._on_their_workers(client, fb, where, per)
             meta = self.a._meta
-            name = "collective-lstsq-" + uuid.uuid4().hex
-            dsk = {(name, h.ranks[w]): (_blocks.bind(_worker_lstsq), h.cid, meta, self.a.shape,
-                                        self.b.shape, self.args, self.check_finite, len(idx),
-                                        self.vector is not None, *[fa[i] for i in idx],
-                                        *[fb[i] for i in idx])
-                   for w, idx in per.items()}
-            marks["submit"] = time.time()
-            tasks = list(collective.submit_graph(
-                client, dsk, {(name, h.ranks[w]): [w] for w in per}).values())
-            _held.release()
+            work = {w: ([fa[i].key for i in idx] + [fb[i].key for i in idx], [])
+                    for w, idx in per.items()}
+            sent = time.time()
             try:
-                collective._wait_or_lost(client, tasks, h.ranks)
-                res = client.gather(tasks)
-                marks["results"] = time.time()
-            except Exception as exc:
-                lost |= getattr(exc, "gone", set())
+                res = _launch.launch(
+                    client, h.cid, _blocks.bind(_lstsq_task), work,
+                    (meta, self.a.shape, self.b.shape, self.args, self.check_finite,
+                     self.vector is not None), collective.TIMEOUT + 10)
+                back = time.time()
+            except _launch.Lost as exc:
+                lost |= exc.gone
                 client.run(collective._abort, h.cid, on_error="ignore")
                 collective.forget(client, h)
-                for t in tasks:
-                    t.cancel()
-                last = exc
+                last = collective.CollectiveError(str(exc))
                 continue
-            _held.hold(client, tasks)  # released after the next graph (see _graph._Held)
+            res = list(res.values())
             r0 = next(v for v in res if v["rank_id"] == 0)
             if "error" in r0:
                 raise r0["error"]
@@ -268,15 +264,17 @@ class CollectiveSolver(DaskSolver):
                 warnings.warn(message, category, stacklevel=5)
             record_event("dask-collective",
                          f"lstsq (dask): collective route ({self.kind}) over {len(per)} "
-                         f"workers: one graph of {len(per)} tasks, {r0['passes']} passes "
-                         f"over A, {r0['collectives']} all-reduces per worker",
-                         route="collective", communicator=self.kind, graphs=1,
-                         tasks=len(per), collectives=r0["collectives"],
+                         f"workers: one call straight to each worker (no task graph), "
+                         f"{r0['passes']} passes over A, {r0['collectives']} all-reduces "
+                         "per worker",
+                         route="collective", communicator=self.kind, graphs=0,
+                         tasks=0, launches=len(per), collectives=r0["collectives"],
                          passes=r0["passes"], attempts=attempt + 1,
                          blocks_per_worker=[len(per[w]) for w in sorted(per)],
                          seconds=max(v["seconds"] for v in res),
                          call_seconds=time.perf_counter() - t_start,
-                         timeline_ms=collective._timeline(marks, [v["wall"] for v in res]))
+                         timeline_ms=_launch.timeline(start, sent, back,
+                                                      [v["wall"] for v in res]))
             s = r0["s"]
             return (self._to_blocks(r0["x"]), r0["rank"], self._to_blocks(s),
                     self._to_blocks(r0["rr"]))

@@ -99,4 +99,4 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
 
 
 def _wrap(da: Any, v: Any) -> Any:
-    return da.from_array(v, chunks=v.shape, asarray=False)
+    return da.from_array(v, chunks=v.shape, asarray=False, name=False)  # no hash of v

@@ -119,7 +119,8 @@ def _collective(x: Any, mode: str, precision: Any, method: str, check_finite: bo
                      fallback="scheduler", reason=str(exc))
         return None
     r = backend.from_small(r, x._meta)
-    r = da.from_array(r, chunks=r.shape, asarray=False)
+    # a fresh name, not a hash of R's data (a trip to the host for a CuPy R)
+    r = da.from_array(r, chunks=r.shape, asarray=False, name=False)
     return QRResult(q, r) if mode != "r" else r
 
 

@@ -7,12 +7,15 @@ blocks are device memory). Checks (PASS/FAIL) the route against NumPy on ``2^18 
 in 16 blocks, placed evenly, unevenly (3 and 13) and all on one worker (the other takes
 part with a zero Gram matrix): backward error, orthogonality, ``|R|``, Q's blocks on
 their A blocks' workers, the trace's counts. Then times (median of ``REPEAT`` after a
-warm-up, ``Q`` persisted; each call's timeline from its trace): Dask's own round trip,
-in core on one GPU (a task on worker 0 of the two-worker cluster, no Dask in the loop),
+warm-up, ``Q`` persisted; each call's timeline from its trace, the median per step, and
+one call more with the device synchronised after each step of the worker's body): Dask's
+own round trip, the route's floor (an empty body through the same launch) and one
+``64 x 64`` all-reduce, in core on one GPU (a task on worker 0 of the two-worker
+cluster, no Dask in the loop),
 2 and then 1 workers on ``2^24`` and ``2^26 x 64`` (``qr``, ``mode="r"``, ``lstsq``),
 weak scaling ``2^26 x 64`` per GPU, and ``dask.array.linalg.tsqr`` / ``lstsq`` (one
-call each) on the two-worker cluster and the same chunks. Writes ``$OUT/nccl.json``
-(``OUT`` default ``/tmp``) after each step.
+call each) on the two-worker cluster and the same chunks; the targets as MET / NOT MET.
+Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``) after each step.
 
 ``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
 small shapes (a smoke test of the script itself).
@@ -215,7 +218,7 @@ def _check(client, k, counts, label):
     rerr = float(np.max(np.abs(np.abs(r) - np.abs(rref))) / np.abs(rref).max())
     ev = next(e.data for e in tr.events if e.kind == "dask-collective")
     ok = bw < 20 * N * u and orth < 20 * N * u and rerr < 1e3 * u and placed \
-        and ev["tasks"] == k and ev["collectives"] == 2
+        and ev["launches"] == k and ev["graphs"] == 0 and ev["collectives"] == 2
     # lstsq against NumPy's on the same blocks (b a column beside A's blocks)
     bd = (x[:, :1] * 2 + 1 + x[:, 1:2] * 1e-3).persist()
     wait(bd)
@@ -236,6 +239,13 @@ def _check(client, k, counts, label):
     print(f"[{time.perf_counter() - T0:.0f} s] "
           f"check {label}: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
           f" |R| {rerr:.2e} placed {placed} trace {ev}")
+
+
+def _median_timeline(rows: list) -> dict:
+    """Per step, the median over the timed calls of the trace's ``timeline_ms``."""
+    rows = [r for r in rows if r]
+    return {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]} if rows \
+        else {}
 
 
 @part("collective")
@@ -262,21 +272,74 @@ def time_collective(client, rows, k, label):
                                f"{[e.data for e in tr.events if e.kind == 'dask-route']}")
         results.setdefault("worker_seconds", {}).setdefault(lab, []).append(
             [ev[0]["seconds"], ev[0]["call_seconds"]])
+        results.setdefault("timelines", {}).setdefault(lab, []).append(
+            ev[0].get("timeline_ms"))
         results.setdefault("traces", {})[lab] = ev[0]
 
-    results["times_ms"][label] = median_ms(one, REPEAT)
-    print(f"[{time.perf_counter() - T0:.0f} s] "
-          f"{label}: {results['times_ms'][label]:.1f} ms  (worker task, call seconds: "
-          f"{results['worker_seconds'][label][-1]})")
-    print("  timeline (ms):", results["traces"][label].get("timeline_ms"))
-    if "2^24" not in label:
-        lr = label.replace("collective", "collective mode=r")
-        results["times_ms"][lr] = median_ms(lambda: one("r", lr), REPEAT)
-        print(f"{lr}: {results['times_ms'][lr]:.1f} ms  timeline (ms):",
-              results["traces"][lr].get("timeline_ms"))
+    for mode, lab in (("reduced", label), ("r", label.replace("collective",
+                                                             "collective mode=r"))):
+        results["times_ms"][lab] = median_ms(lambda m=mode, lb=lab: one(m, lb), REPEAT)
+        results["timelines"][lab] = results["timelines"][lab][1:]  # the warm-up left out
+        results.setdefault("timeline_median_ms", {})[lab] = _median_timeline(
+            results["timelines"][lab])
+        print(f"[{time.perf_counter() - T0:.0f} s] {lab}: {results['times_ms'][lab]:.1f} ms"
+              f"  timeline median (ms): {results['timeline_median_ms'][lab]}")
+    # one call more with the device synchronised after each step: where the body goes
+    collective.PHASES = True
+    try:
+        with mpqr.explain() as tr:
+            q, _r = mpqr.qr(x)
+            wait(q)
+            del q
+        ev = next(e.data for e in tr.events if e.kind == "dask-collective")
+        results.setdefault("phases_ms", {})[label] = ev.get("phases_ms")
+        print(f"  steps of the body (ms, synchronised): {ev.get('phases_ms')}")
+    finally:
+        collective.PHASES = False
     results["clock"][label] = time.perf_counter() - T0
     save()
     return x
+
+
+def _noop_body(comm, blocks):
+    return {"rank": comm.rank}, []
+
+
+def _allreduce_body(comm, blocks, n, reps):
+    """Mean ms of one ``n x n`` float64 all-reduce (device synchronised after each)."""
+    if CPU:
+        v = np.ones((n, n))
+        sync = _sync
+    else:
+        import cupy
+
+        v = cupy.ones((n, n))
+        sync = cupy.cuda.Device().synchronize
+    comm.allreduce_sum(v)
+    sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        comm.allreduce_sum(v)
+        sync()
+    return {"rank": comm.rank, "ms": 1e3 * (time.perf_counter() - t) / reps}, []
+
+
+@part("launch floor")
+def launch_floor(client, k):
+    """The route's fixed cost alone: an empty body on every worker through the same
+    launch (no blocks, no all-reduce), and one n x n all-reduce."""
+    from mpqr.backends.dask import _launch, collective
+
+    h = collective.communicator(client, "thread" if CPU else "nccl")
+    work = {w: ([], []) for w in h.ranks}
+    lab = f"empty collective call, {k} workers"
+    results["times_ms"][lab] = median_ms(
+        lambda: _launch.launch(client, h.cid, _noop_body, work, (), 60), 9)
+    res = _launch.launch(client, h.cid, _allreduce_body, work, (N, 50), 60)
+    results["times_ms"][f"{N}x{N} all-reduce, {k} workers"] = max(
+        v["ms"] for v in res.values())
+    print(f"{lab}: {results['times_ms'][lab]:.2f} ms; {N}x{N} all-reduce "
+          f"{results['times_ms'][f'{N}x{N} all-reduce, {k} workers']:.3f} ms")
 
 
 @part("dask reference")
@@ -355,6 +418,7 @@ def main() -> None:
                         print(results["errors"][f"in core {lab}"])
             client.run(_free)
             round_trips(client, k)
+            launch_floor(client, k)
             check(client, k, None, f"{k} workers, even")
             if k > 1:
                 check(client, k, [3] + [13] * (k - 1), f"{k} workers, uneven")
@@ -400,6 +464,30 @@ def main() -> None:
             mine = col2 if ref == "tsqr" else tm.get("collective lstsq 2 workers, 2^26")
             if v and mine:
                 results[f"speedup_vs_dask_{ref}"] = v / mine
+    # the budget: each timed call's median against its slowest worker body's median
+    results["budget_ms"] = {
+        lab: {"total": tm[lab], "body": tl.get("body"),
+              "outside_body": None if tl.get("body") is None else tm[lab] - tl["body"],
+              **{k: v for k, v in tl.items() if k != "body"}}
+        for lab, tl in results.get("timeline_median_ms", {}).items() if lab in tm}
+    for lab, b in results["budget_ms"].items():
+        steps = {k: v for k, v in b.items() if k not in ("total", "body", "outside_body")}
+        print(f"budget {lab}: total {b['total']:.1f} = body {b['body']} + outside "
+              f"{b['outside_body']:.1f} {steps}")
+    targets = {  # the route's targets (2^26 x 64 float64, Q persisted)
+        "2 workers <= 0.6x in core": (results["ratios_to_in_core"].get(
+            "collective 2 workers, 2^26"), 0.6, "le"),
+        "1 worker <= 1.2x in core": (results["ratios_to_in_core"].get(
+            "collective 1 workers, 2^26"), 1.2, "le"),
+        "weak scaling 1 -> 2 <= 1.1": (results.get("weak_scaling_1_to_2"), 1.1, "le"),
+        ">= 20x dask tsqr": (results.get("speedup_vs_dask_tsqr"), 20, "ge"),
+        ">= 20x dask lstsq": (results.get("speedup_vs_dask_lstsq"), 20, "ge")}
+    results["targets"] = {}
+    for name, (v, lim, how) in targets.items():
+        met = None if v is None else (v <= lim if how == "le" else v >= lim)
+        results["targets"][name] = {"value": v, "met": met}
+        print(f"target {name}: {'n/a' if v is None else f'{v:.3f}'} "
+              f"{'MET' if met else 'NOT MET' if met is not None else ''}")
     results["total_s"] = time.perf_counter() - t0
     print("\n".join(f"{k:40s} {v:9.1f} ms" for k, v in tm.items()))
     for k in ("ratios_to_in_core", "weak_scaling_1_to_2", "speedup_vs_dask_tsqr",

@@ -17,7 +17,9 @@ of ``Q`` to the client.
 Each row counts the call's round trips: ``graphs`` (graphs sent to the scheduler:
 ``compute`` and ``persist`` calls, each a synchronous wait), ``passes`` (passes over
 ``A`` from the explain trace, the lazy ``Q`` pass included when ``Q`` is persisted) and
-``block_tasks`` (tasks that read a block of ``A``).
+``block_tasks`` (tasks that read a block of ``A``); on the collective route (CuPy
+blocks on GPU workers with NCCL) ``launches`` (calls sent straight to the workers, no
+graph) and the call's ``timeline_ms``.
 
 Experiments (each row: workers, shape, block rows, median seconds of ``--repeat``):
 
@@ -201,6 +203,12 @@ def _counted(client: Any, fn: Any, x: Any) -> dict[str, Any]:
         out = fn(xi)
     counts = client.run_on_scheduler(_take)
     counts["passes"] = sum(e.kind == "dask-pass" for e in trace.events)
+    # the collective route: calls sent straight to the workers (no graph), and where
+    # the call's time went (the client's steps, the workers' bodies, Q kept)
+    ev = [e.data for e in trace.events if e.kind == "dask-collective"]
+    if ev:
+        counts["launches"] = sum(v.get("launches", 0) for v in ev)
+        counts["timeline_ms"] = ev[-1].get("timeline_ms")
     del out, xi
     _released(client, base - len(x.chunks[0]))
     return counts
