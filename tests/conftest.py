@@ -88,6 +88,16 @@ def xp(request):
 
 
 @pytest.fixture
+def general_lstsq_route(monkeypatch):
+    """Small least-squares problems on mpqr's general route instead of the small-input
+    fast path (which runs under ``explain()`` too): for tests of the general route's
+    steps at sizes the fast path would take."""
+    from mpqr import _fast
+
+    monkeypatch.setattr(_fast, "lstsq", lambda *args, **kwargs: _fast.MISS)
+
+
+@pytest.fixture
 def dask_threads():
     """Dask's threaded scheduler for the test (no distributed client)."""
     import dask

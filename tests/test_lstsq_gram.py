@@ -26,6 +26,9 @@ from mpqr.lstsq.gram import (
 )
 from tests._support import to_numpy
 
+pytestmark = pytest.mark.usefixtures("general_lstsq_route")  # the general route's steps
+
+
 
 def _problem(m, n, sigma, dtype, seed, complex_=False):
     rng = np.random.default_rng(seed)

@@ -220,6 +220,7 @@ def test_nonfinite_as_in_core(device):
         assert np.isnan(x).all() and rank == N and np.isnan(res).all()
 
 
+@pytest.mark.usefixtures("general_lstsq_route")
 def test_in_core_when_it_fits():
     rng = np.random.default_rng(4)
     a, b = rng.standard_normal((M, N)), rng.standard_normal(M)
