@@ -62,6 +62,8 @@ def test_orth_reaches_working_precision(xp, precision, monkeypatch):
     monkeypatch.setattr(type(backend), "library_qr_square_max", 0)
     monkeypatch.setattr(type(backend), "library_qr_square_max_by_precision", {})
     monkeypatch.setattr(type(backend), "small_max", 0)  # nor the small-input route
+    # (whose decisions are cached per backend, dtype, shape and precision: forget those)
+    monkeypatch.setattr(mpqr._fast, "_DECISIONS", {})
     a = geometric(np.random.default_rng(3), 256, 48, 1e5)
     with mpqr.explain() as trace:
         q = mpqr.orth(xp.asarray(a), precision=precision)
