@@ -317,6 +317,18 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # W's rows r0: and columns c0:c1, stored from (off, off) on
         return w_all[..., r0 - off:m - off, c0 - off:c1 - off]
 
+    def lean_fp16(w: Any, y: Any, tau: Any, c0: int, c1: int, need_w: bool,
+                  off: int) -> None:
+        # the lean plan at fp16: Ŷ rounded (from W or tau) over Y in the working copy,
+        # T̂ kept for Q's formation, Ŵ = Ŷ T̂ where the merges need W
+        y16, t = round_reflectors_fp16(
+            backend, w, y, precision=pp, tau=tau,
+            out=xp.empty((*batch, m - c0, c1 - c0), dtype=xp.float16, device=dev))
+        _store_vectors(xp, work, y16, c0, c1)
+        ts[c0] = (c1, t)
+        if need_w:
+            rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
+
     def leaf(c0: int, c1: int, need_w: bool, off: int) -> None:
         k = c1 - c0
         need_t = lean and want_q
@@ -337,13 +349,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                 rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
                 return
             if f16:  # lean: Ŷ over Y in the working copy
-                y16, t = round_reflectors_fp16(
-                    backend, None, work[..., c0:, c0:c1], precision=pp, tau=tau,
-                    out=xp.empty((*batch, m - c0, k), dtype=xp.float16, device=dev))
-                _store_vectors(xp, work, y16, c0, c1)
-                ts[c0] = (c1, t)
-                if need_w:
-                    rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
+                lean_fp16(None, work[..., c0:, c0:c1], tau, c0, c1, need_w, off)
                 return
             y = unit_lower(xp, work[..., c0:, c0:c1])
             t = compact_wy_t(backend, y, tau)
@@ -359,13 +365,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             work[..., c0:c1, c0:c1] = xp.triu(r) + xp.tril(y[..., :k, :], k=-1)
             work[..., c1:, c0:c1] = y[..., k:, :]
             if f16 and lean:  # Ŷ over Y in the working copy, T̂ kept, Ŵ = Ŷ T̂
-                y16, t = round_reflectors_fp16(
-                    backend, w, y, precision=pp,
-                    out=xp.empty((*batch, m - c0, k), dtype=xp.float16, device=dev))
-                _store_vectors(xp, work, y16, c0, c1)
-                ts[c0] = (c1, t)
-                if need_w:
-                    rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
+                lean_fp16(w, y, None, c0, c1, need_w, off)
                 return
             if need_t:  # W = Y T with Y's top block unit lower: T from W's top block
                 ts[c0] = (c1, backend.solve_triangular(y[..., :k, :], w[..., :k, :],
