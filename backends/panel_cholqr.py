@@ -29,7 +29,8 @@ from typing import Any
 
 from mpqr._array_api import device
 
-__all__ = ["CERTIFIED_LEAF_SUB", "CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY",
+__all__ = ["CERTIFIED_LEAF_LOOKAHEAD", "CERTIFIED_LEAF_SUB", "CERTIFIED_PANEL_MAX_N",
+           "NEAR_IDENTITY",
            "certificate_failed", "certified_leaf", "certified_panel", "new_certificate"]
 
 #: widest certified panel (the kernels hold one column per lane of a warp)
@@ -40,6 +41,13 @@ CERTIFIED_PANEL_MAX_N = 32
 #: depth ``CERTIFIED_LEAF_SUB`` instead of one rank-32 update per panel. None: every panel
 #: updates the whole leaf. (Read at each call, by the portable loop and CuPy's.)
 CERTIFIED_LEAF_SUB: int | None = None
+#: A certified leaf with lookahead (whole-leaf updates only, :data:`CERTIFIED_LEAF_SUB`
+#: None): each panel's update goes in two parts, the next panel's columns first, then the
+#: rest of the leaf, so that the next panel can be factored while the rest is updated (on
+#: CuPy on a second stream: the panel's serial steps keep a few SMs busy, the update the
+#: rest). The same products on column slices of the same operands. (Read at each call,
+#: by the portable loop and CuPy's.)
+CERTIFIED_LEAF_LOOKAHEAD: bool = False
 #: ``||Q1^T Q1 - I||_F^2`` at or below which ``R2`` and ``R2^-1`` are taken to first order
 #: (float64's unit roundoff: the second-order terms are below its rounding)
 NEAR_IDENTITY = 2.0**-53

@@ -433,3 +433,37 @@ def test_portable_leaf_in_sub_blocks_gives_the_right_looking_factors(monkeypatch
     for j in range(sub):  # H_1 ... H_sub, one rank-1 update each
         h -= t1[j] * np.outer(h @ y[:, j], y[:, j])
     assert np.abs(np.eye(m) - ww1[c0:, c0:c0 + sub] @ y.T - h).max() <= 1000 * u
+
+
+@pytest.mark.parametrize("cols", [(6, 134), (0, 32)])
+def test_leaf_with_lookahead_matches_the_leaf_without(xp, monkeypatch, cols):
+    """The leaf with lookahead (each panel updates the next panel's columns apart from the
+    rest) gives the right-looking loop's factors to rounding, on every backend's own loop;
+    on CuPy the panels on the side stream give the one-stream launches' bits."""
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    from mpqr.qr import panel_blocked
+
+    a = np.random.default_rng(61).standard_normal((400, 140))
+    c0, c1 = cols
+    runs = [(False, True), (True, True)]
+    if is_cupy_namespace(xp):
+        runs.append((True, False))
+    out = []
+    for ahead, stream in runs:
+        monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_LOOKAHEAD", ahead)
+        if is_cupy_namespace(xp):
+            monkeypatch.setattr(_cupy_panels(xp), "LOOKAHEAD_STREAM", stream)
+        backend, work, w, cert = _working(xp, a)
+        tau = panel_blocked.certified_leaf(backend, work, w, c0, c1, cert=cert,
+                                           precision="fp64")
+        out.append((to_numpy(work), to_numpy(tau), to_numpy(w), int(to_numpy(cert)[0])))
+    ref = out[0]
+    u = 2.0**-53
+    for got in out[1:]:
+        assert got[3] == ref[3] == 0
+        for x, y in zip(got[:3], ref[:3], strict=True):
+            assert np.abs(x - y).max() <= 200 * u * max(np.abs(y).max(), 1.0)
+    if len(out) == 3:  # the side stream changes no bit
+        for x, y in zip(out[1][:3], out[2][:3], strict=True):
+            assert np.array_equal(x, y)

@@ -149,7 +149,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
     ``w_all[i - woff, j - woff]`` (a W narrower than the working matrix)."""
     from cupy.cuda import cublas, runtime
 
-    from mpqr.qr.panel_blocked import leaf_sub
+    from mpqr.qr.panel_blocked import leaf_lookahead, leaf_sub
 
     m, ld = work.shape
     it = work.itemsize
@@ -163,7 +163,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
         _fused_module(cp.dtype(work.dtype).name)[ONE_LAUNCH == "block"]
     ws = _workspace()
     tau = cp.empty(k, dtype=work.dtype)
-    ltop = cp.empty(MAX_N * MAX_N, dtype=work.dtype)
+    ltop = cp.empty(2 * MAX_N * MAX_N, dtype=work.dtype)  # two: lookahead's alternate
     zld = max(k - MAX_N, 1)
     z = cp.empty((MAX_N, zld), dtype=work.dtype)  # Z^T as column-major (q x nn, ld zld)
     one, zero, mone = np.array(1.0, dt), np.array(0.0, dt), np.array(-1.0, dt)
@@ -196,37 +196,52 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
     def atw(r, col):  # W's entry (r, col) (W's own leading dimension)
         return w0 + (r * ldw + col) * it
 
+    def panel(c: int, e: int, lp: int) -> None:
+        # factor columns c:e in place (L's top block to lp)
+        nn, mr = e - c, m - c
+        pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ldw + c) * it)
+        if fused is not None:
+            _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, np.int64(ldw), np.uint64(lp),
+                          np.uint64(tau0 + (c - c0) * it), apply_k=apply_k)
+            return
+        blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
+        args = (pa, lda, np.int64(mr), np.int32(nn))
+        for p in (1, 2):
+            pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, np.int64(ldw),
+                                            np.uint64(lp), np.uint64(tau0 + (c - c0) * it)))
+        if mr > nn:
+            ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
+            apply_k((ab,), (_THREADS,), (*args, ws, pw, np.int64(ldw)))
+
+    def update(c: int, e: int, lp: int, j0: int, j1: int) -> None:
+        # columns j0:j1 <- (I - Y W^T) columns j0:j1, Y and W of the panel c:e
+        nn, mr, q = e - c, m - c, j1 - j0
+        if q <= 0:
+            return
+        pb, pw = a0 + (c * ld + j0) * it, w0 + (c * ldw + c) * it
+        # Z^T (q x nn) = B^T W, B = work[c:, j0:j1], W = w_all[c:, c:e], as one GEMM
+        # (split over 512-row chunks and summed, the QR was no faster: 16384^2 fp16
+        # 299-320 ms against 296-299, H100, bench/NOTES.md 2026-11-24)
+        gemm(op_n, op_t, q, nn, mr, one, pb, ld, pw, ldw, zero, z0, zld)
+        # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
+        gemm(op_n, op_n, q, nn, nn, mone, z0, zld, lp, nn, one, pb, ld)
+        if e < m:
+            gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld,
+                 one, a0 + (e * ld + j0) * it, ld)
+
+    if leaf_lookahead(k):
+        _leaf_lookahead(panel, update, c0, c1, l0, l0 + MAX_N * MAX_N * it)
+        return tau
     for c in range(c0, c1, MAX_N):
         e = min(c + MAX_N, c1)
         nn, mr = e - c, m - c
         s0 = c0 + (c - c0) // sub * sub  # this sub-block: columns s0:se
         se = min(s0 + sub, c1)
-        pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ldw + c) * it)
-        if fused is not None:
-            _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, np.int64(ldw), np.uint64(l0),
-                          np.uint64(tau0 + (c - c0) * it), apply_k=apply_k)
-        blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
-        args = (pa, lda, np.int64(mr), np.int32(nn))
-        for p in (1, 2) if fused is None else ():
-            pass_k((blocks,), (_THREADS,), (*args, np.int32(p), ws, cert, pw, np.int64(ldw),
-                                            np.uint64(l0), np.uint64(tau0 + (c - c0) * it)))
-        if mr > nn and fused is None:
-            ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
-            apply_k((ab,), (_THREADS,), (*args, ws, pw, np.int64(ldw)))
+        pw = np.uint64(w0 + (c * ldw + c) * it)
+        panel(c, e, l0)
         if e == c1:
             break
-        q = se - e
-        pb = a0 + (c * ld + e) * it
-        if q > 0:
-            # Z^T (q x nn) = B^T W, B = work[c:, e:se], W = w_all[c:, c:e], as one GEMM
-            # (split over 512-row chunks and summed, the QR was no faster: 16384^2 fp16
-            # 299-320 ms against 296-299, H100, bench/NOTES.md 2026-11-24)
-            gemm(op_n, op_t, q, nn, mr, one, pb, ld, int(pw), ldw, zero, z0, zld)
-            # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
-            gemm(op_n, op_n, q, nn, nn, mone, z0, zld, l0, nn, one, pb, ld)
-            if e < m:
-                gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld,
-                     one, a0 + (e * ld + e) * it, ld)
+        update(c, e, l0, e, se)
         if se == c1:
             continue
         if c > s0:  # W of the sub-block so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^T W_j)
@@ -252,6 +267,63 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
             rm_gemm(False, False, m - se, q2, kb, mone, at(a0, se, s0), ld, z2.data.ptr, z2ld,
                     one, at(a0, se, se), ld)
     return tau
+
+
+#: lookahead's panels on a stream of their own (highest priority) while the leaf's update
+#: runs on the caller's; False: the same launches in the same order on the caller's stream
+#: (the same bits: the test that the streams change nothing)
+LOOKAHEAD_STREAM: bool = True
+
+
+@functools.cache
+def _side_stream(device: int):
+    _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    return cp.cuda.Stream(non_blocking=True, priority=greatest)
+
+
+def _leaf_lookahead(panel, update, c0: int, c1: int, la: int, lb: int) -> None:
+    """The leaf's panels ``panel(c, e, L)`` and updates ``update(c, e, L, j0, j1)`` with
+    lookahead: after panel ``p``, the next panel's columns are updated, panel ``p + 1`` is
+    launched (on the side stream, after an event of the caller's) and the rest of the leaf
+    is updated with panel ``p``'s factors meanwhile; the caller's stream waits for panel
+    ``p + 1`` before its next update. L's top block alternates between ``la`` and ``lb``
+    (panel ``p + 1`` writes one while panel ``p``'s update reads the other)."""
+    main = cp.cuda.get_current_stream()
+    if not LOOKAHEAD_STREAM:
+        side = None
+    else:
+        side = _side_stream(cp.cuda.Device().id)
+        ready, done = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+
+    def launch(c: int, e: int, lp: int) -> None:
+        # panel c:e after the caller's stream's work so far; the caller's stream waits for
+        # it only at its next update that reads it (wait())
+        if side is None:
+            panel(c, e, lp)
+            return
+        main.record(ready)
+        side.wait_event(ready)
+        with side:
+            panel(c, e, lp)
+        side.record(done)
+
+    def wait() -> None:
+        if side is not None:
+            main.wait_event(done)
+
+    launch(c0, min(c0 + MAX_N, c1), la)
+    wait()
+    lp, lq = la, lb
+    for c in range(c0, c1, MAX_N):
+        e = min(c + MAX_N, c1)
+        if e == c1:
+            break
+        e2 = min(e + MAX_N, c1)
+        update(c, e, lp, e, e2)  # the next panel's columns
+        launch(e, e2, lq)
+        update(c, e, lp, e2, c1)  # the rest, beside the next panel
+        wait()
+        lp, lq = lq, lp
 
 
 def supports_leaf(work, w_all) -> bool:

@@ -32,7 +32,7 @@ from mpqr.backends._base import compact_wy_t
 from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm, gemm_sub
 
-__all__ = ["blocked_householder_panel", "certified_leaf", "leaf_sub"]
+__all__ = ["blocked_householder_panel", "certified_leaf", "leaf_lookahead", "leaf_sub"]
 
 
 def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: str
@@ -67,6 +67,8 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     ``cert``). Each panel's ``W`` goes to ``w_all[c:, c:e]`` for the update of the leaf's
     later columns, ``B <- B - Y (W^H B)``, by products at ``precision`` (the second in
     place, in two parts: ``Y``'s explicit unit-lower top and the rows below it). With
+    :data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD` set (and no sub-blocks),
+    each panel's update goes in two parts: the next panel's columns, then the rest. With
     :data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_SUB` set, the leaf goes in sub-blocks
     of that many columns: each panel updates the rest of its sub-block, its ``W`` joins the
     sub-block's (``W_j <- W_j - W_<j (Y_<j^H W_j)``; ``w_all`` then holds the sub-blocks'
@@ -82,6 +84,7 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     m = work.shape[-2]
     nb = CERTIFIED_PANEL_MAX_N
     sub = leaf_sub(c1 - c0)
+    ahead = leaf_lookahead(c1 - c0)
     taus = []
 
     def w(r0: int, r1: int, j0: int, j1: int) -> Any:  # W's rows r0:r1, columns j0:j1
@@ -95,13 +98,18 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
         taus.append(tau)
         if e == c1:
             break
-        if e < se:
-            z = gemm(ct(xp, w(c, m, c, e)), work[c:, e:se], precision=precision,
+        # lookahead: the next panel's columns first, then the rest (the same products on
+        # column slices)
+        parts = ((e, min(e + nb, se)), (min(e + nb, se), se)) if ahead else ((e, se),)
+        for j0, j1 in parts:
+            if j0 >= j1:
+                continue
+            z = gemm(ct(xp, w(c, m, c, e)), work[c:, j0:j1], precision=precision,
                      label="panel-update-WhB", backend=backend)
-            gemm_sub(work[c:e, e:se], l, z, precision=precision, label="panel-update-YZ",
+            gemm_sub(work[c:e, j0:j1], l, z, precision=precision, label="panel-update-YZ",
                      backend=backend)
             if e < m:
-                gemm_sub(work[e:, e:se], work[e:, c:e], z, precision=precision,
+                gemm_sub(work[e:, j0:j1], work[e:, c:e], z, precision=precision,
                          label="panel-update-YZ", backend=backend)
         if se == c1:
             continue
@@ -134,3 +142,10 @@ def leaf_sub(k: int) -> int:
     if sub is None:
         return k
     return max(CERTIFIED_PANEL_MAX_N, sub // CERTIFIED_PANEL_MAX_N * CERTIFIED_PANEL_MAX_N)
+
+
+def leaf_lookahead(k: int) -> bool:
+    """Whether a certified leaf of ``k`` columns updates the next panel's columns apart from
+    the rest (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD`; whole-leaf
+    updates only)."""
+    return bool(_panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD) and leaf_sub(k) >= k
