@@ -467,3 +467,30 @@ def test_leaf_with_lookahead_matches_the_leaf_without(xp, monkeypatch, cols):
     if len(out) == 3:  # the side stream changes no bit
         for x, y in zip(out[1][:3], out[2][:3], strict=True):
             assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_leaf_with_z_untransposed_matches_the_portable_loop(xp, monkeypatch, ahead):
+    """CuPy's leaf with ``W^T B`` formed as ``Z`` (not ``Z^T``) gives the portable loop's
+    factors to rounding, with and without lookahead."""
+    cupy_panels = _cupy_panels(xp)
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    from mpqr.qr import panel_blocked
+
+    monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_LOOKAHEAD", ahead)
+    a = np.random.default_rng(67).standard_normal((3000, 300))
+    out = []
+    for layout in ("z", None):
+        monkeypatch.setattr(cupy_panels, "LEAF_Z_LAYOUT", layout or "zt")
+        backend, work, w, cert = _working(xp, a)
+        if layout is None:
+            monkeypatch.setattr(type(backend), "certified_leaf", ArrayAPIBackend.certified_leaf)
+        tau = panel_blocked.certified_leaf(backend, work, w, 40, 290, cert=cert,
+                                           precision="fp64")
+        out.append((to_numpy(work), to_numpy(tau), to_numpy(w), int(to_numpy(cert)[0])))
+    (w1, t1, ww1, f1), (w2, t2, ww2, f2) = out
+    assert f1 == f2 == 0
+    assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
+    assert np.abs(t1 - t2).max() <= 1e-12
+    assert np.abs(ww1 - ww2).max() <= 1e-12 * np.abs(ww2).max()

@@ -17,8 +17,8 @@ import cupy as cp
 import numpy as np
 from mpqr.backends.cupy.modules import ctype, functions
 
-__all__ = ["MAX_N", "ONE_LAUNCH", "certified_leaf", "certified_panel", "supports",
-           "supports_leaf"]
+__all__ = ["LEAF_Z_LAYOUT", "LOOKAHEAD_STREAM", "MAX_N", "ONE_LAUNCH", "certified_leaf",
+           "certified_panel", "supports", "supports_leaf"]
 
 #: widest panel (one column per lane of a warp)
 MAX_N = 32
@@ -222,11 +222,16 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
         # Z^T (q x nn) = B^T W, B = work[c:, j0:j1], W = w_all[c:, c:e], as one GEMM
         # (split over 512-row chunks and summed, the QR was no faster: 16384^2 fp16
         # 299-320 ms against 296-299, H100, bench/NOTES.md 2026-11-24)
-        gemm(op_n, op_t, q, nn, mr, one, pb, ld, pw, ldw, zero, z0, zld)
+        if LEAF_Z_LAYOUT == "z":  # Z (nn x q, column-major: the short side first)
+            gemm(op_n, op_t, nn, q, mr, one, pw, ldw, pb, ld, zero, z0, nn)
+            oz, lz = op_t, nn
+        else:
+            gemm(op_n, op_t, q, nn, mr, one, pb, ld, pw, ldw, zero, z0, zld)
+            oz, lz = op_n, zld
         # B's top rows -= L Z, the rows below -= Y2 Z (Y2 = work[e:, c:e])
-        gemm(op_n, op_n, q, nn, nn, mone, z0, zld, lp, nn, one, pb, ld)
+        gemm(oz, op_n, q, nn, nn, mone, z0, lz, lp, nn, one, pb, ld)
         if e < m:
-            gemm(op_n, op_n, q, m - e, nn, mone, z0, zld, a0 + (e * ld + c) * it, ld,
+            gemm(oz, op_n, q, m - e, nn, mone, z0, lz, a0 + (e * ld + c) * it, ld,
                  one, a0 + (e * ld + j0) * it, ld)
 
     if leaf_lookahead(k):
@@ -269,6 +274,11 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
     return tau
 
 
+#: the layout of the leaf's ``W^T B`` (the rank-32 update's first product, inner dimension
+#: the panel's rows): ``"zt"`` its transpose (q x 32, column-major), ``"z"`` itself
+#: (32 x q): the same sums, other cuBLAS kernels (the first splits its long inner dimension
+#: over a reduction kernel, H200 trace)
+LEAF_Z_LAYOUT: str = "zt"
 #: lookahead's panels on a stream of their own (highest priority) while the leaf's update
 #: runs on the caller's; False: the same launches in the same order on the caller's stream
 #: (the same bits: the test that the streams change nothing)
