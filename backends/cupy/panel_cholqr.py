@@ -287,8 +287,8 @@ LOOKAHEAD_STREAM: bool = True
 
 @functools.cache
 def _side_stream(device: int):
-    _, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
-    return cp.cuda.Stream(non_blocking=True, priority=greatest)
+    # CUDA clamps a priority beyond the device's range to its greatest (-5 on an H200)
+    return cp.cuda.Stream(non_blocking=True, priority=-1000)
 
 
 def _leaf_lookahead(panel, update, c0: int, c1: int, la: int, lb: int) -> None:
