@@ -29,8 +29,8 @@ from typing import Any
 
 from mpqr._array_api import device
 
-__all__ = ["CERTIFIED_LEAF_LOOKAHEAD", "CERTIFIED_LEAF_SUB", "CERTIFIED_PANEL_MAX_N",
-           "NEAR_IDENTITY",
+__all__ = ["CERTIFIED_LEAF_COMBINED_W", "CERTIFIED_LEAF_LOOKAHEAD", "CERTIFIED_LEAF_SUB",
+           "CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY",
            "certificate_failed", "certified_leaf", "certified_panel", "new_certificate"]
 
 #: widest certified panel (the kernels hold one column per lane of a warp)
@@ -48,6 +48,11 @@ CERTIFIED_LEAF_SUB: int | None = None
 #: rest). The same products on column slices of the same operands. (Read at each call,
 #: by the portable loop and CuPy's.)
 CERTIFIED_LEAF_LOOKAHEAD: bool = False
+#: A certified leaf (whole-leaf updates) that combines its panels' W as it goes,
+#: ``W_j <- W_j - W_<j (Y_<j^H W_j)`` after panel ``j``'s updates (with lookahead: beside
+#: the next panel), so that the leaf's ``W = Y T`` needs no ``Y^H Y``, ``T`` and ``Y T`` of
+#: its own afterwards. Where the caller asks for it (the leaf's W read later, its T not).
+CERTIFIED_LEAF_COMBINED_W: bool = False
 #: ``||Q1^T Q1 - I||_F^2`` at or below which ``R2`` and ``R2^-1`` are taken to first order
 #: (float64's unit roundoff: the second-order terms are below its rounding)
 NEAR_IDENTITY = 2.0**-53
@@ -65,7 +70,7 @@ def certificate_failed(self: Any, fails: Any) -> bool:
 
 
 def certified_leaf(self: Any, work: Any, w_all: Any, c0: int, c1: int, cert: Any,
-                   woff: int = 0) -> Any | None:
+                   woff: int = 0, combine: bool = False) -> Any | None:
     """A backend's own certified leaf (:func:`mpqr.qr.panel_blocked.certified_leaf`: the
     same steps, its buffers and products in the backend's hands), or None: the portable
     loop runs."""

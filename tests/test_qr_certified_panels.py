@@ -435,6 +435,8 @@ def test_portable_leaf_in_sub_blocks_gives_the_right_looking_factors(monkeypatch
     assert np.abs(np.eye(m) - ww1[c0:, c0:c0 + sub] @ y.T - h).max() <= 1000 * u
 
 
+@pytest.mark.skip_xp_backend("array_api_strict", reason="the NumPy loop's steps: numpy")
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy loop's steps: numpy")
 @pytest.mark.parametrize("cols", [(6, 134), (0, 32)])
 def test_leaf_with_lookahead_matches_the_leaf_without(xp, monkeypatch, cols):
     """The leaf with lookahead (each panel updates the next panel's columns apart from the
@@ -494,3 +496,58 @@ def test_leaf_with_z_untransposed_matches_the_portable_loop(xp, monkeypatch, ahe
     assert np.abs(w1 - w2).max() <= 1e-12 * np.abs(w2).max()
     assert np.abs(t1 - t2).max() <= 1e-12
     assert np.abs(ww1 - ww2).max() <= 1e-12 * np.abs(ww2).max()
+
+
+@pytest.mark.skip_xp_backend("array_api_strict", reason="the NumPy loop's steps: numpy")
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy loop's steps: numpy")
+@pytest.mark.parametrize("ahead", [False, True])
+def test_leaf_combines_its_w_into_the_compact_wy_factor(xp, monkeypatch, ahead):
+    """A leaf asked to combine its panels' W (``W_j - W_<j (Y_<j^T W_j)`` after each panel)
+    leaves the leaf's ``W = Y T`` (T from ``Y`` and ``tau`` by the UT transform), and the
+    same R and Y as the leaf that does not, with and without lookahead (CuPy's own loop and
+    the portable one)."""
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    from mpqr.qr import panel_blocked
+
+    monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_LOOKAHEAD", ahead)
+    monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_COMBINED_W", True)
+    a = np.random.default_rng(71).standard_normal((400, 140))
+    c0, c1 = 6, 134
+    out = []
+    for combine in (True, False):
+        backend, work, w, cert = _working(xp, a)
+        tau = panel_blocked.certified_leaf(backend, work, w, c0, c1, cert=cert,
+                                           precision="fp64", combine=combine)
+        out.append((to_numpy(work), to_numpy(tau), to_numpy(w), int(to_numpy(cert)[0])))
+    (wk1, t1, w1, f1), (wk2, t2, _, f2) = out
+    assert f1 == f2 == 0
+    u = 2.0**-53
+    assert np.abs(wk1 - wk2).max() <= 200 * u * np.abs(wk2).max()
+    assert np.abs(t1 - t2).max() <= 200 * u
+    y = np.tril(wk1[c0:, c0:c1], -1) + np.eye(400 - c0, c1 - c0)
+    ref = y @ to_numpy(compact_wy_t(get_backend(np), y, t1))
+    assert np.abs(w1[c0:, c0:c1] - ref).max() <= 200 * u * np.abs(ref).max()
+    assert not np.any(w1[:c0, c0:c1])
+
+
+@pytest.mark.skip_xp_backend("array_api_strict", reason="the NumPy loop's steps: numpy")
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy loop's steps: numpy")
+@pytest.mark.parametrize("precision", ["fp32-emulated"])
+def test_recursive_qr_with_lookahead_and_combined_w(xp, monkeypatch, precision):
+    """The recursive QR with its leaves' lookahead and combined W gives the factorization
+    without them to working precision."""
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    a, ax, _ = two_leaf_case(xp, monkeypatch, precision)
+    out = []
+    for on in (False, True):
+        monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_LOOKAHEAD", on)
+        monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_COMBINED_W", on)
+        q, r = mpqr.qr(ax, precision=precision, method="householder-recursive")
+        out.append((to_numpy(q), to_numpy(r)))
+    u = unit_roundoff(precision, np.float64)
+    for got, ref in zip(out[1], out[0], strict=True):
+        assert np.abs(got - ref).max() <= 64 * u * np.abs(ref).max()
+    assert backward_error(a, *out[1]) <= 2 * np.sqrt(256) * u
+    assert orthogonality(out[1][0]) <= np.sqrt(256) * max(u, 2.0**-24) / 4

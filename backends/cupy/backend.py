@@ -694,12 +694,13 @@ class CupyBackend(ArrayAPIBackend):
             return cupy_panel_cholqr.certified_panel(a, w, fails)
         return super().certified_panel(a, w, fails)
 
-    def certified_leaf(self, work, w_all, c0, c1, cert, woff=0):
+    def certified_leaf(self, work, w_all, c0, c1, cert, woff=0, combine=False):
         from mpqr.backends.cupy import panel_cholqr as cupy_panel_cholqr
 
         if cupy_panel_cholqr.supports_leaf(work, w_all):
             # buffers allocated once per leaf, updates as direct cuBLAS calls: host time
-            return cupy_panel_cholqr.certified_leaf(self, work, w_all, c0, c1, cert, woff)
+            return cupy_panel_cholqr.certified_leaf(self, work, w_all, c0, c1, cert, woff,
+                                                    combine)
         return None
 
     def reconstruct_panel(self, a):

@@ -140,7 +140,8 @@ def certified_panel(a, w, cert):
     return ltop, tau
 
 
-def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
+def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
+                   combine: bool = False):
     """:func:`mpqr.qr.panel_blocked.certified_leaf` with its buffers allocated once, the
     kernels launched on raw pointers and the update products as direct cuBLAS calls
     (column-major views of the row-major blocks): through array views and the policy's
@@ -180,6 +181,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
                       lb, beta.ctypes.data, pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
     sub = leaf_sub(k)  # the portable loop's sub-blocks (CERTIFIED_LEAF_SUB)
+    combine = combine and sub >= k
     if sub < k:  # the sub-blocks' combined W^T B (kb x q2), G and L's top block
         z2ld = k - sub
         z2 = cp.empty((sub, z2ld), dtype=work.dtype)
@@ -234,30 +236,36 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0):
             gemm(oz, op_n, q, m - e, nn, mone, z0, lz, a0 + (e * ld + c) * it, ld,
                  one, a0 + (e * ld + j0) * it, ld)
 
+    if combine:  # the leaf's W combined panel by panel: G = Y_<j^T W_j (c - c0 x nn)
+        g = cp.empty((max(k - MAX_N, 1), MAX_N), dtype=work.dtype)
+
+    def join(s0: int, c: int, e: int) -> None:
+        # W of the (sub-)block so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^T W_j) (Y's rows
+        # from c in the columns before c are stored as they are; W_j's rows above c zero)
+        if c <= s0:
+            return
+        nn, mr = e - c, m - c
+        w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
+        rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, atw(c, c), ldw, zero,
+                g.data.ptr, MAX_N)
+        rm_gemm(False, False, m - s0, nn, c - s0, mone, atw(s0, s0), ldw, g.data.ptr,
+                MAX_N, one, atw(s0, c), ldw)
+
     if leaf_lookahead(k):
-        _leaf_lookahead(panel, update, c0, c1, l0, l0 + MAX_N * MAX_N * it)
+        _leaf_lookahead(panel, update, c0, c1, l0, l0 + MAX_N * MAX_N * it,
+                        (lambda c, e: join(c0, c, e)) if combine else None)
         return tau
     for c in range(c0, c1, MAX_N):
         e = min(c + MAX_N, c1)
-        nn, mr = e - c, m - c
         s0 = c0 + (c - c0) // sub * sub  # this sub-block: columns s0:se
         se = min(s0 + sub, c1)
-        pw = np.uint64(w0 + (c * ldw + c) * it)
         panel(c, e, l0)
-        if e == c1:
-            break
         update(c, e, l0, e, se)
-        if se == c1:
+        whole = se == c1  # the last sub-block (or the leaf): no update after it
+        if whole and not combine:
             continue
-        if c > s0:  # W of the sub-block so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^T W_j)
-            # (Y's rows from c in the columns before c are stored as they are; W_j's rows
-            # above c are zero)
-            w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
-            rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, int(pw), ldw, zero,
-                    g.data.ptr, MAX_N)
-            rm_gemm(False, False, m - s0, nn, c - s0, mone, atw(s0, s0), ldw, g.data.ptr,
-                    MAX_N, one, atw(s0, c), ldw)
-        if e < se:
+        join(s0, c, e)
+        if e < se or whole:
             continue
         # the sub-block is factored: the leaf's later columns B2 = work[s0:, se:c1] <-
         # B2 - Y (W^T B2), Y's top block explicit (unit lower), the rows below in place
@@ -291,13 +299,14 @@ def _side_stream(device: int):
     return cp.cuda.Stream(non_blocking=True, priority=-1000)
 
 
-def _leaf_lookahead(panel, update, c0: int, c1: int, la: int, lb: int) -> None:
+def _leaf_lookahead(panel, update, c0: int, c1: int, la: int, lb: int, join=None) -> None:
     """The leaf's panels ``panel(c, e, L)`` and updates ``update(c, e, L, j0, j1)`` with
     lookahead: after panel ``p``, the next panel's columns are updated, panel ``p + 1`` is
     launched (on the side stream, after an event of the caller's) and the rest of the leaf
     is updated with panel ``p``'s factors meanwhile; the caller's stream waits for panel
     ``p + 1`` before its next update. L's top block alternates between ``la`` and ``lb``
-    (panel ``p + 1`` writes one while panel ``p``'s update reads the other)."""
+    (panel ``p + 1`` writes one while panel ``p``'s update reads the other). ``join(c, e)``
+    (or None): panel ``p``'s W joins the leaf's, after its update, beside panel ``p + 1``."""
     main = cp.cuda.get_current_stream()
     if not LOOKAHEAD_STREAM:
         side = None
@@ -327,11 +336,15 @@ def _leaf_lookahead(panel, update, c0: int, c1: int, la: int, lb: int) -> None:
     for c in range(c0, c1, MAX_N):
         e = min(c + MAX_N, c1)
         if e == c1:
+            if join is not None:
+                join(c, e)
             break
         e2 = min(e + MAX_N, c1)
         update(c, e, lp, e, e2)  # the next panel's columns
         launch(e, e2, lq)
         update(c, e, lp, e2, c1)  # the rest, beside the next panel
+        if join is not None:
+            join(c, e)
         wait()
         lp, lq = lq, lp
 

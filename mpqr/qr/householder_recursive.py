@@ -63,7 +63,7 @@ from mpqr.qr._kernels import (
     trmm_lower,
     unit_lower,
 )
-from mpqr.qr.panel_blocked import certified_leaf
+from mpqr.qr.panel_blocked import certified_leaf, leaf_combines_w
 
 __all__ = [
     "EXACT_FP16",
@@ -338,9 +338,12 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         if cert is not None:
             # certified 32-column panels in place, right-looking at the panel's precision
             # (the certificate is read once, at the end)
+            # the leaf's W combined panel by panel where only W is read later (no T, no
+            # rounded vectors): no Y^H Y, T and Y T of the whole leaf afterwards
+            combine = need_w and not need_t and not f16 and leaf_combines_w(k)
             tau = certified_leaf(backend, work, w_all, c0, c1, cert=cert, precision=pp,
-                                 woff=off)
-            if not (need_w or need_t):
+                                 woff=off, combine=combine)
+            if not (need_w or need_t) or combine:
                 return
             if yx:  # Ŷ into its float16 array; the working copy keeps the unrounded Y
                 y16, t = round_reflectors_fp16(backend, None, work[..., c0:, c0:c1],

@@ -32,7 +32,8 @@ from mpqr.backends._base import compact_wy_t
 from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm, gemm_sub
 
-__all__ = ["blocked_householder_panel", "certified_leaf", "leaf_lookahead", "leaf_sub"]
+__all__ = ["blocked_householder_panel", "certified_leaf", "leaf_combines_w", "leaf_lookahead",
+           "leaf_sub"]
 
 
 def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: str
@@ -60,7 +61,7 @@ def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: st
 
 
 def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cert: Any,
-                   precision: str, woff: int = 0) -> Any:
+                   precision: str, woff: int = 0, combine: bool = False) -> Any:
     """Factor the leaf ``work[c0:, c0:c1]`` (2-D, LAPACK's layout) in place in certified
     panels of :data:`~mpqr.qr._kernels.CERTIFIED_PANEL_MAX_N` columns, left to right
     (``backend.certified_panel``: CholQR2 + reconstruction, the check counted into
@@ -73,11 +74,15 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     of that many columns: each panel updates the rest of its sub-block, its ``W`` joins the
     sub-block's (``W_j <- W_j - W_<j (Y_<j^H W_j)``; ``w_all`` then holds the sub-blocks'
     combined ``W``), and each sub-block updates the leaf's later columns at once.
+    With ``combine`` and :func:`leaf_combines_w` (whole-leaf updates), each panel's ``W``
+    joins the leaf's the same way after its updates, so that ``w_all`` holds the leaf's
+    ``W = Y T`` at the end.
     Returns the leaf's ``tau`` (for its ``T``: :func:`~mpqr.backends._base.compact_wy_t`).
     W's entry ``(i, j)`` lives at ``w_all[..., i - woff, j - woff]`` (a W narrower than
     ``work``: the lean plan of docs/memory.md).
     """
-    tau = backend.certified_leaf(work, w_all, c0, c1, cert, woff)
+    combine = combine and leaf_combines_w(c1 - c0)
+    tau = backend.certified_leaf(work, w_all, c0, c1, cert, woff, combine)
     if tau is not None:  # the backend's own loop (the same steps)
         return tau
     xp = backend.xp
@@ -96,8 +101,6 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
         se = min(s0 + sub, c1)
         l, tau = backend.certified_panel(work[c:, c:e], w(c, m, c, e), cert)
         taus.append(tau)
-        if e == c1:
-            break
         # lookahead: the next panel's columns first, then the rest (the same products on
         # column slices)
         parts = ((e, min(e + nb, se)), (min(e + nb, se), se)) if ahead else ((e, se),)
@@ -111,7 +114,8 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
             if e < m:
                 gemm_sub(work[e:, j0:j1], work[e:, c:e], z, precision=precision,
                          label="panel-update-YZ", backend=backend)
-        if se == c1:
+        whole = se == c1  # the last sub-block (the leaf where it has none): no update after
+        if whole and not combine:
             continue
         if c > s0:  # the sub-block's W so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^H W_j)
             w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
@@ -119,7 +123,7 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
                      label="panel-combine-YhW", backend=backend)
             gemm_sub(w(s0, m, c, e), w(s0, m, s0, c), g, precision=precision,
                      label="panel-combine-WG", backend=backend)
-        if e < se:
+        if e < se or whole:
             continue
         # the sub-block is factored: the leaf's later columns B <- B - Y (W^H B), Y's top
         # block explicit (unit lower), the rows below it in place
@@ -142,6 +146,12 @@ def leaf_sub(k: int) -> int:
     if sub is None:
         return k
     return max(CERTIFIED_PANEL_MAX_N, sub // CERTIFIED_PANEL_MAX_N * CERTIFIED_PANEL_MAX_N)
+
+
+def leaf_combines_w(k: int) -> bool:
+    """Whether a certified leaf of ``k`` columns asked to combine its panels' ``W`` does
+    (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_COMBINED_W`; whole-leaf updates)."""
+    return bool(_panel_cholqr.CERTIFIED_LEAF_COMBINED_W) and leaf_sub(k) >= k
 
 
 def leaf_lookahead(k: int) -> bool:
