@@ -9,13 +9,16 @@ configuration):
   while the rest of the leaf is updated (``cupy.panel_cholqr.LOOKAHEAD_STREAM``);
 * ``cupy.panel_cholqr.LEAF_Z_LAYOUT = "z"`` ("z"): the update's ``W^T B`` formed
   untransposed (other cuBLAS kernels for its long inner dimension);
-* ``cupy.panel_cholqr.FUSED_BLOCKS`` ("b64"): the one-launch panel on 64 blocks (more SMs
-  left to the update beside it).
+* ``backends.panel_cholqr.CERTIFIED_LEAF_COMBINED_W`` ("w"): the leaf's W combined panel
+  by panel (beside the next panel with lookahead) instead of ``Y^T Y``, ``T``, ``Y T``
+  after the leaf.
 
 1. Leaf checks (PASS/FAIL): one leaf (3000 x 300, columns 40:290; 16384 x 1024) with each
-   lever against "off": R, Y, W, tau to rounding, the certificate clear, the side stream
-   bitwise equal to the same launches on one stream.
-2. Leaf timings (ms a leaf, CUDA events): 16384 x 1024 and 8192 x 1024, float32 and float64.
+   lever against "off": R, Y, the panels' W, tau to rounding (a combined W against
+   ``Y T`` in float64), the certificate clear, the side stream bitwise equal to the same
+   launches on one stream.
+2. Leaf timings (ms a leaf and its W = Y T, CUDA events): 16384 x 1024 and 8192 x 1024,
+   float32 and float64.
 3. QR 4096² (``method="householder-recursive"``): backward error and orthogonality of each
    configuration against "off" at fp32-emulated, fp64-emulated, fp16.
 4. QR 16384² and 8192² at fp32-emulated, fp16, fp64-emulated beside ``cupy.linalg.qr``
@@ -45,13 +48,13 @@ RESULT: dict = {"checks": {}, "leaf_ms": {}, "qr": []}
 T0 = time.perf_counter()
 BUDGET = 84.0
 
-#: name -> (lookahead, side stream, Z layout, fused blocks)
+#: name -> (lookahead, side stream, Z layout, fused blocks, combined W)
 CONFIGS = {
-    "off": (False, True, "zt", None),
-    "ahead": (True, True, "zt", None),
-    "ahead+z": (True, True, "z", None),
-    "z": (False, True, "z", None),
-    "ahead+b64": (True, True, "zt", 64),
+    "off": (False, True, "zt", None, False),
+    "ahead": (True, True, "zt", None, False),
+    "ahead+w": (True, True, "zt", None, True),
+    "ahead+w+z": (True, True, "z", None, True),
+    "w": (False, True, "zt", None, True),
 }
 
 
@@ -76,8 +79,9 @@ def _config(name: str = "off", stream: bool | None = None) -> None:
     from mpqr.backends import panel_cholqr as portable
     from mpqr.backends.cupy import panel_cholqr as k
 
-    ahead, side, layout, blocks = CONFIGS[name]
+    ahead, side, layout, blocks, combined = CONFIGS[name]
     portable.CERTIFIED_LEAF_LOOKAHEAD = ahead
+    portable.CERTIFIED_LEAF_COMBINED_W = combined
     k.LOOKAHEAD_STREAM = side if stream is None else stream
     k.LEAF_Z_LAYOUT = layout
     k.FUSED_BLOCKS = blocks
@@ -94,11 +98,23 @@ def _leaf(a0, c0, c1, name, stream=None):
     cert = cp.zeros(4, cp.int32)
     _config(name, stream)
     try:
-        tau = k.certified_leaf(get_backend(array_namespace(work)), work, w, c0, c1, cert)
+        tau = k.certified_leaf(get_backend(array_namespace(work)), work, w, c0, c1, cert,
+                               combine=CONFIGS[name][4])
     finally:
         _config()
     cp.cuda.Device().synchronize()
     return [cp.asnumpy(x) for x in (work, w, tau)] + [cp.asnumpy(cert)]
+
+
+def _wyt(work, tau, c0, c1):
+    """The leaf's W = Y T in float64 (T by the UT transform), on the GPU."""
+    from mpqr.backends import get_backend
+    from mpqr.backends._base import compact_wy_t
+
+    y = cp.tril(cp.asarray(work[c0:, c0:c1], dtype=cp.float64), -1)
+    y[:c1 - c0] += cp.eye(c1 - c0)
+    t = compact_wy_t(get_backend(cp), y, cp.asarray(tau, dtype=cp.float64))
+    return cp.asnumpy(y @ t)
 
 
 @guarded
@@ -111,24 +127,34 @@ def leaf_checks() -> None:
             ref = _leaf(a0, c0, c1, "off")
             for name in list(CONFIGS)[1:]:
                 got = _leaf(a0, c0, c1, name)
-                worst = max(np.abs(g.astype(np.float64) - r).max() / max(np.abs(r).max(), 1e-300)
-                            for g, r in zip(got[:3], ref[:3], strict=True))
+                if CONFIGS[name][4]:  # the leaf's W against Y T (its own Y and tau)
+                    wref = _wyt(got[0], got[2], c0, c1)
+                    wd = np.abs(got[1][c0:, c0:c1] - wref).max() / np.abs(wref).max()
+                    pairs = ((got[0], ref[0]), (got[2], ref[2]))
+                else:
+                    wd = 0.0
+                    pairs = zip(got[:3], ref[:3], strict=True)
+                worst = max([np.abs(g.astype(np.float64) - r).max() / max(np.abs(r).max(), 1e-300)
+                             for g, r in pairs] + [wd])
                 ok = worst <= 64 * u * np.sqrt(shape[0]) and got[3].tolist() == [0, 0, 0, 0]
                 status(f"leaf {shape} cols {c0}:{c1} {np.dtype(dtype).name} {name} vs off", ok,
                        f"max rel diff {worst:.2e}; cert {got[3].tolist()}")
-            one = _leaf(a0, c0, c1, "ahead", stream=False)
-            two = _leaf(a0, c0, c1, "ahead")
-            same = all(np.array_equal(x, y) for x, y in zip(one, two, strict=True))
-            status(f"leaf {shape} {np.dtype(dtype).name} ahead: side stream bitwise = one "
-                   "stream", same)
+            for name in ("ahead", "ahead+w"):
+                one = _leaf(a0, c0, c1, name, stream=False)
+                two = _leaf(a0, c0, c1, name)
+                same = all(np.array_equal(x, y) for x, y in zip(one, two, strict=True))
+                status(f"leaf {shape} {np.dtype(dtype).name} {name}: side stream bitwise = "
+                       "one stream", same)
 
 
 @guarded
 def leaf_timings() -> None:
     from mpqr.backends import get_backend
+    from mpqr.backends._base import compact_wy_t
     from mpqr.backends.cupy import panel_cholqr as k
 
     from mpqr._array_api import array_namespace
+    from mpqr.qr._kernels import unit_lower
 
     rng = np.random.default_rng(7)
     for dtype in (np.float32, np.float64):
@@ -146,7 +172,11 @@ def leaf_timings() -> None:
                     cp.cuda.Device().synchronize()
                     s, e = cp.cuda.Event(), cp.cuda.Event()
                     s.record()
-                    k.certified_leaf(backend, work, w, 0, 1024, cert)
+                    tau = k.certified_leaf(backend, work, w, 0, 1024, cert,
+                                           combine=CONFIGS[name][4])
+                    if not CONFIGS[name][4]:  # the leaf's W as the QR then forms it
+                        y = unit_lower(array_namespace(work), work)
+                        w[...] = y @ compact_wy_t(backend, y, tau)
                     e.record()
                     e.synchronize()
                     if rep:
