@@ -111,9 +111,11 @@ def _wyt(work, tau, c0, c1):
     from mpqr.backends import get_backend
     from mpqr.backends._base import compact_wy_t
 
+    from mpqr._array_api import array_namespace
+
     y = cp.tril(cp.asarray(work[c0:, c0:c1], dtype=cp.float64), -1)
     y[:c1 - c0] += cp.eye(c1 - c0)
-    t = compact_wy_t(get_backend(cp), y, cp.asarray(tau, dtype=cp.float64))
+    t = compact_wy_t(get_backend(array_namespace(y)), y, cp.asarray(tau, dtype=cp.float64))
     return cp.asnumpy(y @ t)
 
 
