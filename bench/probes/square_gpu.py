@@ -11,7 +11,9 @@ configuration):
   untransposed (other cuBLAS kernels for its long inner dimension);
 * ``backends.panel_cholqr.CERTIFIED_LEAF_COMBINED_W`` ("w"): the leaf's W combined panel
   by panel (beside the next panel with lookahead) instead of ``Y^T Y``, ``T``, ``Y T``
-  after the leaf.
+  after the leaf;
+* ``cupy.panel_cholqr.FUSED_BLOCKS`` ("b64"): the one-launch panel on 64 blocks (more SMs
+  left to the update beside it).
 
 1. Leaf checks (PASS/FAIL): one leaf (3000 x 300, columns 40:290; 16384 x 1024) with each
    lever against "off": R, Y, the panels' W, tau to rounding (a combined W against
@@ -55,6 +57,7 @@ CONFIGS = {
     "ahead+w": (True, True, "zt", None, True),
     "ahead+w+z": (True, True, "z", None, True),
     "w": (False, True, "zt", None, True),
+    "ahead+w+b64": (True, True, "zt", 64, True),
 }
 
 
