@@ -245,11 +245,14 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
         if c <= s0:
             return
         nn, mr = e - c, m - c
-        w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
         rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, atw(c, c), ldw, zero,
                 g.data.ptr, MAX_N)
-        rm_gemm(False, False, m - s0, nn, c - s0, mone, atw(s0, s0), ldw, g.data.ptr,
-                MAX_N, one, atw(s0, c), ldw)
+        # W_j's rows above c are -W[s0:c, s0:c] G (beta 0: no pass that zeroes them first),
+        # the rows from c on W_j - W[c:, s0:c] G
+        rm_gemm(False, False, c - s0, nn, c - s0, mone, atw(s0, s0), ldw, g.data.ptr,
+                MAX_N, zero, atw(s0, c), ldw)
+        rm_gemm(False, False, mr, nn, c - s0, mone, atw(c, s0), ldw, g.data.ptr,
+                MAX_N, one, atw(c, c), ldw)
 
     if leaf_lookahead(k):
         _leaf_lookahead(panel, update, c0, c1, l0, l0 + MAX_N * MAX_N * it,
