@@ -167,7 +167,10 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     ltop = cp.empty(2 * MAX_N * MAX_N, dtype=work.dtype)  # two: lookahead's alternate
     zld = max(k - MAX_N, 1)
     z = cp.empty((MAX_N, zld), dtype=work.dtype)  # Z^T as column-major (q x nn, ld zld)
-    one, zero, mone = np.array(1.0, dt), np.array(0.0, dt), np.array(-1.0, dt)
+    # the scalars' host addresses read once (numpy's .ctypes costs ~1-3 us a read, and a
+    # panel issues up to eight products)
+    scalars = np.array([1.0, 0.0, -1.0], dtype=dt)
+    one, zero, mone = (scalars.ctypes.data + i * scalars.itemsize for i in range(3))
     handle = backend._cublas_handle()
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     a0, w0 = work.data.ptr, w_all.data.ptr - (woff * w_all.shape[1] + woff) * it
@@ -177,8 +180,8 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     op_n, op_t = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
 
     def gemm(ta, tb, mm, nn, kk, alpha, pa, la, pb, lb, beta, pc, lc):
-        cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha.ctypes.data, pa, rtype, la, pb, rtype,
-                      lb, beta.ctypes.data, pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
+        cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha, pa, rtype, la, pb, rtype, lb, beta,
+                      pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
     sub = leaf_sub(k)  # the portable loop's sub-blocks (CERTIFIED_LEAF_SUB)
     combine = combine and sub >= k
@@ -198,12 +201,14 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     def atw(r, col):  # W's entry (r, col) (W's own leading dimension)
         return w0 + (r * ldw + col) * it
 
+    ldw64 = np.int64(ldw)
+
     def panel(c: int, e: int, lp: int) -> None:
         # factor columns c:e in place (L's top block to lp)
         nn, mr = e - c, m - c
         pa, pw = np.uint64(a0 + (c * ld + c) * it), np.uint64(w0 + (c * ldw + c) * it)
         if fused is not None:
-            _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, np.int64(ldw), np.uint64(lp),
+            _launch_fused(fused, pa, lda, mr, nn, ws, cert, pw, ldw64, np.uint64(lp),
                           np.uint64(tau0 + (c - c0) * it), apply_k=apply_k)
             return
         blocks = max(1, min(_MAX_BLOCKS, -(-mr // _TILE)))
