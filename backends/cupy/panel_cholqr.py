@@ -242,7 +242,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
                  one, a0 + (e * ld + j0) * it, ld)
 
     if combine:  # the leaf's W combined panel by panel: G = Y_<j^T W_j (c - c0 x nn)
-        g = cp.empty((max(k - MAX_N, 1), MAX_N), dtype=work.dtype)
+        g = cp.empty((k, MAX_N), dtype=work.dtype)
 
     def join(s0: int, c: int, e: int) -> None:
         # W of the (sub-)block so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^T W_j) (Y's rows
