@@ -20,7 +20,7 @@ configuration):
    ``Y T`` in float64), the certificate clear, the side stream bitwise equal to the same
    launches on one stream.
 2. Leaf timings (ms a leaf and its W = Y T, CUDA events): 16384 x 1024 and 8192 x 1024,
-   float32 and float64.
+   float32 and float64; and the leaf's 32 panels alone, back to back (lookahead's floor).
 3. QR 4096² (``method="householder-recursive"``): backward error and orthogonality of each
    configuration against "off" at fp32-emulated, fp64-emulated, fp16.
 4. QR 16384² and 8192² at fp32-emulated, fp16, fp64-emulated beside ``cupy.linalg.qr``
@@ -189,10 +189,32 @@ def leaf_timings() -> None:
             _config()
             row = {c: float(np.median(t)) for c, t in times.items()}
             label = f"{np.dtype(dtype).name} {m}x1024"
+            status(f"leaf timings {label}: certificate clear", int(cert[0].get()) == 0)
+            # the floor with lookahead: the leaf's 32 panels alone, back to back (the same
+            # launches without the updates between them; numbers meaningless, time not)
+            kern = k._fused_module(np.dtype(dtype).name)[1]
+            ws, ltop, tau = k._workspace(), cp.empty(1024, dtype), cp.empty(1024, dtype)
+            alone = []
+            for rep in range(4):
+                cp.copyto(work, base)
+                cp.cuda.Device().synchronize()
+                s, e = cp.cuda.Event(), cp.cuda.Event()
+                s.record()
+                for c in range(0, 1024, 32):
+                    it = work.itemsize
+                    k._launch_fused(kern, np.uint64(work.data.ptr + (c * 1024 + c) * it),
+                                    np.int64(1024), m - c, 32, ws, cert,
+                                    np.uint64(w.data.ptr + (c * 1024 + c) * it),
+                                    np.int64(1024), np.uint64(ltop.data.ptr),
+                                    np.uint64(tau.data.ptr + c * it))
+                e.record()
+                e.synchronize()
+                if rep:
+                    alone.append(cp.cuda.get_elapsed_time(s, e))
+            row["panels alone"] = float(np.median(alone))
             RESULT["leaf_ms"][label] = row
             print(f"leaf {label} (32 panels): " + ", ".join(f"{c} {t:.2f} ms" for c, t in
                                                             row.items()), flush=True)
-            status(f"leaf timings {label}: certificate clear", int(cert[0].get()) == 0)
 
 
 def _errors(a, q, r) -> tuple[float, float]:
