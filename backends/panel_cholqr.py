@@ -46,13 +46,16 @@ CERTIFIED_LEAF_SUB: int | None = None
 #: rest of the leaf, so that the next panel can be factored while the rest is updated (on
 #: CuPy on a second stream: the panel's serial steps keep a few SMs busy, the update the
 #: rest). The same products on column slices of the same operands. (Read at each call,
-#: by the portable loop and CuPy's.)
-CERTIFIED_LEAF_LOOKAHEAD: bool = False
+#: by the portable loop and CuPy's.) With :data:`CERTIFIED_LEAF_COMBINED_W` and CuPy's ``Z``
+#: layout, H200, one process: a 16384 x 1024 leaf and its W 7.4 against 8.5 ms (float32),
+#: 6.9 against 8.5 (float64); the QR at 16384² fp32-emulated 264.1 against 267.4 ms, fp16
+#: 145.3 against 146.4 (each alone was no faster; bench/NOTES.md 2026-11-28, fifth round).
+CERTIFIED_LEAF_LOOKAHEAD: bool = True
 #: A certified leaf (whole-leaf updates) that combines its panels' W as it goes,
 #: ``W_j <- W_j - W_<j (Y_<j^H W_j)`` after panel ``j``'s updates (with lookahead: beside
 #: the next panel), so that the leaf's ``W = Y T`` needs no ``Y^H Y``, ``T`` and ``Y T`` of
 #: its own afterwards. Where the caller asks for it (the leaf's W read later, its T not).
-CERTIFIED_LEAF_COMBINED_W: bool = False
+CERTIFIED_LEAF_COMBINED_W: bool = True
 #: ``||Q1^T Q1 - I||_F^2`` at or below which ``R2`` and ``R2^-1`` are taken to first order
 #: (float64's unit roundoff: the second-order terms are below its rounding)
 NEAR_IDENTITY = 2.0**-53
