@@ -49,8 +49,17 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
+from mpqr.engines.prepared import Prepared
 from mpqr.engines.tc_fp16 import fp16_operand
-from mpqr.policy import active_gemm_options, gemm, gemm_into, gemm_options, gemm_sub, record_event
+from mpqr.policy import (
+    active_gemm_options,
+    gemm,
+    gemm_into,
+    gemm_options,
+    gemm_sub,
+    prepare_operand,
+    record_event,
+)
 from mpqr.qr._kernels import (
     CERTIFIED_PANEL_MAX_N,
     TRMM_CUTOFF,
@@ -74,6 +83,7 @@ __all__ = [
     "MAX_CERTIFIED_LEAF_WIDTH",
     "MAX_LEAF_WIDTH",
     "MAX_LEAVES",
+    "PREPARED_OPERANDS",
     "RECURSION_CUTOFF",
     "SPLIT_FP16",
     "fp16_products",
@@ -115,6 +125,11 @@ TRIANGLE_AS_GEMM = 8
 LEAN_PARTS = 4
 #: Q's backward formation in the lean plan: column blocks of at most this width
 LEAN_Q_BLOCK = 512
+#: The fast plan's trailing update and merge read one preparation of ``W1`` (its fp16
+#: parts, :mod:`mpqr.engines.prepared`): ``W1^H B`` with the engine's own bits and
+#: ``W2 -= W1 D`` with ``W1``'s shifts moved onto ``D`` (the same bound), where the policy
+#: gives both to an engine that splits its operands (``tc-sgemm``, ``tc-fp16``)
+PREPARED_OPERANDS = True
 _LEAN: ContextVar[bool] = ContextVar("mpqr_lean_qr", default=False)
 
 
@@ -398,6 +413,12 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         w1 = wv(off, c0, c0, cm)
         w1h = s1 = None
         step = wk if lean and not need_w else c1 - cm
+        # W1 prepared once for the update and the merge (fast plan; the lean plan keeps no
+        # operand across the right half's recursion)
+        w1p = None
+        if PREPARED_OPERANDS and need_w and not (lean or f16) and not is_complex(xp, a):
+            w1p = prepare_operand(ct(xp, w1), side="left", m=k1, n=c1 - cm, k=m - c0,
+                                  precision=precision, options=opt_w, backend=backend)
         for j0 in range(cm, c1, step):
             j1 = min(c1, j0 + step)
             b = work[..., c0:, j0:j1]
@@ -410,7 +431,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                        label="rec-update-WhB", options=opt_w, backend=backend),
                                   -ct(xp, s1))
             else:
-                c = gemm(ct(xp, w1), b, precision=precision,
+                c = gemm(ct(xp, w1) if w1p is None else w1p, b, precision=precision,
                          label="rec-update-WhB", options=opt_w, backend=backend)
             if yx:
                 # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
@@ -451,9 +472,13 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                      precision=precision, label="rec-merge-WD", options=opt_w,
                      backend=backend)
             w1h = None
+        elif isinstance(w1p, Prepared):
+            gemm_sub(w2, w1p.T, d, precision=precision, label="rec-merge-WD", options=opt_w,
+                     backend=backend)
         else:
             gemm_sub(w2, wv(off, c0, c0, cm), d, precision=precision,
                      label="rec-merge-WD", options=opt_w, backend=backend)
+        w1p = None
 
     # after a failed certificate the rest runs on meaningless numbers that are thrown
     # away: no floating-point warnings from them (a certified run has none to give)
