@@ -96,8 +96,11 @@ def test_another_engine_reads_the_array_and_explain_says_prepared():
     assert np.array_equal(c_emu, gemm(a, b, precision=EMU))
     lines = {g.label: str(g) for g in trace.gemms}
     assert "prepared=A" in lines["p-emu"] and "prepared" not in lines["p-native"]
-    # an engine that splits no operand: nothing is prepared
+    # an engine that splits no operand, or a memory cap on the engines' scratch: nothing
+    # is prepared
     assert prepare_operand(a, side="left", m=70, n=50, k=300, precision="fp32") is a
+    with gemm_options(workspace_limit=2**30):
+        assert prepare_operand(a, side="left", m=70, n=50, k=300, precision=EMU) is a
     assert operand(pa) is a
 
 
@@ -140,6 +143,7 @@ def _qr_errors(a, q, r):
 
 
 def test_qr_with_w1_prepared_keeps_its_accuracy(monkeypatch):
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")  # products whole (no scratch cap)
     a = np.random.default_rng(6).standard_normal((160, 96)).astype(np.float32)
     errs = {}
     for on in (False, True):
@@ -150,6 +154,10 @@ def test_qr_with_w1_prepared_keeps_its_accuracy(monkeypatch):
         prepared = [g for g in trace.gemms if "prepared=A" in str(g)]
         labels = {g.label for g in prepared}
         assert labels == ({"rec-update-WhB", "rec-merge-WD"} if on else set())
+    # the lean plan keeps no operand across the recursion: today's products
+    with mpqr.explain() as trace, hr.lean_plan():
+        mpqr.qr(a, precision=EMU, method="householder-recursive")
+    assert not [g for g in trace.gemms if "prepared=" in str(g)]
     (b0, o0), (b1, o1) = errs[False], errs[True]
     u = 2.0**-24
     assert b1 <= 2 * b0 + 50 * u and o1 <= 2 * o0 + 50 * u

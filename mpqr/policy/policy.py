@@ -446,14 +446,18 @@ def prepare_operand(x: Any, *, side: str, m: int, n: int, k: int,
     policy decides that product's engine to be one that reads them (``tc-sgemm``,
     ``tc-fp16``); else ``x`` as it is. Each product that receives it is decided again
     (:func:`gemm`): one given to another engine reads the array, and the explain trace
-    says ``prepared=`` where the parts were read."""
+    says ``prepared=`` where the parts were read. Under a ``workspace_limit`` (products in
+    tiles within a memory cap) nothing is prepared: parts kept between products would
+    add to the capped scratch."""
     if backend is None:
         backend = get_backend(array_namespace(x))
     prec, source = resolve_precision(precision)
     xp = backend.xp
-    if x.ndim != 2 or not xp.isdtype(x.dtype, "real floating"):
+    opts = _merged_options(options)
+    if x.ndim != 2 or not xp.isdtype(x.dtype, "real floating") \
+            or opts.workspace_limit is not None:
         return x
-    d = decide(backend, x.dtype, m, n, k, 1, prec, source, _merged_options(options))
+    d = decide(backend, x.dtype, m, n, k, 1, prec, source, opts)
     if d.engine not in ("tc-sgemm", "tc-fp16"):
         return x
     return prepare(backend, x, side=side, engine=d.engine)
