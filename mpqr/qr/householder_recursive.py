@@ -327,6 +327,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     ysrc = yh_all if yx else work
     # lean: each leaf's T by its first column (Q's formation reads them)
     ts: dict[int, tuple[int, Any]] = {}
+    # the root's prepared W1, kept for the first product of Q's formation that reads it
+    kept: dict[str, tuple[int, Any]] = {}
 
     def wv(off: int, r0: int, c0: int, c1: int) -> Any:
         # W's rows r0: and columns c0:c1, stored from (off, off) on
@@ -475,6 +477,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         elif isinstance(w1p, Prepared):
             gemm_sub(w2, w1p.T, d, precision=precision, label="rec-merge-WD", options=opt_w,
                      backend=backend)
+            if c0 == 0 and c1 == n and off == 0 and not complete:
+                kept["root"] = (cm, w1p)  # W[:, :cm] is not written again before Q reads it
         else:
             gemm_sub(w2, wv(off, c0, c0, cm), d, precision=precision,
                      label="rec-merge-WD", options=opt_w, backend=backend)
@@ -520,9 +524,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if yx:
         r = _take_r(xp, work, nb)
         work = None
+    # (the kept W1 passed without a name here: the callee drops it after its one product)
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
-                      explicit=yx)
+                      explicit=yx, prepared=kept.pop("root", None))
     # Y1 was their last use: free them before the sign normalisation copies Q
     ysrc = yh_all = None
     if r is None:
@@ -599,7 +604,8 @@ def _take_r(xp: Any, work: Any, nb: int) -> Any:
 
 
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
-                      options: Any, cutoff: int, explicit: bool = False) -> None:
+                      options: Any, cutoff: int, explicit: bool = False,
+                      prepared: tuple[int, Any] | None = None) -> None:
     """``W[:, lo:hi] <- -W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
     with its vectors below the diagonal of ``y1`` (R above is not read), or ``y1`` itself
     where ``explicit`` (unit diagonal and zeros stored). Negated, so that the reduced Q is
@@ -610,6 +616,8 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     place (in the GEMM's epilogue where the engine has one). The diagonal blocks take
     their sign from the (small) negated triangle. Products run as ``(Y W^H)^H`` so that
     the vectors are the left operand, as the fp16 scheme's engines expect.
+    ``prepared = (mid, W1^H prepared)``: the recursion's root ``W1`` (columns ``lo:mid``)
+    with its parts, read by the first product ``W2 -= W1 U12`` where its split is ``mid``.
     """
     xp = backend.xp
     k = hi - lo
@@ -631,8 +639,13 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     else:
         # W2 -= W1 Y12^H into W's rows (the vectors of Y12 lie below the diagonal: no R);
         # a native GEMM accumulates in place, with no temporary of half of W
-        gemm_sub(w[..., :, mid:hi], w[..., :, lo:mid], ct(xp, y1[..., mid:hi, lo:mid]),
+        w1 = w[..., :, lo:mid]
+        if prepared is not None and prepared[0] == mid and lo == 0:
+            w1 = prepared[1].T  # the recursion's parts of W1 (its shifts go onto Y12^H)
+        prepared = None
+        gemm_sub(w[..., :, mid:hi], w1, ct(xp, y1[..., mid:hi, lo:mid]),
                  precision=precision, label="rec-formq-trmm-gemm", options=options,
                  backend=backend)
+        w1 = None
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)
