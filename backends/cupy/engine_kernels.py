@@ -31,7 +31,8 @@ __all__ = ["FAST_SPLIT", "FAST_UNSCALE_INTO", "all_finite", "max_abs_finite", "s
 #: column, a run of rows each) instead of CuPy's elementwise indexing of strided views
 #: (its divisions per element and per operand); the same roundings
 FAST_SPLIT = True
-#: ``c -= unscale(p)`` (and ``c = ``, ``c += ``) as one such pass over ``p`` and ``c``
+#: ``c -= unscale(p)`` (and ``c = ``, ``c += ``) as one such pass over ``p`` and ``c``; the
+#: unscaling into a new array too (CuPy indexes its broadcast shifts per element)
 FAST_UNSCALE_INTO = True
 
 # float32 widened through its bits: exact for subnormals in any FTZ mode
@@ -369,7 +370,8 @@ def split_fp16(x, shift, hi, hf=None, lo=None, lo_shift=11):
 
 def unscale(c, row_shift, col_shift, out_dtype):
     out = cp.empty(c.shape, dtype=out_dtype)
-    _unscale_kernel()(c, row_shift, col_shift, out)
+    if not unscale_into(out, c, row_shift, col_shift, None):
+        _unscale_kernel()(c, row_shift, col_shift, out)
     return out
 
 

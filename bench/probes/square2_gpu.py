@@ -167,9 +167,14 @@ def kernel_checks() -> None:
         r = cp.asarray(rng.integers(-40, 40, size=(300, 1)).astype(np.int32))
         c_ = cp.asarray(rng.integers(-40, 40, size=(1, 400)).astype(np.int32))
         base = cp.asarray(rng.standard_normal((310, 420)).astype(dt))
+        ek.FAST_UNSCALE_INTO = False
+        q_old = ek.unscale(p, r, c_, dt)
+        ek.FAST_UNSCALE_INTO = True
+        status(f"unscale {np.dtype(dt).name} (new array)", _same(ek.unscale(p, r, c_, dt), q_old),
+               "bitwise against the elementwise kernel")
         for mode in (None, True, False):
             ref = base.copy()
-            q = ek.unscale(p, r, c_, dt)
+            q = q_old
             v = ref[5:305, 7:407]
             if mode is None:
                 v[...] = q
@@ -284,7 +289,31 @@ def rates() -> None:
               f"{row['split_old_GBs']:.0f} ({row['split_old_ms']:.2f} ms), new "
               f"{row['split_new_GBs']:.0f} ({row['split_new_ms']:.2f} ms); hi only old "
               f"{row['hi_old_GBs']:.0f}, new {row['hi_new_GBs']:.0f}", flush=True)
-    del big, views
+    # the unscaling of a product (float32 in, float32 out) and C -= unscale(P) into a view
+    c = big[:, :8192].copy()
+    r = cp.asarray(np.random.default_rng(8).integers(-20, 20, size=(16384, 1)), dtype=cp.int32)
+    s_ = cp.asarray(np.random.default_rng(9).integers(-20, 20, size=(1, 8192)), dtype=cp.int32)
+    row = {}
+    view = big[:, 4096:12288]
+    for fast in (False, True):
+        ek.FAST_UNSCALE_INTO = fast
+        tag = "new" if fast else "old"
+        row[f"unscale_{tag}_GBs"] = 8 * c.size / _ms(functools.partial(ek.unscale, c, r, s_,
+                                                                      cp.float32)) / 1e6
+
+        def sub(fast=fast, view=view, c=c):
+            if fast:
+                ek.unscale_into(view, c, r, s_, True)
+            else:
+                view.__isub__(ek.unscale(c, r, s_, cp.float32))
+        row[f"sub_{tag}_ms"] = _ms(sub)
+    ek.FAST_UNSCALE_INTO = True
+    RESULT["rate_gbs"]["unscale 16384x8192"] = row
+    print(f"unscale 16384x8192: old {row['unscale_old_GBs']:.0f} GB/s, new "
+          f"{row['unscale_new_GBs']:.0f}; C -= unscale(P) into a view: old "
+          f"{row['sub_old_ms']:.2f} ms (unscale + subtract), new {row['sub_new_ms']:.2f} ms",
+          flush=True)
+    del big, views, c, view
     cp.get_default_memory_pool().free_all_blocks()
 
 
