@@ -6,7 +6,8 @@ Levers (module constants, A/B'd in one process):
 
 * ``engine_kernels.FAST_SPLIT``: 2-D splits by 32 x 32 tiles indexed by strides (loads
   along the input's contiguous axis, stores along the parts') instead of CuPy's
-  elementwise kernel;
+  elementwise kernel: ``"transposed"`` (the default: only where those axes differ) or
+  ``True`` (every 2-D split);
 * ``engine_kernels.FAST_UNSCALE_INTO`` + ``tc_sgemm.FUSED_UNSCALE``: tc-sgemm's
   ``C -= P`` / ``C = P`` unscaled into C in one pass;
 * ``householder_recursive.PREPARED_OPERANDS``: W1 split once for the trailing update and
@@ -78,7 +79,7 @@ def _mods():
     return ek, tc_sgemm, hr
 
 
-def levers(split: bool, fused: bool, prepared: bool) -> None:
+def levers(split: bool | str, fused: bool, prepared: bool) -> None:
     ek, tc, hr = _mods()
     ek.FAST_SPLIT = split
     ek.FAST_UNSCALE_INTO = fused
@@ -87,8 +88,9 @@ def levers(split: bool, fused: bool, prepared: bool) -> None:
 
 
 CONFIGS = {"off": (False, False, False), "split": (True, False, False),
+           "split transposed": ("transposed", False, False),
            "fused unscale": (False, True, False), "prepared": (False, False, True),
-           "on": (True, True, True)}
+           "on": ("transposed", True, True), "on, split everywhere": (True, True, True)}
 
 
 @guarded
@@ -156,7 +158,7 @@ def kernel_checks() -> None:
                             cat = be.empty_for(x, (2 * m, n), cp.float16)
                             be.split_fp16(x, s, hi, hf=cat[m:], lo=cat[:m])
                             outs.append((hi, cat))
-                    ek.FAST_SPLIT = True
+                    ek.FAST_SPLIT = "transposed"
                     ok = all(_same(a, b) for a, b in zip(*outs, strict=True))
                     status(f"split {np.dtype(dt).name} {vname} axis {axis} {parts}", ok,
                            "bitwise against the elementwise kernel")
@@ -283,7 +285,7 @@ def rates() -> None:
             row[f"split_{tag}_GBs"] = 10 * m * n / t / 1e6
             row[f"split_{tag}_ms"] = t
             row[f"hi_{tag}_GBs"] = 6 * m * n / _ms(hi_only) / 1e6
-        ek.FAST_SPLIT = True
+        ek.FAST_SPLIT = "transposed"
         RESULT["rate_gbs"][vname] = row
         print(f"rate {vname}: copy {row['copy_GBs']:.0f} GB/s; split old "
               f"{row['split_old_GBs']:.0f} ({row['split_old_ms']:.2f} ms), new "
@@ -358,7 +360,7 @@ def qr_timings() -> None:
     plan = [(16384, np.float32, "fp32-emulated", list(CONFIGS)),
             (16384, np.float32, "fp16", ["off", "on"]),
             (16384, np.float64, "fp64-emulated", ["off", "on"]),
-            (8192, np.float32, "fp32-emulated", ["off", "on"]),
+            (8192, np.float32, "fp32-emulated", ["off", "fused unscale", "prepared", "on"]),
             (8192, np.float32, "fp16", ["off", "on"]),
             (8192, np.float64, "fp64-emulated", ["off", "on"])]
     bases: dict = {}
