@@ -208,6 +208,19 @@ class ArrayAPIBackend:
         xp = self.xp
         return self.ldexp(xp.astype(c, out_dtype), -(row_shift + col_shift))
 
+    def unscale_into(self, c: Any, p: Any, row_shift: Any, col_shift: Any, *,
+                     subtract: bool | None) -> None:
+        """``c = q`` (``subtract=None``), ``c -= q`` or ``c += q`` in place for
+        ``q = unscale(p, row_shift, col_shift, c.dtype)`` (:meth:`unscale`): ``q`` rounded to
+        ``c``'s dtype first, then the one rounded update."""
+        q = self.unscale(p, row_shift, col_shift, c.dtype)
+        if subtract is None:
+            c[...] = q
+        elif subtract:
+            c -= q
+        else:
+            c += q
+
     # --- GEMM primitives ------------------------------------------------------
     def gemm(self, a: Any, b: Any) -> Any:
         """Native product in the operands' (common) dtype."""

@@ -351,6 +351,12 @@ class CupyBackend(ArrayAPIBackend):
 
         return k.unscale(c, row_shift, col_shift, out_dtype)
 
+    def unscale_into(self, c, p, row_shift, col_shift, *, subtract):
+        from mpqr.backends.cupy import engine_kernels as k
+
+        if not k.unscale_into(c, p, row_shift, col_shift, subtract):
+            super().unscale_into(c, p, row_shift, col_shift, subtract=subtract)
+
     def to_fp16(self, x):
         return x.astype(self._cp.float16)
 

@@ -120,7 +120,7 @@ def _register_builtin() -> None:
     from mpqr.engines.native import run_native
     from mpqr.engines.tc_fp16 import accumulate_tc_fp16, run_tc_fp16, tc_fp16_params
     from mpqr.engines.tc_fp16_splitb import run_tc_fp16_splitb
-    from mpqr.engines.tc_sgemm import run_tc_sgemm
+    from mpqr.engines.tc_sgemm import accumulate_tc_sgemm, run_tc_sgemm
 
     for name, bits, key, factor in [("native-fp64", 53, "native-fp64", 1.0),
                                     ("native-fp32", 24, "native-fp32", 1.0),
@@ -137,7 +137,7 @@ def _register_builtin() -> None:
     register_engine(Engine("tc-fp16-splitb", 11, frozenset({"fp16"}), run_tc_fp16_splitb,
                            _tc_fp16_splitb_predict, _no_params, fp16_operands=True))
     register_engine(Engine("tc-sgemm", 23, frozenset({"fp16"}), run_tc_sgemm, _tc_sgemm_predict,
-                           _tc_sgemm_params, gram=gram_tc_sgemm))
+                           _tc_sgemm_params, gram=gram_tc_sgemm, accumulate=accumulate_tc_sgemm))
     # "ozaki-int8" registers itself; its 2M complex products are added to it
     import mpqr.engines.ozaki_complex  # noqa: F401
 

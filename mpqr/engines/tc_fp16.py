@@ -63,7 +63,14 @@ def fp16_operand(backend: Any, x: Any, axis: int) -> tuple[Any, Any]:
     """``(shift, x16)``: ``x`` scaled along ``axis`` (rows of a left operand: ``-1``;
     columns of a right one: ``-2``) and rounded to fp16, or a float16 ``x`` as it is at
     shift 0."""
+    from mpqr.engines.prepared import Prepared
+
     xp = backend.xp
+    if isinstance(x, Prepared):  # its parts (the policy passes them along this axis only)
+        if x.axis != axis:
+            raise ValueError(f"internal: an operand prepared along axis {x.axis} was used "
+                             f"along {axis}")
+        return x.shift, x.hi
     if x.dtype == xp.float16:
         shape = list(x.shape)
         shape[axis] = 1
@@ -85,7 +92,7 @@ def run_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any, kernel: str | N
                 ) -> Any:
     sa, sb, a16, b16 = _scaled(backend, a, b)
     if kernel is not None and a.ndim == 2 and b.ndim == 2:
-        c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a))
+        c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a16))
         if backend.fused_fp16_gemm(a16, b16, sa, sb, c, accumulate=False, subtract=False):
             return c
     return unscale(backend, backend.gemm_fp16(a16, b16), sa, sb, out_dtype)

@@ -41,17 +41,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 
-__all__ = ["BATCHED_PARTIALS_BYTES", "LO_SHIFT", "run_tc_sgemm", "split_product"]
+__all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_UNSCALE", "LO_SHIFT", "accumulate_tc_sgemm",
+           "run_tc_sgemm", "split_product"]
 
 LO_SHIFT = 11
 #: per-slice partial products are batched in groups of at most this many bytes
 BATCHED_PARTIALS_BYTES = 256 * 2**20
+#: ``c -= A B`` / ``c = A B`` (:func:`accumulate_tc_sgemm`): the unscaling and the update
+#: of ``c`` in one pass over the product (``backend.unscale_into``) instead of an unscaled
+#: copy and a second pass; the same roundings
+FUSED_UNSCALE = True
 
 
 def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) -> Any:
+    from mpqr.engines.prepared import Prepared
+
+    if isinstance(a, Prepared) or isinstance(b, Prepared):
+        c, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k)
+        return unscale(backend, c, sa, sb, out_dtype)
     xp = backend.xp
     *batch, m, k = a.shape
     n = b.shape[-1]
@@ -68,14 +79,77 @@ def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) 
     return unscale(backend, c, sa, sb, out_dtype)
 
 
+def accumulate_tc_sgemm(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool | None,
+                        out_dtype: Any, slice_k: int) -> bool:
+    """``c = P`` (``subtract=None``), ``c -= P`` or ``c += P`` for the ``tc-sgemm`` product
+    ``P = a @ b`` (2-D), unscaled into ``c`` in one pass (:data:`FUSED_UNSCALE`); False,
+    doing nothing, where that is off (the policy then forms ``P`` and updates ``c``)."""
+    if not FUSED_UNSCALE or a.ndim != 2 or b.ndim != 2 or c.dtype != out_dtype:
+        return False
+    p, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k)
+    backend.unscale_into(c, p, sa, sb, subtract=subtract)
+    return True
+
+
+def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int
+                      ) -> tuple[Any, Any, Any]:
+    """``(C, sa, sb)``: the float32 product of the scaled parts and the shifts that unscale
+    it, for 2-D operands of which any may be :class:`~mpqr.engines.prepared.Prepared` (of
+    this engine; the others are prepared here, as :func:`run_tc_sgemm` splits them).
+    Shifts of a prepared operand along the inner axis go to the other operand's lines
+    along ``k`` before it is split: in float64 for a float32 operand (exact), so that its
+    own scaling then keeps every bit."""
+    from mpqr.engines.prepared import Prepared, operand, prepare
+
+    xp = backend.xp
+    pa = a if isinstance(a, Prepared) else None
+    pb = b if isinstance(b, Prepared) else None
+    if pa is not None and pb is not None and pa.inner("left") and pb.inner("right"):
+        pb = None  # two sets of inner shifts: the right operand's array instead
+    a_arr, b_arr = operand(a), operand(b)
+    if pa is not None and pa.inner("left"):
+        b_arr = backend.ldexp(_wide(xp, b_arr), -xp.reshape(pa.shift, (-1, 1)))
+    if pb is not None and pb.inner("right"):
+        a_arr = backend.ldexp(_wide(xp, a_arr), -xp.reshape(pb.shift, (1, -1)))
+    if pa is None:
+        pa = prepare(backend, a_arr, side="left", engine="tc-sgemm")
+    if pb is None:
+        pb = prepare(backend, b_arr, side="right", engine="tc-sgemm")
+    m, n = pa.shape[0], pb.shape[1]
+    dev = device(pa.hi)
+    sa = xp.zeros((m, 1), dtype=xp.int32, device=dev) if pa.inner("left") else pa.shift
+    sb = xp.zeros((1, n), dtype=xp.int32, device=dev) if pb.inner("right") else pb.shift
+    a_cat, b_cat = pa.cat_for("left"), pb.cat_for("right")
+    if a_cat is not None and b_cat is not None:
+        c = split_product(backend, pa.hi, a_cat, pb.hi, b_cat, slice_k=slice_k)
+    else:
+        c = split_product(backend, pa.hi, None, pb.hi, None, slice_k=slice_k,
+                          parts=(pa.hf, pa.lo, pb.hf, pb.lo))
+    return c, sa, sb
+
+
+def _wide(xp: Any, x: Any) -> Any:
+    return xp.astype(x, xp.float64) if x.dtype == xp.float32 else x
+
+
 def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
-                  slice_k: int, out: Any = None) -> Any:
+                  slice_k: int, out: Any = None, parts: Any = None) -> Any:
     """Steps 3-4 on split operands: the float32 product of the scaled operands, written
-    into ``out`` (a float32 view, e.g. a block of a Gram matrix) if given."""
+    into ``out`` (a float32 view, e.g. a block of a Gram matrix) if given. Without the
+    concatenations (``a_cat``/``b_cat`` None), ``parts = (a_hf, a_lo, b_hf, b_lo)``: the
+    two correction products as two GEMMs (the second adds to the first's float32 sums,
+    rounded to nearest), the same terms."""
     xp = backend.xp
     *batch, m, k = a_hi.shape
     n = b_hi.shape[-1]
-    if out is None:
+    if a_cat is None or b_cat is None:
+        a_hf, a_lo, b_hf, b_lo = parts
+        if out is None:
+            c = backend.gemm_fp16(a_hf, b_lo, alpha=2.0**-LO_SHIFT)
+        else:
+            c = backend.gemm_fp16(a_hf, b_lo, out=out, alpha=2.0**-LO_SHIFT, beta=0.0)
+        backend.gemm_fp16(a_lo, b_hf, out=c, alpha=2.0**-LO_SHIFT, beta=1.0)
+    elif out is None:
         c = backend.gemm_fp16(a_cat, b_cat, alpha=2.0**-LO_SHIFT)
     else:
         c = backend.gemm_fp16(a_cat, b_cat, out=out, alpha=2.0**-LO_SHIFT, beta=0.0)

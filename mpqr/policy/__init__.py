@@ -12,6 +12,7 @@ from mpqr.policy.policy import (
     gemm_options,
     gemm_sub,
     gram,
+    prepare_operand,
     result_dtype,
 )
 from mpqr.policy.precision import (
@@ -44,6 +45,7 @@ __all__ = [
     "get_precision",
     "gram",
     "precision",
+    "prepare_operand",
     "record_event",
     "record_gemm",
     "resolve_precision",

@@ -35,12 +35,14 @@ from mpqr._array_api import array_namespace, device
 from mpqr.backends import get_backend
 from mpqr.engines import ENGINES
 from mpqr.engines.complex_product import default_scheme, real_dims, real_dtype, run_complex
+from mpqr.engines.prepared import Prepared, operand, prepare
 from mpqr.policy.options import GemmOptions, as_gemm_options
 from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
 __all__ = ["Decision", "active_gemm_options", "decide", "double_double_gram", "fused_gemm",
-           "gemm", "gemm_into", "gemm_options", "gemm_sub", "gram", "result_dtype"]
+           "gemm", "gemm_into", "gemm_options", "gemm_sub", "gram", "prepare_operand",
+           "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
     "mpqr_gemm_options", default=None
@@ -361,6 +363,7 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
     """
     backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
     tiles = _tiles(backend, d, options, a, b)
+    a, b = _operands(d, a, b, tiles)
     if tiles is not None:
         c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a))
         for rows, cols in tiles:
@@ -380,11 +383,16 @@ def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str
     subtracted.
     """
     backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
+    tiles = _tiles(backend, d, options, a, b)
+    a, b = _operands(d, a, b, tiles)
     if (d.engine.startswith("native") and a.ndim == 2 and b.ndim == 2
             and a.dtype == b.dtype == c.dtype == d.params["compute_dtype"]
             and backend.gemm_sub_into(c, a, b)):
         return
-    for rows, cols in _tiles(backend, d, options, a, b) or ((slice(None), slice(None)),):
+    if tiles is None:
+        _into(backend, d, out_dtype, c, a, b, subtract=True)
+        return
+    for rows, cols in tiles:
         _into(backend, d, out_dtype, c[..., rows, cols], a[..., rows, :], b[..., :, cols],
               subtract=True)
 
@@ -399,13 +407,60 @@ def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: 
     temporary and no copy; otherwise the product is formed, then copied in.
     """
     backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
+    tiles = _tiles(backend, d, options, a, b)
+    a, b = _operands(d, a, b, tiles)
     if (d.engine.startswith("native") and a.ndim == 2 and b.ndim == 2
             and a.dtype == b.dtype == out.dtype == d.params["compute_dtype"]
             and backend.gemm_into(out, a, b)):
         return
-    for rows, cols in _tiles(backend, d, options, a, b) or ((slice(None), slice(None)),):
+    if tiles is None:
+        _into(backend, d, out_dtype, out, a, b, subtract=None)
+        return
+    for rows, cols in tiles:
         _into(backend, d, out_dtype, out[..., rows, cols], a[..., rows, :], b[..., :, cols],
               subtract=None)
+
+
+def _takes_prepared(d: Decision, x: Any, side: str) -> bool:
+    """Whether the decided engine reads the prepared ``side`` operand ``x``'s parts (the
+    engine it was prepared for, a real product; ``tc-fp16`` only with shifts along its
+    own axis)."""
+    return (isinstance(x, Prepared) and x.engine == d.engine and "complex" not in d.params
+            and not (x.engine == "tc-fp16" and x.inner(side)))
+
+
+def _operands(d: Decision, a: Any, b: Any, tiles: Any) -> tuple[Any, Any]:
+    """The operands as the decided engine takes them: a prepared operand's parts where it
+    reads them (untiled), else its array."""
+    def un(x: Any, side: str) -> Any:
+        return x if tiles is None and _takes_prepared(d, x, side) else operand(x)
+
+    return un(a, "left"), un(b, "right")
+
+
+def prepare_operand(x: Any, *, side: str, m: int, n: int, k: int,
+                    precision: str | None = None, label: str = "", options: Any = None,
+                    backend: Any = None) -> Any:
+    """``x`` with its fp16 parts (:class:`~mpqr.engines.prepared.Prepared`) as the
+    ``side`` operand (``"left"``/``"right"``) of later ``m x n x k`` products, where the
+    policy decides that product's engine to be one that reads them (``tc-sgemm``,
+    ``tc-fp16``); else ``x`` as it is. Each product that receives it is decided again
+    (:func:`gemm`): one given to another engine reads the array, and the explain trace
+    says ``prepared=`` where the parts were read. Under a ``workspace_limit`` (products in
+    tiles within a memory cap) nothing is prepared: parts kept between products would
+    add to the capped scratch."""
+    if backend is None:
+        backend = get_backend(array_namespace(x))
+    prec, source = resolve_precision(precision)
+    xp = backend.xp
+    opts = _merged_options(options)
+    if x.ndim != 2 or not xp.isdtype(x.dtype, "real floating") \
+            or opts.workspace_limit is not None:
+        return x
+    d = decide(backend, x.dtype, m, n, k, 1, prec, source, opts)
+    if d.engine not in ("tc-sgemm", "tc-fp16"):
+        return x
+    return prepare(backend, x, side=side, engine=d.engine)
 
 
 #: bytes of engine scratch per element of an operand (its fp16 copies: tc-sgemm's hi and
@@ -491,7 +546,7 @@ def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backe
           ) -> tuple[Any, Decision, Any]:
     """The backend, the engine decision (recorded in the trace) and the result dtype."""
     if backend is None:
-        backend = get_backend(array_namespace(a, b))
+        backend = get_backend(array_namespace(operand(a), operand(b)))
     opts = _merged_options(options)
     prec, source = resolve_precision(precision)
     out_dtype = result_dtype(backend.xp, a.dtype, b.dtype)
@@ -500,9 +555,13 @@ def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backe
     batch = math.prod(a.shape[:-2]) if a.ndim > 2 else 1
     d = decide(backend, out_dtype, m, n, k, batch, prec, source, opts)
     if tracing():
+        params = {kk: v for kk, v in d.params.items() if kk != "compute_dtype"}
+        prepared = "".join(name for name, x, side in (("A", a, "left"), ("B", b, "right"))
+                           if _takes_prepared(d, x, side))
+        if prepared:
+            params["prepared"] = prepared
         record_gemm(GemmDecision(label, (m, n, k), batch, str(out_dtype), prec, source, d.engine,
-                                 {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
-                                 d.reason, d.predicted_s))
+                                 params, d.reason, d.predicted_s))
     return backend, d, out_dtype
 
 

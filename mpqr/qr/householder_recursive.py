@@ -49,8 +49,17 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
+from mpqr.engines.prepared import Prepared
 from mpqr.engines.tc_fp16 import fp16_operand
-from mpqr.policy import active_gemm_options, gemm, gemm_into, gemm_options, gemm_sub, record_event
+from mpqr.policy import (
+    active_gemm_options,
+    gemm,
+    gemm_into,
+    gemm_options,
+    gemm_sub,
+    prepare_operand,
+    record_event,
+)
 from mpqr.qr._kernels import (
     CERTIFIED_PANEL_MAX_N,
     TRMM_CUTOFF,
@@ -74,6 +83,7 @@ __all__ = [
     "MAX_CERTIFIED_LEAF_WIDTH",
     "MAX_LEAF_WIDTH",
     "MAX_LEAVES",
+    "PREPARED_OPERANDS",
     "RECURSION_CUTOFF",
     "SPLIT_FP16",
     "fp16_products",
@@ -115,6 +125,11 @@ TRIANGLE_AS_GEMM = 8
 LEAN_PARTS = 4
 #: Q's backward formation in the lean plan: column blocks of at most this width
 LEAN_Q_BLOCK = 512
+#: The fast plan's trailing update and merge read one preparation of ``W1`` (its fp16
+#: parts, :mod:`mpqr.engines.prepared`): ``W1^H B`` with the engine's own bits and
+#: ``W2 -= W1 D`` with ``W1``'s shifts moved onto ``D`` (the same bound), where the policy
+#: gives both to an engine that splits its operands (``tc-sgemm``, ``tc-fp16``)
+PREPARED_OPERANDS = True
 _LEAN: ContextVar[bool] = ContextVar("mpqr_lean_qr", default=False)
 
 
@@ -312,6 +327,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     ysrc = yh_all if yx else work
     # lean: each leaf's T by its first column (Q's formation reads them)
     ts: dict[int, tuple[int, Any]] = {}
+    # the root's prepared W1, kept for the first product of Q's formation that reads it
+    kept: dict[str, tuple[int, Any]] = {}
 
     def wv(off: int, r0: int, c0: int, c1: int) -> Any:
         # W's rows r0: and columns c0:c1, stored from (off, off) on
@@ -401,6 +418,12 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         w1 = wv(off, c0, c0, cm)
         w1h = s1 = None
         step = wk if lean and not need_w else c1 - cm
+        # W1 prepared once for the update and the merge (fast plan; the lean plan keeps no
+        # operand across the right half's recursion)
+        w1p = None
+        if PREPARED_OPERANDS and need_w and not (lean or f16) and not is_complex(xp, a):
+            w1p = prepare_operand(ct(xp, w1), side="left", m=k1, n=c1 - cm, k=m - c0,
+                                  precision=precision, options=opt_w, backend=backend)
         for j0 in range(cm, c1, step):
             j1 = min(c1, j0 + step)
             b = work[..., c0:, j0:j1]
@@ -413,7 +436,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                        label="rec-update-WhB", options=opt_w, backend=backend),
                                   -ct(xp, s1))
             else:
-                c = gemm(ct(xp, w1), b, precision=precision,
+                c = gemm(ct(xp, w1) if w1p is None else w1p, b, precision=precision,
                          label="rec-update-WhB", options=opt_w, backend=backend)
             if yx:
                 # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
@@ -454,9 +477,15 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                      precision=precision, label="rec-merge-WD", options=opt_w,
                      backend=backend)
             w1h = None
+        elif isinstance(w1p, Prepared):
+            gemm_sub(w2, w1p.T, d, precision=precision, label="rec-merge-WD", options=opt_w,
+                     backend=backend)
+            if c0 == 0 and c1 == n and off == 0 and not complete:
+                kept["root"] = (cm, w1p)  # W[:, :cm] is not written again before Q reads it
         else:
             gemm_sub(w2, wv(off, c0, c0, cm), d, precision=precision,
                      label="rec-merge-WD", options=opt_w, backend=backend)
+        w1p = None
 
     # after a failed certificate the rest runs on meaningless numbers that are thrown
     # away: no floating-point warnings from them (a certified run has none to give)
@@ -498,9 +527,10 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if yx:
         r = _take_r(xp, work, nb)
         work = None
+    # (the kept W1 passed without a name here: the callee drops it after its one product)
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
-                      explicit=yx)
+                      explicit=yx, prepared=kept.pop("root", None))
     # Y1 was their last use: free them before the sign normalisation copies Q
     ysrc = yh_all = None
     if r is None:
@@ -577,7 +607,8 @@ def _take_r(xp: Any, work: Any, nb: int) -> Any:
 
 
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
-                      options: Any, cutoff: int, explicit: bool = False) -> None:
+                      options: Any, cutoff: int, explicit: bool = False,
+                      prepared: tuple[int, Any] | None = None) -> None:
     """``W[:, lo:hi] <- -W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
     with its vectors below the diagonal of ``y1`` (R above is not read), or ``y1`` itself
     where ``explicit`` (unit diagonal and zeros stored). Negated, so that the reduced Q is
@@ -588,6 +619,8 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     place (in the GEMM's epilogue where the engine has one). The diagonal blocks take
     their sign from the (small) negated triangle. Products run as ``(Y W^H)^H`` so that
     the vectors are the left operand, as the fp16 scheme's engines expect.
+    ``prepared = (mid, W1^H prepared)``: the recursion's root ``W1`` (columns ``lo:mid``)
+    with its parts, read by the first product ``W2 -= W1 U12`` where its split is ``mid``.
     """
     xp = backend.xp
     k = hi - lo
@@ -609,8 +642,13 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     else:
         # W2 -= W1 Y12^H into W's rows (the vectors of Y12 lie below the diagonal: no R);
         # a native GEMM accumulates in place, with no temporary of half of W
-        gemm_sub(w[..., :, mid:hi], w[..., :, lo:mid], ct(xp, y1[..., mid:hi, lo:mid]),
+        w1 = w[..., :, lo:mid]
+        if prepared is not None and prepared[0] == mid and lo == 0:
+            w1 = prepared[1].T  # the recursion's parts of W1 (its shifts go onto Y12^H)
+        prepared = None
+        gemm_sub(w[..., :, mid:hi], w1, ct(xp, y1[..., mid:hi, lo:mid]),
                  precision=precision, label="rec-formq-trmm-gemm", options=options,
                  backend=backend)
+        w1 = None
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)

@@ -1,0 +1,123 @@
+"""Operands prepared once for the fp16 tensor-core engines.
+
+The ``tc-fp16`` and ``tc-sgemm`` engines scale each operand by exact powers of two and
+round it to fp16 parts before their GEMMs (:mod:`mpqr.engines.tc_fp16`,
+:mod:`mpqr.engines.tc_sgemm`): a range scan, a conversion pass and fp16 copies per
+operand and product. An operand that several products read (a Householder block's ``W``
+in the trailing update and in the merge of the next level) can carry those parts:
+:class:`Prepared` holds them, and the engines take it in place of the array.
+
+The shifts lie along one axis of the operand:
+
+* the operand's *own* axis (rows of a left operand, columns of a right one): the parts are
+  the engine's own, so the product has the bits it has from the array;
+* the product's *inner* axis (``X 2^S`` with ``S = diag(2^s)`` on ``k``; e.g. the
+  transpose :attr:`Prepared.T` of a prepared operand): the engine moves ``2^-S`` to the
+  other operand before splitting it (exact: powers of two) and splits it as usual. Each
+  entry of the prepared one keeps its bits relative to the largest of its line along
+  ``k`` instead of along its own axis: the same engine bound
+  (``|C - AB| <= c u |A||B|`` elementwise for entries within ``2^-28`` of that maximum,
+  and normwise for all), not the same bits.
+
+A product the policy gives to another engine (or tiles) reads :attr:`Prepared.source`,
+the array itself. :func:`prepare` makes one; :func:`operand` unwraps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["PREPARED_ENGINES", "Prepared", "operand", "prepare"]
+
+#: the engines whose operands :func:`prepare` makes parts for
+PREPARED_ENGINES = ("tc-sgemm", "tc-fp16")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An operand of products with its fp16 parts (see the module docstring).
+
+    ``axis``: the axis its shifts were taken along (``-1``: one per row, as for a left
+    operand; ``-2``: one per column, as for a right one); ``shift`` is int32 with keepdims.
+    ``hi`` is ``fp16(X 2^s)``; for ``tc-sgemm`` ``hf`` (``hi`` with non-finite entries 0)
+    and ``lo`` (the rounding residual times ``2^11``), and ``cat``, the buffer they are
+    views of where it serves one GEMM over ``2k``: ``[hf | lo]`` for a left operand
+    (``cat_side="left"``), ``[lo ; hf]`` for a right one.
+    """
+
+    source: Any
+    engine: str
+    axis: int
+    shift: Any
+    hi: Any
+    hf: Any = None
+    lo: Any = None
+    cat: Any = None
+    cat_side: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.source.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.source.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.source.ndim
+
+    @property
+    def T(self) -> Prepared:
+        """The transposed operand: the same parts, its shifts along the other axis."""
+        def t(x: Any) -> Any:
+            return None if x is None else x.T
+
+        return replace(self, source=self.source.T, axis=-1 if self.axis == -2 else -2,
+                       shift=self.shift.T, hi=self.hi.T, hf=t(self.hf), lo=t(self.lo),
+                       cat=None, cat_side=None)
+
+    def inner(self, side: str) -> bool:
+        """Whether, as the ``side`` operand of a product, its shifts lie along the
+        product's inner axis (the engine's own axis is rows on the left, columns on the
+        right)."""
+        return self.axis == (-2 if side == "left" else -1)
+
+    def cat_for(self, side: str) -> Any:
+        """The concatenated parts for one correction GEMM on ``side``, or None."""
+        return self.cat if self.cat_side == side else None
+
+
+def operand(x: Any) -> Any:
+    """The array of a prepared operand, or ``x`` itself."""
+    return x.source if isinstance(x, Prepared) else x
+
+
+def prepare(backend: Any, x: Any, *, side: str, engine: str) -> Prepared:
+    """``x`` (2-D, real float) with the ``engine``'s fp16 parts as the ``side`` operand of
+    later products: the very scaling and rounding the engine applies to it there."""
+    from mpqr.engines.scaling import pow2_shift
+    from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
+    from mpqr.engines.tc_sgemm import LO_SHIFT
+
+    if engine not in PREPARED_ENGINES or side not in ("left", "right") or x.ndim != 2:
+        raise ValueError(f"prepare: a 2-D operand of {PREPARED_ENGINES} on side 'left' or "
+                         f"'right' was expected, got engine={engine!r}, side={side!r}, "
+                         f"ndim={x.ndim}")
+    xp = backend.xp
+    axis = -1 if side == "left" else -2
+    s = pow2_shift(backend, x, axis=axis, target=FP16_TARGET_EXP)
+    hi = backend.empty_for(x, x.shape, xp.float16)
+    if engine == "tc-fp16":
+        backend.split_fp16(x, s, hi)
+        return Prepared(x, engine, axis, s, hi)
+    m, n = x.shape
+    if side == "left":
+        cat = backend.empty_for(x, (m, 2 * n), xp.float16)  # [hf | lo]
+        hf, lo = cat[:, :n], cat[:, n:]
+    else:
+        cat = backend.empty_for(x, (2 * m, n), xp.float16)  # [lo ; hf]
+        hf, lo = cat[m:, :], cat[:m, :]
+    backend.split_fp16(x, s, hi, hf=hf, lo=lo, lo_shift=LO_SHIFT)
+    return Prepared(x, engine, axis, s, hi, hf, lo, cat, side)

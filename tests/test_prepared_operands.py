@@ -1,0 +1,218 @@
+"""Operands prepared once (:mod:`mpqr.engines.prepared`), tc-sgemm's unscale and update
+of C in one pass, and the recursion's W1 prepared for the update and the merge.
+
+On the CPU (NumPy backend, the engines' own roundings): a prepared operand on its own axis
+gives the product's bits; transposed (its shifts moved to the other operand) it stays
+within the engine's bound; the fused update gives the separate passes' bits; the QR's
+accuracy is unchanged. On the GPU: the strided conversion kernels against the elementwise
+ones (bitwise) and the prepared products against the NumPy emulation.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from mpqr.backends import get_backend
+
+import mpqr
+from mpqr.engines import tc_sgemm
+from mpqr.engines.prepared import Prepared, operand, prepare
+from mpqr.policy import gemm, gemm_into, gemm_options, gemm_sub, prepare_operand
+
+hr = importlib.import_module("mpqr.qr.householder_recursive")
+BE = get_backend(np)
+EMU = "fp32-emulated"
+
+
+def _ab(m=70, k=300, n=50, seed=0, graded=False):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k))
+    if graded:  # columns of A (the inner axis) over 2^-40 .. 2^40
+        a *= np.exp2(rng.integers(-40, 40, size=(1, k)))
+    return a.astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+
+
+def _bound(a, b, k):
+    # tc-sgemm: ~2^-22 per operand split, float32 sums over k (slices rounded to nearest)
+    return (2.0**-20 + k * 2.0**-24) * (np.abs(a.astype(np.float64)) @ np.abs(b))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_prepared_on_its_own_axis_gives_the_same_bits(side):
+    a, b = _ab()
+    plain = gemm(a, b, precision=EMU)
+    if side == "left":
+        got = gemm(prepare(BE, a, side="left", engine="tc-sgemm"), b, precision=EMU)
+    else:
+        got = gemm(a, prepare(BE, b, side="right", engine="tc-sgemm"), precision=EMU)
+    assert np.array_equal(got, plain)
+    both = gemm(prepare(BE, a, side="left", engine="tc-sgemm"),
+                prepare(BE, b, side="right", engine="tc-sgemm"), precision=EMU)
+    assert np.array_equal(both, plain)
+
+
+def test_tc_fp16_prepared_gives_the_same_bits():
+    a, b = _ab()
+    plain = gemm(a, b, precision="fp16")
+    got = gemm(prepare(BE, a, side="left", engine="tc-fp16"), b, precision="fp16")
+    assert np.array_equal(got, plain)
+
+
+@pytest.mark.parametrize("graded", [False, True])
+def test_transposed_prepared_is_within_the_engines_bound(graded):
+    # W^T prepared (W's columns scaled), then W on the left of W D: W's shifts go onto D
+    w, d = _ab(m=90, k=200, n=40, seed=1, graded=graded)
+    pw = prepare(BE, w.T, side="left", engine="tc-sgemm")
+    assert pw.T.inner("left") and not pw.inner("left")
+    got = gemm(pw.T, d, precision=EMU)
+    ref = w.astype(np.float64) @ d.astype(np.float64)
+    assert np.all(np.abs(got - ref) <= _bound(w, d, 200))
+    # and on the other side of a product with its own axis: the same bits as W^T D'
+    d2 = np.random.default_rng(2).standard_normal((90, 30)).astype(np.float32)
+    assert np.array_equal(gemm(pw, d2, precision=EMU), gemm(w.T, d2, precision=EMU))
+
+
+def test_inner_shifts_move_exactly_to_a_float32_partner():
+    # the partner's lines scaled by 2^-s in float64: a partner entry that 2^-s would make
+    # subnormal in float32 keeps its bits (the product is still within the bound)
+    w, d = _ab(m=40, k=64, n=16, seed=3)
+    w[:, 5] *= np.float32(2.0**-100)  # column 5's shift is ~+100: D's row 5 gets 2^-100
+    d[5, :] = np.float32(3e-30)
+    got = gemm(prepare(BE, w.T, side="left", engine="tc-sgemm").T, d, precision=EMU)
+    ref = w.astype(np.float64) @ d.astype(np.float64)
+    assert np.all(np.abs(got - ref) <= _bound(w, d, 64))
+
+
+def test_another_engine_reads_the_array_and_explain_says_prepared():
+    a, b = _ab()
+    pa = prepare_operand(a, side="left", m=70, n=50, k=300, precision=EMU, backend=BE)
+    assert isinstance(pa, Prepared)
+    with mpqr.explain() as trace:
+        c_emu = gemm(pa, b, precision=EMU, label="p-emu")
+        c_nat = gemm(pa, b, precision="fp32", label="p-native")
+    assert np.array_equal(c_nat, gemm(a, b, precision="fp32"))
+    assert np.array_equal(c_emu, gemm(a, b, precision=EMU))
+    lines = {g.label: str(g) for g in trace.gemms}
+    assert "prepared=A" in lines["p-emu"] and "prepared" not in lines["p-native"]
+    # an engine that splits no operand, or a memory cap on the engines' scratch: nothing
+    # is prepared
+    assert prepare_operand(a, side="left", m=70, n=50, k=300, precision="fp32") is a
+    with gemm_options(workspace_limit=2**30):
+        assert prepare_operand(a, side="left", m=70, n=50, k=300, precision=EMU) is a
+    assert operand(pa) is a
+
+
+def test_a_tiled_product_reads_the_array():
+    a, b = _ab(m=520, k=32, n=520)
+    pa = prepare(BE, a, side="left", engine="tc-sgemm")
+    with gemm_options(workspace_limit=520 * 32 * 20):
+        got = gemm(pa, b, precision=EMU)
+        plain = gemm(a, b, precision=EMU)
+    assert np.array_equal(got, plain)
+
+
+def test_prepare_names_a_bad_argument():
+    with pytest.raises(ValueError, match="side='top'"):
+        prepare(BE, np.ones((3, 3), np.float32), side="top", engine="tc-sgemm")
+    with pytest.raises(ValueError, match="engine='native-fp32'"):
+        prepare(BE, np.ones((3, 3), np.float32), side="left", engine="native-fp32")
+
+
+@pytest.mark.parametrize("mode", ["sub", "into"])
+def test_fused_unscale_gives_the_separate_passes_bits(monkeypatch, mode):
+    a, b = _ab(seed=4)
+    a[3, 7] = np.inf
+    c0 = np.random.default_rng(5).standard_normal((70, 50)).astype(np.float32)
+    outs = []
+    for fused in (False, True):
+        monkeypatch.setattr(tc_sgemm, "FUSED_UNSCALE", fused)
+        c = c0.copy()
+        view = c[:, :]  # a view of the caller's array, written in place
+        (gemm_sub if mode == "sub" else gemm_into)(view, a, b, precision=EMU)
+        outs.append(c)
+    assert np.array_equal(outs[0], outs[1], equal_nan=True)
+
+
+def _qr_errors(a, q, r):
+    a64 = a.astype(np.float64)
+    back = np.linalg.norm(a64 - q.astype(np.float64) @ r) / np.linalg.norm(a64)
+    orth = np.linalg.norm(q.T.astype(np.float64) @ q - np.eye(q.shape[1]))
+    return back, orth
+
+
+def test_qr_with_w1_prepared_keeps_its_accuracy(monkeypatch):
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")  # products whole (no scratch cap)
+    a = np.random.default_rng(6).standard_normal((160, 128)).astype(np.float32)
+    errs = {}
+    for on in (False, True):
+        monkeypatch.setattr(hr, "PREPARED_OPERANDS", on)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision=EMU, method="householder-recursive")
+        errs[on] = _qr_errors(a, q, r)
+        prepared = [g for g in trace.gemms if "prepared=A" in str(g)]
+        labels = {g.label for g in prepared}
+        assert labels == ({"rec-update-WhB", "rec-merge-WD", "rec-formq-trmm-gemm"} if on
+                          else set())
+    # the lean plan keeps no operand across the recursion: today's products
+    with mpqr.explain() as trace, hr.lean_plan():
+        mpqr.qr(a, precision=EMU, method="householder-recursive")
+    assert not [g for g in trace.gemms if "prepared=" in str(g)]
+    (b0, o0), (b1, o1) = errs[False], errs[True]
+    u = 2.0**-24
+    assert b1 <= 2 * b0 + 50 * u and o1 <= 2 * o0 + 50 * u
+    assert b1 <= 200 * u * 128 and o1 <= 200 * u * 128
+
+
+def _cupy():
+    try:
+        import cupy as cp
+
+        cp.cuda.runtime.getDeviceCount()
+        return cp
+    except Exception:
+        return None
+
+
+gpu = pytest.mark.skipif(_cupy() is None, reason="needs a CUDA GPU with CuPy")
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["C", "view", "transposed"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_strided_split_kernel_matches_the_elementwise_one(monkeypatch, layout, dtype):
+    cp = _cupy()
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    be = get_backend(cp)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((300, 260)) * np.exp2(rng.integers(-100, 100, size=(300, 1)))
+    x[0, 0], x[1, 1] = np.inf, np.nan
+    big = cp.asarray(x.astype(dtype))
+    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T}[layout]
+    s = be.pow2_shift(v, -1, 14)
+    outs = []
+    for fast in (False, True):
+        monkeypatch.setattr(ek, "FAST_SPLIT", fast)
+        hi = be.empty_for(v, v.shape, cp.float16)
+        cat = be.empty_for(v, (v.shape[0], 2 * v.shape[1]), cp.float16)
+        be.split_fp16(v, s, hi, hf=cat[:, :v.shape[1]], lo=cat[:, v.shape[1]:])
+        outs.append((hi.view(cp.uint16), cat.view(cp.uint16)))
+    assert all(bool(cp.all(p == q)) for p, q in zip(*outs, strict=True))
+
+
+@gpu
+def test_prepared_products_on_the_gpu_match_the_numpy_emulation():
+    cp = _cupy()
+    w, d = _ab(m=500, k=384, n=200, seed=8, graded=True)
+    got = cp.asnumpy(gemm(prepare(get_backend(cp), cp.asarray(w).T, side="left",
+                                  engine="tc-sgemm").T, cp.asarray(d), precision=EMU))
+    emu = gemm(prepare(BE, w.T, side="left", engine="tc-sgemm").T, d, precision=EMU)
+    assert np.all(np.abs(got - emu) <= _bound(w, d, 384))
+    c0 = np.random.default_rng(9).standard_normal((500, 200)).astype(np.float32)
+    c_gpu = cp.asarray(c0)
+    gemm_sub(c_gpu, cp.asarray(w), cp.asarray(d), precision=EMU)
+    c_np = c0.copy()
+    gemm_sub(c_np, w, d, precision=EMU)
+    assert np.all(np.abs(cp.asnumpy(c_gpu) - c_np) <= _bound(w, d, 384))
