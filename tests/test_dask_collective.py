@@ -67,6 +67,59 @@ def test_cholqr2_one_task_per_worker(client, cond, n):
                                rtol=0, atol=1e3 * u * cond * np.linalg.norm(a, 2))
 
 
+@pytest.fixture
+def device_steps(monkeypatch):
+    """The workers' NumPy blocks take the n x n steps' one-launch route (the Array API
+    reference of the GPU kernel, :func:`mpqr.qr.cholqr_steps.portable_chol_steps`)."""
+    from mpqr.backends._base import ArrayAPIBackend
+
+    from mpqr.qr.cholqr_steps import portable_chol_steps
+
+    monkeypatch.setattr(ArrayAPIBackend, "chol_steps",
+                        lambda self, g: portable_chol_steps(self, g))
+
+
+@pytest.mark.parametrize(("cond", "n", "nxn"), [
+    (1e2, 12, ["one-launch"] * 2), (1e7, 64, ["one-launch"] * 2),
+    # graded columns: R1's diagonal ratio (1e8) fails the one-launch check, so that
+    # pass's steps run one by one (column scaling leaves CholQR2 exact)
+    (None, 40, ["one-by-one", "one-launch"])])
+def test_cholqr2_nxn_steps_in_one_launch(client, device_steps, cond, n, nxn):
+    rng = np.random.default_rng(5)
+    a = geometric(rng, 1500, n, cond) if cond else \
+        rng.standard_normal((1500, n)) * np.geomspace(1, 1e8, n)
+    cond = cond or np.linalg.cond(a)
+    x = da.from_array(a, chunks=(300, n)).persist()
+    with mpqr.explain() as trace:
+        q, r = collective.cholqr2(x, check_finite=True)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["nxn_steps"] == nxn and ev.data["collectives"] == 2
+    assert ev.data["q_by"] == ("fused-solve" if n <= 32 else "q1-times-inverse")
+    qh = q.compute()
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, qh, r) <= 20 * u * n and orthogonality(qh) <= 20 * u * n
+    np.testing.assert_array_equal(r, np.triu(r))
+    np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a, mode="r")),
+                               rtol=0, atol=1e3 * u * cond * np.linalg.norm(a, 2))
+    _, r_only = collective.cholqr2(x, want_q=False)
+    np.testing.assert_array_equal(r_only, r)
+
+
+def test_nxn_steps_in_one_launch_break_down_as_one_by_one(client, device_steps):
+    a = np.ones((400, 4))
+    with pytest.raises(BreakdownError, match="positive definite|certified"):
+        collective.cholqr2(da.from_array(a, chunks=(100, 4)))
+    a = np.random.default_rng(6).standard_normal((400, 4))
+    a[123, 2] = np.nan
+    with pytest.raises(ValueError, match="infs or NaNs"):
+        collective.cholqr2(da.from_array(a, chunks=(100, 4)), check_finite=True)
+    # cond 1e12: the first Gram matrix is not numerically positive definite, or Q1 is
+    # not certified (CholQR2 reaches u^-1/2)
+    a = geometric(np.random.default_rng(7), 600, 8, 1e12)
+    with pytest.raises(BreakdownError, match="positive definite|certified"):
+        collective.cholqr2(da.from_array(a, chunks=(150, 8)))
+
+
 def test_communicator_reused_and_sum(client):
     h1 = collective.communicator(client, "thread")
     h2 = collective.communicator(client, "thread")
