@@ -424,3 +424,31 @@ def test_a_block_away_from_its_reader_is_copied_there(client):
     assert client.who_has([g])[g.key] == [workers[1]]
     np.testing.assert_array_equal(g.result(), np.arange(6.0))
     assert collective._on_their_workers(client, [f], where, {workers[0]: [0]}) == [f]
+
+
+def test_placement_remembered_and_a_moved_block_asked_again(client, monkeypatch):
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((800, 6))
+    x = _placed(client, a, 200, (2, 2))
+    asked = []
+    real = type(client).who_has
+    monkeypatch.setattr(type(client), "who_has",
+                        lambda self, *args, **kw: asked.append(1) or real(self, *args, **kw))
+    collective.cholqr2(x, want_q=False)
+    collective.cholqr2(x, want_q=False)  # the same blocks: the scheduler is not asked
+    assert len(asked) == 1
+    # the remembered holders gone stale (as after a block moved): the worker sent to read
+    # a block it does not hold fails the call at once, which runs again on the
+    # scheduler's answer, even without retries; the result as before
+    key = (client.id, tuple(f.key for f in collective._block_futures(client, x)))
+    states, where = collective._PLACED[key]
+    workers = sorted(client.scheduler_info()["workers"])
+    first = key[1][0]
+    collective._PLACED[key] = (states, {**where, first: [w for w in workers
+                                                         if w not in where[first]]})
+    with mpqr.explain() as trace:
+        q, r = collective.cholqr2(x, retries=0)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["attempts"] == 2 and len(asked) == 2
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, q.compute(), r) <= 20 * u * 6

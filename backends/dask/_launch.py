@@ -19,7 +19,8 @@ import functools
 import time
 from typing import Any
 
-__all__ = ["REGISTRY", "Lost", "launch", "register", "release", "settle", "timeline"]
+__all__ = ["REGISTRY", "Lost", "MissingBlock", "launch", "register", "release", "settle",
+           "timeline"]
 
 #: worker-side registry of communicators: (communicator id, worker address) -> communicator
 REGISTRY: dict[tuple[str, str], Any] = {}
@@ -29,10 +30,15 @@ class Lost(RuntimeError):
     """A worker failed or left during a call; ``gone``: the workers seen gone;
     ``pending``: the other workers' calls, still running (see :func:`settle`)."""
 
-    def __init__(self, message: str, gone: set[str] | None = None):
+    def __init__(self, message: str, gone: set[str] | None = None, missing: bool = False):
         super().__init__(message)
         self.gone = gone or set()
         self.pending: set[Any] = set()
+        self.missing = missing  # a worker did not hold a block it was sent to read
+
+
+class MissingBlock(RuntimeError):
+    """A worker was sent to read a block it does not hold (the block moved away)."""
 
 
 async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
@@ -45,7 +51,7 @@ async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
         blocks = tuple(dask_worker.data[k] for k in keys)
     except KeyError as exc:
         comm.abort()  # the other ranks would wait for this one at their first sum
-        raise RuntimeError(f"block {exc} is no longer on worker {dask_worker.address}") \
+        raise MissingBlock(f"block {exc} is no longer on worker {dask_worker.address}") \
             from None
     loop = asyncio.get_running_loop()
     t_body = time.time()
@@ -138,7 +144,8 @@ def _unpack(f: Any, addr: str) -> Any:
     if resp.get("status") == "OK":
         return resp["result"]
     _, exc, _tb = clean_exception(**resp)
-    raise Lost(f"a worker's call failed ({addr}): {type(exc).__name__}: {exc}") from exc
+    raise Lost(f"a worker's call failed ({addr}): {type(exc).__name__}: {exc}",
+               missing=isinstance(exc, MissingBlock)) from exc
 
 
 def register(client: Any, keys: list[Any], like: Any) -> list[Any]:

@@ -599,6 +599,36 @@ def _ready(futs: list[Any]) -> None:
         wait(futs)
 
 
+#: where the latest arrays' blocks were found: (client id, block keys) -> (the client's
+#: states of their futures, worker -> holders); reused while those futures are the same
+#: and finished, so a repeated call on one array asks the scheduler nothing before it
+#: starts. A block since moved away fails the call at once on its worker (its key is
+#: not there), which then runs once more from the scheduler's answer.
+_PLACED: dict[tuple[str, tuple[Any, ...]], tuple[list[Any], dict[Any, Any]]] = {}
+_PLACED_MAX = 16
+
+
+def placement(client: Any, futs: list[Any]) -> tuple[dict[Any, Any], bool]:
+    """``(key -> holders, remembered)`` for the finished futures ``futs``: the holders
+    found for the same futures before, else the scheduler's (one trip), remembered."""
+    key = (client.id, tuple(f.key for f in futs))
+    seen = _PLACED.get(key)
+    states = [client.futures.get(f.key) for f in futs]
+    if seen is not None and all(a is b for a, b in zip(seen[0], states)) \
+            and all(st is not None and st.status == "finished" for st in states):
+        return seen[1], True
+    where = client.who_has(futs)
+    if len(_PLACED) >= _PLACED_MAX:
+        del _PLACED[next(iter(_PLACED))]
+    _PLACED[key] = (states, where)
+    return where, False
+
+
+def forget_placement(client: Any, futs: list[Any]) -> None:
+    """Ask the scheduler again next time (a call that used the remembered holders failed)."""
+    _PLACED.pop((client.id, tuple(f.key for f in futs)), None)
+
+
 def _row_keys(x: Any) -> list[Any]:
     return [k if x.ndim == 1 else k[0] for k in x.__dask_keys__()]
 
@@ -728,7 +758,9 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
     last: Exception | None = None
     t_start, start = time.perf_counter(), time.time()
     lost: set[str] = set()
-    for attempt in range(retries + 1):
+    attempt, tries = -1, retries + 1
+    while attempt + 1 < tries:
+        attempt += 1
         try:
             h = communicator(client, kind, renew=attempt > 0, check=False,
                              exclude=frozenset(lost))
@@ -739,7 +771,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             continue
         futs = _block_futures(client, x)
         _ready(futs)
-        where = client.who_has(futs)
+        where, remembered = placement(client, futs)
+        placed = futs
         if any(w not in h.ranks for f in futs for w in where[f.key]):
             h = communicator(client, kind)  # the cluster changed: asks the scheduler
         per = assign([where[f.key] for f in futs], x.chunks[0], h.ranks)
@@ -765,6 +798,9 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             _launch.settle(exc)
             _launch.release(client, qkeys)
             last = CollectiveError(str(exc))
+            if remembered and exc.missing:  # a block moved since: asked again, one run more
+                forget_placement(client, placed)
+                tries += 1
             continue
         infos = list(res.values())
         r0 = next(v for v in infos if v["rank"] == 0)
@@ -801,6 +837,6 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
                      call_seconds=time.perf_counter() - t_start,
                      timeline_ms=_launch.timeline(start, sent, back, walls), **extra)
         return q, r0["r"]
-    raise CollectiveError(f"collective CholQR2 failed on {retries + 1} attempts (a worker "
+    raise CollectiveError(f"collective CholQR2 failed on {tries} attempts (a worker "
                           f"lost or failed); last error: {type(last).__name__}: {last}") \
         from last
