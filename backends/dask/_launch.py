@@ -87,13 +87,13 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
 
     fn = pickle.dumps(_on_worker)
     loop = client.loop.asyncio_loop
+    # pickled here, before the loop sends any: the messages leave back to back
+    msgs = {w: pickle.dumps((cid, body, keys, qkeys, args)) for w, (keys, qkeys) in work.items()}
 
-    async def one(addr: str, keys: list[Any], qkeys: list[Any]) -> Any:
-        return await client.rpc(addr).run(
-            function=fn, args=pickle.dumps((cid, body, keys, qkeys, args)),
-            wait=True)
+    async def one(addr: str) -> Any:
+        return await client.rpc(addr).run(function=fn, args=msgs[addr], wait=True)
 
-    calls = {asyncio.run_coroutine_threadsafe(one(w, *kq), loop): w for w, kq in work.items()}
+    calls = {asyncio.run_coroutine_threadsafe(one(w), loop): w for w in work}
     who_has = {k: [w] for w, (_, qk) in work.items() for k in qk}
     told = asyncio.run_coroutine_threadsafe(client.scheduler.update_data(
         who_has=who_has, nbytes=nbytes or {}, client=client.id), loop) if who_has else None
@@ -103,8 +103,14 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
     try:
         while pending:
             done, pending = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
+            failed = []
             for f in done:
-                out[calls[f]] = _unpack(f, calls[f])
+                try:
+                    out[calls[f]] = _unpack(f, calls[f])
+                except Lost as exc:
+                    failed.append(exc)
+            if failed:  # a block not where it was sent, where one was (the others' cause)
+                raise next((e for e in failed if e.missing), failed[0])
             if done:
                 continue
             gone = set(work) - set(client.ncores())
@@ -128,9 +134,17 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
 def settle(exc: Lost, timeout: float = 10.0) -> None:
     """Wait (up to ``timeout`` s) for the calls still running when ``exc`` was raised, once
     their all-reduces were aborted: a worker that finished meanwhile has kept its blocks
-    of ``Q``, which :func:`release` then drops."""
+    of ``Q``, which :func:`release` then drops. ``exc.missing`` is set where one of them
+    failed for a block it does not hold (the call that failed first may be a rank whose
+    all-reduce that one aborted)."""
     if exc.pending:
         cf.wait(exc.pending, timeout=timeout)
+    from distributed.core import clean_exception
+
+    for f in exc.pending:  # a worker sent to read a block it no longer holds: say so
+        resp = f.result() if f.done() and f.exception() is None else None
+        if isinstance(resp, dict) and resp.get("status") == "error":
+            exc.missing |= isinstance(clean_exception(**resp)[1], MissingBlock)
 
 
 def _unpack(f: Any, addr: str) -> Any:

@@ -505,6 +505,8 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
             kept[j] = w = None
         info["q_by"] = "q1-times-inverse"
     mark("q")
+    if not (comm.rank == 0 or r_everywhere):
+        backend.synchronize()  # the body ends with its blocks of Q made, on every rank
     info.update(r=to_host(r) if comm.rank == 0 or r_everywhere else None,
                 collectives=comm.calls - calls0,
                 seconds=time.perf_counter() - t0)

@@ -250,6 +250,7 @@ class CollectiveSolver(DaskSolver):
                 lost |= exc.gone
                 client.run(collective._abort, h.cid, on_error="ignore")
                 collective.forget(client, h)
+                _launch.settle(exc)
                 last = collective.CollectiveError(str(exc))
                 if remembered and exc.missing:  # a block moved since: asked again, one run more
                     collective.forget_placement(client, placed)
