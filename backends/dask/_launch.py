@@ -180,16 +180,19 @@ def release(client: Any, keys: list[Any]) -> None:
         Future(k, client).release()
 
 
-def timeline(start: float, sent: float, back: float, walls: list[tuple[float, ...]]
-             ) -> dict[str, float]:
+def timeline(start: float, sent: float, back: float, walls: list[tuple[float, ...]],
+             done: float | None = None) -> dict[str, float]:
     """Where a call's time went (ms; the client's and the workers' clocks of one host):
     the client's steps before the call went out, until the first worker had it, from there
     until the last worker's body began (the task thread's hand-over), the slowest body,
-    ``Q``'s blocks announced, until the client had every result."""
+    ``Q``'s blocks kept, until the client had every result, and (``done``: when the
+    client's result was made) the client's steps after."""
     recv, body0 = min(w[0] for w in walls), max(w[1] for w in walls)
     body = max(w[2] - w[1] for w in walls)
     last = max(w[3] for w in walls)
     out = {"before_send": sent - start, "send_to_worker": recv - sent,
            "to_body": body0 - recv, "body": body,
            "keep_q": max(w[3] - w[2] for w in walls), "to_client": back - last}
+    if done is not None:
+        out["after"] = done - back
     return {k: round(1e3 * v, 2) for k, v in out.items()}

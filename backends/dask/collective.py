@@ -837,7 +837,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
                      blocks_per_worker=[len(per[w]) for w in sorted(per)],
                      seconds=max(v["seconds"] for v in infos),
                      call_seconds=time.perf_counter() - t_start,
-                     timeline_ms=_launch.timeline(start, sent, back, walls), **extra)
+                     timeline_ms=_launch.timeline(start, sent, back, walls, time.time()),
+                     **extra)
         return q, r0["r"]
     raise CollectiveError(f"collective CholQR2 failed on {tries} attempts (a worker "
                           f"lost or failed); last error: {type(last).__name__}: {last}") \
