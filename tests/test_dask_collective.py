@@ -75,8 +75,14 @@ def device_steps(monkeypatch):
 
     from mpqr.qr.cholqr_steps import portable_chol_steps
 
-    monkeypatch.setattr(ArrayAPIBackend, "chol_steps",
-                        lambda self, g: portable_chol_steps(self, g))
+    calls = []
+
+    def steps(self, g):
+        calls.append(g.shape)
+        return portable_chol_steps(self, g)
+
+    monkeypatch.setattr(ArrayAPIBackend, "chol_steps", steps)
+    return calls
 
 
 @pytest.mark.parametrize(("cond", "n", "nxn"), [
@@ -103,6 +109,35 @@ def test_cholqr2_nxn_steps_in_one_launch(client, device_steps, cond, n, nxn):
                                rtol=0, atol=1e3 * u * cond * np.linalg.norm(a, 2))
     _, r_only = collective.cholqr2(x, want_q=False)
     np.testing.assert_array_equal(r_only, r)
+
+
+def test_lstsq_direct_solution_with_nxn_steps_in_one_launch(client, device_steps,
+                                                            monkeypatch):
+    import dask
+    import scipy.linalg
+
+    real, seen = collective._second_on_device, []
+    monkeypatch.setattr(collective, "_second_on_device",
+                        lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+
+    # the refinement stopped after one step: the direct solution's CholQR2 from the
+    # first pass's Gram matrix, its n x n steps from the one launch, R on every rank
+    rng = np.random.default_rng(8)
+    a = geometric(rng, 1200, 6, 1e6)
+    b = rng.standard_normal((1200, 2))
+    x = _placed(client, a, 200, (5, 1))
+    bd = da.from_array(b, chunks=(200, 2)).persist()
+    with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
+        xs, res, rank, _s = mpqr.lstsq(x, bd, maxiter=1)
+    assert [e for e in trace.events if e.data.get("path") == "direct"]
+    # on both ranks, each collective CholQR2 the solver ran
+    assert seen and len(seen) % 2 == 0 and all(v is not None for v in seen)
+    ref = scipy.linalg.lstsq(a, b)
+    u = np.finfo(np.float64).eps
+    np.testing.assert_allclose(xs.compute(), ref[0], rtol=0,
+                               atol=10 * 6 * u * 1e6**2 * np.linalg.norm(ref[0]))
+    np.testing.assert_allclose(res.compute(), ref[1], rtol=1e-8)
+    assert rank == 6
 
 
 def test_nxn_steps_in_one_launch_break_down_as_one_by_one(client, device_steps):
