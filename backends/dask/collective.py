@@ -420,6 +420,11 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     if check:  # a count of non-finite blocks rides on the first sum
         g = xp.concat([g, xp.full((1, n), float(bad), dtype=dt, device=dev)
                        if dev is not None else xp.full((1, n), float(bad), dtype=dt)])
+    # pass 2's choice made now: nothing of it waits on the sums
+    fused = (backend.fused_cholqr_max_n is not None and n <= backend.fused_cholqr_max_n
+             and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
+                                                   engine="native-fp64", precision=prec,
+                                                   label="collective-gram2"))
     g = comm.allreduce_sum(g) if first_gram is None else backend.from_small(first_gram, g)
     mark("allreduce1")
     # the n x n steps in one launch where the backend has it (Cholesky, R^-1 and their
@@ -445,10 +450,6 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     # backend.fused_cholqr_max_n columns (float64, native products) in the solve's own
     # pass over A (Q1 never stored), else Q1 by a GEMM by R1^-1 where R1 is well
     # conditioned (by substitution where not), kept for Q when Q is wanted
-    fused = (backend.fused_cholqr_max_n is not None and n <= backend.fused_cholqr_max_n
-             and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
-                                                   engine="native-fp64", precision=prec,
-                                                   label="collective-gram2"))
     inv1 = None if fused or not blocks else (
         c.inverse_and_cond(backend, r1) if steps is None else (steps[1], s1.cond1))
     g2 = zeros((n, n))
