@@ -245,6 +245,7 @@ def test_nccl_cholqr2_one_gpu_worker():
             q, r = collective.cholqr2(x, client=c)
         (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
         assert ev.data["communicator"] == "nccl" and ev.data["collectives"] == 2
+        assert ev.data["nxn_steps"] == ["one-launch"] * 2  # the GPU kernel, both passes
         qh = cupy.asnumpy(q.compute())
         # mpqr.qr / mpqr.lstsq of CuPy blocks on a GPU worker take this route by themselves
         b = rng.standard_normal(2**16)
