@@ -21,7 +21,10 @@ Each timed call is split: ``mpqr.qr``'s own steps outside the collective call
 (``qr_outside_call``), the call's timeline (client before the call, to the workers, to
 the bodies, the slowest body, ``Q`` kept, back, the client's steps after) and the
 ``wait(Q)`` after it; the body's steps (one call synchronised after each) show the
-``n x n`` steps from the one launch (``nxn_steps`` in the trace, checked).
+``n x n`` steps from the one launch (``nxn_steps`` in the trace, checked). Two A/Bs on
+the two-worker ``2^26`` call, alternating in the same process: the ``n x n`` steps one
+by one (the GPU kernel off on the workers), and the blocks' holders asked of the
+scheduler each call (``ab_ms``).
 
 ``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
 small shapes (a smoke test of the script itself).
@@ -263,6 +266,69 @@ def _median_timeline(rows: list) -> dict:
         else {}
 
 
+def _nxn_one_by_one(on: bool, dask_worker=None) -> int:
+    """On this worker: the GPU backend's one-launch n x n steps off (``on``) or back."""
+    from mpqr.backends.dask._blocks import block_backend
+
+    be = block_backend(_make(0, 1, 1))  # the instance the bodies use (one a namespace)
+    if on:
+        be.chol_steps = lambda g: None
+    else:
+        be.__dict__.pop("chol_steps", None)
+    return 0
+
+
+@part("A/B")
+def time_ab(client, x, k, label):
+    """The same call, same process, alternating: as timed (A) and (B) with the n x n
+    steps one by one on the workers, or with the client asking the scheduler where the
+    blocks are each call; medians of ``REPEAT`` pairs."""
+    from distributed import wait
+    from mpqr.backends.dask import collective
+
+    import mpqr
+
+    def one():
+        q, _r = mpqr.qr(x)
+        wait(q)
+        del q
+
+    def timed(fn):
+        t = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t)
+
+    def asked():
+        collective._PLACED.clear()
+        one()
+
+    out = {}
+    for name, setup, call, undo in (
+            ("n x n steps one by one", lambda: client.run(_nxn_one_by_one, True), one,
+             lambda: client.run(_nxn_one_by_one, False)),
+            ("blocks' holders asked each call", lambda: None, asked, lambda: None)):
+        a, b = [], []
+        one()
+        try:
+            for _ in range(REPEAT):
+                a.append(timed(one))
+                setup()
+                try:
+                    b.append(timed(call))
+                finally:
+                    undo()
+        except Exception:
+            results["errors"][f"A/B {name}"] = traceback.format_exc()
+            print(results["errors"][f"A/B {name}"])
+            continue
+        out[name] = {"as timed": statistics.median(a), "changed": statistics.median(b),
+                     "samples_as_timed": a, "samples_changed": b}
+        print(f"A/B {label}: as timed {out[name]['as timed']:.1f} ms, {name} "
+              f"{out[name]['changed']:.1f} ms")
+    results.setdefault("ab_ms", {})[label] = out
+    save()
+
+
 @part("collective")
 def time_collective(client, rows, k, label):
     from distributed import wait
@@ -452,6 +518,8 @@ def main() -> None:
             x = time_collective(client, SMALL_ROWS, k, f"collective {k} workers, 2^24")
             del x
             x = time_collective(client, ROWS, k, f"collective {k} workers, 2^26")
+            if k > 1 and x is not None:
+                time_ab(client, x, k, f"collective {k} workers, 2^26")
             if k > 1 and x is not None:
                 time_dask(client, x, f"{k} workers, 2^26")
             elif x is not None:
