@@ -67,6 +67,94 @@ def test_cholqr2_one_task_per_worker(client, cond, n):
                                rtol=0, atol=1e3 * u * cond * np.linalg.norm(a, 2))
 
 
+@pytest.fixture
+def device_steps(monkeypatch):
+    """The workers' NumPy blocks take the n x n steps' one-launch route (the Array API
+    reference of the GPU kernel, :func:`mpqr.qr.cholqr_steps.portable_chol_steps`)."""
+    from mpqr.backends._base import ArrayAPIBackend
+
+    from mpqr.qr.cholqr_steps import portable_chol_steps
+
+    calls = []
+
+    def steps(self, g):
+        calls.append(g.shape)
+        return portable_chol_steps(self, g)
+
+    monkeypatch.setattr(ArrayAPIBackend, "chol_steps", steps)
+    return calls
+
+
+@pytest.mark.parametrize(("cond", "n", "nxn"), [
+    (1e2, 12, ["one-launch"] * 2), (1e7, 64, ["one-launch"] * 2),
+    # graded columns: R1's diagonal ratio (1e8) fails the one-launch check, so that
+    # pass's steps run one by one (column scaling leaves CholQR2 exact)
+    (None, 40, ["one-by-one", "one-launch"])])
+def test_cholqr2_nxn_steps_in_one_launch(client, device_steps, cond, n, nxn):
+    rng = np.random.default_rng(5)
+    a = geometric(rng, 1500, n, cond) if cond else \
+        rng.standard_normal((1500, n)) * np.geomspace(1, 1e8, n)
+    cond = cond or np.linalg.cond(a)
+    x = da.from_array(a, chunks=(300, n)).persist()
+    with mpqr.explain() as trace:
+        q, r = collective.cholqr2(x, check_finite=True)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["nxn_steps"] == nxn and ev.data["collectives"] == 2
+    assert ev.data["q_by"] == ("fused-solve" if n <= 32 else "q1-times-inverse")
+    qh = q.compute()
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, qh, r) <= 20 * u * n and orthogonality(qh) <= 20 * u * n
+    np.testing.assert_array_equal(r, np.triu(r))
+    np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a, mode="r")),
+                               rtol=0, atol=1e3 * u * cond * np.linalg.norm(a, 2))
+    _, r_only = collective.cholqr2(x, want_q=False)
+    np.testing.assert_array_equal(r_only, r)
+
+
+def test_lstsq_direct_solution_with_nxn_steps_in_one_launch(client, device_steps,
+                                                            monkeypatch):
+    import dask
+    import scipy.linalg
+
+    real, seen = collective._second_on_device, []
+    monkeypatch.setattr(collective, "_second_on_device",
+                        lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+
+    # the refinement stopped after one step: the direct solution's CholQR2 from the
+    # first pass's Gram matrix, its n x n steps from the one launch, R on every rank
+    rng = np.random.default_rng(8)
+    a = geometric(rng, 1200, 6, 1e6)
+    b = rng.standard_normal((1200, 2))
+    x = _placed(client, a, 200, (5, 1))
+    bd = da.from_array(b, chunks=(200, 2)).persist()
+    with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
+        xs, res, rank, _s = mpqr.lstsq(x, bd, maxiter=1)
+    assert [e for e in trace.events if e.data.get("path") == "direct"]
+    # on both ranks, each collective CholQR2 the solver ran
+    assert seen and len(seen) % 2 == 0 and all(v is not None for v in seen)
+    ref = scipy.linalg.lstsq(a, b)
+    u = np.finfo(np.float64).eps
+    np.testing.assert_allclose(xs.compute(), ref[0], rtol=0,
+                               atol=10 * 6 * u * 1e6**2 * np.linalg.norm(ref[0]))
+    np.testing.assert_allclose(res.compute(), ref[1], rtol=1e-8)
+    assert rank == 6
+
+
+def test_nxn_steps_in_one_launch_break_down_as_one_by_one(client, device_steps):
+    a = np.ones((400, 4))
+    with pytest.raises(BreakdownError, match="positive definite|certified"):
+        collective.cholqr2(da.from_array(a, chunks=(100, 4)))
+    a = np.random.default_rng(6).standard_normal((400, 4))
+    a[123, 2] = np.nan
+    with pytest.raises(ValueError, match="infs or NaNs"):
+        collective.cholqr2(da.from_array(a, chunks=(100, 4)), check_finite=True)
+    # cond 1e12: the first Gram matrix is not numerically positive definite, or Q1 is
+    # not certified (CholQR2 reaches u^-1/2)
+    a = geometric(np.random.default_rng(7), 600, 8, 1e12)
+    with pytest.raises(BreakdownError, match="positive definite|certified"):
+        collective.cholqr2(da.from_array(a, chunks=(150, 8)))
+
+
 def test_communicator_reused_and_sum(client):
     h1 = collective.communicator(client, "thread")
     h2 = collective.communicator(client, "thread")
@@ -157,6 +245,7 @@ def test_nccl_cholqr2_one_gpu_worker():
             q, r = collective.cholqr2(x, client=c)
         (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
         assert ev.data["communicator"] == "nccl" and ev.data["collectives"] == 2
+        assert ev.data["nxn_steps"] == ["one-launch"] * 2  # the GPU kernel, both passes
         qh = cupy.asnumpy(q.compute())
         # mpqr.qr / mpqr.lstsq of CuPy blocks on a GPU worker take this route by themselves
         b = rng.standard_normal(2**16)
@@ -339,8 +428,15 @@ def _q_keys(client):
 
 
 def test_q_blocks_are_the_clients_data_released_with_q(client):
+    import gc
     import time
 
+    # earlier tests' blocks of Q: on their way out, or held by a reference cycle (an
+    # exception's traceback and the frames it holds) until the collector runs
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while any(_q_keys(client)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     rng = np.random.default_rng(7)
     a = rng.standard_normal((1000, 4))
     x = _placed(client, a, 250, (2, 2))
@@ -371,3 +467,31 @@ def test_a_block_away_from_its_reader_is_copied_there(client):
     assert client.who_has([g])[g.key] == [workers[1]]
     np.testing.assert_array_equal(g.result(), np.arange(6.0))
     assert collective._on_their_workers(client, [f], where, {workers[0]: [0]}) == [f]
+
+
+def test_placement_remembered_and_a_moved_block_asked_again(client, monkeypatch):
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((800, 6))
+    x = _placed(client, a, 200, (2, 2))
+    asked = []
+    real = type(client).who_has
+    monkeypatch.setattr(type(client), "who_has",
+                        lambda self, *args, **kw: asked.append(1) or real(self, *args, **kw))
+    collective.cholqr2(x, want_q=False)
+    collective.cholqr2(x, want_q=False)  # the same blocks: the scheduler is not asked
+    assert len(asked) == 1
+    # the remembered holders gone stale (as after a block moved): the worker sent to read
+    # a block it does not hold fails the call at once, which runs again on the
+    # scheduler's answer, even without retries; the result as before
+    key = (client.id, tuple(f.key for f in collective._block_futures(client, x)))
+    states, where = collective._PLACED[key]
+    workers = sorted(client.scheduler_info()["workers"])
+    first = key[1][0]
+    collective._PLACED[key] = (states, {**where, first: [w for w in workers
+                                                         if w not in where[first]]})
+    with mpqr.explain() as trace:
+        q, r = collective.cholqr2(x, retries=0)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["attempts"] == 2 and len(asked) == 2
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, q.compute(), r) <= 20 * u * 6

@@ -19,7 +19,8 @@ import functools
 import time
 from typing import Any
 
-__all__ = ["REGISTRY", "Lost", "launch", "register", "release", "settle", "timeline"]
+__all__ = ["REGISTRY", "Lost", "MissingBlock", "launch", "register", "release", "settle",
+           "timeline"]
 
 #: worker-side registry of communicators: (communicator id, worker address) -> communicator
 REGISTRY: dict[tuple[str, str], Any] = {}
@@ -29,10 +30,15 @@ class Lost(RuntimeError):
     """A worker failed or left during a call; ``gone``: the workers seen gone;
     ``pending``: the other workers' calls, still running (see :func:`settle`)."""
 
-    def __init__(self, message: str, gone: set[str] | None = None):
+    def __init__(self, message: str, gone: set[str] | None = None, missing: bool = False):
         super().__init__(message)
         self.gone = gone or set()
         self.pending: set[Any] = set()
+        self.missing = missing  # a worker did not hold a block it was sent to read
+
+
+class MissingBlock(RuntimeError):
+    """A worker was sent to read a block it does not hold (the block moved away)."""
 
 
 async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
@@ -45,7 +51,7 @@ async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
         blocks = tuple(dask_worker.data[k] for k in keys)
     except KeyError as exc:
         comm.abort()  # the other ranks would wait for this one at their first sum
-        raise RuntimeError(f"block {exc} is no longer on worker {dask_worker.address}") \
+        raise MissingBlock(f"block {exc} is no longer on worker {dask_worker.address}") \
             from None
     loop = asyncio.get_running_loop()
     t_body = time.time()
@@ -81,13 +87,13 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
 
     fn = pickle.dumps(_on_worker)
     loop = client.loop.asyncio_loop
+    # pickled here, before the loop sends any: the messages leave back to back
+    msgs = {w: pickle.dumps((cid, body, keys, qkeys, args)) for w, (keys, qkeys) in work.items()}
 
-    async def one(addr: str, keys: list[Any], qkeys: list[Any]) -> Any:
-        return await client.rpc(addr).run(
-            function=fn, args=pickle.dumps((cid, body, keys, qkeys, args)),
-            wait=True)
+    async def one(addr: str) -> Any:
+        return await client.rpc(addr).run(function=fn, args=msgs[addr], wait=True)
 
-    calls = {asyncio.run_coroutine_threadsafe(one(w, *kq), loop): w for w, kq in work.items()}
+    calls = {asyncio.run_coroutine_threadsafe(one(w), loop): w for w in work}
     who_has = {k: [w] for w, (_, qk) in work.items() for k in qk}
     told = asyncio.run_coroutine_threadsafe(client.scheduler.update_data(
         who_has=who_has, nbytes=nbytes or {}, client=client.id), loop) if who_has else None
@@ -97,8 +103,14 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
     try:
         while pending:
             done, pending = cf.wait(pending, timeout=0.25, return_when=cf.FIRST_COMPLETED)
+            failed = []
             for f in done:
-                out[calls[f]] = _unpack(f, calls[f])
+                try:
+                    out[calls[f]] = _unpack(f, calls[f])
+                except Lost as exc:
+                    failed.append(exc)
+            if failed:  # a block not where it was sent, where one was (the others' cause)
+                raise next((e for e in failed if e.missing), failed[0])
             if done:
                 continue
             gone = set(work) - set(client.ncores())
@@ -122,9 +134,17 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
 def settle(exc: Lost, timeout: float = 10.0) -> None:
     """Wait (up to ``timeout`` s) for the calls still running when ``exc`` was raised, once
     their all-reduces were aborted: a worker that finished meanwhile has kept its blocks
-    of ``Q``, which :func:`release` then drops."""
+    of ``Q``, which :func:`release` then drops. ``exc.missing`` is set where one of them
+    failed for a block it does not hold (the call that failed first may be a rank whose
+    all-reduce that one aborted)."""
     if exc.pending:
         cf.wait(exc.pending, timeout=timeout)
+    from distributed.core import clean_exception
+
+    for f in exc.pending:  # a worker sent to read a block it no longer holds: say so
+        resp = f.result() if f.done() and f.exception() is None else None
+        if isinstance(resp, dict) and resp.get("status") == "error":
+            exc.missing |= isinstance(clean_exception(**resp)[1], MissingBlock)
 
 
 def _unpack(f: Any, addr: str) -> Any:
@@ -138,7 +158,8 @@ def _unpack(f: Any, addr: str) -> Any:
     if resp.get("status") == "OK":
         return resp["result"]
     _, exc, _tb = clean_exception(**resp)
-    raise Lost(f"a worker's call failed ({addr}): {type(exc).__name__}: {exc}") from exc
+    raise Lost(f"a worker's call failed ({addr}): {type(exc).__name__}: {exc}",
+               missing=isinstance(exc, MissingBlock)) from exc
 
 
 def register(client: Any, keys: list[Any], like: Any) -> list[Any]:
@@ -159,16 +180,19 @@ def release(client: Any, keys: list[Any]) -> None:
         Future(k, client).release()
 
 
-def timeline(start: float, sent: float, back: float, walls: list[tuple[float, ...]]
-             ) -> dict[str, float]:
+def timeline(start: float, sent: float, back: float, walls: list[tuple[float, ...]],
+             done: float | None = None) -> dict[str, float]:
     """Where a call's time went (ms; the client's and the workers' clocks of one host):
     the client's steps before the call went out, until the first worker had it, from there
     until the last worker's body began (the task thread's hand-over), the slowest body,
-    ``Q``'s blocks announced, until the client had every result."""
+    ``Q``'s blocks kept, until the client had every result, and (``done``: when the
+    client's result was made) the client's steps after."""
     recv, body0 = min(w[0] for w in walls), max(w[1] for w in walls)
     body = max(w[2] - w[1] for w in walls)
     last = max(w[3] for w in walls)
     out = {"before_send": sent - start, "send_to_worker": recv - sent,
            "to_body": body0 - recv, "body": body,
            "keep_q": max(w[3] - w[2] for w in walls), "to_client": back - last}
+    if done is not None:
+        out["after"] = done - back
     return {k: round(1e3 * v, 2) for k, v in out.items()}

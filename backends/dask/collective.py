@@ -37,6 +37,7 @@ from mpqr.backends.dask._blocks import bind, block_backend, to_host
 
 from mpqr._errors import BreakdownError
 from mpqr.policy import gemm, record_event
+from mpqr.qr.cholqr_steps import StepNumbers, passes
 
 __all__ = ["CollectiveError", "Communicator", "NcclCommunicator", "ThreadCommunicator",
            "cholqr2", "communicator", "nccl_available"]
@@ -419,23 +420,38 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     if check:  # a count of non-finite blocks rides on the first sum
         g = xp.concat([g, xp.full((1, n), float(bad), dtype=dt, device=dev)
                        if dev is not None else xp.full((1, n), float(bad), dtype=dt)])
+    # pass 2's choice made now: nothing of it waits on the sums
+    fused = (backend.fused_cholqr_max_n is not None and n <= backend.fused_cholqr_max_n
+             and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
+                                                   engine="native-fp64", precision=prec,
+                                                   label="collective-gram2"))
     g = comm.allreduce_sum(g) if first_gram is None else backend.from_small(first_gram, g)
     mark("allreduce1")
-    if check:
-        if float(g[n, 0]) > 0:
+    # the n x n steps in one launch where the backend has it (Cholesky, R^-1 and their
+    # checks' numbers on the device, read back once with the non-finite count); where a
+    # check fails, or the backend has none, the steps below redo them one by one
+    steps = backend.chol_steps(g[:n] if check else g)
+    if steps is not None:
+        extra = [xp.astype(g[n, :1], xp.float64)] if check else []
+        nums = to_host(xp.concat([steps[2], *extra]) if extra else steps[2])
+        if check and nums[8] > 0:
             return {"nonfinite": True, "rank": comm.rank}, []
+        s1 = StepNumbers.from_host(nums[:8])
+        if not passes(s1, **_limits(xp, g, prec, n, False)):
+            steps = None
+    elif check and float(g[n, 0]) > 0:
+        return {"nonfinite": True, "rank": comm.rank}, []
+    if check:
         g = g[:n]
-    r1 = _chol(backend, g, "first")
+    r1 = _chol(backend, g, "first") if steps is None else steps[0]
+    nxn = ["one-launch" if steps is not None else "one-by-one"]
     mark("chol1")
     # pass 2: the Gram matrix of Q1 = A R1^-1, as the in-core CholQR2 forms it: up to
     # backend.fused_cholqr_max_n columns (float64, native products) in the solve's own
     # pass over A (Q1 never stored), else Q1 by a GEMM by R1^-1 where R1 is well
     # conditioned (by substitution where not), kept for Q when Q is wanted
-    fused = (backend.fused_cholqr_max_n is not None and n <= backend.fused_cholqr_max_n
-             and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
-                                                   engine="native-fp64", precision=prec,
-                                                   label="collective-gram2"))
-    inv1 = None if fused or not blocks else c.inverse_and_cond(backend, r1)
+    inv1 = None if fused or not blocks else (
+        c.inverse_and_cond(backend, r1) if steps is None else (steps[1], s1.cond1))
     g2 = zeros((n, n))
     kept = []
     for b in blocks:
@@ -450,10 +466,25 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     mark("gram2")
     g2 = comm.allreduce_sum(g2)
     mark("allreduce2")
+    info = {"r": None, "rank": comm.rank, "fused": bool(fused), "nxn_steps": nxn}
+    steps2 = backend.chol_steps(g2)
+    if steps2 is not None:
+        done = _second_on_device(backend, steps2, g2, r1, blocks, kept, want_q, fused,
+                                 prec, comm.rank == 0 or r_everywhere, info, mark)
+        if done is not None:
+            nxn.append("one-launch")
+            out, r = done
+            info.update(r=r, collectives=comm.calls - calls0,
+                        seconds=time.perf_counter() - t0)
+            if phases:
+                info["phases_ms"] = marks
+            return info, out
+        # a check failed: the steps one by one below raise or decide as they always did
+    nxn.append("one-by-one")
     eye = xp.eye(n, dtype=g2.dtype, device=dev) if dev is not None else \
         xp.eye(n, dtype=g2.dtype)
     cert = float(xp.linalg.matrix_norm(g2 - eye))
-    info = {"r": None, "cert": cert, "rank": comm.rank, "fused": bool(fused)}
+    info["cert"] = cert
     if cert > 0.5:  # every rank holds the same g2: every rank returns here
         info.update(collectives=comm.calls - calls0, seconds=time.perf_counter() - t0)
         return info, []
@@ -467,17 +498,81 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     elif want_q and blocks:  # Q = Q1 R2^-1 (cond(R2) <= sqrt(3): a GEMM), Q1 freed a block
         inv2 = c.inverse_and_cond(backend, r2)  # at a time
         for j in range(len(kept)):
-            out.append(c._apply_inverse(backend, backend, kept[j], r2, "cholqr2", prec,
+            # a block of Q1 the device's steps freed already: made again, the same bits
+            w = kept[j] if kept[j] is not None else c._apply_inverse(
+                backend, backend, blocks[j], r1, "cholqr2", prec, inverse=inv1)
+            out.append(c._apply_inverse(backend, backend, w, r2, "cholqr2", prec,
                                         inverse=inv2))
-            kept[j] = None
+            kept[j] = w = None
         info["q_by"] = "q1-times-inverse"
     mark("q")
+    if not (comm.rank == 0 or r_everywhere):
+        backend.synchronize()  # the body ends with its blocks of Q made, on every rank
     info.update(r=to_host(r) if comm.rank == 0 or r_everywhere else None,
                 collectives=comm.calls - calls0,
                 seconds=time.perf_counter() - t0)
     if phases:
         info["phases_ms"] = marks
     return info, out
+
+
+def _limits(xp: Any, g: Any, prec: str, n: int, certified: bool) -> dict[str, Any]:
+    """The thresholds of :func:`mpqr.qr.cholqr_steps.passes` for a Gram matrix ``g``
+    formed at ``prec``, as the in-core pass reads them."""
+    from mpqr.qr import cholqr as c
+
+    return dict(u=c.gram_roundoff(xp, g.dtype, prec), n=n,
+                gram_min=c._gram_min(xp, g, prec), certified=certified)
+
+
+def _second_on_device(backend: Any, steps: tuple[Any, Any, Any], g2: Any, r1: Any,
+                      blocks: tuple[Any, ...], kept: list[Any], want_q: bool, fused: bool,
+                      prec: str, want_r: bool, info: dict[str, Any], mark: Any
+                      ) -> tuple[list[Any], Any] | None:
+    """The certified pass's ``n x n`` steps from the backend's one launch: ``Q`` and ``R``
+    are launched before its numbers are read (the certificate bounds ``cond_2(R_2)`` by
+    ``sqrt(3)``, which the GEMM by ``R_2^-1`` needs; a failed one drops them), and the
+    numbers come back with ``R`` in one read, after ``Q``'s products. ``(Q's blocks, R on
+    the host or None)``; None where a check fails (the caller redoes the steps one by one;
+    ``info["cert"]`` is set either way)."""
+    from mpqr.qr import cholqr as c
+    from mpqr.qr._kernels import panel_precision
+
+    xp = backend.xp
+    n = g2.shape[0]
+    r2, x2, st = steps
+    r = xp.triu(gemm(r2, r1, label="collective-r", backend=backend))
+    mark("chol2")
+    out: list[Any] = []
+    by_gemm = bool(kept) and c._inverse_by_gemm(backend, kept[0], n)
+    if want_q and blocks and fused:  # Q from A in one pass a block
+        out = [backend.right_solve_twice(b, r1, r2) for b in blocks]
+        info["q_by"] = "fused-solve"
+    elif want_q and blocks and by_gemm:  # Q = Q1 R2^-1 by GEMM, Q1 freed a block at a time
+        p = panel_precision(prec, kept[0].dtype, xp)
+        for j in range(len(kept)):
+            out.append(c._times_upper(backend, kept[j], x2, "cholqr2-apply-inverse", p))
+            kept[j] = None
+        info["q_by"] = "q1-times-inverse"
+    nums = to_host(xp.concat([st, xp.reshape(xp.astype(r, xp.float64), (-1,))])
+                   if want_r else st)
+    s = StepNumbers.from_host(nums[:8])
+    info["cert"] = s.dist_to_identity
+    if not passes(s, **_limits(xp, g2, prec, n, True)):
+        return None
+    if want_q and blocks and not fused and not by_gemm:  # by substitution where not
+        for j in range(len(kept)):
+            out.append(c._apply_inverse(backend, backend, kept[j], r2, "cholqr2", prec,
+                                        inverse=(x2, s.cond1)))
+            kept[j] = None
+        info["q_by"] = "q1-times-inverse"
+    mark("q")
+    rh = None
+    if want_r:
+        import numpy as np
+
+        rh = np.asarray(nums[8:], dtype=np.dtype(str(r.dtype))).reshape(n, n)
+    return out, rh
 
 
 # --- the client's side -----------------------------------------------------------------
@@ -505,6 +600,36 @@ def _ready(futs: list[Any]) -> None:
 
     if any(f.status != "finished" for f in futs):
         wait(futs)
+
+
+#: where the latest arrays' blocks were found: (client id, block keys) -> (the client's
+#: states of their futures, worker -> holders); reused while those futures are the same
+#: and finished, so a repeated call on one array asks the scheduler nothing before it
+#: starts. A block since moved away fails the call at once on its worker (its key is
+#: not there), which then runs once more from the scheduler's answer.
+_PLACED: dict[tuple[str, tuple[Any, ...]], tuple[list[Any], dict[Any, Any]]] = {}
+_PLACED_MAX = 16
+
+
+def placement(client: Any, futs: list[Any]) -> tuple[dict[Any, Any], bool]:
+    """``(key -> holders, remembered)`` for the finished futures ``futs``: the holders
+    found for the same futures before, else the scheduler's (one trip), remembered."""
+    key = (client.id, tuple(f.key for f in futs))
+    seen = _PLACED.get(key)
+    states = [client.futures.get(f.key) for f in futs]
+    if seen is not None and all(a is b for a, b in zip(seen[0], states)) \
+            and all(st is not None and st.status == "finished" for st in states):
+        return seen[1], True
+    where = client.who_has(futs)
+    if len(_PLACED) >= _PLACED_MAX:
+        del _PLACED[next(iter(_PLACED))]
+    _PLACED[key] = (states, where)
+    return where, False
+
+
+def forget_placement(client: Any, futs: list[Any]) -> None:
+    """Ask the scheduler again next time (a call that used the remembered holders failed)."""
+    _PLACED.pop((client.id, tuple(f.key for f in futs)), None)
 
 
 def _row_keys(x: Any) -> list[Any]:
@@ -636,7 +761,9 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
     last: Exception | None = None
     t_start, start = time.perf_counter(), time.time()
     lost: set[str] = set()
-    for attempt in range(retries + 1):
+    attempt, tries = -1, retries + 1
+    while attempt + 1 < tries:
+        attempt += 1
         try:
             h = communicator(client, kind, renew=attempt > 0, check=False,
                              exclude=frozenset(lost))
@@ -647,7 +774,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             continue
         futs = _block_futures(client, x)
         _ready(futs)
-        where = client.who_has(futs)
+        where, remembered = placement(client, futs)
+        placed = futs
         if any(w not in h.ranks for f in futs for w in where[f.key]):
             h = communicator(client, kind)  # the cluster changed: asks the scheduler
         per = assign([where[f.key] for f in futs], x.chunks[0], h.ranks)
@@ -673,6 +801,9 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             _launch.settle(exc)
             _launch.release(client, qkeys)
             last = CollectiveError(str(exc))
+            if remembered and exc.missing:  # a block moved since: asked again, one run more
+                forget_placement(client, placed)
+                tries += 1
             continue
         infos = list(res.values())
         r0 = next(v for v in infos if v["rank"] == 0)
@@ -702,12 +833,14 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
                      route="collective", communicator=kind, graphs=0, tasks=0,
                      launches=len(per), q_blocks=want_q * len(futs),
                      collectives=r0["collectives"], fused_gram=r0["fused"],
+                     nxn_steps=r0.get("nxn_steps"),
                      q_by=r0.get("q_by"), attempts=attempt + 1, workers=len(per),
                      blocks_per_worker=[len(per[w]) for w in sorted(per)],
                      seconds=max(v["seconds"] for v in infos),
                      call_seconds=time.perf_counter() - t_start,
-                     timeline_ms=_launch.timeline(start, sent, back, walls), **extra)
+                     timeline_ms=_launch.timeline(start, sent, back, walls, time.time()),
+                     **extra)
         return q, r0["r"]
-    raise CollectiveError(f"collective CholQR2 failed on {retries + 1} attempts (a worker "
+    raise CollectiveError(f"collective CholQR2 failed on {tries} attempts (a worker "
                           f"lost or failed); last error: {type(last).__name__}: {last}") \
         from last

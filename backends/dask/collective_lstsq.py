@@ -210,7 +210,9 @@ class CollectiveSolver(DaskSolver):
         last: Exception | None = None
         start = time.time()
         lost: set[str] = set()
-        for attempt in range(2):
+        attempt, tries = -1, 2
+        while attempt + 1 < tries:
+            attempt += 1
             try:
                 h = collective.communicator(client, self.kind, renew=attempt > 0,
                                             check=False, exclude=frozenset(lost))
@@ -222,7 +224,8 @@ class CollectiveSolver(DaskSolver):
             fa = collective._block_futures(client, self.a)
             fb = collective._block_futures(client, b)
             collective._ready([*fa, *fb])
-            where = client.who_has([*fa, *fb])
+            placed = [*fa, *fb]
+            where, remembered = collective.placement(client, placed)
             if any(w not in h.ranks for f in fa for w in where[f.key]):
                 h = collective.communicator(client, self.kind)  # the cluster changed
             per = collective.assign([where[f.key] for f in fa], self.a.chunks[0], h.ranks)
@@ -247,7 +250,11 @@ class CollectiveSolver(DaskSolver):
                 lost |= exc.gone
                 client.run(collective._abort, h.cid, on_error="ignore")
                 collective.forget(client, h)
+                _launch.settle(exc)
                 last = collective.CollectiveError(str(exc))
+                if remembered and exc.missing:  # a block moved since: asked again, one run more
+                    collective.forget_placement(client, placed)
+                    tries += 1
                 continue
             res = list(res.values())
             r0 = next(v for v in res if v["rank_id"] == 0)
@@ -279,5 +286,6 @@ class CollectiveSolver(DaskSolver):
             return (self._to_blocks(r0["x"]), r0["rank"], self._to_blocks(s),
                     self._to_blocks(r0["rr"]))
         raise collective.CollectiveError(
-            f"collective lstsq failed on 2 attempts (a worker lost or failed); last error: "
+            f"collective lstsq failed on {tries} attempts (a worker lost or failed); last "
+            f"error: "
             f"{type(last).__name__}: {last}") from last

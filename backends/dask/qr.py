@@ -119,8 +119,10 @@ def _collective(x: Any, mode: str, precision: Any, method: str, check_finite: bo
                      fallback="scheduler", reason=str(exc))
         return None
     r = backend.from_small(r, x._meta)
-    # a fresh name, not a hash of R's data (a trip to the host for a CuPy R)
-    r = da.from_array(r, chunks=r.shape, asarray=False, name=False)
+    # one chunk under a fresh name (no hash of R's data: a trip to the host for a CuPy
+    # R), R itself the graph's one value
+    name = "collective-r-" + uuid.uuid4().hex
+    r = da.Array({(name, 0, 0): r}, name, tuple((k,) for k in r.shape), meta=r[:0, :0])
     return QRResult(q, r) if mode != "r" else r
 
 

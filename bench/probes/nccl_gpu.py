@@ -17,6 +17,15 @@ weak scaling ``2^26 x 64`` per GPU, and ``dask.array.linalg.tsqr`` / ``lstsq`` (
 call each) on the two-worker cluster and the same chunks; the targets as MET / NOT MET.
 Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``) after each step.
 
+Each timed call is split: ``mpqr.qr``'s own steps outside the collective call
+(``qr_outside_call``), the call's timeline (client before the call, to the workers, to
+the bodies, the slowest body, ``Q`` kept, back, the client's steps after) and the
+``wait(Q)`` after it; the body's steps (one call synchronised after each) show the
+``n x n`` steps from the one launch (``nxn_steps`` in the trace, checked). Two A/Bs on
+the two-worker ``2^26`` call, alternating in the same process: the ``n x n`` steps one
+by one (the GPU kernel off on the workers), and the blocks' holders asked of the
+scheduler each call (``ab_ms``).
+
 ``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
 small shapes (a smoke test of the script itself).
 """
@@ -39,7 +48,7 @@ ROWS = 2**14 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling s
 SMALL_ROWS = 2**12 if CPU else 2**24
 CHECK_ROWS = 2**12 if CPU else 2**18
 CHECK_BLOCK = 2**8 if CPU else 2**14  # 16 blocks for the checks
-REPEAT = 3 if CPU else 5
+REPEAT = 3 if CPU else 9
 REF_REPEAT = 1
 T0 = time.perf_counter()
 results: dict = {"checks": {}, "times_ms": {}, "errors": {}, "cpu_smoke": CPU, "clock": {}}
@@ -127,7 +136,9 @@ def save() -> None:
         json.dump(results, f, indent=1, default=str)
 
 
-def median_ms(fn, repeat: int, warmup: bool = True) -> float:
+def median_ms(fn, repeat: int, warmup: bool = True, name: str | None = None) -> float:
+    """Median ms of ``repeat`` calls (after one warm-up); each call's ms kept in
+    ``results["samples_ms"][name]`` where named."""
     if warmup:
         fn()
     ts = []
@@ -135,6 +146,8 @@ def median_ms(fn, repeat: int, warmup: bool = True) -> float:
         t = time.perf_counter()
         fn()
         ts.append(1e3 * (time.perf_counter() - t))
+    if name:
+        results.setdefault("samples_ms", {})[name] = [round(v, 3) for v in ts]
     return statistics.median(ts)
 
 
@@ -179,7 +192,9 @@ def _in_core(rows: int) -> dict:
         mpqr.lstsq(a, b)
         _sync()
 
-    out = {"qr": median_ms(one, REPEAT), "lstsq": median_ms(ls, REPEAT)}
+    out = {"qr": median_ms(one, REPEAT, name=f"in core {rows}"),
+           "lstsq": median_ms(ls, REPEAT)}
+    out["samples"] = results.get("samples_ms", {}).get(f"in core {rows}")
     return out
 
 
@@ -217,8 +232,11 @@ def _check(client, k, counts, label):
     orth = float(np.linalg.norm(qh.T @ qh - np.eye(N)) / N)
     rerr = float(np.max(np.abs(np.abs(r) - np.abs(rref))) / np.abs(rref).max())
     ev = next(e.data for e in tr.events if e.kind == "dask-collective")
+    # the n x n steps from the GPU's one launch (NumPy blocks: one by one)
+    nxn = ["one-by-one" if CPU else "one-launch"] * 2
     ok = bw < 20 * N * u and orth < 20 * N * u and rerr < 1e3 * u and placed \
-        and ev["launches"] == k and ev["graphs"] == 0 and ev["collectives"] == 2
+        and ev["launches"] == k and ev["graphs"] == 0 and ev["collectives"] == 2 \
+        and ev.get("nxn_steps") == nxn
     # lstsq against NumPy's on the same blocks (b a column beside A's blocks)
     bd = (x[:, :1] * 2 + 1 + x[:, 1:2] * 1e-3).persist()
     wait(bd)
@@ -248,6 +266,74 @@ def _median_timeline(rows: list) -> dict:
         else {}
 
 
+def _nxn_one_by_one(on: bool, dask_worker=None) -> int:
+    """On this worker: the GPU backend's one-launch n x n steps off (``on``) or back."""
+    from mpqr.backends.dask._blocks import block_backend
+
+    be = block_backend(_make(0, 1, 1))  # the instance the bodies use (one a namespace)
+    if on:
+        be.chol_steps = lambda g: None
+    else:
+        be.__dict__.pop("chol_steps", None)
+    return 0
+
+
+@part("A/B")
+def time_ab(client, x, k, label):
+    """The same call, same process, alternating: as timed (A) and (B) with the n x n
+    steps one by one on the workers, or with the client asking the scheduler where the
+    blocks are each call; medians of ``REPEAT`` pairs."""
+    from distributed import wait
+    from mpqr.backends.dask import collective
+
+    import mpqr
+
+    def one():
+        q, _r = mpqr.qr(x)
+        wait(q)
+        del q
+
+    def timed(fn):
+        t = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t)
+
+    def asked():
+        collective._PLACED.clear()
+        one()
+
+    out = {}
+    for name, setup, call, undo in (
+            ("n x n steps one by one", lambda: client.run(_nxn_one_by_one, True), one,
+             lambda: client.run(_nxn_one_by_one, False)),
+            ("blocks' holders asked each call", lambda: None, asked, lambda: None)):
+        a, b = [], []
+        try:
+            one()  # warm-ups: the one-by-one steps compile their kernels on first use
+            setup()
+            try:
+                call()
+            finally:
+                undo()
+            for _ in range(REPEAT):
+                a.append(timed(one))
+                setup()
+                try:
+                    b.append(timed(call))
+                finally:
+                    undo()
+        except Exception:
+            results["errors"][f"A/B {name}"] = traceback.format_exc()
+            print(results["errors"][f"A/B {name}"])
+            continue
+        out[name] = {"as timed": statistics.median(a), "changed": statistics.median(b),
+                     "samples_as_timed": a, "samples_changed": b}
+        print(f"A/B {label}: as timed {out[name]['as timed']:.1f} ms, {name} "
+              f"{out[name]['changed']:.1f} ms")
+    results.setdefault("ab_ms", {})[label] = out
+    save()
+
+
 @part("collective")
 def time_collective(client, rows, k, label):
     from distributed import wait
@@ -261,15 +347,21 @@ def time_collective(client, rows, k, label):
     import mpqr
 
     def one(mode="reduced", lab=label):
+        t0 = time.perf_counter()
         with mpqr.explain() as tr:  # mpqr.qr on the dask array: the collective route
             out = mpqr.qr(x, mode=mode)
+        t1 = time.perf_counter()
         if mode != "r":
             wait(out[0])
+        t2 = time.perf_counter()
         del out
         ev = [e.data for e in tr.events if e.kind == "dask-collective"]
         if not ev:
             raise RuntimeError(f"mpqr.qr did not take the collective route: "
                                f"{[e.data for e in tr.events if e.kind == 'dask-route']}")
+        results.setdefault("client_ms", {}).setdefault(lab, []).append(
+            {"qr_outside_call": 1e3 * (t1 - t0 - ev[0]["call_seconds"]),
+             "wait_q": 1e3 * (t2 - t1), "del_q": 1e3 * (time.perf_counter() - t2)})
         results.setdefault("worker_seconds", {}).setdefault(lab, []).append(
             [ev[0]["seconds"], ev[0]["call_seconds"]])
         results.setdefault("timelines", {}).setdefault(lab, []).append(
@@ -278,10 +370,13 @@ def time_collective(client, rows, k, label):
 
     for mode, lab in (("reduced", label), ("r", label.replace("collective",
                                                              "collective mode=r"))):
-        results["times_ms"][lab] = median_ms(lambda m=mode, lb=lab: one(m, lb), REPEAT)
+        results["times_ms"][lab] = median_ms(lambda m=mode, lb=lab: one(m, lb), REPEAT,
+                                             name=lab)
         results["timelines"][lab] = results["timelines"][lab][1:]  # the warm-up left out
-        results.setdefault("timeline_median_ms", {})[lab] = _median_timeline(
-            results["timelines"][lab])
+        results["client_ms"][lab] = results["client_ms"][lab][1:]
+        results.setdefault("timeline_median_ms", {})[lab] = {
+            **_median_timeline(results["timelines"][lab]),
+            **_median_timeline(results["client_ms"][lab])}
         print(f"[{time.perf_counter() - T0:.0f} s] {lab}: {results['times_ms'][lab]:.1f} ms"
               f"  timeline median (ms): {results['timeline_median_ms'][lab]}")
     # one call more with the device synchronised after each step: where the body goes
@@ -410,6 +505,8 @@ def main() -> None:
                         w = sorted(client.scheduler_info()["workers"])[0]
                         ms = client.submit(_in_core, rows, workers=[w], pure=False).result()
                         results["times_ms"][f"in core, 1 GPU, {lab}"] = ms["qr"]
+                        results.setdefault("samples_ms", {})[f"in core, 1 GPU, {lab}"] = \
+                            ms["samples"]
                         results["times_ms"][f"in core lstsq, 1 GPU, {lab}"] = ms["lstsq"]
                         print(f"in core 1 GPU {lab}: qr {ms['qr']:.1f} ms, lstsq "
                               f"{ms['lstsq']:.1f} ms")
@@ -426,6 +523,8 @@ def main() -> None:
             x = time_collective(client, SMALL_ROWS, k, f"collective {k} workers, 2^24")
             del x
             x = time_collective(client, ROWS, k, f"collective {k} workers, 2^26")
+            if k > 1 and x is not None:
+                time_ab(client, x, k, f"collective {k} workers, 2^26")
             if k > 1 and x is not None:
                 time_dask(client, x, f"{k} workers, 2^26")
             elif x is not None:
@@ -470,6 +569,9 @@ def main() -> None:
               "outside_body": None if tl.get("body") is None else tm[lab] - tl["body"],
               **{k: v for k, v in tl.items() if k != "body"}}
         for lab, tl in results.get("timeline_median_ms", {}).items() if lab in tm}
+    for b in results["budget_ms"].values():  # what no step names (medians of each)
+        b["unnamed"] = None if b["outside_body"] is None else round(b["outside_body"] - sum(
+            v for k, v in b.items() if k not in ("total", "body", "outside_body")), 2)
     for lab, b in results["budget_ms"].items():
         steps = {k: v for k, v in b.items() if k not in ("total", "body", "outside_body")}
         print(f"budget {lab}: total {b['total']:.1f} = body {b['body']} + outside "
