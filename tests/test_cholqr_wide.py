@@ -209,3 +209,26 @@ def test_fp32_emulated_beyond_cholqr2_reach_is_not_silently_wrong(monkeypatch, c
         q, r = mpqr.qr(a, precision="fp32-emulated")
     assert any(e.kind == "fallback" for e in trace.events)
     assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32
+
+
+@pytest.mark.parametrize(("cond", "kept"), [(1e1, True), (1e5, False)])
+def test_float64_first_gram_at_fp32_accuracy(monkeypatch, cond, kept):
+    """float64 ``auto``: CholQR2's first Gram product (a preconditioner) on tc-sgemm where
+    predicted faster and its factor's diagonal ratio is small, the second (certified)
+    Gram native; an ill-conditioned input's first Gram is made again natively. The
+    float64 targets either way; an explicit ``fp64`` request keeps every product native."""
+    _fp32_setup(monkeypatch)
+    rng = np.random.default_rng(10)
+    a = geometric(rng, 2048, 96, cond)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a)
+    grams = [g.engine for g in trace.gemms if g.label == "cholqr2-gram"]
+    pre = [e.message for e in trace.events if e.kind == "precondition"]
+    assert grams == (["tc-sgemm", "native-fp64"] if kept
+                     else ["tc-sgemm", "native-fp64", "native-fp64"])
+    assert len(pre) == 1 and ("made again" in pre[0]) != kept
+    assert not any(e.kind == "fallback" for e in trace.events)
+    assert orthogonality(q) <= 1e-15 and backward_error(a, q, r) <= 2e-15
+    with mpqr.explain() as trace:
+        mpqr.qr(a, precision="fp64")
+    assert {g.engine for g in trace.gemms} == {"native-fp64"}

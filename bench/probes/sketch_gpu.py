@@ -16,7 +16,8 @@
   dtype: 65536 x 4096 float64 ``auto`` and float32 ``fp32-emulated``, ``new`` (this tree),
   each lever off alone (``no_right``: left-looking substitution; ``no_trmm``: the one
   split of A X; ``no_chol``: cuSOLVER potrf / trsm; ``no_lower``: the diagonal-only
-  bound, so a refused inverse is made first; ``no_tall``: float32's products native)
+  bound, so a refused inverse is made first; ``no_tall``: float32's products native;
+  ``no_low``: float64's first, preconditioning Gram native instead of on tc-sgemm)
   and ``old`` (all off); a recheck of 2^20 x 256 and 2^22 x 64 cond 1e12.
 * Phases at 65536 x 4096 (each alone): Gram (native; float32 also tc-sgemm), Cholesky
   (potrf / by halves), R^-1 (trsm / by halves), the substitution (left-looking /
@@ -36,6 +37,7 @@ import traceback
 from pathlib import Path
 
 import cupy as cp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -116,14 +118,16 @@ def levers(*off):
     """This tree with the named levers off: ``right`` (left-looking substitution at every
     width), ``trmm`` (A X by one split), ``chol`` (cuSOLVER potrf, trsm on I), ``lower``
     (the diagonal-only bound before an inverse), ``tall`` (fp32-emulated float32 CholQR2
-    with native products); ``old``: all of them."""
+    with native products), ``low`` (float64's first Gram native, not on tc-sgemm);
+    ``old``: all of them."""
     from mpqr.qr import cholqr, driver
 
     cls = type(backend())
     if "old" in off:
-        off = ("right", "trmm", "chol", "lower", "tall")
+        off = ("right", "trmm", "chol", "lower", "tall", "low")
     saved = (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
-             cls.blocked_chol_min_n, cholqr._cond1_lower, driver.tall_products_precision)
+             cls.blocked_chol_min_n, cholqr._cond1_lower, driver.tall_products_precision,
+             cholqr.LOW_FIRST_GRAM)
     if "right" in off:
         cholqr.RIGHT_LOOKING_MIN_N = None
     if "trmm" in off:
@@ -134,11 +138,14 @@ def levers(*off):
         cholqr._cond1_lower = cholqr._diag_ratio
     if "tall" in off:
         driver.tall_products_precision = lambda *_a, **_k: None
+    if "low" in off:
+        cholqr.LOW_FIRST_GRAM = None
     try:
         yield
     finally:
         (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
-         cls.blocked_chol_min_n, cholqr._cond1_lower, driver.tall_products_precision) = saved
+         cls.blocked_chol_min_n, cholqr._cond1_lower, driver.tall_products_precision,
+         cholqr.LOW_FIRST_GRAM) = saved
 
 
 @guarded
@@ -246,6 +253,19 @@ def bench_wide(dtype, precision, variants):
     release_pool(cp)
 
 
+def syrk(a):
+    """``a^T a``'s upper triangle by cuBLAS syrk (row-major ``a`` is column-major ``a^T``)."""
+    from cupy_backends.cuda.libs import cublas
+
+    m, n = a.shape
+    c = cp.empty((n, n), dtype=a.dtype)
+    one, zero = np.ones((), a.dtype), np.zeros((), a.dtype)
+    fn = cublas.dsyrk if a.dtype == cp.float64 else cublas.ssyrk
+    fn(cp.cuda.device.get_cublas_handle(), cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_N,
+       n, m, one.ctypes.data, a.data.ptr, n, zero.ctypes.data, c.data.ptr, n)
+    return c
+
+
 @guarded
 def phases(dtype, precision):
     """Each phase of a wide CholQR2 pass alone (ms)."""
@@ -263,8 +283,14 @@ def phases(dtype, precision):
         ms[name] = time_it(cp, fn, repeat=repeat, max_seconds=1.5) * 1e3
 
     t("gram_native", lambda: gram(be, a, own, "g"))
-    if dtype == cp.float32:
-        t("gram_tc_sgemm", lambda: gram(be, a, precision, "g"))
+    t("gram_tc_sgemm", lambda: gram(be, a, "fp32-emulated", "g"))
+    t("gram_syrk_cublas", lambda: syrk(a))
+    blk = cls.gram_block
+    try:
+        cls.gram_block = 512
+        t("gram_native_blk512", lambda: gram(be, a, own, "g"))
+    finally:
+        cls.gram_block = blk
     g = gram(be, a, own, "g")
     saved = cls.blocked_chol_min_n
     try:
@@ -330,7 +356,7 @@ def recheck(m, n, cond):
 
 def table():
     print("\n65536 x 4096        cuSOLVER   new (x)        old (x)        no_right no_trmm "
-          "no_chol no_lower no_tall   orth / backward (new)")
+          "no_chol no_lower no_tall  no_low   orth / backward (new)")
     for r in ROWS:
         if r.get("what") != "qr wide":
             continue
@@ -338,8 +364,8 @@ def table():
         print(f"{g('dtype'):<8} {g('precision'):<13} {g('cusolver_ms', 0):6.1f}  "
               f"{g('new_ms', 0):6.1f} ({g('new_speedup', 0):4.2f})  "
               f"{g('old_ms', 0):6.1f} ({g('old_speedup', 0):4.2f})  "
-              + "  ".join(f"{g(k + '_ms', 0):6.1f}" for k in ("right", "trmm", "chol",
-                                                               "lower", "tall"))
+              + "  ".join(f"{g('no_' + k + '_ms', 0):6.1f}"
+                          for k in ("right", "trmm", "chol", "lower", "tall", "low"))
               + f"   {g('new_orth', 0):.2e} / {g('new_backward', 0):.2e}")
     for r in ROWS:
         if r.get("what") == "phases":
@@ -355,8 +381,8 @@ def table():
 def main() -> int:
     blocked_kernels_check()
     solve_check()
-    bench_wide(cp.float64, "auto", ("new", "old", "no_right", "no_trmm", "no_chol",
-                                    "no_lower"))
+    bench_wide(cp.float64, "auto", ("new", "old", "no_low", "no_right", "no_trmm",
+                                    "no_chol", "no_lower"))
     bench_wide(cp.float32, "fp32-emulated", ("new", "old", "no_tall", "no_right",
                                              "no_chol"))
     if time.perf_counter() - T0 < BUDGET_S - 30:

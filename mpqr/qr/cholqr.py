@@ -830,6 +830,75 @@ def _fusable(backend: Any, a: Any) -> bool:
             and 0 < a.shape[1] <= max_n)
 
 
+#: CholQR2's first Gram matrix only preconditions: ``Q1 = x R1^-1`` (substitution in the
+#: working precision) keeps ``x = Q1 R1`` to working accuracy whatever ``R1``, and the
+#: second pass's certificate (``||Q1^H Q1 - I||_F <= 1/2``) decides whether ``R1`` was
+#: good enough. Where the policy predicts it faster, the first Gram of a real 2-D input
+#: of these dtypes is made at the mapped precision (its error ``~u_low ||x||^2``, so
+#: ``Q1``'s distance from orthonormal ``~u_low cond(x)^2``), under ``precision="auto"``
+#: or ``"fp64-emulated"`` (not an explicit ``"fp64"``); None: never
+LOW_FIRST_GRAM: dict[str, str] | None = {"float64": "fp32-emulated"}
+#: ... and kept where ``u_low (max r_ii / min r_ii)^2`` of its factor (columns scaled) is
+#: below this (fp32: a diagonal ratio below ~41), else the first Gram is made again in
+#: the working precision (the certificate would likely fail)
+LOW_GRAM_GATE = 1e-4
+
+
+def _low_first_gram(backend: Any, a: Any, prec_name: str) -> str | None:
+    """The precision of CholQR2's first Gram product of ``a`` (:data:`LOW_FIRST_GRAM`),
+    or None (the working precision)."""
+    from mpqr.engines import ENGINES
+    from mpqr.policy import as_gemm_options, decide
+
+    xp = backend.xp
+    if LOW_FIRST_GRAM is None or a.ndim != 2 or prec_name not in ("auto", "fp64-emulated"):
+        return None
+    low = next((p for d, p in LOW_FIRST_GRAM.items() if a.dtype == getattr(xp, d, None)),
+               None)
+    if low is None or not all(ENGINES[e].available(backend) for e in ("tc-sgemm",)):
+        return None
+    hint = _FIRST_GRAM.get()
+    if hint is not None and hint[0] is a:  # the caller's Gram matrix is free
+        return None
+    m, n = a.shape
+    opts = as_gemm_options(None)
+    fast = decide(backend, a.dtype, n, n, m, 1, low, "qr", opts)
+    own = decide(backend, a.dtype, n, n, m, 1, prec_name, "qr", opts)
+    if not fast.predicted_s[fast.engine] < own.predicted_s[own.engine]:
+        return None
+    return low
+
+
+def _low_first_pass(backend: Any, a: Any, low: str, prec_name: str
+                    ) -> tuple[Any, Any, Any] | None:
+    """CholQR2's first pass with its Gram matrix at ``low`` (:data:`LOW_FIRST_GRAM`):
+    ``(Q1, R1, small backend)``, or None where that Gram matrix is out of range, not
+    positive definite or its factor fails :data:`LOW_GRAM_GATE` (the caller then runs
+    the pass in the working precision). ``Q1 = x R1^-1`` as the working-precision pass
+    forms it."""
+    g = gram(backend, a, low, "cholqr2-gram")
+    sb, gs = backend.small(g)
+    try:
+        _check_gram(sb, gs, "cholqr2", prec_name)
+        r = sb.cholesky(gs, upper=True)
+    except (BreakdownError, LinAlgError):
+        r = None
+    ratio = _diag_ratio(sb, r, prec_name in SCALE_FREE) if r is not None else math.inf
+    u = _GEMM_U[low]
+    if not ratio**2 * u < LOW_GRAM_GATE:
+        record_event("precondition", f"cholqr2: its first Gram matrix at precision={low!r} "
+                     f"did not precondition (diagonal ratio of R1 {ratio:.3g}, u ratio^2 >= "
+                     f"{LOW_GRAM_GATE:g}): made again at precision={prec_name!r}",
+                     method="cholqr2", precision=low)
+        return None
+    record_event("precondition", f"cholqr2: its first Gram matrix at precision={low!r} "
+                 f"(a preconditioner: Q1 = x R1^-1 by substitution keeps x = Q1 R1, and the "
+                 f"second, certified pass in the working precision makes Q orthonormal; "
+                 f"diagonal ratio of R1 {ratio:.3g}, u ratio^2 < {LOW_GRAM_GATE:g})",
+                 method="cholqr2", precision=low)
+    return _apply_inverse(backend, sb, a, r, "cholqr2", prec_name), r, sb
+
+
 def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool = True,
             **_: Any) -> tuple[Any, Any]:
     """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}`` (certified: see
@@ -843,8 +912,13 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     instead of four without Q). The explain trace says so (``fused-solve``)."""
     fusable = _fusable(backend, a)
     slot = None if fusable or not want_q else _take_defer(a)
-    q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable,
-                            early=True)
+    low = None if fusable else _low_first_gram(backend, a, prec_name)
+    first = _low_first_pass(backend, a, low, prec_name) if low is not None else None
+    if first is not None:
+        q1, r1, sb1 = first
+    else:
+        q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name,
+                                want_q=not fusable, early=True)
     if fusable:
         m, n = a.shape
         if fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64", precision=precision,
