@@ -148,6 +148,9 @@ def _fp32_setup(monkeypatch):
         return type(rates(self))(r)
 
     monkeypatch.setattr(NumpyBackend, "rates", fast)
+    # whole products, as on a device with room (the host's default plan caps the split
+    # copies, and the route then keeps its products native)
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
     monkeypatch.setattr(NumpyBackend, "library_qr_tall_max", 2**16)
     monkeypatch.setattr(cholqr, "RIGHT_LOOKING_MIN_N", 32)
     _numpy_backend(monkeypatch, 16)
@@ -183,11 +186,16 @@ def test_fp32_emulated_cholqr2_products_on_tc_sgemm(monkeypatch, cond):
     assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32
 
 
-def test_fp32_emulated_tall_products_stay_native_where_predicted_slower(monkeypatch):
-    """With the NumPy backend's own rates (the emulated engines are never faster there)
-    the policy keeps float32 CholQR2's products native: no precision event."""
+@pytest.mark.parametrize("plan", ["fast", "tiled"])
+def test_fp32_emulated_tall_products_stay_native(monkeypatch, plan):
+    """With the NumPy backend's own rates (the emulated engines are never faster there),
+    or under a memory plan that caps the engines' scratch, float32 CholQR2's products
+    stay native: no precision event."""
     from mpqr.backends.numpy.backend import NumpyBackend
 
+    if plan == "tiled":
+        _fp32_setup(monkeypatch)
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", plan)
     monkeypatch.setattr(NumpyBackend, "library_qr_tall_max", 2**16)
     rng = np.random.default_rng(8)
     a = rng.standard_normal((2048, 96)).astype(np.float32)

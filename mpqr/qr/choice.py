@@ -76,13 +76,18 @@ def tall_products_precision(backend: Any, prec_name: str, dtype: Any, m: int, n:
     ``fp32-emulated`` request runs in float32 (:func:`precision_of`): the request itself
     (tc-sgemm: split-FP16 products, FP32-accurate) where the policy predicts its
     ``n x n`` Gram product (inner dimension ``m``) faster than native float32's, else
-    None (the products native). Real 2-D float32 only; the ``n x n`` steps stay float32."""
+    None (the products native; also under a ``workspace_limit``, which a memory plan
+    short of room sets: the engine splits ``x`` whole for its Gram call). Real 2-D float32
+    only; the ``n x n`` steps stay float32."""
     from mpqr.engines import ENGINES
-    from mpqr.policy import as_gemm_options, decide
+    from mpqr.policy import active_gemm_options, as_gemm_options, decide
 
     xp = backend.xp
     if prec_name != "fp32-emulated" or dtype != xp.float32 or not m or not n:
         return None
+    active = active_gemm_options()
+    if active is not None and active.workspace_limit is not None:
+        return None  # a capped plan (the memory plan's tiles): the split copies would not fit
     if not ENGINES["tc-sgemm"].available(backend):
         return None
     opts = as_gemm_options(None)

@@ -848,7 +848,7 @@ def _low_first_gram(backend: Any, a: Any, prec_name: str) -> str | None:
     """The precision of CholQR2's first Gram product of ``a`` (:data:`LOW_FIRST_GRAM`),
     or None (the working precision)."""
     from mpqr.engines import ENGINES
-    from mpqr.policy import as_gemm_options, decide
+    from mpqr.policy import active_gemm_options, as_gemm_options, decide
 
     xp = backend.xp
     if LOW_FIRST_GRAM is None or a.ndim != 2 or prec_name not in ("auto", "fp64-emulated"):
@@ -860,6 +860,9 @@ def _low_first_gram(backend: Any, a: Any, prec_name: str) -> str | None:
     hint = _FIRST_GRAM.get()
     if hint is not None and hint[0] is a:  # the caller's Gram matrix is free
         return None
+    active = active_gemm_options()
+    if active is not None and active.workspace_limit is not None:
+        return None  # a capped plan: the engine's Gram call splits x whole
     m, n = a.shape
     opts = as_gemm_options(None)
     fast = decide(backend, a.dtype, n, n, m, 1, low, "qr", opts)
