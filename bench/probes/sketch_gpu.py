@@ -126,13 +126,13 @@ def levers(*off):
     if "old" in off:
         off = ("right", "trmm", "chol", "lower", "tall", "low")
     saved = (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
-             cls.blocked_chol_min_n, cholqr._cond1_lower, driver.tall_products_precision,
-             cholqr.LOW_FIRST_GRAM)
+             getattr(cls, "blocked_chol_min_n", None), cholqr._cond1_lower,
+             driver.tall_products_precision, cholqr.LOW_FIRST_GRAM)
     if "right" in off:
         cholqr.RIGHT_LOOKING_MIN_N = None
     if "trmm" in off:
         cholqr.TRIANGULAR_RECURSE_MIN_N = None
-    if "chol" in off:
+    if "chol" in off and hasattr(cls, "blocked_chol_min_n"):
         cls.blocked_chol_min_n = None
     if "lower" in off:
         cholqr._cond1_lower = cholqr._diag_ratio
@@ -143,9 +143,10 @@ def levers(*off):
     try:
         yield
     finally:
-        (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
-         cls.blocked_chol_min_n, cholqr._cond1_lower, driver.tall_products_precision,
-         cholqr.LOW_FIRST_GRAM) = saved
+        (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N, chol,
+         cholqr._cond1_lower, driver.tall_products_precision, cholqr.LOW_FIRST_GRAM) = saved
+        if hasattr(cls, "blocked_chol_min_n"):
+            cls.blocked_chol_min_n = chol
 
 
 @guarded
@@ -284,7 +285,10 @@ def phases(dtype, precision):
 
     t("gram_native", lambda: gram(be, a, own, "g"))
     t("gram_tc_sgemm", lambda: gram(be, a, "fp32-emulated", "g"))
-    t("gram_syrk_cublas", lambda: syrk(a))
+    try:
+        t("gram_syrk_cublas", lambda: syrk(a))
+    except Exception as exc:
+        ms["gram_syrk_cublas_error"] = repr(exc)[:120]
     blk = cls.gram_block
     try:
         cls.gram_block = 512
@@ -292,7 +296,7 @@ def phases(dtype, precision):
     finally:
         cls.gram_block = blk
     g = gram(be, a, own, "g")
-    saved = cls.blocked_chol_min_n
+    saved = getattr(cls, "blocked_chol_min_n", None)
     try:
         cls.blocked_chol_min_n = None
         t("chol_potrf", lambda: be.cholesky(g, upper=True))
