@@ -239,3 +239,29 @@ def test_float64_first_gram_at_fp32_accuracy(monkeypatch, cond, kept):
     with mpqr.explain() as trace:
         mpqr.qr(a, precision="fp64")
     assert {g.engine for g in trace.gemms} == {"native-fp64"}
+
+
+@pytest.mark.parametrize(("cond", "by_gemm"), [(1.0, True), (1e3, False)])
+def test_first_pass_inverse_by_estimated_cond2(monkeypatch, cond, by_gemm):
+    """With ``FIRST_PASS_COND2_MAX`` set, an uncertified pass whose ``cond_1(R)`` exceeds 8
+    applies ``R^-1`` by GEMM where the estimated ``cond_2`` (a lower bound, within a few
+    percent of the true one here) is at most the limit, else by substitution; the
+    float64 targets either way."""
+    from mpqr.backends import get_backend
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    from mpqr._array_api import array_namespace
+
+    monkeypatch.setattr(cholqr, "FIRST_PASS_COND2_MAX", 4.0)
+    monkeypatch.setattr(NumpyBackend, "library_qr_tall_max", 2**16)
+    rng = np.random.default_rng(11)  # random 2048 x 128: cond_1(R) ~ 12, cond_2 ~ 1.6
+    a = rng.standard_normal((2048, 128)) if cond == 1.0 else geometric(rng, 2048, 128, cond)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a)
+    first = next(e.message for e in trace.events if e.kind == "apply-inverse")
+    assert ("estimated cond_2" in first) == by_gemm and ("substitution" in first) != by_gemm
+    assert orthogonality(q) <= 1e-15 and backward_error(a, q, r) <= 2e-15
+    r1 = np.linalg.qr(a, mode="r")
+    be = get_backend(array_namespace(a))
+    est = cholqr._cond2_estimate(be, r1, np.linalg.inv(r1), False)
+    assert 0.85 * np.linalg.cond(a) <= est <= np.linalg.cond(a) * (1 + 1e-12)

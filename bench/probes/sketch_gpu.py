@@ -17,7 +17,9 @@
   each lever off alone (``no_right``: left-looking substitution; ``no_trmm``: the one
   split of A X; ``no_chol``: cuSOLVER potrf / trsm; ``no_lower``: the diagonal-only
   bound, so a refused inverse is made first; ``no_tall``: float32's products native;
-  ``no_low``: float64's first, preconditioning Gram native instead of on tc-sgemm)
+  ``no_low``: float64's first, preconditioning Gram native instead of on tc-sgemm;
+  ``cond2``: the first pass's ``A R1^-1`` by GEMM where the estimated ``cond_2(R1) <= 4``
+  instead of the substitution, off by default)
   and ``old`` (all off); a recheck of 2^20 x 256 and 2^22 x 64 cond 1e12.
 * Phases at 65536 x 4096 (each alone): Gram (native; float32 also tc-sgemm), Cholesky
   (potrf / by halves), R^-1 (trsm / by halves), the substitution (left-looking /
@@ -109,7 +111,10 @@ def ab(fns, repeat=5, max_seconds=6.0):
 
 
 def _off(variant: str) -> tuple[str, ...]:
-    """The levers a variant name turns off: ``new`` none, ``old`` all, ``no_X`` lever X."""
+    """The levers a variant name turns off: ``new`` none, ``old`` all, ``no_X`` lever X;
+    ``cond2``: the (default off) estimated-cond_2 inverse of the first pass turned on."""
+    if variant == "cond2":
+        return ("+cond2",)
     return () if variant == "new" else ("old",) if variant == "old" else (variant[3:],)
 
 
@@ -127,7 +132,8 @@ def levers(*off):
         off = ("right", "trmm", "chol", "lower", "tall", "low")
     saved = (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
              getattr(cls, "blocked_chol_min_n", None), cholqr._cond1_lower,
-             driver.tall_products_precision, cholqr.LOW_FIRST_GRAM)
+             driver.tall_products_precision, cholqr.LOW_FIRST_GRAM,
+             cholqr.FIRST_PASS_COND2_MAX)
     if "right" in off:
         cholqr.RIGHT_LOOKING_MIN_N = None
     if "trmm" in off:
@@ -140,11 +146,14 @@ def levers(*off):
         driver.tall_products_precision = lambda *_a, **_k: None
     if "low" in off:
         cholqr.LOW_FIRST_GRAM = None
+    if "+cond2" in off:
+        cholqr.FIRST_PASS_COND2_MAX = 4.0
     try:
         yield
     finally:
         (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N, chol,
-         cholqr._cond1_lower, driver.tall_products_precision, cholqr.LOW_FIRST_GRAM) = saved
+         cholqr._cond1_lower, driver.tall_products_precision, cholqr.LOW_FIRST_GRAM,
+         cholqr.FIRST_PASS_COND2_MAX) = saved
         if hasattr(cls, "blocked_chol_min_n"):
             cls.blocked_chol_min_n = chol
 
@@ -310,6 +319,8 @@ def phases(dtype, precision):
     x = be.right_inverse_upper(r)
     t("cond1_lower", lambda: cholqr._cond1_lower(be, r, True))
     t("cond1_with_x", lambda: cholqr._cond1(be, r, x, True))
+    t("cond2_estimate", lambda: cholqr._cond2_estimate(be, r, x, True, 4.0))
+    ms["cond2_estimated"] = cholqr._cond2_estimate(be, r, x, True, 4.0)
     tall = precision if dtype == cp.float32 else None
     for key, lim, tl in (("solve_left", None, None), ("solve_right", 512, None),
                          ("solve_right_tc", 512, tall)):
@@ -360,7 +371,7 @@ def recheck(m, n, cond):
 
 def table():
     print("\n65536 x 4096        cuSOLVER   new (x)        old (x)        no_right no_trmm "
-          "no_chol no_lower no_tall  no_low   orth / backward (new)")
+          "no_chol no_lower no_tall  no_low  cond2   orth / backward (new)")
     for r in ROWS:
         if r.get("what") != "qr wide":
             continue
@@ -370,6 +381,7 @@ def table():
               f"{g('old_ms', 0):6.1f} ({g('old_speedup', 0):4.2f})  "
               + "  ".join(f"{g('no_' + k + '_ms', 0):6.1f}"
                           for k in ("right", "trmm", "chol", "lower", "tall", "low"))
+              + f"  {g('cond2_ms', 0):6.1f}"
               + f"   {g('new_orth', 0):.2e} / {g('new_backward', 0):.2e}")
     for r in ROWS:
         if r.get("what") == "phases":
@@ -386,9 +398,9 @@ def main() -> int:
     blocked_kernels_check()
     solve_check()
     bench_wide(cp.float64, "auto", ("new", "old", "no_low", "no_right", "no_trmm",
-                                    "no_chol", "no_lower"))
+                                    "no_chol", "no_lower", "cond2"))
     bench_wide(cp.float32, "fp32-emulated", ("new", "old", "no_tall", "no_right",
-                                             "no_chol"))
+                                             "no_chol", "cond2"))
     if time.perf_counter() - T0 < BUDGET_S - 30:
         recheck(2**20 // DIV, 256, 1e12)
     if time.perf_counter() - T0 < BUDGET_S - 22:

@@ -741,6 +741,48 @@ def _cond1_lower(sb: Any, r: Any, scaled: bool) -> float:
                for hi, lo in zip(v[::2], v[1::2]))
 
 
+#: an uncertified pass whose ``cond_1(R)`` exceeds :data:`INVERSE_COND_MAX` still applies
+#: ``R^-1`` by GEMM where the estimated ``cond_2(R D^-1)`` (power iterations on ``R D^-1``
+#: and ``D X``, ``X = R^-1``) is at most this, as the sketch route's ``Q = W X`` does
+#: (``cond_1`` overstates ``cond_2`` by up to ``n``: 211 against ~1.7 for a random
+#: 65536 x 4096 matrix); None: off (the substitution)
+FIRST_PASS_COND2_MAX: float | None = None
+_COND2_ITERS = 8
+
+
+def _cond2_estimate(sb: Any, r: Any, x: Any, scaled: bool, limit: float = math.inf
+                    ) -> float:
+    """``||R||_2 ||X||_2`` (``X = R^-1``) by power iterations on a block of two vectors
+    (products through the policy at the working precision): a lower bound of
+    ``cond_2(R)``, close where the extreme singular values are apart; where it exceeds
+    ``limit`` and ``scaled``, the smaller of it and that of ``R D^-1`` (:func:`column_scales`;
+    its inverse ``D X``). One host sync per estimate (2-D ``r``)."""
+    xs = sb.xp
+    n = r.shape[-1]
+    k = xs.arange(n, dtype=xs.float64, device=device(r))
+    v0 = xs.astype(xs.stack([(1 + k / n) * (1 - 2 * (k % 2)), 1 + (k % 3)], axis=1), r.dtype)
+    prec = panel_precision("auto", r.dtype, xs)
+
+    def top(m: Any) -> Any:
+        v = v0
+        for _ in range(_COND2_ITERS):
+            v = v / xs.linalg.vector_norm(v, axis=0)
+            v = gemm(xs.matrix_transpose(m), gemm(m, v, precision=prec, label="cond-estimate",
+                                                  backend=sb),
+                     precision=prec, label="cond-estimate", backend=sb)
+        return xs.max(xs.linalg.vector_norm(v, axis=0))  # ~ sigma_max^2 (v had unit norm)
+
+    def est(rr: Any, xx: Any) -> float:
+        both = [float(t) for t in sb.small(xs.stack([top(rr), top(xx)]))[1]]
+        return math.sqrt(both[0] * both[1])
+
+    out = est(r, x)
+    if scaled and not out <= limit:
+        d = xs.astype(column_scales(xs, r), r.dtype)
+        out = min(out, est(r / d, x * xs.reshape(d, (n, 1))))
+    return out
+
+
 def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str,
                    inverse: tuple[Any, float] | None = None, tall: str | None = None,
                    certified: bool = False) -> Any:
@@ -765,11 +807,12 @@ def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name
     n = r.shape[-1]
     if _inverse_by_gemm(backend, a, n):
         scaled = prec_name in SCALE_FREE
+        cond2 = FIRST_PASS_COND2_MAX is not None and not certified and a.ndim == 2
         if inverse is None:
             # cond_1(R) >= ||R||_1 / min|r_ii| (>= max|r_ii| / min|r_ii|): where that alone
             # passes the limit, no X (at 4096 columns a trsm of n^3 flops)
             bound = _cond1_lower(sb, r, scaled)
-            if not bound <= INVERSE_COND_MAX:
+            if not bound <= INVERSE_COND_MAX and not cond2:
                 record_event("apply-inverse", f"{method}: Q = A R^-1 by substitution "
                              f"(cond_1(R) >= {bound:.3g} > {INVERSE_COND_MAX:g}, from its "
                              "column sums and diagonal" + (", columns scaled)" if scaled
@@ -784,6 +827,15 @@ def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name
                     else panel_precision(prec_name, a.dtype, backend.xp))
             return _times_upper(backend, a, backend.from_small(x, a), f"{method}-apply-inverse",
                                 prec)
+        if cond2:
+            est = _cond2_estimate(sb, r, x, scaled, FIRST_PASS_COND2_MAX)
+            if est <= FIRST_PASS_COND2_MAX:
+                record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (estimated "
+                             f"cond_2(R D^-1) = {est:.3g} <= {FIRST_PASS_COND2_MAX:g}; "
+                             f"cond_1(R) = {kappa:.3g})", cond_1=kappa, cond_2=est)
+                return _times_upper(backend, a, backend.from_small(x, a),
+                                    f"{method}-apply-inverse",
+                                    panel_precision(prec_name, a.dtype, backend.xp))
         record_event("apply-inverse", f"{method}: Q = A R^-1 by substitution (cond_1(R) = "
                      f"{kappa:.3g} > {INVERSE_COND_MAX:g})", cond_1=kappa)
     return right_solve_upper(backend, a, backend.from_small(r, a), prec_name, tall=tall)
