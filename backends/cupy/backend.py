@@ -574,9 +574,10 @@ class CupyBackend(ArrayAPIBackend):
 
     #: real 2-D Cholesky factors and triangular inverses from this many columns on run by
     #: halves on cuBLAS (``chol_blocked``: potrf / trsm leaves of at most ``blocked_leaf``
-    #: columns, the rest products): cuSOLVER's potrf at 4096 ran at ~4 TFLOP/s on an H200
-    #: (5.5 ms float64), trsm on the identity at ~15 (4.5 ms). None: never
-    blocked_chol_min_n: int | None = 1024
+    #: columns, the rest products). None (the default): never — at 4096 columns on an H200
+    #: the halves took 6.4 ms against cuSOLVER potrf's 5.7 (float64) and 65536 x 4096
+    #: CholQR2 ran 4 ms faster without them (`python bench/probes/sketch_gpu.py`)
+    blocked_chol_min_n: int | None = None
     blocked_leaf = 512
 
     def _blocked(self, a) -> bool:
