@@ -454,6 +454,14 @@ class ArrayAPIBackend:
         out[...] = q
         return out
 
+    def right_inverse_upper(self, r: Any) -> Any:
+        """``X = r^-1`` for a 2-D upper-triangular ``r``, solved as ``X r = I`` by row-wise
+        substitution (``|X r - I| <= γ_n |X||r|``: the bound CholQR's inverse-by-GEMM
+        test assumes). Here :meth:`right_solve_upper` on the identity; a GPU backend
+        blocks wide ones."""
+        xp = self.xp
+        return self.right_solve_upper(xp.eye(r.shape[-1], dtype=r.dtype, device=device(r)), r)
+
     def cholesky(self, a: Any, *, upper: bool = False, check: bool = True) -> Any:
         """Cholesky factor; raises :class:`mpqr.LinAlgError` if not positive definite.
 

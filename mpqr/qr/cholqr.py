@@ -28,9 +28,10 @@ from mpqr.qr._kernels import SAFE_EXPONENT, panel_precision
 from mpqr.qr.cholqr_steps import StepNumbers, passes
 from mpqr.qr.gram_blocked import gram
 
-__all__ = ["EARLY_HAND_OVER", "INVERSE_COND_MAX", "SAFE_GRAM_MIN", "cholqr", "cholqr2",
-           "defer_last_solve", "hand_over_early", "inverse_and_cond", "reuse_first_gram",
-           "right_solve_upper", "right_solve_upper_gram", "shifted_cholqr3"]
+__all__ = ["EARLY_HAND_OVER", "INVERSE_COND_MAX", "SAFE_GRAM_MIN", "TALL_EMULATED", "cholqr",
+           "cholqr2", "defer_last_solve", "hand_over_early", "inverse_and_cond",
+           "reuse_first_gram", "right_solve_upper", "right_solve_upper_gram",
+           "shifted_cholqr3", "tall_precision"]
 
 _REACH = {"cholqr": "cond(x) < ~u^(-1/2)", "cholqr2": "cond(x) < ~u^(-1/2)",
           "shifted-cholqr3": "cond(x) < ~u^(-1)"}
@@ -55,6 +56,28 @@ def gram_roundoff(xp: Any, dtype: Any, prec_name: str) -> float:
     return max(unit_roundoff(xp, dtype), _GEMM_U.get(prec_name, 0.0))
 
 
+#: policy precisions whose engine is as accurate as the named dtype's own arithmetic
+#: (tc-sgemm: split-FP16 products, FP32-accurate normwise): a pass in that dtype may run its
+#: products over the tall operand at them where the route allows (:func:`tall_precision`)
+TALL_EMULATED = {"fp32-emulated": "float32"}
+
+
+def tall_precision(xp: Any, dtype: Any, precision: Any, prec_name: str) -> str | None:
+    """The precision of a CholQR pass's products over its tall operand besides the Gram
+    matrix (a blocked substitution's off-diagonal updates; a certified pass's ``Q1 X``):
+    ``precision`` itself where it names an emulation as accurate as ``dtype``'s own
+    arithmetic (:data:`TALL_EMULATED`), else None (the working precision,
+    ``panel_precision``). Those products' operands are balanced (``Q1``'s columns have
+    norms within ``[2^-1/2, 1.5^1/2]``; ``X = R^-1`` of a certified ``R``; the updates
+    ``W_1 R_12`` are not inversely graded), where the split-FP16 engine's per-row and
+    per-column scaling loses nothing that matters; an uncertified ``A R^-1`` by GEMM,
+    whose ``X`` is graded inversely to ``A``'s columns, keeps the working precision."""
+    name = TALL_EMULATED.get(precision) if isinstance(precision, str) else None
+    if name is None or dtype != getattr(xp, name):
+        return None
+    return precision
+
+
 #: whether :func:`right_solve_upper` past ``backend.right_solve_block`` columns runs
 #: left-looking (each leaf's whole update ``W[:, :j] R[:j, leaf]`` one product, subtracted
 #: in the leaf's pass: at 256 columns 20 units of ``m x 64`` moved against the halving's
@@ -62,15 +85,28 @@ def gram_roundoff(xp: Any, dtype: Any, prec_name: str) -> float:
 LEFT_LOOKING = True
 
 
-def right_solve_upper(backend: Any, a: Any, r: Any, prec_name: str = "auto") -> Any:
+#: from this many columns on, :func:`right_solve_upper` runs right-looking by column halves
+#: instead (:func:`_right_solve_acc`): each update ``W_1 R_12`` one product, accumulated
+#: into one temporary that the leaves subtract in their pass. Left-looking, leaf ``j``'s
+#: update reads all of ``W_{<j}`` (at 65536 x 4096, 64-column leaves: 69 GB of reads in
+#: products of 64 output columns); by halves the top products are ``m x n/2 x n/2``,
+#: at the GEMM rate (None: never)
+RIGHT_LOOKING_MIN_N: int | None = 512
+
+
+def right_solve_upper(backend: Any, a: Any, r: Any, prec_name: str = "auto",
+                      tall: str | None = None) -> Any:
     """``a @ inv(r)`` for upper-triangular ``r``, by row-wise substitution.
 
-    Solves wider than the backend's ``right_solve_block`` are blocked: left-looking
-    (:data:`LEFT_LOOKING`), leaf ``j`` solves ``(A_j - W_{<j} R_{<j,j}) R_jj^-1`` with the
-    update one product (its rounding the standard blocked solve's: componentwise
-    ``γ_k |W_{<j}||R_{<j,j}|``) subtracted in the leaf's pass; else in column halves,
-    ``Q1 = A1 R11^-1``, ``Q2 = (A2 - Q1 R12) R22^-1``. The products in the working
-    precision through the policy; every block is written straight into its columns of
+    Solves wider than the backend's ``right_solve_block`` are blocked: from
+    :data:`RIGHT_LOOKING_MIN_N` columns on (2-D) right-looking by column halves, each
+    update accumulated into one temporary subtracted in the leaves' passes; narrower,
+    left-looking (:data:`LEFT_LOOKING`), leaf ``j`` solves ``(A_j - W_{<j} R_{<j,j})
+    R_jj^-1`` with the update one product (its rounding the standard blocked solve's:
+    componentwise ``γ_k |W_{<j}||R_{<j,j}|``) subtracted in the leaf's pass; else in
+    column halves, ``Q1 = A1 R11^-1``, ``Q2 = (A2 - Q1 R12) R22^-1``. The products in the
+    working precision through the policy, or at ``tall`` (:func:`tall_precision`: an
+    emulation as accurate as it); every block is written straight into its columns of
     the result. Either way each row of the result is a backward-stable solve of that
     row (the diagonal blocks by substitution, never by an inverse).
     """
@@ -79,12 +115,42 @@ def right_solve_upper(backend: Any, a: Any, r: Any, prec_name: str = "auto") -> 
     if blk is None or r.shape[-1] <= blk:
         return backend.right_solve_upper(a, r)
     out = xp.empty(a.shape, dtype=a.dtype, device=device(a))
-    prec = panel_precision(prec_name, a.dtype, xp)
-    if LEFT_LOOKING and a.ndim == 2:
+    prec = tall or panel_precision(prec_name, a.dtype, xp)
+    if (a.ndim == 2 and RIGHT_LOOKING_MIN_N is not None
+            and r.shape[-1] >= RIGHT_LOOKING_MIN_N):
+        _right_solve_acc(backend, a, r, out, blk, prec, None)
+    elif LEFT_LOOKING and a.ndim == 2:
         _right_solve_left(backend, a, r, out, blk, prec)
     else:
         _right_solve_into(backend, a, r, out, blk, prec)
     return out
+
+
+def _right_solve_acc(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: str,
+                     sub: Any) -> None:
+    """Right-looking blocked ``out = (a - sub) r^-1`` (2-D; ``sub``: None, or the updates
+    so far, a view of the caller's temporary, accumulated in place): ``W_1`` of the left
+    half (whole leaves of ``blk`` columns), then ``T_2 += W_1 R_12`` (one product; a new
+    temporary where ``sub`` is None), then the right half solving ``A_2 - T_2``. Every
+    entry is still ``a_ij - sum_k w_ik r_kj``, summed in another order; the leaves
+    subtract the update in their pass (``A - T`` is never written)."""
+    n = r.shape[-1]
+    if n <= blk:
+        backend.right_solve_upper(a, r, out=out, sub=sub)
+        return
+    h = -(-(n // 2) // blk) * blk
+    if h >= n:
+        h = n // 2
+    _right_solve_acc(backend, a[:, :h], r[:h, :h], out[:, :h], blk, prec,
+                     None if sub is None else sub[:, :h])
+    if sub is None:
+        t = gemm(out[:, :h], r[:h, h:], precision=prec, label="trsm-update", backend=backend)
+    else:
+        t = sub[:, h:]
+        gemm_sub(t, out[:, :h], -r[:h, h:], precision=prec, label="trsm-update",
+                 backend=backend)
+    _right_solve_acc(backend, a[:, h:], r[h:, h:], out[:, h:], blk, prec, t)
+    del t
 
 
 def _right_solve_left(backend: Any, a: Any, r: Any, out: Any, blk: int, prec: str) -> None:
@@ -484,7 +550,9 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     if check is not None:
         d = xp.abs(xp.linalg.diagonal(r))
         check(sb, r, float(xp.max(d)), float(xp.min(d)))
-    q = _apply_inverse(backend, sb, a, r, method, prec_name) if want_q else None
+    q = (_apply_inverse(backend, sb, a, r, method, prec_name,
+                        tall=tall_precision(backend.xp, a.dtype, precision, prec_name),
+                        certified=certify is not None) if want_q else None)
     return q, r, sb
 
 
@@ -581,22 +649,48 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
     return q, r, backend
 
 
+#: from this many columns on :func:`_times_upper` splits its halves again: ``Q_2 = A_2 X_22
+#: + A_1 X_12`` (the first term recursively, the second accumulated into it) and ``Q_1 =
+#: A_1 X_11`` recursively, so the flops tend to ``m n^2`` from the one split's 3/4 of
+#: the GEMM's ``2 m n^2`` (at 4096 columns 1.06 against 1.5 ``m n^2``); narrower blocks
+#: keep the one split (where the product is memory-bound, more passes cost more)
+TRIANGULAR_RECURSE_MIN_N: int | None = 1024
+
+
 def _times_upper(backend: Any, a: Any, x: Any, label: str, prec: str) -> Any:
     """``A @ X`` for upper-triangular ``X`` (2-D). From ``backend.triangular_split_min_n``
     columns on, X's lower zeros are skipped: ``Q[:, h:] = A X[:, h:]`` and ``Q[:, :h] =
     A[:, :h] X[:h, :h]``, each written into its columns of Q (3/4 of the flops for 1.5
-    reads of A: it pays where the product is compute-bound, as a wide float64 one is).
-    Every entry is the same sum as the full product's, without the zero terms."""
+    reads of A: it pays where the product is compute-bound, as a wide float64 one is);
+    from :data:`TRIANGULAR_RECURSE_MIN_N` columns on the halves are split again.
+    Every entry is the same sum as the full product's, without the zero terms (in
+    another order where a recursive split accumulates ``A_1 X_12``)."""
     n = x.shape[-1]
     cut = backend.triangular_split_min_n
     if cut is None or n < cut or a.ndim != 2:
         return gemm(a, x, label=label, precision=prec, backend=backend)
     xp = backend.xp
-    h = (n // 2 + 7) // 8 * 8  # a multiple of 8 keeps the column views aligned
     q = xp.empty((a.shape[0], n), dtype=result_dtype(xp, a.dtype, x.dtype), device=device(a))
+    _upper_into(backend, q, a, x, label, prec, cut)
+    return q
+
+
+def _upper_into(backend: Any, q: Any, a: Any, x: Any, label: str, prec: str,
+                cut: int) -> None:
+    """``q[...] = a @ x`` (upper-triangular ``x``; ``q`` a view) for :func:`_times_upper`."""
+    n = x.shape[-1]
+    if n < cut:
+        gemm_into(q, a, x, label=label, precision=prec, backend=backend)
+        return
+    h = (n // 2 + 7) // 8 * 8  # a multiple of 8 keeps the column views aligned
+    if TRIANGULAR_RECURSE_MIN_N is not None and n >= TRIANGULAR_RECURSE_MIN_N:
+        _upper_into(backend, q[:, h:], a[:, h:], x[h:, h:], label, prec, cut)
+        # Q_2 += A_1 X_12: accumulated in place (cuBLAS beta = 1 where native)
+        gemm_sub(q[:, h:], a[:, :h], -x[:h, h:], label=label, precision=prec, backend=backend)
+        _upper_into(backend, q[:, :h], a[:, :h], x[:h, :h], label, prec, cut)
+        return
     gemm_into(q[:, h:], a, x[:, h:], label=label, precision=prec, backend=backend)
     gemm_into(q[:, :h], a[:, :h], x[:h, :h], label=label, precision=prec, backend=backend)
-    return q
 
 
 def _inverse_by_gemm(backend: Any, a: Any, n: int) -> bool:
@@ -626,15 +720,72 @@ def inverse_and_cond(sb: Any, r: Any, scaled: bool = False) -> tuple[Any, float]
     """``(X, cond_1(R))`` for upper-triangular ``r`` in the small backend ``sb``: ``X = R^-1``
     by row-wise substitution on ``I``, as :func:`_apply_inverse` uses it. ``scaled``: the
     smaller of ``cond_1(R)`` and ``cond_1(R D^-1)`` (:func:`column_scales`)."""
-    xs = sb.xp
-    n = r.shape[-1]
-    # one backend solve (cuBLAS trsm on CuPy), not the blocked wrapper: X is small
-    x = sb.right_solve_upper(xs.eye(n, dtype=r.dtype, device=device(r)), r)
+    # one backend call (cuBLAS trsm on CuPy, by halves past its cut), not the blocked
+    # wrapper: X is small
+    x = sb.right_inverse_upper(r)
     return x, _cond1(sb, r, x, scaled)
 
 
+def _cond1_lower(sb: Any, r: Any, scaled: bool) -> float:
+    """``||R||_1 / min |r_jj| <= ||R||_1 ||R^-1||_1 = cond_1(R)`` (``||R^-1||_1 >= max
+    |1 / r_jj|``), or that of ``R D^-1`` (:func:`column_scales`) where ``scaled`` and it is
+    smaller; at least the diagonal ratio. One host sync (2-D ``r``)."""
+    xs = sb.xp
+    d = xs.abs(xs.linalg.diagonal(r))
+    parts = [xs.max(xs.sum(xs.abs(r), axis=0)), xs.min(d)]
+    if scaled:
+        cs = xs.astype(column_scales(xs, r), r.dtype)
+        parts += [xs.max(xs.sum(xs.abs(r / cs), axis=0)), xs.min(d / cs)]
+    v = [float(p) for p in sb.small(xs.stack(parts))[1]]
+    return min(hi / lo if lo > 0 and math.isfinite(hi) else math.inf
+               for hi, lo in zip(v[::2], v[1::2]))
+
+
+#: an uncertified pass whose ``cond_1(R)`` exceeds :data:`INVERSE_COND_MAX` still applies
+#: ``R^-1`` by GEMM where the estimated ``cond_2(R D^-1)`` (power iterations on ``R D^-1``
+#: and ``D X``, ``X = R^-1``) is at most this, as the sketch route's ``Q = W X`` does
+#: (``cond_1`` overstates ``cond_2`` by up to ``n``: 211 against ~1.7 for a random
+#: 65536 x 4096 matrix); None: off (the substitution)
+FIRST_PASS_COND2_MAX: float | None = None
+_COND2_ITERS = 8
+
+
+def _cond2_estimate(sb: Any, r: Any, x: Any, scaled: bool, limit: float = math.inf
+                    ) -> float:
+    """``||R||_2 ||X||_2`` (``X = R^-1``) by power iterations on a block of two vectors
+    (products through the policy at the working precision): a lower bound of
+    ``cond_2(R)``, close where the extreme singular values are apart; where it exceeds
+    ``limit`` and ``scaled``, the smaller of it and that of ``R D^-1`` (:func:`column_scales`;
+    its inverse ``D X``). One host sync per estimate (2-D ``r``)."""
+    xs = sb.xp
+    n = r.shape[-1]
+    k = xs.arange(n, dtype=xs.float64, device=device(r))
+    v0 = xs.astype(xs.stack([(1 + k / n) * (1 - 2 * (k % 2)), 1 + (k % 3)], axis=1), r.dtype)
+    prec = panel_precision("auto", r.dtype, xs)
+
+    def top(m: Any) -> Any:
+        v = v0
+        for _ in range(_COND2_ITERS):
+            v = v / xs.linalg.vector_norm(v, axis=0)
+            v = gemm(xs.matrix_transpose(m), gemm(m, v, precision=prec, label="cond-estimate",
+                                                  backend=sb),
+                     precision=prec, label="cond-estimate", backend=sb)
+        return xs.max(xs.linalg.vector_norm(v, axis=0))  # ~ sigma_max^2 (v had unit norm)
+
+    def est(rr: Any, xx: Any) -> float:
+        both = [float(t) for t in sb.small(xs.stack([top(rr), top(xx)]))[1]]
+        return math.sqrt(both[0] * both[1])
+
+    out = est(r, x)
+    if scaled and not out <= limit:
+        d = xs.astype(column_scales(xs, r), r.dtype)
+        out = min(out, est(r / d, x * xs.reshape(d, (n, 1))))
+    return out
+
+
 def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name: str,
-                   inverse: tuple[Any, float] | None = None) -> Any:
+                   inverse: tuple[Any, float] | None = None, tall: str | None = None,
+                   certified: bool = False) -> Any:
     """``Q = A R^-1`` (``r`` in the small backend ``sb``), by row-wise substitution or, for
     ``n >= backend.inverse_gemm_min_n`` and a well-conditioned ``R``, by one GEMM.
 
@@ -649,36 +800,58 @@ def _apply_inverse(backend: Any, sb: Any, a: Any, r: Any, method: str, prec_name
     pass takes the GEMM only when that condition number is at most
     ``INVERSE_COND_MAX``. A GEMM streams A once at full bandwidth; the substitution is
     bound by its dependent FMA chains. ``inverse``: ``(X, cond_1(R))`` where already
-    made (:func:`_device_pass`).
+    made (:func:`_device_pass`). ``tall`` (:func:`tall_precision`): the precision of the
+    substitution's updates, and of the GEMM where ``certified`` (``a`` is a certified
+    pass's ``Q1``).
     """
     n = r.shape[-1]
     if _inverse_by_gemm(backend, a, n):
         scaled = prec_name in SCALE_FREE
+        cond2 = FIRST_PASS_COND2_MAX is not None and not certified and a.ndim == 2
         if inverse is None:
-            # cond_1(R) >= max|r_ii| / min|r_ii|: where that alone passes the limit, no X
-            bound = _diag_ratio(sb, r, scaled)
-            if not bound <= INVERSE_COND_MAX:
+            # cond_1(R) >= ||R||_1 / min|r_ii| (>= max|r_ii| / min|r_ii|): where that alone
+            # passes the limit, no X (at 4096 columns a trsm of n^3 flops)
+            bound = _cond1_lower(sb, r, scaled)
+            if not bound <= INVERSE_COND_MAX and not cond2:
                 record_event("apply-inverse", f"{method}: Q = A R^-1 by substitution "
                              f"(cond_1(R) >= {bound:.3g} > {INVERSE_COND_MAX:g}, from its "
-                             "diagonal" + (", columns scaled)" if scaled else ")"),
-                             cond_1=bound)
-                return right_solve_upper(backend, a, backend.from_small(r, a), prec_name)
+                             "column sums and diagonal" + (", columns scaled)" if scaled
+                                                           else ")"), cond_1=bound)
+                return right_solve_upper(backend, a, backend.from_small(r, a), prec_name,
+                                         tall=tall)
         x, kappa = inverse if inverse is not None else inverse_and_cond(sb, r, scaled)
         if kappa <= INVERSE_COND_MAX:
             record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (cond_1(R) = "
                          f"{kappa:.3g} <= {INVERSE_COND_MAX:g})", cond_1=kappa)
+            prec = (tall if tall is not None and certified
+                    else panel_precision(prec_name, a.dtype, backend.xp))
             return _times_upper(backend, a, backend.from_small(x, a), f"{method}-apply-inverse",
-                                panel_precision(prec_name, a.dtype, backend.xp))
+                                prec)
+        if cond2:
+            est = _cond2_estimate(sb, r, x, scaled, FIRST_PASS_COND2_MAX)
+            if est <= FIRST_PASS_COND2_MAX:
+                record_event("apply-inverse", f"{method}: Q = A @ inv(R) by GEMM (estimated "
+                             f"cond_2(R D^-1) = {est:.3g} <= {FIRST_PASS_COND2_MAX:g}; "
+                             f"cond_1(R) = {kappa:.3g})", cond_1=kappa, cond_2=est)
+                return _times_upper(backend, a, backend.from_small(x, a),
+                                    f"{method}-apply-inverse",
+                                    panel_precision(prec_name, a.dtype, backend.xp))
         record_event("apply-inverse", f"{method}: Q = A R^-1 by substitution (cond_1(R) = "
                      f"{kappa:.3g} > {INVERSE_COND_MAX:g})", cond_1=kappa)
-    return right_solve_upper(backend, a, backend.from_small(r, a), prec_name)
+    return right_solve_upper(backend, a, backend.from_small(r, a), prec_name, tall=tall)
 
 
 def _rr(backend: Any, r2: Any, r1: Any, prec_name: str) -> Any:
-    """Product of two small upper-triangular factors, in the working precision."""
+    """Product of two small upper-triangular factors, in the working precision (from
+    :data:`TRIANGULAR_RECURSE_MIN_N` columns on without ``r1``'s zeros: :func:`_times_upper`,
+    about half the flops)."""
     xp = backend.xp
-    return xp.triu(gemm(r2, r1, precision=panel_precision(prec_name, r1.dtype, xp),
-                        label="cholqr-RR", backend=backend))
+    prec = panel_precision(prec_name, r1.dtype, xp)
+    n = r1.shape[-1]
+    if (r1.ndim == 2 and TRIANGULAR_RECURSE_MIN_N is not None
+            and n >= TRIANGULAR_RECURSE_MIN_N):
+        return xp.triu(_times_upper(backend, r2, r1, "cholqr-RR", prec))
+    return xp.triu(gemm(r2, r1, precision=prec, label="cholqr-RR", backend=backend))
 
 
 def _final_r(backend: Any, sb: Any, factors: list[Any], like: Any, prec_name: str) -> Any:
@@ -709,6 +882,78 @@ def _fusable(backend: Any, a: Any) -> bool:
             and 0 < a.shape[1] <= max_n)
 
 
+#: CholQR2's first Gram matrix only preconditions: ``Q1 = x R1^-1`` (substitution in the
+#: working precision) keeps ``x = Q1 R1`` to working accuracy whatever ``R1``, and the
+#: second pass's certificate (``||Q1^H Q1 - I||_F <= 1/2``) decides whether ``R1`` was
+#: good enough. Where the policy predicts it faster, the first Gram of a real 2-D input
+#: of these dtypes is made at the mapped precision (its error ``~u_low ||x||^2``, so
+#: ``Q1``'s distance from orthonormal ``~u_low cond(x)^2``), under ``precision="auto"``
+#: or ``"fp64-emulated"`` (not an explicit ``"fp64"``); None: never
+LOW_FIRST_GRAM: dict[str, str] | None = {"float64": "fp32-emulated"}
+#: ... and kept where ``u_low (max r_ii / min r_ii)^2`` of its factor (columns scaled) is
+#: below this (fp32: a diagonal ratio below ~41), else the first Gram is made again in
+#: the working precision (the certificate would likely fail)
+LOW_GRAM_GATE = 1e-4
+
+
+def _low_first_gram(backend: Any, a: Any, prec_name: str) -> str | None:
+    """The precision of CholQR2's first Gram product of ``a`` (:data:`LOW_FIRST_GRAM`),
+    or None (the working precision)."""
+    from mpqr.engines import ENGINES
+    from mpqr.policy import active_gemm_options, as_gemm_options, decide
+
+    xp = backend.xp
+    if LOW_FIRST_GRAM is None or a.ndim != 2 or prec_name not in ("auto", "fp64-emulated"):
+        return None
+    low = next((p for d, p in LOW_FIRST_GRAM.items() if a.dtype == getattr(xp, d, None)),
+               None)
+    if low is None or not all(ENGINES[e].available(backend) for e in ("tc-sgemm",)):
+        return None
+    hint = _FIRST_GRAM.get()
+    if hint is not None and hint[0] is a:  # the caller's Gram matrix is free
+        return None
+    active = active_gemm_options()
+    if active is not None and active.workspace_limit is not None:
+        return None  # a capped plan: the engine's Gram call splits x whole
+    m, n = a.shape
+    opts = as_gemm_options(None)
+    fast = decide(backend, a.dtype, n, n, m, 1, low, "qr", opts)
+    own = decide(backend, a.dtype, n, n, m, 1, prec_name, "qr", opts)
+    if not fast.predicted_s[fast.engine] < own.predicted_s[own.engine]:
+        return None
+    return low
+
+
+def _low_first_pass(backend: Any, a: Any, low: str, prec_name: str
+                    ) -> tuple[Any, Any, Any] | None:
+    """CholQR2's first pass with its Gram matrix at ``low`` (:data:`LOW_FIRST_GRAM`):
+    ``(Q1, R1, small backend)``, or None where that Gram matrix is out of range, not
+    positive definite or its factor fails :data:`LOW_GRAM_GATE` (the caller then runs
+    the pass in the working precision). ``Q1 = x R1^-1`` as the working-precision pass
+    forms it."""
+    g = gram(backend, a, low, "cholqr2-gram")
+    sb, gs = backend.small(g)
+    try:
+        _check_gram(sb, gs, "cholqr2", prec_name)
+        r = sb.cholesky(gs, upper=True)
+    except (BreakdownError, LinAlgError):
+        r = None
+    ratio = _diag_ratio(sb, r, prec_name in SCALE_FREE) if r is not None else math.inf
+    u = _GEMM_U[low]
+    if not ratio**2 * u < LOW_GRAM_GATE:
+        record_event("precondition", f"cholqr2: its first Gram matrix at precision={low!r} "
+                     f"did not precondition (diagonal ratio of R1 {ratio:.3g}, u ratio^2 >= "
+                     f"{LOW_GRAM_GATE:g}): made again at precision={prec_name!r}",
+                     method="cholqr2", precision=low)
+        return None
+    record_event("precondition", f"cholqr2: its first Gram matrix at precision={low!r} "
+                 f"(a preconditioner: Q1 = x R1^-1 by substitution keeps x = Q1 R1, and the "
+                 f"second, certified pass in the working precision makes Q orthonormal; "
+                 f"diagonal ratio of R1 {ratio:.3g}, u ratio^2 < {LOW_GRAM_GATE:g})",
+                 method="cholqr2", precision=low)
+    return _apply_inverse(backend, sb, a, r, "cholqr2", prec_name), r, sb
+
+
 def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool = True,
             **_: Any) -> tuple[Any, Any]:
     """CholQR twice: ``O(u)`` orthogonality for ``cond(A) < u^{-1/2}`` (certified: see
@@ -722,8 +967,13 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     instead of four without Q). The explain trace says so (``fused-solve``)."""
     fusable = _fusable(backend, a)
     slot = None if fusable or not want_q else _take_defer(a)
-    q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name, want_q=not fusable,
-                            early=True)
+    low = None if fusable else _low_first_gram(backend, a, prec_name)
+    first = _low_first_pass(backend, a, low, prec_name) if low is not None else None
+    if first is not None:
+        q1, r1, sb1 = first
+    else:
+        q1, r1, sb1 = _one_pass(backend, a, precision, "cholqr2", prec_name,
+                                want_q=not fusable, early=True)
     if fusable:
         m, n = a.shape
         if fused_gemm(backend, a.dtype, (n, n, m), engine="native-fp64", precision=precision,

@@ -24,7 +24,7 @@ from mpqr.qr._kernels import (
     safe_exponent,
     scale_columns,
 )
-from mpqr.qr.choice import NATIVE_PRECISIONS, precision_of
+from mpqr.qr.choice import NATIVE_PRECISIONS, precision_of, tall_products_precision
 
 __all__ = ["METHODS", "THIN_ONLY", "empty", "register_method", "run"]
 
@@ -187,6 +187,13 @@ def run(backend: Any, a: Any, method: str, *, auto: bool, precision: Any, prec_n
         kw = {**kw, "precision": own, "prec_name": own}
         if n > 32 and "tensor-cores" in backend.capabilities:
             fallback = "householder-recursive"
+        tall = (tall_products_precision(backend, prec_name, a.dtype, m, n)
+                if method == "cholqr2" and a.ndim == 2 else None)
+        if tall is not None:
+            # the products over x at the request's own engine where it is the faster
+            # (as accurate: the pass's certificate reads float32's roundoff)
+            kw["precision"] = tall[0]
+            record_event("precision", tall[1], method=method, precision=tall[0])
     if method in STACK_FALLBACK:
         fallback = STACK_FALLBACK[method]
     # auto's CholQR2 checks the range itself (its Gram diagonal holds the squared column

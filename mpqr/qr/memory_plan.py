@@ -88,6 +88,10 @@ _LEAF_COPIES = 4
 _SLACK = 0.1
 #: tall methods (2^24 x 64 float64, H200) and the array library's own QR (cuSOLVER)
 _TALL = 2.0
+#: ... plus, on the ``"fast"`` plan at ``fp32-emulated`` (float32 CholQR2's products over
+#: ``x`` on tc-sgemm, whose Gram call splits ``x`` whole: two fp16 copies of 0.5 and 1.5
+#: times its bytes beside ``Q1``); on the other plans those products stay native
+_TALL_SPLIT = 1.5
 _LIBRARY = 2.07
 #: ``geqrf-wy``: the reflectors' copy, Y^T, the product Y W and Q (reduced members)
 _WY = 4.0
@@ -109,7 +113,8 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     the square/wide Householder QR (docs/memory.md) with the lean caps."""
     nbytes = math.prod(shape) * itemsize
     if method in TALL_METHODS:
-        return math.ceil(_TALL * nbytes)
+        split = plan == "fast" and prec_name == "fp32-emulated" and itemsize == 4
+        return math.ceil((_TALL + (_TALL_SPLIT if split else 0.0)) * nbytes)
     if method == "geqrf":
         return math.ceil(_LIBRARY * nbytes)
     if method in ("geqrf-wy", "cholqr2-batched"):  # geqrf-wy: its copy, Y^T, Y W and Q;
