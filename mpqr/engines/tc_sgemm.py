@@ -44,14 +44,27 @@ from typing import Any
 from mpqr.engines.scaling import pow2_shift, unscale
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 
-__all__ = ["BATCHED_PARTIALS_BYTES", "LO_SHIFT", "run_tc_sgemm", "split_product"]
+__all__ = ["BATCHED_PARTIALS_BYTES", "LO_SHIFT", "PARTIALS_SHARE", "partials_limit",
+           "run_tc_sgemm", "split_product"]
 
 LO_SHIFT = 11
 #: per-slice partial products are batched in groups of at most this many bytes
 BATCHED_PARTIALS_BYTES = 256 * 2**20
+#: under a workspace limit the partials take this share of it (the operands' splits and
+#: the product the rest: the policy's tiles are sized to that); 256 MiB of partials
+#: were 0.25x a 16384^2 float32 input beside the lean plan's 0.2x cap
+PARTIALS_SHARE = 0.25
 
 
-def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) -> Any:
+def partials_limit(workspace_limit: int | None) -> int:
+    """Bytes of the slices' batched partial products under ``workspace_limit``."""
+    if workspace_limit is None:
+        return BATCHED_PARTIALS_BYTES
+    return min(BATCHED_PARTIALS_BYTES, int(PARTIALS_SHARE * workspace_limit))
+
+
+def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int,
+                 partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
     xp = backend.xp
     *batch, m, k = a.shape
     n = b.shape[-1]
@@ -64,14 +77,18 @@ def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) 
     backend.split_fp16(a, sa, a_hi, hf=a_cat[..., :k], lo=a_cat[..., k:], lo_shift=LO_SHIFT)
     backend.split_fp16(b, sb, b_hi, hf=b_cat[..., k:, :], lo=b_cat[..., :k, :],
                        lo_shift=LO_SHIFT)
-    c = split_product(backend, a_hi, a_cat, b_hi, b_cat, slice_k=slice_k)
+    c = split_product(backend, a_hi, a_cat, b_hi, b_cat, slice_k=slice_k,
+                      partials_bytes=partials_bytes)
     return unscale(backend, c, sa, sb, out_dtype)
 
 
 def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
-                  slice_k: int, out: Any = None) -> Any:
+                  slice_k: int, out: Any = None,
+                  partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
     """Steps 3-4 on split operands: the float32 product of the scaled operands, written
-    into ``out`` (a float32 view, e.g. a block of a Gram matrix) if given."""
+    into ``out`` (a float32 view, e.g. a block of a Gram matrix) if given. The slices'
+    partial products are batched in groups of at most ``partials_bytes`` bytes (a
+    workspace limit lowers it: :func:`partials_limit`)."""
     xp = backend.xp
     *batch, m, k = a_hi.shape
     n = b_hi.shape[-1]
@@ -80,7 +97,7 @@ def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
     else:
         c = backend.gemm_fp16(a_cat, b_cat, out=out, alpha=2.0**-LO_SHIFT, beta=0.0)
     nfull = k // slice_k
-    group = BATCHED_PARTIALS_BYTES // max(1, m * n * 4)
+    group = partials_bytes // max(1, m * n * 4)
     start = 0
     if not batch and nfull > 1 and group > 1:
         # few outputs, long k: the slices run as strided-batched GEMMs into

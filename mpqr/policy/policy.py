@@ -433,6 +433,8 @@ def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any
     limit = _merged_options(options).workspace_limit
     if limit is None:
         return None
+    # tc-sgemm's batched partial products take their share of the limit (its params)
+    limit -= d.params.get("partials_bytes", 0)
     m, k = a.shape
     n = b.shape[1]
 
