@@ -395,6 +395,7 @@ def test_tc_sgemm_partials_within_their_share_of_the_workspace_limit(monkeypatch
     # workspace limit a group of them takes at most PARTIALS_SHARE of it (the tiles'
     # splits the rest), the product as accurate as without the limit
     from mpqr.backends._base import ArrayAPIBackend
+
     from mpqr.engines.tc_sgemm import PARTIALS_SHARE
 
     rng = np.random.default_rng(12)
