@@ -523,3 +523,41 @@ def test_wide_and_complete_routes_within_their_documented_bound(monkeypatch):
         assert be <= 1e-14 and orth <= 1e-13, (be, orth)
         np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a, mode=mode)[1]),
                                    atol=1e-12 * np.abs(r).max())
+
+
+def test_gpu_host_input_out_of_core_under_a_pool_limit():
+    # a host input with device="cuda" whose in-core plan does not fit the default budget
+    # (80% of what the pool limit leaves) goes out of core by itself; with room, in core
+    cp = _cupy()
+    pool = cp.get_default_memory_pool()
+    a = np.random.default_rng(17).standard_normal((2048, 2048)).astype(np.float32)
+    for room, want in ((40 << 20, "out-of-core"), (1 << 30, "in-core")):
+        pool.free_all_blocks()
+        pool.set_limit(size=pool.total_bytes() + room)
+        try:
+            with mpqr.explain() as trace:
+                q, r = mpqr.qr(a, device="cuda", precision="fp32-emulated")
+        finally:
+            pool.set_limit(size=0)
+            pool.free_all_blocks()
+        assert _route(trace)[-1] == want, _route(trace)
+        be, orth = _errors(a, q, r)
+        assert be <= 2048 * 2.0**-24 and orth <= 2048 * 2.0**-24, (want, be, orth)
+
+
+def test_gpu_wide_and_lean_complete_within_their_estimates(monkeypatch):
+    # CuPy's pool (an allocator hook) within the estimates of the wide route and of the
+    # lean mode="complete"
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "lean")
+    for shape, mode in (((1024, 4096), "reduced"), ((4096, 1024), "complete")):
+        a = cp.random.default_rng(3).standard_normal(shape).astype(cp.float32)
+        got = measure_call(cp, lambda x, md=mode: mpqr.qr(
+            x, mode=md, precision="fp32-emulated", method="householder-recursive"), a)
+        est = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", shape, 4,
+                                         "lean", complete=mode == "complete")
+        assert got["pool_multiple"] * a.nbytes <= est, (shape, got, est / a.nbytes)
+        del a
+        cp.get_default_memory_pool().free_all_blocks()

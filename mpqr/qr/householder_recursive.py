@@ -490,7 +490,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             q = xp.zeros((*batch, m, m), dtype=a.dtype, device=dev)
             q[..., :, :n] = work
             work = None
-            backend.add_identity(q[..., n:, n:])
+            for c0 in range(n, m, LEAN_Q_BLOCK):  # diagonal blocks: no (m-n)^2 identity
+                c1 = min(m, c0 + LEAN_Q_BLOCK)
+                backend.add_identity(q[..., c0:c1, c0:c1])
         else:
             q = work
         _form_q_lean(backend, q, ts, precision=precision, pp=pp,
