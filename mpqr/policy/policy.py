@@ -281,7 +281,7 @@ def fused_gemm(backend: Any, dtype: Any, shape: tuple[int, int, int], *, engine:
         return False
     if tracing():
         record_gemm(GemmDecision(label, (m, n, k), 1, str(dtype), prec, source, d.engine,
-                                 {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
+                                 {kk: v for kk, v in d.params.items() if kk not in _UNSHOWN},
                                  d.reason, d.predicted_s))
     return True
 
@@ -329,7 +329,7 @@ def gram(x: Any, *, precision: str | None = None, label: str = "", options: Any 
     if tracing():
         frac = product_fraction(n)
         one_call = "complex" in d.params and engine.complex_gram is not None
-        shown = {**{kk: v for kk, v in params.items() if kk != "compute_dtype"},
+        shown = {**{kk: v for kk, v in params.items() if kk not in _UNSHOWN},
                  "gram": "2m" if one_call else "upper-triangle"}
         scheme = d.params.get("complex")
         base = d.reason.replace("; " + _complex_why(scheme, opts), "") if scheme else d.reason
@@ -408,6 +408,9 @@ def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: 
               subtract=None)
 
 
+#: engine parameters the trace leaves out (the native dtype; tc-sgemm's share of a
+#: workspace limit for its partial products, a memory detail of the call's plan)
+_UNSHOWN = frozenset({"compute_dtype", "partials_bytes"})
 #: bytes of engine scratch per element of an operand (its fp16 copies: tc-sgemm's hi and
 #: [hi | lo], tc-fp16-splitb's three of B) and per element of the product (the float32
 #: product and its unscaled copy) of the engines that split their operands whole
@@ -503,7 +506,7 @@ def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backe
     d = decide(backend, out_dtype, m, n, k, batch, prec, source, opts)
     if tracing():
         record_gemm(GemmDecision(label, (m, n, k), batch, str(out_dtype), prec, source, d.engine,
-                                 {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
+                                 {kk: v for kk, v in d.params.items() if kk not in _UNSHOWN},
                                  d.reason, d.predicted_s))
     return backend, d, out_dtype
 
