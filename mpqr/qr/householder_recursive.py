@@ -43,6 +43,7 @@ than ``fp32-emulated``'s QR relative to what it buys, so not the default
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -550,7 +551,8 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
     # the blocks' products and splits grow block after block (the trailing rows and
     # columns of Q do): the pool's cached blocks go back once they pass a share of Q, so
     # that a larger request finds room instead of a new block beside them
-    cached = int(LEAN_CACHED_SHARE * work.size * work.dtype.itemsize)
+    cached = int(LEAN_CACHED_SHARE * math.prod(work.shape)
+                 * getattr(work.dtype, "itemsize", 8))
     for c0, c1, l0, t in reversed(blocks):
         backend.release_cached_memory(at_least=cached)
         kb = c1 - c0
