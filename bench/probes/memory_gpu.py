@@ -217,7 +217,9 @@ def host():
         q64 = cp.asarray(q, dtype=cp.float64)
         be = float(cp.linalg.norm(q64 @ cp.asarray(r, dtype=cp.float64) - cp.asarray(a))
                    / cp.linalg.norm(cp.asarray(a)))
-        orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(n)) / n)
+        # ||Q^T Q - I||_F / sqrt(n): out of core Gram-Schmidt's orthogonality grows with
+        # cond(A) u (docs/out-of-core.md: 1.0-2.5e-4 at 65536^2 fp32-emulated)
+        orth = float(cp.linalg.norm(q64.T @ q64 - cp.eye(n)) / n**0.5)
         del q64, q, r
         pool.free_all_blocks()
         res["host"].append(dict(n=n, limit=limit, routes=routes, seconds=dt, backward=be,
@@ -225,8 +227,8 @@ def host():
         print(f"host {n}^2 float32 fp32-emulated, pool limit {limit:,}: routes {routes}, "
               f"{dt:.2f} s, backward {be:.1e}, orth {orth:.1e}", flush=True)
         check(f"host input, pool limit {limit:,}: {want} ({routes})", routes[-1:] == [want])
-        check(f"host input, pool limit {limit:,}: backward {be:.1e} <= 1e-5, orth {orth:.1e} "
-              "<= 1e-5", be <= 1e-5 and orth <= 1e-5)
+        check(f"host input, pool limit {limit:,}: backward {be:.1e} <= 1e-5, orth "
+              f"(F / sqrt(n)) {orth:.1e} <= 1e-3", be <= 1e-5 and orth <= 1e-3)
 
 
 def oom():
