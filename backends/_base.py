@@ -1086,9 +1086,10 @@ def _host_staging(self: ArrayAPIBackend, dtype: Any, block_elems: int, *, nbuf: 
     return SyncStaging(self, dtype, block_elems, nbuf)
 
 
-def _release_cached_memory(self: ArrayAPIBackend) -> None:
+def _release_cached_memory(self: ArrayAPIBackend, at_least: int = 0) -> None:
     """Hand the blocks an array library's memory pool holds unused back to the device
-    (between the phases of a call on the lean memory plan); nothing here."""
+    (between the phases of a call on the lean memory plan) where they are at least
+    ``at_least`` bytes; nothing here."""
 
 
 ArrayAPIBackend.device_memory_free = _device_memory_free

@@ -388,3 +388,176 @@ def test_out_of_memory_on_a_faster_plan_runs_again_lean(small_device, monkeypatc
         mpqr.qr(np.array(a), precision="fp64", method="householder-recursive",
                 overwrite_a=True)
     assert len(calls) == 1
+
+
+def test_tc_sgemm_partials_within_their_share_of_the_workspace_limit(monkeypatch):
+    # few outputs and a long k: tc-sgemm batches the k-slices' partial products; under a
+    # workspace limit a group of them takes at most PARTIALS_SHARE of it (the tiles'
+    # splits the rest), the product as accurate as without the limit
+    from mpqr.backends._base import ArrayAPIBackend
+
+    from mpqr.engines.tc_sgemm import PARTIALS_SHARE
+
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((32, 2048)).astype(np.float32)
+    b = rng.standard_normal((2048, 32)).astype(np.float32)
+    sizes = []
+    add = ArrayAPIBackend.add_partials
+
+    def counting(self, c, parts):
+        sizes.append(parts.nbytes)
+        return add(self, c, parts)
+
+    monkeypatch.setattr(ArrayAPIBackend, "add_partials", counting)
+    limit = 64 << 10
+
+    def run(**opts):
+        sizes.clear()
+        with mpqr.gemm_options(engine="tc-sgemm", slice_k=64, **opts):
+            c = mpqr.policy.gemm(a, b, precision="fp32-emulated")
+        return c, list(sizes)
+
+    whole, free_sizes = run()
+    capped, capped_sizes = run(workspace_limit=limit)
+    assert max(free_sizes) == 32 * 32 * 32 * 4  # all 32 slices in one group
+    assert len(capped_sizes) > 1 and max(capped_sizes) <= PARTIALS_SHARE * limit
+    exact = a.astype(np.float64) @ b
+    tol = 4 * 2048 * 2.0**-24 * (np.abs(a).astype(np.float64) @ np.abs(b))
+    assert np.all(np.abs(capped - exact) <= tol) and np.all(np.abs(whole - exact) <= tol)
+
+
+def _route(trace):
+    return [e.data.get("route") for e in trace.events if e.kind == "out-of-core"]
+
+
+def test_host_input_goes_out_of_core_where_the_in_core_plan_would_not_fit(small_device):
+    # a host input with device=: in core where the input and the leanest plan's estimate
+    # fit the budget (80% of the free device memory), out of core by itself otherwise
+    a = np.random.default_rng(13).standard_normal((157, 101))
+    need = a.nbytes + memory_plan.least_bytes("householder-recursive", "fp64", a.shape, 8)
+    small_device["bytes"] = int(need / 0.8) + 64
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, device="cpu", precision="fp64", method="householder-recursive")
+    assert _route(trace) == ["in-core"]
+    assert [e.data["working_set"] for e in trace.events
+            if e.data.get("route") == "in-core"] == [need]
+    small_device["bytes"] = int(need / 0.8) - 64
+    with mpqr.explain() as trace:
+        q2, r2 = mpqr.qr(a, device="cpu", precision="fp64", method="householder-recursive")
+    assert _route(trace) == ["out-of-core"]
+    for qq, rr in ((q, r), (q2, r2)):
+        be, orth = _errors(a, qq, rr)
+        assert be <= 101 * 2.0**-53 * 20 and orth <= 101 * 2.0**-53 * 20, (be, orth)
+    np.testing.assert_allclose(r2, r, atol=1e-12 * np.abs(r).max())
+
+
+def test_host_input_out_of_core_when_the_device_has_less_than_its_budget(small_device):
+    # the budget said in core (memory_budget given), the device had less free: the
+    # in-core plan is refused before any work and the call goes out of core from the
+    # untouched host input instead of raising
+    a = np.random.default_rng(14).standard_normal((1101, 12))
+    a0 = a.copy()
+    small_device["bytes"] = a.nbytes  # CholQR2 in core needs 2x the input beyond it
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, device="cpu", memory_budget="1GB")
+    assert _route(trace) == ["in-core", "out-of-core", "out-of-core"]
+    np.testing.assert_array_equal(a, a0)
+    be, orth = _errors(a, q, r)
+    assert be <= 1e-14 and orth <= 1e-14, (be, orth)
+    # where out of core cannot take it (wide), the device error stands
+    small_device["bytes"] = 8
+    with pytest.raises(mpqr.DeviceMemoryError, match="are free"):
+        mpqr.qr(np.array(a.T), device="cpu", memory_budget="1GB")
+
+
+@pytest.mark.parametrize("shape,method,mode", [
+    ((96, 96), "householder-recursive", "reduced"),
+    ((4096, 16), "cholqr2", "reduced"),
+    ((48, 160), "householder-recursive", "reduced"),
+    ((160, 48), "householder-recursive", "complete"),
+    ((96, 96), "geqrf", "reduced")])
+def test_device_memory_error_on_every_route(shape, method, mode, small_device):
+    # square, tall, wide, complete and the library's QR: refused before any work, the
+    # message naming the bytes needed (the route's leanest estimate), the bytes free
+    # and a budget for the out-of-core route
+    a = np.random.default_rng(15).standard_normal(shape)
+    small_device["bytes"] = a.nbytes // 2
+    with pytest.raises(mpqr.DeviceMemoryError) as info:
+        mpqr.qr(a, mode=mode, precision="fp64", method=method)
+    err = info.value
+    plan = "lean" if method == "householder-recursive" else "tiled"
+    assert err.needed == memory_plan.estimate_bytes(method, "fp64", shape, 8, plan,
+                                                    complete=mode == "complete")
+    assert err.free == a.nbytes // 2 < err.needed
+    msg = str(err)
+    assert f"{' x '.join(map(str, shape))} float64" in msg and f"({method})" in msg
+    assert f"needs about {err.needed:,} bytes" in msg and f"{err.free:,} are free" in msg
+    assert f"memory_budget={err.free // 2:,}" in msg
+
+
+def test_wide_and_complete_routes_within_their_documented_bound(monkeypatch):
+    # the bytes of the wide route (the leading block's QR, R2 written into R) and of the
+    # lean mode="complete" (Q m x m over a copy of the vectors) on the NumPy backend,
+    # against the estimates the check uses; accurate against LAPACK's R
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "lean")
+    rng = np.random.default_rng(16)
+    for shape, mode in (((96, 288), "reduced"), ((240, 72), "complete")):
+        a = rng.standard_normal(shape)
+
+        def call(a=a, mode=mode):
+            return mpqr.qr(a, mode=mode, precision="fp64", method="householder-recursive")
+
+        call()
+        peak, (q, r) = _peak_bytes(call, keep=True)
+        bound = memory_plan.estimate_bytes("householder-recursive", "fp64", shape, 8, "lean",
+                                           complete=mode == "complete")
+        m, n = shape
+        # NumPy forms a product before writing or subtracting it where cuBLAS writes into
+        # the output: R2 (m x (n - m)); one chunk of Q's formation (m x m/4) and a copy
+        # of a block's vectors
+        numpy_product = m * (n - m if m < n else m // 4 + 32) * 8
+        assert peak <= bound + numpy_product, (shape, peak / a.nbytes, bound / a.nbytes)
+        assert q.shape == ((m, m) if mode == "complete" else (m, min(shape)))
+        be = np.linalg.norm(q @ r - a) / np.linalg.norm(a)
+        orth = np.linalg.norm(q.T @ q - np.eye(q.shape[1]))
+        assert be <= 1e-14 and orth <= 1e-13, (be, orth)
+        np.testing.assert_allclose(np.abs(r), np.abs(np.linalg.qr(a, mode=mode)[1]),
+                                   atol=1e-12 * np.abs(r).max())
+
+
+def test_gpu_host_input_out_of_core_under_a_pool_limit():
+    # a host input with device="cuda" whose in-core plan does not fit the default budget
+    # (80% of what the pool limit leaves) goes out of core by itself; with room, in core
+    cp = _cupy()
+    pool = cp.get_default_memory_pool()
+    a = np.random.default_rng(17).standard_normal((2048, 2048)).astype(np.float32)
+    for room, want in ((40 << 20, "out-of-core"), (1 << 30, "in-core")):
+        pool.free_all_blocks()
+        pool.set_limit(size=pool.total_bytes() + room)
+        try:
+            with mpqr.explain() as trace:
+                q, r = mpqr.qr(a, device="cuda", precision="fp32-emulated")
+        finally:
+            pool.set_limit(size=0)
+            pool.free_all_blocks()
+        assert _route(trace)[-1] == want, _route(trace)
+        be, orth = _errors(a, q, r)
+        assert be <= 2048 * 2.0**-24 and orth <= 2048 * 2.0**-24, (want, be, orth)
+
+
+def test_gpu_wide_and_lean_complete_within_their_estimates(monkeypatch):
+    # CuPy's pool (an allocator hook) within the estimates of the wide route and of the
+    # lean mode="complete"
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "lean")
+    for shape, mode in (((1024, 4096), "reduced"), ((4096, 1024), "complete")):
+        a = cp.random.default_rng(3).standard_normal(shape).astype(cp.float32)
+        got = measure_call(cp, lambda x, md=mode: mpqr.qr(
+            x, mode=md, precision="fp32-emulated", method="householder-recursive"), a)
+        est = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", shape, 4,
+                                         "lean", complete=mode == "complete")
+        assert got["pool_multiple"] * a.nbytes <= est, (shape, got, est / a.nbytes)
+        del a
+        cp.get_default_memory_pool().free_all_blocks()

@@ -1096,11 +1096,13 @@ def _cupy_host_staging(self, dtype, block_elems, *, nbuf=3, nout=2):
     return CupyStaging(self, dtype, block_elems, nbuf=nbuf, nout=nout)
 
 
-def _cupy_release_cached_memory(self):
+def _cupy_release_cached_memory(self, at_least=0):
     # CuPy's pool counts its cached blocks against a pool limit (set_limit) and hands a
     # request larger than any of them a new block: between the lean plan's phases the
     # workspace of the first would sit beside the factors of the second
-    self._cp.get_default_memory_pool().free_all_blocks()
+    pool = self._cp.get_default_memory_pool()
+    if at_least <= 0 or pool.free_bytes() >= at_least:
+        pool.free_all_blocks()
 
 
 CupyBackend.device_memory_free = _cupy_device_memory_free

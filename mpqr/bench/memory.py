@@ -21,7 +21,7 @@ from typing import Any
 
 from mpqr.bench._timing import environment, write_json
 
-__all__ = ["largest_n", "main", "measure_call"]
+__all__ = ["allocation_log", "largest_n", "main", "measure_call"]
 
 #: (m, n, dtype, precision); the shapes of the targets, and quick ones
 ROWS = [(1 << 24, 64, "float64", "auto"), (16384, 16384, "float32", "fp16"),
@@ -59,6 +59,84 @@ def _hook(cp: Any) -> Any:
             self.live -= self.sizes.pop(mem_ptr, mem_size)
 
     return Peak()
+
+
+def _origin() -> str:
+    """The innermost frames of the library (mpqr and its backends, not its benches) that
+    asked for memory."""
+    import os
+    import traceback as tb
+
+    import mpqr
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mpqr.__file__)))
+    frames = [f for f in tb.extract_stack(limit=48)[:-2]
+              if f.filename.startswith(root) and "bench" not in f.filename[len(root):]
+              and "site-packages" not in f.filename]
+    return " < ".join(f"{os.path.relpath(f.filename, root)}:{f.lineno} {f.name}"
+                      for f in reversed(frames[-4:]))
+
+
+def allocation_log(cp: Any, fn: Any, a: Any, min_bytes: int = 1 << 20) -> dict[str, Any]:
+    """Where the pool's high-water of one call of ``fn(a)`` sits (after a warm-up call):
+    the blocks the pool took from the device in order (bytes, the pool's total after,
+    origin), and at the high-water the live allocations (bytes, origin) of at least
+    ``min_bytes`` and the pool's cached bytes beside them. Bytes as multiples of
+    ``a.nbytes`` too. Slow (a stack per allocation): for one call, not for timing."""
+    from cupy.cuda import memory_hook
+
+    pool = cp.get_default_memory_pool()
+    res = fn(a)
+    del res
+    cp.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    base = pool.total_bytes()
+
+    class Log(memory_hook.MemoryHook):
+        name = "mpqr-log"
+
+        def __init__(self) -> None:
+            self.live: dict[int, tuple[int, str]] = {}
+            self.new: list[tuple[int, int, str]] = []
+            self.high = base
+            self.at_high: dict[str, Any] = {}
+            self.live_peak = 0
+            self.live_bytes = 0
+
+        def alloc_postprocess(self, device_id, mem_size, mem_ptr):
+            total = pool.total_bytes()
+            self.new.append((mem_size, total - base, _origin()))
+            if total > self.high:
+                self.high = total
+                self.at_high = {"pool": total - base, "used": pool.used_bytes() - base,
+                                "cached": total - pool.used_bytes(),
+                                "free_blocks": pool.n_free_blocks(),
+                                "request": (mem_size, _origin()),
+                                "live": sorted(((sz, org) for sz, org in self.live.values()
+                                                if sz >= min_bytes), reverse=True)}
+
+        def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+            self.live[mem_ptr] = (mem_size, _origin() if mem_size >= min_bytes else "")
+            self.live_bytes += mem_size
+            self.live_peak = max(self.live_peak, self.live_bytes)
+
+        def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+            sz, _ = self.live.pop(mem_ptr, (mem_size, ""))
+            self.live_bytes -= sz
+
+    log = Log()
+    with log:
+        res = fn(a)
+        cp.cuda.Device().synchronize()
+    del res
+    pool.free_all_blocks()
+    x = a.nbytes
+    at = log.at_high
+    return {"pool_multiple": (log.high - base) / x, "live_peak_multiple": log.live_peak / x,
+            "at_high": {**{k: (v / x if k in ("pool", "used", "cached") else v)
+                           for k, v in at.items() if k != "live"},
+                        "live": [(sz / x, org) for sz, org in at.get("live", [])]},
+            "new_blocks": [(sz / x, tot / x, org) for sz, tot, org in log.new]}
 
 
 def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False) -> Any:

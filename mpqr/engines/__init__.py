@@ -112,7 +112,12 @@ def _no_params(backend, m, n, k, dtype, options):
 
 
 def _tc_sgemm_params(backend, m, n, k, dtype, options):
-    return {"slice_k": options.slice_k or backend.tc_sgemm_slice_k(m, n, k)}
+    params = {"slice_k": options.slice_k or backend.tc_sgemm_slice_k(m, n, k)}
+    if options.workspace_limit is not None:  # the slices' partials within its share
+        from mpqr.engines.tc_sgemm import partials_limit
+
+        params["partials_bytes"] = partials_limit(options.workspace_limit)
+    return params
 
 
 def _register_builtin() -> None:

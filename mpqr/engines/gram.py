@@ -135,14 +135,14 @@ def gram_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int) -> 
 
 
 def gram_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int,
-                  slice_k: int) -> Any:
+                  slice_k: int, partials_bytes: int | None = None) -> Any:
     """``tc-sgemm``: the upper blocks of ``a^T b``, each operand split once.
 
     ``a^T``'s concatenated operand ``[hi_f | lo]`` is the transpose of ``[hi_f; lo]``
     and ``b``'s is ``[lo; hi_f]``: for ``a is b`` both are views of one ``3k x n``
     buffer ``[lo; hi_f; lo]``.
     """
-    from mpqr.engines.tc_sgemm import LO_SHIFT, split_product
+    from mpqr.engines.tc_sgemm import BATCHED_PARTIALS_BYTES, LO_SHIFT, split_product
 
     xp = backend.xp
     k, n = a.shape
@@ -164,5 +164,6 @@ def gram_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int,
     for i0, i1, j0, j1 in gram_blocks(n):
         split_product(backend, xp.matrix_transpose(a_hi[:, i0:i1]),
                       xp.matrix_transpose(a_cat[:, i0:i1]), b_hi[:, j0:j1], b_cat[:, j0:j1],
-                      slice_k=slice_k, out=c[i0:i1, j0:j1])
+                      slice_k=slice_k, out=c[i0:i1, j0:j1],
+                      partials_bytes=partials_bytes or BATCHED_PARTIALS_BYTES)
     return mirror(backend, unscale(backend, c, sa, sb, out_dtype), sign)

@@ -45,7 +45,8 @@ from mpqr._array_api import device
 from mpqr.engines.scaling import pow2_shift, unscale
 from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
 
-__all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_UNSCALE", "LO_SHIFT", "accumulate_tc_sgemm",
+__all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_UNSCALE", "LO_SHIFT", "PARTIALS_SHARE",
+           "accumulate_tc_sgemm", "partials_limit",
            "run_tc_sgemm", "split_product"]
 
 LO_SHIFT = 11
@@ -55,13 +56,26 @@ BATCHED_PARTIALS_BYTES = 256 * 2**20
 #: of ``c`` in one pass over the product (``backend.unscale_into``) instead of an unscaled
 #: copy and a second pass; the same roundings
 FUSED_UNSCALE = True
+#: under a workspace limit the partials take this share of it (the operands' splits and
+#: the product the rest: the policy's tiles are sized to that); 256 MiB of partials
+#: were 0.25x a 16384^2 float32 input beside the lean plan's 0.2x cap
+PARTIALS_SHARE = 0.25
 
 
-def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) -> Any:
+def partials_limit(workspace_limit: int | None) -> int:
+    """Bytes of the slices' batched partial products under ``workspace_limit``."""
+    if workspace_limit is None:
+        return BATCHED_PARTIALS_BYTES
+    return min(BATCHED_PARTIALS_BYTES, int(PARTIALS_SHARE * workspace_limit))
+
+
+def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int,
+                 partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
     from mpqr.engines.prepared import Prepared
 
     if isinstance(a, Prepared) or isinstance(b, Prepared):
-        c, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k)
+        c, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k,
+                                      partials_bytes=partials_bytes)
         return unscale(backend, c, sa, sb, out_dtype)
     xp = backend.xp
     *batch, m, k = a.shape
@@ -75,24 +89,27 @@ def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int) 
     backend.split_fp16(a, sa, a_hi, hf=a_cat[..., :k], lo=a_cat[..., k:], lo_shift=LO_SHIFT)
     backend.split_fp16(b, sb, b_hi, hf=b_cat[..., k:, :], lo=b_cat[..., :k, :],
                        lo_shift=LO_SHIFT)
-    c = split_product(backend, a_hi, a_cat, b_hi, b_cat, slice_k=slice_k)
+    c = split_product(backend, a_hi, a_cat, b_hi, b_cat, slice_k=slice_k,
+                      partials_bytes=partials_bytes)
     return unscale(backend, c, sa, sb, out_dtype)
 
 
 def accumulate_tc_sgemm(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool | None,
-                        out_dtype: Any, slice_k: int) -> bool:
+                        out_dtype: Any, slice_k: int,
+                        partials_bytes: int = BATCHED_PARTIALS_BYTES) -> bool:
     """``c = P`` (``subtract=None``), ``c -= P`` or ``c += P`` for the ``tc-sgemm`` product
     ``P = a @ b`` (2-D), unscaled into ``c`` in one pass (:data:`FUSED_UNSCALE`); False,
     doing nothing, where that is off (the policy then forms ``P`` and updates ``c``)."""
     if not FUSED_UNSCALE or a.ndim != 2 or b.ndim != 2 or c.dtype != out_dtype:
         return False
-    p, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k)
+    p, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k,
+                                  partials_bytes=partials_bytes)
     backend.unscale_into(c, p, sa, sb, subtract=subtract)
     return True
 
 
-def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int
-                      ) -> tuple[Any, Any, Any]:
+def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int,
+                      partials_bytes: int = BATCHED_PARTIALS_BYTES) -> tuple[Any, Any, Any]:
     """``(C, sa, sb)``: the float32 product of the scaled parts and the shifts that unscale
     it, for 2-D operands of which any may be :class:`~mpqr.engines.prepared.Prepared` (of
     this engine; the others are prepared here, as :func:`run_tc_sgemm` splits them).
@@ -121,10 +138,11 @@ def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int
     sb = xp.zeros((1, n), dtype=xp.int32, device=dev) if pb.inner("right") else pb.shift
     a_cat, b_cat = pa.cat_for("left"), pb.cat_for("right")
     if a_cat is not None and b_cat is not None:
-        c = split_product(backend, pa.hi, a_cat, pb.hi, b_cat, slice_k=slice_k)
+        c = split_product(backend, pa.hi, a_cat, pb.hi, b_cat, slice_k=slice_k,
+                          partials_bytes=partials_bytes)
     else:
         c = split_product(backend, pa.hi, None, pb.hi, None, slice_k=slice_k,
-                          parts=(pa.hf, pa.lo, pb.hf, pb.lo))
+                          parts=(pa.hf, pa.lo, pb.hf, pb.lo), partials_bytes=partials_bytes)
     return c, sa, sb
 
 
@@ -133,12 +151,15 @@ def _wide(xp: Any, x: Any) -> Any:
 
 
 def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
-                  slice_k: int, out: Any = None, parts: Any = None) -> Any:
+                  slice_k: int, out: Any = None, parts: Any = None,
+                  partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
     """Steps 3-4 on split operands: the float32 product of the scaled operands, written
     into ``out`` (a float32 view, e.g. a block of a Gram matrix) if given. Without the
     concatenations (``a_cat``/``b_cat`` None), ``parts = (a_hf, a_lo, b_hf, b_lo)``: the
     two correction products as two GEMMs (the second adds to the first's float32 sums,
-    rounded to nearest), the same terms."""
+    rounded to nearest), the same terms. The slices' partial products are batched in
+    groups of at most ``partials_bytes`` bytes (a workspace limit lowers it:
+    :func:`partials_limit`)."""
     xp = backend.xp
     *batch, m, k = a_hi.shape
     n = b_hi.shape[-1]
@@ -154,7 +175,7 @@ def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
     else:
         c = backend.gemm_fp16(a_cat, b_cat, out=out, alpha=2.0**-LO_SHIFT, beta=0.0)
     nfull = k // slice_k
-    group = BATCHED_PARTIALS_BYTES // max(1, m * n * 4)
+    group = partials_bytes // max(1, m * n * 4)
     start = 0
     if not batch and nfull > 1 and group > 1:
         # few outputs, long k: the slices run as strided-batched GEMMs into

@@ -100,16 +100,32 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
     rshape = (m, n) if mode == "complete" else (k, n)
     q_out, r_out = _outs(out, mode, qshape, rshape, src.dtype)
     budget, source = resolve_budget(memory_budget, backend)
-    isz = src.itemsize
-    working = IN_CORE_FACTOR * m * n * isz
-    if method not in OOC_METHODS and (budget is None or working <= budget):
+    # the input staged onto the device and the in-core route's leanest plan beside it
+    working = _in_core_bytes(backend, src, method, prec_name, mode)
+    in_core = method not in OOC_METHODS and (budget is None or working <= budget)
+    if in_core:
         record_event("out-of-core", f"qr: in core on {backend.name}: the working set "
                      f"(~{format_bytes(working)}) fits the device-memory budget "
                      f"({'none' if budget is None else format_bytes(budget)}, {source})",
                      route="in-core", budget=budget, working_set=working)
-        q, r = _in_core(backend, src, mode, precision, method, check_finite, overwrite_a,
-                        budget)
-    else:
+        try:
+            q, r = _in_core(backend, src, mode, precision, method, check_finite,
+                            overwrite_a, budget)
+        except MemoryError as exc:
+            # the device had less free than the budget said (other work on it): out of
+            # core where that route takes the call, from the untouched host input
+            free = getattr(exc, "free", None)
+            if (mode == "complete" and m != n) or m < n or budget is None or \
+                    backend.device_memory_free() is None:
+                raise
+            in_core = False
+            budget = min(budget, free // 2) if free else budget // 2
+            source = "half the free device memory (the in-core plan did not fit)"
+            record_event("out-of-core", f"qr: the in-core plan did not fit the device "
+                         f"({getattr(exc, 'needed', None) or 0:,} bytes needed, "
+                         f"{free or 0:,} free): out of core with a budget of "
+                         f"{format_bytes(budget)}", route="out-of-core", budget=budget)
+    if not in_core:
         if mode == "complete" and m != n:
             raise NotImplementedError(
                 f"mode='complete' is not supported out of core for a {m} x {n} matrix (Q "
@@ -136,6 +152,25 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, device: Any, out: Any,
         q_out[...] = q
         q = q_out
     return QRResult(q, r)
+
+
+def _in_core_bytes(backend: Any, src: Any, method: str, prec_name: str, mode: str) -> int:
+    """Device bytes of the in-core route for a host input: the input staged onto the
+    device and the estimate of its leanest plan (:mod:`mpqr.qr.memory_plan`), at least
+    :data:`IN_CORE_FACTOR` times the input where no estimate applies."""
+    from mpqr.qr import memory_plan
+    from mpqr.qr.choice import choose_method
+
+    m, n = src.shape
+    nbytes = m * n * src.itemsize
+    if method in OOC_METHODS:
+        return IN_CORE_FACTOR * nbytes
+    dtype = getattr(backend.xp, src.dtype.name)
+    if method == "auto":
+        method, _ = choose_method(backend, prec_name, dtype, m, n,
+                                  complete=mode == "complete")
+    return nbytes + memory_plan.least_bytes(method, prec_name, (m, n), src.itemsize,
+                                            complete=mode == "complete")
 
 
 def _in_core(backend: Any, src: Any, mode: str, precision: Any, method: str,

@@ -283,7 +283,7 @@ def fused_gemm(backend: Any, dtype: Any, shape: tuple[int, int, int], *, engine:
         return False
     if tracing():
         record_gemm(GemmDecision(label, (m, n, k), 1, str(dtype), prec, source, d.engine,
-                                 {kk: v for kk, v in d.params.items() if kk != "compute_dtype"},
+                                 {kk: v for kk, v in d.params.items() if kk not in _UNSHOWN},
                                  d.reason, d.predicted_s))
     return True
 
@@ -331,7 +331,7 @@ def gram(x: Any, *, precision: str | None = None, label: str = "", options: Any 
     if tracing():
         frac = product_fraction(n)
         one_call = "complex" in d.params and engine.complex_gram is not None
-        shown = {**{kk: v for kk, v in params.items() if kk != "compute_dtype"},
+        shown = {**{kk: v for kk, v in params.items() if kk not in _UNSHOWN},
                  "gram": "2m" if one_call else "upper-triangle"}
         scheme = d.params.get("complex")
         base = d.reason.replace("; " + _complex_why(scheme, opts), "") if scheme else d.reason
@@ -421,6 +421,11 @@ def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: 
               subtract=None)
 
 
+#: engine parameters the trace leaves out (the native dtype; tc-sgemm's share of a
+#: workspace limit for its partial products, a memory detail of the call's plan)
+_UNSHOWN = frozenset({"compute_dtype", "partials_bytes"})
+
+
 def _takes_prepared(d: Decision, x: Any, side: str) -> bool:
     """Whether the decided engine reads the prepared ``side`` operand ``x``'s parts (the
     engine it was prepared for, a real product; ``tc-fp16`` only with shifts along its
@@ -488,6 +493,8 @@ def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any
     limit = _merged_options(options).workspace_limit
     if limit is None:
         return None
+    # tc-sgemm's batched partial products take their share of the limit (its params)
+    limit -= d.params.get("partials_bytes", 0)
     m, k = a.shape
     n = b.shape[1]
 
@@ -555,7 +562,7 @@ def _plan(a: Any, b: Any, precision: str | None, label: str, options: Any, backe
     batch = math.prod(a.shape[:-2]) if a.ndim > 2 else 1
     d = decide(backend, out_dtype, m, n, k, batch, prec, source, opts)
     if tracing():
-        params = {kk: v for kk, v in d.params.items() if kk != "compute_dtype"}
+        params = {kk: v for kk, v in d.params.items() if kk not in _UNSHOWN}
         prepared = "".join(name for name, x, side in (("A", a, "left"), ("B", b, "right"))
                            if _takes_prepared(d, x, side))
         if prepared:

@@ -11,7 +11,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._errors import BreakdownError
 from mpqr._gpu_errors import device_errors
-from mpqr.policy import gemm, record_event
+from mpqr.policy import gemm_into, record_event
 from mpqr.qr._kernels import (
     UncertifiedPanels,
     certified_panels,
@@ -371,9 +371,14 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
         q, r1 = signs(*func(backend, a[..., :, :m], precision=precision,
                             prec_name=prec_name, want_q=True, complete=False,
                             overwrite=False))
-        r2 = gemm(ct(xp, q), a[..., :, m:], precision=precision, label="qr-wide-QhA2",
-                  backend=backend)
-        return q, xp.concat([r1, r2], axis=-1)
+        # R's storage first, R2 = Q^H A2 written into it: no R2 and concatenation beside
+        # R1 and R (the wide route's bound in docs/memory.md)
+        r = xp.empty((*batch, m, n), dtype=r1.dtype, device=device(r1))
+        r[..., :, :m] = r1
+        r1 = None
+        gemm_into(r[..., :, m:], ct(xp, q), a[..., :, m:], precision=precision,
+                  label="qr-wide-QhA2", backend=backend)
+        return q, r
     if complete and method in THIN_ONLY:
         q, r = _complete_from_thin(backend, func, a, precision, prec_name)
     else:

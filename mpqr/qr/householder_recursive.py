@@ -43,6 +43,7 @@ than ``fp32-emulated``'s QR relative to what it buys, so not the default
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -78,6 +79,7 @@ __all__ = [
     "EXACT_FP16",
     "FP16_SCHEME",
     "FP16_SCHEMES",
+    "LEAN_CACHED_SHARE",
     "LEAN_PARTS",
     "LEAN_Q_BLOCK",
     "MAX_CERTIFIED_LEAF_WIDTH",
@@ -130,6 +132,9 @@ LEAN_Q_BLOCK = 512
 #: ``W2 -= W1 D`` with ``W1``'s shifts moved onto ``D`` (the same bound), where the policy
 #: gives both to an engine that splits its operands (``tc-sgemm``, ``tc-fp16``)
 PREPARED_OPERANDS = True
+#: Q's formation in the lean plan hands the memory pool's cached blocks back before a
+#: block once they pass this share of Q's bytes
+LEAN_CACHED_SHARE = 0.05
 _LEAN: ContextVar[bool] = ContextVar("mpqr_lean_qr", default=False)
 
 
@@ -310,7 +315,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                      "(geqrf panels if a check fails)", leaf=nb, panel=CERTIFIED_PANEL_MAX_N)
     # the lean plan (docs/memory.md): W a block column of about k/LEAN_PARTS, the leaves'
     # T kept, Q formed over the working copy after R is taken out
-    lean = lean_active() and not complete
+    lean = lean_active()
     # fp16 on the fast plan: Ŷ in a float16 array of its own (explicit); on the lean plan
     # Ŷ replaces Y in the working copy (float32 numbers that are fp16 numbers)
     yx = f16 and not lean
@@ -325,10 +330,19 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # formation may span leaves); the products with Y read these, not the working copy
     yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if yx else None
     ysrc = yh_all if yx else work
-    # lean: each leaf's T by its first column (Q's formation reads them)
+    # lean: each leaf's T by its first column (Q's formation reads them), stored in one
+    # array taken before the factoring's workspace: kept T's carved out of the pool's
+    # cached blocks would pin those blocks (a block is handed back only whole)
     ts: dict[int, tuple[int, Any]] = {}
     # the root's prepared W1, kept for the first product of Q's formation that reads it
     kept: dict[str, tuple[int, Any]] = {}
+    t_all = xp.zeros((*batch, n, nb), dtype=a.dtype, device=dev) if lean and want_q else None
+
+    def keep_t(c0: int, c1: int, t: Any) -> None:
+        if t_all is None:  # no Q formed (mode "r")
+            return
+        t_all[..., c0:c1, :c1 - c0] = t
+        ts[c0] = (c1, t_all[..., c0:c1, :c1 - c0])
 
     def wv(off: int, r0: int, c0: int, c1: int) -> Any:
         # W's rows r0: and columns c0:c1, stored from (off, off) on
@@ -342,7 +356,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             backend, w, y, precision=pp, tau=tau,
             out=xp.empty((*batch, m - c0, c1 - c0), dtype=xp.float16, device=dev))
         _store_vectors(xp, work, y16, c0, c1)
-        ts[c0] = (c1, t)
+        keep_t(c0, c1, t)
         if need_w:
             rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
 
@@ -374,7 +388,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             y = unit_lower(xp, work[..., c0:, c0:c1])
             t = compact_wy_t(backend, y, tau)
             if need_t:
-                ts[c0] = (c1, t)
+                keep_t(c0, c1, t)
             if need_w:
                 gemm_into(wv(off, c0, c0, c1), y, t, precision=pp, label="panel-wy",
                           backend=backend)
@@ -388,8 +402,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                 lean_fp16(w, y, None, c0, c1, need_w, off)
                 return
             if need_t:  # W = Y T with Y's top block unit lower: T from W's top block
-                ts[c0] = (c1, backend.solve_triangular(y[..., :k, :], w[..., :k, :],
-                                                       lower=True, unit_diagonal=True))
+                keep_t(c0, c1, backend.solve_triangular(y[..., :k, :], w[..., :k, :],
+                                                        lower=True, unit_diagonal=True))
             if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
                 y16, t = round_reflectors_fp16(backend, w, y, precision=pp,
                                                out=yh_all[..., c0:, c0:c1])
@@ -503,10 +517,20 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # the factoring's workspace goes back before R and the formation of Q take theirs
         w_all = None
         backend.release_cached_memory()
-        r = xp.triu(work[..., :n, :])
-        _form_q_lean(backend, work, ts, precision=precision, pp=pp,
+        r = _copy_r(xp, work, nb)
+        if complete and m > n:
+            # Q (m x m) over a copy of the vectors, the identity in its last m - n columns
+            q = xp.zeros((*batch, m, m), dtype=a.dtype, device=dev)
+            q[..., :, :n] = work
+            work = None
+            for c0 in range(n, m, LEAN_Q_BLOCK):  # diagonal blocks: no (m-n)^2 identity
+                c1 = min(m, c0 + LEAN_Q_BLOCK)
+                backend.add_identity(q[..., c0:c1, c0:c1])
+        else:
+            q = work
+        _form_q_lean(backend, q, ts, precision=precision, pp=pp,
                      options=SPLIT_FP16 if f16 else None)
-        return work, r
+        return q, r
     if complete:
         r = xp.triu(work[..., :n, :])
         # Q = I - W Y^H (m x m); fp16: as (Y W^H)^H, the rounded vectors on the left
@@ -557,7 +581,13 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
     chunk = -(-n // LEAN_PARTS)
     blocks = [(c, min(l1, c + LEAN_Q_BLOCK), l0, t) for l0, (l1, t) in sorted(ts.items())
               for c in range(l0, l1, LEAN_Q_BLOCK)]
+    # the blocks' products and splits grow block after block (the trailing rows and
+    # columns of Q do): the pool's cached blocks go back once they pass a share of Q, so
+    # that a larger request finds room instead of a new block beside them
+    cached = int(LEAN_CACHED_SHARE * math.prod(work.shape)
+                 * getattr(work.dtype, "itemsize", 8))
     for c0, c1, l0, t in reversed(blocks):
+        backend.release_cached_memory(at_least=cached)
         kb = c1 - c0
         tj = t[..., c0 - l0:c1 - l0, c0 - l0:c1 - l0]
         # the block's vectors as explicit unit lower columns (R above is already out)
@@ -598,12 +628,25 @@ def _take_r(xp: Any, work: Any, nb: int) -> Any:
     temporary beyond a diagonal block), else a copy of its top rows' upper triangle."""
     *_, m, n = work.shape
     if m != n:
-        return xp.triu(work[..., :n, :])
+        return _copy_r(xp, work, nb)
     for c0 in range(0, n, nb):
         c1 = min(n, c0 + nb)
         work[..., c0:c1, c0:c1] = xp.triu(work[..., c0:c1, c0:c1])
         work[..., c1:, c0:c1] = 0
     return work
+
+
+def _copy_r(xp: Any, work: Any, nb: int) -> Any:
+    """A copy of R (on and above the diagonal of the working copy's top ``n`` rows), in
+    column blocks of ``nb``: no ``n x n`` mask beside it (``triu`` of the whole block
+    takes one, a quarter of a float32 R)."""
+    *batch, _, n = work.shape
+    r = xp.zeros((*batch, n, n), dtype=work.dtype, device=device(work))
+    for c0 in range(0, n, nb):
+        c1 = min(n, c0 + nb)
+        r[..., :c0, c0:c1] = work[..., :c0, c0:c1]
+        r[..., c0:c1, c0:c1] = xp.triu(work[..., c0:c1, c0:c1])
+    return r
 
 
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,

@@ -55,6 +55,7 @@ from mpqr.qr.householder_recursive import (
 __all__ = ["LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR", "OZAKI_FRACTION",
            "PLANS", "SPLIT_FLOOR", "SPLIT_FRACTION", "TALL_METHODS", "check_fits",
            "choose_plan", "enabled", "estimate_bytes", "lean_ozaki_cap", "lean_split_cap",
+           "least_bytes",
            "ozaki_cap", "plan_setting", "split_cap", "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
@@ -105,13 +106,19 @@ def enabled() -> bool:
 
 
 def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int,
-                   plan: str = "tiled") -> int:
+                   plan: str = "tiled", complete: bool = False) -> int:
     """Device bytes a QR of ``shape`` (``(..., m, n)``) by ``method`` at ``prec_name``
     needs at its high-water mark beyond the input (its factors included) on ``plan``
     (:data:`PLANS`): ``"fast"`` the engines' products whole, ``"tiled"`` the fp16
     engines' products in tiles within :func:`split_cap`, ``"lean"`` the lean route of
-    the square/wide Householder QR (docs/memory.md) with the lean caps."""
+    the square/wide Householder QR (docs/memory.md) with the lean caps. ``complete``:
+    ``mode="complete"`` (Q of ``m x m`` where ``m > n``)."""
+    *batch, m, n = shape
+    if complete and m > n:
+        return _complete_bytes(method, prec_name, shape, itemsize, plan)
     nbytes = math.prod(shape) * itemsize
+    if m < n and method not in TALL_METHODS:
+        return _wide_bytes(method, prec_name, shape, itemsize, plan)
     if method in TALL_METHODS:
         split = plan == "fast" and prec_name == "fp32-emulated" and itemsize == 4
         return math.ceil((_TALL + (_TALL_SPLIT if split else 0.0)) * nbytes)
@@ -146,6 +153,67 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     forming_q = m * max(TRMM_CUTOFF, k // 4)
     need += stack * max(factoring, forming_q) * itemsize
     return math.ceil(need + _SLACK * nbytes)
+
+
+def _wide_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int,
+                plan: str) -> int:
+    """A wide ``m x n`` input (``m < n``): the QR of its leading ``m x m`` block (the
+    engines' caps those of the whole input), then R (``m x n``) beside Q and R1 with
+    ``R2 = Q^H A2`` written into it."""
+    *batch, m, n = shape
+    stack = math.prod(batch)
+    nbytes = stack * m * n * itemsize
+    sq_shape = (*batch, m, m)
+    square = estimate_bytes(method, prec_name, sq_shape, itemsize, plan)
+    sq_bytes = stack * m * m * itemsize
+    if plan != "fast" and prec_name in ("fp16", "fp32-emulated", "fp64-emulated", "auto"):
+        # the caps follow the whole input's bytes (workspace_scope)
+        lean = plan == "lean"
+        if prec_name == "fp64-emulated":
+            cap = lean_ozaki_cap if lean else ozaki_cap
+        else:
+            cap = lean_split_cap if lean else split_cap
+        square += max(0, cap(nbytes) - cap(sq_bytes))
+    # R2's product: operands m x m and m x (n - m), whole or within the cap
+    c = n - m
+    if prec_name in ("fp16", "fp32-emulated"):
+        per = 2 if prec_name == "fp16" else 6
+        whole = stack * (per * m * (m + c) + 8 * m * c)
+        cap = None if plan == "fast" else (lean_split_cap if plan == "lean" else split_cap)
+    elif prec_name == "fp64-emulated":
+        whole = stack * workspace_bytes(m, c, m, _OZAKI_TERMS, _OZAKI_LIMBS)
+        cap = None if plan == "fast" else (lean_ozaki_cap if plan == "lean" else ozaki_cap)
+    else:
+        whole, cap = 0, None
+    scratch = whole if cap is None else min(whole, cap(nbytes))
+    r_phase = 2 * sq_bytes + nbytes + scratch + _SLACK * nbytes  # Q, R1 and R
+    return math.ceil(max(square, r_phase))
+
+
+def _complete_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int,
+                    plan: str) -> int:
+    """``mode="complete"`` of a tall ``m x n`` input: the reduced route's factoring, and
+    Q (``m x m``) beside R and the working copy. On the lean plan Q is formed over an
+    ``m x m`` copy of the vectors (the working copy goes once copied): the reduced
+    route's budget and ``m² + 512 m`` more; elsewhere ``I - W Y^H`` is formed from the
+    product ``W Y^H`` (``m x m``), the identity and their difference: ``3 m²`` more."""
+    *batch, m, _ = shape
+    stack = math.prod(batch)
+    reduced = estimate_bytes(method, prec_name, shape, itemsize, plan)
+    if plan == "lean" and method == "householder-recursive":
+        # Q (m x m) beside the working copy (until copied into it) and R, and the blocks
+        # of Q's formation over m columns
+        return reduced + stack * (m * m + LEAN_Q_BLOCK * m) * itemsize
+    # W Y^H (m x m), I and their difference, beside W and a unit-lower copy of Y
+    return reduced + stack * 3 * m * m * itemsize
+
+
+def least_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int,
+                complete: bool = False) -> int:
+    """The smallest of :func:`estimate_bytes` over the plans (the lean plan's where
+    ``method`` has one): what a call needs beyond its input at the least."""
+    return min(estimate_bytes(method, prec_name, shape, itemsize, p, complete)
+               for p in PLANS)
 
 
 def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> int:
@@ -214,7 +282,8 @@ def plan_setting() -> str:
     return v if v in ("lean", "fast") else "auto"
 
 
-def choose_plan(backend: Any, a: Any, method: str, prec_name: str) -> str:
+def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
+                complete: bool = False) -> str:
     """The plan of a QR call of ``a`` (:data:`PLANS`); raise
     :class:`~mpqr.DeviceMemoryError` where even the lean plan would not fit the device.
 
@@ -233,14 +302,15 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str) -> str:
     plans = PLANS if setting == "auto" else (setting,)
     # the input already lives on the device: what the call adds must fit what is free
     for plan in plans:
-        need = estimate_bytes(method, prec_name, shape, itemsize, plan)
+        need = estimate_bytes(method, prec_name, shape, itemsize, plan, complete)
         if need <= free:
             record_event("memory", f"qr: {plan} plan, {need:,} bytes beyond the input, "
                          f"{free:,} free", needed=need, free=free, method=method,
                          precision=prec_name, plan=plan)
             return plan
     fits = [p for p in ("fp16", "fp32-emulated", "fp64-emulated")
-            if p != prec_name and estimate_bytes(method, p, shape, itemsize, "lean") <= free]
+            if p != prec_name
+            and estimate_bytes(method, p, shape, itemsize, "lean", complete) <= free]
     hint = (f"precision={fits[0]!r} would fit" if fits else
             "no precision of this route fits")
     raise DeviceMemoryError(
@@ -252,10 +322,11 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str) -> str:
         needed=need, free=free)
 
 
-def check_fits(backend: Any, a: Any, method: str, prec_name: str) -> str:
+def check_fits(backend: Any, a: Any, method: str, prec_name: str,
+               complete: bool = False) -> str:
     """Raise :class:`~mpqr.DeviceMemoryError` if QR of ``a`` would not fit the device;
     else return its plan (:func:`choose_plan`)."""
-    return choose_plan(backend, a, method, prec_name)
+    return choose_plan(backend, a, method, prec_name, complete)
 
 
 @contextlib.contextmanager
