@@ -125,7 +125,12 @@ def qr(x: Any, mode: str, precision: Any, method: str, check_finite: bool) -> An
     single = _decide(be, x.dtype, x.shape, prec)
     if single is None:
         return MISS
-    res = be.small_qr(x, mode, single)
+    try:
+        res = be.small_qr(x, mode, single)
+    except MemoryError:
+        # the device ran out in the library's call: the general route checks its plan
+        # against the free memory first and names what would fit
+        return MISS
     if res is None:
         return MISS
     if tracing():  # the general route's record, and that the fast path ran it

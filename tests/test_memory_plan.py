@@ -561,3 +561,24 @@ def test_gpu_wide_and_lean_complete_within_their_estimates(monkeypatch):
         assert got["pool_multiple"] * a.nbytes <= est, (shape, got, est / a.nbytes)
         del a
         cp.get_default_memory_pool().free_all_blocks()
+
+
+def test_out_of_memory_inside_a_call_is_a_device_memory_error(small_device, monkeypatch):
+    """A device's own out-of-memory error where the plan's estimate fit (memory taken
+    meanwhile, or an estimate short) reaches the caller as DeviceMemoryError, never raw."""
+    from mpqr.qr import driver
+
+    a = np.random.default_rng(2).standard_normal((64, 48))
+    small_device["bytes"] = 100 * a.nbytes
+
+    def run(*args, **kw):
+        small_device["bytes"] = a.nbytes // 4  # what is left when the library gives up
+        raise MemoryError("out of memory allocating 512 bytes")
+
+    monkeypatch.setattr(driver, "run", run)
+    with pytest.raises(mpqr.DeviceMemoryError, match="are free") as info:
+        mpqr.qr(a, method="geqrf", overwrite_a=False, memory_budget=None)
+    err = info.value
+    assert err.free == a.nbytes // 4 and err.needed > err.free
+    assert isinstance(err.__cause__, MemoryError) and "512 bytes" in str(err.__cause__)
+    assert "memory_budget=" in str(err)

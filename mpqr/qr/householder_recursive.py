@@ -134,7 +134,7 @@ LEAN_Q_BLOCK = 512
 PREPARED_OPERANDS = True
 #: Q's formation in the lean plan hands the memory pool's cached blocks back before a
 #: block once they pass this share of Q's bytes
-LEAN_CACHED_SHARE = 0.05
+LEAN_CACHED_SHARE = 0.02
 _LEAN: ContextVar[bool] = ContextVar("mpqr_lean_qr", default=False)
 
 

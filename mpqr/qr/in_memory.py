@@ -11,6 +11,7 @@ import operator
 from typing import Any, NamedTuple
 
 from mpqr._array_api import device
+from mpqr._errors import DeviceMemoryError
 from mpqr._gpu_errors import device_errors
 from mpqr._validation import check_choice, check_dtype, check_ndim, namespace_of
 from mpqr._validation import check_finite as _check_finite
@@ -99,12 +100,16 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
                 q, r = driver.run(backend, a, method, auto=auto, precision=precision,
                                   prec_name=prec_name, want_q=want_q, complete=complete,
                                   overwrite=overwrite)
-        except MemoryError:
+        except MemoryError as exc:
             # the estimate of a faster plan fell short (the pool's cached blocks, or memory
             # taken meanwhile): once more on the lean plan, where the input is intact
             if plan not in ("fast", "tiled") or overwrite or \
                     method != "householder-recursive":
-                raise
+                if isinstance(exc, DeviceMemoryError) or backend.device_memory_free() is None:
+                    raise
+                # never the device library's raw error: what was needed and is free
+                raise memory_plan.out_of_memory(backend, a, method, prec_name, plan,
+                                                complete) from exc
             again = True
         if again:  # outside the handler: the failed attempt's arrays are gone by now
             record_event("memory", f"qr: out of device memory on the {plan} plan; "

@@ -55,8 +55,8 @@ from mpqr.qr.householder_recursive import (
 __all__ = ["LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR", "OZAKI_FRACTION",
            "PLANS", "SPLIT_FLOOR", "SPLIT_FRACTION", "TALL_METHODS", "check_fits",
            "choose_plan", "enabled", "estimate_bytes", "lean_ozaki_cap", "lean_split_cap",
-           "least_bytes",
-           "ozaki_cap", "plan_setting", "split_cap", "workspace_scope"]
+           "least_bytes", "memory_error", "out_of_memory", "ozaki_cap", "plan_setting",
+           "split_cap", "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
 #: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products); at 0.5 a
@@ -308,18 +308,38 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
                          f"{free:,} free", needed=need, free=free, method=method,
                          precision=prec_name, plan=plan)
             return plan
+    raise memory_error(a, method, prec_name, need, free, itemsize, complete)
+
+
+def memory_error(a: Any, method: str, prec_name: str, need: int, free: int, itemsize: int,
+                 complete: bool = False) -> DeviceMemoryError:
+    """The :class:`~mpqr.DeviceMemoryError` of a QR call of ``a`` that needs ``need``
+    bytes beyond the input where ``free`` are free: what would fit, and the out-of-core
+    call that would."""
+    shape = tuple(a.shape)
     fits = [p for p in ("fp16", "fp32-emulated", "fp64-emulated")
             if p != prec_name
             and estimate_bytes(method, p, shape, itemsize, "lean", complete) <= free]
     hint = (f"precision={fits[0]!r} would fit" if fits else
             "no precision of this route fits")
-    raise DeviceMemoryError(
+    return DeviceMemoryError(
         f"mpqr.qr of a {' x '.join(map(str, shape))} {a.dtype} array at "
         f"precision={prec_name!r} ({method}) needs about {need:,} bytes of device memory "
         f"beyond the input and {free:,} are free; {hint}, or factor it out of core from "
         f"host memory: mpqr.qr(host_copy, memory_budget={free // 2:,}) (the budget in "
         "bytes of device memory the out-of-core route may use)",
         needed=need, free=free)
+
+
+def out_of_memory(backend: Any, a: Any, method: str, prec_name: str, plan: str,
+                  complete: bool = False) -> DeviceMemoryError:
+    """A device's out-of-memory error inside a QR call whose plan's estimate fit, as a
+    :class:`~mpqr.DeviceMemoryError` (the estimate, the memory free now)."""
+    itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    need = estimate_bytes(method, prec_name, tuple(a.shape), itemsize,
+                          plan if plan in PLANS else "fast", complete)
+    free = backend.device_memory_free() or 0
+    return memory_error(a, method, prec_name, max(need, free + 1), free, itemsize, complete)
 
 
 def check_fits(backend: Any, a: Any, method: str, prec_name: str,
