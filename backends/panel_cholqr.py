@@ -29,7 +29,8 @@ from typing import Any
 
 from mpqr._array_api import device
 
-__all__ = ["CERTIFIED_LEAF_COMBINED_W", "CERTIFIED_LEAF_LOOKAHEAD", "CERTIFIED_LEAF_SUB",
+__all__ = ["CERTIFIED_LEAF_COMBINED_W", "CERTIFIED_LEAF_LOOKAHEAD",
+           "CERTIFIED_LEAF_SCHEDULE_MIN_ROWS", "CERTIFIED_LEAF_SUB",
            "CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY",
            "certificate_failed", "certified_leaf", "certified_panel", "new_certificate"]
 
@@ -56,6 +57,12 @@ CERTIFIED_LEAF_LOOKAHEAD: bool = True
 #: the next panel), so that the leaf's ``W = Y T`` needs no ``Y^H Y``, ``T`` and ``Y T`` of
 #: its own afterwards. Where the caller asks for it (the leaf's W read later, its T not).
 CERTIFIED_LEAF_COMBINED_W: bool = True
+#: :data:`CERTIFIED_LEAF_LOOKAHEAD` and :data:`CERTIFIED_LEAF_COMBINED_W` only for leaves of
+#: at least this many rows: where the GPU waits on the host their extra launches cost more
+#: than they overlap (H200, the QR at 8192² with both against without: fp16 69.1 / 58.7 ms,
+#: fp32-emulated 120.4 / 109.4; at 16384² 140.7 / 143.0 and 384.2 / 397.7 at fp64-emulated;
+#: ``python bench/probes/square_gpu.py``)
+CERTIFIED_LEAF_SCHEDULE_MIN_ROWS: int = 12288
 #: ``||Q1^T Q1 - I||_F^2`` at or below which ``R2`` and ``R2^-1`` are taken to first order
 #: (float64's unit roundoff: the second-order terms are below its rounding)
 NEAR_IDENTITY = 2.0**-53

@@ -384,9 +384,12 @@ def test_out_of_memory_on_a_faster_plan_runs_again_lean(small_device, monkeypatc
     assert any("lean plan" in str(e) and e.kind == "memory" for e in trace.events)
     np.testing.assert_allclose(q @ r, a, atol=1e-12 * np.linalg.norm(a))
     calls.clear()
-    with pytest.raises(MemoryError, match="out of device memory"):
+    # overwrite_a: the input may be gone, so no second attempt; the caller gets mpqr's
+    # error (what was needed and is free), the device's own one as its cause
+    with pytest.raises(mpqr.DeviceMemoryError, match="are free") as info:
         mpqr.qr(np.array(a), precision="fp64", method="householder-recursive",
                 overwrite_a=True)
+    assert "out of device memory" in str(info.value.__cause__)
     assert len(calls) == 1
 
 
@@ -542,7 +545,11 @@ def test_gpu_host_input_out_of_core_under_a_pool_limit():
             pool.free_all_blocks()
         assert _route(trace)[-1] == want, _route(trace)
         be, orth = _errors(a, q, r)
-        assert be <= 2048 * 2.0**-24 and orth <= 2048 * 2.0**-24, (want, be, orth)
+        # in core Householder: orthogonal to n u; out of core the Gram-based route's Q
+        # loses orthogonality with cond(a) (docs/out-of-core.md): n u cond(a)
+        u, n = 2.0**-24, a.shape[1]
+        reach = n * u * (1.0 if want == "in-core" else float(np.linalg.cond(a)))
+        assert be <= n * u and orth <= reach, (want, be, orth, reach)
 
 
 def test_gpu_wide_and_lean_complete_within_their_estimates(monkeypatch):
@@ -558,7 +565,10 @@ def test_gpu_wide_and_lean_complete_within_their_estimates(monkeypatch):
             x, mode=md, precision="fp32-emulated", method="householder-recursive"), a)
         est = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", shape, 4,
                                          "lean", complete=mode == "complete")
-        assert got["pool_multiple"] * a.nbytes <= est, (shape, got, est / a.nbytes)
+        # plus the pool's fixed per-call blocks (kernel scratch, scalars: ~2.5 MiB at
+        # 1024 x 4096 float32 on an H200), which the per-byte model leaves out
+        assert got["pool_multiple"] * a.nbytes <= est + (4 << 20), (shape, got,
+                                                                    est / a.nbytes)
         del a
         cp.get_default_memory_pool().free_all_blocks()
 

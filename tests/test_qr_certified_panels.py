@@ -23,6 +23,27 @@ from tests._qr_support import (
 )
 from tests._support import from_numpy, to_numpy
 
+
+@pytest.fixture(autouse=True)
+def _leaf_schedules_at_every_size(monkeypatch):
+    """The leaf's lookahead and combined W run from this module's small leaves on (the
+    library takes them only for tall leaves: CERTIFIED_LEAF_SCHEDULE_MIN_ROWS)."""
+    from mpqr.backends import panel_cholqr
+
+    monkeypatch.setattr(panel_cholqr, "CERTIFIED_LEAF_SCHEDULE_MIN_ROWS", 0)
+
+
+def test_leaf_schedules_only_for_tall_leaves(monkeypatch):
+    from mpqr.backends import panel_cholqr
+
+    from mpqr.qr.panel_blocked import leaf_combines_w, leaf_lookahead
+
+    monkeypatch.setattr(panel_cholqr, "CERTIFIED_LEAF_SCHEDULE_MIN_ROWS", 12288)
+    for rows, want in ((8192, False), (12288, True), (16384, True)):
+        assert leaf_lookahead(1024, rows) is want and leaf_combines_w(1024, rows) is want
+    monkeypatch.setattr(panel_cholqr, "CERTIFIED_LEAF_LOOKAHEAD", False)
+    assert not leaf_lookahead(1024, 16384) and leaf_combines_w(1024, 16384)
+
 recursive = importlib.import_module("mpqr.qr.householder_recursive")
 
 

@@ -259,7 +259,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
         rm_gemm(False, False, mr, nn, c - s0, mone, atw(c, s0), ldw, g.data.ptr,
                 MAX_N, one, atw(c, c), ldw)
 
-    if leaf_lookahead(k):
+    if leaf_lookahead(k, m - c0):
         _leaf_lookahead(panel, update, c0, c1, l0, l0 + MAX_N * MAX_N * it,
                         (lambda c, e: join(c0, c, e)) if combine else None)
         return tau

@@ -371,7 +371,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             # (the certificate is read once, at the end)
             # the leaf's W combined panel by panel where only W is read later (no T, no
             # rounded vectors): no Y^H Y, T and Y T of the whole leaf afterwards
-            combine = need_w and not need_t and not f16 and leaf_combines_w(k)
+            combine = need_w and not need_t and not f16 and leaf_combines_w(k, work.shape[-2] - c0)
             tau = certified_leaf(backend, work, w_all, c0, c1, cert=cert, precision=pp,
                                  woff=off, combine=combine)
             if not (need_w or need_t) or combine:

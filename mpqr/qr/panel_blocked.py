@@ -81,7 +81,7 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     W's entry ``(i, j)`` lives at ``w_all[..., i - woff, j - woff]`` (a W narrower than
     ``work``: the lean plan of docs/memory.md).
     """
-    combine = combine and leaf_combines_w(c1 - c0)
+    combine = combine and leaf_combines_w(c1 - c0, work.shape[-2] - c0)
     tau = backend.certified_leaf(work, w_all, c0, c1, cert, woff, combine)
     if tau is not None:  # the backend's own loop (the same steps)
         return tau
@@ -89,7 +89,7 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     m = work.shape[-2]
     nb = CERTIFIED_PANEL_MAX_N
     sub = leaf_sub(c1 - c0)
-    ahead = leaf_lookahead(c1 - c0)
+    ahead = leaf_lookahead(c1 - c0, m - c0)
     taus = []
 
     def w(r0: int, r1: int, j0: int, j1: int) -> Any:  # W's rows r0:r1, columns j0:j1
@@ -148,14 +148,23 @@ def leaf_sub(k: int) -> int:
     return max(CERTIFIED_PANEL_MAX_N, sub // CERTIFIED_PANEL_MAX_N * CERTIFIED_PANEL_MAX_N)
 
 
-def leaf_combines_w(k: int) -> bool:
-    """Whether a certified leaf of ``k`` columns asked to combine its panels' ``W`` does
-    (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_COMBINED_W`; whole-leaf updates)."""
-    return bool(_panel_cholqr.CERTIFIED_LEAF_COMBINED_W) and leaf_sub(k) >= k
+def _scheduled(rows: int | None) -> bool:
+    return rows is None or rows >= _panel_cholqr.CERTIFIED_LEAF_SCHEDULE_MIN_ROWS
 
 
-def leaf_lookahead(k: int) -> bool:
-    """Whether a certified leaf of ``k`` columns updates the next panel's columns apart from
-    the rest (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD`; whole-leaf
-    updates only)."""
-    return bool(_panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD) and leaf_sub(k) >= k
+def leaf_combines_w(k: int, rows: int | None = None) -> bool:
+    """Whether a certified leaf of ``k`` columns (and ``rows`` rows) asked to combine its
+    panels' ``W`` does (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_COMBINED_W`;
+    whole-leaf updates; :data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_SCHEDULE_MIN_ROWS`
+    rows or more)."""
+    return (bool(_panel_cholqr.CERTIFIED_LEAF_COMBINED_W) and leaf_sub(k) >= k
+            and _scheduled(rows))
+
+
+def leaf_lookahead(k: int, rows: int | None = None) -> bool:
+    """Whether a certified leaf of ``k`` columns (and ``rows`` rows) updates the next
+    panel's columns apart from the rest
+    (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD`; whole-leaf updates only;
+    :data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_SCHEDULE_MIN_ROWS` rows or more)."""
+    return (bool(_panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD) and leaf_sub(k) >= k
+            and _scheduled(rows))
