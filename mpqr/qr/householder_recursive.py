@@ -363,10 +363,6 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     def leaf(c0: int, c1: int, need_w: bool, off: int) -> None:
         k = c1 - c0
         need_t = lean and want_q
-        if lean:  # as in Q's formation: cached blocks back before they pile up beside R
-            backend.release_cached_memory(
-                at_least=int(LEAN_CACHED_SHARE * math.prod(work.shape)
-                             * getattr(work.dtype, "itemsize", 8)))
         if lean and need_w and c0 > off:
             # W's storage is reused: its rows above the block are read by merges as zeros
             w_all[..., :c0 - off, c0 - off:c1 - off] = 0
