@@ -185,6 +185,20 @@ def test_fp32_emulated_cholqr2_products_on_tc_sgemm(monkeypatch):
     assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32
 
 
+def test_fp16_cholqr2_products_on_tc_sgemm(monkeypatch):
+    """float32 at ``fp16``, tall-skinny: the same float32 CholQR2 with its products on
+    tc-sgemm (FP32-accurate, more than fp16 asks) where predicted faster; explain() says
+    for which request."""
+    _fp32_setup(monkeypatch)
+    a = geometric(np.random.default_rng(10), 2048, 96, 1e2).astype(np.float32)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp16")
+    ev = [e.message for e in trace.events if e.kind == "precision"]
+    assert ev and "precision='fp32-emulated', for precision='fp16'" in ev[0]
+    assert {g.engine for g in trace.gemms if g.label == "cholqr2-gram"} == {"tc-sgemm"}
+    assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32
+
+
 @pytest.mark.parametrize("plan", ["fast", "tiled"])
 def test_fp32_emulated_tall_products_stay_native(monkeypatch, plan):
     """With the NumPy backend's own rates (the emulated engines are never faster there),

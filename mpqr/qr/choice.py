@@ -73,8 +73,9 @@ def precision_of(backend: Any, prec_name: str, dtype: Any, method: str) -> str:
 def tall_products_precision(backend: Any, prec_name: str, dtype: Any, m: int, n: int
                             ) -> tuple[str, str] | None:
     """``(precision, why)`` for the products over ``x`` of a CholQR2 that an
-    ``fp32-emulated`` request runs in float32 (:func:`precision_of`): the request itself
-    (tc-sgemm: split-FP16 products, FP32-accurate) where the policy predicts its
+    ``fp32-emulated`` or ``fp16`` request runs in float32 (:func:`precision_of`):
+    ``fp32-emulated`` (tc-sgemm: split-FP16 products, FP32-accurate, so at least as
+    accurate as either request) where the policy predicts its
     ``n x n`` Gram product (inner dimension ``m``) faster than native float32's, else
     None (the products native; also under a ``workspace_limit``, which a memory plan
     short of room sets: the engine splits ``x`` whole for its Gram call). Real 2-D float32
@@ -83,22 +84,24 @@ def tall_products_precision(backend: Any, prec_name: str, dtype: Any, m: int, n:
     from mpqr.policy import active_gemm_options, as_gemm_options, decide
 
     xp = backend.xp
-    if prec_name != "fp32-emulated" or dtype != xp.float32 or not m or not n:
+    if prec_name not in ("fp32-emulated", "fp16") or dtype != xp.float32 or not m or not n:
         return None
+    req = "fp32-emulated"
     active = active_gemm_options()
     if active is not None and active.workspace_limit is not None:
         return None  # a capped plan (the memory plan's tiles): the split copies would not fit
     if not ENGINES["tc-sgemm"].available(backend):
         return None
     opts = as_gemm_options(None)
-    emu = decide(backend, dtype, n, n, m, 1, prec_name, "qr", opts)
+    emu = decide(backend, dtype, n, n, m, 1, req, "qr", opts)
     own = decide(backend, dtype, n, n, m, 1, "fp32", "qr", opts)
     t_emu, t_own = emu.predicted_s[emu.engine], own.predicted_s[own.engine]
     if not t_emu < t_own:
         return None
-    return prec_name, (
+    asked = "" if req == prec_name else f", for precision={prec_name!r}"
+    return req, (
         f"cholqr2: its Gram products and the products of its R^-1 applications over x at "
-        f"precision={prec_name!r} ({emu.engine}: split-FP16 products, FP32-accurate; "
+        f"precision={req!r}{asked} ({emu.engine}: split-FP16 products, FP32-accurate; "
         f"predicted {t_emu * 1e3:.3g} ms for the {n} x {n} Gram against {t_own * 1e3:.3g} ms "
         f"native float32), its n x n steps in float32")
 
