@@ -50,7 +50,7 @@ CERTIFIED_LEAF_SUB: int | None = None
 #: by the portable loop and CuPy's.) With :data:`CERTIFIED_LEAF_COMBINED_W` and CuPy's ``Z``
 #: layout, H200, one process: a 16384 x 1024 leaf and its W 7.4 against 8.5 ms (float32),
 #: 6.9 against 8.5 (float64); the QR at 16384² fp32-emulated 264.1 against 267.4 ms, fp16
-#: 145.3 against 146.4 (each alone was no faster; bench/NOTES.md 2026-11-28, fifth round).
+#: 145.3 against 146.4 (each alone was no faster; `python bench/probes/square_gpu.py`).
 CERTIFIED_LEAF_LOOKAHEAD: bool = True
 #: A certified leaf (whole-leaf updates) that combines its panels' W as it goes,
 #: ``W_j <- W_j - W_<j (Y_<j^H W_j)`` after panel ``j``'s updates (with lookahead: beside

@@ -68,8 +68,9 @@ PIVOTED_PRECISIONS = ["auto", "fp32-emulated", "fp16"]
 GEQP3_GPU_SHAPES = [(4096, 4096, 1)]
 # engine GEMM rates (FLOP/s) on H200 measured by `bench gemm` (bench/results): used only
 # where the run does not measure its own (--no-peak, or the CPU)
+# (``auto``: float64 data, whose products it runs natively or on the fp64-accurate engine)
 ENGINE_RATE = {"fp16": 690e12, "fp32-emulated": 230e12, "fp32": 50e12,
-               "fp64-emulated": 62e12, "fp64": 62e12}
+               "fp64-emulated": 62e12, "fp64": 62e12, "auto": 62e12}
 #: the size of the GEMM that measures each precision's engine rate in the bench's process
 PEAK_GEMM_N = 8192
 
@@ -212,7 +213,7 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
         print(f"{label:>18} {'cupy.linalg.qr ' + dt:<28} {t * 1e3:10.3f} ms  "
               f"err {res:.1e} orth {orth:.1e}")
     for prec in precisions:
-        dt = "float64" if prec.startswith("fp64") else "float32"
+        dt = "float64" if prec in ("auto", "fp64", "fp64-emulated") else "float32"
         a = data[dt]
         for mode in modes:
             release_pool(xp)
