@@ -97,9 +97,7 @@ def operand(x: Any) -> Any:
 def prepare(backend: Any, x: Any, *, side: str, engine: str) -> Prepared:
     """``x`` (2-D, real float) with the ``engine``'s fp16 parts as the ``side`` operand of
     later products: the very scaling and rounding the engine applies to it there."""
-    from mpqr.engines.scaling import pow2_shift
-    from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
-    from mpqr.engines.tc_sgemm import LO_SHIFT
+    from mpqr.engines.scaling import FP16_TARGET_EXP, LO_SHIFT, pow2_shift
 
     if engine not in PREPARED_ENGINES or side not in ("left", "right") or x.ndim != 2:
         raise ValueError(f"prepare: a 2-D operand of {PREPARED_ENGINES} on side 'left' or "

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["pow2_shift", "unscale"]
+__all__ = ["FP16_TARGET_EXP", "LO_SHIFT", "pow2_shift", "unscale"]
+
+#: the exponent an operand line's largest entry is scaled to before its fp16 rounding
+FP16_TARGET_EXP = 14
+#: a split's low part ``lo = fp16((x - hi) * 2^LO_SHIFT)``: kept in fp16's normal range
+LO_SHIFT = 11
 
 
 def pow2_shift(backend: Any, x: Any, *, axis: int, target: int) -> Any:

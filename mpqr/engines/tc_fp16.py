@@ -23,12 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
-from mpqr.engines.scaling import pow2_shift, unscale
+from mpqr.engines.scaling import FP16_TARGET_EXP, pow2_shift, unscale
 
 __all__ = ["FP16_TARGET_EXP", "accumulate_tc_fp16", "fp16_operand", "run_tc_fp16",
            "tc_fp16_params"]
-
-FP16_TARGET_EXP = 14
 
 
 def tc_fp16_params(backend: Any, m: int, n: int, k: int, dtype: Any, options: Any

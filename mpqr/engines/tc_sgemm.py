@@ -42,14 +42,12 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
-from mpqr.engines.scaling import pow2_shift, unscale
-from mpqr.engines.tc_fp16 import FP16_TARGET_EXP
+from mpqr.engines.scaling import FP16_TARGET_EXP, LO_SHIFT, pow2_shift, unscale
 
 __all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_UNSCALE", "LO_SHIFT", "PARTIALS_SHARE",
            "accumulate_tc_sgemm", "partials_limit",
            "run_tc_sgemm", "split_product"]
 
-LO_SHIFT = 11
 #: per-slice partial products are batched in groups of at most this many bytes
 BATCHED_PARTIALS_BYTES = 256 * 2**20
 #: ``c -= A B`` / ``c = A B`` (:func:`accumulate_tc_sgemm`): the unscaling and the update
