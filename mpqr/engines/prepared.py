@@ -95,14 +95,15 @@ def operand(x: Any) -> Any:
 
 
 def prepare(backend: Any, x: Any, *, side: str, engine: str) -> Prepared:
-    """``x`` (2-D, real float) with the ``engine``'s fp16 parts as the ``side`` operand of
-    later products: the very scaling and rounding the engine applies to it there."""
+    """``x`` (real float, a matrix or a stack of them) with the ``engine``'s fp16 parts as
+    the ``side`` operand of products: the very scaling and rounding the engine applies
+    to it there (the engines split their plain operands by this function too)."""
     from mpqr.engines.scaling import FP16_TARGET_EXP, LO_SHIFT, pow2_shift
 
-    if engine not in PREPARED_ENGINES or side not in ("left", "right") or x.ndim != 2:
-        raise ValueError(f"prepare: a 2-D operand of {PREPARED_ENGINES} on side 'left' or "
-                         f"'right' was expected, got engine={engine!r}, side={side!r}, "
-                         f"ndim={x.ndim}")
+    if engine not in PREPARED_ENGINES or side not in ("left", "right") or x.ndim < 2:
+        raise ValueError(f"prepare: an operand of {PREPARED_ENGINES} (at least 2-D) on side "
+                         f"'left' or 'right' was expected, got engine={engine!r}, "
+                         f"side={side!r}, ndim={x.ndim}")
     xp = backend.xp
     axis = -1 if side == "left" else -2
     s = pow2_shift(backend, x, axis=axis, target=FP16_TARGET_EXP)
@@ -110,12 +111,12 @@ def prepare(backend: Any, x: Any, *, side: str, engine: str) -> Prepared:
     if engine == "tc-fp16":
         backend.split_fp16(x, s, hi)
         return Prepared(x, engine, axis, s, hi)
-    m, n = x.shape
+    *batch, m, n = x.shape
     if side == "left":
-        cat = backend.empty_for(x, (m, 2 * n), xp.float16)  # [hf | lo]
-        hf, lo = cat[:, :n], cat[:, n:]
+        cat = backend.empty_for(x, (*batch, m, 2 * n), xp.float16)  # [hf | lo]
+        hf, lo = cat[..., :n], cat[..., n:]
     else:
-        cat = backend.empty_for(x, (2 * m, n), xp.float16)  # [lo ; hf]
-        hf, lo = cat[m:, :], cat[:m, :]
+        cat = backend.empty_for(x, (*batch, 2 * m, n), xp.float16)  # [lo ; hf]
+        hf, lo = cat[..., m:, :], cat[..., :m, :]
     backend.split_fp16(x, s, hi, hf=hf, lo=lo, lo_shift=LO_SHIFT)
     return Prepared(x, engine, axis, s, hi, hf, lo, cat, side)

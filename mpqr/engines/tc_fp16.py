@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
-from mpqr.engines.scaling import FP16_TARGET_EXP, pow2_shift, unscale
+from mpqr.engines.scaling import FP16_TARGET_EXP, unscale
 
 __all__ = ["FP16_TARGET_EXP", "accumulate_tc_fp16", "fp16_operand", "run_tc_fp16",
            "tc_fp16_params"]
@@ -61,7 +61,7 @@ def fp16_operand(backend: Any, x: Any, axis: int) -> tuple[Any, Any]:
     """``(shift, x16)``: ``x`` scaled along ``axis`` (rows of a left operand: ``-1``;
     columns of a right one: ``-2``) and rounded to fp16, or a float16 ``x`` as it is at
     shift 0."""
-    from mpqr.engines.prepared import Prepared
+    from mpqr.engines.prepared import Prepared, prepare
 
     xp = backend.xp
     if isinstance(x, Prepared):  # its parts (the policy passes them along this axis only)
@@ -73,10 +73,8 @@ def fp16_operand(backend: Any, x: Any, axis: int) -> tuple[Any, Any]:
         shape = list(x.shape)
         shape[axis] = 1
         return xp.zeros(tuple(shape), dtype=xp.int32, device=device(x)), x
-    s = pow2_shift(backend, x, axis=axis, target=FP16_TARGET_EXP)
-    x16 = backend.empty_for(x, x.shape, xp.float16)
-    backend.split_fp16(x, s, x16)
-    return s, x16
+    p = prepare(backend, x, side="left" if axis == -1 else "right", engine="tc-fp16")
+    return p.shift, p.hi
 
 
 def _scaled(backend: Any, a: Any, b: Any) -> tuple[Any, Any, Any, Any]:

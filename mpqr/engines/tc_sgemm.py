@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr._array_api import device
-from mpqr.engines.scaling import FP16_TARGET_EXP, LO_SHIFT, pow2_shift, unscale
+from mpqr.engines.scaling import LO_SHIFT, unscale
 
 __all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_UNSCALE", "LO_SHIFT", "PARTIALS_SHARE",
            "accumulate_tc_sgemm", "partials_limit",
@@ -69,26 +69,8 @@ def partials_limit(workspace_limit: int | None) -> int:
 
 def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int,
                  partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
-    from mpqr.engines.prepared import Prepared
-
-    if isinstance(a, Prepared) or isinstance(b, Prepared):
-        c, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k,
-                                      partials_bytes=partials_bytes)
-        return unscale(backend, c, sa, sb, out_dtype)
-    xp = backend.xp
-    *batch, m, k = a.shape
-    n = b.shape[-1]
-    sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
-    sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
-    a_hi = backend.empty_for(a, a.shape, xp.float16)
-    b_hi = backend.empty_for(b, b.shape, xp.float16)
-    a_cat = backend.empty_for(a, (*batch, m, 2 * k), xp.float16)  # [hi_f | lo]
-    b_cat = backend.empty_for(b, (*batch, 2 * k, n), xp.float16)  # [lo ; hi_f]
-    backend.split_fp16(a, sa, a_hi, hf=a_cat[..., :k], lo=a_cat[..., k:], lo_shift=LO_SHIFT)
-    backend.split_fp16(b, sb, b_hi, hf=b_cat[..., k:, :], lo=b_cat[..., :k, :],
-                       lo_shift=LO_SHIFT)
-    c = split_product(backend, a_hi, a_cat, b_hi, b_cat, slice_k=slice_k,
-                      partials_bytes=partials_bytes)
+    c, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k,
+                                  partials_bytes=partials_bytes)
     return unscale(backend, c, sa, sb, out_dtype)
 
 
@@ -109,8 +91,8 @@ def accumulate_tc_sgemm(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool 
 def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int,
                       partials_bytes: int = BATCHED_PARTIALS_BYTES) -> tuple[Any, Any, Any]:
     """``(C, sa, sb)``: the float32 product of the scaled parts and the shifts that unscale
-    it, for 2-D operands of which any may be :class:`~mpqr.engines.prepared.Prepared` (of
-    this engine; the others are prepared here, as :func:`run_tc_sgemm` splits them).
+    it, for operands of which any may be :class:`~mpqr.engines.prepared.Prepared` (of
+    this engine, 2-D; the others, stacks too, are prepared here: steps 1-2).
     Shifts of a prepared operand along the inner axis go to the other operand's lines
     along ``k`` before it is split: in float64 for a float32 operand (exact), so that its
     own scaling then keeps every bit."""
@@ -130,7 +112,7 @@ def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int,
         pa = prepare(backend, a_arr, side="left", engine="tc-sgemm")
     if pb is None:
         pb = prepare(backend, b_arr, side="right", engine="tc-sgemm")
-    m, n = pa.shape[0], pb.shape[1]
+    m, n = pa.shape[-2], pb.shape[-1]
     dev = device(pa.hi)
     sa = xp.zeros((m, 1), dtype=xp.int32, device=dev) if pa.inner("left") else pa.shift
     sb = xp.zeros((1, n), dtype=xp.int32, device=dev) if pb.inner("right") else pb.shift
