@@ -253,6 +253,16 @@ class ArrayAPIBackend:
         names one; returns whether it ran."""
         return False
 
+    def fused_sgemm(self, a_hi: Any, a_hf: Any, a_lo: Any, b_hi: Any, b_hf: Any, b_lo: Any,
+                    sa: Any, sb: Any, c: Any, *, slice_k: int, accumulate: bool,
+                    subtract: bool) -> bool:
+        """``c = P``, ``c += P`` or ``c -= P`` for the ``tc-sgemm`` product of the engine's
+        fp16 parts (:mod:`mpqr.engines.tc_sgemm`: the corrections, then the ``hi hi``
+        slices of ``slice_k`` added with round-to-nearest, unscaled by
+        ``2**-(sa_i + sb_j)``) in one kernel; returns whether it ran. The portable version
+        has none (the engine's GEMMs run)."""
+        return False
+
     def add_partials(self, c: Any, parts: Any) -> None:
         """``c[...] = c + sum(parts, axis=0)`` for float32 partial products ``parts``
         (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest."""

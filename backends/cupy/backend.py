@@ -452,6 +452,15 @@ class CupyBackend(ArrayAPIBackend):
         return triton_gemm.fp16_gemm(a16, b16, sa, sb, c, accumulate=accumulate,
                                      subtract=subtract)
 
+    def fused_sgemm(self, a_hi, a_hf, a_lo, b_hi, b_hf, b_lo, sa, sb, c, *, slice_k,
+                    accumulate, subtract):
+        # tc-sgemm's slices, corrections and unscaling in one Triton kernel (optional: Triton)
+        from mpqr.backends.cupy import triton_sgemm
+
+        return triton_sgemm.sgemm_split(a_hi, a_hf, a_lo, b_hi, b_hf, b_lo, sa, sb, c,
+                                        slice_k=slice_k, accumulate=accumulate,
+                                        subtract=subtract)
+
     def add_partials(self, c, parts):
         cp = self._cp
         if not (c.flags.c_contiguous and parts.flags.c_contiguous and parts.ndim == 3

@@ -109,9 +109,11 @@ def _source_hash() -> str:
 _FUNCTIONS: dict[tuple, tuple[Any, int, int, Any]] = {}
 
 
-def _function(variant: tuple) -> tuple[Any, int, int, Any]:
+def _function(variant: tuple, compile_fn: Any = None) -> tuple[Any, int, int, Any]:
     """``(CuPy function, shared bytes, threads, module)`` of a variant on the current
-    device: loaded already, from disk, or compiled now (and kept on disk where it can be)."""
+    device: loaded already, from disk, or compiled now by ``compile_fn(variant, cc)``
+    (default: this module's kernel) and kept on disk where it can be. Variants of other
+    kernels (:mod:`mpqr.backends.cupy.triton_sgemm`) begin with their kernel's name."""
     import cupy as cp
 
     dev = cp.cuda.Device()
@@ -123,7 +125,7 @@ def _function(variant: tuple) -> tuple[Any, int, int, Any]:
     path = cache_dir() / f"{key}.cubin"
     found = _cached(path)
     if found is None:
-        found = _compile(variant, cc)
+        found = (compile_fn or _compile)(variant, cc)
         _store(path, *found)  # best effort: a read-only cache compiles again next time
     cubin, info = found
     mod = cp.cuda.function.Module()
@@ -166,10 +168,6 @@ def _store(path: Path, cubin: bytes, info: dict[str, Any]) -> bool:
 
 def _compile(variant: tuple, cc: int) -> tuple[bytes, dict[str, Any]]:
     """The cubin of one variant for compute capability ``cc``, and its launch facts."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     layouts, divs, dims16, accumulate, subtract, wide, (bm, bn, bk, warps, stages) = variant
     fn = _kernel()
     sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp32", "sa_ptr": "*i32",
@@ -191,6 +189,17 @@ def _compile(variant: tuple, cc: int) -> tuple[bytes, dict[str, Any]]:
             attrs[(fn.arg_names.index(ld),)] = [["tt.divisibility", 16]]
     for name in ("ACCUMULATE", "SUBTRACT", "WIDE", "BM", "BN", "BK", "GROUP_M"):
         sig[name] = "constexpr"
+    return _build(fn, sig, const, attrs, cc, warps, stages)
+
+
+def _build(fn: Any, sig: dict[str, str], const: dict[str, Any], attrs: dict, cc: int,
+           warps: int, stages: int) -> tuple[bytes, dict[str, Any]]:
+    """``triton.compile`` of a kernel specialized by ``sig``/``const``/``attrs`` for compute
+    capability ``cc``: its cubin and launch facts (shared with the other kernels' launchers)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     sig = {name: sig[name] for name in fn.arg_names}
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                        target=GPUTarget("cuda", cc, 32),

@@ -44,7 +44,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr.engines.scaling import LO_SHIFT, unscale
 
-__all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_UNSCALE", "LO_SHIFT", "PARTIALS_SHARE",
+__all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_KERNEL", "FUSED_UNSCALE", "LO_SHIFT", "PARTIALS_SHARE",
            "accumulate_tc_sgemm", "partials_limit",
            "run_tc_sgemm", "split_product"]
 
@@ -54,6 +54,10 @@ BATCHED_PARTIALS_BYTES = 256 * 2**20
 #: of ``c`` in one pass over the product (``backend.unscale_into``) instead of an unscaled
 #: copy and a second pass; the same roundings
 FUSED_UNSCALE = True
+#: the whole product (corrections, slices, unscaling, update of ``c``) in the backend's one
+#: kernel where it has one (CuPy + Triton: :mod:`mpqr.backends.cupy.triton_sgemm`) and it
+#: takes the operands; the same sums in the same order as the cuBLAS path's loop of slices
+FUSED_KERNEL = True
 #: under a workspace limit the partials take this share of it (the operands' splits and
 #: the product the rest: the policy's tiles are sized to that); 256 MiB of partials
 #: were 0.25x a 16384^2 float32 input beside the lean plan's 0.2x cap
@@ -69,8 +73,13 @@ def partials_limit(workspace_limit: int | None) -> int:
 
 def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int,
                  partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
-    c, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k,
-                                  partials_bytes=partials_bytes)
+    pa, pb, sa, sb = _parts(backend, a, b)
+    xp = backend.xp
+    if FUSED_KERNEL and out_dtype == xp.float32 and pa.hi.ndim == pb.hi.ndim == 2:
+        c = xp.empty((pa.shape[0], pb.shape[1]), dtype=xp.float32, device=device(pa.hi))
+        if _fused(backend, pa, pb, sa, sb, c, slice_k=slice_k, subtract=None):
+            return c
+    c = _split_parts(backend, pa, pb, slice_k=slice_k, partials_bytes=partials_bytes)
     return unscale(backend, c, sa, sb, out_dtype)
 
 
@@ -82,17 +91,31 @@ def accumulate_tc_sgemm(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool 
     doing nothing, where that is off (the policy then forms ``P`` and updates ``c``)."""
     if not FUSED_UNSCALE or a.ndim != 2 or b.ndim != 2 or c.dtype != out_dtype:
         return False
-    p, sa, sb = _prepared_product(backend, a, b, slice_k=slice_k,
-                                  partials_bytes=partials_bytes)
+    pa, pb, sa, sb = _parts(backend, a, b)
+    if FUSED_KERNEL and c.dtype == backend.xp.float32 \
+            and _fused(backend, pa, pb, sa, sb, c, slice_k=slice_k, subtract=subtract):
+        return True
+    p = _split_parts(backend, pa, pb, slice_k=slice_k, partials_bytes=partials_bytes)
     backend.unscale_into(c, p, sa, sb, subtract=subtract)
     return True
 
 
-def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int,
-                      partials_bytes: int = BATCHED_PARTIALS_BYTES) -> tuple[Any, Any, Any]:
-    """``(C, sa, sb)``: the float32 product of the scaled parts and the shifts that unscale
-    it, for operands of which any may be :class:`~mpqr.engines.prepared.Prepared` (of
-    this engine, 2-D; the others, stacks too, are prepared here: steps 1-2).
+def _fused(backend: Any, pa: Any, pb: Any, sa: Any, sb: Any, c: Any, *, slice_k: int,
+           subtract: bool | None) -> bool:
+    """The whole product and the update of ``c`` in the backend's one kernel, where it has
+    one that takes these operands (:meth:`fused_sgemm`); whether it ran."""
+    if pa.hi.ndim != 2 or pb.hi.ndim != 2 or c.ndim != 2:
+        return False
+    return backend.fused_sgemm(pa.hi, pa.hf, pa.lo, pb.hi, pb.hf, pb.lo, sa, sb, c,
+                               slice_k=slice_k, accumulate=subtract is not None,
+                               subtract=bool(subtract))
+
+
+def _parts(backend: Any, a: Any, b: Any) -> tuple[Any, Any, Any, Any]:
+    """``(pa, pb, sa, sb)``: both operands prepared (steps 1-2) and the shifts that unscale
+    their product, for operands of which any may be
+    :class:`~mpqr.engines.prepared.Prepared` (of this engine, 2-D; the others, stacks
+    too, are prepared here).
     Shifts of a prepared operand along the inner axis go to the other operand's lines
     along ``k`` before it is split: in float64 for a float32 operand (exact), so that its
     own scaling then keeps every bit."""
@@ -116,14 +139,18 @@ def _prepared_product(backend: Any, a: Any, b: Any, *, slice_k: int,
     dev = device(pa.hi)
     sa = xp.zeros((m, 1), dtype=xp.int32, device=dev) if pa.inner("left") else pa.shift
     sb = xp.zeros((1, n), dtype=xp.int32, device=dev) if pb.inner("right") else pb.shift
+    return pa, pb, sa, sb
+
+
+def _split_parts(backend: Any, pa: Any, pb: Any, *, slice_k: int,
+                 partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
+    """The float32 product of two prepared operands' scaled parts (steps 3-4, cuBLAS)."""
     a_cat, b_cat = pa.cat_for("left"), pb.cat_for("right")
     if a_cat is not None and b_cat is not None:
-        c = split_product(backend, pa.hi, a_cat, pb.hi, b_cat, slice_k=slice_k,
-                          partials_bytes=partials_bytes)
-    else:
-        c = split_product(backend, pa.hi, None, pb.hi, None, slice_k=slice_k,
-                          parts=(pa.hf, pa.lo, pb.hf, pb.lo), partials_bytes=partials_bytes)
-    return c, sa, sb
+        return split_product(backend, pa.hi, a_cat, pb.hi, b_cat, slice_k=slice_k,
+                             partials_bytes=partials_bytes)
+    return split_product(backend, pa.hi, None, pb.hi, None, slice_k=slice_k,
+                         parts=(pa.hf, pa.lo, pb.hf, pb.lo), partials_bytes=partials_bytes)
 
 
 def _wide(xp: Any, x: Any) -> Any:
