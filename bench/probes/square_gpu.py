@@ -1,32 +1,27 @@
-"""The certified leaf's schedule on the GPU: ``python bench/probes/square_gpu.py`` (CuPy; <
-90 s on an H200; JSON to ``$OUT/square.json``).
+"""tc-sgemm's product in one Triton kernel: ``python bench/probes/square_gpu.py`` (CuPy +
+Triton; < 90 s on an H200; JSON to ``$OUT/square.json``).
 
-Levers (module constants, set per configuration in one process; "off" is the previous
-configuration):
+The lever: ``mpqr.backends.cupy.triton_sgemm.ENABLED`` ("on": the corrections, the
+``hi hi`` k-slices added with round-to-nearest, the unscaling and ``C = P`` / ``C += P`` /
+``C -= P`` in one kernel; "off": the engine's cuBLAS GEMMs, the batched partials summed by
+a ones-row GEMM, and the unscale-into-C pass), set per call in one process.
 
-* ``backends.panel_cholqr.CERTIFIED_LEAF_LOOKAHEAD`` ("ahead"): each panel's update in two
-  parts, the next panel's columns first; the next panel on a high-priority side stream
-  while the rest of the leaf is updated (``cupy.panel_cholqr.LOOKAHEAD_STREAM``);
-* ``cupy.panel_cholqr.LEAF_Z_LAYOUT = "z"`` ("z"): the update's ``W^T B`` formed
-  untransposed (other cuBLAS kernels for its long inner dimension);
-* ``backends.panel_cholqr.CERTIFIED_LEAF_COMBINED_W`` ("w"): the leaf's W combined panel
-  by panel (beside the next panel with lookahead) instead of ``Y^T Y``, ``T``, ``Y T``
-  after the leaf;
-* ``cupy.panel_cholqr.FUSED_BLOCKS`` ("b64"): the one-launch panel on 64 blocks (more SMs
-  left to the update beside it).
-
-1. Leaf checks (PASS/FAIL): one leaf (3000 x 300, columns 40:290; 16384 x 1024) with each
-   lever against "off": R, Y, the panels' W, tau to rounding (a combined W against
-   ``Y T`` in float64), the certificate clear, the side stream bitwise equal to the same
-   launches on one stream.
-2. Leaf timings (ms a leaf and its W = Y T, CUDA events): 16384 x 1024 and 8192 x 1024,
-   float32 and float64; and the leaf's 32 panels alone, back to back (lookahead's floor).
-3. QR 4096² (``method="householder-recursive"``): backward error and orthogonality of the
-   default ("ahead+w+z") and "ahead+w" against "off" (the previous default) at
-   fp32-emulated, fp64-emulated, fp16.
-4. QR 16384² and 8192² at fp32-emulated, fp16, fp64-emulated beside ``cupy.linalg.qr``
-   (cuSOLVER), the same three configurations, medians of 5 CUDA-synchronised calls after a
-   warm-up, configurations alternated.
+1. Checks (PASS/FAIL): the kernel against the cuBLAS path and against a float64 reference
+   within the engine's bound ``|C - AB| <= (2^-20 + k 2^-24) |A||B|`` (plus the update's
+   rounding), for C = P, C += P, C -= P; C-order, transposed and strided views, a
+   transposed prepared operand (its shifts along k); rows and columns graded 2^-40..2^40;
+   Inf/NaN placed in A and B (the non-finite pattern of the cuBLAS path); slice lengths
+   128 and 1024 with k not a multiple of either; that the kernel actually ran.
+2. Single products (ms, medians of 7 CUDA-event timings after a warm-up, on/off
+   alternated): ``C -= A B`` at 16384 x 8192 x 8192 and 65536 x 4096 x 4096, and the Gram
+   shape ``A^T B`` (4096 x 65536 @ 65536 x 4096), each as the engine's whole call
+   (float32 operands: splits included) and as the core (operands prepared once: the
+   kernel against the slices' GEMMs + partials + unscaling); the kernel's tile shapes
+   (``CONFIGS``) one by one at 16384 x 8192 x 8192.
+3. QR 4096² fp32-emulated: backward error and orthogonality on/off.
+4. QR 16384², 8192² and 65536 x 8192 fp32-emulated beside ``cupy.linalg.qr`` (cuSOLVER),
+   on/off alternated, medians of 5 (4 at the largest), and how many products took the
+   kernel.
 """
 
 from __future__ import annotations
@@ -47,22 +42,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
-RESULT: dict = {"checks": {}, "leaf_ms": {}, "qr": []}
+RESULT: dict = {"checks": {}, "products": [], "configs": [], "qr": [], "compiles": []}
 T0 = time.perf_counter()
 BUDGET = 84.0
-
-#: name -> (lookahead, side stream, Z layout, fused blocks, combined W)
-CONFIGS = {
-    "off": (False, True, "zt", None, False),
-    "ahead": (True, True, "zt", None, False),
-    "ahead+w": (True, True, "zt", None, True),
-    "ahead+w+z": (True, True, "z", None, True),
-    "w": (False, True, "zt", None, True),
-    "ahead+w+b64": (True, True, "zt", 64, True),
-}
-#: the configurations of the QR rows: the previous default, the default, the default with
-#: the transposed Z
-QR_CONFIGS = ("off", "ahead+w+z", "ahead+w")
+CALLS = {"ran": 0, "declined": 0}
 
 
 def status(name: str, ok: bool, detail: str = "") -> None:
@@ -82,143 +65,240 @@ def guarded(fn):
     return run
 
 
-def _config(name: str = "off", stream: bool | None = None) -> None:
-    from mpqr.backends import panel_cholqr as portable
-    from mpqr.backends.cupy import panel_cholqr as k
-
-    ahead, side, layout, blocks, combined = CONFIGS[name]
-    portable.CERTIFIED_LEAF_LOOKAHEAD = ahead
-    portable.CERTIFIED_LEAF_COMBINED_W = combined
-    k.LOOKAHEAD_STREAM = side if stream is None else stream
-    k.LEAF_Z_LAYOUT = layout
-    k.FUSED_BLOCKS = blocks
+def left() -> float:
+    return BUDGET - (time.perf_counter() - T0)
 
 
-def _leaf(a0, c0, c1, name, stream=None):
+def _instrument() -> None:
+    """Count the kernel's launches and declines; time its compiles."""
+    from mpqr.backends.cupy import triton_sgemm as ts
+
+    launch, comp = ts.sgemm_split, ts._compile
+
+    def counted(*args, **kwargs):
+        ran = launch(*args, **kwargs)
+        CALLS["ran" if ran else "declined"] += 1
+        return ran
+
+    def timed(variant, cc):
+        t = time.perf_counter()
+        got = comp(variant, cc)
+        RESULT["compiles"].append({"variant": repr(variant), "s": time.perf_counter() - t})
+        return got
+
+    ts.sgemm_split = counted
+    ts._compile = timed
+
+
+def _switch(on: bool) -> None:
+    from mpqr.backends.cupy import triton_sgemm as ts
+
+    ts.ENABLED = on
+
+
+def _product(a, b, c, subtract, slice_k):
+    """The engine's call: ``c = P`` (subtract None), ``c -= P`` or ``c += P``."""
     from mpqr.backends import get_backend
-    from mpqr.backends.cupy import panel_cholqr as k
 
-    from mpqr._array_api import array_namespace
+    from mpqr.engines.tc_sgemm import accumulate_tc_sgemm
 
-    work = a0.copy()
-    w = cp.zeros_like(work)
-    cert = cp.zeros(4, cp.int32)
-    _config(name, stream)
-    try:
-        tau = k.certified_leaf(get_backend(array_namespace(work)), work, w, c0, c1, cert,
-                               combine=CONFIGS[name][4])
-    finally:
-        _config()
+    be = get_backend(cp)
+    assert accumulate_tc_sgemm(be, a, b, c, subtract=subtract, out_dtype=cp.float32,
+                               slice_k=slice_k)
+    return c
+
+
+def _ref_check(name, a, b, c0, got, off, subtract, slice_k):
+    """``got`` (kernel) against float64 ``c0 (+-) A B`` within the engine's bound, and its
+    non-finite pattern against ``off`` (the cuBLAS path)."""
+    a64, b64 = cp.asarray(a, cp.float64), cp.asarray(b, cp.float64)
+    fa, fb = cp.nan_to_num(a64, posinf=0, neginf=0), cp.nan_to_num(b64, posinf=0, neginf=0)
+    p = a64 @ b64
+    want = p if subtract is None else (c0 - p if subtract else c0 + p)
+    k = a.shape[1]
+    bound = (2.0**-20 + k * 2.0**-24) * (cp.abs(fa) @ cp.abs(fb))
+    if subtract is not None:
+        bound += 2.0**-24 * cp.abs(want)
+    bound += 1e-300
+    fin = cp.isfinite(want)
+    same_nf = bool(cp.all(cp.isnan(got) == cp.isnan(off)) & cp.all(cp.isinf(got) == cp.isinf(off)))
+    g64 = cp.asarray(got, cp.float64)
+    ratio = float(cp.max(cp.where(fin, cp.abs(g64 - want) / bound, 0)))
+    ratio_off = float(cp.max(cp.where(fin, cp.abs(cp.asarray(off, cp.float64) - want) / bound, 0)))
+    finite_ok = bool(cp.all(cp.isfinite(got) == cp.isfinite(off)))
+    ok = ratio <= 1.0 and same_nf and finite_ok
+    status(name, ok, f"err/bound {ratio:.3f} (cuBLAS path {ratio_off:.3f}), "
+                     f"non-finite pattern {'same' if same_nf and finite_ok else 'DIFFERS'}, "
+                     f"slice {slice_k}")
+
+
+@guarded
+def checks(quick: bool = False) -> None:
+    """``quick``: C-order, C -= P only (before the timings); else the other cases."""
+    rng = np.random.default_rng(3)
+    m, n, k = 2048, 1280, 3000
+
+    def mk(shape, dtype=np.float32):
+        return cp.asarray(rng.standard_normal(shape).astype(dtype))
+
+    cases = []
+    a, b = mk((m, k)), mk((k, n))
+    cases.append(("C-order", a, b, None))
+    at = mk((k, m)).T  # transposed views of both
+    bt = mk((n, k)).T
+    big = cp.zeros((m, n + 64), cp.float32)
+    cases.append(("transposed A and B, strided C", at, bt, big[:, 32:32 + n]))
+    bs = mk((k, n + 64))[:, 16:16 + n]  # a strided B
+    cases.append(("strided B", a, bs, None))
+    ga = a * cp.asarray(np.exp2(rng.integers(-40, 41, (m, 1))), cp.float32)
+    gb = b * cp.asarray(np.exp2(rng.integers(-40, 41, (1, n))), cp.float32)
+    cases.append(("graded rows and columns", ga, gb, None))
+    na, nb = a.copy(), b.copy()
+    na[5, 17] = cp.inf
+    na[900, 4] = cp.nan
+    nb[33, 700] = -cp.inf
+    nb[1000, 3] = cp.nan
+    cases.append(("Inf/NaN", na, nb, None))
+    if quick:
+        cases = cases[:1]
+    else:
+        cases = [(name + " (C=P, C+=P, slice 128)", x, y, cv) for name, x, y, cv in cases[:1]] \
+            + cases[1:]
+    for name, x, y, cview in cases:
+        modes = (True,) if quick or name not in ("C-order (C=P, C+=P, slice 128)",
+                                                 "transposed A and B, strided C") \
+            else (None, False, True)
+        for subtract in modes:
+            for slice_k in ((128, 1024) if name.startswith("C-order (") else (1024,)):
+                if not quick and left() < 3:
+                    print(f"skipped check {name}: time budget", flush=True)
+                    return
+                c0 = mk((m, n))
+                outs = {}
+                for on in (False, True):
+                    _switch(on)
+                    c = cview if cview is not None else cp.empty((m, n), cp.float32)
+                    c[...] = c0
+                    before = CALLS["ran"]
+                    _product(x, y, c, subtract, slice_k)
+                    if on and CALLS["ran"] == before:
+                        status(f"{name} {subtract} ran", False, "the kernel did not run")
+                    outs[on] = c.copy()
+                _switch(True)
+                mode = {None: "C=P", True: "C-=P", False: "C+=P"}[subtract]
+                _ref_check(f"{name} {mode}", x, y, c0, outs[True], outs[False], subtract,
+                           slice_k)
+    if quick:
+        return
+    # a prepared operand, transposed (shifts along k): W^T as the left operand
+    from mpqr.backends import get_backend
+
+    from mpqr.engines.prepared import prepare
+    from mpqr.engines.tc_sgemm import accumulate_tc_sgemm
+
+    be = get_backend(cp)
+    w = mk((k, m)) * cp.asarray(np.exp2(rng.integers(-30, 31, (1, m))), cp.float32)
+    pw = prepare(be, w, side="right", engine="tc-sgemm").T  # m x k, shifts along k
+    c0 = mk((m, n))
+    outs = {}
+    for on in (False, True):
+        _switch(on)
+        c = c0.copy()
+        before = CALLS["ran"]
+        assert accumulate_tc_sgemm(be, pw, b, c, subtract=True, out_dtype=cp.float32,
+                                   slice_k=1024)
+        if on and CALLS["ran"] == before:
+            status("prepared W^T ran", False, "the kernel did not run")
+        outs[on] = c
+    _switch(True)
+    _ref_check("prepared W^T (shifts along k) C-=P", w.T, b, c0, outs[True], outs[False],
+               True, 1024)
+
+
+def _time(fn, repeat=7) -> list[float]:
+    ts = []
+    for _ in range(repeat):
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e))
+    return ts
+
+
+def _ab(call, repeat=7) -> dict[str, float]:
+    """on/off alternated, medians (ms)."""
+    for on in (False, True):
+        _switch(on)
+        call()
     cp.cuda.Device().synchronize()
-    return [cp.asnumpy(x) for x in (work, w, tau)] + [cp.asnumpy(cert)]
-
-
-def _wyt(work, tau, c0, c1):
-    """The leaf's W = Y T in float64 (T by the UT transform), on the GPU."""
-    from mpqr.backends import get_backend
-    from mpqr.backends._base import compact_wy_t
-
-    from mpqr._array_api import array_namespace
-
-    y = cp.tril(cp.asarray(work[c0:, c0:c1], dtype=cp.float64), -1)
-    y[:c1 - c0] += cp.eye(c1 - c0)
-    t = compact_wy_t(get_backend(array_namespace(y)), y, cp.asarray(tau, dtype=cp.float64))
-    return cp.asnumpy(y @ t)
+    times = {"off": [], "on": []}
+    for _ in range(repeat):
+        for on in (False, True):
+            _switch(on)
+            times["on" if on else "off"] += _time(call, 1)
+    _switch(True)
+    return {key: float(np.median(v)) for key, v in times.items()}
 
 
 @guarded
-def leaf_checks() -> None:
-    rng = np.random.default_rng(5)
-    for dtype in (np.float32, np.float64):
-        u = 2.0**-24 if dtype == np.float32 else 2.0**-53
-        for shape, c0, c1 in (((3000, 300), 40, 290), ((16384, 1024), 0, 1024)):
-            a0 = cp.asarray(rng.standard_normal(shape).astype(dtype))
-            ref = _leaf(a0, c0, c1, "off")
-            for name in list(CONFIGS)[1:]:
-                got = _leaf(a0, c0, c1, name)
-                if CONFIGS[name][4]:  # the leaf's W against Y T (its own Y and tau)
-                    wref = _wyt(got[0], got[2], c0, c1)
-                    wd = np.abs(got[1][c0:, c0:c1] - wref).max() / np.abs(wref).max()
-                    pairs = ((got[0], ref[0]), (got[2], ref[2]))
-                else:
-                    wd = 0.0
-                    pairs = zip(got[:3], ref[:3], strict=True)
-                worst = max([np.abs(g.astype(np.float64) - r).max() / max(np.abs(r).max(), 1e-300)
-                             for g, r in pairs] + [wd])
-                ok = worst <= 64 * u * np.sqrt(shape[0]) and got[3].tolist() == [0, 0, 0, 0]
-                status(f"leaf {shape} cols {c0}:{c1} {np.dtype(dtype).name} {name} vs off", ok,
-                       f"max rel diff {worst:.2e}; cert {got[3].tolist()}")
-            for name in ("ahead", "ahead+w"):
-                one = _leaf(a0, c0, c1, name, stream=False)
-                two = _leaf(a0, c0, c1, name)
-                same = all(np.array_equal(x, y) for x, y in zip(one, two, strict=True))
-                status(f"leaf {shape} {np.dtype(dtype).name} {name}: side stream bitwise = "
-                       "one stream", same)
-
-
-@guarded
-def leaf_timings() -> None:
+def products() -> None:
     from mpqr.backends import get_backend
-    from mpqr.backends._base import compact_wy_t
-    from mpqr.backends.cupy import panel_cholqr as k
 
-    from mpqr._array_api import array_namespace
-    from mpqr.qr._kernels import unit_lower
+    from mpqr.engines.prepared import prepare
 
-    rng = np.random.default_rng(7)
-    for dtype in (np.float32, np.float64):
-        for m in (16384, 8192):
-            base = cp.asarray(rng.standard_normal((m, 1024)).astype(dtype))
-            work = base.copy()
-            w = cp.zeros_like(base)
-            cert = cp.zeros(4, cp.int32)
-            backend = get_backend(array_namespace(work))
-            times = {c: [] for c in CONFIGS}
-            for rep in range(4):
-                for name in CONFIGS:
-                    cp.copyto(work, base)
-                    _config(name)
+    be = get_backend(cp)
+    rng = cp.random.default_rng(7)
+    shapes = (("16384x8192x8192 C-=AB", 16384, 8192, 8192, False),
+              ("65536x4096x4096 C-=AB", 65536, 4096, 4096, False),
+              ("Gram 4096x65536x4096 C=A^T B", 4096, 4096, 65536, True))
+    for name, m, n, k, gram in shapes:
+        if left() < 35:
+            print(f"skipped {name}: time budget", flush=True)
+            continue
+        a = rng.standard_normal((k, m), dtype=cp.float32).T if gram else \
+            rng.standard_normal((m, k), dtype=cp.float32)
+        b = rng.standard_normal((k, n), dtype=cp.float32)
+        c = rng.standard_normal((m, n), dtype=cp.float32)
+        sub = None if gram else True
+        slice_k = be.tc_sgemm_slice_k(m, n, k)
+        whole = _ab(functools.partial(_product, a, b, c, sub, slice_k))
+        pa = prepare(be, a, side="left", engine="tc-sgemm")
+        pb = prepare(be, b, side="right", engine="tc-sgemm")
+        core_call = functools.partial(_product, pa, pb, c, sub, slice_k)
+        core = _ab(core_call)
+        tf = 2.0 * m * n * k / 1e9
+        row = {"product": name, "slice_k": slice_k, "whole_off_ms": whole["off"],
+               "whole_on_ms": whole["on"], "core_off_ms": core["off"], "core_on_ms": core["on"],
+               "core_on_tflops_fp32": tf / core["on"]}
+        RESULT["products"].append(row)
+        print(f"{name} (slice {slice_k}): whole call off {whole['off']:.2f} on "
+              f"{whole['on']:.2f} ms; prepared operands off {core['off']:.2f} on "
+              f"{core['on']:.2f} ms ({tf / core['on']:.0f} TFLOP/s fp32-equivalent)",
+              flush=True)
+        if name.startswith("16384"):
+            from mpqr.backends.cupy import triton_sgemm as ts
+
+            saved = ts.CONFIGS
+            for cfg in (*saved, (128, 128, 64, 8, 3)):
+                if left() < 40:
+                    break
+                ts.CONFIGS = (cfg,)
+                try:
+                    core_call()
                     cp.cuda.Device().synchronize()
-                    s, e = cp.cuda.Event(), cp.cuda.Event()
-                    s.record()
-                    tau = k.certified_leaf(backend, work, w, 0, 1024, cert,
-                                           combine=CONFIGS[name][4])
-                    if not CONFIGS[name][4]:  # the leaf's W as the QR then forms it
-                        y = unit_lower(array_namespace(work), work)
-                        w[...] = y @ compact_wy_t(backend, y, tau)
-                    e.record()
-                    e.synchronize()
-                    if rep:
-                        times[name].append(cp.cuda.get_elapsed_time(s, e))
-            _config()
-            row = {c: float(np.median(t)) for c, t in times.items()}
-            label = f"{np.dtype(dtype).name} {m}x1024"
-            status(f"leaf timings {label}: certificate clear", int(cert[0].get()) == 0)
-            # the floor with lookahead: the leaf's 32 panels alone, back to back (the same
-            # launches without the updates between them; numbers meaningless, time not)
-            kern = k._fused_module(np.dtype(dtype).name)[1]
-            ws, ltop, tau = k._workspace(), cp.empty(1024, dtype), cp.empty(1024, dtype)
-            alone = []
-            for rep in range(4):
-                cp.copyto(work, base)
-                cp.cuda.Device().synchronize()
-                s, e = cp.cuda.Event(), cp.cuda.Event()
-                s.record()
-                for c in range(0, 1024, 32):
-                    it = work.itemsize
-                    k._launch_fused(kern, np.uint64(work.data.ptr + (c * 1024 + c) * it),
-                                    np.int64(1024), m - c, 32, ws, cert,
-                                    np.uint64(w.data.ptr + (c * 1024 + c) * it),
-                                    np.int64(1024), np.uint64(ltop.data.ptr),
-                                    np.uint64(tau.data.ptr + c * it))
-                e.record()
-                e.synchronize()
-                if rep:
-                    alone.append(cp.cuda.get_elapsed_time(s, e))
-            row["panels alone"] = float(np.median(alone))
-            RESULT["leaf_ms"][label] = row
-            print(f"leaf {label} (32 panels): " + ", ".join(f"{c} {t:.2f} ms" for c, t in
-                                                            row.items()), flush=True)
+                    t = float(np.median(_time(core_call, 5)))
+                except Exception as exc:
+                    t = float("nan")
+                    print(f"config {cfg}: {type(exc).__name__}: {exc}", flush=True)
+                finally:
+                    ts.CONFIGS = saved
+                    ts.ENABLED = True
+                RESULT["configs"].append({"config": cfg, "ms": t})
+                print(f"  config {cfg}: {t:.2f} ms", flush=True)
+        a = b = c = pa = pb = core_call = None
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 def _errors(a, q, r) -> tuple[float, float]:
@@ -234,103 +314,63 @@ def qr_checks() -> None:
     import mpqr
 
     rng = np.random.default_rng(11)
-    for prec, dt in (("fp32-emulated", np.float32), ("fp64-emulated", np.float64),
-                     ("fp16", np.float32)):
-        a = cp.asarray(rng.standard_normal((4096, 4096)).astype(dt))
-        errs = {}
-        for name in QR_CONFIGS:
-            _config(name)
-            try:
-                with mpqr.explain() as trace:
-                    q, r = mpqr.qr(a, precision=prec, method="householder-recursive")
-                again = any("factored again" in e.message for e in trace.events)
-                errs[name] = (*_errors(a, q, r), again)
-            finally:
-                _config()
-        b0, o0, _ = errs["off"]
-        for name in QR_CONFIGS[1:]:
-            b, o, again = errs[name]
-            ok = b <= 2 * b0 + 1e-15 and o <= 2 * o0 + 1e-15 and not again
-            status(f"qr 4096^2 {prec} {name}", ok,
-                   f"backward {b:.2e} (off {b0:.2e}), orthogonality {o:.2e} (off {o0:.2e})"
-                   f"{', factored again' if again else ''}")
-
-
-def _time(fn, repeat=5) -> float:
-    fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(repeat):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e))
-    return float(np.median(ts))
+    a = cp.asarray(rng.standard_normal((4096, 4096)).astype(np.float32))
+    errs = {}
+    for on in (False, True):
+        _switch(on)
+        before = CALLS["ran"]
+        q, r = mpqr.qr(a, precision="fp32-emulated")
+        errs[on] = (*_errors(a, q, r), CALLS["ran"] - before)
+    _switch(True)
+    (b0, o0, _), (b, o, ran) = errs[False], errs[True]
+    status("qr 4096^2 fp32-emulated on vs off", b <= 2 * b0 and o <= 2 * o0,
+           f"backward {b:.2e} (off {b0:.2e}), orthogonality {o:.2e} (off {o0:.2e}); "
+           f"{ran} products in the kernel")
+    RESULT["qr_accuracy"] = {"backward_on": b, "backward_off": b0, "orth_on": o,
+                             "orth_off": o0, "kernel_products": ran}
 
 
 @guarded
-def qr_timings(shapes=(16384, 8192)) -> None:
+def qr_timings(*rows) -> None:
+    """``rows``: (shape, repeats, seconds of budget it needs)."""
     import mpqr
 
     rng = cp.random.default_rng(13)
-    for nn in shapes:
-        for dt in (np.float32, np.float64):
-            if time.perf_counter() - T0 > BUDGET - 6:
-                print(f"skipped {nn}^2 {np.dtype(dt).name}: time budget", flush=True)
-                continue
-            a = rng.standard_normal((nn, nn), dtype=dt)
-            base = _time(functools.partial(cp.linalg.qr, a), repeat=3 if nn > 8192 else 5)
-            precs = ("fp32-emulated", "fp16") if dt == np.float32 else ("fp64-emulated",)
-            for prec in precs:
-                if time.perf_counter() - T0 > BUDGET - 4:
-                    print(f"skipped {nn}^2 {prec}: time budget", flush=True)
-                    continue
-                row = {"shape": f"{nn}x{nn}", "precision": prec,
-                       f"cusolver_{np.dtype(dt).name}_ms": base}
-                times = {c: [] for c in QR_CONFIGS}
-                call = functools.partial(mpqr.qr, a, precision=prec,
-                                         method="householder-recursive")
-                for c in QR_CONFIGS:  # warm-up (compiles, plans)
-                    _config(c)
-                    call()
-                cp.cuda.Device().synchronize()
-                for _ in range(5):
-                    for c in QR_CONFIGS:
-                        _config(c)
-                        s, e = cp.cuda.Event(), cp.cuda.Event()
-                        s.record()
-                        call()
-                        e.record()
-                        e.synchronize()
-                        times[c].append(cp.cuda.get_elapsed_time(s, e))
-                _config()
-                for c in QR_CONFIGS:
-                    t = float(np.median(times[c]))
-                    row[f"{c}_ms"] = t
-                    row[f"{c}_speedup"] = base / t
-                RESULT["qr"].append(row)
-                cells = [f"{c} {row[c + '_ms']:.1f} ({row[c + '_speedup']:.2f}x)"
-                         for c in QR_CONFIGS]
-                print(f"qr {nn}^2 {prec}: cuSOLVER {base:.1f} ms; " + ", ".join(cells),
-                      flush=True)
-            del a
-            cp.get_default_memory_pool().free_all_blocks()
+    for shape, repeat, need in rows:
+        if left() < need:
+            print(f"skipped QR {shape}: time budget", flush=True)
+            continue
+        a = rng.standard_normal(shape, dtype=cp.float32)
+        base = float(np.median(_time(functools.partial(cp.linalg.qr, a), 3)))
+        call = functools.partial(mpqr.qr, a, precision="fp32-emulated")
+        before = CALLS["ran"]
+        _switch(True)
+        call()
+        cp.cuda.Device().synchronize()
+        ran = CALLS["ran"] - before
+        t = _ab(call, repeat)
+        row = {"shape": f"{shape[0]}x{shape[1]}", "precision": "fp32-emulated",
+               "cusolver_ms": base, "off_ms": t["off"], "on_ms": t["on"],
+               "off_speedup": base / t["off"], "on_speedup": base / t["on"],
+               "kernel_products": ran}
+        RESULT["qr"].append(row)
+        print(f"qr {shape[0]}x{shape[1]} fp32-emulated: cuSOLVER {base:.1f} ms; off "
+              f"{t['off']:.1f} ({base / t['off']:.2f}x), on {t['on']:.1f} "
+              f"({base / t['on']:.2f}x); {ran} products in the kernel", flush=True)
+        del a
+        cp.get_default_memory_pool().free_all_blocks()
 
 
 def _write() -> None:
     RESULT["seconds"] = time.perf_counter() - T0
+    RESULT["calls"] = dict(CALLS)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "square.json").write_text(json.dumps(RESULT, indent=1, default=str))
     print(f"wrote {OUT / 'square.json'}", flush=True)
 
 
 def _watchdog() -> None:
-    """A launch that never returns (a grid barrier waiting for a block never made resident)
-    would hold the probe: at 88 s the results so far are written and the process ends."""
-    print("FAIL  watchdog: the probe did not finish in 88 s (a launch that does not return?)",
-          flush=True)
+    print("FAIL  watchdog: the probe did not finish in 88 s", flush=True)
     RESULT["checks"]["watchdog"] = {"pass": False, "detail": "did not finish in 88 s"}
     _write()
     os._exit(3)
@@ -343,16 +383,27 @@ def main() -> None:
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     RESULT["device"] = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     RESULT["cupy"] = cp.__version__
-    print(f"{RESULT['device']}, CuPy {cp.__version__}", flush=True)
-    leaf_checks()
-    leaf_timings()
+    try:
+        import triton
+
+        RESULT["triton"] = triton.__version__
+    except ImportError:
+        RESULT["triton"] = None
+    print(f"{RESULT['device']}, CuPy {cp.__version__}, Triton {RESULT['triton']}", flush=True)
+    _instrument()
+    checks(quick=True)
+    qr_timings(((16384, 16384), 5, 20))
+    products()
+    qr_timings(((8192, 8192), 5, 8), ((65536, 8192), 4, 16))
     qr_checks()
-    qr_timings()
+    checks()
     timer.cancel()
     fails = [k for k, v in RESULT["checks"].items() if not v["pass"]]
+    comp = sum(c["s"] for c in RESULT["compiles"])
     print(f"\n{len(RESULT['checks']) - len(fails)} PASS, {len(fails)} FAIL"
           + (": " + "; ".join(fails) if fails else "")
-          + f"  ({time.perf_counter() - T0:.0f} s)")
+          + f"  ({time.perf_counter() - T0:.0f} s; {len(RESULT['compiles'])} compiles, "
+            f"{comp:.0f} s; kernel {CALLS})")
     _write()
 
 
