@@ -78,7 +78,7 @@ def fp16_gemm(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K,
 def sgemm_split(ah_ptr, af_ptr, al_ptr, bh_ptr, bf_ptr, bl_ptr, c_ptr, sa_ptr, sb_ptr,
                 M, N, K, s_ahm, s_ahk, s_apm, s_apk, s_bhk, s_bhn, s_bpk, s_bpn, s_cm, s_cn,
                 ACCUMULATE: tl.constexpr, SUBTRACT: tl.constexpr, WIDE: tl.constexpr,
-                SLICE: tl.constexpr, LO_SCALE: tl.constexpr,
+                SLICE: tl.constexpr, LO_SCALE: tl.constexpr, FLATTEN: tl.constexpr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 GROUP_M: tl.constexpr):
     # C (=, +=, -=) 2**-(sa_i + sb_j) P_ij for the tc-sgemm product of split operands:
@@ -127,7 +127,7 @@ def sgemm_split(ah_ptr, af_ptr, al_ptr, bh_ptr, bf_ptr, bl_ptr, c_ptr, sa_ptr, s
     # hi hi, slice by slice
     ah_ptrs = ah_ptr + rm[:, None] * s_ahm + rk[None, :] * s_ahk
     bh_ptrs = bh_ptr + rk[:, None] * s_bhk + rn[None, :] * s_bhn
-    for ks in range(0, tl.cdiv(K, SLICE)):
+    for ks in tl.range(0, tl.cdiv(K, SLICE), flatten=FLATTEN):
         part = tl.zeros((BM, BN), dtype=tl.float32)
         for kt in range(0, SLICE // BK):
             mask_k = rk < K - (ks * SLICE + kt * BK)

@@ -26,7 +26,8 @@ from typing import Any
 
 from mpqr.backends.cupy import triton_gemm as tg
 
-__all__ = ["CONFIGS", "ENABLED", "MIN_TILES", "config", "kernel_name", "sgemm_split"]
+__all__ = ["CONFIGS", "ENABLED", "FLATTEN", "MIN_SLICE", "MIN_TILES", "config", "kernel_name",
+           "sgemm_split"]
 
 #: Switch for A/B measurements (and a way out should a Triton release misbehave).
 ENABLED = True
@@ -35,6 +36,12 @@ MIN_TILES = 132
 #: Tile shapes, widest first: (BM, BN, BK, num_warps, num_stages); the first whose grid has
 #: :data:`MIN_TILES` tiles and whose ``BK`` divides ``slice_k`` runs. Two float32
 #: accumulators live during the slices (the product and the slice's sum).
+#: Shortest ``slice_k`` the kernel takes (its slices are pipelined loops of
+#: ``slice_k / BK`` steps; shorter slices are the cuBLAS path's batched partials)
+MIN_SLICE = 0
+#: the slices' loop nest flattened into one pipelined loop (``tl.range(flatten=True)``)
+#: rather than a pipeline per slice
+FLATTEN = True
 CONFIGS = ((128, 128, 32, 8, 3), (128, 64, 64, 8, 3), (64, 64, 64, 4, 3))
 
 _PTRS = ("ah_ptr", "af_ptr", "al_ptr", "bh_ptr", "bf_ptr", "bl_ptr", "c_ptr", "sa_ptr",
@@ -56,7 +63,8 @@ def config(m: int, n: int, slice_k: int) -> tuple[int, int, int, int, int] | Non
 def kernel_name(m: int, n: int, k: int, slice_k: int) -> str | None:
     """``"triton-sgemm"`` where :func:`sgemm_split` takes an ``m x n x k`` product with
     slices of ``slice_k``, else None."""
-    if not (ENABLED and tg.ENABLED and 0 < k < 2**31 and max(m, n) < 2**31 and slice_k > 0
+    if not (ENABLED and tg.ENABLED and 0 < k < 2**31 and max(m, n) < 2**31
+            and slice_k > 0 and slice_k >= MIN_SLICE
             and config(m, n, slice_k) is not None and tg.available()):
         return None
     return "triton-sgemm"
@@ -67,13 +75,14 @@ def _compile(variant: tuple, cc: int) -> tuple[bytes, dict[str, Any]]:
 
     from mpqr.engines.scaling import LO_SHIFT
 
-    _, layouts, divs, dims16, accumulate, subtract, wide, slice_k, cfg = variant
+    _, layouts, divs, dims16, accumulate, subtract, wide, slice_k, flatten, cfg = variant
     bm, bn, bk, warps, stages = cfg
     sig = {name: ("*i32" if name[0] == "s" else "*fp32" if name[0] == "c" else "*fp16")
            for name in _PTRS}
     sig.update(M="i32", N="i32", K="i32")
     const = {"ACCUMULATE": accumulate, "SUBTRACT": subtract, "WIDE": wide, "SLICE": slice_k,
-             "LO_SCALE": 2.0**-LO_SHIFT, "BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8}
+             "FLATTEN": flatten, "LO_SCALE": 2.0**-LO_SHIFT, "BM": bm, "BN": bn, "BK": bk,
+             "GROUP_M": 8}
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(_PTRS))}
     for name, div in zip(("M", "N", "K"), dims16):
         if div:
@@ -85,7 +94,7 @@ def _compile(variant: tuple, cc: int) -> tuple[bytes, dict[str, Any]]:
         sig[ld] = "i32"
         if div:
             attrs[(fn.arg_names.index(ld),)] = [["tt.divisibility", 16]]
-    for name in ("ACCUMULATE", "SUBTRACT", "WIDE", "SLICE", "LO_SCALE", "BM", "BN", "BK",
+    for name in ("ACCUMULATE", "SUBTRACT", "WIDE", "SLICE", "FLATTEN", "LO_SCALE", "BM", "BN", "BK",
                  "GROUP_M"):
         sig[name] = "constexpr"
     return tg._build(fn, sig, const, attrs, cc, warps, stages)
@@ -134,12 +143,19 @@ def sgemm_split(a_hi: Any, a_hf: Any, a_lo: Any, b_hi: Any, b_hf: Any, b_lo: Any
     wide = 2 * (reach + max(m, n, k) + slice_k) >= tg.WIDE_FROM
     variant = ("sgemm", tuple(lay for lay, _ in lays), tuple(ld % 16 == 0 for _, ld in lays),
                tuple(v % 16 == 0 for v in (m, n, k)), bool(accumulate), bool(subtract), wide,
-               int(slice_k), cfg)
+               int(slice_k), bool(FLATTEN), cfg)
     try:
         fn, shared, threads, _ = tg._function(variant, _compile)
     except Exception as exc:  # Triton or the driver refused the variant
-        _disable(exc)
-        return False
+        if not variant[-2]:
+            _disable(exc)
+            return False
+        try:  # a Triton without loop flattening: the loop nest as written
+            variant = (*variant[:-2], False, cfg)
+            fn, shared, threads, _ = tg._function(variant, _compile)
+        except Exception as exc2:
+            _disable(exc2)
+            return False
     grid = (-(-m // cfg[0]) * -(-n // cfg[1]), 1, 1)
     args = (*(np.uint64(p) for p in ptrs), *(np.int32(v) for v in (m, n, k)),
             *(np.int32(ld) for _, ld in lays), np.uint64(0), np.uint64(0))

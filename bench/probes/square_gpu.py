@@ -90,10 +90,12 @@ def _instrument() -> None:
     ts._compile = timed
 
 
-def _switch(on: bool) -> None:
+def _switch(on: bool | str) -> None:
+    """True/False: the kernel on/off; "on-1024": on for slices of 1024 and longer only."""
     from mpqr.backends.cupy import triton_sgemm as ts
 
-    ts.ENABLED = on
+    ts.ENABLED = bool(on)
+    ts.MIN_SLICE = 1024 if on == "on-1024" else 0
 
 
 def _product(a, b, c, subtract, slice_k):
@@ -182,12 +184,13 @@ def checks(quick: bool = False) -> None:
                     before = CALLS["ran"]
                     _product(x, y, c, subtract, slice_k)
                     if on and CALLS["ran"] == before:
-                        status(f"{name} {subtract} ran", False, "the kernel did not run")
+                        status(f"{name} {subtract} slice {slice_k} ran", False,
+                               "the kernel did not run")
                     outs[on] = c.copy()
                 _switch(True)
                 mode = {None: "C=P", True: "C-=P", False: "C+=P"}[subtract]
-                _ref_check(f"{name} {mode}", x, y, c0, outs[True], outs[False], subtract,
-                           slice_k)
+                _ref_check(f"{name} {mode} slice {slice_k}", x, y, c0, outs[True],
+                           outs[False], subtract, slice_k)
     if quick:
         return
     # a prepared operand, transposed (shifts along k): W^T as the left operand
@@ -227,19 +230,22 @@ def _time(fn, repeat=7) -> list[float]:
     return ts
 
 
-def _ab(call, repeat=7) -> dict[str, float]:
-    """on/off alternated, medians (ms)."""
-    for on in (False, True):
+def _ab(call, repeat=7, modes=(False, True)) -> dict[str, float]:
+    """The switch's settings alternated, medians (ms) by "off", "on", "on-1024"."""
+    def key(on):
+        return on if isinstance(on, str) else ("on" if on else "off")
+
+    for on in modes:
         _switch(on)
         call()
     cp.cuda.Device().synchronize()
-    times = {"off": [], "on": []}
+    times = {key(on): [] for on in modes}
     for _ in range(repeat):
-        for on in (False, True):
+        for on in modes:
             _switch(on)
-            times["on" if on else "off"] += _time(call, 1)
+            times[key(on)] += _time(call, 1)
     _switch(True)
-    return {key: float(np.median(v)) for key, v in times.items()}
+    return {k: float(np.median(v)) for k, v in times.items()}
 
 
 @guarded
@@ -252,7 +258,9 @@ def products() -> None:
     rng = cp.random.default_rng(7)
     shapes = (("16384x8192x8192 C-=AB", 16384, 8192, 8192, False),
               ("65536x4096x4096 C-=AB", 65536, 4096, 4096, False),
-              ("Gram 4096x65536x4096 C=A^T B", 4096, 4096, 65536, True))
+              ("Gram 4096x65536x4096 C=A^T B", 4096, 4096, 65536, True),
+              ("W^T B 1024x8192x16384 C=A^T B", 1024, 8192, 16384, True),
+              ("B-=WZ 16384x8192x1024", 16384, 8192, 1024, False))
     for name, m, n, k, gram in shapes:
         if left() < 35:
             print(f"skipped {name}: time budget", flush=True)
@@ -263,6 +271,7 @@ def products() -> None:
         c = rng.standard_normal((m, n), dtype=cp.float32)
         sub = None if gram else True
         slice_k = be.tc_sgemm_slice_k(m, n, k)
+        before = CALLS["ran"]
         whole = _ab(functools.partial(_product, a, b, c, sub, slice_k))
         pa = prepare(be, a, side="left", engine="tc-sgemm")
         pb = prepare(be, b, side="right", engine="tc-sgemm")
@@ -271,20 +280,24 @@ def products() -> None:
         tf = 2.0 * m * n * k / 1e9
         row = {"product": name, "slice_k": slice_k, "whole_off_ms": whole["off"],
                "whole_on_ms": whole["on"], "core_off_ms": core["off"], "core_on_ms": core["on"],
-               "core_on_tflops_fp32": tf / core["on"]}
+               "core_on_tflops_fp32": tf / core["on"], "kernel_calls": CALLS["ran"] - before}
         RESULT["products"].append(row)
         print(f"{name} (slice {slice_k}): whole call off {whole['off']:.2f} on "
               f"{whole['on']:.2f} ms; prepared operands off {core['off']:.2f} on "
-              f"{core['on']:.2f} ms ({tf / core['on']:.0f} TFLOP/s fp32-equivalent)",
+              f"{core['on']:.2f} ms ({tf / core['on']:.0f} TFLOP/s fp32-equivalent; "
+              f"kernel ran {row['kernel_calls']} times)",
               flush=True)
         if name.startswith("16384"):
             from mpqr.backends.cupy import triton_sgemm as ts
 
             saved = ts.CONFIGS
-            for cfg in (*saved, (128, 128, 64, 8, 3)):
+            trials = [(cfg, True) for cfg in (*saved, (128, 128, 64, 8, 3))]
+            trials.append((saved[0], False))  # the loop nest as written (a pipeline a slice)
+            for cfg, flat in trials:
                 if left() < 40:
                     break
-                ts.CONFIGS = (cfg,)
+                ts.CONFIGS, ts.FLATTEN = (cfg,), flat
+                before = CALLS["ran"]
                 try:
                     core_call()
                     cp.cuda.Device().synchronize()
@@ -293,10 +306,11 @@ def products() -> None:
                     t = float("nan")
                     print(f"config {cfg}: {type(exc).__name__}: {exc}", flush=True)
                 finally:
-                    ts.CONFIGS = saved
-                    ts.ENABLED = True
-                RESULT["configs"].append({"config": cfg, "ms": t})
-                print(f"  config {cfg}: {t:.2f} ms", flush=True)
+                    ts.CONFIGS, ts.FLATTEN, ts.ENABLED = saved, True, True
+                ran = CALLS["ran"] > before
+                RESULT["configs"].append({"config": cfg, "flatten": flat, "ms": t, "ran": ran})
+                print(f"  config {cfg} flatten={flat}: {t:.2f} ms"
+                      f"{'' if ran else ' (the kernel did not run)'}", flush=True)
         a = b = c = pa = pb = core_call = None
         cp.get_default_memory_pool().free_all_blocks()
 
@@ -348,15 +362,16 @@ def qr_timings(*rows) -> None:
         call()
         cp.cuda.Device().synchronize()
         ran = CALLS["ran"] - before
-        t = _ab(call, repeat)
+        t = _ab(call, repeat, (False, True, "on-1024"))
         row = {"shape": f"{shape[0]}x{shape[1]}", "precision": "fp32-emulated",
-               "cusolver_ms": base, "off_ms": t["off"], "on_ms": t["on"],
-               "off_speedup": base / t["off"], "on_speedup": base / t["on"],
-               "kernel_products": ran}
+               "cusolver_ms": base, "kernel_products": ran}
+        for key, ms in t.items():
+            row[f"{key}_ms"] = ms
+            row[f"{key}_speedup"] = base / ms
         RESULT["qr"].append(row)
-        print(f"qr {shape[0]}x{shape[1]} fp32-emulated: cuSOLVER {base:.1f} ms; off "
-              f"{t['off']:.1f} ({base / t['off']:.2f}x), on {t['on']:.1f} "
-              f"({base / t['on']:.2f}x); {ran} products in the kernel", flush=True)
+        cells = ", ".join(f"{key} {ms:.1f} ({base / ms:.2f}x)" for key, ms in t.items())
+        print(f"qr {shape[0]}x{shape[1]} fp32-emulated: cuSOLVER {base:.1f} ms; {cells}; "
+              f"{ran} products in the kernel", flush=True)
         del a
         cp.get_default_memory_pool().free_all_blocks()
 
