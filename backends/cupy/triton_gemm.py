@@ -121,8 +121,7 @@ def _function(variant: tuple, compile_fn: Any = None) -> tuple[Any, int, int, An
     if got is not None:
         return got
     cc = int(dev.compute_capability)
-    key = hashlib.sha256(repr((_source_hash(), cc, variant)).encode()).hexdigest()[:32]
-    path = cache_dir() / f"{key}.cubin"
+    path = _path(variant, cc)
     found = _cached(path)
     if found is None:
         found = (compile_fn or _compile)(variant, cc)
@@ -137,6 +136,12 @@ def _function(variant: tuple, compile_fn: Any = None) -> tuple[Any, int, int, An
     got = (fn, info["shared"], 32 * info["num_warps"], mod)
     _FUNCTIONS[(dev.id, variant)] = got
     return got
+
+
+def _path(variant: tuple, cc: int) -> Path:
+    """Where the cubin of a variant for compute capability ``cc`` is kept."""
+    key = hashlib.sha256(repr((_source_hash(), cc, variant)).encode()).hexdigest()[:32]
+    return cache_dir() / f"{key}.cubin"
 
 
 def _cached(path: Path) -> tuple[bytes, dict[str, Any]] | None:
