@@ -75,6 +75,21 @@ def fp16_gemm(a_ptr, b_ptr, c_ptr, sa_ptr, sb_ptr, M, N, K,
 
 
 @triton.jit
+def _slice(acc, ah_ptrs, bh_ptrs, mask_m, mask_n, rk, k_left, s_ahk, s_bhk,
+           SLICE: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # one k-slice of hi hi summed on the tensor cores, then added to acc (round-to-nearest)
+    part = tl.zeros((BM, BN), dtype=tl.float32)
+    for kt in range(0, SLICE // BK):
+        mask_k = rk < k_left - kt * BK
+        a = tl.load(ah_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        b = tl.load(bh_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+        part = tl.dot(a, b, part)
+        ah_ptrs += BK * s_ahk
+        bh_ptrs += BK * s_bhk
+    return acc + part, ah_ptrs, bh_ptrs
+
+
+@triton.jit
 def sgemm_split(ah_ptr, af_ptr, al_ptr, bh_ptr, bf_ptr, bl_ptr, c_ptr, sa_ptr, sb_ptr,
                 M, N, K, s_ahm, s_ahk, s_apm, s_apk, s_bhk, s_bhn, s_bpk, s_bpn, s_cm, s_cn,
                 ACCUMULATE: tl.constexpr, SUBTRACT: tl.constexpr, WIDE: tl.constexpr,
@@ -127,16 +142,14 @@ def sgemm_split(ah_ptr, af_ptr, al_ptr, bh_ptr, bf_ptr, bl_ptr, c_ptr, sa_ptr, s
     # hi hi, slice by slice
     ah_ptrs = ah_ptr + rm[:, None] * s_ahm + rk[None, :] * s_ahk
     bh_ptrs = bh_ptr + rk[:, None] * s_bhk + rn[None, :] * s_bhn
-    for ks in tl.range(0, tl.cdiv(K, SLICE), flatten=FLATTEN):
-        part = tl.zeros((BM, BN), dtype=tl.float32)
-        for kt in range(0, SLICE // BK):
-            mask_k = rk < K - (ks * SLICE + kt * BK)
-            a = tl.load(ah_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            b = tl.load(bh_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
-            part = tl.dot(a, b, part)
-            ah_ptrs += BK * s_ahk
-            bh_ptrs += BK * s_bhk
-        acc = acc + part
+    if FLATTEN:  # one pipelined loop over the nest (a Triton without it: the else)
+        for ks in tl.range(0, tl.cdiv(K, SLICE), flatten=True):
+            acc, ah_ptrs, bh_ptrs = _slice(acc, ah_ptrs, bh_ptrs, mask_m, mask_n, rk,
+                                           K - ks * SLICE, s_ahk, s_bhk, SLICE, BM, BN, BK)
+    else:
+        for ks in range(0, tl.cdiv(K, SLICE)):
+            acc, ah_ptrs, bh_ptrs = _slice(acc, ah_ptrs, bh_ptrs, mask_m, mask_n, rk,
+                                           K - ks * SLICE, s_ahk, s_bhk, SLICE, BM, BN, BK)
     sa = tl.load(sa_ptr + rm, mask=mask_m, other=0)
     sb = tl.load(sb_ptr + rn, mask=mask_n, other=0)
     p = _unscale(acc, -(sa[:, None] + sb[None, :]))
