@@ -253,6 +253,12 @@ class ArrayAPIBackend:
         names one; returns whether it ran."""
         return False
 
+    def fused_sgemm_kernel(self, m: int, n: int, k: int, slice_k: int) -> str | None:
+        """The name of the backend's one-kernel ``tc-sgemm`` product (:meth:`fused_sgemm`)
+        for a 2-D ``m x n x k`` product in slices of ``slice_k``, or None (the portable
+        version has none)."""
+        return None
+
     def fused_sgemm(self, a_hi: Any, a_hf: Any, a_lo: Any, b_hi: Any, b_hf: Any, b_lo: Any,
                     sa: Any, sb: Any, c: Any, *, slice_k: int, accumulate: bool,
                     subtract: bool) -> bool:

@@ -40,6 +40,7 @@ def kernel(monkeypatch):
         return True
 
     monkeypatch.setattr(be, "fused_sgemm", run, raising=True)
+    monkeypatch.setattr(be, "fused_sgemm_kernel", lambda m, n, k, s: "emulated", raising=True)
     return be, calls
 
 
@@ -113,6 +114,7 @@ def test_the_portable_backend_has_no_kernel():
     s = np.zeros((2, 1), np.int32)
     assert be.fused_sgemm(x, x, x, x, x, x, s, s.T, np.zeros((2, 2), np.float32),
                           slice_k=2, accumulate=False, subtract=False) is False
+    assert be.fused_sgemm_kernel(4096, 4096, 4096, 1024) is None
 
 
 def _triton_cupy():

@@ -452,6 +452,11 @@ class CupyBackend(ArrayAPIBackend):
         return triton_gemm.fp16_gemm(a16, b16, sa, sb, c, accumulate=accumulate,
                                      subtract=subtract)
 
+    def fused_sgemm_kernel(self, m, n, k, slice_k):
+        from mpqr.backends.cupy import triton_sgemm
+
+        return triton_sgemm.kernel_name(m, n, k, slice_k)
+
     def fused_sgemm(self, a_hi, a_hf, a_lo, b_hi, b_hf, b_lo, sa, sb, c, *, slice_k,
                     accumulate, subtract):
         # tc-sgemm's slices, corrections and unscaling in one Triton kernel (optional: Triton)

@@ -75,7 +75,8 @@ def run_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, slice_k: int,
                  partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
     pa, pb, sa, sb = _parts(backend, a, b)
     xp = backend.xp
-    if FUSED_KERNEL and out_dtype == xp.float32 and pa.hi.ndim == pb.hi.ndim == 2:
+    if FUSED_KERNEL and out_dtype == xp.float32 and pa.hi.ndim == pb.hi.ndim == 2 \
+            and backend.fused_sgemm_kernel(pa.shape[0], pb.shape[1], pa.shape[1], slice_k):
         c = xp.empty((pa.shape[0], pb.shape[1]), dtype=xp.float32, device=device(pa.hi))
         if _fused(backend, pa, pb, sa, sb, c, slice_k=slice_k, subtract=None):
             return c
