@@ -271,8 +271,12 @@ class ArrayAPIBackend:
 
     def add_partials(self, c: Any, parts: Any) -> None:
         """``c[...] = c + sum(parts, axis=0)`` for float32 partial products ``parts``
-        (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest."""
-        c[...] = c + self.xp.sum(parts, axis=0)
+        (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest: here one
+        partial after the other, the order of the one-kernel product
+        (:meth:`fused_sgemm`: C = corrections, C += slice, slice by slice), which the
+        portable backends so emulate."""
+        for i in range(parts.shape[0]):
+            c[...] = c + parts[i]
 
     def add_identity(self, x: Any) -> None:
         """``x[..., i, i] += 1`` for ``i < min(m, n)``, in place."""
