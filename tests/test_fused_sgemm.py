@@ -164,3 +164,20 @@ def test_triton_sgemm_matches_the_engine_gemms(subtract):
     assert bool(cp.all(cp.where(fin, cp.abs(on.astype(cp.float64) - off) <= bound, True)))
     assert bool(cp.all(cp.isnan(on) == cp.isnan(off)))
     assert ts.kernel_name(m, n, k, 1024) == "triton-sgemm"
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_the_gram_blocks_go_to_the_kernel(kernel, same):
+    from mpqr.engines.gram import gram_tc_sgemm
+
+    be, calls = kernel
+    rng = np.random.default_rng(4)
+    k, n = 200, 96
+    a = (rng.standard_normal((k, n)) * np.exp2(rng.integers(-20, 20, (1, n)))).astype(np.float32)
+    b = a if same else rng.standard_normal((k, n)).astype(np.float32)
+    got = gram_tc_sgemm(be, a, b, out_dtype=np.float32, sign=1, slice_k=64)
+    assert calls and all(c[2:] == (False, False, 64) for c in calls)
+    p, bound = _bound(a.T, b, k)
+    upper = np.triu(np.ones((n, n), bool))
+    assert np.all(np.abs(got - p)[upper] <= bound[upper])
+    assert np.array_equal(got, got.T) or not same

@@ -356,6 +356,43 @@ def products() -> None:
         cp.get_default_memory_pool().free_all_blocks()
 
 
+@guarded
+def gram_engine() -> None:
+    """The Gram engine's ``A^T A`` (65536 x 4096 float32: CholQR's Gram), its blocks in the
+    kernel or in the cuBLAS path, on/off alternated, against float64."""
+    from mpqr.backends import get_backend
+
+    from mpqr.engines.gram import gram_tc_sgemm
+
+    if left() < 30:
+        print("skipped the Gram engine: time budget", flush=True)
+        return
+    be = get_backend(cp)
+    a = cp.random.default_rng(9).standard_normal((65536, 4096), dtype=cp.float32)
+    slice_k = be.tc_sgemm_slice_k(4096, 4096, 65536)
+    call = functools.partial(gram_tc_sgemm, be, a, a, out_dtype=cp.float32, sign=1,
+                             slice_k=slice_k)
+    before = CALLS["ran"]
+    t = _ab(call, 5)
+    ran = CALLS["ran"] - before
+    outs = {}
+    for on in (False, True):
+        _switch(on)
+        outs[on] = call()
+    _switch(True)
+    a64 = a.astype(cp.float64)
+    ref = a64.T @ a64
+    bound = (2.0**-20 + 65536 * 2.0**-24) * (cp.abs(a64).T @ cp.abs(a64))
+    ratio = float(cp.max(cp.abs(outs[True] - ref) / bound))
+    ratio_off = float(cp.max(cp.abs(outs[False] - ref) / bound))
+    status("Gram engine 65536x4096 A^T A", ratio <= 1.0 and ran > 0,
+           f"err/bound {ratio:.3f} (cuBLAS path {ratio_off:.3f}); {ran} kernel calls")
+    RESULT["gram_engine"] = {"off_ms": t["off"], "on_ms": t["on"], "kernel_calls": ran,
+                             "slice_k": slice_k}
+    print(f"Gram engine 65536x4096 (slice {slice_k}): off {t['off']:.2f} on {t['on']:.2f} ms",
+          flush=True)
+
+
 def _errors(a, q, r) -> tuple[float, float]:
     a64, q64, r64 = (x.astype(cp.float64) for x in (a, q, r))
     back = float(cp.linalg.norm(a64 - q64 @ r64) / cp.linalg.norm(a64))
@@ -451,6 +488,7 @@ def main() -> None:
     checks(quick=True)
     qr_timings(((16384, 16384), 5, 20))
     products()
+    gram_engine()
     qr_timings(((8192, 8192), 5, 8), ((65536, 8192), 4, 16))
     qr_checks()
     checks()

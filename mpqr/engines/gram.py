@@ -142,6 +142,7 @@ def gram_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int,
     and ``b``'s is ``[lo; hi_f]``: for ``a is b`` both are views of one ``3k x n``
     buffer ``[lo; hi_f; lo]``.
     """
+    from mpqr.engines import tc_sgemm
     from mpqr.engines.tc_sgemm import BATCHED_PARTIALS_BYTES, LO_SHIFT, split_product
 
     xp = backend.xp
@@ -161,7 +162,16 @@ def gram_tc_sgemm(backend: Any, a: Any, b: Any, *, out_dtype: Any, sign: int,
         b_cat = backend.empty_for(b, (2 * k, n), xp.float16)  # [lo; hi_f]
         backend.split_fp16(b, sb, b_hi, hf=b_cat[k:, :], lo=b_cat[:k, :], lo_shift=LO_SHIFT)
     c = xp.zeros((n, n), dtype=xp.float32, device=device(a))  # the lower blocks stay 0
+    zero = xp.zeros((n, 1), dtype=xp.int32, device=device(a))  # unscaled after the blocks
+    t = xp.matrix_transpose
     for i0, i1, j0, j1 in gram_blocks(n):
+        if tc_sgemm.FUSED_KERNEL and backend.fused_sgemm_kernel(i1 - i0, j1 - j0, k, slice_k) \
+                and backend.fused_sgemm(
+                    t(a_hi[:, i0:i1]), t(a_cat[:k, i0:i1]), t(a_cat[k:, i0:i1]),
+                    b_hi[:, j0:j1], b_cat[k:, j0:j1], b_cat[:k, j0:j1], zero[i0:i1],
+                    t(zero[j0:j1]), c[i0:i1, j0:j1], slice_k=slice_k, accumulate=False,
+                    subtract=False):
+            continue  # the block in one kernel: the same sums in the same order
         split_product(backend, xp.matrix_transpose(a_hi[:, i0:i1]),
                       xp.matrix_transpose(a_cat[:, i0:i1]), b_hi[:, j0:j1], b_cat[:, j0:j1],
                       slice_k=slice_k, out=c[i0:i1, j0:j1],
