@@ -24,6 +24,10 @@ Scheme (after Ootomo & Yokota, and Leng et al.'s TC-SGEMM):
    measurements on the GPU (``bench/results``).
 5. Convert to the output dtype and undo the scaling exactly.
 
+Where the backend has it (CuPy with Triton), steps 3-5 and any update ``C -= AB`` run as
+one kernel (:data:`FUSED_KERNEL`): the same fp16 parts, the corrections first, then the
+slices added one by one with round-to-nearest, no partials in memory.
+
 Range: each entry keeps ~23 bits relative to itself while it lies within
 2^-28 of its row's (A) or column's (B) largest entry; smaller entries fall into
 fp16's subnormals. A product of a matrix graded along k by more than that with
