@@ -26,7 +26,7 @@ from typing import Any
 
 from mpqr.backends.cupy import triton_gemm as tg
 
-__all__ = ["CONFIGS", "ENABLED", "FLATTEN", "MIN_SLICE", "MIN_TILES", "config", "kernel_name",
+__all__ = ["CONFIGS", "ENABLED", "FLATTEN", "MAX_SLICE", "MIN_TILES", "config", "kernel_name",
            "sgemm_split"]
 
 #: Switch for A/B measurements (and a way out should a Triton release misbehave).
@@ -36,9 +36,14 @@ MIN_TILES = 132
 #: Tile shapes, widest first: (BM, BN, BK, num_warps, num_stages); the first whose grid has
 #: :data:`MIN_TILES` tiles and whose ``BK`` divides ``slice_k`` runs. Two float32
 #: accumulators live during the slices (the product and the slice's sum).
-#: Shortest ``slice_k`` the kernel takes (its slices are pipelined loops of
-#: ``slice_k / BK`` steps; shorter slices are the cuBLAS path's batched partials)
-MIN_SLICE = 0
+#: Longest ``slice_k`` the kernel takes (None: any). Its main loop ran at ~370 TFLOP/s of
+#: fp16 work against cuBLAS's ~570 (H200, 16384 x 8192 x 8192: 17.7 against 11.6 ms with
+#: operands prepared); what it saves is the cuBLAS path's per-slice partials (written,
+#: then summed by a ones-row GEMM), ``k / slice_k`` passes over the output: worth it for
+#: the short slices of outputs under 2^24 entries (128: 1024 x 8192 x 16384 in 2.16
+#: against 4.32 ms), not for slices of 1024 (16384^2 fp32-emulated QR: 269.3 ms off,
+#: 271.3 for every slice, 280.8 for slices of 1024 only)
+MAX_SLICE: int | None = 512
 #: the slices' loop nest flattened into one pipelined loop (``tl.range(flatten=True)``)
 #: rather than a pipeline per slice
 FLATTEN = True
@@ -64,7 +69,7 @@ def kernel_name(m: int, n: int, k: int, slice_k: int) -> str | None:
     """``"triton-sgemm"`` where :func:`sgemm_split` takes an ``m x n x k`` product with
     slices of ``slice_k``, else None."""
     if not (ENABLED and tg.ENABLED and 0 < k < 2**31 and max(m, n) < 2**31
-            and slice_k > 0 and slice_k >= MIN_SLICE
+            and 0 < slice_k <= (MAX_SLICE or slice_k)
             and config(m, n, slice_k) is not None and tg.available()):
         return None
     return "triton-sgemm"

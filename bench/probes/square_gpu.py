@@ -12,15 +12,16 @@ a ones-row GEMM, and the unscale-into-C pass), set per call in one process.
    transposed prepared operand (its shifts along k); rows and columns graded 2^-40..2^40;
    Inf/NaN placed in A and B (the non-finite pattern of the cuBLAS path); slice lengths
    128 and 1024 with k not a multiple of either; that the kernel actually ran.
-2. Single products (ms, medians of 7 CUDA-event timings after a warm-up, on/off
-   alternated): ``C -= A B`` at 16384 x 8192 x 8192 and 65536 x 4096 x 4096, and the Gram
+2. Single products (ms, medians of 7 CUDA-event timings after a warm-up, off and the
+   kernel at every slice length alternated): ``C -= A B`` at 16384 x 8192 x 8192 and 65536 x 4096 x 4096, and the Gram
    shape ``A^T B`` (4096 x 65536 @ 65536 x 4096), each as the engine's whole call
    (float32 operands: splits included) and as the core (operands prepared once: the
    kernel against the slices' GEMMs + partials + unscaling); the kernel's tile shapes
    (``CONFIGS``) one by one at 16384 x 8192 x 8192.
-3. QR 4096² fp32-emulated: backward error and orthogonality on/off.
+3. QR 16384² fp32-emulated: backward error and orthogonality on/off (4096² takes
+   no product to the kernel).
 4. QR 16384², 8192² and 65536 x 8192 fp32-emulated beside ``cupy.linalg.qr`` (cuSOLVER),
-   on/off alternated, medians of 5 (4 at the largest), and how many products took the
+   off / on (the default ``MAX_SLICE``: short slices only) / "all" (every slice) alternated, medians of 5 (4 at the largest), and how many products took the
    kernel.
 """
 
@@ -46,6 +47,8 @@ RESULT: dict = {"checks": {}, "products": [], "configs": [], "qr": [], "compiles
 T0 = time.perf_counter()
 BUDGET = 84.0
 CALLS = {"ran": 0, "declined": 0}
+#: the kernel's default longest slice (``triton_sgemm.MAX_SLICE``), read at start
+DEFAULT_MAX_SLICE = None
 
 
 def status(name: str, ok: bool, detail: str = "") -> None:
@@ -132,20 +135,22 @@ def precompile() -> None:
 
 
 def _switch(on: bool | str) -> None:
-    """True/False: the kernel on/off; "on-1024": on for slices of 1024 and longer only."""
+    """True/False: the kernel on (its default ``MAX_SLICE``) / off; "all": on for every
+    slice length."""
     from mpqr.backends.cupy import triton_sgemm as ts
 
     ts.ENABLED = bool(on)
-    ts.MIN_SLICE = 1024 if on == "on-1024" else 0
+    ts.MAX_SLICE = None if on == "all" else DEFAULT_MAX_SLICE
 
 
 def _product(a, b, c, subtract, slice_k):
     """The engine's call: ``c = P`` (subtract None), ``c -= P`` or ``c += P``."""
     from mpqr.backends import get_backend
 
+    from mpqr._array_api import array_namespace
     from mpqr.engines.tc_sgemm import accumulate_tc_sgemm
 
-    be = get_backend(cp)
+    be = get_backend(array_namespace(c))
     assert accumulate_tc_sgemm(be, a, b, c, subtract=subtract, out_dtype=cp.float32,
                                slice_k=slice_k)
     return c
@@ -272,7 +277,7 @@ def _time(fn, repeat=7) -> list[float]:
 
 
 def _ab(call, repeat=7, modes=(False, True)) -> dict[str, float]:
-    """The switch's settings alternated, medians (ms) by "off", "on", "on-1024"."""
+    """The switch's settings alternated, medians (ms) by "off", "on", "all"."""
     def key(on):
         return on if isinstance(on, str) else ("on" if on else "off")
 
@@ -313,19 +318,19 @@ def products() -> None:
         sub = None if gram else True
         slice_k = be.tc_sgemm_slice_k(m, n, k)
         before = CALLS["ran"]
-        whole = _ab(functools.partial(_product, a, b, c, sub, slice_k))
+        whole = _ab(functools.partial(_product, a, b, c, sub, slice_k), modes=(False, "all"))
         pa = prepare(be, a, side="left", engine="tc-sgemm")
         pb = prepare(be, b, side="right", engine="tc-sgemm")
         core_call = functools.partial(_product, pa, pb, c, sub, slice_k)
-        core = _ab(core_call)
+        core = _ab(core_call, modes=(False, "all"))
         tf = 2.0 * m * n * k / 1e9
         row = {"product": name, "slice_k": slice_k, "whole_off_ms": whole["off"],
-               "whole_on_ms": whole["on"], "core_off_ms": core["off"], "core_on_ms": core["on"],
-               "core_on_tflops_fp32": tf / core["on"], "kernel_calls": CALLS["ran"] - before}
+               "whole_on_ms": whole["all"], "core_off_ms": core["off"], "core_on_ms": core["all"],
+               "core_on_tflops_fp32": tf / core["all"], "kernel_calls": CALLS["ran"] - before}
         RESULT["products"].append(row)
         print(f"{name} (slice {slice_k}): whole call off {whole['off']:.2f} on "
-              f"{whole['on']:.2f} ms; prepared operands off {core['off']:.2f} on "
-              f"{core['on']:.2f} ms ({tf / core['on']:.0f} TFLOP/s fp32-equivalent; "
+              f"{whole['all']:.2f} ms; prepared operands off {core['off']:.2f} on "
+              f"{core['all']:.2f} ms ({tf / core['all']:.0f} TFLOP/s fp32-equivalent; "
               f"kernel ran {row['kernel_calls']} times)",
               flush=True)
         if name.startswith("16384"):
@@ -335,9 +340,9 @@ def products() -> None:
             trials = [(cfg, True) for cfg in (*saved, (128, 128, 64, 8, 3))]
             trials.append((saved[0], False))  # the loop nest as written (a pipeline a slice)
             for cfg, flat in trials:
-                if left() < 40:
+                if left() < 30:
                     break
-                ts.CONFIGS, ts.FLATTEN = (cfg,), flat
+                ts.CONFIGS, ts.FLATTEN, ts.MAX_SLICE = (cfg,), flat, None
                 before = CALLS["ran"]
                 try:
                     core_call()
@@ -348,6 +353,7 @@ def products() -> None:
                     print(f"config {cfg}: {type(exc).__name__}: {exc}", flush=True)
                 finally:
                     ts.CONFIGS, ts.FLATTEN, ts.ENABLED = saved, True, True
+                    ts.MAX_SLICE = DEFAULT_MAX_SLICE
                 ran = CALLS["ran"] > before
                 RESULT["configs"].append({"config": cfg, "flatten": flat, "ms": t, "ran": ran})
                 print(f"  config {cfg} flatten={flat}: {t:.2f} ms"
@@ -362,34 +368,35 @@ def gram_engine() -> None:
     kernel or in the cuBLAS path, on/off alternated, against float64."""
     from mpqr.backends import get_backend
 
+    from mpqr._array_api import array_namespace
     from mpqr.engines.gram import gram_tc_sgemm
 
     if left() < 30:
         print("skipped the Gram engine: time budget", flush=True)
         return
-    be = get_backend(cp)
     a = cp.random.default_rng(9).standard_normal((65536, 4096), dtype=cp.float32)
+    be = get_backend(array_namespace(a))
     slice_k = be.tc_sgemm_slice_k(4096, 4096, 65536)
     call = functools.partial(gram_tc_sgemm, be, a, a, out_dtype=cp.float32, sign=1,
                              slice_k=slice_k)
     before = CALLS["ran"]
-    t = _ab(call, 5)
+    t = _ab(call, 5, (False, "all"))
     ran = CALLS["ran"] - before
     outs = {}
-    for on in (False, True):
+    for on in (False, "all"):
         _switch(on)
         outs[on] = call()
     _switch(True)
     a64 = a.astype(cp.float64)
     ref = a64.T @ a64
     bound = (2.0**-20 + 65536 * 2.0**-24) * (cp.abs(a64).T @ cp.abs(a64))
-    ratio = float(cp.max(cp.abs(outs[True] - ref) / bound))
+    ratio = float(cp.max(cp.abs(outs["all"] - ref) / bound))
     ratio_off = float(cp.max(cp.abs(outs[False] - ref) / bound))
     status("Gram engine 65536x4096 A^T A", ratio <= 1.0 and ran > 0,
            f"err/bound {ratio:.3f} (cuBLAS path {ratio_off:.3f}); {ran} kernel calls")
-    RESULT["gram_engine"] = {"off_ms": t["off"], "on_ms": t["on"], "kernel_calls": ran,
+    RESULT["gram_engine"] = {"off_ms": t["off"], "on_ms": t["all"], "kernel_calls": ran,
                              "slice_k": slice_k}
-    print(f"Gram engine 65536x4096 (slice {slice_k}): off {t['off']:.2f} on {t['on']:.2f} ms",
+    print(f"Gram engine 65536x4096 (slice {slice_k}): off {t['off']:.2f} on {t['all']:.2f} ms",
           flush=True)
 
 
@@ -405,8 +412,10 @@ def _errors(a, q, r) -> tuple[float, float]:
 def qr_checks() -> None:
     import mpqr
 
-    rng = np.random.default_rng(11)
-    a = cp.asarray(rng.standard_normal((4096, 4096)).astype(np.float32))
+    if left() < 8:
+        print("skipped the QR's accuracy: time budget", flush=True)
+        return
+    a = cp.random.default_rng(11).standard_normal((16384, 16384), dtype=cp.float32)
     errs = {}
     for on in (False, True):
         _switch(on)
@@ -415,7 +424,7 @@ def qr_checks() -> None:
         errs[on] = (*_errors(a, q, r), CALLS["ran"] - before)
     _switch(True)
     (b0, o0, _), (b, o, ran) = errs[False], errs[True]
-    status("qr 4096^2 fp32-emulated on vs off", b <= 2 * b0 and o <= 2 * o0,
+    status("qr 16384^2 fp32-emulated on vs off", b <= 2 * b0 and o <= 2 * o0,
            f"backward {b:.2e} (off {b0:.2e}), orthogonality {o:.2e} (off {o0:.2e}); "
            f"{ran} products in the kernel")
     RESULT["qr_accuracy"] = {"backward_on": b, "backward_off": b0, "orth_on": o,
@@ -440,7 +449,7 @@ def qr_timings(*rows) -> None:
         call()
         cp.cuda.Device().synchronize()
         ran = CALLS["ran"] - before
-        t = _ab(call, repeat, (False, True, "on-1024"))
+        t = _ab(call, repeat, (False, True, "all"))
         row = {"shape": f"{shape[0]}x{shape[1]}", "precision": "fp32-emulated",
                "cusolver_ms": base, "kernel_products": ran}
         for key, ms in t.items():
@@ -483,6 +492,10 @@ def main() -> None:
     except ImportError:
         RESULT["triton"] = None
     print(f"{RESULT['device']}, CuPy {cp.__version__}, Triton {RESULT['triton']}", flush=True)
+    global DEFAULT_MAX_SLICE
+    from mpqr.backends.cupy import triton_sgemm as ts
+
+    DEFAULT_MAX_SLICE = ts.MAX_SLICE
     precompile()
     _instrument()
     checks(quick=True)
