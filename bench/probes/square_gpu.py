@@ -13,7 +13,8 @@ a ones-row GEMM, and the unscale-into-C pass), set per call in one process.
    Inf/NaN placed in A and B (the non-finite pattern of the cuBLAS path); slice lengths
    128 and 1024 with k not a multiple of either; that the kernel actually ran.
 2. Single products (ms, medians of 7 CUDA-event timings after a warm-up, off and the
-   kernel at every slice length alternated): ``C -= A B`` at 16384 x 8192 x 8192 and 65536 x 4096 x 4096, and the Gram
+   kernel at every slice length alternated): ``C -= A B`` at 16384 x 8192 x 8192 and
+   65536 x 4096 x 4096, and the Gram
    shape ``A^T B`` (4096 x 65536 @ 65536 x 4096), each as the engine's whole call
    (float32 operands: splits included) and as the core (operands prepared once: the
    kernel against the slices' GEMMs + partials + unscaling); the kernel's tile shapes
@@ -21,7 +22,8 @@ a ones-row GEMM, and the unscale-into-C pass), set per call in one process.
 3. QR 16384² fp32-emulated: backward error and orthogonality on/off (4096² takes
    no product to the kernel).
 4. QR 16384², 8192² and 65536 x 8192 fp32-emulated beside ``cupy.linalg.qr`` (cuSOLVER),
-   off / on (the default ``MAX_SLICE``: short slices only) / "all" (every slice) alternated, medians of 5 (4 at the largest), and how many products took the
+   off / on (the default ``MAX_SLICE``: short slices only) / "all" (every slice)
+   alternated, medians of 5 (4 at the largest), and how many products took the
    kernel.
 """
 
