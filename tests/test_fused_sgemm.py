@@ -134,25 +134,27 @@ gpu = pytest.mark.skipif(_triton_cupy() is None, reason="needs a CUDA GPU with T
 
 
 @gpu
-@pytest.mark.parametrize("subtract", [None, True, False])
-def test_triton_sgemm_matches_the_engine_gemms(subtract):
+@pytest.mark.parametrize(("subtract", "slice_k"), [(None, 128), (True, 1024), (False, 128)])
+def test_triton_sgemm_matches_the_engine_gemms(subtract, slice_k, monkeypatch):
     cp = _triton_cupy()
     from mpqr.backends.cupy import triton_sgemm as ts
 
-    be = get_backend(cp)
+    monkeypatch.setattr(ts, "MAX_SLICE", None)  # every slice length (default: short ones)
+
     rng = cp.random.default_rng(7)
     m, n, k = 2048, 1280, 3000
     a = rng.standard_normal((k, m), dtype=cp.float32).T
     b = rng.standard_normal((k, n), dtype=cp.float32)
     b[9, 4] = cp.nan
     c0 = rng.standard_normal((m, n), dtype=cp.float32)
+    be = get_backend(array_namespace(c0))
     outs = []
     for on in (True, False):
         ts.ENABLED = on
         c = c0.copy()
         try:
             tc_sgemm.accumulate_tc_sgemm(be, a, b, c, subtract=subtract,
-                                         out_dtype=cp.float32, slice_k=1024)
+                                         out_dtype=cp.float32, slice_k=slice_k)
         finally:
             ts.ENABLED = True
         outs.append(c)
@@ -163,7 +165,7 @@ def test_triton_sgemm_matches_the_engine_gemms(subtract):
     fin = cp.isfinite(off)
     assert bool(cp.all(cp.where(fin, cp.abs(on.astype(cp.float64) - off) <= bound, True)))
     assert bool(cp.all(cp.isnan(on) == cp.isnan(off)))
-    assert ts.kernel_name(m, n, k, 1024) == "triton-sgemm"
+    assert ts.kernel_name(m, n, k, slice_k) == "triton-sgemm"
 
 
 @pytest.mark.parametrize("same", [True, False])
