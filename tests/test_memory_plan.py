@@ -644,12 +644,14 @@ def test_reserved_workspace_is_one_block_taken_again_only_where_needed():
     pool = Pool(free=0, kept=0, room=1 << 30)
     reserve(pool, 1000)  # rounded to the pool's 512-byte unit
     assert pool.calls == ["release", ("block", 1024)] and pool.free == 1024
-    reserve(pool, 1000)  # the block is whole and nothing else is cached
+    reserve(pool, 1000)  # the block is free and little else is cached
+    pool.free += 4096
+    reserve(pool, 1000)
     assert pool.calls == ["release", ("block", 1024)]
-    pool.free += 4096  # a request that did not fit took a block beside it
+    pool.free += 4 << 20  # a request that did not fit took a block beside it
     reserve(pool, 1000)
     assert pool.calls[2:] == ["release", ("block", 1024)] and pool.free == 1024
-    pool = Pool(free=8192, kept=2048, room=1 << 30)  # free room inside a block in use
+    pool = Pool(free=8 << 20, kept=2048, room=1 << 30)  # room inside a block in use
     reserve(pool, 1024)
     assert pool.calls == ["release"]
     pool = Pool(free=0, kept=0, room=0)  # no room: the temporaries take what they find

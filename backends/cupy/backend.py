@@ -1110,12 +1110,13 @@ def _cupy_reserve_workspace(self, nbytes):
     # freed chunks only within their block: temporaries of changing sizes (Q's formation
     # on the lean plan: its trailing rows grow block after block) leave blocks beside
     # blocks. One block of the phase's workspace, held free in the pool, serves them all
-    # (best fit, split and merged within it). Where it is whole and nothing else is
-    # cached, nothing to do; else the cached blocks go back and it is taken again.
+    # (best fit, split and merged within it). Where it is free (whole: no temporary
+    # outlives a block of Q) and little else is cached, nothing to do; else the cached
+    # blocks go back and it is taken again.
     cp = self._cp
     pool = cp.get_default_memory_pool()
     nbytes = -(-int(nbytes) // 512) * 512
-    if nbytes <= 0 or pool.free_bytes() == nbytes:
+    if nbytes <= 0 or nbytes <= pool.free_bytes() <= nbytes + max(nbytes >> 4, 1 << 20):
         return
     pool.free_all_blocks()
     if pool.free_bytes() >= nbytes:  # a block in use holds that much free: use it
