@@ -178,7 +178,9 @@ def rows():
         check(f"{tag}: backward {got['backward']:.1e} <= {bb:.1e}, orth {got['orth']:.1e} "
               f"<= {bo:.1e}", got["backward"] <= bb and got["orth"] <= bo)
         check(f"{tag}: pool {pm:.3f}x <= target {TARGET[prec]}x", pm <= TARGET[prec])
-        check(f"{tag}: pool {pm:.3f}x <= estimate {est:.3f}x", pm <= est)
+        # plus the pool's fixed per-call blocks (kernel scratch, scalars), as the GPU test
+        check(f"{tag}: pool {pm:.3f}x <= estimate {est:.3f}x (+4 MiB)",
+              pm <= est + (4 << 20) / (m * n * np.dtype(dt).itemsize))
 
 
 def complete():
