@@ -592,9 +592,13 @@ def lean_q_workspace(m: int, qb: int, chunk: int, itemsize: int, limit: int | No
     8 of the product: ``tc-sgemm``, ``tc-fp16-splitb``): the products' scratch (whole,
     with ``partials`` bytes at most of ``tc-sgemm``'s partial products of k-slices of 128, or
     within ``limit``), the copy of the block's vectors and two ``qb x chunk`` products."""
+    def batched(r: int, c: int, kk: int) -> int:
+        # tc-sgemm batches k-slices (of 128 at the least) where two or more fit
+        group, slices = partials // max(1, 4 * r * c), kk // 128
+        return 4 * r * c * min(group, slices) if group > 1 and slices > 1 else 0
+
     prods = ((qb, chunk, m), (m, chunk, qb), (m, qb, qb))
-    whole = max(per * kk * (r + c) + 8 * r * c + min(partials, 4 * r * c * (kk // 128))
-                for r, c, kk in prods)
+    whole = max(per * kk * (r + c) + 8 * r * c + batched(r, c, kk) for r, c, kk in prods)
     scratch = whole if limit is None else min(limit, whole)
     return scratch + (m * qb + 2 * qb * chunk) * itemsize
 

@@ -239,13 +239,14 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
     q_work = None
     if prec_name in ("fp16", "fp32-emulated", "auto"):
         per = 2 if prec_name == "fp16" else 6
-        r, c, kk = prods[0]
-        scratch = min(lean_split_cap(nbytes), per * kk * (r + c) + 8 * r * c)
-        # Q's formation (tc-sgemm, or tc-fp16-splitb at fp16: 6 bytes an element of an
-        # operand): the workspace the route holds for it
-        cap = lean_split_cap(nbytes)
-        q_work = lean_q_workspace(m, qb, chunk, itemsize, cap,
-                                  0 if prec_name == "fp16" else partials_limit(cap))
+        whole = max(per * kk * (r + c) + 8 * r * c for r, c, kk in prods)
+        scratch = min(lean_split_cap(nbytes), whole)
+        if prec_name != "auto":
+            # Q's formation (tc-sgemm, or tc-fp16-splitb at fp16: 6 bytes an element of
+            # an operand): the workspace the route holds for it in one block
+            cap = lean_split_cap(nbytes)
+            q_work = lean_q_workspace(m, qb, chunk, itemsize, cap,
+                                      0 if prec_name == "fp16" else partials_limit(cap))
     elif prec_name == "fp64-emulated":
         whole = max(workspace_bytes(r, c, kk, _OZAKI_TERMS, _OZAKI_LIMBS) for r, c, kk in prods)
         scratch = min(lean_ozaki_cap(nbytes), whole)
@@ -260,10 +261,10 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
         factoring += m * wk * 2
     # Q over the working copy, R, the T's, a copy of a block's vectors, the chunks' products
     forming_q = (m * n + k * n + k * min(nb, k) + m * qb + 2 * qb * chunk) * itemsize
-    if q_work is not None:
-        forming_q = (m * n + k * n + k * min(nb, k)) * itemsize + q_work
-        return math.ceil(stack * max(factoring + scratch, forming_q) + _SLACK * nbytes)
-    return math.ceil(stack * (max(factoring, forming_q) + scratch) + _SLACK * nbytes)
+    need = max(factoring, forming_q) + scratch
+    if q_work is not None:  # Q, R and the T's beside the block held for the rest
+        need = max(need, (m * n + k * n + k * min(nb, k)) * itemsize + q_work)
+    return math.ceil(stack * need + _SLACK * nbytes)
 
 
 def lean_split_cap(nbytes: int) -> int:
