@@ -60,10 +60,10 @@ U = {"fp16": 2.0**-11, "fp32-emulated": 2.0**-24, "fp64-emulated": 2.0**-53,
      "auto": 2.0**-53, "fp64": 2.0**-53, "fp32": 2.0**-24}
 # (m, n, dtype, precision, plan forced)
 ROWS = [(16384, 16384, "float32", "fp16", "lean"),
+        (1 << 24, 64, "float64", "auto", "1"),
         (16384, 16384, "float32", "fp32-emulated", "lean"),
         (16384, 16384, "float64", "fp64-emulated", "lean"),
-        (65536, 8192, "float32", "fp32-emulated", "lean"),
-        (1 << 24, 64, "float64", "auto", "1")]
+        (65536, 8192, "float32", "fp32-emulated", "lean")]
 TARGET = {"fp16": 2.5, "fp32-emulated": 2.5, "fp64-emulated": 3.0, "auto": 2.5}
 TESTS = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
          "tests/test_memory_plan.py", "-k", "gpu"]
