@@ -537,7 +537,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         opts = active_gemm_options()
         limit = None if opts is None else opts.workspace_limit
         reserve = None
-        if prec_name in ("fp16", "fp32-emulated") and not is_complex(xp, a):
+        # one matrix (a stack's products are not tiled: their scratch has no such bound)
+        if prec_name in ("fp16", "fp32-emulated") and not batch and not is_complex(xp, a):
             reserve = lean_q_workspace(m, min(LEAN_Q_BLOCK, nb), chunk,
                                        getattr(a.dtype, "itemsize", 4), limit,
                                        0 if f16 else partials_limit(limit))
