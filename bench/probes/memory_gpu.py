@@ -154,7 +154,7 @@ def rows():
     print(f"{'call':<40} {'pool':>6} {'live':>6} {'cupy':>6} {'est':>6}  backward  orth",
           flush=True)
     for m, n, dt, prec, setting in ROWS:
-        if res["rows"] and left() < 55:
+        if res["rows"] and left() < 48:
             print(f"{m} x {n} {dt} {prec}: skipped (time)", flush=True)
             continue
         a = draw(m, n, dt)
