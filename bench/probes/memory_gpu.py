@@ -14,8 +14,8 @@ under 90 s on an H200: each part after the first is skipped past its time guard)
    fp64-emulated <= 3x), the estimate, backward error and orthogonality (float64 on the
    device) against bounds from the precision;
 2. complete: lean ``mode="complete"`` (route forced: ``method="auto"`` takes cuSOLVER
-   there) at 8192 x 2048 and 4096 x 1024 float32, the wide 1024 x 4096 and the lean
-   4096^2 rows, within their estimates (the GPU tests' shapes);
+   there) at 8192 x 2048 and 4096 x 1024 float32, the wide 1024 x 4096 and the 4096^2
+   rows lean and fast, within their estimates (the GPU tests' shapes, the route forced);
 3. alloc: the allocation log of 16384^2 float32 fp16 lean (the live blocks at the pool's
    high-water and where each was asked for, the cached bytes beside them, the new blocks);
 4. oom: device inputs under a pool limit -> DeviceMemoryError (bytes needed, free, what
@@ -185,23 +185,28 @@ def rows():
 
 def complete():
     from mpqr.qr.memory_plan import estimate_bytes
-    plan("lean")
-    for m, n, mode, dt, prec in ((8192, 2048, "complete", "float32", "fp32-emulated"),
-                                 (4096, 1024, "complete", "float32", "fp32-emulated"),
-                                 (1024, 4096, "reduced", "float32", "fp32-emulated"),
-                                 (4096, 4096, "reduced", "float32", "fp32-emulated"),
-                                 (4096, 4096, "reduced", "float32", "fp16"),
-                                 (4096, 4096, "reduced", "float64", "fp64-emulated")):
+    for m, n, mode, dt, prec, setting in (
+            (8192, 2048, "complete", "float32", "fp32-emulated", "lean"),
+            (4096, 1024, "complete", "float32", "fp32-emulated", "lean"),
+            (1024, 4096, "reduced", "float32", "fp32-emulated", "lean"),
+            (4096, 4096, "reduced", "float32", "fp32-emulated", "lean"),
+            (4096, 4096, "reduced", "float32", "fp16", "lean"),
+            (4096, 4096, "reduced", "float64", "fp64-emulated", "lean"),
+            (4096, 4096, "reduced", "float32", "fp32-emulated", "fast"),
+            (4096, 4096, "reduced", "float32", "fp16", "fast"),
+            (4096, 4096, "reduced", "float64", "fp64-emulated", "fast")):
         a = draw(m, n, dt, 3)
+        plan(setting)
         got = measured(lambda x, md=mode, pr=prec: mpqr.qr(
             x, mode=md, precision=pr, method="householder-recursive"), a)
-        est = estimate_bytes("householder-recursive", prec, (m, n), a.itemsize, "lean",
+        plan("1")
+        est = estimate_bytes("householder-recursive", prec, (m, n), a.itemsize, setting,
                              complete=mode == "complete") / a.nbytes
         fixed = (4 << 20) / a.nbytes  # the pool's fixed per-call blocks (the GPU test's)
         del a
-        tag = f"{m} x {n} {dt} {prec} mode={mode} lean"
-        res["complete"].append(dict(m=m, n=n, dtype=dt, precision=prec, mode=mode, mpqr=got,
-                                    estimate=est))
+        tag = f"{m} x {n} {dt} {prec} mode={mode} {setting}"
+        res["complete"].append(dict(m=m, n=n, dtype=dt, precision=prec, mode=mode,
+                                    plan=setting, mpqr=got, estimate=est))
         print(f"{tag}: pool {got['pool_multiple']:.2f}x, live {got['peak_live_multiple']:.2f}x,"
               f" estimate {est:.2f}x; backward {got['backward']:.1e}, orth {got['orth']:.1e}",
               flush=True)
@@ -409,7 +414,7 @@ def tests():
 
 
 if __name__ == "__main__":
-    for name, fn, need in (("rows", rows, 0), ("complete", complete, 10), ("alloc", alloc, 10),
+    for name, fn, need in (("rows", rows, 0), ("complete", complete, 12), ("alloc", alloc, 10),
                            ("oom", oom, 5), ("host", host, 8), ("timings", timings, 15),
                            ("largest", largest, 12), ("tests", tests, 25)):
         part(name, fn, need)
