@@ -1112,6 +1112,13 @@ def _release_cached_memory(self: ArrayAPIBackend, at_least: int = 0) -> None:
     ``at_least`` bytes; nothing here."""
 
 
+def _reserve_workspace(self: ArrayAPIBackend, nbytes: int) -> None:
+    """Hold ``nbytes`` of an array library's memory pool as one free block for the
+    temporaries that follow (a phase of the lean memory plan), the other cached blocks
+    handed back; nothing here."""
+
+
 ArrayAPIBackend.device_memory_free = _device_memory_free
 ArrayAPIBackend.release_cached_memory = _release_cached_memory
+ArrayAPIBackend.reserve_workspace = _reserve_workspace
 ArrayAPIBackend.host_staging = _host_staging

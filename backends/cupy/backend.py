@@ -1119,6 +1119,30 @@ def _cupy_release_cached_memory(self, at_least=0):
         pool.free_all_blocks()
 
 
+def _cupy_reserve_workspace(self, nbytes):
+    # CuPy's pool gives a request larger than any free chunk a block of its own and merges
+    # freed chunks only within their block: temporaries of changing sizes (Q's formation
+    # on the lean plan: its trailing rows grow block after block) leave blocks beside
+    # blocks. One block of the phase's workspace, held free in the pool, serves them all
+    # (best fit, split and merged within it). Where it is free (whole: no temporary
+    # outlives a block of Q) and little else is cached, nothing to do; else the cached
+    # blocks go back and it is taken again.
+    cp = self._cp
+    pool = cp.get_default_memory_pool()
+    nbytes = -(-int(nbytes) // 512) * 512
+    if nbytes <= 0 or nbytes <= pool.free_bytes() <= nbytes + max(nbytes >> 4, 1 << 20):
+        return
+    pool.free_all_blocks()
+    if pool.free_bytes() >= nbytes:  # a block in use holds that much free: use it
+        return
+    try:
+        mem = pool.malloc(nbytes)
+    except cp.cuda.memory.OutOfMemoryError:
+        return  # no room for it: the temporaries take what the pool finds
+    del mem
+
+
 CupyBackend.device_memory_free = _cupy_device_memory_free
 CupyBackend.release_cached_memory = _cupy_release_cached_memory
+CupyBackend.reserve_workspace = _cupy_reserve_workspace
 CupyBackend.host_staging = _cupy_host_staging

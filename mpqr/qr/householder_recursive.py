@@ -52,6 +52,7 @@ from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
 from mpqr.engines.prepared import Prepared
 from mpqr.engines.tc_fp16 import fp16_operand
+from mpqr.engines.tc_sgemm import partials_limit
 from mpqr.policy import (
     active_gemm_options,
     gemm,
@@ -94,6 +95,7 @@ __all__ = [
     "leaf_width",
     "lean_active",
     "lean_plan",
+    "lean_q_workspace",
     "lean_width",
     "round_reflectors_fp16",
     "rounded_wy",
@@ -517,19 +519,37 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # the factoring's workspace goes back before R and the formation of Q take theirs
         w_all = None
         backend.release_cached_memory()
-        r = _copy_r(xp, work, nb)
+        r = None if complete and m > n else _copy_r(xp, work, nb)
         if complete and m > n:
             # Q (m x m) over a copy of the vectors, the identity in its last m - n columns
             q = xp.zeros((*batch, m, m), dtype=a.dtype, device=dev)
             q[..., :, :n] = work
-            work = None
+            # kept for R, taken after Q (the caller's scaled copy holds it in any case)
+            work_r, work = work, None
             for c0 in range(n, m, LEAN_Q_BLOCK):  # diagonal blocks: no (m-n)^2 identity
                 c1 = min(m, c0 + LEAN_Q_BLOCK)
                 backend.add_identity(q[..., c0:c1, c0:c1])
         else:
             q = work
+        # the products of Q's formation in chunks of the input's n / LEAN_PARTS columns
+        # (also of a complete Q's m columns: the estimate's chunk)
+        chunk = -(-n // LEAN_PARTS)
+        opts = active_gemm_options()
+        limit = None if opts is None else opts.workspace_limit
+        reserve = None
+        # one matrix (a stack's products are not tiled: their scratch has no such bound)
+        if prec_name in ("fp16", "fp32-emulated") and not batch and not is_complex(xp, a):
+            reserve = lean_q_workspace(m, min(LEAN_Q_BLOCK, nb), chunk,
+                                       getattr(a.dtype, "itemsize", 4), limit,
+                                       0 if f16 else partials_limit(limit))
         _form_q_lean(backend, q, ts, precision=precision, pp=pp,
-                     options=SPLIT_FP16 if f16 else None)
+                     options=SPLIT_FP16 if f16 else None, chunk=chunk, reserve=reserve)
+        if complete and m > n:
+            # R with its zero rows here, after Q's formation (the vectors' copy still
+            # holds R): not a concatenation beside Q at the call's end
+            backend.release_cached_memory()
+            r = _copy_r(xp, work_r, nb, rows=m)
+            work_r = None
         return q, r
     if complete:
         r = xp.triu(work[..., :n, :])
@@ -565,8 +585,28 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     return q, r
 
 
+def lean_q_workspace(m: int, qb: int, chunk: int, itemsize: int, limit: int | None,
+                     partials: int = 0, per: int = 6) -> int:
+    """Bytes of the temporaries of one column block of Q's lean formation
+    (:func:`_form_q_lean`) of ``m`` rows, blocks of ``qb`` and chunks of ``chunk``
+    columns on an engine that splits its operands (``per`` bytes an element of each,
+    8 of the product: ``tc-sgemm``, ``tc-fp16-splitb``): the products' scratch (whole,
+    with ``partials`` bytes at most of ``tc-sgemm``'s partial products of k-slices of 128, or
+    within ``limit``), the copy of the block's vectors and two ``qb x chunk`` products."""
+    def batched(r: int, c: int, kk: int) -> int:
+        # tc-sgemm batches k-slices (of 128 at the least) where two or more fit
+        group, slices = partials // max(1, 4 * r * c), kk // 128
+        return 4 * r * c * min(group, slices) if group > 1 and slices > 1 else 0
+
+    prods = ((qb, chunk, m), (m, chunk, qb), (m, qb, qb))
+    whole = max(per * kk * (r + c) + 8 * r * c + batched(r, c, kk) for r, c, kk in prods)
+    scratch = whole if limit is None else min(limit, whole)
+    return scratch + (m * qb + 2 * qb * chunk) * itemsize
+
+
 def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
-                 precision: Any, pp: Any, options: Any = None) -> None:
+                 precision: Any, pp: Any, options: Any = None, chunk: int | None = None,
+                 reserve: int | None = None) -> None:
     """The reduced Q over the working copy (R already taken out), backward like LAPACK's
     ``orgqr``: for the column blocks ``j`` of at most :data:`LEAN_Q_BLOCK` (within the
     leaves, whose ``T`` has the block's ``T`` on its diagonal), last to first,
@@ -575,19 +615,26 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
     the left operand of every product (``options``: the fp16 QR's engine that reads the
     rounded vectors exactly); the small products with ``T_j`` run at ``pp``. The storage
     is a copy of the block's vectors (its columns are written last), ``kb x n/LEAN_PARTS``
-    products and, where the engine forms a product before subtracting it, one chunk."""
+    products and, where the engine forms a product before subtracting it, one chunk.
+    ``chunk``: the trailing update's columns at a time (default ``n / LEAN_PARTS``).
+
+    The blocks' products and splits grow block after block (Q's trailing rows do), and a
+    memory pool gives a request larger than any cached block a new one: with ``reserve``
+    (:func:`lean_q_workspace`) one block of that many bytes is held for the temporaries
+    (``backend.reserve_workspace``, before each block: taken again only where a request
+    did not fit it), else the pool's cached blocks go back once they pass a share of Q."""
     xp = backend.xp
     n = work.shape[-1]
-    chunk = -(-n // LEAN_PARTS)
+    chunk = -(-n // LEAN_PARTS) if chunk is None else chunk
     blocks = [(c, min(l1, c + LEAN_Q_BLOCK), l0, t) for l0, (l1, t) in sorted(ts.items())
               for c in range(l0, l1, LEAN_Q_BLOCK)]
-    # the blocks' products and splits grow block after block (the trailing rows and
-    # columns of Q do): the pool's cached blocks go back once they pass a share of Q, so
-    # that a larger request finds room instead of a new block beside them
     cached = int(LEAN_CACHED_SHARE * math.prod(work.shape)
                  * getattr(work.dtype, "itemsize", 8))
     for c0, c1, l0, t in reversed(blocks):
-        backend.release_cached_memory(at_least=cached)
+        if reserve:
+            backend.reserve_workspace(reserve)
+        else:
+            backend.release_cached_memory(at_least=cached)
         kb = c1 - c0
         tj = t[..., c0 - l0:c1 - l0, c0 - l0:c1 - l0]
         # the block's vectors as explicit unit lower columns (R above is already out)
@@ -636,12 +683,13 @@ def _take_r(xp: Any, work: Any, nb: int) -> Any:
     return work
 
 
-def _copy_r(xp: Any, work: Any, nb: int) -> Any:
+def _copy_r(xp: Any, work: Any, nb: int, rows: int | None = None) -> Any:
     """A copy of R (on and above the diagonal of the working copy's top ``n`` rows), in
     column blocks of ``nb``: no ``n x n`` mask beside it (``triu`` of the whole block
-    takes one, a quarter of a float32 R)."""
+    takes one, a quarter of a float32 R); ``rows`` rows in all (zeros below)."""
     *batch, _, n = work.shape
-    r = xp.zeros((*batch, n, n), dtype=work.dtype, device=device(work))
+    r = xp.zeros((*batch, n if rows is None else rows, n), dtype=work.dtype,
+                 device=device(work))
     for c0 in range(0, n, nb):
         c1 = min(n, c0 + nb)
         r[..., :c0, c0:c1] = work[..., :c0, c0:c1]

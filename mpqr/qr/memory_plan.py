@@ -41,6 +41,7 @@ from typing import Any
 
 from mpqr._errors import DeviceMemoryError
 from mpqr.engines.ozaki import workspace_bytes
+from mpqr.engines.tc_sgemm import partials_limit
 from mpqr.policy import active_gemm_options, gemm_options, record_event
 from mpqr.qr._kernels import TRMM_CUTOFF
 from mpqr.qr.householder_recursive import (
@@ -49,6 +50,7 @@ from mpqr.qr.householder_recursive import (
     MAX_CERTIFIED_LEAF_WIDTH,
     leaf_width,
     lean_plan,
+    lean_q_workspace,
     lean_width,
 )
 
@@ -201,9 +203,12 @@ def _complete_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsiz
     stack = math.prod(batch)
     reduced = estimate_bytes(method, prec_name, shape, itemsize, plan)
     if plan == "lean" and method == "householder-recursive":
-        # Q (m x m) beside the working copy (until copied into it) and R, and the blocks
-        # of Q's formation over m columns
-        return reduced + stack * (m * m + LEAN_Q_BLOCK * m) * itemsize
+        # Q (m x m) beside the working copy and R, and the blocks of Q's formation over m
+        # columns; at the end Q, the working copy and R with its zero rows (m x n)
+        n = shape[-1]
+        return max(reduced + stack * (m * m + LEAN_Q_BLOCK * m) * itemsize,
+                   math.ceil(stack * (m * m + 2 * m * n) * itemsize
+                             + _SLACK * stack * m * n * itemsize))
     # W Y^H (m x m), I and their difference, beside W and a unit-lower copy of Y
     return reduced + stack * 3 * m * m * itemsize
 
@@ -231,10 +236,17 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
     # the largest products (out rows, out columns, inner): the update right of W's block;
     # a chunk of Q's trailing update
     prods = ((wk, min(wk, k - wk), m), (m, chunk, qb))
+    q_work = None
     if prec_name in ("fp16", "fp32-emulated", "auto"):
         per = 2 if prec_name == "fp16" else 6
         whole = max(per * kk * (r + c) + 8 * r * c for r, c, kk in prods)
         scratch = min(lean_split_cap(nbytes), whole)
+        if prec_name != "auto":
+            # Q's formation (tc-sgemm, or tc-fp16-splitb at fp16: 6 bytes an element of
+            # an operand): the workspace the route holds for it in one block
+            cap = lean_split_cap(nbytes)
+            q_work = lean_q_workspace(m, qb, chunk, itemsize, cap,
+                                      0 if prec_name == "fp16" else partials_limit(cap))
     elif prec_name == "fp64-emulated":
         whole = max(workspace_bytes(r, c, kk, _OZAKI_TERMS, _OZAKI_LIMBS) for r, c, kk in prods)
         scratch = min(lean_ozaki_cap(nbytes), whole)
@@ -249,7 +261,10 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
         factoring += m * wk * 2
     # Q over the working copy, R, the T's, a copy of a block's vectors, the chunks' products
     forming_q = (m * n + k * n + k * min(nb, k) + m * qb + 2 * qb * chunk) * itemsize
-    return math.ceil(stack * (max(factoring, forming_q) + scratch) + _SLACK * nbytes)
+    need = max(factoring, forming_q) + scratch
+    if q_work is not None:  # Q, R and the T's beside the block held for the rest
+        need = max(need, (m * n + k * n + k * min(nb, k)) * itemsize + q_work)
+    return math.ceil(stack * need + _SLACK * nbytes)
 
 
 def lean_split_cap(nbytes: int) -> int:
