@@ -256,6 +256,7 @@ class CollectiveSolver(DaskSolver):
                     collective.forget_placement(client, placed)
                     tries += 1
                 continue
+            spread = collective.balance(per, self.a.chunks[0], res)
             res = list(res.values())
             r0 = next(v for v in res if v["rank_id"] == 0)
             if "error" in r0:
@@ -273,12 +274,11 @@ class CollectiveSolver(DaskSolver):
                          f"lstsq (dask): collective route ({self.kind}) over {len(per)} "
                          f"workers: one call straight to each worker (no task graph), "
                          f"{r0['passes']} passes over A, {r0['collectives']} all-reduces "
-                         "per worker",
+                         f"per worker{collective.balance_note(spread)}",
                          route="collective", communicator=self.kind, graphs=0,
                          tasks=0, launches=len(per), collectives=r0["collectives"],
                          passes=r0["passes"], attempts=attempt + 1,
-                         blocks_per_worker=[len(per[w]) for w in sorted(per)],
-                         seconds=max(v["seconds"] for v in res),
+                         **spread, seconds=max(v["seconds"] for v in res),
                          call_seconds=time.perf_counter() - t_start,
                          timeline_ms=_launch.timeline(start, sent, back,
                                                       [v["wall"] for v in res]))
