@@ -545,3 +545,25 @@ def test_bench_spreads_blocks_evenly_and_logs_each_calls_placement(client):
         client, *dask_array.linalg.tsqr(xi)))
     assert half["shape"] == "400x3" and half["blocks_per_worker"] == [2, 2]
     assert half["dask_tsqr_s"] > 0
+
+
+def test_lstsq_phases_name_each_pass(client, monkeypatch):
+    """Profiling (``PHASES``): each worker reports every pass and all-reduce of the
+    solver, in order, the first pass first."""
+    monkeypatch.setattr(collective, "PHASES", True)
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((800, 6))
+    b = rng.standard_normal(800)
+    x = _placed(client, a, 100, (4, 4))
+    bd = _placed(client, b, 100, (4, 4))
+    with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
+        xs = mpqr.lstsq(x, bd)[0]
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    phases = ev.data["phases_ms"]
+    assert len(phases) == 2
+    for steps in phases.values():
+        names = [s for s, _ in steps]
+        assert names[:2] == ["lstsq-first", "lstsq-first all-reduce"]
+        assert len(names) == 2 * ev.data["passes"] and all(t >= 0 for _, t in steps)
+    np.testing.assert_allclose(xs.compute(), np.linalg.lstsq(a, b, rcond=None)[0], rtol=0,
+                               atol=1e3 * np.finfo(np.float64).eps)

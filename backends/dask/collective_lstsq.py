@@ -48,6 +48,7 @@ class _WorkerSolver(DaskSolver):
         self.check_finite, self.vector = check_finite, None
         self.host = _blocks.host_backend()
         self.passes = [0]
+        self.phases: list[tuple[str, float]] | None = [] if collective.PHASES else None
         self.first_gram = None
         self.n_cols = a.shape[1]
 
@@ -59,12 +60,22 @@ class _WorkerSolver(DaskSolver):
         # a worker without blocks adds zeros: its leaf on empty blocks of its device
         pairs = self.pairs or [(xp.empty((0, self.n_cols), dtype=self.meta.dtype),
                                 xp.empty((0, self.b.shape[1]), dtype=self.meta.dtype))]
+        if self.phases is not None:  # profiling: each pass's and all-reduce's ms
+            self.backend.synchronize()
+            t0 = time.perf_counter()
         if _blocks.on_gpu(pairs[0][0]):  # the small operands to the GPU once a pass
             small = _blocks._moved(small, pairs[0][0], self.backend)
         parts = [leaf(small, a, b) for a, b in pairs]
         out = sum_parts(parts) if len(parts) > 1 else parts[0]
         self.passes[0] += 1
-        return _allreduce(self.comm, self.backend, out)
+        if self.phases is None:
+            return _allreduce(self.comm, self.backend, out)
+        self.backend.synchronize()
+        t1 = time.perf_counter()
+        res = _allreduce(self.comm, self.backend, out)
+        self.phases += [(what, round(1e3 * (t1 - t0), 3)),
+                        (f"{what} all-reduce", round(1e3 * (time.perf_counter() - t1), 3))]
+        return res
 
     def _factor(self, prec: str, mode: str) -> Any:
         """CholQR2 of the worker's blocks of ``A`` (the sums by all-reduce): ``R`` on
@@ -183,6 +194,8 @@ def _lstsq_task(comm: Any, blocks: tuple[Any, ...], meta: Any, ashape: tuple[int
             return {"error": exc, "rank_id": comm.rank}, []
     out = {"rank_id": comm.rank, "collectives": comm.calls - calls0,
            "passes": solver.passes[0], "seconds": time.perf_counter() - t0}
+    if solver.phases is not None:
+        out["phases_ms"] = solver.phases
     if comm.rank == 0:
         out.update(x=_blocks.to_host(x), rank=rank,
                    s=None if s is None else _blocks.to_host(s),
@@ -257,6 +270,8 @@ class CollectiveSolver(DaskSolver):
                     tries += 1
                 continue
             spread = collective.balance(per, self.a.chunks[0], res)
+            if collective.PHASES:
+                spread["phases_ms"] = {w: res[w].get("phases_ms") for w in sorted(res)}
             res = list(res.values())
             r0 = next(v for v in res if v["rank_id"] == 0)
             if "error" in r0:

@@ -100,12 +100,90 @@ def in_core() -> dict:
 
     out["backward_error"] = (num / den) ** 0.5
     out["orthogonality"] = float(np.linalg.norm(g - np.eye(N))) / N
-    del a, q, r
+    del q, r
+    # where an lstsq's time goes: the in-core call's steps, and the products a worker's
+    # passes make, block by block (ms, synchronised, median of 3)
+    b = xp.random.default_rng(1).standard_normal((ROWS, 1))
+    with mpqr.explain() as tr:
+        mpqr.lstsq(a, b, lapack_driver="gelsy", check_finite=False)
+    out["lstsq_trace"] = [(e.kind, e.message) for e in tr.events][:12]
+    out["products_ms"] = products(xp, a, b)
+    print("in core lstsq's steps:", out["lstsq_trace"])
+    print("products over the blocks of 2^26 x 64 (ms):", out["products_ms"])
+    del a, b
     if GPU:
         xp.get_default_memory_pool().free_all_blocks()
     results["in_core"] = out
     print("in core:", out)
     return out
+
+
+def products(xp, a, b) -> dict:
+    """ms of each product an lstsq pass makes, over ``a``'s ``BLOCK``-row blocks."""
+    import statistics
+
+    from mpqr.backends.dask._blocks import block_backend
+
+    from mpqr.bench._timing import sync
+    from mpqr.policy import gemm
+    from mpqr.qr.gram_blocked import gram
+
+    be = block_backend(a[:1])
+    x2 = xp.ones((N, 2))
+    blocks = [(a[i:i + BLOCK], b[i:i + BLOCK]) for i in range(0, a.shape[0], BLOCK)]
+    cases = {
+        "gram A^H A": lambda ai, bi: gram(be, ai, "fp64", "probe-gram"),
+        "A^H b": lambda ai, bi: gemm(ai.T, bi, precision="fp64", backend=be),
+        "A X (2 columns)": lambda ai, bi: gemm(ai, x2, precision="fp64", backend=be),
+        "A^H V (2 columns)": lambda ai, bi: gemm(ai.T, xp.concatenate([bi, bi], axis=1),
+                                                 precision="fp64", backend=be),
+        "lstsq first pass leaf": lambda ai, bi: _leaf("first", ai, bi),
+        "lstsq refine pass leaf": lambda ai, bi: _leaf("refine", ai, bi)}
+    out = {}
+    for name, fn in cases.items():
+        ts = []
+        for _ in range(4):
+            sync(xp)
+            t = time.perf_counter()
+            for ai, bi in blocks:
+                fn(ai, bi)
+            sync(xp)
+            ts.append(1e3 * (time.perf_counter() - t))
+        out[name] = round(statistics.median(ts[1:]), 2)
+    return out
+
+
+def _leaf(which, a, b):
+    from mpqr.backends.dask import _blocks
+
+    if which == "first":
+        return _blocks.lstsq_leaf(("fp64", "fp64", False), a, b)
+    import numpy as np
+
+    return _blocks.residual_leaf((np.ones((N, 2)), 1, "fp64", 0, 0, True), a, b)
+
+
+def phases(client, x, label: str) -> None:
+    """One ``lstsq`` (the bench's b, gelsy) with each worker's passes synchronised and
+    timed (``collective.PHASES``)."""
+    from mpqr.backends.dask import collective
+
+    import mpqr
+
+    b = bench._run(client, x.map_blocks(bench._rhs_block, drop_axis=1, dtype=x.dtype,
+                                        meta=x._meta.reshape((0,))))[0]
+    collective.PHASES = True
+    try:
+        with mpqr.explain() as tr:
+            mpqr.lstsq(x, b, lapack_driver="gelsy", check_finite=False)
+    finally:
+        collective.PHASES = False
+    ev = [e.data for e in tr.events if e.kind == "dask-collective"]
+    ph = ev[0].get("phases_ms") if ev else None
+    results.setdefault("lstsq_phases_ms", {})[label] = {
+        "passes": ev[0].get("passes") if ev else None, "phases": ph,
+        "events": [(e.kind, e.message) for e in tr.events][:10]}
+    print(f"{label} lstsq passes (ms, synchronised): {ph}")
 
 
 def qr_row(client, label: str, m: int, placement: str, reference: bool) -> None:
@@ -138,6 +216,8 @@ def lstsq_row(client, label: str, m: int, reference: bool) -> None:
     x = bench._placed(client, GPU, m, N, BLOCK, "float64", "even")
     row = {"workers": len(client.scheduler_info()["workers"]),
            **bench._lstsq(client, x, GPU, REPEAT, reference, ref_repeat=REF_REPEAT)}
+    if GPU:
+        step(f"{label} phases", phases, client, x, label, optional=True)
     del x
     results["rows"][label] = row
     rt = row["round_trips"]
