@@ -567,3 +567,36 @@ def test_lstsq_phases_name_each_pass(client, monkeypatch):
         assert len(names) == 2 * ev.data["passes"] and all(t >= 0 for _, t in steps)
     np.testing.assert_allclose(xs.compute(), np.linalg.lstsq(a, b, rcond=None)[0], rtol=0,
                                atol=1e3 * np.finfo(np.float64).eps)
+
+
+def test_docs_recipe_spreads_blocks_evenly(client):
+    """docs/dask.md's recipe for spreading blocks (run here as written, on the threaded
+    cluster): contiguous ranges of blocks per worker, and the route's trace says the
+    placement is even."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "dask.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S)
+               if "workers=[workers[i * len(workers) // nblocks]]" in b]
+    rows, n, nblocks = 50, 4, 6
+    env = {"load": lambda i: np.random.default_rng(i).standard_normal((rows, n)),
+           "nblocks": nblocks, "rows": rows, "n": n, "meta": np.empty((0, 0))}
+    exec(code, env)
+    a = env["a"]
+    from distributed import futures_of, wait
+
+    wait(a)
+    where = client.who_has(futures_of(a))
+    holders = [where[k[0]][0] for k in a.__dask_keys__()]
+    w0, w1 = sorted(client.scheduler_info()["workers"])
+    assert holders == [w0, w0, w0, w1, w1, w1]
+    with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
+        q, r = mpqr.qr(a)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["blocks_per_worker"] == [3, 3] and ev.data["imbalance"] == 1.0
+    assert "unevenly" not in ev.message
+    ah = np.concatenate([env["load"](i) for i in range(nblocks)])
+    u = np.finfo(np.float64).eps
+    assert backward_error(ah, q.compute(), r.compute() if hasattr(r, "compute") else r) \
+        <= 20 * u * n
