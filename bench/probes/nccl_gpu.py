@@ -353,6 +353,9 @@ def main() -> None:
         results["gpus"] = cupy.cuda.runtime.getDeviceCount()
         print("NCCL:", results["nccl"], "| GPUs:", results["gpus"], results["device"])
     dask.config.set({"mpqr.dask.route": "auto"})
+    # the workers import this tree's mpqr wherever the probe is started from
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT,
+                                                             os.environ.get("PYTHONPATH")]))
     step("in core", in_core)
     ngpu = min(2, results.get("gpus", 2))
     if ngpu >= 2:
