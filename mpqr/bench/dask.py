@@ -810,6 +810,10 @@ def summary(payload: dict[str, Any]) -> dict[str, Any]:
     for row in weak:
         if row.get("speedup"):
             out[f"dask tsqr / mpqr qr, {row['workers']} workers"] = row["speedup"]
+    for row in payload.get("strong_scaling", []):
+        if row.get("speedup"):
+            out[f"dask tsqr / mpqr qr, {row['workers']} workers, {row['shape']}"] = \
+                row["speedup"]
     for row in payload.get("lstsq", []):
         if row.get("speedup"):
             out[f"dask lstsq / mpqr lstsq, {row['workers']} workers"] = row["speedup"]
