@@ -42,7 +42,8 @@ Experiments (each row: workers, shape, block rows, median seconds of ``--repeat`
   ``mpqr.qr`` with ``Q`` persisted, ``mode="r"``, and ``dask.array.linalg.tsqr`` on the
   same cluster and chunks;
 * ``strong_scaling``: ``M`` fixed (``--strong-m``; by default ``m_per_worker``, which one
-  worker holds), ``w = 1 ... N`` (or ``--scale-workers``, as the weak rows);
+  worker holds), ``w = 1 ... N`` (or ``--scale-workers``, as the weak rows); a row the
+  weak rows ran already (one worker on ``m_per_worker``) is theirs (``same_as``);
 * ``lstsq``: weak scaling as the QR rows: ``mpqr.lstsq`` (``lapack_driver="gelsy"``,
   ``check_finite=False``, as dask's) and the default call (``gelsd``, finiteness checked) against
   ``dask.array.linalg.lstsq`` and against ``mpqr.qr``'s time on the same array;
@@ -445,12 +446,19 @@ def _half_tsqr(client: Any, x: Any, theirs: Any) -> dict[str, Any]:
             "blocks_per_worker": log[0]["blocks_per_worker"], "dask_tsqr_s": t}
 
 
-def _scaling(args: Any, gpu: bool, fixed_m: int | None) -> list[dict[str, Any]]:
+def _scaling(args: Any, gpu: bool, fixed_m: int | None,
+             done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The rows of ``args.scale_workers``; a row of ``done`` (the weak rows) with the
+    same workers and shape is reused, not run again (one worker on ``m_per_worker``)."""
     from distributed import Client
 
     rows_out = []
     for w in args.scale_workers:
         m = fixed_m if fixed_m else args.m_per_worker * w
+        same = [r for r in done or () if r["workers"] == w and r["shape"] == f"{m}x{args.n}"]
+        if same:
+            rows_out.append({**same[0], "same_as": "weak_scaling"})
+            continue
         with _cluster(w if gpu else None, w) as cluster, Client(cluster) as client:
             client.register_plugin(RoundTrips())
             x = _placed(client, gpu, m, args.n, args.chunk_rows, args.dtype,
@@ -758,7 +766,8 @@ def main(argv: list[str] | None = None) -> int:
         payload["weak_scaling"] = _scaling(args, gpu, None)
         write_json(args.json, payload)  # each experiment kept, should a later one fail
     if "strong" not in skip:  # by default the one-worker size, so that one worker holds it
-        payload["strong_scaling"] = _scaling(args, gpu, args.strong_m or args.m_per_worker)
+        payload["strong_scaling"] = _scaling(args, gpu, args.strong_m or args.m_per_worker,
+                                             payload.get("weak_scaling"))
         write_json(args.json, payload)
     if "lstsq" not in skip:  # weak scaling, as the QR rows
         payload["lstsq"] = []
