@@ -42,13 +42,14 @@ class _WorkerSolver(DaskSolver):
     """The solver on one worker: its passes over the worker's own block pairs."""
 
     def __init__(self, comm: Any, pairs: list[tuple[Any, Any]], meta: Any, backend: Any,
-                 a: _Shape, b: _Shape, args: tuple[Any, ...], check_finite: bool):
+                 a: _Shape, b: _Shape, args: tuple[Any, ...], check_finite: bool,
+                 phases: bool = False):
         Solver.__init__(self, backend, a, b, *args[:-1], need_s=args[-1])
         self.comm, self.pairs, self.meta = comm, pairs, meta
         self.check_finite, self.vector = check_finite, None
         self.host = _blocks.host_backend()
         self.passes = [0]
-        self.phases: list[tuple[str, float]] | None = [] if collective.PHASES else None
+        self.phases: list[tuple[str, float]] | None = [] if phases else None
         self.first_gram = None
         self.n_cols = a.shape[1]
 
@@ -167,7 +168,7 @@ def _allreduce(comm: Any, backend: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 def _lstsq_task(comm: Any, blocks: tuple[Any, ...], meta: Any, ashape: tuple[int, int],
                 bshape: tuple[int, int], args: tuple[Any, ...], check_finite: bool,
-                vector: bool) -> tuple[dict[str, Any], list[Any]]:
+                vector: bool, phases: bool = False) -> tuple[dict[str, Any], list[Any]]:
     """The solver over this worker's block pairs, ``blocks`` its blocks of ``a`` then
     those of ``b`` (the body a call runs on each worker,
     :func:`mpqr.backends.dask._launch.launch`); no blocks kept."""
@@ -181,7 +182,7 @@ def _lstsq_task(comm: Any, blocks: tuple[Any, ...], meta: Any, ashape: tuple[int
     t0, calls0 = time.perf_counter(), comm.calls
     solver = _WorkerSolver(comm, list(zip(a_blocks, b_blocks)), meta, backend,
                            _Shape(ashape, meta.dtype, meta), _Shape(bshape, meta.dtype, meta),
-                           args, check_finite)
+                           args, check_finite, phases)
     with mpqr.explain() as trace, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -257,7 +258,7 @@ class CollectiveSolver(DaskSolver):
                 res = _launch.launch(
                     client, h.cid, _blocks.bind(_lstsq_task), work,
                     (meta, self.a.shape, self.b.shape, self.args, self.check_finite,
-                     self.vector is not None), collective.TIMEOUT + 10)
+                     self.vector is not None, collective.PHASES), collective.TIMEOUT + 10)
                 back = time.time()
             except _launch.Lost as exc:
                 lost |= exc.gone
