@@ -11,6 +11,7 @@ import threading
 import numpy as np
 import pytest
 
+dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
@@ -289,9 +290,35 @@ def test_worker_without_blocks_and_uneven_blocks(client, counts):
         q, r = collective.cholqr2(x)
     (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
     assert ev.data["blocks_per_worker"] == list(counts) and ev.data["launches"] == 2
+    # the trace names the placement: rows per worker, the busiest over the mean, and
+    # each worker's body (the busiest sets the call's time)
+    rows = [100 * c for c in counts]
+    assert ev.data["rows_per_worker"] == rows
+    assert ev.data["imbalance"] == pytest.approx(max(rows) / (sum(rows) / 2), abs=1e-3)
+    assert len(ev.data["bodies_ms"]) == 2 and all(t >= 0 for t in ev.data["bodies_ms"])
+    assert "spread unevenly" in ev.message and str(list(counts)) in ev.message
     qh = q.compute()
     u = np.finfo(np.float64).eps
     assert backward_error(a, qh, r) <= 20 * u * 5 and orthogonality(qh) <= 20 * u * 5
+    # lstsq's trace says the same of its blocks
+    b = _placed(client, rng.standard_normal(a.shape[0]), 100, counts)
+    with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
+        xs = mpqr.lstsq(x, b)[0]
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["rows_per_worker"] == rows and "spread unevenly" in ev.message
+    np.testing.assert_allclose(xs.compute(), np.linalg.lstsq(a, b.compute(), rcond=None)[0],
+                               rtol=0, atol=1e3 * u)
+
+
+def test_balance_of_a_placement():
+    # ragged blocks: rows, not block counts, set the imbalance
+    b = collective.balance({"w1": [0, 2], "w0": [1]}, (10, 30, 10))
+    assert b == {"blocks_per_worker": [1, 2], "rows_per_worker": [30, 20],
+                 "imbalance": 1.2}
+    assert "1.20x the mean rows" in collective.balance_note(b)
+    even = collective.balance({"w0": [0], "w1": [1]}, (10, 10))
+    assert even["imbalance"] == 1.0 and collective.balance_note(even) == ""
+    assert collective.balance({"w0": [], "w1": []}, ())["imbalance"] == 1.0
 
 
 def test_qr_and_lstsq_take_the_route_asked(client):
@@ -495,3 +522,81 @@ def test_placement_remembered_and_a_moved_block_asked_again(client, monkeypatch)
     assert ev.data["attempts"] == 2 and len(asked) == 2
     u = np.finfo(np.float64).eps
     assert backward_error(a, q.compute(), r) <= 20 * u * 6
+
+
+def test_bench_spreads_blocks_evenly_and_logs_each_calls_placement(client):
+    """The Dask bench's matrix: block i of B made on worker i w / B (contiguous ranges),
+    each timed call's copy on the same workers, its blocks per worker logged; dask's
+    tsqr on every other block keeps the spread."""
+    import dask.array as dask_array
+
+    from mpqr.bench import dask as bench
+
+    x = bench._spread(client, False, 700, 3, 100, "float64", seed=2)
+    assert x.chunks == ((100,) * 7, (3,))
+    assert bench.blocks_per_worker(client, x) == [4, 3]
+    ref = np.concatenate([np.random.default_rng(2 * 100_003 + i).standard_normal((100, 3))
+                          for i in range(7)])
+    np.testing.assert_array_equal(x.compute(), ref)
+    log: list = []
+    t = bench._median_time(client, lambda xi: xi.sum().compute(), x, 2, log)
+    assert t > 0 and [c["blocks_per_worker"] for c in log] == [[4, 3], [4, 3]]
+    half = bench._half_tsqr(client, x, lambda xi: bench._run(
+        client, *dask_array.linalg.tsqr(xi)))
+    assert half["shape"] == "400x3" and half["blocks_per_worker"] == [2, 2]
+    assert half["dask_tsqr_s"] > 0
+
+
+def test_lstsq_phases_name_each_pass(client, monkeypatch):
+    """Profiling (``PHASES``): each worker reports every pass and all-reduce of the
+    solver, in order, the first pass first."""
+    monkeypatch.setattr(collective, "PHASES", True)
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((800, 6))
+    b = rng.standard_normal(800)
+    x = _placed(client, a, 100, (4, 4))
+    bd = _placed(client, b, 100, (4, 4))
+    with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
+        xs = mpqr.lstsq(x, bd)[0]
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    phases = ev.data["phases_ms"]
+    assert len(phases) == 2
+    for steps in phases.values():
+        names = [s for s, _ in steps]
+        assert names[:2] == ["lstsq-first", "lstsq-first all-reduce"]
+        assert len(names) == 2 * ev.data["passes"] and all(t >= 0 for _, t in steps)
+    np.testing.assert_allclose(xs.compute(), np.linalg.lstsq(a, b, rcond=None)[0], rtol=0,
+                               atol=1e3 * np.finfo(np.float64).eps)
+
+
+def test_docs_recipe_spreads_blocks_evenly(client):
+    """docs/dask.md's recipe for spreading blocks (run here as written, on the threaded
+    cluster): contiguous ranges of blocks per worker, and the route's trace says the
+    placement is even."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "dask.md").read_text()
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S)
+               if "workers=[workers[i * len(workers) // nblocks]]" in b]
+    rows, n, nblocks = 50, 4, 6
+    env = {"load": lambda i: np.random.default_rng(i).standard_normal((rows, n)),
+           "nblocks": nblocks, "rows": rows, "n": n, "meta": np.empty((0, 0))}
+    exec(code, env)
+    a = env["a"]
+    from distributed import futures_of, wait
+
+    wait(a)
+    where = client.who_has(futures_of(a))
+    holders = [where[k[0]][0] for k in a.__dask_keys__()]
+    w0, w1 = sorted(client.scheduler_info()["workers"])
+    assert holders == [w0, w0, w0, w1, w1, w1]
+    with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
+        q, r = mpqr.qr(a)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    assert ev.data["blocks_per_worker"] == [3, 3] and ev.data["imbalance"] == 1.0
+    assert "unevenly" not in ev.message
+    ah = np.concatenate([env["load"](i) for i in range(nblocks)])
+    u = np.finfo(np.float64).eps
+    assert backward_error(ah, q.compute(), r.compute() if hasattr(r, "compute") else r) \
+        <= 20 * u * n

@@ -40,7 +40,7 @@ from mpqr.policy import gemm, record_event
 from mpqr.qr.cholqr_steps import StepNumbers, passes
 
 __all__ = ["CollectiveError", "Communicator", "NcclCommunicator", "ThreadCommunicator",
-           "cholqr2", "communicator", "nccl_available"]
+           "balance", "cholqr2", "communicator", "nccl_available"]
 
 #: seconds a rank waits for the others at an all-reduce before the call fails
 TIMEOUT = 60.0
@@ -654,6 +654,40 @@ def assign(holders: list[Any], rows: tuple[int, ...], ranks: dict[str, int]
     return per
 
 
+#: imbalance (the busiest worker's rows over the mean) above which a call's trace says
+#: that the blocks are spread unevenly
+IMBALANCE_NOTE = 1.05
+
+
+def balance(per: dict[str, list[int]], rows: tuple[int, ...],
+            res: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The placement a call ran on, by worker address: ``blocks_per_worker``,
+    ``rows_per_worker`` and ``imbalance``, the busiest worker's rows over the mean (1.0:
+    even). Every pass waits at its all-reduce for the busiest worker, so a call's body
+    takes about ``imbalance`` times an even placement's. ``res``: the workers' results,
+    for each body's milliseconds (``bodies_ms``)."""
+    ws = sorted(per)
+    nrows = [sum(rows[i] for i in per[w]) for w in ws]
+    mean = sum(nrows) / len(nrows) if nrows else 0
+    out: dict[str, Any] = {"blocks_per_worker": [len(per[w]) for w in ws],
+                           "rows_per_worker": nrows,
+                           "imbalance": round(max(nrows) / mean, 3) if mean else 1.0}
+    if res is not None:
+        out["bodies_ms"] = [round(1e3 * (res[w]["wall"][2] - res[w]["wall"][1]), 2)
+                            if w in res else None for w in ws]
+    return out
+
+
+def balance_note(b: dict[str, Any]) -> str:
+    """The trace's words on an uneven placement ('' where it is even enough)."""
+    if b["imbalance"] <= IMBALANCE_NOTE:
+        return ""
+    return (f"; blocks spread unevenly ({b['blocks_per_worker']} per worker): the busiest "
+            f"worker holds {b['imbalance']:.2f}x the mean rows and every pass waits for it "
+            f"(spread the blocks evenly over the workers, e.g. made or persisted with an "
+            f"even worker assignment)")
+
+
 #: fraction of a worker's ``memory_limit`` at which distributed pauses it (its default)
 PAUSE_FRACTION = 0.8
 
@@ -825,17 +859,19 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         walls = [v["wall"] for v in infos]
         extra = {"phases_ms": {w: res[w].get("phases_ms") for w in sorted(res)}} \
             if PHASES else {}
+        spread = balance(per, x.chunks[0], res)
         record_event("dask-collective",
                      f"dask: collective CholQR2 ({kind}) over {len(per)} workers, "
                      f"{len(futs)} blocks: one call straight to each worker (no task "
                      f"graph), {r0['collectives']} all-reduces per worker, "
-                     f"{want_q * len(futs)} blocks of Q kept where A's are",
+                     f"{want_q * len(futs)} blocks of Q kept where A's are"
+                     f"{balance_note(spread)}",
                      route="collective", communicator=kind, graphs=0, tasks=0,
                      launches=len(per), q_blocks=want_q * len(futs),
                      collectives=r0["collectives"], fused_gram=r0["fused"],
                      nxn_steps=r0.get("nxn_steps"),
                      q_by=r0.get("q_by"), attempts=attempt + 1, workers=len(per),
-                     blocks_per_worker=[len(per[w]) for w in sorted(per)],
+                     **spread,
                      seconds=max(v["seconds"] for v in infos),
                      call_seconds=time.perf_counter() - t_start,
                      timeline_ms=_launch.timeline(start, sent, back, walls, time.time()),

@@ -42,12 +42,14 @@ class _WorkerSolver(DaskSolver):
     """The solver on one worker: its passes over the worker's own block pairs."""
 
     def __init__(self, comm: Any, pairs: list[tuple[Any, Any]], meta: Any, backend: Any,
-                 a: _Shape, b: _Shape, args: tuple[Any, ...], check_finite: bool):
+                 a: _Shape, b: _Shape, args: tuple[Any, ...], check_finite: bool,
+                 phases: bool = False):
         Solver.__init__(self, backend, a, b, *args[:-1], need_s=args[-1])
         self.comm, self.pairs, self.meta = comm, pairs, meta
         self.check_finite, self.vector = check_finite, None
         self.host = _blocks.host_backend()
         self.passes = [0]
+        self.phases: list[tuple[str, float]] | None = [] if phases else None
         self.first_gram = None
         self.n_cols = a.shape[1]
 
@@ -59,12 +61,22 @@ class _WorkerSolver(DaskSolver):
         # a worker without blocks adds zeros: its leaf on empty blocks of its device
         pairs = self.pairs or [(xp.empty((0, self.n_cols), dtype=self.meta.dtype),
                                 xp.empty((0, self.b.shape[1]), dtype=self.meta.dtype))]
+        if self.phases is not None:  # profiling: each pass's and all-reduce's ms
+            self.backend.synchronize()
+            t0 = time.perf_counter()
         if _blocks.on_gpu(pairs[0][0]):  # the small operands to the GPU once a pass
             small = _blocks._moved(small, pairs[0][0], self.backend)
         parts = [leaf(small, a, b) for a, b in pairs]
         out = sum_parts(parts) if len(parts) > 1 else parts[0]
         self.passes[0] += 1
-        return _allreduce(self.comm, self.backend, out)
+        if self.phases is None:
+            return _allreduce(self.comm, self.backend, out)
+        self.backend.synchronize()
+        t1 = time.perf_counter()
+        res = _allreduce(self.comm, self.backend, out)
+        self.phases += [(what, round(1e3 * (t1 - t0), 3)),
+                        (f"{what} all-reduce", round(1e3 * (time.perf_counter() - t1), 3))]
+        return res
 
     def _factor(self, prec: str, mode: str) -> Any:
         """CholQR2 of the worker's blocks of ``A`` (the sums by all-reduce): ``R`` on
@@ -156,7 +168,7 @@ def _allreduce(comm: Any, backend: Any, out: dict[str, Any]) -> dict[str, Any]:
 
 def _lstsq_task(comm: Any, blocks: tuple[Any, ...], meta: Any, ashape: tuple[int, int],
                 bshape: tuple[int, int], args: tuple[Any, ...], check_finite: bool,
-                vector: bool) -> tuple[dict[str, Any], list[Any]]:
+                vector: bool, phases: bool = False) -> tuple[dict[str, Any], list[Any]]:
     """The solver over this worker's block pairs, ``blocks`` its blocks of ``a`` then
     those of ``b`` (the body a call runs on each worker,
     :func:`mpqr.backends.dask._launch.launch`); no blocks kept."""
@@ -170,7 +182,7 @@ def _lstsq_task(comm: Any, blocks: tuple[Any, ...], meta: Any, ashape: tuple[int
     t0, calls0 = time.perf_counter(), comm.calls
     solver = _WorkerSolver(comm, list(zip(a_blocks, b_blocks)), meta, backend,
                            _Shape(ashape, meta.dtype, meta), _Shape(bshape, meta.dtype, meta),
-                           args, check_finite)
+                           args, check_finite, phases)
     with mpqr.explain() as trace, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -183,6 +195,8 @@ def _lstsq_task(comm: Any, blocks: tuple[Any, ...], meta: Any, ashape: tuple[int
             return {"error": exc, "rank_id": comm.rank}, []
     out = {"rank_id": comm.rank, "collectives": comm.calls - calls0,
            "passes": solver.passes[0], "seconds": time.perf_counter() - t0}
+    if solver.phases is not None:
+        out["phases_ms"] = solver.phases
     if comm.rank == 0:
         out.update(x=_blocks.to_host(x), rank=rank,
                    s=None if s is None else _blocks.to_host(s),
@@ -244,7 +258,7 @@ class CollectiveSolver(DaskSolver):
                 res = _launch.launch(
                     client, h.cid, _blocks.bind(_lstsq_task), work,
                     (meta, self.a.shape, self.b.shape, self.args, self.check_finite,
-                     self.vector is not None), collective.TIMEOUT + 10)
+                     self.vector is not None, collective.PHASES), collective.TIMEOUT + 10)
                 back = time.time()
             except _launch.Lost as exc:
                 lost |= exc.gone
@@ -256,6 +270,9 @@ class CollectiveSolver(DaskSolver):
                     collective.forget_placement(client, placed)
                     tries += 1
                 continue
+            spread = collective.balance(per, self.a.chunks[0], res)
+            if collective.PHASES:
+                spread["phases_ms"] = {w: res[w].get("phases_ms") for w in sorted(res)}
             res = list(res.values())
             r0 = next(v for v in res if v["rank_id"] == 0)
             if "error" in r0:
@@ -273,12 +290,11 @@ class CollectiveSolver(DaskSolver):
                          f"lstsq (dask): collective route ({self.kind}) over {len(per)} "
                          f"workers: one call straight to each worker (no task graph), "
                          f"{r0['passes']} passes over A, {r0['collectives']} all-reduces "
-                         "per worker",
+                         f"per worker{collective.balance_note(spread)}",
                          route="collective", communicator=self.kind, graphs=0,
                          tasks=0, launches=len(per), collectives=r0["collectives"],
                          passes=r0["passes"], attempts=attempt + 1,
-                         blocks_per_worker=[len(per[w]) for w in sorted(per)],
-                         seconds=max(v["seconds"] for v in res),
+                         **spread, seconds=max(v["seconds"] for v in res),
                          call_seconds=time.perf_counter() - t_start,
                          timeline_ms=_launch.timeline(start, sent, back,
                                                       [v["wall"] for v in res]))

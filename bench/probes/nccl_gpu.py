@@ -1,604 +1,381 @@
-"""The collective Dask route (``mpqr.backends.dask.collective``) on the GPUs of one host.
+"""The Dask bench's rows, the bench's way, on the GPUs of one host (2 x H200: < 90 s).
 
-``python bench/probes/nccl_gpu.py``: one Dask worker per GPU (a ``distributed``
-``SpecCluster`` of nannies, each with its own ``CUDA_VISIBLE_DEVICES``; no dask-cuda),
-CuPy blocks of ``2^22 x 64`` float64 made on their workers (``memory_limit=0``: the
-blocks are device memory). Checks (PASS/FAIL) the route against NumPy on ``2^18 x 64``
-in 16 blocks, placed evenly, unevenly (3 and 13) and all on one worker (the other takes
-part with a zero Gram matrix): backward error, orthogonality, ``|R|``, Q's blocks on
-their A blocks' workers, the trace's counts. Then times (median of ``REPEAT`` after a
-warm-up, ``Q`` persisted; each call's timeline from its trace, the median per step, and
-one call more with the device synchronised after each step of the worker's body): Dask's
-own round trip, the route's floor (an empty body through the same launch) and one
-``64 x 64`` all-reduce, in core on one GPU (a task on worker 0 of the two-worker
-cluster, no Dask in the loop),
-2 and then 1 workers on ``2^24`` and ``2^26 x 64`` (``qr``, ``mode="r"``, ``lstsq``),
-weak scaling ``2^26 x 64`` per GPU, and ``dask.array.linalg.tsqr`` / ``lstsq`` (one
-call each) on the two-worker cluster and the same chunks; the targets as MET / NOT MET.
+``python bench/probes/nccl_gpu.py`` runs the rows that ``python -m mpqr bench dask --gpus
+2`` reads its targets from, with the bench's own functions (``mpqr.bench.dask``: its
+cluster, its matrices, its fresh copy per call, its timing, its error evaluation; not a
+copy of them), the placement of every call printed and kept:
+
+* in core on one GPU (the bench's ``_in_core``, this process, GPU 0), and the in-core
+  ``qr``'s backward error and orthogonality at the same size (the accuracy the Dask
+  rows are checked against); the in-core ``lstsq``'s steps and the products an
+  ``lstsq`` pass makes, block by block;
+* one worker: ``2^26 x 64`` ``qr`` and ``lstsq`` (first: short, and two targets need it);
+* two workers: ``2^26 x 64`` (strong) with the blocks spread evenly, and the same with
+  the scheduler's placement of a ``dask.array.random`` array (the bench's earlier way:
+  the A/B of the placement, one process, one cluster); weak ``2 x 2^26``; ``lstsq`` weak
+  (and strong); ``dask.array.linalg.tsqr`` / ``lstsq`` on the same cluster and chunks;
+  one ``2^22 x 64`` float64 block sent from GPU to GPU over the route's NCCL
+  communicator (what moving blocks to even out a placement would cost); each ``lstsq``
+  once more with its passes timed (``collective.PHASES``).
+
+Checks (PASS/FAIL): each ``qr`` row's backward error and orthogonality within 4x in
+core's, its trace's placement even (``imbalance`` 1) where the blocks were spread, each
+``lstsq``'s normal-equation residual ``||A^H r|| / (||A||^2 ||x||) <= 10 u``. Targets as
+MET / NOT MET. Medians of ``REPEAT`` calls after a warm-up (mpqr), one call after a
+warm-up (dask; its round trips and errors are left to the bench). Optional steps (the
+strong ``lstsq``, the block sent, the timed passes) are skipped past ``BUDGET_S``.
 Writes ``$OUT/nccl.json`` (``OUT`` default ``/tmp``) after each step.
 
-Each timed call is split: ``mpqr.qr``'s own steps outside the collective call
-(``qr_outside_call``), the call's timeline (client before the call, to the workers, to
-the bodies, the slowest body, ``Q`` kept, back, the client's steps after) and the
-``wait(Q)`` after it; the body's steps (one call synchronised after each) show the
-``n x n`` steps from the one launch (``nxn_steps`` in the trace, checked). Two A/Bs on
-the two-worker ``2^26`` call, alternating in the same process: the ``n x n`` steps one
-by one (the GPU kernel off on the workers), and the blocks' holders asked of the
-scheduler each call (``ab_ms``).
-
-``MPQR_PROBE_CPU=1``: the same steps on a threaded CPU cluster of NumPy blocks and
-small shapes (a smoke test of the script itself).
+``MPQR_PROBE_CPU=1``: the same steps on CPU workers with NumPy blocks and small shapes
+(a smoke test of the script: the scheduler route, no NCCL).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import statistics
+import sys
 import time
 import traceback
 
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from mpqr.bench import dask as bench  # noqa: E402
+
 CPU = os.environ.get("MPQR_PROBE_CPU") == "1"
+GPU = not CPU
 N = 64
 BLOCK = 2**10 if CPU else 2**22
-ROWS = 2**14 if CPU else 2**26  # per GPU for weak scaling; the strong-scaling size
-SMALL_ROWS = 2**12 if CPU else 2**24
-CHECK_ROWS = 2**12 if CPU else 2**18
-CHECK_BLOCK = 2**8 if CPU else 2**14  # 16 blocks for the checks
-REPEAT = 3 if CPU else 9
+ROWS = 2**14 if CPU else 2**26  # per worker (weak), and the strong-scaling size
+REPEAT = 3 if CPU else 5
 REF_REPEAT = 1
+BUDGET_S = 68  # optional steps are skipped past this (the probe must stay under 85 s)
+U = 2.0**-53
 T0 = time.perf_counter()
-results: dict = {"checks": {}, "times_ms": {}, "errors": {}, "cpu_smoke": CPU, "clock": {}}
-_REF: dict = {}
-
-
-def _make(seed: int, rows: int, n: int) -> object:
-    if CPU:
-        return np.random.default_rng(seed).standard_normal((rows, n))
-    import cupy
-
-    return cupy.random.default_rng(seed).standard_normal((rows, n))
-
-
-def _sync() -> int:
-    if not CPU:
-        import cupy
-
-        cupy.cuda.Device().synchronize()
-    return 0
-
-
-def _noop(v: int) -> int:
-    return v
-
-
-def _free() -> int:
-    if not CPU:
-        import cupy
-
-        cupy.get_default_memory_pool().free_all_blocks()
-    return 0
-
-
-def _meta() -> object:
-    if CPU:
-        return np.empty((0, 0))
-    import cupy
-
-    return cupy.empty((0, 0))
-
-
-def cluster(k: int):
-    from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster
-
-    if CPU:
-        c = LocalCluster(n_workers=k, threads_per_worker=1, processes=False,
-                         dashboard_address=None, silence_logs=40)
-    else:
-        workers = {i: {"cls": Nanny, "options": {
-            "nthreads": 1, "silence_logs": 40, "memory_limit": 0,
-            "env": {"CUDA_VISIBLE_DEVICES": str(i), "PYTHONPATH": os.pathsep.join(
-                filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}}} for i in range(k)}
-        c = SpecCluster(workers=workers, scheduler={
-            "cls": Scheduler, "options": {"dashboard_address": None}}, silence_logs=40)
-    return c, Client(c)
-
-
-def blocks(client, rows: int, seed: int, k: int, block: int = BLOCK, counts=None):
-    """``rows x N`` in ``block``-row blocks, contiguous ranges of blocks on each worker
-    (``counts[w]`` blocks on worker ``w`` where given, else as even as they go)."""
-    import dask.array as da
-
-    workers = sorted(client.scheduler_info()["workers"])
-    nb = rows // block
-    if counts is None:
-        owner = [workers[i * k // nb] for i in range(nb)]
-    else:
-        owner = [w for w, c in zip(workers, counts) for _ in range(c)]
-        nb = len(owner)
-    futs = [client.submit(_make, seed * 100003 + i, block, N, workers=[owner[i]],
-                          pure=False) for i in range(nb)]
-    client.gather(client.map(lambda v: 0, futs))  # made; nothing moved
-    # the futures themselves as the blocks: no task that could run on another worker
-    name = f"probe-{seed}-{rows}-{block}-{k}-{len(futs)}-{time.perf_counter_ns()}"
-    x = da.Array({(name, i, 0): f for i, f in enumerate(futs)}, name,
-                 ((block,) * len(futs), (N,)), dtype=np.float64, meta=_meta())
-    return x, None
+results: dict = {"cpu_smoke": CPU, "rows": {}, "checks": {}, "errors": {}, "clock_s": {}}
 
 
 def save() -> None:
-    """The results so far to ``$OUT/nccl.json`` (kept should a later step run out of time)."""
     out = os.path.join(os.environ.get("OUT", "/tmp"), "nccl.json")
     with open(out, "w") as f:
         json.dump(results, f, indent=1, default=str)
 
 
-def median_ms(fn, repeat: int, warmup: bool = True, name: str | None = None) -> float:
-    """Median ms of ``repeat`` calls (after one warm-up); each call's ms kept in
-    ``results["samples_ms"][name]`` where named."""
-    if warmup:
-        fn()
-    ts = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        ts.append(1e3 * (time.perf_counter() - t))
-    if name:
-        results.setdefault("samples_ms", {})[name] = [round(v, 3) for v in ts]
-    return statistics.median(ts)
+def clock(label: str) -> float:
+    t = time.perf_counter() - T0
+    results["clock_s"][label] = round(t, 1)
+    return t
 
 
-def part(name):
-    def deco(fn):
-        def run(*a, **kw):
-            try:
-                return fn(*a, **kw)
-            except Exception:
-                results["errors"][name] = traceback.format_exc()
-                print(f"[{name}] FAILED:\n{results['errors'][name]}")
-        return run
-    return deco
-
-
-@part("round trip")
-def round_trips(client, k):
-    """Dask's own floor: one task's round trip, and one task a worker gathered."""
-    ws = sorted(client.scheduler_info()["workers"])
-    results["times_ms"][f"submit().result() round trip, {k} workers"] = median_ms(
-        lambda: client.submit(_noop, 0, pure=False, workers=ws[:1]).result(), 9)
-    results["times_ms"][f"one task a worker, gathered, {k} workers"] = median_ms(
-        lambda: client.gather([client.submit(_noop, 0, pure=False, workers=[w])
-                               for w in ws]), 9)
-
-
-def _in_core(rows: int) -> dict:
-    """Median ms of ``mpqr.qr`` and ``mpqr.lstsq`` of a ``rows x N`` CuPy array (``b``
-    one column) on this worker's GPU."""
-    import mpqr
-
-    a = _make(7, rows, N)
-    b = a[:, :1] * 2 + 1
-    _sync()
-
-    def one():
-        q, r = mpqr.qr(a)
-        _sync()
-        del q, r
-
-    def ls():
-        mpqr.lstsq(a, b)
-        _sync()
-
-    out = {"qr": median_ms(one, REPEAT, name=f"in core {rows}"),
-           "lstsq": median_ms(ls, REPEAT)}
-    out["samples"] = results.get("samples_ms", {}).get(f"in core {rows}")
+def step(name: str, fn, *a, optional: bool = False, **kw):
+    """``fn(*a, **kw)``, its failure printed and recorded (the probe goes on); an optional
+    step is skipped past the time budget."""
+    if optional and time.perf_counter() - T0 > BUDGET_S:
+        print(f"[{time.perf_counter() - T0:.0f} s] {name}: skipped (time budget)")
+        results["errors"][name] = "skipped: time budget"
+        return None
+    try:
+        out = fn(*a, **kw)
+    except Exception:
+        results["errors"][name] = traceback.format_exc()
+        print(f"[{name}] FAILED:\n{results['errors'][name]}")
+        out = None
+    print(f"[{clock(name):.0f} s] {name} done")
+    save()
     return out
 
 
-def check(client, k, counts=None, label=""):
-    try:
-        _check(client, k, counts, label)
-    except Exception:
-        results["errors"][f"check {label}"] = traceback.format_exc()
-        results["checks"][label] = {"pass": False}
-        print(f"check {label}: FAIL\n{results['errors'][f'check {label}']}")
-
-
-def _check(client, k, counts, label):
-    from distributed import futures_of, wait
-    from mpqr.backends.dask import collective
-
+def in_core() -> dict:
+    """The bench's in-core rows, and the in-core ``qr``'s errors at the same size."""
+    rows = bench._in_core(GPU, ROWS, N, "float64", REPEAT)
+    out = {r["what"]: r.get("seconds") for r in rows}
     import mpqr
 
-    x, _ = blocks(client, CHECK_ROWS, 1, k, CHECK_BLOCK, counts)
+    xp = bench._module(GPU)
+    a = xp.random.default_rng(0).standard_normal((ROWS, N))
+    q, r = mpqr.qr(a)
+    num = den = 0.0
+    for i in range(0, ROWS, BLOCK):  # a block's temporaries at a time
+        num += float(xp.sum((a[i:i + BLOCK] - q[i:i + BLOCK] @ r) ** 2))
+        den += float(xp.sum(a[i:i + BLOCK] ** 2))
+    g = bench._host(q.T @ q)
+    import numpy as np
+
+    out["backward_error"] = (num / den) ** 0.5
+    out["orthogonality"] = float(np.linalg.norm(g - np.eye(N))) / N
+    del q, r
+    # where an lstsq's time goes: the in-core call's steps, and the products a worker's
+    # passes make, block by block (ms, synchronised, median of 3)
+    b = xp.random.default_rng(1).standard_normal((ROWS, 1))
     with mpqr.explain() as tr:
-        q, r = collective.cholqr2(x)
-    wait(q)
-    fa = [x.__dask_graph__()[kk[0]] for kk in x.__dask_keys__()]  # the blocks' futures
-    ka, kq = client.who_has(fa), client.who_has(futures_of(q))
-    placed = ([ka[f.key] for f in fa] == [kq[kk[0]] for kk in q.__dask_keys__()])
-    if "a" not in _REF:  # every placement holds the same matrix (seeds by block index)
-        _REF["a"] = np.asarray(x.compute().get() if not CPU else x.compute())
-        _REF["r"] = np.linalg.qr(_REF["a"], mode="r")
-        bh = _REF["a"][:, :1] * 2 + 1 + _REF["a"][:, 1:2] * 1e-3
-        _REF["x"] = np.linalg.lstsq(_REF["a"], bh, rcond=None)[0]
-    a, rref = _REF["a"], _REF["r"]
-    qh = np.asarray(q.compute().get() if not CPU else q.compute())
-    u = np.finfo(np.float64).eps
-    bw = float(np.linalg.norm(a - qh @ r) / np.linalg.norm(a))
-    orth = float(np.linalg.norm(qh.T @ qh - np.eye(N)) / N)
-    rerr = float(np.max(np.abs(np.abs(r) - np.abs(rref))) / np.abs(rref).max())
-    ev = next(e.data for e in tr.events if e.kind == "dask-collective")
-    # the n x n steps from the GPU's one launch (NumPy blocks: one by one)
-    nxn = ["one-by-one" if CPU else "one-launch"] * 2
-    ok = bw < 20 * N * u and orth < 20 * N * u and rerr < 1e3 * u and placed \
-        and ev["launches"] == k and ev["graphs"] == 0 and ev["collectives"] == 2 \
-        and ev.get("nxn_steps") == nxn
-    # lstsq against NumPy's on the same blocks (b a column beside A's blocks)
-    bd = (x[:, :1] * 2 + 1 + x[:, 1:2] * 1e-3).persist()
-    wait(bd)
-    with mpqr.explain() as tr2:
-        xs, _res, rank, _s = mpqr.lstsq(x, bd)
-    ev2 = [e.data for e in tr2.events if e.kind == "dask-collective"]
-    why = [e.data for e in tr2.events if e.kind in ("dask-route", "fallback", "refine")]
-    xr = _REF["x"]
-    xh = np.asarray(xs.compute().get() if not CPU else xs.compute())
-    lerr = float(np.linalg.norm(xh - xr) / np.linalg.norm(xr))
-    lok = bool(ev2) and lerr < 1e3 * u and rank == N
-    results["checks"][label + " lstsq"] = {"pass": lok, "x_rel": lerr, "rank": rank,
-                                          "trace": ev2[0] if ev2 else None, "route": why}
-    print(f"check lstsq {label}: {'PASS' if lok else 'FAIL'}  x rel {lerr:.2e} rank {rank}"
-          f" trace {ev2} route {why}")
-    results["checks"][label] = {"pass": ok, "backward": bw, "orthogonality": orth,
-                                "r_rel": rerr, "placed": placed, "trace": ev}
-    print(f"[{time.perf_counter() - T0:.0f} s] "
-          f"check {label}: {'PASS' if ok else 'FAIL'}  backward {bw:.2e} orth {orth:.2e}"
-          f" |R| {rerr:.2e} placed {placed} trace {ev}")
+        mpqr.lstsq(a, b, lapack_driver="gelsy", check_finite=False)
+    out["lstsq_trace"] = [(e.kind, e.message) for e in tr.events][:12]
+    out["products_ms"] = products(xp, a, b)
+    print("in core lstsq's steps:", out["lstsq_trace"])
+    print("products over the blocks of 2^26 x 64 (ms):", out["products_ms"])
+    del a, b
+    if GPU:
+        xp.get_default_memory_pool().free_all_blocks()
+    results["in_core"] = out
+    print("in core:", out)
+    return out
 
 
-def _median_timeline(rows: list) -> dict:
-    """Per step, the median over the timed calls of the trace's ``timeline_ms``."""
-    rows = [r for r in rows if r]
-    return {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]} if rows \
-        else {}
+def products(xp, a, b) -> dict:
+    """ms of each product an lstsq pass makes, over ``a``'s ``BLOCK``-row blocks."""
+    import statistics
 
-
-def _nxn_one_by_one(on: bool, dask_worker=None) -> int:
-    """On this worker: the GPU backend's one-launch n x n steps off (``on``) or back."""
     from mpqr.backends.dask._blocks import block_backend
 
-    be = block_backend(_make(0, 1, 1))  # the instance the bodies use (one a namespace)
-    if on:
-        be.chol_steps = lambda g: None
-    else:
-        be.__dict__.pop("chol_steps", None)
-    return 0
+    from mpqr.bench._timing import sync
+    from mpqr.policy import gemm
+    from mpqr.qr.gram_blocked import gram
 
-
-@part("A/B")
-def time_ab(client, x, k, label):
-    """The same call, same process, alternating: as timed (A) and (B) with the n x n
-    steps one by one on the workers, or with the client asking the scheduler where the
-    blocks are each call; medians of ``REPEAT`` pairs."""
-    from distributed import wait
-    from mpqr.backends.dask import collective
-
-    import mpqr
-
-    def one():
-        q, _r = mpqr.qr(x)
-        wait(q)
-        del q
-
-    def timed(fn):
-        t = time.perf_counter()
-        fn()
-        return 1e3 * (time.perf_counter() - t)
-
-    def asked():
-        collective._PLACED.clear()
-        one()
-
+    be = block_backend(a[:1])
+    x2 = xp.ones((N, 2))
+    blocks = [(a[i:i + BLOCK], b[i:i + BLOCK]) for i in range(0, a.shape[0], BLOCK)]
+    cases = {
+        "gram A^H A": lambda ai, bi: gram(be, ai, "fp64", "probe-gram"),
+        "A^H b": lambda ai, bi: gemm(ai.T, bi, precision="fp64", backend=be),
+        "A X (2 columns)": lambda ai, bi: gemm(ai, x2, precision="fp64", backend=be),
+        "A^H V (2 columns)": lambda ai, bi: gemm(ai.T, xp.concatenate([bi, bi], axis=1),
+                                                 precision="fp64", backend=be),
+        "lstsq first pass leaf": lambda ai, bi: _leaf("first", ai, bi),
+        "lstsq refine pass leaf": lambda ai, bi: _leaf("refine", ai, bi)}
     out = {}
-    for name, setup, call, undo in (
-            ("n x n steps one by one", lambda: client.run(_nxn_one_by_one, True), one,
-             lambda: client.run(_nxn_one_by_one, False)),
-            ("blocks' holders asked each call", lambda: None, asked, lambda: None)):
-        a, b = [], []
-        try:
-            one()  # warm-ups: the one-by-one steps compile their kernels on first use
-            setup()
-            try:
-                call()
-            finally:
-                undo()
-            for _ in range(REPEAT):
-                a.append(timed(one))
-                setup()
-                try:
-                    b.append(timed(call))
-                finally:
-                    undo()
-        except Exception:
-            results["errors"][f"A/B {name}"] = traceback.format_exc()
-            print(results["errors"][f"A/B {name}"])
-            continue
-        out[name] = {"as timed": statistics.median(a), "changed": statistics.median(b),
-                     "samples_as_timed": a, "samples_changed": b}
-        print(f"A/B {label}: as timed {out[name]['as timed']:.1f} ms, {name} "
-              f"{out[name]['changed']:.1f} ms")
-    results.setdefault("ab_ms", {})[label] = out
-    save()
+    for name, fn in cases.items():
+        ts = []
+        for _ in range(4):
+            sync(xp)
+            t = time.perf_counter()
+            for ai, bi in blocks:
+                fn(ai, bi)
+            sync(xp)
+            ts.append(1e3 * (time.perf_counter() - t))
+        out[name] = round(statistics.median(ts[1:]), 2)
+    return out
 
 
-@part("collective")
-def time_collective(client, rows, k, label):
-    from distributed import wait
+def _leaf(which, a, b):
+    from mpqr.backends.dask import _blocks
+
+    if which == "first":
+        return _blocks.lstsq_leaf(("fp64", "fp64", False), a, b)
+    import numpy as np
+
+    return _blocks.residual_leaf((np.ones((N, 2)), 1, "fp64", 0, 0, True), a, b)
+
+
+def phases(client, x, label: str) -> None:
+    """One ``lstsq`` (the bench's b, gelsy) with each worker's passes synchronised and
+    timed (``collective.PHASES``)."""
     from mpqr.backends.dask import collective
-
-    x, _ = blocks(client, rows, 2, k)
-    t = time.perf_counter()
-    collective.communicator(client, "thread" if CPU else "nccl")
-    results["times_ms"]["communicator setup"] = 1e3 * (time.perf_counter() - t)
 
     import mpqr
 
-    def one(mode="reduced", lab=label):
-        t0 = time.perf_counter()
-        with mpqr.explain() as tr:  # mpqr.qr on the dask array: the collective route
-            out = mpqr.qr(x, mode=mode)
-        t1 = time.perf_counter()
-        if mode != "r":
-            wait(out[0])
-        t2 = time.perf_counter()
-        del out
-        ev = [e.data for e in tr.events if e.kind == "dask-collective"]
-        if not ev:
-            raise RuntimeError(f"mpqr.qr did not take the collective route: "
-                               f"{[e.data for e in tr.events if e.kind == 'dask-route']}")
-        results.setdefault("client_ms", {}).setdefault(lab, []).append(
-            {"qr_outside_call": 1e3 * (t1 - t0 - ev[0]["call_seconds"]),
-             "wait_q": 1e3 * (t2 - t1), "del_q": 1e3 * (time.perf_counter() - t2)})
-        results.setdefault("worker_seconds", {}).setdefault(lab, []).append(
-            [ev[0]["seconds"], ev[0]["call_seconds"]])
-        results.setdefault("timelines", {}).setdefault(lab, []).append(
-            ev[0].get("timeline_ms"))
-        results.setdefault("traces", {})[lab] = ev[0]
-
-    for mode, lab in (("reduced", label), ("r", label.replace("collective",
-                                                             "collective mode=r"))):
-        results["times_ms"][lab] = median_ms(lambda m=mode, lb=lab: one(m, lb), REPEAT,
-                                             name=lab)
-        results["timelines"][lab] = results["timelines"][lab][1:]  # the warm-up left out
-        results["client_ms"][lab] = results["client_ms"][lab][1:]
-        results.setdefault("timeline_median_ms", {})[lab] = {
-            **_median_timeline(results["timelines"][lab]),
-            **_median_timeline(results["client_ms"][lab])}
-        print(f"[{time.perf_counter() - T0:.0f} s] {lab}: {results['times_ms'][lab]:.1f} ms"
-              f"  timeline median (ms): {results['timeline_median_ms'][lab]}")
-    # one call more with the device synchronised after each step: where the body goes
+    b = bench._run(client, x.map_blocks(bench._rhs_block, drop_axis=1, dtype=x.dtype,
+                                        meta=x._meta.reshape((0,))))[0]
     collective.PHASES = True
     try:
         with mpqr.explain() as tr:
-            q, _r = mpqr.qr(x)
-            wait(q)
-            del q
-        ev = next(e.data for e in tr.events if e.kind == "dask-collective")
-        results.setdefault("phases_ms", {})[label] = ev.get("phases_ms")
-        print(f"  steps of the body (ms, synchronised): {ev.get('phases_ms')}")
+            mpqr.lstsq(x, b, lapack_driver="gelsy", check_finite=False)
     finally:
         collective.PHASES = False
-    results["clock"][label] = time.perf_counter() - T0
-    save()
-    return x
+    ev = [e.data for e in tr.events if e.kind == "dask-collective"]
+    ph = ev[0].get("phases_ms") if ev else None
+    results.setdefault("lstsq_phases_ms", {})[label] = {
+        "passes": ev[0].get("passes") if ev else None, "phases": ph,
+        "events": [(e.kind, e.message) for e in tr.events][:10]}
+    print(f"{label} lstsq passes (ms, synchronised): {ph}")
 
 
-def _noop_body(comm, blocks):
-    return {"rank": comm.rank}, []
+def qr_row(client, label: str, m: int, placement: str, reference: bool) -> None:
+    x = bench._placed(client, GPU, m, N, BLOCK, "float64", placement)
+    row = {"shape": f"{m}x{N}", "placement": placement,
+           **bench._qr_pair(client, x, REPEAT, reference=reference, ref_repeat=REF_REPEAT,
+                            ref_checks=False)}
+    del x
+    results["rows"][label] = row
+    rt = row["round_trips"]
+    print(f"{label}: qr {1e3 * row['mpqr_s']:.1f} ms, mode=r {1e3 * row['mpqr_r_s']:.1f} ms; "
+          f"placement {row['blocks_per_worker']}, calls "
+          f"{[c['blocks_per_worker'] for c in row['calls']['mpqr']]}, trace imbalance "
+          f"{rt.get('imbalance')} bodies {rt.get('bodies_ms')} ms; timeline "
+          f"{rt.get('timeline_ms')}; dask tsqr {row.get('dask_tsqr_s')} "
+          f"{row.get('dask_error', '')} {row.get('dask_tsqr_half', '')}")
+    core = results.get("in_core") or {}
+    ok = (row["backward_error"] <= 4 * core.get("backward_error", 1e-16)
+          and row["orthogonality"] <= 4 * core.get("orthogonality", 1e-16))
+    if placement == "even" and "imbalance" in rt:
+        ok = ok and rt["imbalance"] == 1.0
+    results["checks"][label] = {"pass": bool(ok), "backward": row["backward_error"],
+                                "orthogonality": row["orthogonality"],
+                                "imbalance": rt.get("imbalance")}
+    print(f"check {label}: {'PASS' if ok else 'FAIL'}  backward {row['backward_error']:.2e} "
+          f"orth {row['orthogonality']:.2e} (in core {core.get('backward_error', 0):.2e} / "
+          f"{core.get('orthogonality', 0):.2e})")
 
 
-def _allreduce_body(comm, blocks, n, reps):
-    """Mean ms of one ``n x n`` float64 all-reduce (device synchronised after each)."""
-    if CPU:
-        v = np.ones((n, n))
-        sync = _sync
-    else:
-        import cupy
+def lstsq_row(client, label: str, m: int, reference: bool) -> None:
+    x = bench._placed(client, GPU, m, N, BLOCK, "float64", "even")
+    row = {"workers": len(client.scheduler_info()["workers"]),
+           **bench._lstsq(client, x, GPU, REPEAT, reference, ref_repeat=REF_REPEAT,
+                          ref_checks=False)}
+    if GPU:
+        step(f"{label} phases", phases, client, x, label, optional=True)
+    del x
+    results["rows"][label] = row
+    rt = row["round_trips"]
+    print(f"{label}: lstsq {1e3 * row['mpqr_s']:.1f} ms (gelsd {1e3 * row['mpqr_gelsd_s']:.1f},"
+          f" qr {1e3 * row['mpqr_qr_s']:.1f}); passes {rt.get('collective_passes')}, "
+          f"all-reduces {rt.get('collectives')}, bodies {rt.get('bodies_ms')} ms, timeline "
+          f"{rt.get('timeline_ms')}; dask lstsq {row.get('dask_lstsq_s')} "
+          f"{row.get('dask_error', '')}")
+    res = row.get("mpqr_normal_eq_residual", float("inf"))
+    ok = res <= 10 * U
+    results["checks"][label] = {"pass": bool(ok), "normal_eq_residual": res,
+                                "dask": row.get("dask_normal_eq_residual")}
+    print(f"check {label}: {'PASS' if ok else 'FAIL'}  normal-equation residual {res:.2e}"
+          f" (dask {row.get('dask_normal_eq_residual')})")
 
-        v = cupy.ones((n, n))
-        sync = cupy.cuda.Device().synchronize
-    comm.allreduce_sum(v)
-    sync()
-    t = time.perf_counter()
-    for _ in range(reps):
-        comm.allreduce_sum(v)
-        sync()
-    return {"rank": comm.rank, "ms": 1e3 * (time.perf_counter() - t) / reps}, []
+
+def _send_body(comm, blocks, rows, n, reps):
+    """Rank 0 sends a ``rows x n`` float64 block to rank 1 over NCCL, ``reps`` times;
+    the mean ms (device synchronised around each)."""
+    import cupy
+    from cupy.cuda import nccl
+
+    buf = cupy.ones((rows, n)) if comm.rank == 0 else cupy.empty((rows, n))
+    stream = cupy.cuda.get_current_stream().ptr
+    ts = []
+    for _ in range(reps + 1):
+        cupy.cuda.Device().synchronize()
+        t = time.perf_counter()
+        if comm.rank == 0:
+            comm.comm.send(buf.data.ptr, buf.size, nccl.NCCL_FLOAT64, 1, stream)
+        elif comm.rank == 1:
+            comm.comm.recv(buf.data.ptr, buf.size, nccl.NCCL_FLOAT64, 0, stream)
+        cupy.cuda.Device().synchronize()
+        ts.append(1e3 * (time.perf_counter() - t))
+    ok = comm.rank != 1 or bool(cupy.all(buf == 1))
+    return {"rank": comm.rank, "ms": sorted(ts[1:])[len(ts[1:]) // 2], "ok": ok}, []
 
 
-@part("launch floor")
-def launch_floor(client, k):
-    """The route's fixed cost alone: an empty body on every worker through the same
-    launch (no blocks, no all-reduce), and one n x n all-reduce."""
+def block_send(client) -> None:
     from mpqr.backends.dask import _launch, collective
 
-    h = collective.communicator(client, "thread" if CPU else "nccl")
+    h = collective.communicator(client, "nccl")
     work = {w: ([], []) for w in h.ranks}
-    lab = f"empty collective call, {k} workers"
-    results["times_ms"][lab] = median_ms(
-        lambda: _launch.launch(client, h.cid, _noop_body, work, (), 60), 9)
-    res = _launch.launch(client, h.cid, _allreduce_body, work, (N, 50), 60)
-    results["times_ms"][f"{N}x{N} all-reduce, {k} workers"] = max(
-        v["ms"] for v in res.values())
-    print(f"{lab}: {results['times_ms'][lab]:.2f} ms; {N}x{N} all-reduce "
-          f"{results['times_ms'][f'{N}x{N} all-reduce, {k} workers']:.3f} ms")
+    res = _launch.launch(client, h.cid, _send_body, work, (BLOCK, N, 3), 60)
+    ms = max(v["ms"] for v in res.values())
+    gb = BLOCK * N * 8 / 1e9
+    results["block_send"] = {"block": f"{BLOCK}x{N}", "ms": ms, "GB_per_s": gb / ms * 1e3,
+                             "received_intact": all(v["ok"] for v in res.values())}
+    print(f"one {BLOCK}x{N} float64 block GPU -> GPU over NCCL: {ms:.2f} ms "
+          f"({gb / ms * 1e3:.0f} GB/s), intact {results['block_send']['received_intact']}")
 
 
-@part("dask reference")
-def time_dask(client, x, label):
-    import dask.array as da
-    from distributed import wait
+def with_cluster(k: int, fn) -> None:
+    from distributed import Client
 
-    def tsqr():
-        q, r = da.linalg.tsqr(x)
-        q = q.persist()
-        wait(q)
-        r.compute()
-        del q
-
-    results["times_ms"][f"dask tsqr {label}"] = median_ms(tsqr, REF_REPEAT, warmup=False)
-    print(f"dask tsqr {label}: {results['times_ms'][f'dask tsqr {label}']:.1f} ms")
-    b = x[:, :1] * 2 + 1  # b's blocks beside A's
-    b = b.persist()
-    wait(b)
-    results["times_ms"][f"dask lstsq {label}"] = median_ms(
-        lambda: da.linalg.lstsq(x, b)[0].compute(), REF_REPEAT, warmup=False)
-    print(f"dask lstsq {label}: {results['times_ms'][f'dask lstsq {label}']:.1f} ms")
-    time_lstsq(x, b, f"collective lstsq {label}")
+    with bench._cluster(k if GPU else None, k) as cluster, Client(cluster) as client:
+        client.register_plugin(bench.RoundTrips())
+        print(f"[{time.perf_counter() - T0:.0f} s] cluster of {k} up ({bench._cluster_kind()})")
+        fn(client)
 
 
-def time_lstsq(x, b, label):
-    import mpqr
-
-    def one():
-        with mpqr.explain() as tr:
-            out = mpqr.lstsq(x, b)
-        ev = [e.data for e in tr.events if e.kind == "dask-collective"]
-        if not ev:
-            raise RuntimeError(f"mpqr.lstsq did not take the collective route: "
-                               f"{[(e.kind, e.data) for e in tr.events if 'dask' in e.kind]}")
-        results.setdefault("traces", {})[label] = ev[0]
-        return out
-
-    results["times_ms"][label] = median_ms(one, REPEAT)
-    print(f"{label}: {results['times_ms'][label]:.1f} ms  trace {results['traces'][label]}")
+def two(client) -> None:
+    step("2 workers, 2^26, even", qr_row, client, "2 workers, 2^26, even", ROWS, "even", True)
+    step("2 workers, 2^26, scheduler's placement", qr_row, client,
+         "2 workers, 2^26, scheduler's placement", ROWS, "scheduler", False)
+    step("2 workers, 2 x 2^26, even", qr_row, client, "2 workers, 2 x 2^26, even", 2 * ROWS,
+         "even", True)
+    step("lstsq 2 workers, 2 x 2^26", lstsq_row, client, "lstsq 2 workers, 2 x 2^26",
+         2 * ROWS, True)
+    step("lstsq 2 workers, 2^26", lstsq_row, client, "lstsq 2 workers, 2^26", ROWS, False,
+         optional=True)
+    if GPU:
+        step("block send", block_send, client, optional=True)
 
 
-def main() -> None:
-    from mpqr.backends.dask import collective
+def one(client) -> None:
+    step("1 worker, 2^26, even", qr_row, client, "1 worker, 2^26, even", ROWS, "even", False)
+    step("lstsq 1 worker, 2^26", lstsq_row, client, "lstsq 1 worker, 2^26", ROWS, False)
+    targets()  # so far (written again at the end)
 
-    t0 = time.perf_counter()
-    if CPU:  # NumPy blocks take the collective route only when asked
-        import dask
 
-        dask.config.set({collective.CONFIG_KEY: "collective"})
-    ngpu = 2
-    if not CPU:
-        import cupy
+def targets() -> None:
+    core = results.get("in_core") or {}
+    rows = results["rows"]
 
-        ngpu = min(2, cupy.cuda.runtime.getDeviceCount())
-        results["nccl"] = collective.nccl_available() or "loaded"
-        results["device"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-        print("NCCL:", results["nccl"], "| GPUs:", ngpu, results["device"])
-    # the two-worker rows first (the in-core baseline on its worker 0, the other idle):
-    # should the time limit come, the rows the targets name are in the JSON already
-    for k in sorted({1, ngpu}, reverse=True):
-        c, client = cluster(k)
-        print(f"[{time.perf_counter() - T0:.0f} s] cluster of {k} up")
-        try:
-            if k == ngpu:
-                for rows, lab in ((ROWS, "2^26"), (SMALL_ROWS, "2^24")):
-                    try:
-                        w = sorted(client.scheduler_info()["workers"])[0]
-                        ms = client.submit(_in_core, rows, workers=[w], pure=False).result()
-                        results["times_ms"][f"in core, 1 GPU, {lab}"] = ms["qr"]
-                        results.setdefault("samples_ms", {})[f"in core, 1 GPU, {lab}"] = \
-                            ms["samples"]
-                        results["times_ms"][f"in core lstsq, 1 GPU, {lab}"] = ms["lstsq"]
-                        print(f"in core 1 GPU {lab}: qr {ms['qr']:.1f} ms, lstsq "
-                              f"{ms['lstsq']:.1f} ms")
-                    except Exception:
-                        results["errors"][f"in core {lab}"] = traceback.format_exc()
-                        print(results["errors"][f"in core {lab}"])
-            client.run(_free)
-            round_trips(client, k)
-            launch_floor(client, k)
-            check(client, k, None, f"{k} workers, even")
-            if k > 1:
-                check(client, k, [3] + [13] * (k - 1), f"{k} workers, uneven")
-                check(client, k, [16] + [0] * (k - 1), f"{k} workers, one holds none")
-            x = time_collective(client, SMALL_ROWS, k, f"collective {k} workers, 2^24")
-            del x
-            x = time_collective(client, ROWS, k, f"collective {k} workers, 2^26")
-            if k > 1 and x is not None:
-                time_ab(client, x, k, f"collective {k} workers, 2^26")
-            if k > 1 and x is not None:
-                time_dask(client, x, f"{k} workers, 2^26")
-            elif x is not None:
-                try:
-                    b = (x[:, :1] * 2 + 1).persist()
-                    time_lstsq(x, b, f"collective lstsq {k} workers, 2^26")
-                    del b
-                except Exception:
-                    results["errors"]["lstsq 1 worker"] = traceback.format_exc()
-                    print(results["errors"]["lstsq 1 worker"])
-            del x
-            client.run(_free)
-            if k > 1:
-                time_collective(client, ROWS * k, k, f"collective {k} workers, {k} x 2^26")
-            save()
-        finally:
-            client.close()
-            c.close()
-    tm = results["times_ms"]
-    results["ratios_to_in_core"] = {
-        k: v / tm[f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}"] for k, v in tm.items()
-        if k.startswith("collective") and " x " not in k and "mode=r" not in k
-        and f"in core, 1 GPU, {k.rsplit(' ', 1)[1]}" in tm}
-    for k in ("1", "2"):
-        v, base = tm.get(f"collective lstsq {k} workers, 2^26"), tm.get(
-            "in core lstsq, 1 GPU, 2^26")
-        if v and base:
-            results["ratios_to_in_core"][f"collective lstsq {k} workers, 2^26"] = v / base
-    two, one = tm.get("collective 2 workers, 2 x 2^26"), tm.get("collective 1 workers, 2^26")
-    if two and one:
-        results["weak_scaling_1_to_2"] = two / one
-    col2 = tm.get("collective 2 workers, 2^26")
-    if col2:
-        for ref in ("tsqr", "lstsq"):
-            v = tm.get(f"dask {ref} 2 workers, 2^26")
-            mine = col2 if ref == "tsqr" else tm.get("collective lstsq 2 workers, 2^26")
-            if v and mine:
-                results[f"speedup_vs_dask_{ref}"] = v / mine
-    # the budget: each timed call's median against its slowest worker body's median
-    results["budget_ms"] = {
-        lab: {"total": tm[lab], "body": tl.get("body"),
-              "outside_body": None if tl.get("body") is None else tm[lab] - tl["body"],
-              **{k: v for k, v in tl.items() if k != "body"}}
-        for lab, tl in results.get("timeline_median_ms", {}).items() if lab in tm}
-    for b in results["budget_ms"].values():  # what no step names (medians of each)
-        b["unnamed"] = None if b["outside_body"] is None else round(b["outside_body"] - sum(
-            v for k, v in b.items() if k not in ("total", "body", "outside_body")), 2)
-    for lab, b in results["budget_ms"].items():
-        steps = {k: v for k, v in b.items() if k not in ("total", "body", "outside_body")}
-        print(f"budget {lab}: total {b['total']:.1f} = body {b['body']} + outside "
-              f"{b['outside_body']:.1f} {steps}")
-    targets = {  # the route's targets (2^26 x 64 float64, Q persisted)
-        "2 workers <= 0.6x in core": (results["ratios_to_in_core"].get(
-            "collective 2 workers, 2^26"), 0.6, "le"),
-        "1 worker <= 1.2x in core": (results["ratios_to_in_core"].get(
-            "collective 1 workers, 2^26"), 1.2, "le"),
-        "weak scaling 1 -> 2 <= 1.1": (results.get("weak_scaling_1_to_2"), 1.1, "le"),
-        ">= 20x dask tsqr": (results.get("speedup_vs_dask_tsqr"), 20, "ge"),
-        ">= 20x dask lstsq": (results.get("speedup_vs_dask_lstsq"), 20, "ge")}
+    def get(label, key):
+        return (rows.get(label) or {}).get(key)
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    t = {"2 workers <= 0.6x in core": (ratio(get("2 workers, 2^26, even", "mpqr_s"),
+                                             core.get("qr")), 0.6, "le"),
+         "1 worker <= 1.2x in core": (ratio(get("1 worker, 2^26, even", "mpqr_s"),
+                                            core.get("qr")), 1.2, "le"),
+         "weak scaling 1 -> 2 <= 1.1": (ratio(get("2 workers, 2 x 2^26, even", "mpqr_s"),
+                                              get("1 worker, 2^26, even", "mpqr_s")), 1.1,
+                                        "le"),
+         ">= 20x dask tsqr (2 workers, 2^26)": (get("2 workers, 2^26, even", "speedup"), 20,
+                                                "ge"),
+         ">= 20x dask tsqr (2 workers, 2 x 2^26)": (get("2 workers, 2 x 2^26, even",
+                                                        "speedup"), 20, "ge"),
+         ">= 20x dask lstsq (2 workers, 2 x 2^26)": (get("lstsq 2 workers, 2 x 2^26",
+                                                         "speedup"), 20, "ge")}
     results["targets"] = {}
-    for name, (v, lim, how) in targets.items():
+    for name, (v, lim, how) in t.items():
         met = None if v is None else (v <= lim if how == "le" else v >= lim)
         results["targets"][name] = {"value": v, "met": met}
         print(f"target {name}: {'n/a' if v is None else f'{v:.3f}'} "
               f"{'MET' if met else 'NOT MET' if met is not None else ''}")
-    results["total_s"] = time.perf_counter() - t0
-    print("\n".join(f"{k:40s} {v:9.1f} ms" for k, v in tm.items()))
-    for k in ("ratios_to_in_core", "weak_scaling_1_to_2", "speedup_vs_dask_tsqr",
-              "speedup_vs_dask_lstsq"):
-        print(k, results.get(k))
-    out = os.path.join(os.environ.get("OUT", "/tmp"), "nccl.json")
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    print("wrote", out, f"({results['total_s']:.0f} s)")
+    info = {"scheduler's placement / even (2 workers, 2^26, qr)": ratio(
+        get("2 workers, 2^26, scheduler's placement", "mpqr_s"),
+        get("2 workers, 2^26, even", "mpqr_s")),
+        "lstsq 1 worker / in core": ratio(get("lstsq 1 worker, 2^26", "mpqr_s"),
+                                          core.get("lstsq")),
+        "lstsq 2 workers, 2^26 / in core": ratio(get("lstsq 2 workers, 2^26", "mpqr_s"),
+                                                 core.get("lstsq")),
+        "lstsq weak scaling 1 -> 2": ratio(get("lstsq 2 workers, 2 x 2^26", "mpqr_s"),
+                                           get("lstsq 1 worker, 2^26", "mpqr_s"))}
+    results["ratios"] = info
+    for k, v in info.items():
+        print(f"{k}: {'n/a' if v is None else f'{v:.3f}'}")
+
+
+def main() -> None:
+    import dask
+
+    if GPU:
+        import cupy
+        from mpqr.backends.dask import collective
+
+        results["nccl"] = collective.nccl_available() or "loaded"
+        results["device"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+        results["gpus"] = cupy.cuda.runtime.getDeviceCount()
+        print("NCCL:", results["nccl"], "| GPUs:", results["gpus"], results["device"])
+    dask.config.set({"mpqr.dask.route": "auto"})
+    # the workers import this tree's mpqr wherever the probe is started from
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT,
+                                                             os.environ.get("PYTHONPATH")]))
+    step("in core", in_core)
+    # the one-worker rows first (short, and needed by two targets); the optional steps
+    # of the two-worker cluster last, within the time budget
+    step("cluster of 1", with_cluster, 1, one)
+    if min(2, results.get("gpus", 2)) >= 2:
+        step("cluster of 2", with_cluster, 2, two)
+    targets()
+    fails = [k for k, v in results["checks"].items() if not v["pass"]]
+    print(f"checks: {len(results['checks']) - len(fails)} PASS, {len(fails)} FAIL {fails}")
+    results["total_s"] = time.perf_counter() - T0
+    save()
+    print(f"wrote {os.path.join(os.environ.get('OUT', '/tmp'), 'nccl.json')} "
+          f"({results['total_s']:.0f} s)")
 
 
 if __name__ == "__main__":

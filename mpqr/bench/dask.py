@@ -3,13 +3,18 @@ and against mpqr in core on one device.
 
 ``python -m mpqr bench dask [--gpus N | --workers N] [--m-per-worker M] [--n N]
 [--chunk-rows R] [--strong-m M] [--scale-workers 1,2,4] [--sweep-rows H1,H2]
-[--no-reference] [--json PATH] [--png PATH]``
+[--placement even|scheduler] [--no-reference] [--json PATH] [--png PATH]``
 
 With ``--gpus N`` a ``dask_cuda.LocalCUDACluster`` runs one worker per GPU and the
 matrix is generated on the workers as CuPy blocks; otherwise a ``distributed.LocalCluster``
 of ``--workers`` single-threaded CPU processes holds NumPy blocks. The matrix is
-persisted on the workers before any timing, and each timed call gets a fresh persisted
-copy (new keys, same workers), so nothing is served from an earlier call's results;
+persisted on the workers before any timing, its blocks spread evenly (``--placement
+even``, the default: block ``i`` of ``B`` made on worker ``i w / B``, contiguous ranges, as
+a user who loads a file's row ranges onto the workers places them; ``scheduler``: a
+``dask.array.random`` array persisted where the scheduler puts its tasks, which need not
+be even, and the busiest worker sets a call's time), and each timed call gets a fresh
+persisted copy (new keys, same workers: the blocks per worker of every call are in the
+row's ``calls``), so nothing is served from an earlier call's results;
 every timed call computes its results onto the workers (``persist`` + ``wait``), so the
 times include the scheduler, the trees and the client's ``n x n`` steps, not a transfer
 of ``Q`` to the client.
@@ -19,7 +24,15 @@ Each row counts the call's round trips: ``graphs`` (graphs sent to the scheduler
 ``A`` from the explain trace, the lazy ``Q`` pass included when ``Q`` is persisted) and
 ``block_tasks`` (tasks that read a block of ``A``); on the collective route (CuPy
 blocks on GPU workers with NCCL) ``launches`` (calls sent straight to the workers, no
-graph) and the call's ``timeline_ms``.
+graph), the call's ``timeline_ms``, its placement (``blocks_per_worker``, ``imbalance``:
+the busiest worker's rows over the mean) and each worker's body (``bodies_ms``).
+
+Each experiment's rows run mpqr's calls first and dask.array.linalg's after them, the
+workers' CuPy memory pools emptied before each (a baseline's cached blocks never shape
+the next row's allocations). A baseline that fails (out of device memory, say) is
+recorded as such; ``dask.array.linalg.tsqr`` is then timed once more on every other
+block (half the rows, as evenly spread), recorded apart (``dask_tsqr_half``), never as
+the row's speed-up.
 
 Experiments (each row: workers, shape, block rows, median seconds of ``--repeat``):
 
@@ -29,7 +42,8 @@ Experiments (each row: workers, shape, block rows, median seconds of ``--repeat`
   ``mpqr.qr`` with ``Q`` persisted, ``mode="r"``, and ``dask.array.linalg.tsqr`` on the
   same cluster and chunks;
 * ``strong_scaling``: ``M`` fixed (``--strong-m``; by default ``m_per_worker``, which one
-  worker holds), ``w = 1 ... N`` (or ``--scale-workers``, as the weak rows);
+  worker holds), ``w = 1 ... N`` (or ``--scale-workers``, as the weak rows); a row the
+  weak rows ran already (one worker on ``m_per_worker``) is theirs (``same_as``);
 * ``lstsq``: weak scaling as the QR rows: ``mpqr.lstsq`` (``lapack_driver="gelsy"``,
   ``check_finite=False``, as dask's) and the default call (``gelsd``, finiteness checked) against
   ``dask.array.linalg.lstsq`` and against ``mpqr.qr``'s time on the same array;
@@ -142,6 +156,72 @@ def _matrix(gpu: bool, m: int, n: int, rows: int, dtype: str, seed: int = 0) -> 
     return rs.standard_normal((m, n), chunks=(rows, n)).astype(dtype)
 
 
+def _spread(client: Any, gpu: bool, m: int, n: int, rows: int, dtype: str,
+            seed: int = 0) -> Any:
+    """A Gaussian ``m x n`` matrix in ``rows``-row blocks made on the workers, spread
+    evenly: block ``i`` of ``B`` on worker ``i w / B`` (contiguous ranges of blocks, as
+    ``client.submit(load, i, workers=[...])`` over a file's row ranges places them);
+    the blocks' futures are the array's blocks (no task that could run elsewhere)."""
+    import dask.array as da
+
+    workers = sorted(client.scheduler_info()["workers"])
+    sizes = [rows] * (m // rows) + ([m % rows] if m % rows else [])
+    futs = [client.submit(_block, gpu, seed * 100_003 + i, h, n, dtype, pure=False,
+                          workers=[workers[i * len(workers) // len(sizes)]],
+                          allow_other_workers=False) for i, h in enumerate(sizes)]
+    from distributed import wait
+
+    wait(futs)
+    name = f"mpqr-bench-a-{uuid.uuid4().hex}"
+    return da.Array({(name, i, 0): f for i, f in enumerate(futs)}, name,
+                    (tuple(sizes), (n,)), meta=_module(gpu).empty((0, 0), dtype=dtype))
+
+
+def _block(gpu: bool, seed: int, h: int, n: int, dtype: str) -> Any:
+    """One Gaussian ``h x n`` block on this worker (its GPU where ``gpu``)."""
+    xp = _module(gpu)
+    return xp.random.default_rng(seed).standard_normal((h, n)).astype(dtype, copy=False)
+
+
+def _placed(client: Any, gpu: bool, m: int, n: int, rows: int, dtype: str,
+            placement: str) -> Any:
+    """The experiment's ``m x n`` matrix on the workers, placed as ``placement`` asks
+    (``"even"``: :func:`_spread`; ``"scheduler"``: :func:`_matrix` persisted), its
+    blocks per worker printed."""
+    x = _spread(client, gpu, m, n, rows, dtype) if placement == "even" else \
+        _run(client, _matrix(gpu, m, n, rows, dtype))[0]
+    print(f"  {m}x{n} in {len(x.chunks[0])} blocks, {placement} placement: "
+          f"{blocks_per_worker(client, x)} blocks per worker")
+    return x
+
+
+def blocks_per_worker(client: Any, x: Any) -> list[int]:
+    """How many of persisted ``x``'s blocks each worker holds (workers by address; a
+    replicated block counts on each holder)."""
+    from distributed import futures_of
+
+    where = client.who_has(futures_of(x))
+    count = dict.fromkeys(sorted(client.scheduler_info()["workers"]), 0)
+    for holders in where.values():
+        for w in holders:
+            count[w] = count.get(w, 0) + 1
+    return [count[w] for w in sorted(count)]
+
+
+def _free_pools(client: Any) -> None:
+    """Empty the workers' CuPy memory pools (cached blocks of earlier rows; no-op on
+    CPU workers)."""
+    client.run(_free_pool)
+
+
+def _free_pool() -> None:
+    import sys
+
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
 def _run(client: Any, *arrays: Any) -> list[Any]:
     """Compute onto the workers and wait (nothing is gathered to the client)."""
     from distributed import wait
@@ -175,21 +255,27 @@ def _fresh(client: Any, x: Any) -> Any:
     return xi
 
 
-def _median_time(client: Any, fn: Any, x: Any, repeat: int) -> float:
+def _median_time(client: Any, fn: Any, x: Any, repeat: int,
+                 log: list[dict[str, Any]] | None = None) -> float:
     """Median seconds of ``fn(x)`` on fresh copies of ``x``; each call's results are
-    released before the next call starts."""
-    def one() -> float:
+    released before the next call starts. ``log``: each timed call's milliseconds and
+    its copy's blocks per worker appended (found after the clock stopped)."""
+    def one(keep: bool) -> float:
         xi = _fresh(client, x)
         base = _tasks(client)
         t0 = time.perf_counter()
         out = fn(xi)
         dt = time.perf_counter() - t0
-        del out, xi
+        del out
+        if keep and log is not None:
+            log.append({"ms": round(1e3 * dt, 2),
+                        "blocks_per_worker": blocks_per_worker(client, xi)})
+        del xi
         _released(client, base - len(x.chunks[0]))
         return dt
 
-    one()  # warm-up: imports, CUDA contexts, kernel compilation
-    return statistics.median(one() for _ in range(repeat))
+    one(False)  # warm-up: imports, CUDA contexts, kernel compilation
+    return statistics.median(one(True) for _ in range(repeat))
 
 
 def _counted(client: Any, fn: Any, x: Any) -> dict[str, Any]:
@@ -209,6 +295,12 @@ def _counted(client: Any, fn: Any, x: Any) -> dict[str, Any]:
     if ev:
         counts["launches"] = sum(v.get("launches", 0) for v in ev)
         counts["timeline_ms"] = ev[-1].get("timeline_ms")
+        # where the blocks were and what each worker's body took (the busiest sets it)
+        counts.update({k: ev[-1][k] for k in ("blocks_per_worker", "imbalance",
+                                               "bodies_ms", "collectives")
+                       if k in ev[-1]})
+        if "passes" in ev[-1]:  # lstsq: its passes over A
+            counts["collective_passes"] = ev[-1]["passes"]
     del out, xi
     _released(client, base - len(x.chunks[0]))
     return counts
@@ -276,7 +368,11 @@ def _host(v: Any) -> Any:
     return v.get() if hasattr(v, "get") else v
 
 
-def _qr_pair(client: Any, x: Any, repeat: int, reference: bool = True) -> dict[str, Any]:
+def _qr_pair(client: Any, x: Any, repeat: int, reference: bool = True,
+             ref_repeat: int | None = None, ref_checks: bool = True) -> dict[str, Any]:
+    """mpqr's ``qr`` (``Q`` persisted, and ``mode="r"``) on ``x``: median times, round
+    trips, errors, route; then dask's tsqr (``ref_repeat`` calls; ``ref_checks``: its
+    round trips and errors too, each one call more)."""
     import dask.array as da
 
     import mpqr
@@ -293,8 +389,13 @@ def _qr_pair(client: Any, x: Any, repeat: int, reference: bool = True) -> dict[s
     def theirs(x: Any) -> Any:
         return _run(client, *da.linalg.tsqr(x))
 
-    out: dict[str, Any] = {"mpqr_s": _median_time(client, ours, x, repeat),
-                           "mpqr_r_s": _median_time(client, ours_r, x, repeat)}
+    calls: dict[str, list[dict[str, Any]]] = {"mpqr": [], "mpqr_r": []}
+    _free_pools(client)
+    out: dict[str, Any] = {"blocks_per_worker": blocks_per_worker(client, x),
+                           "mpqr_s": _median_time(client, ours, x, repeat, calls["mpqr"]),
+                           "mpqr_r_s": _median_time(client, ours_r, x, repeat,
+                                                    calls["mpqr_r"]),
+                           "calls": calls}
     rt = _counted(client, ours, x)
     if rt["passes"]:  # the scheduler route: Q's lazy pass, persisted
         rt["passes"] += 1
@@ -310,28 +411,64 @@ def _qr_pair(client: Any, x: Any, repeat: int, reference: bool = True) -> dict[s
                             else "")
     if not reference:
         return out
+    _free_pools(client)
     try:
-        out["dask_tsqr_s"] = _median_time(client, theirs, x, repeat)
+        calls["dask_tsqr"] = []
+        out["dask_tsqr_s"] = _median_time(client, theirs, x, ref_repeat or repeat,
+                                          calls["dask_tsqr"])
         out["speedup"] = out["dask_tsqr_s"] / out["mpqr_s"]
-        out["dask_round_trips"] = _counted(client, theirs, x)
-        q, r = theirs(x)
-        out["dask_backward_error"], out["dask_orthogonality"] = _qr_errors(q, r, x)
+        if ref_checks:
+            out["dask_round_trips"] = _counted(client, theirs, x)
+            q, r = theirs(x)
+            out["dask_backward_error"], out["dask_orthogonality"] = _qr_errors(q, r, x)
+            del q, r
     except Exception as exc:  # recorded, so that the rest of the run still counts
         out["dask_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        _free_pools(client)
+        out["dask_tsqr_half"] = _half_tsqr(client, x, theirs)
+    _free_pools(client)
     return out
 
 
-def _scaling(args: Any, gpu: bool, fixed_m: int | None) -> list[dict[str, Any]]:
+def _half_tsqr(client: Any, x: Any, theirs: Any) -> dict[str, Any]:
+    """dask.array.linalg.tsqr on every other block of ``x`` (half the rows, spread as
+    ``x``'s), one call after a warm-up: where it fails at the row's size, what it takes
+    at a size that fits (not the row's speed-up: another size)."""
+    import dask.array as da
+
+    nb = len(x.chunks[0])
+    if nb < 2:
+        return {"error": "one block: no half"}
+    xh = da.concatenate([x.blocks[i] for i in range(0, nb, 2)])
+    log: list[dict[str, Any]] = []
+    try:
+        t = _median_time(client, theirs, xh, 1, log)
+    except Exception as exc:
+        return {"shape": f"{xh.shape[0]}x{xh.shape[1]}",
+                "error": f"{type(exc).__name__}: {exc}"[:200]}
+    return {"shape": f"{xh.shape[0]}x{xh.shape[1]}", "blocks": len(xh.chunks[0]),
+            "blocks_per_worker": log[0]["blocks_per_worker"], "dask_tsqr_s": t}
+
+
+def _scaling(args: Any, gpu: bool, fixed_m: int | None,
+             done: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The rows of ``args.scale_workers``; a row of ``done`` (the weak rows) with the
+    same workers and shape is reused, not run again (one worker on ``m_per_worker``)."""
     from distributed import Client
 
     rows_out = []
     for w in args.scale_workers:
         m = fixed_m if fixed_m else args.m_per_worker * w
+        same = [r for r in done or () if r["workers"] == w and r["shape"] == f"{m}x{args.n}"]
+        if same:
+            rows_out.append({**same[0], "same_as": "weak_scaling"})
+            continue
         with _cluster(w if gpu else None, w) as cluster, Client(cluster) as client:
             client.register_plugin(RoundTrips())
-            x = _run(client, _matrix(gpu, m, args.n, args.chunk_rows, args.dtype))[0]
+            x = _placed(client, gpu, m, args.n, args.chunk_rows, args.dtype,
+                        args.placement)
             row = {"workers": w, "shape": f"{m}x{args.n}", "block_rows": args.chunk_rows,
-                   "blocks": len(x.chunks[0])}
+                   "blocks": len(x.chunks[0]), "placement": args.placement}
             row.update(_qr_pair(client, x, args.repeat, reference=not args.no_reference))
             rows_out.append(row)
             print(row)
@@ -339,8 +476,11 @@ def _scaling(args: Any, gpu: bool, fixed_m: int | None) -> list[dict[str, Any]]:
     return rows_out
 
 
-def _lstsq(client: Any, x: Any, gpu: bool, repeat: int, reference: bool = True
-           ) -> dict[str, Any]:
+def _lstsq(client: Any, x: Any, gpu: bool, repeat: int, reference: bool = True,
+           ref_repeat: int | None = None, ref_checks: bool = True) -> dict[str, Any]:
+    """mpqr's ``lstsq`` (gelsy without the finiteness check, as dask's; the default call)
+    and ``qr`` on ``x`` and a right-hand side beside its blocks, then dask's lstsq
+    (``ref_repeat`` calls; ``ref_checks``: its round trips and residual too)."""
     import dask.array as da
 
     import mpqr
@@ -366,21 +506,30 @@ def _lstsq(client: Any, x: Any, gpu: bool, repeat: int, reference: bool = True
         q, r = mpqr.qr(x)
         return [_persisted(client, q), r]
 
+    calls: dict[str, list[dict[str, Any]]] = {"mpqr": [], "mpqr_gelsd": [], "mpqr_qr": []}
+    _free_pools(client)
     out: dict[str, Any] = {"shape": f"{m}x{n}", "blocks": len(x.chunks[0]),
-                           "mpqr_s": _median_time(client, ours, x, repeat),
-                           "mpqr_gelsd_s": _median_time(client, ours_default, x, repeat),
-                           "mpqr_qr_s": _median_time(client, qr, x, repeat),
+                           "blocks_per_worker": blocks_per_worker(client, x),
+                           "mpqr_s": _median_time(client, ours, x, repeat, calls["mpqr"]),
+                           "mpqr_gelsd_s": _median_time(client, ours_default, x, repeat,
+                                                        calls["mpqr_gelsd"]),
+                           "mpqr_qr_s": _median_time(client, qr, x, repeat, calls["mpqr_qr"]),
                            "round_trips": _counted(client, ours, x),
-                           "round_trips_gelsd": _counted(client, ours_default, x)}
+                           "round_trips_gelsd": _counted(client, ours_default, x),
+                           "calls": calls}
     out["vs_mpqr_qr"] = out["mpqr_s"] / out["mpqr_qr_s"]
     sols = [("mpqr", ours(x)[0].compute())]
     try:
         if not reference:
             raise LookupError("dask.array.linalg.lstsq left out (--no-reference)")
-        out["dask_lstsq_s"] = _median_time(client, theirs, x, repeat)
+        _free_pools(client)
+        calls["dask_lstsq"] = []
+        out["dask_lstsq_s"] = _median_time(client, theirs, x, ref_repeat or repeat,
+                                           calls["dask_lstsq"])
         out["speedup"] = out["dask_lstsq_s"] / out["mpqr_s"]
-        out["dask_round_trips"] = _counted(client, theirs, x)
-        sols.append(("dask", theirs(x)))
+        if ref_checks:
+            out["dask_round_trips"] = _counted(client, theirs, x)
+            sols.append(("dask", theirs(x)))
     except Exception as exc:  # recorded, so that the rest of the run still counts
         out["dask_error"] = f"{type(exc).__name__}: {exc}"[:200]
     for key, sol in sols:
@@ -489,7 +638,7 @@ def _scheduler(client: Any, gpu: bool, n: int, blocks: int, repeat: int) -> dict
     import mpqr
 
     rows = 4 * n
-    x = _run(client, _matrix(gpu, rows * blocks, n, rows, "float64"))[0]
+    x = _placed(client, gpu, rows * blocks, n, rows, "float64", "even")
     t = _median_time(client, lambda xi: _run(client, *mpqr.qr(xi)), x, repeat)
     q, _r = mpqr.qr(x)
     tasks = len(q.__dask_graph__())
@@ -507,7 +656,7 @@ def _sweep(client: Any, gpu: bool, args: Any, m: int, workers: int) -> list[dict
             heights.append(rows)
             rows //= 2
     for rows in heights:
-        x = _run(client, _matrix(gpu, m, args.n, rows, args.dtype))[0]
+        x = _placed(client, gpu, m, args.n, rows, args.dtype, args.placement)
         row = {"shape": f"{m}x{args.n}", "block_rows": rows, "blocks": len(x.chunks[0])}
         row.update(_qr_pair(client, x, args.repeat, reference=not args.no_reference))
         out.append(row)
@@ -581,6 +730,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep-rows", default=None,
                    help="comma-separated block heights of the chunk sweep (default: from "
                         "min(M / 2N, 2 chunk_rows) down by 2 to M / 128N)")
+    p.add_argument("--placement", choices=("even", "scheduler"), default="even",
+                   help="how the blocks are placed on the workers: even (block i of B made "
+                        "on worker i w / B) or where the scheduler runs dask.array.random's "
+                        "tasks")
     p.add_argument("--no-reference", action="store_true",
                    help="leave dask.array.linalg's tsqr and lstsq out")
     p.add_argument("--route", choices=("auto", "collective", "scheduler"), default="auto",
@@ -610,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     payload: dict[str, Any] = {
         "benchmark": "dask", "environment": environment(xp), "dask": dask.__version__,
         "cluster": (_cluster_kind() if gpu else "LocalCluster (processes)"), "workers": top,
-        "route": args.route,
+        "route": args.route, "placement": args.placement,
         "n": args.n, "dtype": args.dtype, "m_per_worker": args.m_per_worker,
         "block_rows": args.chunk_rows, "strong_m": args.strong_m or args.m_per_worker,
         "repeat": args.repeat}
@@ -621,15 +774,16 @@ def main(argv: list[str] | None = None) -> int:
         payload["weak_scaling"] = _scaling(args, gpu, None)
         write_json(args.json, payload)  # each experiment kept, should a later one fail
     if "strong" not in skip:  # by default the one-worker size, so that one worker holds it
-        payload["strong_scaling"] = _scaling(args, gpu, args.strong_m or args.m_per_worker)
+        payload["strong_scaling"] = _scaling(args, gpu, args.strong_m or args.m_per_worker,
+                                             payload.get("weak_scaling"))
         write_json(args.json, payload)
     if "lstsq" not in skip:  # weak scaling, as the QR rows
         payload["lstsq"] = []
         for w in args.scale_workers:
             with _cluster(w if gpu else None, w) as cluster, Client(cluster) as client:
                 client.register_plugin(RoundTrips())
-                x = _run(client, _matrix(gpu, args.m_per_worker * w, args.n, args.chunk_rows,
-                                         args.dtype))[0]
+                x = _placed(client, gpu, args.m_per_worker * w, args.n, args.chunk_rows,
+                            args.dtype, args.placement)
                 payload["lstsq"].append({"workers": w, **_lstsq(client, x, gpu, args.repeat,
                                                                 not args.no_reference)})
                 print(payload["lstsq"][-1])
@@ -673,11 +827,21 @@ def summary(payload: dict[str, Any]) -> dict[str, Any]:
     for row in weak:
         if row.get("speedup"):
             out[f"dask tsqr / mpqr qr, {row['workers']} workers"] = row["speedup"]
+    for row in payload.get("strong_scaling", []):
+        if row.get("speedup"):
+            out[f"dask tsqr / mpqr qr, {row['workers']} workers, {row['shape']}"] = \
+                row["speedup"]
     for row in payload.get("lstsq", []):
         if row.get("speedup"):
             out[f"dask lstsq / mpqr lstsq, {row['workers']} workers"] = row["speedup"]
-        if core.get("lstsq"):
-            out[f"lstsq {row['workers']} workers / in core"] = row["mpqr_s"] / core["lstsq"]
+        if core.get("lstsq"):  # the lstsq rows hold m_per_worker rows per worker
+            w = row["workers"]
+            out[f"lstsq {w} workers / in core" if w == 1 else
+                f"lstsq {w} workers on {w} x the rows / in core"] = \
+                row["mpqr_s"] / core["lstsq"]
+    ls = payload.get("lstsq", [])
+    if len(ls) > 1:
+        out["lstsq weak scaling (last / first)"] = ls[-1]["mpqr_s"] / ls[0]["mpqr_s"]
     return out
 
 
