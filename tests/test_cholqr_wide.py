@@ -279,3 +279,36 @@ def test_first_pass_inverse_by_estimated_cond2(monkeypatch, cond, by_gemm):
     be = get_backend(array_namespace(a))
     est = cholqr._cond2_estimate(be, r1, np.linalg.inv(r1), False)
     assert 0.85 * np.linalg.cond(a) <= est <= np.linalg.cond(a) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(("cond", "kept"), [(1.0, True), (1e2, False), (1e4, False)])
+def test_fp32_emulated_cholqr2_keeps_an_orthonormal_q1(monkeypatch, cond, kept):
+    """float32 ``fp32-emulated``: where the second pass's Gram matrix (on tc-sgemm) shows
+    ``Q1`` within ``KEEP_Q1_MAX u`` of orthonormal (a random, well-conditioned input), the
+    route returns ``Q1, R1`` (no second factor, no ``Q1 X2``; explain() says so, and the
+    distance it read is the true orthogonality's to within ``u``); else (cond 1e2: ~25 u
+    after one pass) the second pass runs, and past CholQR2's reach (1e4) the route hands
+    over as before. The float32 targets (against extended precision) every time."""
+    _fp32_setup(monkeypatch)
+    rng = np.random.default_rng(12)
+    a = (rng.standard_normal((2048, 96)) if cond == 1.0
+         else geometric(rng, 2048, 96, cond)).astype(np.float32)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp32-emulated")
+    keep = [e for e in trace.events if e.kind == "keep-q1"]
+    assert bool(keep) == kept
+    labels = [g.label for g in trace.gemms]
+    if kept:
+        assert labels.count("cholqr2-gram") == 2 and "cholqr-RR" not in labels
+        assert abs(keep[0].data["distance"] - orthogonality(q)) <= U32
+    orth, back = orthogonality(q), backward_error(a, q, r)
+    assert orth <= 9 * U32 and back <= 18 * U32
+    assert np.all(np.diagonal(r) > 0) and np.array_equal(r, np.triu(r))
+    monkeypatch.setattr(cholqr, "KEEP_Q1_MAX", None)
+    with mpqr.explain() as trace:
+        q2, r2 = mpqr.qr(a, precision="fp32-emulated")
+    assert not any(e.kind == "keep-q1" for e in trace.events)
+    if kept:  # R1 against R2 R1: R2 = I + O(||Q1^T Q1 - I||)
+        assert np.max(np.abs(r2 - r)) <= 18 * U32 * np.max(np.abs(r2))
+    else:
+        assert np.array_equal(r2, r) and np.array_equal(q2, q)

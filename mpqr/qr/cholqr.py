@@ -561,9 +561,9 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     return q, r, sb
 
 
-#: CholQR2 keeps its first pass's ``Q1`` (no second Cholesky, no ``Q = Q1 X2``) where
-#: ``||Q1^H Q1 - I||_F / n``, read from the second pass's Gram matrix, is at most this
-#: many units of ``Q1``'s own roundoff (None: never; see :func:`_keeps_q1`)
+#: single-precision CholQR2 keeps its first pass's ``Q1`` (no second Cholesky, no ``Q =
+#: Q1 X2``) where ``||Q1^H Q1 - I||_F / n``, read from the second pass's Gram matrix, is at
+#: most this many units of ``Q1``'s own roundoff (None: never; see :func:`_keeps_q1`)
 KEEP_Q1_MAX: float | None = 3.0
 
 
@@ -577,10 +577,12 @@ def _keeps_q1(backend: Any, g: Any, method: str) -> bool:
     it). ``Q1 R1 = A`` keeps its backward error (row-wise, by substitution; by GEMM only
     under the inverse's condition bound). Where the first pass's Gram matrix was made at
     a lower precision than ``Q1``'s (float64 with a tc-sgemm first Gram), ``Q1`` is only
-    that accurate and the test fails: the second pass runs. One host sync."""
-    if KEEP_Q1_MAX is None or g.ndim != 2:
-        return False
+    that accurate and the test fails: the second pass runs. Single precision only: its
+    targets (``9 u``) leave the threshold room, where float64's CholQR2 is held to ``~1 u``
+    and always runs its second pass. One host sync."""
     xp = backend.xp
+    if KEEP_Q1_MAX is None or g.ndim != 2 or g.dtype not in (xp.float32, xp.complex64):
+        return False
     n = g.shape[-1]
     u = unit_roundoff(xp, g.dtype)
     dist = float(xp.linalg.matrix_norm(g - xp.eye(n, dtype=g.dtype, device=device(g)),
