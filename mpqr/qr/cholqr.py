@@ -1003,7 +1003,11 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     solve's pass over A, in float64 arithmetic, and ``Q = (A R1^-1) R2^-1`` is solved
     from A, rounding the intermediate rows exactly as that pass did (the Q1 whose Gram
     matrix the certificate checked), in four passes over A's size instead of six (two
-    instead of four without Q). The explain trace says so (``fused-solve``)."""
+    instead of four without Q). The explain trace says so (``fused-solve``).
+
+    In single precision, where the second pass's Gram matrix shows ``Q1`` already
+    orthonormal to working accuracy (:data:`KEEP_Q1_MAX`), ``(Q1, R1)`` is the answer:
+    no second factor, no ``Q1 R2^-1`` (``keep-q1`` in the trace)."""
     fusable = _fusable(backend, a)
     slot = None if fusable or not want_q else _take_defer(a)
     low = None if fusable else _low_first_gram(backend, a, prec_name)
