@@ -301,6 +301,10 @@ def test_fp32_emulated_cholqr2_keeps_an_orthonormal_q1(monkeypatch, cond, kept):
     if kept:
         assert labels.count("cholqr2-gram") == 2 and "cholqr-RR" not in labels
         assert abs(keep[0].data["distance"] - orthogonality(q)) <= U32
+        with mpqr.explain() as tr_r:  # mode "r" keeps R1 as well
+            r_only = mpqr.qr(a, mode="r", precision="fp32-emulated")
+        assert any(e.kind == "keep-q1" for e in tr_r.events)
+        np.testing.assert_array_equal(np.asarray(r_only), r)
     orth, back = orthogonality(q), backward_error(a, q, r)
     assert orth <= 9 * U32 and back <= 18 * U32
     assert np.all(np.diagonal(r) > 0) and np.array_equal(r, np.triu(r))

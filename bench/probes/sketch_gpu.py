@@ -6,9 +6,9 @@
 * 65536 x 4096 float32 ``fp32-emulated`` and float64 ``auto``, round-robin in one process
   beside ``cupy.linalg.qr`` of the same dtype: ``new`` (this tree), ``no_keep`` (CholQR2's
   second pass always solves: ``KEEP_Q1_MAX = None``), ``old`` (every lever of the wide
-  route off). PASS/FAIL: orthogonality ``||I - Q^T Q||_F / n`` and backward error
-  ``||A - QR||_F / ||A||_F`` in float64 against 1e-15 / 2e-15 (float64) and 9 u / 18 u
-  (float32); the distance the keep test read beside the true orthogonality.
+  route off); float32 also mode ``r`` with the keep on and off. PASS/FAIL: orthogonality
+  ``||I - Q^T Q||_F / n`` and backward error ``||A - QR||_F / ||A||_F`` in float64 against
+  1e-15 / 2e-15 (float64) and 9 u / 18 u (float32); the distance the keep test read.
 * The bench's own timing (``mpqr.bench.qr._shape_rows``: CUDA events, back-to-back calls
   after one warm-up) of the float32 row in this process, beside the round-robin's.
 * Rechecks, ``auto`` float64 beside cuSOLVER: 2^20 x 256 at cond 1, 1e8, 1e12, 1e15; 2^22 x
@@ -143,13 +143,8 @@ def _route(tr):
                                      "keep-q1")][:6]}
 
 
-def _keep_distance(tr):
-    return next((e.data.get("distance") for e in tr.events if e.kind == "keep-q1"
-                 and hasattr(e, "data") and isinstance(e.data, dict)), None)
-
-
 @guarded
-def bench_wide(dtype, precision, variants):
+def bench_wide(dtype, precision, variants, r_too=False):
     m, n = 65536 // DIV, 4096 // DIV
     a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dtype)
     name = cp.dtype(dtype).name
@@ -173,9 +168,15 @@ def bench_wide(dtype, precision, variants):
                 mpqr.qr(a, precision=precision)
         fns[var] = call
         release_pool(cp)
+    if r_too:  # mode "r" with the keep on and off
+        for var in ("new", "no_keep"):
+            def call_r(var=var):
+                with levers(*_off(var)):
+                    mpqr.qr(a, mode="r", precision=precision)
+            fns[f"{var}_r"] = call_r
     for key, ms in ab(fns, repeat=5, max_seconds=8.0).items():
         row[f"{key}_ms"] = ms
-    for var in variants:
+    for var in [*variants, *(("new_r", "no_keep_r") if r_too else ())]:
         row[f"{var}_speedup"] = row["cusolver_ms"] / row[f"{var}_ms"]
     say(row)
     release_pool(cp)
@@ -273,6 +274,9 @@ def table():
               + "  ".join(f"{g(k + '_ms', 0):6.1f} ({g(k + '_speedup', 0):4.2f})"
                           for k in ("new", "no_keep", "old"))
               + f"   {g('new_orth', 0):.2e} / {g('new_backward', 0):.2e}  {g('new_kept')}")
+        if g("new_r_ms"):
+            print(f"{'':<23}mode r: new {g('new_r_ms'):6.1f} ({g('new_r_speedup'):4.2f}) "
+                  f"no_keep {g('no_keep_r_ms'):6.1f} ({g('no_keep_r_speedup'):4.2f})")
     for r in ROWS:
         if r.get("what") in ("phases", "bench row"):
             print({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()})
@@ -285,7 +289,7 @@ def table():
 
 
 def main() -> int:
-    bench_wide(cp.float32, "fp32-emulated", ("new", "no_keep", "old"))
+    bench_wide(cp.float32, "fp32-emulated", ("new", "no_keep", "old"), r_too=True)
     bench_wide(cp.float64, "auto", ("new", "no_keep"))
     bench_process("fp32-emulated")
     for m, n, cond in ((2**20, 256, 1), (2**20, 256, 1e8), (2**20, 256, 1e12),

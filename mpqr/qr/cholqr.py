@@ -494,12 +494,13 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     matrix, already formed (``a`` is then only read for its shape). ``early``: CholQR2's
     first pass, which may stop after its factor (:func:`hand_over_early`). ``may_keep``
     (a certified pass, 2-D): where ``a``'s Gram matrix already shows it orthonormal to
-    working accuracy (:func:`_keeps_q1`), ``(a, None, backend)``: no factor, no solve."""
+    working accuracy (:func:`_keeps_q1`), ``(a, None, backend)``: no factor, no solve
+    (with or without ``want_q``)."""
     pair = _first_gram(a, method) if certify is None else None
     if pair is None:
         if g is None:
             g = gram(backend, a, precision, f"{method}-gram")
-        if may_keep and certify is not None and want_q and _keeps_q1(backend, g, method):
+        if may_keep and certify is not None and _keeps_q1(backend, g, method):
             return a, None, backend
         if not shift:
             check = (_early_check(method, backend, a, (backend, g), prec_name) if early
@@ -1037,12 +1038,13 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
         q1 = _apply_inverse(backend, sb1, a, r1, "cholqr2", prec_name)
     try:
         q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
-                              want_q=want_q and slot is None, may_keep=a.ndim == 2)
+                              want_q=want_q and slot is None,
+                              may_keep=a.ndim == 2 and slot is None)
     except BreakdownError as exc:
         _hand_over(exc, backend, a, r1, q1)
         raise
     if r2 is None:  # Q1 already orthonormal to working accuracy (_keeps_q1)
-        return q, _final_r(backend, sb1, [r1], a, prec_name)
+        return (q1 if want_q else None), _final_r(backend, sb1, [r1], a, prec_name)
     if slot is not None:
         slot[1] = (q1, r2, sb)
         record_event("deferred-solve", "cholqr2: Q = Q1 R2^-1 is not formed; the caller "
