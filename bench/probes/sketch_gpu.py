@@ -303,6 +303,7 @@ def main() -> int:
     except Exception:
         traceback.print_exc()
     out = Path(os.environ.get("OUT", "/tmp")) / "sketch.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                .decode(), "seconds": time.perf_counter() - T0,
                                "rows": ROWS}, indent=1, default=str))
