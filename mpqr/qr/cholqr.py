@@ -1039,11 +1039,12 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     try:
         q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
                               want_q=want_q and slot is None,
-                              may_keep=a.ndim == 2 and slot is None)
+                              may_keep=a.ndim == 2)
     except BreakdownError as exc:
         _hand_over(exc, backend, a, r1, q1)
         raise
-    if r2 is None:  # Q1 already orthonormal to working accuracy (_keeps_q1)
+    if r2 is None:  # Q1 already orthonormal to working accuracy (_keeps_q1); a deferred
+        # solve's slot stays empty: its caller takes Q1 as it is
         return (q1 if want_q else None), _final_r(backend, sb1, [r1], a, prec_name)
     if slot is not None:
         slot[1] = (q1, r2, sb)
