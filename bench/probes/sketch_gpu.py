@@ -9,6 +9,7 @@
   route off); float32 also mode ``r`` with the keep on and off. PASS/FAIL: orthogonality
   ``||I - Q^T Q||_F / n`` and backward error ``||A - QR||_F / ||A||_F`` in float64 against
   1e-15 / 2e-15 (float64) and 9 u / 18 u (float32); the distance the keep test read.
+* 65536 x 4096 float32 ``fp32-emulated`` at cond 1e2 / 1e3: Q1 not kept, targets met.
 * The bench's own timing (``mpqr.bench.qr._shape_rows``: CUDA events, back-to-back calls
   after one warm-up) of the float32 row in this process, beside the round-robin's.
 * Rechecks, ``auto`` float64 beside cuSOLVER: 2^20 x 256 at cond 1, 1e8, 1e12, 1e15; 2^22 x
@@ -183,6 +184,27 @@ def bench_wide(dtype, precision, variants, r_too=False):
 
 
 @guarded
+def wide_cond(cond):
+    """65536 x 4096 float32 ``fp32-emulated`` at ``cond``: whether Q1 was kept, targets."""
+    from ill_conditioned import matrix
+
+    a = matrix(65536 // DIV, 4096 // DIV, cond, seed=4).astype(cp.float32)
+    with mpqr.explain() as tr:
+        q, r = mpqr.qr(a, precision="fp32-emulated")
+    orth, back = errors(a, q, r)
+    del q, r
+    t = ab({"cusolver": lambda: cp.linalg.qr(a),
+            "new": lambda: mpqr.qr(a, precision="fp32-emulated")}, repeat=3)
+    orth_max, back_max = TARGETS["float32"]
+    say({"what": "qr wide cond", "cond": cond, "orth": orth, "backward": back,
+         "kept": [e.message[:90] for e in tr.events if e.kind == "keep-q1"],
+         "cusolver_ms": t["cusolver"], "new_ms": t["new"],
+         "speedup": t["cusolver"] / t["new"], "route": _route(tr)["events"][:4],
+         "status": "PASS" if orth <= orth_max and back <= back_max else "FAIL"})
+    release_pool(cp)
+
+
+@guarded
 def bench_process(precision):
     """The bench's own timing of one 65536 x 4096 row (``_shape_rows``) in this process."""
     from mpqr.bench import qr as bq
@@ -278,7 +300,7 @@ def table():
             print(f"{'':<23}mode r: new {g('new_r_ms'):6.1f} ({g('new_r_speedup'):4.2f}) "
                   f"no_keep {g('no_keep_r_ms'):6.1f} ({g('no_keep_r_speedup'):4.2f})")
     for r in ROWS:
-        if r.get("what") in ("phases", "bench row"):
+        if r.get("what") in ("phases", "bench row", "qr wide cond"):
             print({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()})
         if r.get("what") == "qr recheck":
             print(f"recheck {r['shape']} cond {r['cond']:.0e}: cuSOLVER {r['cusolver_ms']:.1f}"
@@ -292,6 +314,8 @@ def main() -> int:
     bench_wide(cp.float32, "fp32-emulated", ("new", "no_keep", "old"), r_too=True)
     bench_wide(cp.float64, "auto", ("new", "no_keep"))
     bench_process("fp32-emulated")
+    for cond in (1e2, 1e3):
+        wide_cond(cond)
     for m, n, cond in ((2**20, 256, 1), (2**20, 256, 1e8), (2**20, 256, 1e12),
                        (2**20, 256, 1e15), (2**22, 64, 1e12), (2**22, 64, 1e15)):
         if time.perf_counter() - T0 < BUDGET_S - 12:
