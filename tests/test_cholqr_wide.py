@@ -316,3 +316,22 @@ def test_fp32_emulated_cholqr2_keeps_an_orthonormal_q1(monkeypatch, cond, kept):
         assert np.max(np.abs(r2 - r)) <= 18 * U32 * np.max(np.abs(r2))
     else:
         assert np.array_equal(r2, r) and np.array_equal(q2, q)
+
+
+def test_complex64_cholqr2_keeps_an_orthonormal_q1(monkeypatch):
+    """complex64 at ``fp32``: the same keep (the column-scaled bound before it stays real:
+    no complex-to-real cast), float32 targets against extended precision."""
+    import warnings
+
+    monkeypatch.setattr(sys.modules["mpqr.backends.numpy.backend"].NumpyBackend,
+                        "library_qr_tall_max", 2**10)
+    rng = np.random.default_rng(13)
+    a = (rng.standard_normal((2048, 64)) + 1j * rng.standard_normal((2048, 64))).astype(
+        np.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", np.exceptions.ComplexWarning)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision="fp32")
+    assert any(e.kind == "keep-q1" for e in trace.events)
+    assert q.dtype == r.dtype == np.complex64
+    assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32

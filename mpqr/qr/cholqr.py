@@ -774,7 +774,7 @@ def _cond1_lower(sb: Any, r: Any, scaled: bool) -> float:
     d = xs.abs(xs.linalg.diagonal(r))
     parts = [xs.max(xs.sum(xs.abs(r), axis=0)), xs.min(d)]
     if scaled:
-        cs = xs.astype(column_scales(xs, r), r.dtype)
+        cs = xs.astype(column_scales(xs, r), d.dtype)  # real: R complex too
         parts += [xs.max(xs.sum(xs.abs(r / cs), axis=0)), xs.min(d / cs)]
     v = [float(p) for p in sb.small(xs.stack(parts))[1]]
     return min(hi / lo if lo > 0 and math.isfinite(hi) else math.inf
