@@ -323,8 +323,9 @@ def test_complex64_cholqr2_keeps_an_orthonormal_q1(monkeypatch):
     no complex-to-real cast), float32 targets against extended precision."""
     import warnings
 
-    monkeypatch.setattr(sys.modules["mpqr.backends.numpy.backend"].NumpyBackend,
-                        "library_qr_tall_max", 2**10)
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "library_qr_tall_max", 2**10)
     rng = np.random.default_rng(13)
     a = (rng.standard_normal((2048, 64)) + 1j * rng.standard_normal((2048, 64))).astype(
         np.complex64)
