@@ -194,7 +194,7 @@ def wide_cond(cond):
     orth, back = errors(a, q, r)
     del q, r
     t = ab({"cusolver": lambda: cp.linalg.qr(a),
-            "new": lambda: mpqr.qr(a, precision="fp32-emulated")}, repeat=3)
+            "new": lambda: mpqr.qr(a, precision="fp32-emulated")}, repeat=5)
     orth_max, back_max = TARGETS["float32"]
     say({"what": "qr wide cond", "cond": cond, "orth": orth, "backward": back,
          "kept": [e.message[:90] for e in tr.events if e.kind == "keep-q1"],
