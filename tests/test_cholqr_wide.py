@@ -336,3 +336,23 @@ def test_complex64_cholqr2_keeps_an_orthonormal_q1(monkeypatch):
     assert any(e.kind == "keep-q1" for e in trace.events)
     assert q.dtype == r.dtype == np.complex64
     assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32
+
+
+@pytest.mark.parametrize("host_max", [512, 64])
+def test_early_condition_estimate_stays_with_a_wide_factor(monkeypatch, host_max):
+    """CholQR2's first-pass condition estimate (float32 at cond 1e2 reaches its gate) moves
+    the factor to the host only up to ``EARLY_HOST_MAX_N`` columns; a wider one is asked
+    to stay where it is (a GPU's host took ~1 s for 4096 columns). Same answer either way."""
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    _fp32_setup(monkeypatch)
+    monkeypatch.setattr(cholqr, "EARLY_HOST_MAX_N", host_max)
+    limits = []
+    small = NumpyBackend.small
+    monkeypatch.setattr(NumpyBackend, "small", lambda self, x, limit=None: (
+        limits.append((x.shape, limit)), small(self, x, limit))[1])
+    a = geometric(np.random.default_rng(14), 2048, 96, 1e2).astype(np.float32)
+    q, r = mpqr.qr(a, precision="fp32-emulated")
+    moved = [lim for shape, lim in limits if shape == (96, 96) and lim is not None]
+    assert moved == ([96 * 96] if host_max == 512 else [0])
+    assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32

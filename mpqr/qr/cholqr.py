@@ -409,6 +409,10 @@ EARLY_HAND_OVER = 0.05
 #: on ``u cond(R)^2`` without the column scaling) reaches this
 _EARLY_GATE = 1e-6
 
+#: the largest first factor whose condition estimate (:func:`hand_over_early`) runs on
+#: the host; wider, where the factor is (the device)
+EARLY_HOST_MAX_N = 512
+
 #: ``(estimator, prefetch)`` of the :func:`hand_over_early` block, or None outside one
 _EARLY: contextvars.ContextVar[tuple[Callable[..., Any], Callable[..., Any] | None] | None] = (
     contextvars.ContextVar("mpqr_cholqr2_early", default=None))
@@ -458,7 +462,10 @@ def _early_check(method: str, backend: Any, a: Any, g_pair: tuple[Any, Any],
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
         if not (lo > 0 and (hi / lo if ratio is None else ratio) ** 2 * u >= _EARLY_GATE):
             return
-        hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
+        # a few hundred tiny steps: on the host up to EARLY_HOST_MAX_N columns; a wider R
+        # stays where it is (on a GPU the host's n^3 product and solves of 4096 columns
+        # took ~1 s a call, against a few ms there)
+        hs, rh = sb.small(r, limit=r.size if r.shape[-1] <= EARLY_HOST_MAX_N else 0)
         if ratio is None and prec_name in SCALE_FREE and not _diag_ratio(
                 hs, rh, True) ** 2 * u >= _EARLY_GATE:
             # the estimate is of the column-scaled condition number: graded columns with
