@@ -279,3 +279,80 @@ def test_first_pass_inverse_by_estimated_cond2(monkeypatch, cond, by_gemm):
     be = get_backend(array_namespace(a))
     est = cholqr._cond2_estimate(be, r1, np.linalg.inv(r1), False)
     assert 0.85 * np.linalg.cond(a) <= est <= np.linalg.cond(a) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize(("cond", "kept"), [(1.0, True), (1e2, False), (1e4, False)])
+def test_fp32_emulated_cholqr2_keeps_an_orthonormal_q1(monkeypatch, cond, kept):
+    """float32 ``fp32-emulated``: where the second pass's Gram matrix (on tc-sgemm) shows
+    ``Q1`` within ``KEEP_Q1_MAX u`` of orthonormal (a random, well-conditioned input), the
+    route returns ``Q1, R1`` (no second factor, no ``Q1 X2``; explain() says so, and the
+    distance it read is the true orthogonality's to within ``u``); else (cond 1e2: ~25 u
+    after one pass) the second pass runs, and past CholQR2's reach (1e4) the route hands
+    over as before. The float32 targets (against extended precision) every time."""
+    _fp32_setup(monkeypatch)
+    rng = np.random.default_rng(12)
+    a = (rng.standard_normal((2048, 96)) if cond == 1.0
+         else geometric(rng, 2048, 96, cond)).astype(np.float32)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp32-emulated")
+    keep = [e for e in trace.events if e.kind == "keep-q1"]
+    assert bool(keep) == kept
+    labels = [g.label for g in trace.gemms]
+    if kept:
+        assert labels.count("cholqr2-gram") == 2 and "cholqr-RR" not in labels
+        assert abs(keep[0].data["distance"] - orthogonality(q)) <= U32
+        with mpqr.explain() as tr_r:  # mode "r" keeps R1 as well
+            r_only = mpqr.qr(a, mode="r", precision="fp32-emulated")
+        assert any(e.kind == "keep-q1" for e in tr_r.events)
+        np.testing.assert_array_equal(np.asarray(r_only), r)
+    orth, back = orthogonality(q), backward_error(a, q, r)
+    assert orth <= 9 * U32 and back <= 18 * U32
+    assert np.all(np.diagonal(r) > 0) and np.array_equal(r, np.triu(r))
+    monkeypatch.setattr(cholqr, "KEEP_Q1_MAX", None)
+    with mpqr.explain() as trace:
+        q2, r2 = mpqr.qr(a, precision="fp32-emulated")
+    assert not any(e.kind == "keep-q1" for e in trace.events)
+    if kept:  # R1 against R2 R1: R2 = I + O(||Q1^T Q1 - I||)
+        assert np.max(np.abs(r2 - r)) <= 18 * U32 * np.max(np.abs(r2))
+    else:
+        assert np.array_equal(r2, r) and np.array_equal(q2, q)
+
+
+def test_complex64_cholqr2_keeps_an_orthonormal_q1(monkeypatch):
+    """complex64 at ``fp32``: the same keep (the column-scaled bound before it stays real:
+    no complex-to-real cast), float32 targets against extended precision."""
+    import warnings
+
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "library_qr_tall_max", 2**10)
+    rng = np.random.default_rng(13)
+    a = (rng.standard_normal((2048, 64)) + 1j * rng.standard_normal((2048, 64))).astype(
+        np.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", np.exceptions.ComplexWarning)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision="fp32")
+    assert any(e.kind == "keep-q1" for e in trace.events)
+    assert q.dtype == r.dtype == np.complex64
+    assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32
+
+
+@pytest.mark.parametrize("host_max", [512, 64])
+def test_early_condition_estimate_stays_with_a_wide_factor(monkeypatch, host_max):
+    """CholQR2's first-pass condition estimate (float32 at cond 1e2 reaches its gate) moves
+    the factor to the host only up to ``EARLY_HOST_MAX_N`` columns; a wider one is asked
+    to stay where it is (a GPU's host took ~1 s for 4096 columns). Same answer either way."""
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    _fp32_setup(monkeypatch)
+    monkeypatch.setattr(cholqr, "EARLY_HOST_MAX_N", host_max)
+    limits = []
+    small = NumpyBackend.small
+    monkeypatch.setattr(NumpyBackend, "small", lambda self, x, limit=None: (
+        limits.append((x.shape, limit)), small(self, x, limit))[1])
+    a = geometric(np.random.default_rng(14), 2048, 96, 1e2).astype(np.float32)
+    q, r = mpqr.qr(a, precision="fp32-emulated")
+    moved = [lim for shape, lim in limits if shape == (96, 96) and lim is not None]
+    assert moved == ([96 * 96] if host_max == 512 else [0])
+    assert orthogonality(q) <= 9 * U32 and backward_error(a, q, r) <= 18 * U32

@@ -1,30 +1,21 @@
-"""Wide tall CholQR2 on the GPU (65536 x 4096): PASS/FAIL, each lever on/off, phases.
+"""Wide tall CholQR2 on the GPU (65536 x 4096 float32 ``fp32-emulated``): PASS/FAIL, levers, phases.
 
 ``python bench/probes/sketch_gpu.py`` (JSON to ``$OUT/sketch.json``, ``OUT`` default /tmp;
 ``--rows-div N``: every row count divided by N, a dry run on small shapes)
 
-* PASS/FAIL: the blocked Cholesky and right inverse (``backends/cupy/chol_blocked.py``)
-  against ``R^T R = G`` / ``X R = I`` within ``c n u`` at 1500 and 2048 columns, float32
-  and float64; the right-looking blocked substitution at 65536 x 1024 cond 1e12 within
-  substitution's row-wise bound (and the left-looking one beside it); 65536 x 4096
-  float64 ``auto`` and float32 ``fp32-emulated`` against the targets (orthogonality
-  ``||I - Q^T Q||_F / n``: 1e-15 / 2^29 u32 ~ 1.1e-6 ... the float32 analogue of 1e-15
-  is ``9 u``: 5.4e-7; backward ``||A - QR||_F / ||A||_F``: 2e-15 / 1.1e-6); 2^20 x 256
-  and 2^22 x 64 cond 1e12 ``auto`` against the same targets.
-* Timings, one process, round-robin (each call between ``Device().synchronize()``,
-  median of >= 5 after a warm-up), against cuSOLVER ``cupy.linalg.qr`` of the same
-  dtype: 65536 x 4096 float64 ``auto`` and float32 ``fp32-emulated``, ``new`` (this tree),
-  each lever off alone (``no_right``: left-looking substitution; ``no_trmm``: the one
-  split of A X; ``no_chol``: cuSOLVER potrf / trsm; ``no_lower``: the diagonal-only
-  bound, so a refused inverse is made first; ``no_tall``: float32's products native;
-  ``no_low``: float64's first, preconditioning Gram native instead of on tc-sgemm;
-  ``cond2``: the first pass's ``A R1^-1`` by GEMM where the estimated ``cond_2(R1) <= 4``
-  instead of the substitution, off by default)
-  and ``old`` (all off); a recheck of 2^20 x 256 and 2^22 x 64 cond 1e12.
-* Phases at 65536 x 4096 (each alone): Gram (native; float32 also tc-sgemm), Cholesky
-  (potrf / by halves), R^-1 (trsm / by halves), the substitution (left-looking /
-  right-looking; float32 also tc-sgemm updates), A X (one split / recursive; float32
-  also tc-sgemm), R2 R1, the column-sum bound.
+* 65536 x 4096 float32 ``fp32-emulated`` and float64 ``auto``, round-robin in one process
+  beside ``cupy.linalg.qr`` of the same dtype: ``new`` (this tree), ``no_keep`` (CholQR2's
+  second pass always solves: ``KEEP_Q1_MAX = None``), ``old`` (every lever of the wide
+  route off); float32 also mode ``r`` with the keep on and off. PASS/FAIL: orthogonality
+  ``||I - Q^T Q||_F / n`` and backward error ``||A - QR||_F / ||A||_F`` in float64 against
+  1e-15 / 2e-15 (float64) and 9 u / 18 u (float32); the distance the keep test read.
+* 65536 x 4096 float32 ``fp32-emulated`` at cond 1e2 / 1e3: Q1 not kept, targets met.
+* The bench's own timing (``mpqr.bench.qr._shape_rows``: CUDA events, back-to-back calls
+  after one warm-up) of the float32 row in this process, beside the round-robin's.
+* Rechecks, ``auto`` float64 beside cuSOLVER: 2^20 x 256 at cond 1, 1e8, 1e12, 1e15; 2^22 x
+  64 at cond 1e12, 1e15 (targets 3x / 8x).
+* Phases of the float32 row (each alone): Gram on tc-sgemm, potrf, the first pass's
+  substitution, the keep test, the certified pass's ``Q1 X2`` (recursive, tc-sgemm).
 """
 
 from __future__ import annotations
@@ -111,135 +102,50 @@ def ab(fns, repeat=5, max_seconds=6.0):
 
 
 def _off(variant: str) -> tuple[str, ...]:
-    """The levers a variant name turns off: ``new`` none, ``old`` all, ``no_X`` lever X;
-    ``cond2``: the (default off) estimated-cond_2 inverse of the first pass turned on."""
-    if variant == "chol":  # the blocked Cholesky on (off by default)
-        return ("+chol",)
-    if variant == "cond2":
-        return ("+cond2",)
+    """The levers a variant name turns off: ``new`` none, ``old`` all, ``no_X`` lever X."""
     return () if variant == "new" else ("old",) if variant == "old" else (variant[3:],)
 
 
 @contextlib.contextmanager
 def levers(*off):
-    """This tree with the named levers off: ``right`` (left-looking substitution at every
-    width), ``trmm`` (A X by one split), ``chol`` (cuSOLVER potrf, trsm on I), ``lower``
-    (the diagonal-only bound before an inverse), ``tall`` (fp32-emulated float32 CholQR2
-    with native products), ``low`` (float64's first Gram native, not on tc-sgemm);
-    ``old``: all of them."""
+    """This tree with the named levers off: ``keep`` (CholQR2's second pass always
+    solves), ``right`` (left-looking substitution), ``trmm`` (A X by one split), ``lower``
+    (the diagonal-only bound before an inverse), ``tall`` (float32's products native),
+    ``low`` (float64's first Gram native); ``old``: all of them."""
     from mpqr.qr import cholqr, driver
 
-    cls = type(backend())
     if "old" in off:
-        off = ("right", "trmm", "chol", "lower", "tall", "low")
-    saved = (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
-             getattr(cls, "blocked_chol_min_n", None), cholqr._cond1_lower,
-             driver.tall_products_precision, cholqr.LOW_FIRST_GRAM,
-             cholqr.FIRST_PASS_COND2_MAX)
+        off = ("keep", "right", "trmm", "lower", "tall", "low")
+    saved = (cholqr.KEEP_Q1_MAX, cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
+             cholqr._cond1_lower, driver.tall_products_precision, cholqr.LOW_FIRST_GRAM)
+    if "keep" in off:
+        cholqr.KEEP_Q1_MAX = None
     if "right" in off:
         cholqr.RIGHT_LOOKING_MIN_N = None
     if "trmm" in off:
         cholqr.TRIANGULAR_RECURSE_MIN_N = None
-    if "chol" in off and hasattr(cls, "blocked_chol_min_n"):
-        cls.blocked_chol_min_n = None
-    if "+chol" in off and hasattr(cls, "blocked_chol_min_n"):
-        cls.blocked_chol_min_n = 1024
     if "lower" in off:
         cholqr._cond1_lower = cholqr._diag_ratio
     if "tall" in off:
         driver.tall_products_precision = lambda *_a, **_k: None
     if "low" in off:
         cholqr.LOW_FIRST_GRAM = None
-    if "+cond2" in off:
-        cholqr.FIRST_PASS_COND2_MAX = 4.0
     try:
         yield
     finally:
-        (cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N, chol,
-         cholqr._cond1_lower, driver.tall_products_precision, cholqr.LOW_FIRST_GRAM,
-         cholqr.FIRST_PASS_COND2_MAX) = saved
-        if hasattr(cls, "blocked_chol_min_n"):
-            cls.blocked_chol_min_n = chol
-
-
-@guarded
-def blocked_kernels_check():
-    """Blocked Cholesky / right inverse against their residual bounds."""
-    from mpqr.backends.cupy import chol_blocked
-
-    rng = cp.random.default_rng(3)
-    for dt in (cp.float64, cp.float32):
-        u = 2.0**-53 if dt == cp.float64 else 2.0**-24
-        for n in (1500, 2048):
-            a = rng.standard_normal((4 * n, n), dtype=cp.float64) * cp.logspace(0, -2, n)
-            g = (a.T @ a).astype(dt)
-            r = chol_blocked.cholesky_upper(g, 512)
-            ref = cp.linalg.cholesky(g).T
-            res = float(cp.max(cp.abs(r.T @ r - g) / (cp.abs(r.T) @ cp.abs(r))))
-            lower_zero = bool(cp.all(cp.tril(r, -1) == 0))
-            x = chol_blocked.inverse_upper(r, 512)
-            # the bound's zeros below the diagonal (0 / 0) are left out
-            xres = float(cp.nanmax(cp.abs(x @ r - cp.eye(n, dtype=dt))
-                                   / (cp.abs(x) @ cp.abs(r))))
-            xref = backend().right_solve_upper(cp.eye(n, dtype=dt), r)
-            ok = (res <= 4 * n * u and xres <= 4 * n * u and lower_zero
-                  and bool(cp.all(cp.tril(x, -1) == 0)))
-            say({"what": f"blocked cholesky/inverse {cp.dtype(dt).name} n={n}",
-                 "chol_res_over_u": res / u, "inv_res_over_u": xres / u,
-                 "chol_vs_potrf": float(cp.max(cp.abs(r - ref)) / cp.max(cp.abs(ref))),
-                 "inv_vs_trsm": float(cp.max(cp.abs(x - xref)) / cp.max(cp.abs(xref))),
-                 "status": "PASS" if ok else "FAIL"})
-    g = cp.eye(1500)
-    g[700, 700] = -1.0  # not positive definite: the blocked factor is not finite
-    try:
-        backend().cholesky(g, upper=True)
-        raised = "nothing"
-    except Exception as exc:  # mpqr.LinAlgError expected
-        raised = type(exc).__name__
-    say({"what": "blocked cholesky of an indefinite matrix raises", "raised": raised,
-         "status": "PASS" if raised == "LinAlgError" else "FAIL"})
-
-
-@guarded
-def solve_check():
-    """Right-looking against left-looking blocked substitution: both within the row-wise
-    bound of substitution."""
-    from ill_conditioned import matrix
-
-    from mpqr.qr import cholqr
-
-    be = backend()
-    m, n = 65536 // DIV, 1024
-    a = matrix(m, n, 1e12, seed=3)
-    r = cp.linalg.qr(a[: 4 * n], mode="r")
-    r = r * cp.sign(cp.diagonal(r))[:, None]
-    out = {}
-    for name, lim in (("right", 512), ("left", None)):
-        saved = cholqr.RIGHT_LOOKING_MIN_N
-        cholqr.RIGHT_LOOKING_MIN_N = lim
-        try:
-            w = cholqr.right_solve_upper(be, a, r)
-        finally:
-            cholqr.RIGHT_LOOKING_MIN_N = saved
-        res = cp.abs(w @ r - a)
-        bound = 4 * n * 2.0**-53 * (cp.abs(w) @ cp.abs(r))
-        out[name] = (bool(cp.all(res <= bound)), float(cp.max(res / (bound + 1e-300))))
-        del w, res, bound
-    say({"what": f"right-looking substitution {m}x{n} cond 1e12",
-         "right_within_bound": out["right"][0], "right_max_res_over_bound": out["right"][1],
-         "left_within_bound": out["left"][0], "left_max_res_over_bound": out["left"][1],
-         "status": "PASS" if out["right"][0] and out["left"][0] else "FAIL"})
-    release_pool(cp)
+        (cholqr.KEEP_Q1_MAX, cholqr.RIGHT_LOOKING_MIN_N, cholqr.TRIANGULAR_RECURSE_MIN_N,
+         cholqr._cond1_lower, driver.tall_products_precision, cholqr.LOW_FIRST_GRAM) = saved
 
 
 def _route(tr):
     return {"engines": tr.engines(),
             "events": [e.message[:110] for e in tr.events
-                       if e.kind in ("route", "fallback", "apply-inverse", "precision")][:6]}
+                       if e.kind in ("route", "fallback", "apply-inverse", "precision",
+                                     "keep-q1")][:6]}
 
 
 @guarded
-def bench_wide(dtype, precision, variants):
+def bench_wide(dtype, precision, variants, r_too=False):
     m, n = 65536 // DIV, 4096 // DIV
     a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dtype)
     name = cp.dtype(dtype).name
@@ -253,105 +159,147 @@ def bench_wide(dtype, precision, variants):
         del q, r
         ok = orth <= orth_max and back <= back_max
         row.update({f"{var}_orth": orth, f"{var}_backward": back,
-                    f"{var}_status": "PASS" if ok else "FAIL", f"{var}_route": _route(tr)})
+                    f"{var}_status": "PASS" if ok else "FAIL", f"{var}_route": _route(tr),
+                    f"{var}_kept": any(e.kind == "keep-q1" for e in tr.events)})
+        if var == "new":
+            row["new_keep_events"] = [e.message for e in tr.events if e.kind == "keep-q1"]
 
         def call(var=var):
             with levers(*_off(var)):
                 mpqr.qr(a, precision=precision)
         fns[var] = call
         release_pool(cp)
+    if r_too:  # mode "r" with the keep on and off
+        for var in ("new", "no_keep"):
+            def call_r(var=var):
+                with levers(*_off(var)):
+                    mpqr.qr(a, mode="r", precision=precision)
+            fns[f"{var}_r"] = call_r
     for key, ms in ab(fns, repeat=5, max_seconds=8.0).items():
         row[f"{key}_ms"] = ms
-    for var in variants:
+    for var in [*variants, *(("new_r", "no_keep_r") if r_too else ())]:
         row[f"{var}_speedup"] = row["cusolver_ms"] / row[f"{var}_ms"]
     say(row)
     release_pool(cp)
 
 
-def syrk(a):
-    """``a^T a``'s upper triangle by cuBLAS syrk (row-major ``a`` is column-major ``a^T``)."""
-    from cupy_backends.cuda.libs import cublas
+@guarded
+def wide_cond(cond):
+    """65536 x 4096 float32 ``fp32-emulated`` at ``cond``: whether Q1 was kept, targets."""
+    from ill_conditioned import matrix
 
-    m, n = a.shape
-    c = cp.empty((n, n), dtype=a.dtype)
-    one, zero = np.ones((), a.dtype), np.zeros((), a.dtype)
-    fn = cublas.dsyrk if a.dtype == cp.float64 else cublas.ssyrk
-    fn(cp.cuda.device.get_cublas_handle(), cublas.CUBLAS_FILL_MODE_UPPER, cublas.CUBLAS_OP_N,
-       n, m, one.ctypes.data, a.data.ptr, n, zero.ctypes.data, c.data.ptr, n)
-    return c
+    a = matrix(65536 // DIV, 4096 // DIV, cond, seed=4).astype(cp.float32)
+    with mpqr.explain() as tr:
+        q, r = mpqr.qr(a, precision="fp32-emulated")
+    orth, back = errors(a, q, r)
+    del q, r
+    t = ab({"cusolver": lambda: cp.linalg.qr(a),
+            "new": lambda: mpqr.qr(a, precision="fp32-emulated")}, repeat=5)
+    orth_max, back_max = TARGETS["float32"]
+    say({"what": "qr wide cond", "cond": cond, "orth": orth, "backward": back,
+         "kept": [e.message[:90] for e in tr.events if e.kind == "keep-q1"],
+         "cusolver_ms": t["cusolver"], "new_ms": t["new"],
+         "speedup": t["cusolver"] / t["new"], "route": _route(tr)["events"][:4],
+         "status": "PASS" if orth <= orth_max and back <= back_max else "FAIL"})
+    release_pool(cp)
 
 
 @guarded
-def phases(dtype, precision):
-    """Each phase of a wide CholQR2 pass alone (ms)."""
+def bench_process(precision):
+    """The bench's own timing of one 65536 x 4096 row (``_shape_rows``) in this process."""
+    from mpqr.bench import qr as bq
+
+    release_pool(cp)
+    rows = bq._shape_rows(cp, np.random.default_rng(1), 65536 // DIV, 4096 // DIV, 1, 1.0,
+                          [precision], ["reduced"], 4e12, {precision: 1e14}, repeat=5,
+                          max_seconds=8.0)
+    out = {"what": "bench row", "precision": precision}
+    for r in rows:
+        out[f"{r['precision']}_ms"] = r.get("time_ms")
+        if "speedup_vs_cusolver" in r:
+            out["speedup"] = r["speedup_vs_cusolver"]
+            out["orth"], out["backward"] = r.get("orthogonality"), r.get("backward_error")
+    say(out)
+    release_pool(cp)
+    bench_state(precision)
+
+
+@guarded
+def bench_state(precision):
+    """Why the bench's timing differs: the same call timed in the bench's state (after its
+    explain call and float64 error checks, pool not released) by CUDA events and by wall
+    clock, the engines and event kinds of a call in that state, the pool's and device's
+    bytes; then the same after releasing the pool."""
+    from mpqr.bench import qr as bq
+
+    a = cp.asarray(np.random.default_rng(1).standard_normal((65536 // DIV, 4096 // DIV))
+                   .astype(np.float32))
+    with mpqr.explain():
+        out = mpqr.qr(a, precision=precision)
+    bq._errors(cp, a, out.Q, out.R)
+    del out
+    pool = cp.get_default_memory_pool()
+    free, _total = cp.cuda.runtime.memGetInfo()
+    row = {"what": "bench state", "pool_total_gb": pool.total_bytes() / 2**30,
+           "pool_used_gb": pool.used_bytes() / 2**30, "device_free_gb": free / 2**30}
+    fn = lambda: mpqr.qr(a, precision=precision)  # noqa: E731
+    row["events_ms_bench_state"] = time_it(cp, fn, repeat=5, max_seconds=8.0) * 1e3
+    with mpqr.explain() as tr:
+        fn()
+    row["engines_bench_state"] = tr.engines()
+    row["kinds_bench_state"] = sorted({e.kind for e in tr.events})
+    row["wall_ms_bench_state"] = ab({"x": fn}, repeat=5)["x"]
+    release_pool(cp)
+    row["events_ms_released"] = time_it(cp, fn, repeat=5, max_seconds=8.0) * 1e3
+    release_pool(cp)
+    with mpqr.explain() as tr:
+        fn()
+    row["engines_released"] = tr.engines()
+    row["kinds_released"] = sorted({e.kind for e in tr.events})
+    say(row)
+    release_pool(cp)
+
+
+@guarded
+def phases():
+    """Each phase of the float32 ``fp32-emulated`` row alone (ms)."""
     from mpqr.qr import cholqr
     from mpqr.qr.gram_blocked import gram
 
     be = backend()
-    cls = type(be)
     m, n = 65536 // DIV, 4096 // DIV
-    a = cp.random.default_rng(1).standard_normal((m, n), dtype=cp.float64).astype(dtype)
-    own = "auto" if dtype == cp.float64 else "fp32"
-    ms = {"what": "phases", "shape": f"{m}x{n}", "dtype": cp.dtype(dtype).name}
+    a = cp.random.default_rng(1).standard_normal((m, n), dtype=cp.float64).astype(cp.float32)
+    ms = {"what": "phases", "shape": f"{m}x{n}", "dtype": "float32"}
 
     def t(name, fn, repeat=3):
         ms[name] = time_it(cp, fn, repeat=repeat, max_seconds=1.5) * 1e3
 
-    t("gram_native", lambda: gram(be, a, own, "g"))
     t("gram_tc_sgemm", lambda: gram(be, a, "fp32-emulated", "g"))
-    try:
-        t("gram_syrk_cublas", lambda: syrk(a))
-    except Exception as exc:
-        ms["gram_syrk_cublas_error"] = repr(exc)[:120]
-    blk = cls.gram_block
-    try:
-        cls.gram_block = 512
-        t("gram_native_blk512", lambda: gram(be, a, own, "g"))
-    finally:
-        cls.gram_block = blk
-    g = gram(be, a, own, "g")
-    saved = getattr(cls, "blocked_chol_min_n", None)
-    try:
-        cls.blocked_chol_min_n = None
-        t("chol_potrf", lambda: be.cholesky(g, upper=True))
-        r = be.cholesky(g, upper=True)
-        t("inverse_trsm", lambda: be.right_inverse_upper(r))
-        cls.blocked_chol_min_n = saved
-        t("chol_halves", lambda: be.cholesky(g, upper=True))
-        t("inverse_halves", lambda: be.right_inverse_upper(r))
-    finally:
-        cls.blocked_chol_min_n = saved
-    x = be.right_inverse_upper(r)
+    g = gram(be, a, "fp32-emulated", "g")
+    t("chol_potrf", lambda: be.cholesky(g, upper=True))
+    r = be.cholesky(g, upper=True)
     t("cond1_lower", lambda: cholqr._cond1_lower(be, r, True))
-    t("cond1_with_x", lambda: cholqr._cond1(be, r, x, True))
-    t("cond2_estimate", lambda: cholqr._cond2_estimate(be, r, x, True, 4.0))
-    ms["cond2_estimated"] = cholqr._cond2_estimate(be, r, x, True, 4.0)
-    tall = precision if dtype == cp.float32 else None
-    for key, lim, tl in (("solve_left", None, None), ("solve_right", 512, None),
-                         ("solve_right_tc", 512, tall)):
-        if key.endswith("_tc") and tl is None:
-            continue
-        s = cholqr.RIGHT_LOOKING_MIN_N
-        cholqr.RIGHT_LOOKING_MIN_N = lim
-        try:
-            t(key, lambda tl=tl: cholqr.right_solve_upper(be, a, r, own, tall=tl), repeat=2)
-        finally:
-            cholqr.RIGHT_LOOKING_MIN_N = s
+    t("solve_right_native", lambda: cholqr.right_solve_upper(be, a, r, "fp32"), repeat=2)
+    t("solve_right_tc", lambda: cholqr.right_solve_upper(be, a, r, "fp32",
+                                                         tall="fp32-emulated"), repeat=2)
+    t("inverse_trsm", lambda: be.right_inverse_upper(r))
+    q1 = cholqr.right_solve_upper(be, a, r, "fp32")
+    a = None  # the input's memory back before the second pass's operands
     release_pool(cp)
-    w = cholqr.right_solve_upper(be, a, r, own)
-    prec = "auto" if dtype == cp.float64 else "fp32"
-    for key, lim, p in (("AX_one_split", None, prec), ("AX_recursive", 1024, prec),
-                        ("AX_recursive_tc", 1024, tall)):
-        if p is None:
-            continue
-        s = cholqr.TRIANGULAR_RECURSE_MIN_N
-        cholqr.TRIANGULAR_RECURSE_MIN_N = lim
-        try:
-            t(key, lambda p=p, w=w: cholqr._times_upper(be, w, x, "q", p))
-        finally:
-            cholqr.TRIANGULAR_RECURSE_MIN_N = s
-    t("R2R1", lambda: cholqr._rr(be, r, r, own))
-    del w
+    g2 = gram(be, q1, "fp32-emulated", "g")
+    t("gram2_tc_sgemm", lambda: gram(be, q1, "fp32-emulated", "g"))
+    saved = cholqr.KEEP_Q1_MAX
+    try:
+        cholqr.KEEP_Q1_MAX = 3.0
+        t("keep_test", lambda: cholqr._keeps_q1(be, g2, "probe"))
+    finally:
+        cholqr.KEEP_Q1_MAX = saved
+    r2 = be.cholesky(g2, upper=True)
+    x2 = be.right_inverse_upper(r2)
+    t("AX_recursive_tc", lambda: cholqr._times_upper(be, q1, x2, "q", "fp32-emulated"))
+    t("R2R1", lambda: cholqr._rr(be, r2, r, "fp32"))
+    ms["q1_orth_fp64"] = errors(q1, q1, cp.eye(n, dtype=cp.float32))[0]
+    q1 = None
     release_pool(cp)
     say(ms)
 
@@ -360,7 +308,7 @@ def phases(dtype, precision):
 def recheck(m, n, cond):
     from ill_conditioned import matrix
 
-    a = matrix(m, n, cond)
+    a = matrix(m, n, cond) if cond != 1 else cp.random.default_rng(5).standard_normal((m, n))
     with mpqr.explain() as tr:
         q, r = mpqr.qr(a)
     orth, back = errors(a, q, r)
@@ -375,22 +323,22 @@ def recheck(m, n, cond):
 
 
 def table():
-    print("\n65536 x 4096        cuSOLVER   new (x)        old (x)        no_right no_trmm "
-          "chol    no_lower no_tall  no_low  cond2   orth / backward (new)")
+    print("\n65536 x 4096        cuSOLVER   new (x)        no_keep (x)    old (x)"
+          "        orth / backward (new)  kept")
     for r in ROWS:
         if r.get("what") != "qr wide":
             continue
         g = r.get
         print(f"{g('dtype'):<8} {g('precision'):<13} {g('cusolver_ms', 0):6.1f}  "
-              f"{g('new_ms', 0):6.1f} ({g('new_speedup', 0):4.2f})  "
-              f"{g('old_ms', 0):6.1f} ({g('old_speedup', 0):4.2f})  "
-              + "  ".join(f"{g(('' if k == 'chol' else 'no_') + k + '_ms', 0):6.1f}"
-                          for k in ("right", "trmm", "chol", "lower", "tall", "low"))
-              + f"  {g('cond2_ms', 0):6.1f}"
-              + f"   {g('new_orth', 0):.2e} / {g('new_backward', 0):.2e}")
+              + "  ".join(f"{g(k + '_ms', 0):6.1f} ({g(k + '_speedup', 0):4.2f})"
+                          for k in ("new", "no_keep", "old"))
+              + f"   {g('new_orth', 0):.2e} / {g('new_backward', 0):.2e}  {g('new_kept')}")
+        if g("new_r_ms"):
+            print(f"{'':<23}mode r: new {g('new_r_ms'):6.1f} ({g('new_r_speedup'):4.2f}) "
+                  f"no_keep {g('no_keep_r_ms'):6.1f} ({g('no_keep_r_speedup'):4.2f})")
     for r in ROWS:
-        if r.get("what") == "phases":
-            print({k: (f"{v:.2f}" if isinstance(v, float) else v) for k, v in r.items()})
+        if r.get("what") in ("phases", "bench row", "bench state", "qr wide cond"):
+            print({k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in r.items()})
         if r.get("what") == "qr recheck":
             print(f"recheck {r['shape']} cond {r['cond']:.0e}: cuSOLVER {r['cusolver_ms']:.1f}"
                   f" auto {r['auto_ms']:.1f} ms ({r['speedup']:.2f}x) {r['status']}")
@@ -400,25 +348,25 @@ def table():
 
 
 def main() -> int:
-    blocked_kernels_check()
-    solve_check()
-    bench_wide(cp.float64, "auto", ("new", "old", "no_low", "no_right", "no_trmm",
-                                    "chol", "no_lower", "cond2"))
-    bench_wide(cp.float32, "fp32-emulated", ("new", "old", "no_tall", "no_right",
-                                             "chol", "cond2"))
-    if time.perf_counter() - T0 < BUDGET_S - 30:
-        recheck(2**20 // DIV, 256, 1e12)
+    bench_wide(cp.float32, "fp32-emulated", ("new", "no_keep", "old"), r_too=True)
+    bench_wide(cp.float64, "auto", ("new", "no_keep"))
+    for m, n, cond in ((2**20, 256, 1), (2**20, 256, 1e8), (2**20, 256, 1e12),
+                       (2**20, 256, 1e15), (2**22, 64, 1e12), (2**22, 64, 1e15)):
+        if time.perf_counter() - T0 < BUDGET_S - 30:
+            recheck(m // DIV, n, cond)
     if time.perf_counter() - T0 < BUDGET_S - 22:
-        recheck(2**22 // DIV, 64, 1e12)
-    if time.perf_counter() - T0 < BUDGET_S - 14:
-        phases(cp.float64, "auto")
-    if time.perf_counter() - T0 < BUDGET_S - 10:
-        phases(cp.float32, "fp32-emulated")
+        bench_process("fp32-emulated")
+    for cond in (1e2, 1e3):
+        if time.perf_counter() - T0 < BUDGET_S - 12:
+            wide_cond(cond)
+    if time.perf_counter() - T0 < BUDGET_S - 8:
+        phases()
     try:
         table()
     except Exception:
         traceback.print_exc()
     out = Path(os.environ.get("OUT", "/tmp")) / "sketch.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"]
                                .decode(), "seconds": time.perf_counter() - T0,
                                "rows": ROWS}, indent=1, default=str))

@@ -409,6 +409,10 @@ EARLY_HAND_OVER = 0.05
 #: on ``u cond(R)^2`` without the column scaling) reaches this
 _EARLY_GATE = 1e-6
 
+#: the largest first factor whose condition estimate (:func:`hand_over_early`) runs on
+#: the host; wider, where the factor is (the device)
+EARLY_HOST_MAX_N = 512
+
 #: ``(estimator, prefetch)`` of the :func:`hand_over_early` block, or None outside one
 _EARLY: contextvars.ContextVar[tuple[Callable[..., Any], Callable[..., Any] | None] | None] = (
     contextvars.ContextVar("mpqr_cholqr2_early", default=None))
@@ -458,7 +462,10 @@ def _early_check(method: str, backend: Any, a: Any, g_pair: tuple[Any, Any],
         u = gram_roundoff(sb.xp, r.dtype, prec_name)
         if not (lo > 0 and (hi / lo if ratio is None else ratio) ** 2 * u >= _EARLY_GATE):
             return
-        hs, rh = sb.small(r, limit=r.size)  # a few hundred tiny steps: on the host
+        # a few hundred tiny steps: on the host up to EARLY_HOST_MAX_N columns; a wider R
+        # stays where it is (on a GPU the host's n^3 product and solves of 4096 columns
+        # took ~1 s a call, against a few ms there)
+        hs, rh = sb.small(r, limit=r.size if r.shape[-1] <= EARLY_HOST_MAX_N else 0)
         if ratio is None and prec_name in SCALE_FREE and not _diag_ratio(
                 hs, rh, True) ** 2 * u >= _EARLY_GATE:
             # the estimate is of the column-scaled condition number: graded columns with
@@ -483,7 +490,8 @@ def _early_check(method: str, backend: Any, a: Any, g_pair: tuple[Any, Any],
 
 def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
               shift: bool = False, certify: Any = None, want_q: bool = True,
-              g: Any = None, early: bool = False) -> tuple[Any, Any, Any]:
+              g: Any = None, early: bool = False, may_keep: bool = False
+              ) -> tuple[Any, Any, Any]:
     """One CholQR pass: ``(Q, R, small backend)``, R in the small backend's namespace
     (``backend.small``; the caller moves the final R back with ``backend.from_small``).
 
@@ -491,11 +499,16 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
     matrix must be within 1/2 of I (Frobenius), i.e. ``cond(a)^2 <= 3``, which makes this
     pass's Q orthonormal to working accuracy; else BreakdownError. ``g``: ``a``'s Gram
     matrix, already formed (``a`` is then only read for its shape). ``early``: CholQR2's
-    first pass, which may stop after its factor (:func:`hand_over_early`)."""
+    first pass, which may stop after its factor (:func:`hand_over_early`). ``may_keep``
+    (a certified pass, 2-D): where ``a``'s Gram matrix already shows it orthonormal to
+    working accuracy (:func:`_keeps_q1`), ``(a, None, backend)``: no factor, no solve
+    (with or without ``want_q``)."""
     pair = _first_gram(a, method) if certify is None else None
     if pair is None:
         if g is None:
             g = gram(backend, a, precision, f"{method}-gram")
+        if may_keep and certify is not None and _keeps_q1(backend, g, method):
+            return a, None, backend
         if not shift:
             check = (_early_check(method, backend, a, (backend, g), prec_name) if early
                      else None)
@@ -554,6 +567,40 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
                         tall=tall_precision(backend.xp, a.dtype, precision, prec_name),
                         certified=certify is not None) if want_q else None)
     return q, r, sb
+
+
+#: single-precision CholQR2 keeps its first pass's ``Q1`` (no second Cholesky, no ``Q =
+#: Q1 X2``) where ``||Q1^H Q1 - I||_F / n``, read from the second pass's Gram matrix, is at
+#: most this many units of ``Q1``'s own roundoff (None: never; see :func:`_keeps_q1`)
+KEEP_Q1_MAX: float | None = 3.0
+
+
+def _keeps_q1(backend: Any, g: Any, method: str) -> bool:
+    """Whether CholQR2's second pass can keep ``Q1`` as it is: its Gram matrix ``G =
+    Q1^H Q1`` (the one the certificate reads anyway) within :data:`KEEP_Q1_MAX` ``u`` of
+    ``I`` in ``||.||_F / n``. The pass would return ``Q = Q1 R2^-1`` with ``R2 R2^H = G``:
+    ``R2 = I + O(||G - I||)``, so ``Q`` differs from ``Q1`` by about as much as ``Q1`` is
+    from orthonormal, which is what the test bounds (up to the Gram product's own
+    rounding, ``u``-sized entrywise: the threshold leaves the targets' ``9 u`` room for
+    it). ``Q1 R1 = A`` keeps its backward error (row-wise, by substitution; by GEMM only
+    under the inverse's condition bound). Where the first pass's Gram matrix was made at
+    a lower precision than ``Q1``'s (float64 with a tc-sgemm first Gram), ``Q1`` is only
+    that accurate and the test fails: the second pass runs. Single precision only: its
+    targets (``9 u``) leave the threshold room, where float64's CholQR2 is held to ``~1 u``
+    and always runs its second pass. One host sync."""
+    xp = backend.xp
+    if KEEP_Q1_MAX is None or g.ndim != 2 or g.dtype not in (xp.float32, xp.complex64):
+        return False
+    n = g.shape[-1]
+    u = unit_roundoff(xp, g.dtype)
+    dist = float(xp.linalg.matrix_norm(g - xp.eye(n, dtype=g.dtype, device=device(g)),
+                                       ord="fro")) / n
+    if not dist <= KEEP_Q1_MAX * u:
+        return False
+    record_event("keep-q1", f"{method}: Q = Q1, R = R1: Q1's Gram matrix is within "
+                 f"{dist / u:.2g} u of I (||.||_F / n <= {KEEP_Q1_MAX:g} u): the second "
+                 "pass's factor and solve skipped", method=method, distance=dist)
+    return True
 
 
 def _with_gram(exc: BreakdownError, sb: Any, g: Any) -> BreakdownError:
@@ -734,7 +781,7 @@ def _cond1_lower(sb: Any, r: Any, scaled: bool) -> float:
     d = xs.abs(xs.linalg.diagonal(r))
     parts = [xs.max(xs.sum(xs.abs(r), axis=0)), xs.min(d)]
     if scaled:
-        cs = xs.astype(column_scales(xs, r), r.dtype)
+        cs = xs.astype(column_scales(xs, r), d.dtype)  # real: R complex too
         parts += [xs.max(xs.sum(xs.abs(r / cs), axis=0)), xs.min(d / cs)]
     v = [float(p) for p in sb.small(xs.stack(parts))[1]]
     return min(hi / lo if lo > 0 and math.isfinite(hi) else math.inf
@@ -964,7 +1011,11 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     solve's pass over A, in float64 arithmetic, and ``Q = (A R1^-1) R2^-1`` is solved
     from A, rounding the intermediate rows exactly as that pass did (the Q1 whose Gram
     matrix the certificate checked), in four passes over A's size instead of six (two
-    instead of four without Q). The explain trace says so (``fused-solve``)."""
+    instead of four without Q). The explain trace says so (``fused-solve``).
+
+    In single precision, where the second pass's Gram matrix shows ``Q1`` already
+    orthonormal to working accuracy (:data:`KEEP_Q1_MAX`), ``(Q1, R1)`` is the answer:
+    no second factor, no ``Q1 R2^-1`` (``keep-q1`` in the trace)."""
     fusable = _fusable(backend, a)
     slot = None if fusable or not want_q else _take_defer(a)
     low = None if fusable else _low_first_gram(backend, a, prec_name)
@@ -994,10 +1045,14 @@ def cholqr2(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
         q1 = _apply_inverse(backend, sb1, a, r1, "cholqr2", prec_name)
     try:
         q, r2, sb = _one_pass(backend, q1, precision, "cholqr2", prec_name, certify=r1,
-                              want_q=want_q and slot is None)
+                              want_q=want_q and slot is None,
+                              may_keep=a.ndim == 2)
     except BreakdownError as exc:
         _hand_over(exc, backend, a, r1, q1)
         raise
+    if r2 is None:  # Q1 already orthonormal to working accuracy (_keeps_q1); a deferred
+        # solve's slot stays empty: its caller takes Q1 as it is
+        return (q1 if want_q else None), _final_r(backend, sb1, [r1], a, prec_name)
     if slot is not None:
         slot[1] = (q1, r2, sb)
         record_event("deferred-solve", "cholqr2: Q = Q1 R2^-1 is not formed; the caller "
