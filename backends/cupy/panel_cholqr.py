@@ -67,10 +67,12 @@ def _module(dtype_name: str):
     return functions("panel_cholqr.cu", (f"panel_pass<{t}>", f"panel_apply<{t}>"))
 
 
-def _fused_module(dtype_name: str):
+def _fused_kernel(dtype_name: str, way: str):
+    """The one launch for ``way`` (a key of :data:`_STEPS`), each form compiled apart (the
+    registers form's unrolled steps take NVRTC several times the others' time)."""
     t = ctype(dtype_name)
-    return functions("panel_cholqr.cu", tuple(f"panel_fused<{t}, {s}>" for s in range(3)),
-                     after=("panel_fused.cu",))
+    return functions("panel_cholqr.cu", (f"panel_fused<{t}, {_STEPS[way]}>",),
+                     after=("panel_fused.cu",))[0]
 
 
 @functools.cache
@@ -102,7 +104,7 @@ def _launch_fused(kernel, pa, lda, m: int, n: int, ws, cert, pw, ldw, ltop, tau,
 def _launch(a, w, cert, ws, ltop, tau) -> None:
     m, n = a.shape
     if ONE_LAUNCH is not None:
-        kernel = _fused_module(cp.dtype(a.dtype).name)[_STEPS[ONE_LAUNCH]]
+        kernel = _fused_kernel(cp.dtype(a.dtype).name, ONE_LAUNCH)
         lda = cp.int64(a.strides[0] // a.itemsize)
         ldw = cp.int64(w.strides[0] // w.itemsize) if w is not None else cp.int64(0)
         _launch_fused(kernel, a, lda, m, n, ws, cert, w if w is not None else cp.uint64(0),
@@ -164,7 +166,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     k = c1 - c0
     pass_k, apply_k = _module(cp.dtype(work.dtype).name)
     fused = None if ONE_LAUNCH is None else \
-        _fused_module(cp.dtype(work.dtype).name)[_STEPS[ONE_LAUNCH]]
+        _fused_kernel(cp.dtype(work.dtype).name, ONE_LAUNCH)
     ws = _workspace()
     tau = cp.empty(k, dtype=work.dtype)
     ltop = cp.empty(2 * MAX_N * MAX_N, dtype=work.dtype)  # two: lookahead's alternate

@@ -196,7 +196,7 @@ def leaf_timings() -> None:
             status(f"leaf timings {label}: certificate clear", int(cert[0].get()) == 0)
             # the floor with lookahead: the leaf's 32 panels alone, back to back (the same
             # launches without the updates between them; numbers meaningless, time not)
-            kern = k._fused_module(np.dtype(dtype).name)[1]
+            kern = k._fused_kernel(np.dtype(dtype).name, "block")
             ws, ltop, tau = k._workspace(), cp.empty(1024, dtype), cp.empty(1024, dtype)
             alone = []
             for rep in range(4):

@@ -135,7 +135,7 @@ __device__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
 // Upper Cholesky G = R^T R in place by warp 0 with G in registers (lane j holds column j,
 // the pivot's row broadcast by shuffles; no block barrier a step): chol_block's operations
 // on every entry in the same order, so the same bits. The caller syncs the block after.
-__device__ bool chol_reg(Mat* __restrict__ g, int n) {
+__device__ __noinline__ bool chol_reg(Mat* __restrict__ g, int n) {
   const int lane = threadIdx.x & 31;
   double c[PANEL_B];
 #pragma unroll
@@ -164,7 +164,7 @@ __device__ bool chol_reg(Mat* __restrict__ g, int n) {
 
 // Signed LU without pivoting by warp 0 in registers (lane j holds column j; the pivot
 // column broadcast from lane k): lu_signed_block's operations in the same order.
-__device__ void lu_signed_reg(Mat* __restrict__ a, double* s, int n) {
+__device__ __noinline__ void lu_signed_reg(Mat* __restrict__ a, double* s, int n) {
   const int lane = threadIdx.x & 31;
   double c[PANEL_B];
 #pragma unroll
