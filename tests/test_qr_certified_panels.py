@@ -350,12 +350,12 @@ def _cupy_panels(xp):
     return importlib.import_module("mpqr.backends.cupy.panel_cholqr")
 
 
-@pytest.mark.parametrize("steps", ["warp", "block", "block, rows apart"])
+@pytest.mark.parametrize("steps", ["warp", "block", "block, rows apart", "registers"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(5000, 40), (33, 40), (40000, 40)])
 def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, steps, dtype, shape):
     """``kernels/panel_fused.cu`` (the three launches as phases of one grid, the n x n steps
-    in one warp or the whole block) takes the same tiles, block count and summation order
+    in one warp, in registers or by the whole block) takes the same tiles, block count and summation order
     as the three launches: the same factors to the last bit, the barrier counter left at
     zero."""
     cupy_panels = _cupy_panels(xp)
@@ -372,7 +372,30 @@ def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, step
     assert out[1][4].tolist() == [0, 0, 0, 0]
 
 
-@pytest.mark.parametrize("steps", ["warp", "block"])
+@pytest.mark.parametrize("n", [1, 13, 31])
+def test_register_steps_give_the_three_launches_factors_for_narrow_panels(xp, monkeypatch, n):
+    """The n x n steps in registers (lane j holds column j) for panels of fewer than 32
+    columns, a NaN entry included: the three launches' bits (NaN where they give NaN) and
+    the same failed certificate."""
+    cupy_panels = _cupy_panels(xp)
+    a = np.random.default_rng(53).standard_normal((3000, 40))
+    out = []
+    for one in (None, "registers"):
+        monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", one)
+        for bad in (False, True):
+            b = a.copy()
+            if bad:
+                b[17, 3] = np.nan
+            backend, work, w, cert = _working(xp, b)
+            l, tau = backend.certified_panel(work[:, 3:3 + n], w[:, 3:3 + n], cert)
+            out.append([to_numpy(x) for x in (work, w, l, tau, cert)])
+    for got, ref in zip(out[2:], out[:2], strict=True):
+        for g, r in zip(got, ref, strict=True):
+            assert np.array_equal(g, r, equal_nan=True)
+    assert out[3][4][0] == 1  # the NaN fails the certificate: the caller factors again
+
+
+@pytest.mark.parametrize("steps", ["warp", "block", "registers"])
 def test_one_launch_panel_counts_a_failed_certificate(xp, monkeypatch, steps):
     cupy_panels = _cupy_panels(xp)
     monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", steps)

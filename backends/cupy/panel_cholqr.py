@@ -33,11 +33,14 @@ _WS_FIXED = 5 * MAX_N * MAX_N
 #: The panel in one launch (``kernels/panel_fused.cu``: the three launches' phases in one
 #: persistent grid with grid barriers, the partial Grams summed by the whole grid): None
 #: keeps the three launches; ``"warp"`` takes their one-warp Cholesky and LU steps,
-#: ``"block"`` the whole block's (one barrier a step). Same factors to the last bit.
+#: ``"block"`` the whole block's (one barrier a step), ``"registers"`` one warp's with the
+#: n x n matrix in registers (shuffles, no barrier a step). Same factors to the last bit.
 #: ``"block"``: 16384 x 32 float32 120 against 119 us a panel, float64 109 against 122;
 #: the QR at 16384² fp16 145 against 155 ms, fp64-emulated 409 against 415, 8192² fp16
 #: 58 against 62 (H200, one process, bench/NOTES.md 2026-11-28).
 ONE_LAUNCH: str | None = "block"
+#: the one launch's kernel for each way of doing the n x n steps
+_STEPS = {"warp": 0, "block": 1, "registers": 2}
 #: the one launch's grid: None takes the three launches' (the same partial Grams, the same
 #: bits); a number of blocks up to one per SM (more tiles in flight; other partial sums)
 FUSED_BLOCKS: int | None = None
@@ -64,10 +67,12 @@ def _module(dtype_name: str):
     return functions("panel_cholqr.cu", (f"panel_pass<{t}>", f"panel_apply<{t}>"))
 
 
-def _fused_module(dtype_name: str):
+def _fused_kernel(dtype_name: str, way: str):
+    """The one launch for ``way`` (a key of :data:`_STEPS`), each form compiled apart (the
+    registers form's unrolled steps take NVRTC several times the others' time)."""
     t = ctype(dtype_name)
-    return functions("panel_cholqr.cu", (f"panel_fused<{t}, false>", f"panel_fused<{t}, true>"),
-                     after=("panel_fused.cu",))
+    return functions("panel_cholqr.cu", (f"panel_fused<{t}, {_STEPS[way]}>",),
+                     after=("panel_fused.cu",))[0]
 
 
 @functools.cache
@@ -99,7 +104,7 @@ def _launch_fused(kernel, pa, lda, m: int, n: int, ws, cert, pw, ldw, ltop, tau,
 def _launch(a, w, cert, ws, ltop, tau) -> None:
     m, n = a.shape
     if ONE_LAUNCH is not None:
-        kernel = _fused_module(cp.dtype(a.dtype).name)[ONE_LAUNCH == "block"]
+        kernel = _fused_kernel(cp.dtype(a.dtype).name, ONE_LAUNCH)
         lda = cp.int64(a.strides[0] // a.itemsize)
         ldw = cp.int64(w.strides[0] // w.itemsize) if w is not None else cp.int64(0)
         _launch_fused(kernel, a, lda, m, n, ws, cert, w if w is not None else cp.uint64(0),
@@ -161,7 +166,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     k = c1 - c0
     pass_k, apply_k = _module(cp.dtype(work.dtype).name)
     fused = None if ONE_LAUNCH is None else \
-        _fused_module(cp.dtype(work.dtype).name)[ONE_LAUNCH == "block"]
+        _fused_kernel(cp.dtype(work.dtype).name, ONE_LAUNCH)
     ws = _workspace()
     tau = cp.empty(k, dtype=work.dtype)
     ltop = cp.empty(2 * MAX_N * MAX_N, dtype=work.dtype)  # two: lookahead's alternate

@@ -1,38 +1,26 @@
-"""Operands prepared once, the strided conversion kernels and tc-sgemm's fused unscale, on
-the GPU: ``python bench/probes/square2_gpu.py`` (CuPy; < 90 s on an H200; JSON to
-``$OUT/square2.json``).
+"""The certified panel's n x n steps in one warp's registers, on the GPU:
+``python bench/probes/square2_gpu.py`` (CuPy; < 90 s on an H200; JSON to ``$OUT/square2.json``).
 
-Levers (module constants, A/B'd in one process):
+Lever (module constant, A/B'd in one process): ``cupy.panel_cholqr.ONE_LAUNCH``,
+``"block"`` (the default: the Cholesky and signed LU by the whole block, one barrier a step)
+against ``"registers"`` (one warp, the 32 x 32 matrix in registers, lane j holds column j,
+shuffles, no barrier a step; the same operations in the same order).
 
-* ``engine_kernels.FAST_SPLIT``: 2-D splits by 32 x 32 tiles indexed by strides (loads
-  along the input's contiguous axis, stores along the parts') instead of CuPy's
-  elementwise kernel: ``"transposed"`` (the default: only where those axes differ) or
-  ``True`` (every 2-D split);
-* ``engine_kernels.FAST_UNSCALE_INTO`` + ``tc_sgemm.FUSED_UNSCALE``: tc-sgemm's
-  ``C -= P`` / ``C = P`` unscaled into C in one pass;
-* ``householder_recursive.PREPARED_OPERANDS``: W1 split once for the trailing update and
-  the merge.
-
-1. NVRTC of the new module.
-2. Kernel checks (PASS/FAIL, bitwise against the elementwise kernels): splits of float32
-   and float64, C-order, row-strided and transposed views, hi only and hi/hf/lo, row and
-   column shifts, rows scaled 2^-120..2^100 with Inf/NaN/subnormals; unscale into C
-   (assign, subtract, add; float32 and float64 C; a strided C).
-3. Product checks: a prepared operand (bitwise), tc-sgemm's fused update (bitwise), the
-   transposed prepared operand (within the engine's bound; against float64 and against the
-   NumPy backend's emulation of the same product).
-4. Conversion rate: GB/s of the split (read float32, write three fp16 parts) against a
-   copy (read + write float32), old and new kernel, three layouts.
-5. QR 4096^2 backward error / orthogonality, levers off and on, each precision; the
-   explain trace says ``prepared=``.
-6. QR 16384^2 / 8192^2 at fp32-emulated (each lever alone too at 16384^2), fp16,
-   fp64-emulated, levers off / on, beside ``cupy.linalg.qr``; medians of 5.
+1. Panel checks (PASS/FAIL, registers bitwise against block; block against the three
+   launches reported beside): float32 / float64,
+   m = 32, 1000, 8192, 16384, 100000, n = 8, 17, 32, a view inside a wider matrix; a repeated
+   column (the certificate fails as before); a NaN entry (the certificate fails).
+2. Panel time (us, CUDA events over 200 launches) 16384 x 32 and 100000 x 32, both dtypes,
+   block / registers / three launches; per stage (the launch's ``stop`` after each grid
+   barrier: the time to that barrier).
+3. The leaf 16384 x 1024 (ms), block / registers.
+4. QR 4096^2 accuracy both ways; QR 16384^2 and 8192^2 at fp32-emulated, fp16,
+   fp64-emulated, block / registers alternated, beside ``cupy.linalg.qr``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import os
 import sys
@@ -48,8 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 OUT = Path(os.environ.get("OUT", "/tmp"))
-RESULT: dict = {"checks": {}, "rate_gbs": {}, "qr": [], "qr_errors": {}}
+RESULT: dict = {"checks": {}, "panel_us": {}, "stages_us": {}, "leaf_ms": {}, "qr": []}
 T0 = time.perf_counter()
+BUDGET = 84.0
+WAYS = ("block", "registers")
 
 
 def status(name: str, ok: bool, detail: str = "") -> None:
@@ -65,258 +55,169 @@ def guarded(fn):
             traceback.print_exc()
             tail = traceback.format_exc()[-800:]
             RESULT.setdefault("errors", []).append(f"{fn.__name__}: {tail}")
-            status(f"{fn.__name__} ran", False, tail[-300:])
             return None
     return run
 
 
-def _mods():
-    from mpqr.backends.cupy import engine_kernels as ek
-
-    from mpqr.engines import tc_sgemm
-
-    hr = importlib.import_module("mpqr.qr.householder_recursive")
-    return ek, tc_sgemm, hr
+def _k():
+    from mpqr.backends.cupy import panel_cholqr as k
+    return k
 
 
-def levers(split: bool | str, fused: bool, prepared: bool) -> None:
-    ek, tc, hr = _mods()
-    ek.FAST_SPLIT = split
-    ek.FAST_UNSCALE_INTO = fused
-    tc.FUSED_UNSCALE = fused
-    hr.PREPARED_OPERANDS = prepared
-
-
-CONFIGS = {"off": (False, False, False), "split": (True, False, False),
-           "split transposed": ("transposed", False, False),
-           "fused unscale": (False, True, False), "prepared": (False, False, True),
-           "on": ("transposed", True, True), "on, split everywhere": (True, True, True)}
-
-
-@guarded
-def compile_check() -> bool:
-    ek, _, _ = _mods()
-    try:
-        mod = ek._fast_module()
-        for name in ("mpqr_split2d_f32", "mpqr_split2d_f64", "mpqr_unscale2d_f32",
-                     "mpqr_unscale2d_f64"):
-            mod.get_function(name)
-        ek._fast_fn.cache_clear()
-    except cp.cuda.compiler.CompileException as exc:
-        print("NVRTC failed:\n" + str(exc), flush=True)
-        status("compile the strided conversion kernels (NVRTC)", False, str(exc)[-2000:])
-        return False
-    status("compile the strided conversion kernels (NVRTC)", True)
-    return True
-
-
-def _graded(rng, m, n, dtype):
-    x = rng.standard_normal((m, n))
-    x *= np.exp2(rng.integers(-120, 100, size=(m, 1)).astype(np.float64))
-    if dtype == np.float32:
-        x = np.clip(x, -3e38, 3e38)
-    x = x.astype(dtype)
-    x[0, 0], x[1, 1], x[2, 2] = np.inf, -np.inf, np.nan
-    x[3, :] = np.float32(1e-40) if dtype == np.float32 else 1e-310  # subnormal row
-    x[4, :] = 0
-    return cp.asarray(x)
-
-
-def _same(a, b) -> bool:
-    return bool(cp.all(a.view(cp.uint16) == b.view(cp.uint16))) if a.dtype == cp.float16 \
-        else bool(cp.all((a == b) | (cp.isnan(a) & cp.isnan(b))))
-
-
-@guarded
-def kernel_checks() -> None:
-    ek, _, _ = _mods()
+def _panel(a0, c0, n, way):
     from mpqr.backends import get_backend
 
-    be = get_backend(cp)
+    from mpqr._array_api import array_namespace
+
+    k = _k()
+    old = k.ONE_LAUNCH
+    k.ONE_LAUNCH = way
+    try:
+        work = a0.copy()
+        w = cp.zeros_like(work)
+        backend = get_backend(array_namespace(work))
+        cert = backend.new_certificate(work)
+        l, tau = backend.certified_panel(work[:, c0:c0 + n], w[:, c0:c0 + n], cert)
+        cp.cuda.Device().synchronize()
+    finally:
+        k.ONE_LAUNCH = old
+    return [cp.asnumpy(x) for x in (work, w, l, tau, cert)]
+
+
+def _same(x, y) -> bool:
+    return all(np.array_equal(a, b, equal_nan=True) for a, b in zip(x, y, strict=True))
+
+
+@guarded
+def panel_checks() -> None:
     rng = np.random.default_rng(3)
     for dt in (np.float32, np.float64):
-        big = _graded(rng, 700, 900, dt)
-        views = {"C-order": big[:, :777].copy(), "row-strided": big[3:, 5:700],
-                 "transposed": big[3:690, 5:800].T, "F-order": cp.asfortranarray(big[:, :777])}
-        for vname, x in views.items():
-            for axis in (-1, -2):
-                s = be.pow2_shift(x, axis, 14)
-                m, n = x.shape
-                for parts in ("hi", "hi/hf/lo"):
-                    outs = []
-                    for fast in (False, True):
-                        ek.FAST_SPLIT = fast
-                        hi = be.empty_for(x, x.shape, cp.float16)
-                        if parts == "hi":
-                            be.split_fp16(x, s, hi)
-                            outs.append((hi,))
-                        elif axis == -1:
-                            cat = be.empty_for(x, (m, 2 * n), cp.float16)
-                            be.split_fp16(x, s, hi, hf=cat[:, :n], lo=cat[:, n:])
-                            outs.append((hi, cat))
-                        else:
-                            cat = be.empty_for(x, (2 * m, n), cp.float16)
-                            be.split_fp16(x, s, hi, hf=cat[m:], lo=cat[:m])
-                            outs.append((hi, cat))
-                    ek.FAST_SPLIT = "transposed"
-                    ok = all(_same(a, b) for a, b in zip(*outs, strict=True))
-                    status(f"split {np.dtype(dt).name} {vname} axis {axis} {parts}", ok,
-                           "bitwise against the elementwise kernel")
-    # unscale into C
-    for dt in (np.float32, np.float64):
-        p = cp.asarray((rng.standard_normal((300, 400))
-                        * np.exp2(rng.integers(-60, 60, size=(300, 400)))).astype(np.float32))
-        r = cp.asarray(rng.integers(-40, 40, size=(300, 1)).astype(np.int32))
-        c_ = cp.asarray(rng.integers(-40, 40, size=(1, 400)).astype(np.int32))
-        base = cp.asarray(rng.standard_normal((310, 420)).astype(dt))
-        ek.FAST_UNSCALE_INTO = False
-        q_old = ek.unscale(p, r, c_, dt)
-        ek.FAST_UNSCALE_INTO = True
-        status(f"unscale {np.dtype(dt).name} (new array)", _same(ek.unscale(p, r, c_, dt), q_old),
-               "bitwise against the elementwise kernel")
-        for mode in (None, True, False):
-            ref = base.copy()
-            q = q_old
-            v = ref[5:305, 7:407]
-            if mode is None:
-                v[...] = q
-            elif mode:
-                v -= q
+        for m in (32, 1000, 8192, 16384, 100000):
+            for n in (8, 17, 32):
+                a0 = cp.asarray(rng.standard_normal((m, 40)).astype(dt))
+                three = _panel(a0, 3, n, None)
+                ref, got = (_panel(a0, 3, n, w) for w in WAYS)
+                status(f"panel {np.dtype(dt).name} {m}x{n} (view in {m}x40) registers = block",
+                       _same(got, ref), f"cert {got[4].tolist()}; block = three launches: "
+                       f"{_same(ref, three)}")
+        for label, bad in (("repeated column", "rep"), ("NaN entry", "nan")):
+            a = rng.standard_normal((3000, 40)).astype(dt)
+            if bad == "rep":
+                a[:, 20] = a[:, 7]
             else:
-                v += q
-            got = base.copy()
-            ok = ek.unscale_into(got[5:305, 7:407], p, r, c_, mode)
-            status(f"unscale into {np.dtype(dt).name} C (strided) mode "
-                   f"{ {None: 'assign', True: 'subtract', False: 'add'}[mode] }",
-                   bool(ok) and _same(got, ref), "bitwise against unscale, then the update")
+                a[17, 9] = np.nan
+            a0 = cp.asarray(a)
+            ref, got = (_panel(a0, 3, 32, w) for w in WAYS)
+            ok = _same(got, ref) and int(got[4][0]) >= 1
+            status(f"panel {np.dtype(dt).name} {label}: registers = block, certificate fails",
+                   ok, f"cert {got[4].tolist()} (block {ref[4].tolist()})")
 
 
-@guarded
-def product_checks() -> None:
-    ek, tc, _ = _mods()
-    from mpqr.backends import get_backend
-
-    from mpqr.engines.prepared import prepare
-    from mpqr.policy import gemm, gemm_sub
-
-    be = get_backend(cp)
-    rng = np.random.default_rng(5)
-    m, k, n = 3000, 2048, 1500
-    a_np = rng.standard_normal((m, k)).astype(np.float32)
-    b_np = rng.standard_normal((k, n)).astype(np.float32)
-    a, b = cp.asarray(a_np), cp.asarray(b_np)
-    plain = gemm(a, b, precision="fp32-emulated")
-    pa = prepare(be, a, side="left", engine="tc-sgemm")
-    status("prepared A (its own axis) bitwise", _same(gemm(pa, b, precision="fp32-emulated"),
-                                                      plain))
-    c0 = cp.asarray(rng.standard_normal((m, n)).astype(np.float32))
-    outs = []
-    for fused in (False, True):
-        tc.FUSED_UNSCALE = ek.FAST_UNSCALE_INTO = fused
-        c = c0.copy()
-        gemm_sub(c, a, b, precision="fp32-emulated")
-        outs.append(c)
-    status("tc-sgemm C -= A B fused unscale bitwise", _same(*outs))
-    # W^T prepared (columns of W scaled), then W used on the left: shifts moved to D
-    w_np = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-20, 20, size=(1, k)))
-            ).astype(np.float32)
-    w = cp.asarray(w_np)
-    pw = prepare(be, w.T, side="left", engine="tc-sgemm")
-    d_np = rng.standard_normal((k, n)).astype(np.float32)
-    d = cp.asarray(d_np)
-    ref = w_np.astype(np.float64) @ d_np.astype(np.float64)
-    absprod = np.abs(w_np.astype(np.float64)) @ np.abs(d_np.astype(np.float64))
-    got = cp.asnumpy(gemm(pw.T, d, precision="fp32-emulated"))
-    base = cp.asnumpy(gemm(w, d, precision="fp32-emulated"))
-    bound = (2.0**-20 + k * 2.0**-24) * absprod
-    e_got = float(np.max(np.abs(got - ref) / absprod))
-    e_base = float(np.max(np.abs(base - ref) / absprod))
-    status("transposed prepared W (shifts on D) within the engine's bound",
-           bool(np.all(np.abs(got - ref) <= bound)),
-           f"max |err|/(|W||D|) {e_got:.2e} (unprepared {e_base:.2e})")
-    # against the NumPy backend's emulation of the same product
-    from mpqr.backends import get_backend as gb
-
-    nbe = gb(np)
-    pw_np = prepare(nbe, w_np.T, side="left", engine="tc-sgemm")
-    emu = gemm(pw_np.T, d_np, precision="fp32-emulated")
-    status("transposed prepared W: GPU against the NumPy emulation",
-           bool(np.all(np.abs(got - emu) <= bound)),
-           f"max |gpu - numpy|/(|W||D|) {float(np.max(np.abs(got - emu) / absprod)):.2e}")
-
-
-def _ms(fn, repeat=10) -> float:
+def _events(fn, reps: int) -> float:
     fn()
     cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(repeat):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
+    s, e = cp.cuda.Event(), cp.cuda.Event()
+    s.record()
+    for _ in range(reps):
         fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e))
-    return float(np.median(ts))
+    e.record()
+    e.synchronize()
+    return cp.cuda.get_elapsed_time(s, e) * 1000.0 / reps
+
+
+def _panel_timing(k, dt, m: int) -> None:
+    from mpqr.backends import get_backend
+
+    from mpqr._array_api import array_namespace
+
+    a0 = cp.random.default_rng(1).standard_normal((m, 32), dtype=dt)
+    work = a0.copy()
+    w = cp.zeros_like(work)
+    backend = get_backend(array_namespace(work))
+    cert = backend.new_certificate(work)
+
+    def copy():
+        work[...] = a0  # a fresh panel each time (the copy timed apart)
+
+    def one():
+        copy()
+        backend.certified_panel(work, w, cert)
+
+    copy_us = _events(copy, 200)
+    label = f"{np.dtype(dt).name} {m}x32"
+    row = {"copy_us": copy_us}
+    for _ in range(3):  # alternated
+        for way in (None, *WAYS):
+            k.ONE_LAUNCH = way
+            row.setdefault(str(way), []).append(_events(one, 200) - copy_us)
+    k.ONE_LAUNCH = "block"
+    row = {c: (float(np.median(v)) if isinstance(v, list) else v) for c, v in row.items()}
+    RESULT["panel_us"][label] = row
+    print(f"panel {label}: " + ", ".join(f"{c} {t:.1f} us" for c, t in row.items()),
+          flush=True)
+    if m != 16384:
+        return
+    # per stage: the one launch stopped after grid barrier s (the time to it)
+    lda = cp.int64(work.strides[0] // work.itemsize)
+    stages = {}
+    ws = k._workspace()
+    ltop = cp.empty(2 * 32 * 32, dtype=dt)
+    tau = cp.empty(32, dtype=dt)
+    for way in WAYS:
+        kern = k._fused_kernel(cp.dtype(dt).name, way)
+        for stop in (1, 2, 3, 4, 5, 6, 0):
+            def st(kern=kern, stop=stop):
+                copy()
+                k._launch_fused(kern, work, lda, m, 32, ws, cert, w, lda, ltop, tau, stop=stop)
+            stages[f"{way} stop {stop}"] = _events(st, 200) - copy_us
+    RESULT["stages_us"][label] = stages
+    for way in WAYS:
+        print(f"stages {label} {way} (us to barrier 1..6, all): " + ", ".join(
+            f"{stages[f'{way} stop {s}']:.1f}" for s in (1, 2, 3, 4, 5, 6, 0)), flush=True)
 
 
 @guarded
-def rates() -> None:
-    ek, _, _ = _mods()
+def panel_timings() -> None:
+    k = _k()
+    for dt in (np.float32, np.float64):
+        for m in (16384, 100000):
+            _panel_timing(k, dt, m)
+
+
+@guarded
+def leaf_timings() -> None:
     from mpqr.backends import get_backend
 
-    be = get_backend(cp)
-    big = cp.random.default_rng(7).standard_normal((16384, 16384), dtype=cp.float32)
-    views = {"C-order 16384x8192": big[:, :8192].copy(), "row-strided 16384x8192": big[:, :8192],
-             "transposed 8192x16384": big[:, :8192].T}
-    for vname, x in views.items():
-        m, n = x.shape
-        s = be.pow2_shift(x, -1, 14)
-        hi = be.empty_for(x, x.shape, cp.float16)
-        cat = be.empty_for(x, (m, 2 * n), cp.float16)
-        dst = cp.empty_like(x)
-        copy_ms = _ms(functools.partial(cp.copyto, dst, x))
-        row = {"copy_GBs": 8 * m * n / copy_ms / 1e6}
-        both = functools.partial(be.split_fp16, x, s, hi, hf=cat[:, :n], lo=cat[:, n:])
-        hi_only = functools.partial(be.split_fp16, x, s, hi)
-        for fast in (False, True):
-            ek.FAST_SPLIT = fast
-            tag = "new" if fast else "old"
-            t = _ms(both)
-            row[f"split_{tag}_GBs"] = 10 * m * n / t / 1e6
-            row[f"split_{tag}_ms"] = t
-            row[f"hi_{tag}_GBs"] = 6 * m * n / _ms(hi_only) / 1e6
-        ek.FAST_SPLIT = "transposed"
-        RESULT["rate_gbs"][vname] = row
-        print(f"rate {vname}: copy {row['copy_GBs']:.0f} GB/s; split old "
-              f"{row['split_old_GBs']:.0f} ({row['split_old_ms']:.2f} ms), new "
-              f"{row['split_new_GBs']:.0f} ({row['split_new_ms']:.2f} ms); hi only old "
-              f"{row['hi_old_GBs']:.0f}, new {row['hi_new_GBs']:.0f}", flush=True)
-    # the unscaling of a product (float32 in, float32 out) and C -= unscale(P) into a view
-    c = big[:, :8192].copy()
-    r = cp.asarray(np.random.default_rng(8).integers(-20, 20, size=(16384, 1)), dtype=cp.int32)
-    s_ = cp.asarray(np.random.default_rng(9).integers(-20, 20, size=(1, 8192)), dtype=cp.int32)
-    row = {}
-    view = big[:, 4096:12288]
-    for fast in (False, True):
-        ek.FAST_UNSCALE_INTO = fast
-        tag = "new" if fast else "old"
-        row[f"unscale_{tag}_GBs"] = 8 * c.size / _ms(functools.partial(ek.unscale, c, r, s_,
-                                                                      cp.float32)) / 1e6
+    from mpqr._array_api import array_namespace
 
-        def sub(fast=fast, view=view, c=c):
-            if fast:
-                ek.unscale_into(view, c, r, s_, True)
-            else:
-                view.__isub__(ek.unscale(c, r, s_, cp.float32))
-        row[f"sub_{tag}_ms"] = _ms(sub)
-    ek.FAST_UNSCALE_INTO = True
-    RESULT["rate_gbs"]["unscale 16384x8192"] = row
-    print(f"unscale 16384x8192: old {row['unscale_old_GBs']:.0f} GB/s, new "
-          f"{row['unscale_new_GBs']:.0f}; C -= unscale(P) into a view: old "
-          f"{row['sub_old_ms']:.2f} ms (unscale + subtract), new {row['sub_new_ms']:.2f} ms",
-          flush=True)
-    del big, views, c, view
-    cp.get_default_memory_pool().free_all_blocks()
+    k = _k()
+    for dt in (np.float32, np.float64):
+        a0 = cp.random.default_rng(2).standard_normal((16384, 1024), dtype=dt)
+        work = a0.copy()
+        w = cp.zeros_like(work)
+        backend = get_backend(array_namespace(work))
+        cert = backend.new_certificate(work)
+        row = {}
+        for _ in range(3):
+            for way in WAYS:
+                k.ONE_LAUNCH = way
+                ts = []
+                for _ in range(3):
+                    work[...] = a0
+                    cp.cuda.Device().synchronize()
+                    s, e = cp.cuda.Event(), cp.cuda.Event()
+                    s.record()
+                    k.certified_leaf(backend, work, w, 0, 1024, cert)
+                    e.record()
+                    e.synchronize()
+                    ts.append(cp.cuda.get_elapsed_time(s, e))
+                row.setdefault(way, []).append(min(ts))
+        k.ONE_LAUNCH = "block"
+        row = {c: float(np.median(v)) for c, v in row.items()}
+        RESULT["leaf_ms"][np.dtype(dt).name] = row
+        print(f"leaf 16384x1024 {np.dtype(dt).name}: " + ", ".join(
+            f"{c} {t:.2f} ms" for c, t in row.items()) + f"; cert {cert.get().tolist()}",
+            flush=True)
 
 
 def _errors(a, q, r) -> tuple[float, float]:
@@ -331,74 +232,79 @@ def _errors(a, q, r) -> tuple[float, float]:
 def qr_checks() -> None:
     import mpqr
 
+    k = _k()
     rng = np.random.default_rng(11)
     for prec, dt in (("fp32-emulated", np.float32), ("fp64-emulated", np.float64),
                      ("fp16", np.float32)):
         a = cp.asarray(rng.standard_normal((4096, 4096)).astype(dt))
         errs = {}
-        for name in ("off", "on"):
-            levers(*CONFIGS[name])
-            with mpqr.explain() as trace:
+        for way in WAYS:
+            k.ONE_LAUNCH = way
+            try:
                 q, r = mpqr.qr(a, precision=prec, method="householder-recursive")
-            errs[name] = _errors(a, q, r)
-            if name == "on" and prec == "fp32-emulated":
-                prepared = [g for g in trace.gemms if "prepared=" in str(g)]
-                status("explain says prepared= (4096^2 fp32-emulated)", len(prepared) > 0,
-                       f"{len(prepared)} products read prepared operands")
-        levers(*CONFIGS["on"])
-        (b0, o0), (b1, o1) = errs["off"], errs["on"]
-        RESULT["qr_errors"][prec] = errs
-        status(f"qr 4096^2 {prec} levers on", b1 <= 2 * b0 + 1e-15 and o1 <= 2 * o0 + 1e-15,
-               f"backward {b1:.2e} (off {b0:.2e}), orthogonality {o1:.2e} (off {o0:.2e})")
+                errs[way] = _errors(a, q, r)
+            finally:
+                k.ONE_LAUNCH = "block"
+        (b0, o0), (b, o) = errs["block"], errs["registers"]
+        ok = b <= 2 * b0 + 1e-15 and o <= 2 * o0 + 1e-15
+        status(f"qr 4096^2 {prec} registers", ok,
+               f"backward {b:.2e} (block {b0:.2e}), orthogonality {o:.2e} (block {o0:.2e})")
 
 
 @guarded
-def qr_timings() -> None:
+def qr_timings(shapes=(16384, 8192)) -> None:
     import mpqr
 
+    k = _k()
     rng = cp.random.default_rng(13)
-    plan = [(16384, np.float32, "fp32-emulated", list(CONFIGS)),
-            (16384, np.float32, "fp16", ["off", "on"]),
-            (16384, np.float64, "fp64-emulated", ["off", "on"]),
-            (8192, np.float32, "fp32-emulated", ["off", "fused unscale", "prepared", "on"]),
-            (8192, np.float32, "fp16", ["off", "on"]),
-            (8192, np.float64, "fp64-emulated", ["off", "on"])]
-    bases: dict = {}
-    for nn, dt, prec, configs in plan:
-        if time.perf_counter() - T0 > 76:
-            print(f"skipped {nn}^2 {prec}: time budget", flush=True)
-            continue
-        a = rng.standard_normal((nn, nn), dtype=dt)
-        key = (nn, np.dtype(dt).name)
-        if key not in bases:
-            bases[key] = _ms(functools.partial(cp.linalg.qr, a), repeat=3 if nn > 8192 else 5)
-        base = bases[key]
-        row = {"shape": f"{nn}x{nn}", "precision": prec, f"cusolver_{key[1]}_ms": base}
-        times = {c: [] for c in configs}
-        call = functools.partial(mpqr.qr, a, precision=prec, method="householder-recursive")
-        for c in configs:  # warm-up (compiles)
-            levers(*CONFIGS[c])
-            call()
-        cp.cuda.Device().synchronize()
-        for _ in range(5):
-            for c in configs:
-                levers(*CONFIGS[c])
-                s, e = cp.cuda.Event(), cp.cuda.Event()
-                s.record()
-                call()
-                e.record()
-                e.synchronize()
-                times[c].append(cp.cuda.get_elapsed_time(s, e))
-        levers(*CONFIGS["on"])
-        for c in configs:
-            t = float(np.median(times[c]))
-            row[f"{c}_ms"] = t
-            row[f"{c}_speedup"] = base / t
-        RESULT["qr"].append(row)
-        cells = [f"{c} {row[c + '_ms']:.1f} ms ({row[c + '_speedup']:.2f}x)" for c in configs]
-        print(f"qr {nn}^2 {prec}: cuSOLVER {base:.1f} ms; " + ", ".join(cells), flush=True)
-        del a
-        cp.get_default_memory_pool().free_all_blocks()
+    for nn in shapes:
+        for dt in (np.float32, np.float64):
+            if time.perf_counter() - T0 > BUDGET - 8:
+                print(f"skipped {nn}^2 {np.dtype(dt).name}: time budget", flush=True)
+                continue
+            a = rng.standard_normal((nn, nn), dtype=dt)
+            cp.linalg.qr(a)
+            cp.cuda.Device().synchronize()
+            s, e = cp.cuda.Event(), cp.cuda.Event()
+            s.record()
+            cp.linalg.qr(a)
+            e.record()
+            e.synchronize()
+            base = cp.cuda.get_elapsed_time(s, e)
+            precs = ("fp32-emulated", "fp16") if dt == np.float32 else ("fp64-emulated",)
+            for prec in precs:
+                if time.perf_counter() - T0 > BUDGET - 5:
+                    print(f"skipped {nn}^2 {prec}: time budget", flush=True)
+                    continue
+                row = {"shape": f"{nn}x{nn}", "precision": prec,
+                       f"cusolver_{np.dtype(dt).name}_ms": base}
+                call = functools.partial(mpqr.qr, a, precision=prec,
+                                         method="householder-recursive")
+                for way in WAYS:
+                    k.ONE_LAUNCH = way
+                    call()
+                cp.cuda.Device().synchronize()
+                times = {w: [] for w in WAYS}
+                for _ in range(3 if nn > 8192 else 5):
+                    for way in WAYS:
+                        k.ONE_LAUNCH = way
+                        s, e = cp.cuda.Event(), cp.cuda.Event()
+                        s.record()
+                        call()
+                        e.record()
+                        e.synchronize()
+                        times[way].append(cp.cuda.get_elapsed_time(s, e))
+                k.ONE_LAUNCH = "block"
+                for way in WAYS:
+                    t = float(np.median(times[way]))
+                    row[f"{way}_ms"] = t
+                    row[f"{way}_speedup"] = base / t
+                RESULT["qr"].append(row)
+                print(f"qr {nn}^2 {prec}: cuSOLVER {base:.1f} ms; " + ", ".join(
+                    f"{w} {row[w + '_ms']:.1f} ({row[w + '_speedup']:.2f}x)" for w in WAYS),
+                    flush=True)
+            del a
+            cp.get_default_memory_pool().free_all_blocks()
 
 
 def _write() -> None:
@@ -422,23 +328,20 @@ def main() -> None:
     dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     RESULT["device"] = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     RESULT["cupy"] = cp.__version__
-    print(f"{RESULT['device']}, CuPy {cp.__version__}", flush=True)
-    if compile_check():
-        kernel_checks()
-        product_checks()
-        rates()
-        qr_checks()
-        qr_timings()
-    else:
-        levers(False, False, True)  # the prepared operands run on the old kernels
-        product_checks()
-        qr_checks()
+    t = time.perf_counter()
+    guarded(lambda: [_k()._fused_kernel(d, w) for d in ("float32", "float64") for w in WAYS])()
+    RESULT["compile_s"] = time.perf_counter() - t
+    print(f"compiled the one launch's kernels in {RESULT['compile_s']:.1f} s", flush=True)
+    panel_checks()
+    panel_timings()
+    leaf_timings()
+    qr_checks()
+    qr_timings()
     timer.cancel()
-    fails = [k for k, v in RESULT["checks"].items() if not v["pass"]]
-    print(f"\n{len(RESULT['checks']) - len(fails)} PASS, {len(fails)} FAIL"
-          + (": " + "; ".join(fails) if fails else "")
-          + f"  ({time.perf_counter() - T0:.0f} s)")
     _write()
+    fails = [c for c, v in RESULT["checks"].items() if not v["pass"]]
+    print(f"{len(RESULT['checks']) - len(fails)} PASS, {len(fails)} FAIL; "
+          f"{RESULT['seconds']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@
 //
 // Same tiles, same block count and the same summation order as the three launches, so
 // the factors are the same to the last bit; each block's next tile is loaded into registers
-// while the current one is multiplied. BLOCK_STEPS: the Cholesky and signed LU
-// factorizations by the whole block (one barrier per step, each thread its four entries)
-// instead of one warp's loops (~0.45 us a step, H100); same operations on every entry,
-// same results.
+// while the current one is multiplied. STEPS, the Cholesky and signed LU factorizations:
+// 0 one warp's loops in shared memory (~0.45 us a step, H100); 1 the whole block (one
+// barrier per step, each thread its four entries); 2 one warp with the matrix in registers
+// (lane j holds column j, the pivot broadcast by shuffles, no barrier a step). Same
+// operations on every entry, same results.
 //
 // The grid barrier needs every block resident at once: the caller launches at most one
 // block per SM (the kernel's resources allow one). It counts arrivals cumulatively in
@@ -131,7 +132,66 @@ __device__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
   __syncthreads();
 }
 
-template <typename T, bool BLOCK_STEPS>
+// Upper Cholesky G = R^T R in place by warp 0 with G in registers (lane j holds column j,
+// the pivot's row broadcast by shuffles; no block barrier a step): chol_block's operations
+// on every entry in the same order, so the same bits. The caller syncs the block after.
+__device__ __noinline__ bool chol_reg(Mat* __restrict__ g, int n) {
+  const int lane = threadIdx.x & 31;
+  double c[PANEL_B];
+#pragma unroll
+  for (int i = 0; i < PANEL_B; ++i) c[i] = g[i][lane];
+  bool ok = true;
+#pragma unroll
+  for (int k = 0; k < PANEL_B; ++k) {
+    if (k < n) {
+      const double d = __shfl_sync(FULL_MASK, c[k], k);
+      ok = ok && d > 0.0 && isfinite(d);
+      const double rkk = sqrt(fmax(d, 0.0));
+      const double rinv = 1.0 / rkk;
+      const double rkj = lane == k ? rkk : (lane > k && lane < n ? c[k] * rinv : 0.0);
+#pragma unroll
+      for (int i = k + 1; i < PANEL_B; ++i) {
+        const double rki = __shfl_sync(FULL_MASK, rkj, i);  // g[k][i] * rinv, lane i's
+        if (i < n && i <= lane && lane < n) c[i] = fma(-rki, rkj, c[i]);
+      }
+      if (lane >= k && lane < n) c[k] = rkj;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < PANEL_B; ++i) g[i][lane] = c[i];
+  return ok;
+}
+
+// Signed LU without pivoting by warp 0 in registers (lane j holds column j; the pivot
+// column broadcast from lane k): lu_signed_block's operations in the same order.
+__device__ __noinline__ void lu_signed_reg(Mat* __restrict__ a, double* s, int n) {
+  const int lane = threadIdx.x & 31;
+  double c[PANEL_B];
+#pragma unroll
+  for (int i = 0; i < PANEL_B; ++i) c[i] = a[i][lane];
+#pragma unroll
+  for (int k = 0; k < PANEL_B; ++k) {
+    if (k < n) {
+      const double d = __shfl_sync(FULL_MASK, c[k], k);
+      const double sk = d < 0.0 ? 1.0 : -1.0;
+      const double piv = d - sk;
+      const double inv = 1.0 / piv;
+      const double ukj = c[k];
+#pragma unroll
+      for (int i = k + 1; i < PANEL_B; ++i) {
+        const double lik = i < n ? __shfl_sync(FULL_MASK, c[i], k) * inv : 0.0;
+        if (i < n && lane > k && lane < n) c[i] = fma(-lik, ukj, c[i]);
+        if (i < n && lane == k) c[i] = lik;
+      }
+      if (lane == k) c[k] = piv;
+      if (lane == 0) s[k] = sk;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < PANEL_B; ++i) a[i][lane] = c[i];
+}
+
+template <typename T, int STEPS>
 __global__ void __launch_bounds__(PANEL_THREADS)
 panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __restrict__ ws,
             int* __restrict__ cert, T* __restrict__ w, long long ldw, T* __restrict__ ltop,
@@ -211,8 +271,15 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
       __syncthreads();
       if (pass == 1) {
         bool ok;
-        if (BLOCK_STEPS) {
+        if (STEPS == 1) {
           ok = chol_block(red, n);
+        } else if (STEPS == 2) {
+          if (warp == 0) {
+            const bool okw = chol_reg(red, n);
+            if (lane == 0) ok_sh = okw;
+          }
+          __syncthreads();
+          ok = ok_sh != 0;
         } else {
           if (warp == 0) {
             const bool okw = chol_warp(red, n);
@@ -258,8 +325,15 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
             red[i][j] = diag ? 1.0 + f : f;
             x2[i][j] = diag ? 1.0 - f : -f;
           }
-        } else if (BLOCK_STEPS) {
+        } else if (STEPS == 1) {
           ok = chol_block(red, n);
+        } else if (STEPS == 2) {
+          if (warp == 0) {
+            const bool okw = chol_reg(red, n);
+            if (lane == 0) ok_sh = okw;
+          }
+          __syncthreads();
+          ok = ok_sh != 0;
         } else {
           if (warp == 0) {
             const bool okw = chol_warp(red, n);
@@ -304,8 +378,11 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           for (int e2 = 0; e2 < TILE_ENTRIES; ++e2) lu[warp + 8 * e2][lane] = q[e2];
         }
         __syncthreads();
-        if (BLOCK_STEPS) {
+        if (STEPS == 1) {
           lu_signed_block(lu, sv, n);
+        } else if (STEPS == 2) {
+          if (warp == 0) lu_signed_reg(lu, sv, n);
+          __syncthreads();
         } else {
           if (warp == 0) lu_signed_warp(lu, sv, n);
           __syncthreads();
