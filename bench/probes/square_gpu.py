@@ -226,7 +226,7 @@ def checks(quick: bool = False) -> None:
                 c0 = mk((m, n))
                 outs = {}
                 for on in (False, True):
-                    _switch(on)
+                    _switch("all" if on else False)  # checked at every slice length
                     c = cview if cview is not None else cp.empty((m, n), cp.float32)
                     c[...] = c0
                     before = CALLS["ran"]
@@ -253,7 +253,7 @@ def checks(quick: bool = False) -> None:
     c0 = mk((m, n))
     outs = {}
     for on in (False, True):
-        _switch(on)
+        _switch("all" if on else False)
         c = c0.copy()
         before = CALLS["ran"]
         assert accumulate_tc_sgemm(be, pw, b, c, subtract=True, out_dtype=cp.float32,
