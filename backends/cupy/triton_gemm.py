@@ -179,22 +179,32 @@ def _compile(variant: tuple, cc: int) -> tuple[bytes, dict[str, Any]]:
            "sb_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32"}
     const = {"ACCUMULATE": accumulate, "SUBTRACT": subtract, "WIDE": wide, "BM": bm, "BN": bn,
              "BK": bk, "GROUP_M": 8}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(5)}
-    # sizes divisible by 16, as Triton's own launcher would specialize them: the masks
-    # along a contiguous dimension then keep 16-byte loads
+    attrs = _specialize(fn, sig, const, 5, _STRIDES, layouts, divs, dims16)
+    return _build(fn, sig, const, attrs, cc, warps, stages)
+
+
+def _specialize(fn: Any, sig: dict[str, str], const: dict[str, Any], pointers: int,
+                strides: tuple, layouts: tuple, divs: tuple, dims16: tuple) -> dict:
+    """Complete a kernel's signature as Triton's own launcher would specialize it, in
+    place: each operand's unit stride a constant and its leading dimension an ``i32``
+    (divisible by 16 where ``divs`` says), the sizes ``M, N, K`` divisible by 16 where
+    ``dims16`` says (the masks along a contiguous dimension then keep 16-byte loads),
+    every entry of ``const`` a ``constexpr``; returns the attributes (the first
+    ``pointers`` arguments 16-byte aligned)."""
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(pointers)}
     for name, div in zip(("M", "N", "K"), dims16):
         if div:
             attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
-    for (outer, inner), lay, div in zip(_STRIDES, layouts, divs):
+    for (outer, inner), lay, div in zip(strides, layouts, divs):
         unit, ld = (inner, outer) if lay == "r" else (outer, inner)
         sig[unit] = "constexpr"
         const[unit] = 1
         sig[ld] = "i32"
         if div:
             attrs[(fn.arg_names.index(ld),)] = [["tt.divisibility", 16]]
-    for name in ("ACCUMULATE", "SUBTRACT", "WIDE", "BM", "BN", "BK", "GROUP_M"):
+    for name in list(const):
         sig[name] = "constexpr"
-    return _build(fn, sig, const, attrs, cc, warps, stages)
+    return attrs
 
 
 def _build(fn: Any, sig: dict[str, str], const: dict[str, Any], attrs: dict, cc: int,

@@ -88,20 +88,7 @@ def _compile(variant: tuple, cc: int) -> tuple[bytes, dict[str, Any]]:
     const = {"ACCUMULATE": accumulate, "SUBTRACT": subtract, "WIDE": wide, "SLICE": slice_k,
              "FLATTEN": flatten, "LO_SCALE": 2.0**-LO_SHIFT, "BM": bm, "BN": bn, "BK": bk,
              "GROUP_M": 8}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in range(len(_PTRS))}
-    for name, div in zip(("M", "N", "K"), dims16):
-        if div:
-            attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
-    for (outer, inner), lay, div in zip(_STRIDES, layouts, divs):
-        unit, ld = (inner, outer) if lay == "r" else (outer, inner)
-        sig[unit] = "constexpr"
-        const[unit] = 1
-        sig[ld] = "i32"
-        if div:
-            attrs[(fn.arg_names.index(ld),)] = [["tt.divisibility", 16]]
-    for name in ("ACCUMULATE", "SUBTRACT", "WIDE", "SLICE", "FLATTEN", "LO_SCALE", "BM", "BN", "BK",
-                 "GROUP_M"):
-        sig[name] = "constexpr"
+    attrs = tg._specialize(fn, sig, const, len(_PTRS), _STRIDES, layouts, divs, dims16)
     return tg._build(fn, sig, const, attrs, cc, warps, stages)
 
 
