@@ -380,9 +380,11 @@ class ArrayAPIBackend:
     #: Gram matrices of 2-D inputs at least twice this wide are built from the products of
     #: their upper-triangular blocks (mpqr/qr/gram_blocked.py; None: one GEMM). H100 fp64:
     #: 65536 x 2048 10.6 -> 6.3 ms, 65536 x 4096 45.3 -> 24.6, 2^20 x 512 9.3 -> 8.0,
-    #: 2^20 x 256 split once 2.46 -> 2.31 (noise level: not split); every backend uses
-    #: the GPU's value so CI runs that path.
-    gram_block: int | None = 256
+    #: 2^20 x 256 split once 2.46 -> 2.31. H200, 2^20 x 256 float64 ``auto``, split once
+    #: (128) against one GEMM (256), six alternations: cond 1 10.4 / 11.0 ms, cond 1e12
+    #: 19.4 / 19.8, cond 1e15 19.3 / 19.7 (``bench/probes/tall256_ab.py``). Every backend
+    #: uses the GPU's value so CI runs that path.
+    gram_block: int | None = 128
     #: the Ozaki steps are fused kernels without temporaries (see ozaki.workspace_bytes)
     ozaki_fused: bool = False
 

@@ -421,3 +421,30 @@ def test_one_fused_pass_q_by_two_solves(monkeypatch, two_solves):
                if e.kind == "apply-inverse") == (not two_solves)
     monkeypatch.setattr(sketch, "Q_BY_TWO_SOLVES", not two_solves)
     np.testing.assert_array_equal(_qr(a)[1], r)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_w_factored_by_the_device_steps(monkeypatch, fail):
+    """Where the backend makes the n x n steps without a host sync (``chol_steps``),
+    ``R1`` and ``X`` come from them; where a check there fails, the host's steps decide.
+    The same factorization either way, to the route's accuracy."""
+    from mpqr.backends import ArrayAPIBackend
+    from mpqr.qr.cholqr_steps import portable_chol_steps
+
+    a = geometric(np.random.default_rng(12), M, 64, 1e12)
+    _, r_host, _ = _qr(a)
+    seen = []
+
+    def steps(self, g):
+        r, x, st = portable_chol_steps(self, g)
+        seen.append(g.shape)
+        if fail:
+            st = np.array(st)
+            st[3] = 1.0
+        return r, x, st
+
+    monkeypatch.setattr(ArrayAPIBackend, "chol_steps", steps)
+    q, r, trace = _qr(a)
+    assert seen == [(64, 64)] and any("one CholQR pass" in m for m in _routes(trace))
+    _check(a, q, r, U64)
+    np.testing.assert_allclose(r, r_host, rtol=0, atol=64 * U64 * np.abs(r_host).max())

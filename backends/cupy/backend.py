@@ -269,7 +269,14 @@ class CupyBackend(ArrayAPIBackend):
         # X back (~0.5 ms of GPU idle time per pass at 2^22 x 64, H100)
         from mpqr.backends.cupy import chol_steps as cupy_chol_steps
 
-        return cupy_chol_steps.chol_steps(g) if cupy_chol_steps.supports(g) else None
+        if cupy_chol_steps.supports(g):
+            return cupy_chol_steps.chol_steps(g)
+        # past the kernel's width, library calls without a sync where the steps would
+        # otherwise run here as small launches each read back (not where small() takes
+        # them to the host)
+        if cupy_chol_steps.supports_library(g) and g.size > self.host_steps_max:
+            return cupy_chol_steps.library_chol_steps(g)
+        return None
 
     def host_blas_scope(self):
         # Host BLAS on one thread during a call: its host work is the n x n steps of

@@ -67,7 +67,7 @@ def route(trace) -> dict:
     out = {"method": method, "fallbacks": chain,
            "gram_products": sum(g.label.endswith("gram") for g in trace.gemms)}
     if rt is not None:
-        out.update(grams=rt.data["grams"], shifted=rt.data["shifted"],
+        out.update(grams=rt.data.get("grams"), shifted=rt.data.get("shifted"),
                    cond_estimate=rt.data["cond_estimate"])
     text = " -> ".join([method or "?", *[c.split("->")[1] for c in chain]])
     if rt is not None:

@@ -515,8 +515,12 @@ def _one_pass(backend: Any, a: Any, precision: Any, method: str, prec_name: str,
             done = _device_pass(backend, a, g, method, prec_name, certify, want_q, check)
             if done:
                 return done
-        # the n x n steps run in backend.small's namespace
-        pair = backend.small(g)
+        # the n x n steps run in backend.small's namespace; where the device's steps
+        # failed, the host redoes them up to the preconditioned route's limit (a failed
+        # factor is mostly a hand-over: its checks and estimate, a few hundred small
+        # launches each read back on a device, cost more there than G's transfer)
+        lim = backend.precondition_small_max if not shift and done is False else None
+        pair = backend.small(g) if lim is None else backend.small(g, limit=lim)
         if not shift and done is False and check is not None:
             # the device's steps failed (mostly a failed Cholesky): the hand-over's first
             # pass is queued (after G's transfer, which waits for the stream) and runs
@@ -684,7 +688,8 @@ def _device_pass(backend: Any, a: Any, g: Any, method: str, prec_name: str, cert
     if scaled and not cond1 <= INVERSE_COND_MAX and by_gemm and want_q:
         cond1 = _cond1(backend, r, x, True)  # graded columns: R D^-1's (see _apply_inverse)
     record_event("small-steps", f"{method}: the {n} x {n} steps (Cholesky, R^-1, checks) "
-                 "ran on the device in one launch; their 8 numbers were read back once",
+                 "ran on the device without a host sync; their 8 numbers were read back "
+                 "once",
                  method=method, n=n)
     if check is not None:
         check(backend, r, s.r_diag_max, s.r_diag_min, ratio)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +48,7 @@ from mpqr.qr._kernels import panel_precision
 from mpqr.qr.cholqr import (
     _apply_inverse,
     _check_gram,
+    _gram_min,
     _inverse_by_gemm,
     _rr,
     _times_upper,
@@ -63,6 +65,7 @@ from mpqr.qr.cholqr_precond import (
 from mpqr.qr.cholqr_precond import (
     _rank_deficient as _refuse,
 )
+from mpqr.qr.cholqr_steps import StepNumbers
 
 __all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "prefetch_sketch", "sketch_ahead",
            "sketch_cholqr"]
@@ -88,6 +91,13 @@ SEED = 0x5EED
 #: took 4.3 ms against the stored pass's extra 0.9 ms and the GEMM's 1.2 (``auto`` 11.3 ms
 #: against 9.3; ``bench/probes/sketch_gpu.py``)
 Q_BY_TWO_SOLVES = False
+
+#: whether ``R_1 = chol(W^H W)`` and ``X = R_1^-1`` come from the backend's n x n steps on
+#: the device (``backend.chol_steps``) where it has them, instead of ``G``'s round trip to
+#: the host's Cholesky (H200, 2^20 x 256 float64 ``auto`` at cond 1e12 / 1e15: with the
+#: device's CholQR2 steps, 16.7 / 16.9 ms, 3.6x cuSOLVER; ``python -m mpqr bench qr
+#: --shapes 1048576x256 --conds 1,1e8,1e12,1e15``)
+DEVICE_FACTOR = True
 
 #: ``[x, S x, R of S x]`` of the :func:`sketch_ahead` block (``[None] * 3`` before a
 #: prefetch)
@@ -180,19 +190,26 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     cond = float(hb.xp.max(estimate_cond(hb, r0s, prec_name)))
     if not cond * u < RANK_DEFICIENT:
         _rank_deficient(cond, u)
-    # the n x n steps where the preconditioned method runs them (host up to its limit)
+    # R_1 = chol(G) and X = R_1^-1: on the device without a host sync where the backend
+    # makes them there (then only R_1 moves to the host, for the estimate below), else
+    # where the preconditioned method runs its n x n steps (the host up to its limit)
+    r1d, x = (_device_factor(backend, g, prec_name) if DEVICE_FACTOR and not twice
+              else (None, None))
     sb, g = backend.small(g) if lim is None else backend.small(g, limit=lim)
     r0 = r0s if array_namespace(r0s) is sb.xp else _to(backend, sb, r0d)
     cond_w = float("inf")
     r1 = None
-    try:
-        _check_gram(sb, g, NAME, prec_name)
-        r1 = sb.cholesky(g, upper=True)
-    except (LinAlgError, BreakdownError):
-        r1 = None
+    if r1d is not None:
+        r1 = _to(backend, sb, r1d)
+    else:
+        try:
+            _check_gram(sb, g, NAME, prec_name)
+            r1 = sb.cholesky(g, upper=True)
+        except (LinAlgError, BreakdownError):
+            r1 = None
     q = r = None
     if r1 is not None:
-        r1d = backend.from_small(r1, a)
+        r1d = backend.from_small(r1, a) if r1d is None else r1d
         if twice:
             q = backend.right_solve_twice(a, r0d, r1d)
         elif want_q and _inverse_by_gemm(backend, w, n):
@@ -202,7 +219,9 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
             # X = R_1^-1 by substitution on I where W lives (the host's took 4 ms at 256
             # columns on an H200's host, on the critical path)
             xp = backend.xp
-            x = backend.right_solve_upper(xp.eye(n, dtype=w.dtype, device=device(w)), r1d)
+            if x is None:
+                x = backend.right_solve_upper(xp.eye(n, dtype=w.dtype, device=device(w)),
+                                              r1d)
             q = _times_upper(backend, w, x, f"{NAME}-apply-inverse",
                              panel_precision(prec_name, w.dtype, xp))
         # R = R_1 R_0 where the factors' products run (queued on a device, no host copy)
@@ -233,6 +252,23 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
                  "sketch's R0)", method=NAME, cond_sketched=cond_w, cond_estimate=cond,
                  grams=1)
     return q, r
+
+
+def _device_factor(backend: Any, g: Any, prec_name: str) -> tuple[Any, Any]:
+    """``(R_1, X = R_1^-1)`` of ``W``'s Gram matrix ``g`` from the backend's n x n steps
+    on the device (``backend.chol_steps``: one read-back of their numbers, no transfer
+    of ``G`` and the factor's round trip), or ``(None, None)`` where the backend has
+    none for ``g`` or a check fails (the host's steps then decide, as before)."""
+    steps = backend.chol_steps(g)
+    if steps is None:
+        return None, None
+    r1, x, st = steps
+    s = StepNumbers.from_host(backend.small(st)[1])
+    if (s.nonfinite or s.chol_failed or not s.gram_diag_min >= _gram_min(backend.xp, g,
+                                                                          prec_name)
+            or not (s.r_diag_min > 0 and math.isfinite(s.r_diag_max))):
+        return None, None
+    return r1, x
 
 
 def _to(backend: Any, sb: Any, x: Any) -> Any:
