@@ -429,6 +429,7 @@ def test_w_factored_by_the_device_steps(monkeypatch, fail):
     ``R1`` and ``X`` come from them; where a check there fails, the host's steps decide.
     The same factorization either way, to the route's accuracy."""
     from mpqr.backends import ArrayAPIBackend
+
     from mpqr.qr.cholqr_steps import portable_chol_steps
 
     a = geometric(np.random.default_rng(12), M, 64, 1e12)
