@@ -411,8 +411,9 @@ class ArrayAPIBackend:
         ``(R, X, st)`` on ``g``'s device: ``R = chol(g)`` (upper), ``X = R^-1`` by
         row-wise substitution on ``I``, and ``st`` the eight float64 numbers that
         :mod:`mpqr.qr.cholqr_steps` checks. None (here): the pass moves ``g`` to
-        :meth:`small` and takes its steps there; a GPU backend returns them from one
-        launch, so a pass reads eight numbers back instead."""
+        :meth:`small` and takes its steps there; a GPU backend returns them without a
+        sync (one launch, or library calls queued back to back), so a pass reads eight
+        numbers back instead."""
         return None
 
     def update_lane(self, a: Any) -> SerialLane:

@@ -2,11 +2,12 @@
 
 A pass of :mod:`mpqr.qr.cholqr` factors the Gram matrix ``G``, checks it and makes
 ``X = R^-1``. On a GPU those steps are tiny and latency-bound, so a backend may return
-them from one launch (``backend.chol_steps``: ``R``, ``X`` and the numbers below,
-without a host sync); the pass then reads the eight numbers back once and applies the
-same tests as its host route (:func:`passes`). Where a test fails the pass redoes its
-steps on the host route from the same ``G``, which raises the same
-:class:`mpqr.BreakdownError` (or takes the substitution route) as before.
+them without a host sync (``backend.chol_steps``: ``R``, ``X`` and the numbers below;
+on CuPy one launch up to 64 columns, library calls queued back to back up to 512); the
+pass then reads the eight numbers back once and applies the same tests as its host
+route (:func:`passes`). Where a test fails the pass redoes its steps on the host route
+from the same ``G``, which raises the same :class:`mpqr.BreakdownError` (or takes the
+substitution route) as before.
 
 :func:`portable_chol_steps` computes the same triple with Array API calls: the reference
 the GPU kernel is tested against, and what the CPU tests run the device route with.
