@@ -90,14 +90,21 @@ def gemm_work(trace) -> tuple[dict[str, float], float]:
     return dict(per), moved
 
 
-def profiled(call) -> tuple[dict, list]:
-    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+def trace_events(call, with_stack: bool = False) -> list[dict]:
+    """The chrome-trace events of one ``call`` under PyTorch's profiler (CUPTI kernels,
+    CPU ops; with ``with_stack`` the Python tracer's frames too), after a device sync."""
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU],
+                 with_stack=with_stack) as prof:
         call()
         cp.cuda.Device().synchronize()
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as fh:
-        events = json.load(fh)["traceEvents"]
+        return json.load(fh)["traceEvents"]
+
+
+def profiled(call) -> tuple[dict, list]:
+    events = trace_events(call)
     kern = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
             and "dur" in e]
     by_class, by_name = defaultdict(float), defaultdict(lambda: [0.0, 0])

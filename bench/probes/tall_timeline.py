@@ -18,16 +18,15 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import cupy as cp
 import torch  # noqa: F401  (the profiler needs torch's CUDA runtime loaded)
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ill_conditioned import matrix
+from kernel_time import trace_events
 
 import mpqr
 from mpqr.bench._timing import release_pool, time_it
@@ -123,15 +122,7 @@ def case(spec: str, out: Path) -> dict:
     with mpqr.explain() as trace:
         call()
     cp.cuda.Device().synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 with_stack=True) as prof:
-        call()
-        cp.cuda.Device().synchronize()
-    path = os.path.join(tempfile.mkdtemp(), "trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as fh:
-        events = json.load(fh)["traceEvents"]
-    res = analyse(events)
+    res = analyse(trace_events(call, with_stack=True))
     res.update(case=spec, wall_ms=statistics.median(walls) * 1e3, cusolver_ms=t_ref * 1e3,
                speedup=t_ref / statistics.median(walls),
                events=[f"{e.kind}: {e.message}"[:160] for e in trace.events])
