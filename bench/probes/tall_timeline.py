@@ -22,7 +22,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import cupy as cp
-import torch  # noqa: F401  (the profiler needs torch's CUDA runtime loaded)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ill_conditioned import matrix
