@@ -371,11 +371,13 @@ def test_cupy_sketch_kernel_and_route(dtype):
         _qr(cp.asarray(geometric(np.random.default_rng(9), 2**14, 64, 1e18)))
 
 
-def test_device_and_host_namespaces(monkeypatch):
+@pytest.mark.parametrize("device_steps", [False, True])
+def test_device_and_host_namespaces(monkeypatch, device_steps):
     """A device backend whose small steps go to the host (as on CuPy; emulated with
     array-api-strict as the device and NumPy as the host): the rank test's estimate of
     R0 and the n x n steps on the host, W, Q and R = R1 R0 on the device, the same
-    factorization as the NumPy backend's."""
+    factorization as the NumPy backend's. With ``device_steps`` the backend factors
+    ``W``'s Gram matrix on the device (``chol_steps``) and only ``R1`` moves."""
     import array_api_strict as xs
     from mpqr.backends import get_backend
     from mpqr.backends.numpy.backend import NumpyBackend
@@ -391,6 +393,16 @@ def test_device_and_host_namespaces(monkeypatch):
         return host, np.asarray(x)
 
     monkeypatch.setattr(strict, "small", small)
+    if device_steps:
+        from mpqr.qr.cholqr_steps import portable_chol_steps
+
+        factored = []
+
+        def steps(g):
+            factored.append(g.shape)
+            return portable_chol_steps(strict, g)
+
+        monkeypatch.setattr(strict, "chol_steps", steps)
     monkeypatch.setattr(strict, "from_small", lambda x, like: xs.asarray(x))
     monkeypatch.setattr(strict, "precondition_small_max", 64 * 64)
     monkeypatch.setattr(strict, "sketches", True, raising=False)
@@ -402,6 +414,8 @@ def test_device_and_host_namespaces(monkeypatch):
         q1, r1 = mpqr.qr(xs.asarray(a), mode="reduced", method=NAME)
     assert type(q1) is type(xs.asarray(a)) and type(r1) is type(q1)
     assert (48, 48) in moved and any("one CholQR pass" in m for m in _routes(trace))
+    if device_steps:  # W's Gram matrix factored on the device; only R1 moved for it
+        assert (48, 48) in factored
     np.testing.assert_allclose(np.asarray(r1), r0, rtol=0, atol=64 * U64 * np.abs(r0).max())
     _check(a, np.asarray(q1), np.asarray(r1), U64)
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,7 +64,7 @@ from mpqr.qr.cholqr_precond import (
 from mpqr.qr.cholqr_precond import (
     _rank_deficient as _refuse,
 )
-from mpqr.qr.cholqr_steps import StepNumbers
+from mpqr.qr.cholqr_steps import StepNumbers, passes
 
 __all__ = ["NAME", "ONE_PASS_COND", "SEED", "SKETCH_ROWS", "prefetch_sketch", "sketch_ahead",
            "sketch_cholqr"]
@@ -195,18 +194,19 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
     # where the preconditioned method runs its n x n steps (the host up to its limit)
     r1d, x = (_device_factor(backend, g, prec_name) if DEVICE_FACTOR and not twice
               else (None, None))
-    sb, g = backend.small(g) if lim is None else backend.small(g, limit=lim)
-    r0 = r0s if array_namespace(r0s) is sb.xp else _to(backend, sb, r0d)
+    on_device = r1d is not None
     cond_w = float("inf")
     r1 = None
-    if r1d is not None:
-        r1 = _to(backend, sb, r1d)
+    if on_device:  # G moves only where the chain below continues from it
+        sb, r1 = backend.small(r1d) if lim is None else backend.small(r1d, limit=lim)
     else:
+        sb, g = backend.small(g) if lim is None else backend.small(g, limit=lim)
         try:
             _check_gram(sb, g, NAME, prec_name)
             r1 = sb.cholesky(g, upper=True)
         except (LinAlgError, BreakdownError):
             r1 = None
+    r0 = r0s if array_namespace(r0s) is sb.xp else _to(backend, sb, r0d)
     q = r = None
     if r1 is not None:
         r1d = backend.from_small(r1, a) if r1d is None else r1d
@@ -232,7 +232,7 @@ def sketch_cholqr(backend: Any, a: Any, *, precision: Any, prec_name: str,
         record_event("route", f"{NAME}: estimated cond(x R0^-1) = {cond_w:.2e} > "
                      f"{ONE_PASS_COND:g}: the preconditioned chain continues from R0 and "
                      "its Gram matrix", method=NAME, cond_sketched=cond_w)
-        state = Resume(a, sb, g, [r0], w)
+        state = Resume(a, sb, _to(backend, sb, g) if on_device else g, [r0], w)
         with resume_chain(state):
             return preconditioned_cholqr(backend, a, precision=precision,
                                          prec_name=prec_name, want_q=want_q, **kw)
@@ -263,10 +263,10 @@ def _device_factor(backend: Any, g: Any, prec_name: str) -> tuple[Any, Any]:
     if steps is None:
         return None, None
     r1, x, st = steps
-    s = StepNumbers.from_host(backend.small(st)[1])
-    if (s.nonfinite or s.chol_failed or not s.gram_diag_min >= _gram_min(backend.xp, g,
-                                                                          prec_name)
-            or not (s.r_diag_min > 0 and math.isfinite(s.r_diag_max))):
+    xp = backend.xp
+    if not passes(StepNumbers.from_host(backend.small(st)[1]),
+                  u=gram_roundoff(xp, g.dtype, prec_name), n=g.shape[-1],
+                  gram_min=_gram_min(xp, g, prec_name), certified=False):
         return None, None
     return r1, x
 
