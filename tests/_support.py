@@ -132,3 +132,18 @@ def part_errors_vs_abs(c: np.ndarray, exact: np.ndarray, a: np.ndarray, b: np.nd
     mask = denom > 0
     return (float(np.max(np.abs(c.real - exact.real)[mask] / denom[mask])),
             float(np.max(np.abs(c.imag - exact.imag)[mask] / denom[mask])))
+
+
+def triton_cupy():
+    """CuPy where a CUDA GPU and Triton are there (the fused Triton kernels' tests),
+    else None."""
+    try:
+        import cupy as cp
+
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return None
+    except Exception:
+        return None
+    from mpqr.backends.cupy import triton_gemm
+
+    return cp if triton_gemm.available() else None

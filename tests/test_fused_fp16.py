@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _support import triton_cupy as _triton_cupy
 from mpqr.backends import get_backend
 
 import mpqr
@@ -157,19 +158,6 @@ def test_fp16_qr_is_bitwise_the_same_with_the_epilogue(shape, fused):
 
 
 # --- the Triton kernel on the GPU -------------------------------------------------------
-
-
-def _triton_cupy():
-    try:
-        import cupy as cp
-
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            return None
-    except Exception:
-        return None
-    from mpqr.backends.cupy import triton_gemm
-
-    return cp if triton_gemm.available() else None
 
 
 gpu = pytest.mark.skipif(_triton_cupy() is None, reason="needs a CUDA GPU with Triton")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _support import triton_cupy as _triton_cupy
 from mpqr.backends import get_backend
 
 from mpqr._array_api import array_namespace
@@ -115,19 +116,6 @@ def test_the_portable_backend_has_no_kernel():
     assert be.fused_sgemm(x, x, x, x, x, x, s, s.T, np.zeros((2, 2), np.float32),
                           slice_k=2, accumulate=False, subtract=False) is False
     assert be.fused_sgemm_kernel(4096, 4096, 4096, 1024) is None
-
-
-def _triton_cupy():
-    try:
-        import cupy as cp
-
-        if cp.cuda.runtime.getDeviceCount() < 1:
-            return None
-    except Exception:
-        return None
-    from mpqr.backends.cupy import triton_gemm
-
-    return cp if triton_gemm.available() else None
 
 
 gpu = pytest.mark.skipif(_triton_cupy() is None, reason="needs a CUDA GPU with Triton")
