@@ -112,7 +112,9 @@ def test_gpu_oversize_input_raises_device_memory_error(plan, monkeypatch):
     pool = cp.get_default_memory_pool()
     a = cp.random.default_rng(0).standard_normal((2048, 2048))
     pool.free_all_blocks()
-    pool.set_limit(size=3 * a.nbytes)
+    # 1.5x the input: the route's working copy and Q alone are 2x (at 3x, the plan-off
+    # call can fit, depending on what the pool holds, and the test then checks nothing)
+    pool.set_limit(size=3 * a.nbytes // 2)
     try:
         with pytest.raises(mpqr.DeviceMemoryError) as info:
             mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")

@@ -93,3 +93,21 @@ def test_bench_qr_pivoting_rows(tmp_path):
     assert piv["fp32-emulated"]["backward_error"] <= 10 * 150 * 2.0**-24
     assert piv["fp16"]["backward_error"] <= 10 * 150 * 2.0**-11
     assert "speedup_vs_geqp3" in piv["auto"] and "speedup_vs_geqp3" not in piv["fp16"]
+
+
+@pytest.mark.parametrize("dd", [True, False])
+def test_bench_orthogonality_against_a_long_double_reference(monkeypatch, dd):
+    # with a double-double Gram kernel (CuPy's; here the NumPy backend's portable one,
+    # switched on) ||Q^T Q - I||_F comes from a double-double Q^T Q, else from a GEMM
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    from mpqr.bench import qr as bench_qr
+
+    monkeypatch.setattr(NumpyBackend, "gram_dd_max_n", 128 if dd else 0)
+    rng = np.random.default_rng(3)
+    q = np.linalg.qr(rng.standard_normal((4096, 16)))[0]
+    q = q + 1e-13 * rng.standard_normal(q.shape)
+    ql = q.astype(np.longdouble)
+    ref = float(np.linalg.norm((ql.T @ ql - np.eye(16, dtype=np.longdouble)).astype(np.float64)))
+    got = bench_qr.orthogonality(np, q, 16)
+    assert abs(got - ref) <= (1e-6 if dd else 1e-2) * ref

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from mpqr.backends._base import ArrayAPIBackend, EngineRates
+from mpqr.backends.cupy import split_k
 
 from mpqr._errors import DeviceMemoryError, LinAlgError
 
@@ -387,6 +388,11 @@ class CupyBackend(ArrayAPIBackend):
             return out
         if k == 0:
             out *= beta
+            return out
+        p = split_k.parts(m, n, k, a.dtype, cp) if beta == 0 else 0
+        if p and not self._on_lane() and split_k.gemm_split_k(
+                self, a, b, out, p, alpha, (in_type, out_type, compute_type,
+                                            scalar_dtype)) is not None:
             return out
         tb, ldb, b = _blas_operand(cp, b)  # B^T as column-major (n x k)
         ta, lda, a = _blas_operand(cp, a)  # A^T as column-major (k x m)

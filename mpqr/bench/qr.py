@@ -8,7 +8,8 @@ warm-up, fresh random normal data), TFLOP/s (LAPACK flop counts), speed-up over
 memory floor (read A, write Q and R, once, at the device-copy rate measured in the
 same process) and of the engine's GEMM rate (``mpqr.matmul`` at 8192^3 at that precision,
 measured in the same process; :data:`FLOP_CONVENTION` says which flops are counted),
-backward error ||A - QR||_F / ||A||_F and orthogonality ||I - Q^T Q||_F / n.
+backward error ||A - QR||_F / ||A||_F and orthogonality ||I - Q^T Q||_F / n (``Q^T Q`` in
+double-double where the backend has that kernel: :func:`orthogonality`).
 
 ``--pivoting``: QR with column pivoting (``mpqr.qr(a, pivoting=True)``, mode reduced)
 against the unpivoted ``cupy.linalg.qr`` (geqrf + orgqr) of the same dtype in the same
@@ -119,10 +120,24 @@ def _errors(xp, a, q, r) -> tuple[float, float]:
     a64, q64, r64 = (xp.astype(v, xp.float64) for v in (a, q, r))
     n = r.shape[-1]
     res = float(xp.linalg.norm(a64 - q64 @ r64) / xp.linalg.norm(a64))
+    return res, orthogonality(xp, q64, n) / n / math.sqrt(max(1, math.prod(a.shape[:-2])))
+
+
+def orthogonality(xp, q64, n: int) -> float:
+    """``||Q^T Q - I||_F`` of a float64 ``Q``; for 2-D ``Q`` of 2 to ``gram_dd_max_n``
+    columns on a backend with a double-double Gram kernel (CuPy: 128), from a
+    double-double ``Q^T Q``. A float64 GEMM's own rounding is of the size measured
+    there (a few units in the last place of each diagonal entry at ``2^22`` rows), and it
+    correlates with that of a factorization whose Gram products ran on the same kernel:
+    at ``2^22 x 64`` (H200) the GEMM read ``2.1e-15`` for a Q whose double-double check
+    reads ``6.3e-15`` (``bench/probes/split_k_ab.py``)."""
+    backend = get_backend(xp)
     eye = xp.eye(n, dtype=xp.float64)
-    orth = float(xp.linalg.norm(xp.matrix_transpose(q64) @ q64 - eye) / n /
-                 math.sqrt(max(1, math.prod(a.shape[:-2]))))
-    return res, orth
+    if q64.ndim == 2 and 2 <= n <= backend.gram_dd_max_n and q64.shape[0] >= n:
+        acc = xp.zeros((2, n, n), dtype=xp.float64)  # the bench's one device
+        acc = backend.gram_dd_update(q64[:, : n - 1], q64[:, n - 1:], acc)
+        return float(xp.linalg.norm((acc[0, ...] - eye) + acc[1, ...]))
+    return float(xp.linalg.norm(xp.matrix_transpose(q64) @ q64 - eye))
 
 
 def _member_errors(xp, a, q, r) -> tuple[float, float]:
