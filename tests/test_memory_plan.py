@@ -80,6 +80,34 @@ def test_fitting_call_runs_and_switch_turns_the_check_off(small_device, monkeypa
     np.testing.assert_array_equal(r2, r)
 
 
+def test_fp64_emulated_takes_the_lean_plan_first_from_its_size(small_device, monkeypatch):
+    hr = "householder-recursive"
+    assert memory_plan.lean_first(hr, "fp64-emulated", (16384, 16384))
+    assert memory_plan.lean_first(hr, "fp64-emulated", (16384, 40000))  # wide
+    assert not memory_plan.lean_first(hr, "fp64-emulated", (12288, 12288))
+    assert not memory_plan.lean_first(hr, "fp64-emulated", (2, 16384, 16384))  # a stack
+    assert not memory_plan.lean_first(hr, "fp32-emulated", (16384, 16384))
+    assert not memory_plan.lean_first("geqrf", "fp64-emulated", (16384, 16384))
+    # on a device with room for the fast plan: the lean plan from the threshold up
+    a = np.random.default_rng(5).standard_normal((96, 96))
+    small_device["bytes"] = 100 * a.nbytes
+    plans = {}
+    for least in (16384, 64):
+        monkeypatch.setattr(memory_plan, "LEAN_FIRST_MIN_N", {"fp64-emulated": least})
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision="fp64-emulated", method=hr)
+        plans[least] = [e.data["plan"] for e in trace.events
+                        if e.kind == "memory" and "plan" in e.data]
+        np.testing.assert_allclose(q @ r, a, atol=1e-13 * np.linalg.norm(a))
+        np.testing.assert_allclose(q.T @ q, np.eye(96), atol=1e-13)
+    assert plans == {16384: ["fast"], 64: ["lean"]}
+    # fp32-emulated keeps the fast plan
+    with mpqr.explain() as trace:
+        mpqr.qr(a.astype(np.float32), precision="fp32-emulated", method=hr)
+    assert [e.data["plan"] for e in trace.events
+            if e.kind == "memory" and "plan" in e.data] == ["fast"]
+
+
 def test_host_backend_is_never_refused():
     assert get_backend(np).device_memory_free() is None
     a = np.random.default_rng(3).standard_normal((96, 96))

@@ -37,6 +37,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterator
+from types import MappingProxyType
 from typing import Any
 
 from mpqr._errors import DeviceMemoryError
@@ -54,11 +55,11 @@ from mpqr.qr.householder_recursive import (
     lean_width,
 )
 
-__all__ = ["LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR", "OZAKI_FRACTION",
-           "PLANS", "SPLIT_FLOOR", "SPLIT_FRACTION", "TALL_METHODS", "check_fits",
-           "choose_plan", "enabled", "estimate_bytes", "lean_ozaki_cap", "lean_split_cap",
-           "least_bytes", "memory_error", "out_of_memory", "ozaki_cap", "plan_setting",
-           "split_cap", "workspace_scope"]
+__all__ = ["LEAN_FIRST_MIN_N", "LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR",
+           "OZAKI_FRACTION", "PLANS", "SPLIT_FLOOR", "SPLIT_FRACTION", "TALL_METHODS",
+           "check_fits", "choose_plan", "enabled", "estimate_bytes", "lean_first",
+           "lean_ozaki_cap", "lean_split_cap", "least_bytes", "memory_error",
+           "out_of_memory", "ozaki_cap", "plan_setting", "split_cap", "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
 #: and at least OZAKI_FLOOR bytes (small inputs keep unblocked products); at 0.5 a
@@ -73,11 +74,19 @@ OZAKI_FLOOR = 256 << 20
 #: columns of B are split independently)
 SPLIT_FRACTION = 0.5
 SPLIT_FLOOR = 64 << 20
-#: the caps on the lean plan (docs/memory.md), fractions of the input's bytes
+#: the caps on the lean plan (docs/memory.md), fractions of the input's bytes. The
+#: Ozaki cap: 16384^2 float64 fp64-emulated on the lean plan 1.8% slower than the fast
+#: plan at 0.6 (2.45x the input in the pool), 6.1% at 0.35 (2.11x), 3.5% at 1.0 (3.65x)
+#: (H200, ``PLAN_CAPS_LEAN=1 python bench/probes/plan_caps.py``)
 LEAN_SPLIT_FRACTION = 0.2
-LEAN_OZAKI_FRACTION = 0.35
+LEAN_OZAKI_FRACTION = 0.6
 #: the plans a device call may take, fastest first
 PLANS = ("fast", "tiled", "lean")
+#: precisions whose square/wide Householder QR takes the lean plan, not the fast one,
+#: from this many columns of ``min(m, n)`` up: fp64-emulated at 16384^2 on the lean plan
+#: 1.8% slower than on the fast plan, in 2.45x the input's bytes against 12.97x; 12288^2
+#: 7-9% slower, 8192^2 27-39% (H200, ``PLAN_CAPS_LEAN=1 python bench/probes/plan_caps.py``)
+LEAN_FIRST_MIN_N = MappingProxyType({"fp64-emulated": 16384})
 
 #: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
 TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
@@ -304,8 +313,10 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
 
     On a device: ``"fast"`` where its estimate fits the free memory (whole products:
     the speed of a call with the plan off), else ``"tiled"`` where that fits, else
-    ``"lean"``. On the host (free memory unknown) ``"tiled"``. ``MPQR_MEMORY_PLAN=lean``
-    or ``fast`` forces a plan (checked against the free memory all the same)."""
+    ``"lean"``; the lean plan alone where it is about as fast as the fast one
+    (:data:`LEAN_FIRST_MIN_N`). On the host (free memory unknown) ``"tiled"``.
+    ``MPQR_MEMORY_PLAN=lean`` or ``fast`` forces a plan (checked against the free memory
+    all the same)."""
     setting = plan_setting()
     if setting == "off":
         return "off"
@@ -315,6 +326,8 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
     if free is None:  # host memory: no estimate of what is free
         return "tiled" if setting == "auto" else setting
     plans = PLANS if setting == "auto" else (setting,)
+    if setting == "auto" and lean_first(method, prec_name, shape):
+        plans = ("lean",)
     # the input already lives on the device: what the call adds must fit what is free
     for plan in plans:
         need = estimate_bytes(method, prec_name, shape, itemsize, plan, complete)
@@ -324,6 +337,14 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
                          precision=prec_name, plan=plan)
             return plan
     raise memory_error(a, method, prec_name, need, free, itemsize, complete)
+
+
+def lean_first(method: str, prec_name: str, shape: tuple[int, ...]) -> bool:
+    """Whether a device call takes the lean plan before the fast one
+    (:data:`LEAN_FIRST_MIN_N`): one matrix, the square/wide Householder route."""
+    least = LEAN_FIRST_MIN_N.get(prec_name)
+    return (least is not None and method == "householder-recursive" and len(shape) == 2
+            and min(shape) >= least)
 
 
 def memory_error(a: Any, method: str, prec_name: str, need: int, free: int, itemsize: int,
