@@ -40,15 +40,22 @@ def plain(a):
         split_k.MIN_K = on
 
 
-def split(a, nb):
+def partials(a, nb):
+    """The ``nb`` partial Gram blocks of ``nb`` row chunks of ``a`` (the rows past whole
+    chunks left out), by one strided-batched GEMM."""
     m, n = a.shape
     kc = m // nb
     a3 = a[: nb * kc].reshape(nb, kc, n)
     out = cp.empty((nb, n, n), dtype=a.dtype)
     t, c, s = _types(a.dtype)
     assert BK._gemm_strided_batched(a3.transpose(0, 2, 1), a3, out, 1.0, 0.0, t, t, c, s)
-    g = out.sum(axis=0)
-    if nb * kc < m:
+    return out
+
+
+def split(a, nb):
+    kc = a.shape[0] // nb
+    g = partials(a, nb).sum(axis=0)
+    if nb * kc < a.shape[0]:
         g += BK.gemm(a[nb * kc:].T, a[nb * kc:])
     return g
 

@@ -13,34 +13,23 @@ import json
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import cupy as cp
-import numpy as np
-from cupy.cuda import cublas, runtime
-from mpqr.backends import get_backend
 from mpqr.backends.cupy.gram_dd import gram_dd_update
 
 from mpqr.bench._timing import environment, time_it, write_json
 
-BK = get_backend(cp)
-T64 = (runtime.CUDA_R_64F, runtime.CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F, np.float64)
-
-
-def _partials(a, p):
-    m, n = a.shape
-    kc = m // p
-    a3 = a[: p * kc].reshape(p, kc, n)
-    out = cp.empty((p, n, n))
-    assert BK._gemm_strided_batched(a3.transpose(0, 2, 1), a3, out, 1.0, 0.0, *T64)
-    return out
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gram_splitk import partials, plain
 
 
 def split_row(a, p):
-    return _partials(a, p).sum(axis=0)
+    return partials(a, p).sum(axis=0)
 
 
 def split_pairwise(a, p):
-    s = _partials(a, p)
+    s = partials(a, p)
     while s.shape[0] > 1:
         h = s.shape[0] // 2
         odd = s[2 * h:]
@@ -49,17 +38,6 @@ def split_pairwise(a, p):
             s2[0] += odd[0]
         s = s2
     return s[0]
-
-
-def plain(a):
-    # cuBLAS's single GEMM (the backend's split turned off)
-    from mpqr.backends.cupy import split_k
-
-    on, split_k.MIN_K = split_k.MIN_K, 1 << 62
-    try:
-        return BK.gemm(a.T, a)
-    finally:
-        split_k.MIN_K = on
 
 
 def reference(a):
@@ -73,7 +51,7 @@ def row(m, n, scaled):
     rs = cp.random.RandomState(5)
     a = rs.standard_normal((m, n))
     if scaled:
-        a /= np.sqrt(m)
+        a /= m ** 0.5
     hi, lo = reference(a)
     norm = float(cp.linalg.norm(hi))
     fns = {"plain": plain}
