@@ -25,6 +25,7 @@ import numpy as np
 from mpqr.backends.cupy import batched_qr as K
 
 import mpqr
+from mpqr.bench._timing import time_it
 
 TARGETS = [  # (batch, m, n, dtype)
     (8192, 64, 64, "float32"), (4096, 128, 128, "float32"), (65536, 32, 32, "float32"),
@@ -47,20 +48,7 @@ class _Poisoned:
 
 
 def timeit(f, reps=5, max_s=4.0):
-    f()
-    cp.cuda.Device().synchronize()
-    ts = []
-    t_end = time.perf_counter() + max_s
-    for _ in range(reps):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        f()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e) / 1e3)
-        if time.perf_counter() > t_end:
-            break
-    return float(np.median(ts))
+    return time_it(cp, f, repeat=reps, max_seconds=max_s)
 
 
 def errors(a, q, r):

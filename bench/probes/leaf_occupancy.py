@@ -11,12 +11,13 @@ of 20 launches (CUDA events). Writes ``$OUT/leaf_occupancy.json``.
 
 import json
 import os
-import statistics
 
 import cupy as cp
 import numpy as np
 from mpqr.backends.cupy import right_solve as rs
 from mpqr.backends.cupy.modules import KERNELS
+
+from mpqr.bench._timing import time_it
 
 DYN = r"""
 template <typename T, int N, int ROWS, int MINB, bool SUB>
@@ -53,17 +54,8 @@ leaf_dyn(const T* __restrict__ a, long long lda, const T* __restrict__ rt,
 
 
 def timed(fn, repeat=20):
-    fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(repeat):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e))
-    return statistics.median(ts)
+    """Median milliseconds of ``fn`` (CUDA events, after one warm-up call)."""
+    return time_it(cp, fn, repeat=repeat) * 1e3
 
 
 def main():

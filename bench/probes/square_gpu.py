@@ -41,6 +41,8 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
+from mpqr.bench._timing import call_times
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -267,15 +269,8 @@ def checks(quick: bool = False) -> None:
 
 
 def _time(fn, repeat=7) -> list[float]:
-    ts = []
-    for _ in range(repeat):
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e))
-    return ts
+    """Milliseconds of each of ``repeat`` calls (CUDA events, no warm-up)."""
+    return [1e3 * t for t in call_times(cp, fn, repeat=repeat, warmup=0)]
 
 
 def _ab(call, repeat=7, modes=(False, True)) -> dict[str, float]:

@@ -43,6 +43,14 @@ def release_pool(xp) -> None:
 
 def time_it(xp, fn, *, repeat: int = 5, warmup: int = 1, max_seconds: float = 20.0) -> float:
     """Median seconds per call; CUDA events on the GPU, perf_counter on the CPU."""
+    return statistics.median(call_times(xp, fn, repeat=repeat, warmup=warmup,
+                                        max_seconds=max_seconds))
+
+
+def call_times(xp, fn, *, repeat: int = 5, warmup: int = 1,
+               max_seconds: float = 20.0) -> list[float]:
+    """Seconds of each of up to ``repeat`` calls of ``fn`` after ``warmup`` calls (CUDA
+    events on the GPU, perf_counter on the CPU); no new call past ``max_seconds``."""
     for _ in range(warmup):
         fn()
     sync(xp)
@@ -62,7 +70,7 @@ def time_it(xp, fn, *, repeat: int = 5, warmup: int = 1, max_seconds: float = 20
             times.append(time.perf_counter() - t0)
         if time.perf_counter() - t_start > max_seconds:
             break
-    return statistics.median(times)
+    return times
 
 
 def to_host(x) -> np.ndarray:
