@@ -236,6 +236,63 @@ def test_split_engine_products_tile_to_the_workspace_limit(engine):
     assert np.all(np.abs(out - whole) <= 2 * tol)
 
 
+@pytest.mark.parametrize("engine", ["tc-sgemm", "tc-fp16"])
+@pytest.mark.parametrize("backend_name", ["numpy", "cupy"])
+def test_long_products_tile_along_k_within_the_limit(engine, backend_name, monkeypatch):
+    # a product whose inner dimension is its longest runs in stretches of k (each operand
+    # split once, the partial products added into the output) where that moves fewer
+    # bytes than output tiles: the same numbers within the engine's bound (float64
+    # reference), gemm / gemm_sub / gemm_into through transposed views; with stretches
+    # of k off, none (the output is narrower than the narrowest output tile)
+    import mpqr.policy.policy as pol
+
+    xp = np if backend_name == "numpy" else _cupy()
+    rng = np.random.default_rng(11)
+    m, k, n = 96, 4096, 80
+    a64 = rng.standard_normal((m, k))
+    b64 = rng.standard_normal((k, n))
+    c64 = rng.standard_normal((m, n))
+    a, b, c = (xp.asarray(x.astype(np.float32)) for x in (a64, b64, c64))
+    bits = 11 if engine == "tc-fp16" else 22
+    # the engine's bound on each partial product plus the additions of the partials
+    tol = (2.0**-bits * 4 + (k + 16) * 2.0**-24) * (np.abs(a64) @ np.abs(b64))
+    limit = 1 << 20  # the whole product's splits are 1.4 MB (CuPy, tc-fp16) to 10 MB
+    calls = []
+    monkeypatch.setattr(pol, "_into", _counting(pol._into, calls))
+
+    def run(k_tiles):
+        monkeypatch.setattr(pol, "K_TILES", k_tiles)
+        calls.clear()
+        with mpqr.gemm_options(engine=engine, workspace_limit=limit):
+            p = mpqr.policy.gemm(a, b, precision="fp32-emulated")
+            ct_ = xp.asarray(c.T, copy=True)
+            mpqr.policy.gemm_sub(ct_.T, a, b, precision="fp32-emulated")
+            out = xp.empty((n, m), dtype=xp.float32)
+            mpqr.policy.gemm_into(out, b.T, a.T, precision="fp32-emulated")
+        return [np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64)
+                for x in (p, ct_.T, out.T)], [shape for shape in calls]
+
+    (p, sub, into), shapes = run(True)
+    exact = a64.astype(np.float32).astype(np.float64) @ b64.astype(np.float32)
+    c32 = c64.astype(np.float32).astype(np.float64)
+    assert np.all(np.abs(p - exact) <= tol)
+    assert np.all(np.abs(into - exact) <= tol)
+    assert np.all(np.abs(sub - (c32 - exact)) <= tol + 16 * 2.0**-24 * np.abs(c32))
+    # equal stretches of k (two or more), whole rows and columns of the output
+    kb = shapes[0][2]
+    assert kb < k and k % kb == 0 and len(shapes) == 3 * (k // kb), shapes
+    assert set(shapes) == {(m, n, kb), (n, m, kb)}
+    _, shapes = run(False)
+    assert shapes and all(s[2] == k for s in shapes)
+
+
+def _counting(fn, calls):
+    def into(backend, d, out_dtype, c, a, b, *, subtract):
+        calls.append((a.shape[0], b.shape[1], a.shape[1]))
+        return fn(backend, d, out_dtype, c, a, b, subtract=subtract)
+    return into
+
+
 def _errors(a, q, r):
     a64 = a.astype(np.float64)
     be = np.linalg.norm(q.astype(np.float64) @ r - a64) / np.linalg.norm(a64)
@@ -316,6 +373,41 @@ def test_lean_route_accuracy(dtype, precision, monkeypatch):
     else:
         assert be <= 4 * n * 2.0**-24 and orth <= 4 * n * 2.0**-24, (be, orth)
     assert be <= 2 * be0 and orth <= 2 * max(orth0, n * 2.0**-24), (err,)
+
+
+@pytest.mark.parametrize("dtype,precision", [("float64", "fp64"), ("float32", "fp16"),
+                                             ("float32", "fp32-emulated")])
+def test_lean_q_merges_narrow_leaves(dtype, precision, monkeypatch):
+    # Q's lean formation joins narrower leaves' T's into one block (LAPACK's larft join):
+    # the same Q as blocks of one leaf each, within the precision's bound, fewer blocks
+    from mpqr.qr import householder_recursive as hr
+
+    rng = np.random.default_rng(12)
+    m, n = 320, 256  # leaves of 32 columns, chunks of n / 4 = 64: pairs of leaves join
+    a = rng.standard_normal((m, n)).astype(dtype)
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "lean")
+    got = {}
+    for width in (32, 1024):  # one leaf a block; leaves joined up to a chunk
+        monkeypatch.setattr(hr, "LEAN_Q_BLOCK", width)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision=precision, method="householder-recursive")
+        blocks = sum(g.label == "formq-lean-YE" for g in trace.gemms)
+        joins = sum(g.label == "formq-lean-YhY" for g in trace.gemms)
+        got[width] = (q.astype(np.float64), r.astype(np.float64), blocks, joins)
+    q1, r1, blocks1, joins1 = got[32]
+    q2, r2, blocks2, joins2 = got[1024]
+    assert (blocks1, joins1) == (n // 32, 0) and (blocks2, joins2) == (n // 64, n // 64)
+    u = {"fp16": 2.0**-11, "fp32-emulated": 2.0**-24}.get(precision, 2.0**-53)
+    # the same reflectors (R to the bits: the factoring is the same); Q's products in
+    # another grouping: within the precision's bound on Q's formation
+    np.testing.assert_array_equal(r1, r2)
+    bound = (8 if precision == "fp16" else 4) * n * u
+    assert np.linalg.norm(q2 - q1) <= bound * np.sqrt(n), np.linalg.norm(q2 - q1)
+    be, orth = _errors(a, q2.astype(a.dtype), r2.astype(a.dtype))
+    if precision == "fp16":
+        assert be <= 1e-3 and orth / n <= 2e-4, (be, orth)
+    else:
+        assert be <= 4 * n * u and orth <= 4 * n * u, (be, orth)
 
 
 @pytest.mark.parametrize("shape,precision,target", [

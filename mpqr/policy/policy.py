@@ -366,8 +366,7 @@ def gemm(a: Any, b: Any, *, precision: str | None = None, label: str = "",
     a, b = _operands(d, a, b, tiles)
     if tiles is not None:
         c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a))
-        for rows, cols in tiles:
-            _into(backend, d, out_dtype, c[rows, cols], a[rows, :], b[:, cols], subtract=None)
+        _tiled(backend, d, out_dtype, c, a, b, tiles, subtract=None)
         return c
     return _run(backend, d, out_dtype, a, b)
 
@@ -392,9 +391,7 @@ def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str
     if tiles is None:
         _into(backend, d, out_dtype, c, a, b, subtract=True)
         return
-    for rows, cols in tiles:
-        _into(backend, d, out_dtype, c[..., rows, cols], a[..., rows, :], b[..., :, cols],
-              subtract=True)
+    _tiled(backend, d, out_dtype, c, a, b, tiles, subtract=True)
 
 
 def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: str = "",
@@ -416,9 +413,7 @@ def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: 
     if tiles is None:
         _into(backend, d, out_dtype, out, a, b, subtract=None)
         return
-    for rows, cols in tiles:
-        _into(backend, d, out_dtype, out[..., rows, cols], a[..., rows, :], b[..., :, cols],
-              subtract=None)
+    _tiled(backend, d, out_dtype, out, a, b, tiles, subtract=None)
 
 
 #: engine parameters the trace leaves out (the native dtype; tc-sgemm's share of a
@@ -473,18 +468,36 @@ def prepare_operand(x: Any, *, side: str, m: int, n: int, k: int,
 #: product and its unscaled copy) of the engines that split their operands whole
 _SPLIT_OPERAND_BYTES = {"tc-sgemm": 6, "tc-fp16": 2, "tc-fp16-splitb": 6}
 _SPLIT_PRODUCT_BYTES = 8
-#: the narrowest tile of a blocked product (its rows or columns): below it the repeated
-#: splits of the other operand cost more than the memory saved is worth
+#: the narrowest tile of a blocked product (its rows, columns or stretch of k): below it
+#: the repeated splits of the other operand (or the passes over the product) cost more
+#: than the memory saved is worth
 MIN_TILE = 256
+#: products may be cut along their inner dimension too (``K_TILES``): each operand is then
+#: split once, a stretch of k at a time, and the partial products are added into the
+#: output with round-to-nearest in its dtype (another order of the same sums: not the
+#: untiled product's bits). Output tiles alone split A once per column tile and B once
+#: per row tile.
+K_TILES = True
+#: tiles sized for the backend's one-kernel ``tc-sgemm`` where it takes them (no product
+#: or partials in memory)
+FUSED_TILES = True
+#: bytes an element of the output costs per extra stretch of k (the partial product
+#: written and read, the output read and written), against the splits saved
+_K_TILE_PRODUCT_BYTES = 16
+
+Tile = tuple[slice, slice, slice]
 
 
-def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any
-           ) -> list[tuple[slice, slice]] | None:
-    """Output tiles ``(rows, cols)`` of a 2-D product on an engine that splits its operands
+def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any) -> list[Tile] | None:
+    """Tiles ``(rows, cols, ks)`` of a 2-D product on an engine that splits its operands
     whole, each tile's scratch within ``workspace_limit``; None where one piece fits (or no
     limit is set). Rows of A and columns of B are scaled and split independently, so a
-    tile's entries are the whole product's. A backend that emulates the fp16 GEMM adds its
-    own temporaries per element (``split_operand_overhead``, ``split_product_overhead``)."""
+    tile's entries are the whole product's; stretches of k (:data:`K_TILES`) are partial
+    products added into the output. Of the tilings that fit, the one that moves the fewest
+    bytes (splits repeated, partial products added) is taken. A backend that emulates the
+    fp16 GEMM adds its own temporaries per element (``split_operand_overhead``,
+    ``split_product_overhead``); a tile that the backend's one-kernel ``tc-sgemm`` takes
+    has no product or partials in memory."""
     per = _SPLIT_OPERAND_BYTES.get(d.engine)
     if per is None or a.ndim != 2 or b.ndim != 2 or "complex" in d.params:
         return None
@@ -493,17 +506,46 @@ def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any
     limit = _merged_options(options).workspace_limit
     if limit is None:
         return None
-    # tc-sgemm's batched partial products take their share of the limit (its params)
-    limit -= d.params.get("partials_bytes", 0)
     m, k = a.shape
     n = b.shape[1]
+    slice_k = d.params.get("slice_k", 1)
+    fused = (d.engine == "tc-sgemm" and FUSED_TILES and a.dtype == b.dtype
+             and a.dtype == backend.xp.float32)
 
-    def scratch(mb: int, nb: int) -> int:
-        return per * k * (mb + nb) + per_out * mb * nb
+    def scratch(mb: int, nb: int, kb: int) -> int:
+        if fused and backend.fused_sgemm_kernel(mb, nb, kb, slice_k):
+            return per * kb * (mb + nb)
+        # tc-sgemm's batched partial products take their share of the limit (its params)
+        return per * kb * (mb + nb) + per_out * mb * nb + d.params.get("partials_bytes", 0)
 
+    # stretches of k: whole slices of the engine's k-slicing, at least MIN_TILE
+    step = max(MIN_TILE, slice_k)
+    best = None
+    kb = k
+    while True:
+        mb, nb = _output_tile(scratch, limit, m, n, kb)
+        tm, tn, tk = -(-m // mb), -(-n // nb), -(-k // kb)
+        moved = per * k * (m * tn + n * tm) + _K_TILE_PRODUCT_BYTES * m * n * (tk - 1)
+        need = scratch(mb, nb, kb)
+        # the fewest bytes moved of the tilings that fit; else the least scratch
+        key = (need > limit, moved if need <= limit else need, tm * tn * tk)
+        if best is None or key < best[0]:
+            best = (key, mb, nb, kb)
+        if not K_TILES or kb <= step:
+            break
+        kb = max(step, step * -(-kb // (2 * step)))
+    _, mb, nb, kb = best
+    if (mb, nb, kb) == (m, n, k):
+        return None
+    return [(slice(i, min(i + mb, m)), slice(j, min(j + nb, n)), slice(p, min(p + kb, k)))
+            for i in range(0, m, mb) for j in range(0, n, nb) for p in range(0, k, kb)]
+
+
+def _output_tile(scratch: Any, limit: int, m: int, n: int, kb: int) -> tuple[int, int]:
+    """Rows and columns of an output tile whose ``scratch(rows, cols, kb)`` fits
+    ``limit``, halving the longer side (ties: rows) down to :data:`MIN_TILE`."""
     mb, nb = m, n
-    while scratch(mb, nb) > limit:
-        # halve the side whose operand copies are larger (ties: rows)
+    while scratch(mb, nb, kb) > limit:
         if mb >= nb and mb > MIN_TILE:
             mb = -(-mb // 2)
         elif nb > MIN_TILE:
@@ -512,22 +554,32 @@ def _tiles(backend: Any, d: Decision, options: Any, a: Any, b: Any
             mb = -(-mb // 2)
         else:
             break
-    if (mb, nb) == (m, n):
-        return None
-    return [(slice(i, min(i + mb, m)), slice(j, min(j + nb, n)))
-            for i in range(0, m, mb) for j in range(0, n, nb)]
+    return mb, nb
+
+
+def _tiled(backend: Any, d: Decision, out_dtype: Any, c: Any, a: Any, b: Any,
+           tiles: list[Tile], *, subtract: bool | None) -> None:
+    """``c = a b`` (``subtract=None``) or ``c -= a b`` tile by tile: a tile's first
+    stretch of k writes (or subtracts), the later ones add (or subtract) theirs."""
+    for rows, cols, ks in tiles:
+        first = ks.start == 0
+        _into(backend, d, out_dtype, c[..., rows, cols], a[..., rows, ks], b[..., ks, cols],
+              subtract=subtract if subtract or first else False)
 
 
 def _into(backend: Any, d: Decision, out_dtype: Any, c: Any, a: Any, b: Any, *,
           subtract: bool | None) -> None:
-    """``c = a b`` (``subtract=None``) or ``c -= a b`` on the decided engine: its fused
-    kernel where it has one, else the product formed, then written."""
+    """``c = a b`` (``subtract=None``), ``c -= a b`` (True) or ``c += a b`` (False) on the
+    decided engine: its fused kernel where it has one, else the product formed, then
+    written."""
     if _accumulate(backend, d, out_dtype, c, a, b, subtract=subtract):
         return
     if subtract:
         c -= _run(backend, d, out_dtype, a, b)
-    else:
+    elif subtract is None:
         c[...] = _run(backend, d, out_dtype, a, b)
+    else:
+        c += _run(backend, d, out_dtype, a, b)
 
 
 def _accumulate(backend: Any, d: Decision, out_dtype: Any, c: Any, a: Any, b: Any, *,

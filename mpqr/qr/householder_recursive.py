@@ -95,6 +95,7 @@ __all__ = [
     "leaf_width",
     "lean_active",
     "lean_plan",
+    "lean_q_width",
     "lean_q_workspace",
     "lean_width",
     "round_reflectors_fp16",
@@ -127,8 +128,11 @@ TRIANGLE_AS_GEMM = 8
 #: The lean plan (docs/memory.md) stores W for about ``k / LEAN_PARTS`` columns at a time
 #: (the recursion's unmerged spine then takes left blocks of that width)
 LEAN_PARTS = 4
-#: Q's backward formation in the lean plan: column blocks of at most this width
-LEAN_Q_BLOCK = 512
+#: Q's backward formation in the lean plan: column blocks of at most this width (narrower
+#: leaves merged into one block). 16384^2 float32 fp32-emulated on the lean plan at
+#: 1024: 277 ms against 347 at 512, float64 fp64-emulated 366 against 397 (H200,
+#: ``python bench/probes/ktiles.py``)
+LEAN_Q_BLOCK = 1024
 #: The fast plan's trailing update and merge read one preparation of ``W1`` (its fp16
 #: parts, :mod:`mpqr.engines.prepared`): ``W1^H B`` with the engine's own bits and
 #: ``W2 -= W1 D`` with ``W1``'s shifts moved onto ``D`` (the same bound), where the policy
@@ -539,7 +543,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         reserve = None
         # one matrix (a stack's products are not tiled: their scratch has no such bound)
         if prec_name in ("fp16", "fp32-emulated") and not batch and not is_complex(xp, a):
-            reserve = lean_q_workspace(m, min(LEAN_Q_BLOCK, nb), chunk,
+            reserve = lean_q_workspace(m, lean_q_width(n, nb), chunk,
                                        getattr(a.dtype, "itemsize", 4), limit,
                                        0 if f16 else partials_limit(limit))
         _form_q_lean(backend, q, ts, precision=precision, pp=pp,
@@ -585,6 +589,13 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     return q, r
 
 
+def lean_q_width(n: int, nb: int) -> int:
+    """The widest column block of Q's lean formation for ``n`` columns and leaves of
+    ``nb``: a leaf's blocks of :data:`LEAN_Q_BLOCK`, or narrower leaves merged up to that
+    width and at most a chunk of the trailing update (``n / LEAN_PARTS``) wide."""
+    return min(LEAN_Q_BLOCK, max(nb, -(-n // LEAN_PARTS)), n)
+
+
 def lean_q_workspace(m: int, qb: int, chunk: int, itemsize: int, limit: int | None,
                      partials: int = 0, per: int = 6) -> int:
     """Bytes of the temporaries of one column block of Q's lean formation
@@ -608,8 +619,9 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
                  precision: Any, pp: Any, options: Any = None, chunk: int | None = None,
                  reserve: int | None = None) -> None:
     """The reduced Q over the working copy (R already taken out), backward like LAPACK's
-    ``orgqr``: for the column blocks ``j`` of at most :data:`LEAN_Q_BLOCK` (within the
-    leaves, whose ``T`` has the block's ``T`` on its diagonal), last to first,
+    ``orgqr``: for the column blocks ``j`` of at most :data:`LEAN_Q_BLOCK` (within a leaf,
+    whose ``T`` has the block's ``T`` on its diagonal, or narrower leaves merged: their
+    ``T``'s joined as LAPACK's ``larft`` joins two blocks), last to first,
     ``Q[:, c1:] <- Q[:, c1:] - Y_j (T_j (Y_j^H Q[:, c1:]))`` in column chunks of
     ``n / LEAN_PARTS``, then ``Q[:, c0:c1] <- E_j - Y_j (T_j Y_j[:kb]^H)``. The vectors are
     the left operand of every product (``options``: the fp16 QR's engine that reads the
@@ -626,20 +638,19 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
     xp = backend.xp
     n = work.shape[-1]
     chunk = -(-n // LEAN_PARTS) if chunk is None else chunk
-    blocks = [(c, min(l1, c + LEAN_Q_BLOCK), l0, t) for l0, (l1, t) in sorted(ts.items())
-              for c in range(l0, l1, LEAN_Q_BLOCK)]
+    blocks = _q_blocks(ts, min(LEAN_Q_BLOCK, chunk))
     cached = int(LEAN_CACHED_SHARE * math.prod(work.shape)
                  * getattr(work.dtype, "itemsize", 8))
-    for c0, c1, l0, t in reversed(blocks):
+    for c0, c1, parts in reversed(blocks):
         if reserve:
             backend.reserve_workspace(reserve)
         else:
             backend.release_cached_memory(at_least=cached)
         kb = c1 - c0
-        tj = t[..., c0 - l0:c1 - l0, c0 - l0:c1 - l0]
         # the block's vectors as explicit unit lower columns (R above is already out)
         work[..., c0:c1, c0:c1] = unit_lower(xp, work[..., c0:c1, c0:c1])
         y = work[..., c0:, c0:c1]
+        tj = _joined_t(backend, y, parts, c0, pp)
         work[..., c0:c1, c1:] = 0  # R's rows there (taken out); Q is zero there yet
         for j0 in range(c1, n, chunk):
             j1 = min(n, j0 + chunk)
@@ -658,6 +669,49 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
         yc = e = None
         work[..., :c0, c0:c1] = 0
         backend.add_identity(work[..., c0:c1, c0:c1])
+
+
+def _q_blocks(ts: dict[int, tuple[int, Any]], merged: int
+              ) -> list[tuple[int, int, list[tuple[int, Any]]]]:
+    """Column blocks ``(c0, c1, parts)`` of Q's lean formation: a leaf wider than
+    :data:`LEAN_Q_BLOCK` in blocks of that width (``parts``: the block's first column and
+    its ``T``, a diagonal block of the leaf's), narrower consecutive leaves together up to
+    ``merged`` columns (``parts``: each leaf's first column and ``T``)."""
+    blocks: list[tuple[int, int, list[tuple[int, Any]]]] = []
+    for l0, (l1, t) in sorted(ts.items()):
+        if l1 - l0 > LEAN_Q_BLOCK:
+            blocks += [(c, min(l1, c + LEAN_Q_BLOCK),
+                        [(c, t[..., c - l0:min(l1, c + LEAN_Q_BLOCK) - l0,
+                               c - l0:min(l1, c + LEAN_Q_BLOCK) - l0])])
+                       for c in range(l0, l1, LEAN_Q_BLOCK)]
+        elif blocks and blocks[-1][1] == l0 and l1 - blocks[-1][0] <= merged:
+            c0, _, parts = blocks[-1]
+            blocks[-1] = (c0, l1, [*parts, (l0, t)])
+        else:
+            blocks.append((l0, l1, [(l0, t)]))
+    return blocks
+
+
+def _joined_t(backend: Any, y: Any, parts: list[tuple[int, Any]], c0: int, pp: Any) -> Any:
+    """``T`` of the block whose explicit unit lower vectors are ``y`` (columns from
+    ``c0``), from its leaves' ``T``'s (``parts``: first column, ``T``): two blocks join as
+    ``[[T1, -T1 (Y1^H Y2) T2], [0, T2]]`` (LAPACK's ``larft``), the products at ``pp``."""
+    xp = backend.xp
+    t = parts[0][1]
+    for l0, t2 in parts[1:]:
+        j = l0 - c0
+        k2 = t2.shape[-1]
+        # Y1's rows above l0 meet Y2's zeros there
+        s = gemm(ct(xp, y[..., j:, :j]), y[..., j:, j:j + k2], precision=pp,
+                 label="formq-lean-YhY", backend=backend)
+        top = gemm(gemm(t, s, precision=pp, label="formq-lean-TS", backend=backend), t2,
+                   precision=pp, label="formq-lean-TS", backend=backend)
+        joined = xp.zeros((*t.shape[:-2], j + k2, j + k2), dtype=t.dtype, device=device(t))
+        joined[..., :j, :j] = t
+        joined[..., :j, j:] = -top
+        joined[..., j:, j:] = t2
+        t = joined
+    return t
 
 
 def _store_vectors(xp: Any, work: Any, y16: Any, c0: int, c1: int) -> None:

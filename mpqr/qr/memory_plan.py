@@ -51,6 +51,7 @@ from mpqr.qr.householder_recursive import (
     MAX_CERTIFIED_LEAF_WIDTH,
     leaf_width,
     lean_plan,
+    lean_q_width,
     lean_q_workspace,
     lean_width,
 )
@@ -240,7 +241,7 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
     nbytes = m * n * itemsize
     nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
     wk = min(k, lean_width(k, nb))
-    qb = min(LEAN_Q_BLOCK, nb, k)
+    qb = lean_q_width(k, nb)
     chunk = -(-n // LEAN_PARTS)
     # the largest products (out rows, out columns, inner): the update right of W's block;
     # a chunk of Q's trailing update
