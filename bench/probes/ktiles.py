@@ -14,15 +14,14 @@ where the time goes).
 
 import collections
 import functools
-import os
-import statistics
 import sys
 
 import cupy as cp
+from plan_caps import run_rows, time_configs  # the probe beside this one
 
 import mpqr
 import mpqr.policy.policy as pol
-from mpqr.bench._timing import environment, release_pool, time_it, write_json
+from mpqr.bench._timing import release_pool
 from mpqr.bench.memory import measure_call
 from mpqr.qr import householder_recursive as hr
 from mpqr.qr import memory_plan as mp
@@ -127,40 +126,20 @@ def row(m, n, dtype, prec):
         release_pool(cp)
         out[f"{k}_labels"] = label_times(call, a)
         release_pool(cp)
-    times = {k: [] for k in configs}
-    for _ in range(2):
-        for k, c in configs.items():
-            _set(*c)
-            times[k].append(time_it(cp, functools.partial(call, a), repeat=3))
-            release_pool(cp)
+    time_configs(out, call, a, configs, lambda c: _set(*c), 2)
     _set(*BASE)
-    for k, t in times.items():
-        out[f"{k}_ms"] = statistics.median(t) * 1e3
-        first = next(iter(times))
-        out[f"{k}_vs_{first}"] = out[f"{k}_ms"] / (statistics.median(times[first]) * 1e3)
     print({k: v for k, v in out.items() if not k.endswith("_labels")}, flush=True)
     return out
 
 
 def main():
-    rows = []
     shapes = [(16384, 16384, "float64", "fp64-emulated"),
               (16384, 16384, "float32", "fp32-emulated"),
               (65536, 8192, "float32", "fp32-emulated"),
               (16384, 16384, "float32", "fp16")]
     if len(sys.argv) > 1:
         shapes = shapes[:int(sys.argv[1])]
-    for m, n, dt, prec in shapes:
-        try:
-            rows.append(row(m, n, dt, prec))
-        except Exception as exc:  # recorded; the other rows still run
-            rows.append({"m": m, "n": n, "dtype": dt, "precision": prec,
-                         "error": f"{type(exc).__name__}: {exc}"[:300]})
-            _set(*BASE)
-            release_pool(cp)
-        write_json(os.path.join(os.environ.get("OUT", "."), "ktiles.json"),
-                   {"environment": environment(cp), "rows": rows})
-    return 0
+    return run_rows(shapes, row, functools.partial(_set, *BASE), "ktiles.json")
 
 
 if __name__ == "__main__":

@@ -66,23 +66,14 @@ def row(m, n, dtype, prec):
         out[f"{k}_r_max_rel_diff"] = float(abs(r - ref).max() / abs(ref).max())
         del q, r
         release_pool(cp)
-    times = {k: [] for k in cfg}
-    for _ in range(3 if LEAN_SWEEP else 2):
-        for k, c in cfg.items():
-            _set(*c)
-            times[k].append(time_it(cp, functools.partial(call, a), repeat=3))
-            release_pool(cp)
+    time_configs(out, call, a, cfg, lambda c: _set(*c), 3 if LEAN_SWEEP else 2)
     _set(*BASE)
-    for k, t in times.items():
-        out[f"{k}_ms"] = statistics.median(t) * 1e3
-        out[f"{k}_vs_fast"] = out[f"{k}_ms"] / (statistics.median(times["fast"]) * 1e3)
     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()},
           flush=True)
     return out
 
 
 def main():
-    rows = []
     shapes = [(16384, 16384, "float64", "fp64-emulated"),
               (16384, 16384, "float32", "fp32-emulated"),
               (16384, 16384, "float32", "fp16"),
@@ -92,15 +83,38 @@ def main():
         shapes = [(16384, 16384, "float64", "fp64-emulated"),
                   (12288, 12288, "float64", "fp64-emulated"),
                   (8192, 8192, "float64", "fp64-emulated")]
+    return run_rows(shapes, row, functools.partial(_set, *BASE), "plan_caps.json")
+
+
+def time_configs(out, call, a, cfg, apply, rounds):
+    """``out[k + "_ms"]``: the median of ``rounds`` medians of 3 calls of ``call(a)`` with
+    each configuration ``apply(cfg[k])``, alternated; ``out[k + "_vs_" + first]`` against
+    the first configuration's."""
+    times = {k: [] for k in cfg}
+    for _ in range(rounds):
+        for k, c in cfg.items():
+            apply(c)
+            times[k].append(time_it(cp, functools.partial(call, a), repeat=3))
+            release_pool(cp)
+    first = next(iter(cfg))
+    for k, t in times.items():
+        out[f"{k}_ms"] = statistics.median(t) * 1e3
+        out[f"{k}_vs_{first}"] = out[f"{k}_ms"] / (statistics.median(times[first]) * 1e3)
+
+
+def run_rows(shapes, row, reset, name):
+    """``row(m, n, dtype, precision)`` for each shape, a failure recorded (its knobs put
+    back by ``reset()``) while the other rows still run; ``$OUT/name`` written after each."""
+    rows = []
     for m, n, dt, prec in shapes:
         try:
             rows.append(row(m, n, dt, prec))
         except Exception as exc:  # recorded; the other rows still run
             rows.append({"m": m, "n": n, "dtype": dt, "precision": prec,
                          "error": f"{type(exc).__name__}: {exc}"[:300]})
-            _set(*BASE)
+            reset()
             release_pool(cp)
-        write_json(os.path.join(os.environ.get("OUT", "."), "plan_caps.json"),
+        write_json(os.path.join(os.environ.get("OUT", "."), name),
                    {"environment": environment(cp), "rows": rows})
     return 0
 
