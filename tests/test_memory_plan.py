@@ -286,6 +286,64 @@ def test_long_products_tile_along_k_within_the_limit(engine, backend_name, monke
     assert shapes and all(s[2] == k for s in shapes)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_tiles_for_the_one_kernel_tc_sgemm_have_no_product_in_memory(fused, monkeypatch):
+    # where the backend's one-kernel tc-sgemm takes a tile, the tile is sized without the
+    # product and partials (the kernel keeps them in registers): tiles larger than the
+    # limit would allow with them; without that kernel the product's bytes count
+    from types import SimpleNamespace
+
+    import mpqr.policy.policy as pol
+
+    monkeypatch.setattr(pol, "FUSED_TILES", True)
+    m = n = 2048
+    k = 4096
+    backend = SimpleNamespace(xp=np, fused_sgemm_kernel=lambda *args: "k" if fused else None)
+    d = SimpleNamespace(engine="tc-sgemm", params={"slice_k": 256, "partials_bytes": 1 << 20})
+    a, b = np.empty((m, k), np.float32), np.empty((k, n), np.float32)
+    limit = 6 * 1024 * (m + n) + (1 << 20)
+    tiles = pol._tiles(backend, d, {"workspace_limit": limit}, a, b)
+    shapes = {(t[0].stop - t[0].start, t[1].stop - t[1].start, t[2].stop - t[2].start)
+              for t in tiles}
+    if fused:  # the splits fit; with the product counted they would not
+        assert all(6 * kk * (r + c) <= limit for r, c, kk in shapes)
+        assert all(6 * kk * (r + c) + 8 * r * c + (1 << 20) > limit for r, c, kk in shapes)
+    else:
+        assert all(r * c < m * n for r, c, _ in shapes)
+        assert all(6 * kk * (r + c) + 8 * r * c + (1 << 20) <= limit for r, c, kk in shapes)
+
+
+def test_gpu_k_stretches_add_through_the_one_kernel_tc_sgemm(monkeypatch):
+    # on CuPy with Triton, stretches of k whose output the one-kernel tc-sgemm takes add
+    # into it in place (c += P, c -= P): gemm / gemm_sub / gemm_into against float64
+    import mpqr.policy.policy as pol
+
+    cp = _cupy()
+    backend = get_backend(cp)
+    if not backend.fused_sgemm_kernel(2048, 2048, 1024, 256):
+        pytest.skip("no one-kernel tc-sgemm (Triton) on this device")
+    rng = np.random.default_rng(13)
+    m = n = 2048
+    k = 4096
+    a64, b64, c64 = (rng.standard_normal(s) for s in ((m, k), (k, n), (m, n)))
+    a, b, c = (cp.asarray(x.astype(np.float32)) for x in (a64, b64, c64))
+    calls = []
+    monkeypatch.setattr(pol, "_into", _counting(pol._into, calls))
+    with mpqr.gemm_options(engine="tc-sgemm", workspace_limit=6 * 1024 * (m + n)):
+        p = mpqr.policy.gemm(a, b, precision="fp32-emulated")
+        sub = cp.asarray(c.T, copy=True)
+        mpqr.policy.gemm_sub(sub.T, a, b, precision="fp32-emulated")
+        out = cp.empty((n, m), dtype=cp.float32)
+        mpqr.policy.gemm_into(out, b.T, a.T, precision="fp32-emulated")
+    assert calls and all(kk < k for _, _, kk in calls), calls
+    exact = a64.astype(np.float32).astype(np.float64) @ b64.astype(np.float32)
+    c32 = c64.astype(np.float32).astype(np.float64)
+    tol = (4 * 2.0**-22 + (k + 16) * 2.0**-24) * (np.abs(a64) @ np.abs(b64))
+    assert np.all(np.abs(p.get() - exact) <= tol)
+    assert np.all(np.abs(out.T.get() - exact) <= tol)
+    assert np.all(np.abs(sub.T.get() - (c32 - exact)) <= tol + 16 * 2.0**-24 * np.abs(c32))
+
+
 def _counting(fn, calls):
     def into(backend, d, out_dtype, c, a, b, *, subtract):
         calls.append((a.shape[0], b.shape[1], a.shape[1]))
