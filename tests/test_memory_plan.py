@@ -83,8 +83,12 @@ def test_fitting_call_runs_and_switch_turns_the_check_off(small_device, monkeypa
 def test_fp64_emulated_takes_the_lean_plan_first_from_its_size(small_device, monkeypatch):
     hr = "householder-recursive"
     assert memory_plan.lean_first(hr, "fp64-emulated", (16384, 16384))
+    assert memory_plan.lean_first(hr, "fp64-emulated", (8192, 8192))
+    assert memory_plan.lean_first(hr, "fp64-emulated", (65536, 8192))  # tall
     assert memory_plan.lean_first(hr, "fp64-emulated", (16384, 40000))  # wide
-    assert not memory_plan.lean_first(hr, "fp64-emulated", (12288, 12288))
+    assert not memory_plan.lean_first(hr, "fp64-emulated", (4096, 4096))
+    assert not memory_plan.lean_first(hr, "fp64-emulated", (65536, 4096))
+    assert not memory_plan.lean_first(hr, "fp64-emulated", (16384, 16384), want_q=False)
     assert not memory_plan.lean_first(hr, "fp64-emulated", (2, 16384, 16384))  # a stack
     assert not memory_plan.lean_first(hr, "fp32-emulated", (16384, 16384))
     assert not memory_plan.lean_first("geqrf", "fp64-emulated", (16384, 16384))
@@ -101,6 +105,10 @@ def test_fp64_emulated_takes_the_lean_plan_first_from_its_size(small_device, mon
         np.testing.assert_allclose(q @ r, a, atol=1e-13 * np.linalg.norm(a))
         np.testing.assert_allclose(q.T @ q, np.eye(96), atol=1e-13)
     assert plans == {16384: ["fast"], 64: ["lean"]}
+    with mpqr.explain() as trace:  # mode "r": the fast plan (no Q to form)
+        r = mpqr.qr(a, mode="r", precision="fp64-emulated", method=hr)
+    assert [e.data["plan"] for e in trace.events
+            if e.kind == "memory" and "plan" in e.data] == ["fast"]
     # fp32-emulated keeps the fast plan
     with mpqr.explain() as trace:
         mpqr.qr(a.astype(np.float32), precision="fp32-emulated", method=hr)

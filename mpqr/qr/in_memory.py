@@ -93,7 +93,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     if m == 0 or n == 0 or math.prod(batch) == 0:
         q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
     else:
-        plan = memory_plan.check_fits(backend, a, method, prec_name, complete)
+        plan = memory_plan.check_fits(backend, a, method, prec_name, complete, want_q)
         again = False
         try:
             with memory_plan.workspace_scope(backend, a, prec_name, method, plan):

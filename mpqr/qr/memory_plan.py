@@ -84,10 +84,12 @@ LEAN_OZAKI_FRACTION = 0.6
 #: the plans a device call may take, fastest first
 PLANS = ("fast", "tiled", "lean")
 #: precisions whose square/wide Householder QR takes the lean plan, not the fast one,
-#: from this many columns of ``min(m, n)`` up: fp64-emulated at 16384^2 on the lean plan
-#: 1.8% slower than on the fast plan, in 2.45x the input's bytes against 12.97x; 12288^2
-#: 7-9% slower, 8192^2 27-39% (H200, ``PLAN_CAPS_LEAN=1 python bench/probes/plan_caps.py``)
-LEAN_FIRST_MIN_N = MappingProxyType({"fp64-emulated": 16384})
+#: from this many columns of ``min(m, n)`` up: fp64-emulated on the lean plan (Q in blocks
+#: of 1024 columns) against the fast plan, float64: 16384^2 366-367 ms in 2.45x the input's
+#: bytes against 378 ms in 12.97x; 65536 x 8192 483.9 against 487.3 ms (1.92x against
+#: 9.89x), 12288^2 187.4 against 195.9, 8192^2 81.8 against 82.4 (H200,
+#: ``python bench/probes/ktiles.py``, the lean and fast plans alternated)
+LEAN_FIRST_MIN_N = MappingProxyType({"fp64-emulated": 8192})
 
 #: methods that factor tall-skinny inputs (their workspace is a few n x n blocks)
 TALL_METHODS = frozenset({"cholqr", "cholqr2", "shifted-cholqr3", "preconditioned-cholqr",
@@ -308,14 +310,15 @@ def plan_setting() -> str:
 
 
 def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
-                complete: bool = False) -> str:
+                complete: bool = False, want_q: bool = True) -> str:
     """The plan of a QR call of ``a`` (:data:`PLANS`); raise
     :class:`~mpqr.DeviceMemoryError` where even the lean plan would not fit the device.
 
     On a device: ``"fast"`` where its estimate fits the free memory (whole products:
     the speed of a call with the plan off), else ``"tiled"`` where that fits, else
     ``"lean"``; the lean plan alone where it is about as fast as the fast one
-    (:data:`LEAN_FIRST_MIN_N`). On the host (free memory unknown) ``"tiled"``.
+    (:data:`LEAN_FIRST_MIN_N`, where Q is formed). On the host (free memory unknown)
+    ``"tiled"``.
     ``MPQR_MEMORY_PLAN=lean`` or ``fast`` forces a plan (checked against the free memory
     all the same)."""
     setting = plan_setting()
@@ -327,7 +330,7 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
     if free is None:  # host memory: no estimate of what is free
         return "tiled" if setting == "auto" else setting
     plans = PLANS if setting == "auto" else (setting,)
-    if setting == "auto" and lean_first(method, prec_name, shape):
+    if setting == "auto" and lean_first(method, prec_name, shape, want_q):
         plans = ("lean",)
     # the input already lives on the device: what the call adds must fit what is free
     for plan in plans:
@@ -340,12 +343,15 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
     raise memory_error(a, method, prec_name, need, free, itemsize, complete)
 
 
-def lean_first(method: str, prec_name: str, shape: tuple[int, ...]) -> bool:
+def lean_first(method: str, prec_name: str, shape: tuple[int, ...],
+               want_q: bool = True) -> bool:
     """Whether a device call takes the lean plan before the fast one
-    (:data:`LEAN_FIRST_MIN_N`): one matrix, the square/wide Householder route."""
+    (:data:`LEAN_FIRST_MIN_N`): one matrix, the square/wide Householder route, Q formed
+    (``mode="r"`` keeps the fast plan: fp64-emulated 8192^2 74 against 81 ms lean, 16384^2
+    241 against 249, H200)."""
     least = LEAN_FIRST_MIN_N.get(prec_name)
-    return (least is not None and method == "householder-recursive" and len(shape) == 2
-            and min(shape) >= least)
+    return (least is not None and want_q and method == "householder-recursive"
+            and len(shape) == 2 and min(shape) >= least)
 
 
 def memory_error(a: Any, method: str, prec_name: str, need: int, free: int, itemsize: int,
@@ -380,10 +386,10 @@ def out_of_memory(backend: Any, a: Any, method: str, prec_name: str, plan: str,
 
 
 def check_fits(backend: Any, a: Any, method: str, prec_name: str,
-               complete: bool = False) -> str:
+               complete: bool = False, want_q: bool = True) -> str:
     """Raise :class:`~mpqr.DeviceMemoryError` if QR of ``a`` would not fit the device;
     else return its plan (:func:`choose_plan`)."""
-    return choose_plan(backend, a, method, prec_name, complete)
+    return choose_plan(backend, a, method, prec_name, complete, want_q)
 
 
 @contextlib.contextmanager
