@@ -129,9 +129,9 @@ TRIANGLE_AS_GEMM = 8
 #: (the recursion's unmerged spine then takes left blocks of that width)
 LEAN_PARTS = 4
 #: Q's backward formation in the lean plan: column blocks of at most this width (narrower
-#: leaves merged into one block). 16384^2 float32 fp32-emulated on the lean plan at
-#: 1024: 277 ms against 347 at 512, float64 fp64-emulated 366 against 397 (H200,
-#: ``python bench/probes/ktiles.py``)
+#: leaves merged into one block). On the lean plan at 1024 against 512: 16384^2 float32
+#: fp32-emulated 333 against 587 ms, float64 fp64-emulated 366 against 397; at 2048 no
+#: faster (H200, ``python bench/probes/ktiles.py``)
 LEAN_Q_BLOCK = 1024
 #: The fast plan's trailing update and merge read one preparation of ``W1`` (its fp16
 #: parts, :mod:`mpqr.engines.prepared`): ``W1^H B`` with the engine's own bits and
