@@ -255,42 +255,15 @@ def test_long_products_tile_along_k_within_the_limit(engine, backend_name, monke
     import mpqr.policy.policy as pol
 
     xp = np if backend_name == "numpy" else _cupy()
-    rng = np.random.default_rng(11)
     m, k, n = 96, 4096, 80
-    a64 = rng.standard_normal((m, k))
-    b64 = rng.standard_normal((k, n))
-    c64 = rng.standard_normal((m, n))
-    a, b, c = (xp.asarray(x.astype(np.float32)) for x in (a64, b64, c64))
-    bits = 11 if engine == "tc-fp16" else 22
-    # the engine's bound on each partial product plus the additions of the partials
-    tol = (2.0**-bits * 4 + (k + 16) * 2.0**-24) * (np.abs(a64) @ np.abs(b64))
     limit = 1 << 20  # the whole product's splits are 1.4 MB (CuPy, tc-fp16) to 10 MB
-    calls = []
-    monkeypatch.setattr(pol, "_into", _counting(pol._into, calls))
-
-    def run(k_tiles):
-        monkeypatch.setattr(pol, "K_TILES", k_tiles)
-        calls.clear()
-        with mpqr.gemm_options(engine=engine, workspace_limit=limit):
-            p = mpqr.policy.gemm(a, b, precision="fp32-emulated")
-            ct_ = xp.asarray(c.T, copy=True)
-            mpqr.policy.gemm_sub(ct_.T, a, b, precision="fp32-emulated")
-            out = xp.empty((n, m), dtype=xp.float32)
-            mpqr.policy.gemm_into(out, b.T, a.T, precision="fp32-emulated")
-        return [np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64)
-                for x in (p, ct_.T, out.T)], [shape for shape in calls]
-
-    (p, sub, into), shapes = run(True)
-    exact = a64.astype(np.float32).astype(np.float64) @ b64.astype(np.float32)
-    c32 = c64.astype(np.float32).astype(np.float64)
-    assert np.all(np.abs(p - exact) <= tol)
-    assert np.all(np.abs(into - exact) <= tol)
-    assert np.all(np.abs(sub - (c32 - exact)) <= tol + 16 * 2.0**-24 * np.abs(c32))
+    shapes = _three_products_checked(xp, engine, (m, k, n), limit, 11, monkeypatch)
     # equal stretches of k (two or more), whole rows and columns of the output
     kb = shapes[0][2]
     assert kb < k and k % kb == 0 and len(shapes) == 3 * (k // kb), shapes
     assert set(shapes) == {(m, n, kb), (n, m, kb)}
-    _, shapes = run(False)
+    monkeypatch.setattr(pol, "K_TILES", False)
+    shapes = _three_products_checked(xp, engine, (m, k, n), limit, 11, monkeypatch)
     assert shapes and all(s[2] == k for s in shapes)
 
 
@@ -324,32 +297,45 @@ def test_tiles_for_the_one_kernel_tc_sgemm_have_no_product_in_memory(fused, monk
 def test_gpu_k_stretches_add_through_the_one_kernel_tc_sgemm(monkeypatch):
     # on CuPy with Triton, stretches of k whose output the one-kernel tc-sgemm takes add
     # into it in place (c += P, c -= P): gemm / gemm_sub / gemm_into against float64
-    import mpqr.policy.policy as pol
-
     cp = _cupy()
-    backend = get_backend(cp)
-    if not backend.fused_sgemm_kernel(2048, 2048, 1024, 256):
+    if not get_backend(cp).fused_sgemm_kernel(2048, 2048, 1024, 256):
         pytest.skip("no one-kernel tc-sgemm (Triton) on this device")
-    rng = np.random.default_rng(13)
     m = n = 2048
     k = 4096
+    shapes = _three_products_checked(cp, "tc-sgemm", (m, k, n), 6 * 1024 * (m + n), 13,
+                                     monkeypatch)
+    assert shapes and all(kk < k for _, _, kk in shapes), shapes
+
+
+def _three_products_checked(xp, engine, mkn, limit, seed, monkeypatch):
+    """``gemm``, ``gemm_sub`` into a transposed view and ``gemm_into`` from transposed
+    operands on ``engine`` under ``workspace_limit=limit``, each against float64 within
+    the engine's bound on a partial product plus the additions of the partials; the
+    shapes ``(rows, cols, k)`` of the pieces the policy ran."""
+    import mpqr.policy.policy as pol
+
+    m, k, n = mkn
+    rng = np.random.default_rng(seed)
     a64, b64, c64 = (rng.standard_normal(s) for s in ((m, k), (k, n), (m, n)))
-    a, b, c = (cp.asarray(x.astype(np.float32)) for x in (a64, b64, c64))
+    a, b, c = (xp.asarray(x.astype(np.float32)) for x in (a64, b64, c64))
     calls = []
     monkeypatch.setattr(pol, "_into", _counting(pol._into, calls))
-    with mpqr.gemm_options(engine="tc-sgemm", workspace_limit=6 * 1024 * (m + n)):
+    with mpqr.gemm_options(engine=engine, workspace_limit=limit):
         p = mpqr.policy.gemm(a, b, precision="fp32-emulated")
-        sub = cp.asarray(c.T, copy=True)
+        sub = xp.asarray(c.T, copy=True)
         mpqr.policy.gemm_sub(sub.T, a, b, precision="fp32-emulated")
-        out = cp.empty((n, m), dtype=cp.float32)
+        out = xp.empty((n, m), dtype=xp.float32)
         mpqr.policy.gemm_into(out, b.T, a.T, precision="fp32-emulated")
-    assert calls and all(kk < k for _, _, kk in calls), calls
+    p, sub, into = (np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64)
+                    for x in (p, sub.T, out.T))
     exact = a64.astype(np.float32).astype(np.float64) @ b64.astype(np.float32)
     c32 = c64.astype(np.float32).astype(np.float64)
-    tol = (4 * 2.0**-22 + (k + 16) * 2.0**-24) * (np.abs(a64) @ np.abs(b64))
-    assert np.all(np.abs(p.get() - exact) <= tol)
-    assert np.all(np.abs(out.T.get() - exact) <= tol)
-    assert np.all(np.abs(sub.T.get() - (c32 - exact)) <= tol + 16 * 2.0**-24 * np.abs(c32))
+    bits = 11 if engine == "tc-fp16" else 22
+    tol = (4 * 2.0**-bits + (k + 16) * 2.0**-24) * (np.abs(a64) @ np.abs(b64))
+    assert np.all(np.abs(p - exact) <= tol)
+    assert np.all(np.abs(into - exact) <= tol)
+    assert np.all(np.abs(sub - (c32 - exact)) <= tol + 16 * 2.0**-24 * np.abs(c32))
+    return calls
 
 
 def _counting(fn, calls):
