@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from mpqr.backends._base import ArrayAPIBackend, EngineRates
-from mpqr.backends.cupy import split_k
+from mpqr.backends.cupy import blas, split_k
 
 from mpqr._errors import DeviceMemoryError, LinAlgError
 
@@ -108,7 +108,8 @@ class CupyBackend(ArrayAPIBackend):
         cp = self._cp
         if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.shape[1] > 0 and \
                 a.dtype in (cp.float32, cp.float64) and (not (
-                    a.flags.c_contiguous and b.flags.c_contiguous) or self._on_lane()) and \
+                    a.flags.c_contiguous and b.flags.c_contiguous) or self._on_lane()
+                                                         or blas.is_capturing()) and \
                 _blas_operand(cp, a, allow_copy=False) is not None and \
                 _blas_operand(cp, b, allow_copy=False) is not None:
             # row-strided views (column blocks of a wider matrix): cuBLAS takes their
@@ -401,11 +402,9 @@ class CupyBackend(ArrayAPIBackend):
         ldc = out.strides[0] // out.itemsize if m > 1 else n
         al = np.array(alpha, dtype=scalar_dtype)
         be = np.array(beta, dtype=scalar_dtype)
-        handle = self._cublas_handle()
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        cublas.gemmEx(handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb,
-                      a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr, out_type, ldc,
-                      compute_type, cublas.CUBLAS_GEMM_DEFAULT)
+        blas.gemm_ex(self._cublas_handle(), tb, ta, n, m, k, al.ctypes.data, b.data.ptr,
+                     in_type, ldb, a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr,
+                     out_type, ldc, compute_type, cublas.CUBLAS_GEMM_DEFAULT)
         return out
 
     def _gemm_strided_batched(self, a, b, out, alpha, beta, in_type, out_type, compute_type,
@@ -434,11 +433,9 @@ class CupyBackend(ArrayAPIBackend):
         tb, ldb, _ = opb
         al = np.array(alpha, dtype=scalar_dtype)
         be = np.array(beta, dtype=scalar_dtype)
-        handle = self._cublas_handle()
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        cublas.gemmStridedBatchedEx(
-            handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb, sb,
-            a.data.ptr, in_type, lda, sa, be.ctypes.data, out.data.ptr, out_type, n, m * n,
+        blas.gemm_strided_batched_ex(
+            self._cublas_handle(), tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb,
+            sb, a.data.ptr, in_type, lda, sa, be.ctypes.data, out.data.ptr, out_type, n, m * n,
             nb, compute_type, cublas.CUBLAS_GEMM_DEFAULT)
         return True
 
@@ -524,6 +521,10 @@ class CupyBackend(ArrayAPIBackend):
 
     # --- small dense kernels ------------------------------------------------
     def solve_triangular(self, a, b, *, lower=False, unit_diagonal=False):
+        if a.ndim == 2 and b.ndim == 2 and blas.is_capturing() and \
+                a.dtype == b.dtype and a.dtype in (self._cp.float32, self._cp.float64):
+            # CuPy's TRSM refuses a capturing stream (blas.py)
+            return blas.trsm(a, b, lower=lower, unit_diagonal=unit_diagonal)
         if a.ndim == 2 and b.ndim == 2:
             from cupyx.scipy.linalg import solve_triangular
 
@@ -1128,10 +1129,21 @@ def _cupy_host_staging(self, dtype, block_elems, *, nbuf=3, nout=2):
     return CupyStaging(self, dtype, block_elems, nbuf=nbuf, nout=nout)
 
 
+def _cupy_replay(self, key, fn, a, *, overwrite, hold_bytes):
+    # repeated calls of a host-bound route as one CUDA graph launch (graphs.py)
+    from mpqr.backends.cupy import graphs
+
+    return graphs.replay(self._cp, key, fn, a, overwrite=overwrite, hold_bytes=hold_bytes)
+
+
 def _cupy_release_cached_memory(self, at_least=0):
     # CuPy's pool counts its cached blocks against a pool limit (set_limit) and hands a
     # request larger than any of them a new block: between the lean plan's phases the
-    # workspace of the first would sit beside the factors of the second
+    # workspace of the first would sit beside the factors of the second. Kept graphs hold
+    # pools of their own: dropped too (memory is short where this is called)
+    from mpqr.backends.cupy import graphs
+
+    graphs.clear()
     pool = self._cp.get_default_memory_pool()
     if at_least <= 0 or pool.free_bytes() >= at_least:
         pool.free_all_blocks()
@@ -1162,5 +1174,6 @@ def _cupy_reserve_workspace(self, nbytes):
 
 CupyBackend.device_memory_free = _cupy_device_memory_free
 CupyBackend.release_cached_memory = _cupy_release_cached_memory
+CupyBackend.replay = _cupy_replay
 CupyBackend.reserve_workspace = _cupy_reserve_workspace
 CupyBackend.host_staging = _cupy_host_staging

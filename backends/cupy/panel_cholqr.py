@@ -15,6 +15,7 @@ import functools
 
 import cupy as cp
 import numpy as np
+from mpqr.backends.cupy import blas
 from mpqr.backends.cupy.modules import ctype, functions
 
 __all__ = ["LEAF_Z_LAYOUT", "LOOKAHEAD_STREAM", "MAX_N", "ONE_LAUNCH", "certified_leaf",
@@ -177,7 +178,6 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     scalars = np.array([1.0, 0.0, -1.0], dtype=dt)
     one, zero, mone = (scalars.ctypes.data + i * scalars.itemsize for i in range(3))
     handle = backend._cublas_handle()
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     a0, w0 = work.data.ptr, w_all.data.ptr - (woff * w_all.shape[1] + woff) * it
     ldw = w_all.shape[1]
     tau0, l0, z0 = tau.data.ptr, ltop.data.ptr, z.data.ptr
@@ -185,8 +185,8 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     op_n, op_t = cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_T
 
     def gemm(ta, tb, mm, nn, kk, alpha, pa, la, pb, lb, beta, pc, lc):
-        cublas.gemmEx(handle, ta, tb, mm, nn, kk, alpha, pa, rtype, la, pb, rtype, lb, beta,
-                      pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
+        blas.gemm_ex(handle, ta, tb, mm, nn, kk, alpha, pa, rtype, la, pb, rtype, lb, beta,
+                     pc, rtype, lc, compute, cublas.CUBLAS_GEMM_DEFAULT)
 
     sub = leaf_sub(k)  # the portable loop's sub-blocks (CERTIFIED_LEAF_SUB)
     combine = combine and sub >= k

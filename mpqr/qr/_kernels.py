@@ -33,10 +33,13 @@ from mpqr.policy.trace import record_event
 __all__ = [
     "CERTIFIED_PANEL_MAX_N",
     "UncertifiedPanels",
+    "certificate_failed",
+    "certified_allowed",
     "certified_panels",
     "certified_route",
     "column_exponents",
     "ct",
+    "deferred_certificates",
     "eye_like",
     "householder_from_q",
     "householder_panel",
@@ -88,6 +91,39 @@ def certified_panels(allowed: bool) -> Iterator[None]:
         yield
     finally:
         _CERTIFIED.reset(token)
+
+
+def certified_allowed() -> bool:
+    """Whether certified panels are allowed here (:func:`certified_panels`)."""
+    return _CERTIFIED.get()
+
+
+#: certificates whose host read the caller does itself, after the whole factorization
+#: (a route replayed from a CUDA graph reads them after the replay)
+_DEFERRED: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "mpqr_deferred_certificates", default=None)
+
+
+@contextlib.contextmanager
+def deferred_certificates() -> Iterator[list]:
+    """Collect the certificates of the certified panels within instead of reading them:
+    the factorization runs to its end, the caller reads them (one host sync after the
+    last launch) and factors again with ``geqrf`` panels if one failed."""
+    token = _DEFERRED.set([])
+    try:
+        yield _DEFERRED.get()
+    finally:
+        _DEFERRED.reset(token)
+
+
+def certificate_failed(backend: Any, cert: Any) -> bool:
+    """Whether ``cert`` failed (a host read), or False where the caller collects it
+    (:func:`deferred_certificates`) to read it later."""
+    deferred = _DEFERRED.get()
+    if deferred is not None:
+        deferred.append(cert)
+        return False
+    return backend.certificate_failed(cert)
 
 
 def certified_route(backend: Any, a: Any) -> Any | None:

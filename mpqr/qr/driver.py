@@ -13,10 +13,13 @@ from mpqr._errors import BreakdownError
 from mpqr._gpu_errors import device_errors
 from mpqr.policy import gemm_into, record_event
 from mpqr.qr._kernels import (
+    CERTIFIED_PANEL_MAX_N,
     UncertifiedPanels,
+    certified_allowed,
     certified_panels,
     column_exponents,
     ct,
+    deferred_certificates,
     eye_like,
     in_safe_range,
     normalize_signs,
@@ -34,10 +37,48 @@ def _householder_tiled(backend, a, **kw):
     return householder_tiled(backend, a, **kw)
 
 
-def _householder_recursive(backend, a, **kw):
-    from mpqr.qr.householder_recursive import householder_recursive
+#: precisions whose square/wide Householder route (fast or tiled plan) reads nothing back
+#: to the host between its launches: its calls of one shape are replayed as one CUDA
+#: graph where the backend has them (``backend.replay``), up to REPLAY_MAX_ELEMENTS; the
+#: panels' certificate is read after the last launch. H200, float32, replayed against run
+#: as it is (``python bench/probes/graphs_gpu.py``), the same bits: 8192^2 fp16 45.3
+#: against 57.5-78.4 ms (cuSOLVER 96.4), fp32-emulated 64.7 against 107.6; 12288^2 fp16
+#: 86.0 against 101.0, fp32-emulated 134.8 against 176.6 (cuSOLVER 231.2). fp64-emulated
+#: is not listed: the Ozaki engine reads its operands' ranges to the host
+REPLAYED = frozenset({"fp16", "fp32-emulated"})
+#: the largest input (elements) replayed: at 16384^2 the GPU's work hides the host's
+#: launches (fp16 139.4 against 140.5 ms, fp32-emulated 237.5 against 239.5), while a kept
+#: graph holds the route's workspace, 3.8x (fp16) to 6.6x the input, between calls
+REPLAY_MAX_ELEMENTS = 12288 * 12288
 
-    return householder_recursive(backend, a, **kw)
+
+def _householder_recursive(backend, a, *, precision, prec_name, want_q, complete, overwrite):
+    from mpqr.policy import active_gemm_options
+    from mpqr.policy.trace import tracing
+    from mpqr.qr.householder_recursive import householder_recursive, lean_active
+
+    kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete)
+    if (prec_name not in REPLAYED or a.ndim != 2 or a.size > REPLAY_MAX_ELEMENTS
+            or lean_active() or tracing()):
+        return householder_recursive(backend, a, overwrite=overwrite, **kw)
+
+    def run(x, ow):
+        with deferred_certificates() as certs:
+            q, r = householder_recursive(backend, x, overwrite=ow, **kw)
+        return (q, r, *certs)
+
+    from mpqr.qr import memory_plan
+
+    opts = active_gemm_options()
+    key = ("householder-recursive", repr(precision), prec_name, want_q, complete,
+           certified_allowed(), None if opts is None else repr(opts))
+    hold = memory_plan.estimate_bytes("householder-recursive", prec_name, tuple(a.shape),
+                                      a.dtype.itemsize, "fast", complete)
+    q, r, *certs = backend.replay(key, run, a, overwrite=overwrite, hold_bytes=hold)
+    if any(backend.certificate_failed(c) for c in certs):
+        raise UncertifiedPanels(f"householder-recursive: a {CERTIFIED_PANEL_MAX_N}-column "
+                                "panel failed CholQR2's certificate (cond >= ~1e7)")
+    return q, r
 
 
 def _gram_schmidt_recursive(backend, a, **kw):

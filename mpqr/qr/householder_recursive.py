@@ -66,6 +66,7 @@ from mpqr.qr._kernels import (
     CERTIFIED_PANEL_MAX_N,
     TRMM_CUTOFF,
     UncertifiedPanels,
+    certificate_failed,
     certified_route,
     ct,
     householder_panel,
@@ -514,7 +515,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # rec refers to itself through its closure cell: unless that cycle is cut, the
     # working arrays outlive the return until a garbage collection (device memory too)
     rec = None
-    if cert is not None and backend.certificate_failed(cert):
+    if cert is not None and certificate_failed(backend, cert):
         raise UncertifiedPanels(f"householder-recursive: a {CERTIFIED_PANEL_MAX_N}-column "
                                 "panel failed CholQR2's certificate (cond >= ~1e7)")
     if not want_q:
