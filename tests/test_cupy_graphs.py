@@ -115,3 +115,30 @@ def test_no_graph_when_switched_off_or_traced(monkeypatch):
         _qr(a)
         _qr(a)
     assert not graphs._GRAPHS
+
+
+def test_replays_from_threads_on_their_own_streams(monkeypatch):
+    """Two threads replaying one graph on streams of their own: each gets its own input's
+    factors (the graph's input buffer is not overwritten under a replay in flight)."""
+    import threading
+
+    inputs = _inputs((1536, 1536), 6, seed=5)
+    _qr(inputs[0])
+    _qr(inputs[0])  # captured
+    want = [_eager(monkeypatch, a) for a in inputs]
+    got = [None] * len(inputs)
+
+    def work(idx):
+        with cp.cuda.Stream(non_blocking=True) as s:
+            for i in idx:
+                got[i] = _qr(inputs[i])
+            s.synchronize()
+
+    threads = [threading.Thread(target=work, args=(range(j, 6, 2),)) for j in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(graphs._GRAPHS) == 1
+    for (q, r), (qe, re_) in zip(got, want):
+        assert cp.array_equal(q, qe) and cp.array_equal(r, re_)

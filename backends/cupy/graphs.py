@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,9 +44,14 @@ class _Graph:
     pool: Any
     static: Any
     outputs: tuple
+    #: recorded after the last replay's outputs were copied out: the next replay's input
+    #: copy waits for it, whichever stream (thread) it comes from
+    done: Any = None
 
 
 _GRAPHS: collections.OrderedDict[tuple, _Graph] = collections.OrderedDict()
+#: one replay (input in, launch, outputs out) at a time: the graph's buffers are shared
+_LOCK = threading.RLock()
 _SEEN: set[tuple] = set()
 #: keys whose capture failed, and why
 FAILED: dict[tuple, str] = {}
@@ -84,22 +90,29 @@ def replay(cp: Any, key: tuple, fn: Callable[[Any, bool], tuple], a: Any, *,
         return fn(a, overwrite)
     dev = cp.cuda.Device()
     key = (dev.id, tuple(a.shape), str(a.dtype), *key)
-    g = _GRAPHS.get(key)
-    if g is None:
-        if key in FAILED or key not in _SEEN or not _fits(cp, a, hold_bytes):
-            # the first call runs as it is: it compiles the kernels, fills the autotuners'
-            # and libraries' caches, which a capture must not do
-            _SEEN.add(key)
-            return fn(a, overwrite)
-        g = _capture(cp, key, fn, a)
+    with _LOCK:
+        g = _GRAPHS.get(key)
         if g is None:
-            return fn(a, overwrite)
-    else:
-        _GRAPHS.move_to_end(key)
-        g.static[...] = a
-    stream = cp.cuda.get_current_stream()
-    g.graph.launch(stream)
-    return tuple(None if o is None else o.copy() for o in g.outputs)
+            if key in FAILED or key not in _SEEN or not _fits(cp, a, hold_bytes):
+                # the first call runs as it is: it compiles the kernels, fills the
+                # autotuners' and libraries' caches, which a capture must not do
+                _SEEN.add(key)
+                g = None
+            else:
+                g = _capture(cp, key, fn, a)
+        else:
+            _GRAPHS.move_to_end(key)
+            stream = cp.cuda.get_current_stream()
+            if g.done is not None:
+                stream.wait_event(g.done)
+            g.static[...] = a
+        if g is not None:
+            stream = cp.cuda.get_current_stream()
+            g.graph.launch(stream)
+            out = tuple(None if o is None else o.copy() for o in g.outputs)
+            g.done = stream.record()
+            return out
+    return fn(a, overwrite)
 
 
 def _fits(cp: Any, a: Any, hold_bytes: int) -> bool:

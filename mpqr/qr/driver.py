@@ -58,7 +58,7 @@ def _householder_recursive(backend, a, *, precision, prec_name, want_q, complete
     from mpqr.qr.householder_recursive import householder_recursive, lean_active
 
     kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete)
-    if (prec_name not in REPLAYED or a.ndim != 2 or a.size > REPLAY_MAX_ELEMENTS
+    if (prec_name not in REPLAYED or a.ndim != 2 or math.prod(a.shape) > REPLAY_MAX_ELEMENTS
             or lean_active() or tracing()):
         return householder_recursive(backend, a, overwrite=overwrite, **kw)
 
@@ -73,7 +73,7 @@ def _householder_recursive(backend, a, *, precision, prec_name, want_q, complete
     key = ("householder-recursive", repr(precision), prec_name, want_q, complete,
            certified_allowed(), None if opts is None else repr(opts))
     hold = memory_plan.estimate_bytes("householder-recursive", prec_name, tuple(a.shape),
-                                      a.dtype.itemsize, "fast", complete)
+                                      memory_plan.element_bytes(backend, a), "fast", complete)
     q, r, *certs = backend.replay(key, run, a, overwrite=overwrite, hold_bytes=hold)
     if any(backend.certificate_failed(c) for c in certs):
         raise UncertifiedPanels(f"householder-recursive: a {CERTIFIED_PANEL_MAX_N}-column "

@@ -58,8 +58,8 @@ from mpqr.qr.householder_recursive import (
 
 __all__ = ["LEAN_FIRST_MIN_N", "LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR",
            "OZAKI_FRACTION", "PLANS", "SPLIT_FLOOR", "SPLIT_FRACTION", "TALL_METHODS",
-           "check_fits", "choose_plan", "enabled", "estimate_bytes", "lean_first",
-           "lean_ozaki_cap", "lean_split_cap", "least_bytes", "memory_error",
+           "check_fits", "choose_plan", "element_bytes", "enabled", "estimate_bytes",
+           "lean_first", "lean_ozaki_cap", "lean_split_cap", "least_bytes", "memory_error",
            "out_of_memory", "ozaki_cap", "plan_setting", "split_cap", "workspace_scope"]
 
 #: the Ozaki engine's scratch cap during a QR call: this fraction of the input's bytes,
@@ -326,7 +326,7 @@ def choose_plan(backend: Any, a: Any, method: str, prec_name: str,
         return "off"
     free = backend.device_memory_free()
     shape = tuple(a.shape)
-    itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    itemsize = element_bytes(backend, a)
     if free is None:  # host memory: no estimate of what is free
         return "tiled" if setting == "auto" else setting
     plans = PLANS if setting == "auto" else (setting,)
@@ -378,7 +378,7 @@ def out_of_memory(backend: Any, a: Any, method: str, prec_name: str, plan: str,
                   complete: bool = False) -> DeviceMemoryError:
     """A device's out-of-memory error inside a QR call whose plan's estimate fit, as a
     :class:`~mpqr.DeviceMemoryError` (the estimate, the memory free now)."""
-    itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    itemsize = element_bytes(backend, a)
     need = estimate_bytes(method, prec_name, tuple(a.shape), itemsize,
                           plan if plan in PLANS else "fast", complete)
     free = backend.device_memory_free() or 0
@@ -410,7 +410,7 @@ def workspace_scope(backend: Any, a: Any, prec_name: str, method: str = "househo
         with lean:
             yield
         return
-    itemsize = int(getattr(a.dtype, "itemsize", 0)) or _itemsize(backend, a)
+    itemsize = element_bytes(backend, a)
     nbytes = math.prod(a.shape) * itemsize
     if prec_name in ("fp16", "fp32-emulated"):
         cap = lean_split_cap(nbytes) if plan == "lean" else split_cap(nbytes)
@@ -421,7 +421,11 @@ def workspace_scope(backend: Any, a: Any, prec_name: str, method: str = "househo
         yield
 
 
-def _itemsize(backend: Any, a: Any) -> int:
+def element_bytes(backend: Any, a: Any) -> int:
+    """Bytes of one element of ``a`` (any array API namespace's dtype)."""
+    size = getattr(a.dtype, "itemsize", None)
+    if size:
+        return int(size)
     xp = backend.xp
     info = xp.finfo(a.dtype)
     return int(info.bits) // 8 * (2 if xp.isdtype(a.dtype, "complex floating") else 1)
