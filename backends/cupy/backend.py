@@ -107,14 +107,15 @@ class CupyBackend(ArrayAPIBackend):
     def gemm(self, a, b):
         cp = self._cp
         if a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype and a.shape[1] > 0 and \
-                a.dtype in (cp.float32, cp.float64) and (not (
-                    a.flags.c_contiguous and b.flags.c_contiguous) or self._on_lane()
-                                                         or blas.is_capturing()) and \
+                a.dtype in (cp.float32, cp.float64) and (
+                    not (a.flags.c_contiguous and b.flags.c_contiguous)
+                    or self._on_lane() or blas.is_capturing()) and \
                 _blas_operand(cp, a, allow_copy=False) is not None and \
                 _blas_operand(cp, b, allow_copy=False) is not None:
             # row-strided views (column blocks of a wider matrix): cuBLAS takes their
             # leading dimension directly, where cupy.matmul first copies them; on the
-            # look-ahead lane every GEMM takes the lane's own handle
+            # look-ahead lane every GEMM takes the lane's own handle; in a graph capture
+            # every GEMM goes through blas.py (cupy.matmul's cuBLAS refuses it)
             from cupy.cuda import cublas, runtime
 
             f64 = a.dtype == cp.float64

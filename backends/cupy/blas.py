@@ -26,7 +26,7 @@ def available() -> str | None:
     """None where graph captures can call cuBLAS (nvmath-python imports), else why not."""
     try:
         import nvmath.bindings.cublas  # noqa: F401
-    except Exception as exc:
+    except Exception as exc:  # not installed, or its CUDA libraries not found
         return f"nvmath-python's cuBLAS bindings: {type(exc).__name__}: {exc}"
     return None
 

@@ -143,7 +143,7 @@ def _capture(cp: Any, key: tuple, fn: Callable[[Any, bool], tuple], a: Any) -> _
                 outputs = fn(static, True)
             finally:
                 graph = stream.end_capture()
-    except Exception as exc:
+    except Exception as exc:  # any failure of the capture: this key runs without a graph
         import traceback
 
         where = [f for f in traceback.extract_tb(exc.__traceback__)
