@@ -600,3 +600,17 @@ def test_docs_recipe_spreads_blocks_evenly(client):
     u = np.finfo(np.float64).eps
     assert backward_error(ah, q.compute(), r.compute() if hasattr(r, "compute") else r) \
         <= 20 * u * n
+
+
+def test_workers_are_asked_of_the_scheduler_not_the_clients_cache(client, monkeypatch):
+    """The client's cached identity lists no workers after its periodic refresh: the
+    communicator asks the scheduler itself, so a call never sees an empty cluster."""
+    stale = {**dict(client.scheduler_info()), "workers": {}}
+    monkeypatch.setattr(client, "scheduler_info", lambda *a, **k: stale)
+    h = collective.communicator(client, "thread", renew=True)
+    assert len(h.ranks) == 2
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((800, 6))
+    x = da.from_array(a, chunks=(200, 6)).persist()
+    q, r = collective.cholqr2(x)
+    assert backward_error(a, q.compute(), r) <= 100 * np.finfo(float).eps

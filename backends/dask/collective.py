@@ -221,7 +221,7 @@ def communicator(client: Any, kind: str, *, renew: bool = False, check: bool = T
     h = _HANDLES.get(key)
     if h is not None and not renew and not check:
         return h
-    info = client.scheduler_info(n_workers=-1)
+    info = _identity(client)
     # a worker seen lost may still be listed while it closes: never a rank again
     workers = sorted(w for w in info["workers"] if w not in exclude)
     if h is not None and not renew and sorted(h.ranks) == workers:
@@ -236,6 +236,18 @@ def communicator(client: Any, kind: str, *, renew: bool = False, check: bool = T
         raise
     _HANDLES[key] = h
     return h
+
+
+def _identity(client: Any) -> dict[str, Any]:
+    """The scheduler's identity with every worker, asked of the scheduler itself.
+
+    ``Client.scheduler_info`` returns the client's cached copy, which the client's
+    periodic refresh overwrites with one that lists no workers (distributed 2026.8 asks
+    with ``n_workers=0``): a read racing that refresh saw an empty cluster."""
+    try:
+        return dict(client.sync(client.scheduler.identity, n_workers=-1))
+    except TypeError:  # a scheduler whose identity takes no n_workers (older distributed)
+        return dict(client.scheduler_info())
 
 
 def _make(client: Any, kind: str, workers: list[str], info: dict[str, Any]) -> _Handle:
