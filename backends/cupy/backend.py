@@ -403,7 +403,9 @@ class CupyBackend(ArrayAPIBackend):
         ldc = out.strides[0] // out.itemsize if m > 1 else n
         al = np.array(alpha, dtype=scalar_dtype)
         be = np.array(beta, dtype=scalar_dtype)
-        blas.gemm_ex(self._cublas_handle(), tb, ta, n, m, k, al.ctypes.data, b.data.ptr,
+        handle = self._cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        blas.gemm_ex(handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr,
                      in_type, ldb, a.data.ptr, in_type, lda, be.ctypes.data, out.data.ptr,
                      out_type, ldc, compute_type, cublas.CUBLAS_GEMM_DEFAULT)
         return out
@@ -434,8 +436,10 @@ class CupyBackend(ArrayAPIBackend):
         tb, ldb, _ = opb
         al = np.array(alpha, dtype=scalar_dtype)
         be = np.array(beta, dtype=scalar_dtype)
+        handle = self._cublas_handle()
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         blas.gemm_strided_batched_ex(
-            self._cublas_handle(), tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb,
+            handle, tb, ta, n, m, k, al.ctypes.data, b.data.ptr, in_type, ldb,
             sb, a.data.ptr, in_type, lda, sa, be.ctypes.data, out.data.ptr, out_type, n, m * n,
             nb, compute_type, cublas.CUBLAS_GEMM_DEFAULT)
         return True

@@ -62,7 +62,8 @@ def _nv() -> tuple[Any, int]:
 def gemm_ex(handle: int, ta: int, tb: int, m: int, n: int, k: int, alpha: int, a: int,
             atype: int, lda: int, b: int, btype: int, ldb: int, beta: int, c: int,
             ctype: int, ldc: int, compute: int, algo: int) -> None:
-    """``cublasGemmEx`` with host-pointer scalars ``alpha``/``beta`` (addresses)."""
+    """``cublasGemmEx`` with host-pointer scalars ``alpha``/``beta`` (addresses; the
+    caller set ``handle``'s pointer mode to host, once for a run of calls)."""
     if _CAPTURING.get():
         nv, h = _nv()
         nv.gemm_ex(h, ta, tb, m, n, k, alpha, a, atype, lda, b, btype, ldb, beta, c, ctype,
@@ -70,7 +71,6 @@ def gemm_ex(handle: int, ta: int, tb: int, m: int, n: int, k: int, alpha: int, a
         return
     from cupy.cuda import cublas
 
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     cublas.gemmEx(handle, ta, tb, m, n, k, alpha, a, atype, lda, b, btype, ldb, beta, c, ctype,
                   ldc, compute, algo)
 
@@ -87,7 +87,6 @@ def gemm_strided_batched_ex(handle: int, ta: int, tb: int, m: int, n: int, k: in
         return
     from cupy.cuda import cublas
 
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     cublas.gemmStridedBatchedEx(handle, ta, tb, m, n, k, alpha, a, atype, lda, sa, b, btype,
                                 ldb, sb, beta, c, ctype, ldc, sc, count, compute, algo)
 

@@ -178,6 +178,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
     scalars = np.array([1.0, 0.0, -1.0], dtype=dt)
     one, zero, mone = (scalars.ctypes.data + i * scalars.itemsize for i in range(3))
     handle = backend._cublas_handle()
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)  # once for the leaf
     a0, w0 = work.data.ptr, w_all.data.ptr - (woff * w_all.shape[1] + woff) * it
     ldw = w_all.shape[1]
     tau0, l0, z0 = tau.data.ptr, ltop.data.ptr, z.data.ptr
