@@ -1109,16 +1109,19 @@ def _host_staging(self: ArrayAPIBackend, dtype: Any, block_elems: int, *, nbuf: 
     return SyncStaging(self, dtype, block_elems, nbuf)
 
 
-def _release_cached_memory(self: ArrayAPIBackend, at_least: int = 0) -> None:
+def _release_cached_memory(self: ArrayAPIBackend, at_least: int = 0,
+                           need: int | None = None) -> None:
     """Hand the blocks an array library's memory pool holds unused back to the device
     (between the phases of a call on the lean memory plan) where they are at least
-    ``at_least`` bytes; nothing here."""
+    ``at_least`` bytes and, given the call's ``need`` in bytes, only where the device is
+    short of memory beside it; nothing here."""
 
 
-def _reserve_workspace(self: ArrayAPIBackend, nbytes: int) -> None:
+def _reserve_workspace(self: ArrayAPIBackend, nbytes: int, need: int | None = None) -> None:
     """Hold ``nbytes`` of an array library's memory pool as one free block for the
     temporaries that follow (a phase of the lean memory plan), the other cached blocks
-    handed back; nothing here."""
+    handed back; given the call's ``need``, only where the device is short of memory
+    beside it; nothing here."""
 
 
 def _replay(self: ArrayAPIBackend, key: tuple, fn: Any, a: Any, *, overwrite: bool,

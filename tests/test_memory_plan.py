@@ -785,6 +785,75 @@ def test_out_of_memory_inside_a_call_is_a_device_memory_error(small_device, monk
     assert "memory_budget=" in str(err)
 
 
+@pytest.mark.parametrize("setting", ["auto", "lean"])
+def test_lean_plan_hands_cached_memory_back_with_the_calls_estimate(small_device,
+                                                                   monkeypatch, setting):
+    # the lean plan tells the backend the call's estimate with every hand-back of cached
+    # memory (the backend keeps the blocks where the device has ample room beside it);
+    # forced by MPQR_MEMORY_PLAN=lean: None, always handed back
+    backend = get_backend(np)
+    calls = []
+    monkeypatch.setattr(type(backend), "release_cached_memory",
+                        lambda self, at_least=0, need=None: calls.append(("release", need)))
+    monkeypatch.setattr(type(backend), "reserve_workspace",
+                        lambda self, nbytes, need=None: calls.append(("reserve", need)))
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "1" if setting == "auto" else "lean")
+    a = np.random.default_rng(4).standard_normal((160, 128)).astype(np.float32)
+    lean = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", a.shape, 4,
+                                      "lean")
+    small_device["bytes"] = lean  # only the lean plan fits
+    q, r = mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+    want = lean if setting == "auto" else None
+    kinds = {k for k, _ in calls}
+    assert kinds == {"release", "reserve"}, calls
+    assert all(need == want for _, need in calls), (want, calls)
+    be = np.linalg.norm(q.astype(np.float64) @ r - a) / np.linalg.norm(a)
+    assert be <= 32 * 128**0.5 * 2.0**-24, be
+
+
+def test_cupy_hands_cached_memory_back_only_where_short():
+    # the CuPy backend's rule, against a pool and a driver that record what they are
+    # asked (no device here): ample room beside the call's estimate -> the cached blocks
+    # stay (no cudaFree, which waits for the device); short, a pool limit in the way, or
+    # no estimate -> handed back
+    from types import SimpleNamespace
+
+    from mpqr.backends.cupy import backend as cb
+
+    class Pool:
+        def __init__(self, limit=0, total=0):
+            self.limit, self.total, self.calls = limit, total, []
+
+        def get_limit(self):
+            return self.limit
+
+        def total_bytes(self):
+            return self.total
+
+        def free_bytes(self):
+            return 0
+
+        def free_all_blocks(self):
+            self.calls.append("release")
+
+    def run(pool, driver_free, need):
+        cp = SimpleNamespace(get_default_memory_pool=lambda: pool, cuda=SimpleNamespace(
+            runtime=SimpleNamespace(memGetInfo=lambda: (driver_free, 1 << 40))))
+        be = SimpleNamespace(_cp=cp)
+        before = len(pool.calls)
+        cb._cupy_release_cached_memory(be, need=need)
+        return pool.calls[before:]
+
+    gib = 1 << 30
+    assert run(Pool(), 100 * gib, 3 * gib) == []  # ample: kept
+    assert run(Pool(), 5 * gib, 3 * gib) == ["release"]  # under twice the estimate
+    assert run(Pool(), 100 * gib, None) == ["release"]  # no estimate: always
+    # a pool limit counts: 8 GiB under it with 4 taken leaves 4, short of 2 x 3
+    assert run(Pool(limit=8 * gib, total=4 * gib), 100 * gib, 3 * gib) == ["release"]
+    assert run(Pool(limit=64 * gib, total=4 * gib), 100 * gib, 3 * gib) == []
+    assert cb.AMPLE_FREE == 2
+
+
 def test_reserved_workspace_is_one_block_taken_again_only_where_needed():
     # the CuPy backend's reservation for Q's lean formation, against a pool that records
     # what it is asked (no device here): whole and alone -> nothing; other cached blocks

@@ -1,8 +1,8 @@
 """Where the GPU time of one square QR goes, by kernel class, without blocking launches.
 
-``python3 bench/probes/kernel_time.py OUT.json [N ...]`` runs ``mpqr.qr`` (mode reduced)
-on an ``N x N`` Gaussian matrix at fp16, fp32-emulated and fp64-emulated, and cuSOLVER's
-QR, under PyTorch's profiler: CUPTI records every kernel of the process, CuPy's and
+``python3 bench/probes/kernel_time.py OUT.json [N ...] [--precisions P,P]`` runs
+``mpqr.qr`` (mode reduced) on an ``N x N`` Gaussian matrix at fp16, fp32-emulated and
+fp64-emulated (or the precisions named), and cuSOLVER's QR, under PyTorch's profiler: CUPTI records every kernel of the process, CuPy's and
 cuBLAS's included, with its start and end on the GPU. For each call it writes the wall
 time without the profiler, the time the GPU was busy (the union of the kernels'
 intervals), the kernel time per class (panel kernels, tensor-core / int8 / float GEMMs,
@@ -122,13 +122,21 @@ def profiled(call) -> tuple[dict, list]:
 
 def main() -> None:
     out = sys.argv[1]
-    sizes = [int(s) for s in sys.argv[2:]] or [16384]
+    args = sys.argv[2:]
+    only = None
+    if "--precisions" in args:  # a subset of fp16, fp32-emulated, fp64-emulated
+        i = args.index("--precisions")
+        only = set(args[i + 1].split(","))
+        args = args[:i] + args[i + 2:]
+    sizes = [int(s) for s in args] or [16384]
     torch.zeros(1, device="cuda")  # CUPTI and the primary context, before CuPy's work
     rows = []
+    groups = [(dt, ("cusolver",) + tuple(p for p in precs if only is None or p in only))
+              for dt, precs in ((cp.float32, ("fp16", "fp32-emulated")),
+                                (cp.float64, ("fp64-emulated",)))]
     try:
         for n in sizes:
-            for dtype, precs in ((cp.float32, ("cusolver", "fp16", "fp32-emulated")),
-                                 (cp.float64, ("cusolver", "fp64-emulated"))):
+            for dtype, precs in [g for g in groups if len(g[1]) > 1]:
                 a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float64)
                 a = a.astype(dtype)
                 for prec in precs:
@@ -149,6 +157,10 @@ def main() -> None:
                             call()
                         row["gemm_ops_by_engine"], row["conversion_bytes"] = gemm_work(trace)
                         row["gemm_calls"] = len(trace.gemms)
+                        calls = defaultdict(int)
+                        for d in trace.gemms:
+                            calls[d.engine] += 1
+                        row["gemm_calls_by_engine"] = dict(calls)
                         row["method"] = next((str(e) for e in trace.events
                                               if e.kind == "method"), None)
                     release_pool(cp)

@@ -60,18 +60,21 @@ def _errors(a, q, r):
     return be, orth
 
 
-def label_times(call, a):
-    """GPU milliseconds per product label of one call (events around each policy call)."""
+def policy_calls(call, a):
+    """``(total_ms, [(label, (m, n, k), ms)])``: one call of ``call(a)`` with CUDA events
+    around each policy call of :data:`MODULES` (the shape of its two operands)."""
     events = []
 
-    def wrap(fn):
+    def wrap(fn, first):
         @functools.wraps(fn)
         def timed(*args, **kw):
+            x, y = args[first], args[first + 1]  # gemm(a, b); gemm_sub/gemm_into(c, a, b)
             e0, e1 = cp.cuda.Event(), cp.cuda.Event()
             e0.record()
             out = fn(*args, **kw)
             e1.record()
-            events.append((kw.get("label", "?"), e0, e1))
+            events.append((kw.get("label", "?"), (x.shape[-2], y.shape[-1], x.shape[-1]),
+                           e0, e1))
             return out
         return timed
 
@@ -81,7 +84,7 @@ def label_times(call, a):
         for fn in ("gemm", "gemm_sub", "gemm_into"):
             if hasattr(mod, fn):
                 saved.append((mod, fn, getattr(mod, fn)))
-                setattr(mod, fn, wrap(getattr(mod, fn)))
+                setattr(mod, fn, wrap(getattr(mod, fn), 0 if fn == "gemm" else 1))
     try:
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
         e0.record()
@@ -92,12 +95,18 @@ def label_times(call, a):
         for mod, fn, orig in saved:
             setattr(mod, fn, orig)
     del res
+    return cp.cuda.get_elapsed_time(e0, e1), [(label, shape, cp.cuda.get_elapsed_time(s, e))
+                                               for label, shape, s, e in events]
+
+
+def label_times(call, a):
+    """GPU milliseconds per product label of one call (events around each policy call)."""
+    total, events = policy_calls(call, a)
     out = collections.defaultdict(float)
     count = collections.Counter()
-    for label, s, e in events:
-        out[label] += cp.cuda.get_elapsed_time(s, e)
+    for label, _, ms in events:
+        out[label] += ms
         count[label] += 1
-    total = cp.cuda.get_elapsed_time(e0, e1)
     top = {k: (round(v, 2), count[k]) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
     return {"total_ms": total, "by_label": top,
             "outside_ms": total - sum(out.values())}

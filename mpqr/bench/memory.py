@@ -5,7 +5,8 @@ memory targets) one call of ``mpqr.qr`` and of ``cupy.linalg.qr`` after the pool
 blocks are freed: what the pool grew by (the high-water of ``total_bytes`` during the
 call less before it, what the pool had to take from the device beyond the input) and the
 peak of live bytes the call added (a CuPy memory hook), each a multiple of the input's
-bytes.
+bytes; then the same call with the pool limited to the row's target
+(:func:`target_multiple`), where the plans hand cached memory back (is it within?).
 ``MPQR_MEMORY_PLAN`` is read as it is set (``0``: the check before a call is off).
 Then, under a pool limit of ``--budget`` bytes, the largest
 ``n`` of an ``n x n`` matrix each of ``mpqr.qr(precision=...)`` and ``cupy.linalg.qr``
@@ -21,7 +22,7 @@ from typing import Any
 
 from mpqr.bench._timing import environment, write_json
 
-__all__ = ["allocation_log", "largest_n", "main", "measure_call"]
+__all__ = ["allocation_log", "largest_n", "main", "measure_call", "target_multiple"]
 
 #: (m, n, dtype, precision); the shapes of the targets, and quick ones
 ROWS = [(1 << 24, 64, "float64", "auto"), (16384, 16384, "float32", "fp16"),
@@ -30,6 +31,12 @@ ROWS = [(1 << 24, 64, "float64", "auto"), (16384, 16384, "float32", "fp16"),
 QUICK = [(1 << 20, 64, "float64", "auto"), (4096, 4096, "float32", "fp16"),
          (4096, 4096, "float32", "fp32-emulated"), (4096, 4096, "float64", "fp64-emulated"),
          (16384, 2048, "float32", "fp32-emulated")]
+
+
+def target_multiple(m: int, n: int, precision: str) -> float:
+    """The memory target of a row, in multiples of the input's bytes beyond it: tall and
+    the fp16 engines' square/wide routes 2.5, the others 3 (docs/memory.md)."""
+    return 2.5 if m >= 4 * n or precision in ("fp16", "fp32-emulated") else 3.0
 
 
 def _hook(cp: Any) -> Any:
@@ -139,10 +146,13 @@ def allocation_log(cp: Any, fn: Any, a: Any, min_bytes: int = 1 << 20) -> dict[s
             "new_blocks": [(sz / x, tot / x, org) for sz, tot, org in log.new]}
 
 
-def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False) -> Any:
+def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False,
+                 budget: float | None = None) -> Any:
     """Pool growth and live-bytes peak of ``fn(a)`` beyond the input, as multiples of
     ``a.nbytes``, and its seconds (one call, after a warm-up call); with ``keep``, a pair
-    of that and the call's result (of the warm-up call, held outside the count)."""
+    of that and the call's result (of the warm-up call, held outside the count). With
+    ``budget``, the measured call runs with the pool limited to the input and ``budget``
+    times its bytes beyond it (``"fits"``: whether it ran within them)."""
     pool = cp.get_default_memory_pool()
     res = fn(a)
     if keep:  # off the device while the call is measured
@@ -152,16 +162,29 @@ def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False) -> Any:
     pool.free_all_blocks()
     base = pool.total_bytes()  # the input
     hook = _hook(cp)
+    fits = True
+    if budget is not None:
+        pool.set_limit(size=base + int(budget * a.nbytes))
     t0 = time.perf_counter()
-    with hook:
-        res = fn(a)
-        cp.cuda.Device().synchronize()
+    try:
+        with hook:
+            res = fn(a)
+            cp.cuda.Device().synchronize()
+        del res
+    except MemoryError:
+        if budget is None:
+            raise
+        fits = False
+    finally:
+        if budget is not None:
+            pool.set_limit(size=0)
     dt = time.perf_counter() - t0
     high = max(pool.total_bytes(), hook.pool_peak)
-    del res
     pool.free_all_blocks()
     got = {"pool_multiple": (high - base) / a.nbytes, "peak_live_multiple": hook.peak / a.nbytes,
            "seconds": dt}
+    if budget is not None:
+        got.update(budget_multiple=budget, fits=fits)
     return (got, kept) if keep else got
 
 
@@ -224,14 +247,20 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, dt, prec in (QUICK if args.quick else ROWS):
         try:
             a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
-            mine = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
+            call = (lambda x, pr=prec: mpqr.qr(x, precision=pr))
+            mine = measure_call(cp, call, a)
+            # the same call where memory is short: the pool limited to the target's budget
+            tight = measure_call(cp, call, a, budget=target_multiple(m, n, prec))
             lib = measure_call(cp, lambda x: cp.linalg.qr(x), a)
             del a
-            row = dict(m=m, n=n, dtype=dt, precision=prec, mpqr=mine, cupy=lib)
+            row = dict(m=m, n=n, dtype=dt, precision=prec, mpqr=mine, mpqr_tight=tight,
+                       cupy=lib)
             out["rows"].append(row)
             print(f"{m} x {n} {dt} {prec:<14} {mine['pool_multiple']:>8.2f}x "
                   f"{mine['peak_live_multiple']:>5.2f}x {lib['pool_multiple']:>8.2f}x "
-                  f"{lib['peak_live_multiple']:>5.2f}x", flush=True)
+                  f"{lib['peak_live_multiple']:>5.2f}x | within {tight['budget_multiple']}x: "
+                  f"{'fits' if tight['fits'] else 'DOES NOT FIT'}, pool "
+                  f"{tight['pool_multiple']:.2f}x", flush=True)
         except Exception:
             traceback.print_exc()
         cp.get_default_memory_pool().free_all_blocks()

@@ -95,6 +95,7 @@ __all__ = [
     "householder_recursive",
     "leaf_width",
     "lean_active",
+    "lean_need",
     "lean_plan",
     "lean_q_width",
     "lean_q_workspace",
@@ -142,19 +143,30 @@ PREPARED_OPERANDS = True
 #: Q's formation in the lean plan hands the memory pool's cached blocks back before a
 #: block once they pass this share of Q's bytes
 LEAN_CACHED_SHARE = 0.02
-_LEAN: ContextVar[bool] = ContextVar("mpqr_lean_qr", default=False)
+_LEAN: ContextVar[tuple[int | None] | None] = ContextVar("mpqr_lean_qr", default=None)
 
 
 def lean_active() -> bool:
     """Whether the lean plan is in force (:func:`lean_plan`)."""
-    return _LEAN.get()
+    return _LEAN.get() is not None
+
+
+def lean_need() -> int | None:
+    """The lean plan's estimate of the call's bytes (:func:`lean_plan`), or None."""
+    got = _LEAN.get()
+    return None if got is None else got[0]
 
 
 @contextlib.contextmanager
-def lean_plan() -> Iterator[None]:
+def lean_plan(need: int | None = None) -> Iterator[None]:
     """Run the Householder QRs of this block on the lean plan: W a block column, Q formed
-    over the working copy (docs/memory.md); for a call that would not fit otherwise."""
-    token = _LEAN.set(True)
+    over the working copy (docs/memory.md); for a call that would not fit otherwise.
+
+    ``need``: the call's estimated bytes beyond its input. The memory pool's cached blocks
+    are handed back between the plan's phases only where the device is short of memory
+    beside that many bytes (``backend.release_cached_memory(need=...)``); None (the plan
+    forced by ``MPQR_MEMORY_PLAN=lean``): always."""
+    token = _LEAN.set((need,))
     try:
         yield
     finally:
@@ -329,7 +341,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
     if lean:
-        backend.release_cached_memory()
+        backend.release_cached_memory(need=lean_need())
         record_event("memory", f"householder-recursive: lean plan (W {m} x {wk}, Q formed "
                      "over the working copy)", width=wk)
     w_all = xp.zeros((*batch, m, wk), dtype=a.dtype, device=dev)
@@ -523,7 +535,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if lean:
         # the factoring's workspace goes back before R and the formation of Q take theirs
         w_all = None
-        backend.release_cached_memory()
+        backend.release_cached_memory(need=lean_need())
         r = None if complete and m > n else _copy_r(xp, work, nb)
         if complete and m > n:
             # Q (m x m) over a copy of the vectors, the identity in its last m - n columns
@@ -548,11 +560,12 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                        getattr(a.dtype, "itemsize", 4), limit,
                                        0 if f16 else partials_limit(limit))
         _form_q_lean(backend, q, ts, precision=precision, pp=pp,
-                     options=SPLIT_FP16 if f16 else None, chunk=chunk, reserve=reserve)
+                     options=SPLIT_FP16 if f16 else None, chunk=chunk, reserve=reserve,
+                     need=lean_need())
         if complete and m > n:
             # R with its zero rows here, after Q's formation (the vectors' copy still
             # holds R): not a concatenation beside Q at the call's end
-            backend.release_cached_memory()
+            backend.release_cached_memory(need=lean_need())
             r = _copy_r(xp, work_r, nb, rows=m)
             work_r = None
         return q, r
@@ -618,7 +631,7 @@ def lean_q_workspace(m: int, qb: int, chunk: int, itemsize: int, limit: int | No
 
 def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
                  precision: Any, pp: Any, options: Any = None, chunk: int | None = None,
-                 reserve: int | None = None) -> None:
+                 reserve: int | None = None, need: int | None = None) -> None:
     """The reduced Q over the working copy (R already taken out), backward like LAPACK's
     ``orgqr``: for the column blocks ``j`` of at most :data:`LEAN_Q_BLOCK` (within a leaf,
     whose ``T`` has the block's ``T`` on its diagonal, or narrower leaves merged: their
@@ -635,7 +648,9 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
     memory pool gives a request larger than any cached block a new one: with ``reserve``
     (:func:`lean_q_workspace`) one block of that many bytes is held for the temporaries
     (``backend.reserve_workspace``, before each block: taken again only where a request
-    did not fit it), else the pool's cached blocks go back once they pass a share of Q."""
+    did not fit it), else the pool's cached blocks go back once they pass a share of Q;
+    either only where the device is short of memory beside the call's ``need`` bytes
+    (:func:`lean_plan`)."""
     xp = backend.xp
     n = work.shape[-1]
     chunk = -(-n // LEAN_PARTS) if chunk is None else chunk
@@ -644,9 +659,9 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
                  * getattr(work.dtype, "itemsize", 8))
     for c0, c1, parts in reversed(blocks):
         if reserve:
-            backend.reserve_workspace(reserve)
+            backend.reserve_workspace(reserve, need=need)
         else:
-            backend.release_cached_memory(at_least=cached)
+            backend.release_cached_memory(at_least=cached, need=need)
         kb = c1 - c0
         # the block's vectors as explicit unit lower columns (R above is already out)
         work[..., c0:c1, c0:c1] = unit_lower(xp, work[..., c0:c1, c0:c1])

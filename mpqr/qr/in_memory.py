@@ -96,7 +96,7 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
         plan = memory_plan.check_fits(backend, a, method, prec_name, complete, want_q)
         again = False
         try:
-            with memory_plan.workspace_scope(backend, a, prec_name, method, plan):
+            with memory_plan.workspace_scope(backend, a, prec_name, method, plan, complete):
                 q, r = driver.run(backend, a, method, auto=auto, precision=precision,
                                   prec_name=prec_name, want_q=want_q, complete=complete,
                                   overwrite=overwrite)
@@ -115,7 +115,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
             record_event("memory", f"qr: out of device memory on the {plan} plan; "
                          "factored again on the lean plan", plan="lean")
             backend.release_cached_memory()
-            with memory_plan.workspace_scope(backend, a, prec_name, method, "lean"):
+            with memory_plan.workspace_scope(backend, a, prec_name, method, "lean",
+                                            complete):
                 q, r = driver.run(backend, a, method, auto=auto, precision=precision,
                                   prec_name=prec_name, want_q=want_q, complete=complete,
                                   overwrite=overwrite)

@@ -394,17 +394,24 @@ def check_fits(backend: Any, a: Any, method: str, prec_name: str,
 
 @contextlib.contextmanager
 def workspace_scope(backend: Any, a: Any, prec_name: str, method: str = "householder-recursive",
-                    plan: str | None = None) -> Iterator[None]:
+                    plan: str | None = None, complete: bool = False) -> Iterator[None]:
     """The engines' scratch caps of ``plan`` for QR of ``a`` (default
     :func:`choose_plan`): none on ``"fast"``, where the caller set ``workspace_limit`` or
     the plan is off; :func:`split_cap` and :func:`ozaki_cap` on ``"tiled"``; the lean
     caps and the lean route on ``"lean"``. The tiles re-split an operand each (16384^2
     float32 fp32-emulated: 8.9% slower with them, H200,
-    ``python bench/probes/memory_gpu.py``), so a call that fits keeps whole products."""
+    ``python bench/probes/memory_gpu.py``), so a call that fits keeps whole products.
+    The lean plan hands the pool's cached blocks back between its phases where the device
+    is short of memory beside its estimate, or always where ``MPQR_MEMORY_PLAN=lean``
+    forces it (:func:`~mpqr.qr.householder_recursive.lean_plan`)."""
     if plan is None:
         plan = choose_plan(backend, a, method, prec_name)
     opts = active_gemm_options()
-    lean = lean_plan() if plan == "lean" else contextlib.nullcontext()
+    lean: Any = contextlib.nullcontext()
+    if plan == "lean":
+        need = None if plan_setting() == "lean" else estimate_bytes(
+            method, prec_name, tuple(a.shape), element_bytes(backend, a), "lean", complete)
+        lean = lean_plan(need)
     if plan in ("off", "fast") or (opts is not None and opts.workspace_limit is not None) \
             or prec_name not in ("fp64-emulated", "auto", "fp16", "fp32-emulated"):
         with lean:
