@@ -1,10 +1,11 @@
 """The one-launch certified panel's grid (``cupy.panel_cholqr.FUSED_BLOCKS``) in the whole
 square QR: fewer blocks leave SMs to the trailing update the lookahead runs beside the
-panel. Configurations alternated in one process (two rounds, medians of 4 calls), graphs
+panel. Configurations alternated in one process (three rounds, medians of 4 calls), graphs
 dropped between configurations (a kept graph has its grid baked in); backward error and
 orthogonality in float64 per configuration.
 
-``python3 bench/probes/panel_grid.py OUT.json``
+``python3 bench/probes/panel_grid.py OUT.json [--grids G,G] [--cases N:precision,...]``
+(grids: block counts, ``None`` the default; float64 input for ``fp64-emulated``)
 """
 
 from __future__ import annotations
@@ -25,23 +26,31 @@ CASES = ((16384, "fp32-emulated"), (16384, "fp16"), (8192, "fp16"), (12288, "fp3
 
 
 def main(argv):
+    grids, cases = GRIDS, CASES
+    if "--grids" in argv:
+        grids = tuple(None if g == "None" else int(g)
+                      for g in argv[argv.index("--grids") + 1].split(","))
+    if "--cases" in argv:
+        cases = tuple((int(c.split(":")[0]), c.split(":")[1])
+                      for c in argv[argv.index("--cases") + 1].split(","))
     rows = []
-    for n, prec in CASES:
-        a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float32)
+    for n, prec in cases:
+        dt = cp.float64 if prec == "fp64-emulated" else cp.float32
+        a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float64).astype(dt)
 
         def call(a=a, prec=prec):
             return mpqr.qr(a, precision=prec, method="householder-recursive")
 
         row = {"n": n, "precision": prec}
-        times = {g: [] for g in GRIDS}
-        for _ in range(2):
-            for g in GRIDS:
+        times = {g: [] for g in grids}
+        for _ in range(3):
+            for g in grids:
                 pc.FUSED_BLOCKS = g
                 graphs.clear()
                 call()
                 call()  # captured where the shape is replayed
                 times[g] += _ms(call, 4)
-        for g in GRIDS:
+        for g in grids:
             pc.FUSED_BLOCKS = g
             graphs.clear()
             q, r = call()

@@ -151,10 +151,22 @@ def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False,
     """Pool growth and live-bytes peak of ``fn(a)`` beyond the input, as multiples of
     ``a.nbytes``, and its seconds (one call, after a warm-up call); with ``keep``, a pair
     of that and the call's result (of the warm-up call, held outside the count). With
-    ``budget``, the measured call runs with the pool limited to the input and ``budget``
-    times its bytes beyond it (``"fits"``: whether it ran within them)."""
+    ``budget``, both calls run with the pool limited to the input and ``budget`` times its
+    bytes beyond it (``"fits"``: whether the measured one ran within them; the warm-up
+    call takes the same plan, so that its first-use costs are not measured)."""
     pool = cp.get_default_memory_pool()
-    res = fn(a)
+    if budget is not None:
+        pool.free_all_blocks()
+        pool.set_limit(size=pool.total_bytes() + int(budget * a.nbytes))
+    try:
+        res = fn(a)
+    except MemoryError:
+        if budget is None:
+            raise
+        res = ()
+    finally:
+        if budget is not None:
+            pool.set_limit(size=0)
     if keep:  # off the device while the call is measured
         kept = [x.get() if hasattr(x, "get") else x for x in res]
     del res
@@ -247,7 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, dt, prec in (QUICK if args.quick else ROWS):
         try:
             a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
-            call = (lambda x, pr=prec: mpqr.qr(x, precision=pr))
+
+            def call(x, pr=prec):
+                return mpqr.qr(x, precision=pr)
+
             mine = measure_call(cp, call, a)
             # the same call where memory is short: the pool limited to the target's budget
             tight = measure_call(cp, call, a, budget=target_multiple(m, n, prec))
