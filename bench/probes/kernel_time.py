@@ -2,13 +2,14 @@
 
 ``python3 bench/probes/kernel_time.py OUT.json [N ...] [--precisions P,P]`` runs
 ``mpqr.qr`` (mode reduced) on an ``N x N`` Gaussian matrix at fp16, fp32-emulated and
-fp64-emulated (or the precisions named), and cuSOLVER's QR, under PyTorch's profiler: CUPTI records every kernel of the process, CuPy's and
-cuBLAS's included, with its start and end on the GPU. For each call it writes the wall
-time without the profiler, the time the GPU was busy (the union of the kernels'
-intervals), the kernel time per class (panel kernels, tensor-core / int8 / float GEMMs,
-the engines' conversion kernels, copies, the rest), the top kernels by time (in
-``OUT_top_kernels.txt``), and the flops the policy's products asked of each engine (from
-``mpqr.explain``), so that each class's rate can be set against its ceiling.
+fp64-emulated (or the precisions named), and cuSOLVER's QR, under PyTorch's profiler:
+CUPTI records every kernel of the process, CuPy's and cuBLAS's included, with its start
+and end on the GPU. For each call it writes the wall time without the profiler, the time
+the GPU was busy (the union of the kernels' intervals), the kernel time per class (panel
+kernels, tensor-core / int8 / float GEMMs, the engines' conversion kernels, copies, the
+rest), the top kernels by time (in ``OUT_top_kernels.txt``), and the flops the policy's
+products asked of each engine (from ``mpqr.explain``), so that each class's rate can be
+set against its ceiling.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def main() -> None:
     sizes = [int(s) for s in args] or [16384]
     torch.zeros(1, device="cuda")  # CUPTI and the primary context, before CuPy's work
     rows = []
-    groups = [(dt, ("cusolver",) + tuple(p for p in precs if only is None or p in only))
+    groups = [(dt, ("cusolver", *(p for p in precs if only is None or p in only)))
               for dt, precs in ((cp.float32, ("fp16", "fp32-emulated")),
                                 (cp.float64, ("fp64-emulated",)))]
     try:
