@@ -270,7 +270,7 @@ def test_nccl_cholqr2_one_gpu_worker():
 
 def _placed(client, a, chunk, counts):
     """``a`` in row blocks of ``chunk`` rows, ``counts[w]`` of them on worker ``w``."""
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = collective.cluster_workers(client)
     owner = [w for w, c in zip(workers, counts) for _ in range(c)]
     futs = [client.scatter(a[i * chunk:(i + 1) * chunk], workers=[w], hash=False)
             for i, w in enumerate(owner)]
@@ -487,7 +487,7 @@ def test_q_blocks_are_the_clients_data_released_with_q(client):
 
 
 def test_a_block_away_from_its_reader_is_copied_there(client):
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = collective.cluster_workers(client)
     f = client.scatter(np.arange(6.0), workers=[workers[0]], hash=False)
     where = client.who_has([f])
     (g,) = collective._on_their_workers(client, [f], where, {workers[1]: [0]})
@@ -512,7 +512,7 @@ def test_placement_remembered_and_a_moved_block_asked_again(client, monkeypatch)
     # scheduler's answer, even without retries; the result as before
     key = (client.id, tuple(f.key for f in collective._block_futures(client, x)))
     states, where = collective._PLACED[key]
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = collective.cluster_workers(client)
     first = key[1][0]
     collective._PLACED[key] = (states, {**where, first: [w for w in workers
                                                          if w not in where[first]]})
@@ -589,7 +589,7 @@ def test_docs_recipe_spreads_blocks_evenly(client):
     wait(a)
     where = client.who_has(futures_of(a))
     holders = [where[k[0]][0] for k in a.__dask_keys__()]
-    w0, w1 = sorted(client.scheduler_info()["workers"])
+    w0, w1 = collective.cluster_workers(client)
     assert holders == [w0, w0, w0, w1, w1, w1]
     with dask.config.set({collective.CONFIG_KEY: "collective"}), mpqr.explain() as trace:
         q, r = mpqr.qr(a)
@@ -607,6 +607,7 @@ def test_workers_are_asked_of_the_scheduler_not_the_clients_cache(client, monkey
     communicator asks the scheduler itself, so a call never sees an empty cluster."""
     stale = {**dict(client.scheduler_info()), "workers": {}}
     monkeypatch.setattr(client, "scheduler_info", lambda *a, **k: stale)
+    assert len(collective.cluster_workers(client)) == 2
     h = collective.communicator(client, "thread", renew=True)
     assert len(h.ranks) == 2
     rng = np.random.default_rng(5)

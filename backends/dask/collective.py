@@ -40,7 +40,7 @@ from mpqr.policy import gemm, record_event
 from mpqr.qr.cholqr_steps import StepNumbers, passes
 
 __all__ = ["CollectiveError", "Communicator", "NcclCommunicator", "ThreadCommunicator",
-           "balance", "cholqr2", "communicator", "nccl_available"]
+           "balance", "cholqr2", "cluster_workers", "communicator", "nccl_available"]
 
 #: seconds a rank waits for the others at an all-reduce before the call fails
 TIMEOUT = 60.0
@@ -248,6 +248,13 @@ def _identity(client: Any) -> dict[str, Any]:
         return dict(client.sync(client.scheduler.identity, n_workers=-1))
     except TypeError:  # a scheduler whose identity takes no n_workers (older distributed)
         return dict(client.scheduler_info())
+
+
+def cluster_workers(client: Any) -> list[str]:
+    """The cluster's worker addresses, sorted, asked of the scheduler (not the client's
+    cached identity, which a periodic refresh leaves without workers: see
+    :func:`_identity`)."""
+    return sorted(_identity(client)["workers"])
 
 
 def _make(client: Any, kind: str, workers: list[str], info: dict[str, Any]) -> _Handle:

@@ -105,6 +105,13 @@ class RoundTrips(SchedulerPlugin):
         return out
 
 
+def _workers(client: Any) -> list[str]:
+    # asked of the scheduler: the client's cached identity can list none (a refresh race)
+    from mpqr.backends.dask.collective import cluster_workers
+
+    return cluster_workers(client)
+
+
 def _take(dask_scheduler: Any) -> dict[str, int]:
     return dask_scheduler.plugins[RoundTrips.name].take()
 
@@ -164,7 +171,7 @@ def _spread(client: Any, gpu: bool, m: int, n: int, rows: int, dtype: str,
     the blocks' futures are the array's blocks (no task that could run elsewhere)."""
     import dask.array as da
 
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = _workers(client)
     sizes = [rows] * (m // rows) + ([m % rows] if m % rows else [])
     futs = [client.submit(_block, gpu, seed * 100_003 + i, h, n, dtype, pure=False,
                           workers=[workers[i * len(workers) // len(sizes)]],
@@ -201,7 +208,7 @@ def blocks_per_worker(client: Any, x: Any) -> list[int]:
     from distributed import futures_of
 
     where = client.who_has(futures_of(x))
-    count = dict.fromkeys(sorted(client.scheduler_info()["workers"]), 0)
+    count = dict.fromkeys(_workers(client), 0)
     for holders in where.values():
         for w in holders:
             count[w] = count.get(w, 0) + 1
@@ -592,7 +599,7 @@ def _in_core(gpu: bool, m: int, n: int, dtype: str, repeat: int) -> list[dict[st
 def _overhead(client: Any, gpu: bool, n: int, rows: int, dtype: str, repeat: int
               ) -> list[dict[str, Any]]:
     """Per block task, on one worker: mpqr's block functions against the bare products."""
-    worker = next(iter(client.scheduler_info()["workers"]))
+    worker = _workers(client)[0]
     out = []
     for h in (rows, 2 * n):
         res = client.submit(_overhead_on_worker, gpu, h, n, dtype, repeat, pure=False,
