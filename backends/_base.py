@@ -1110,11 +1110,13 @@ def _host_staging(self: ArrayAPIBackend, dtype: Any, block_elems: int, *, nbuf: 
 
 
 def _release_cached_memory(self: ArrayAPIBackend, at_least: int = 0,
-                           need: int | None = None) -> None:
+                           need: int | None = None) -> bool | None:
     """Hand the blocks an array library's memory pool holds unused back to the device
     (between the phases of a call on the lean memory plan) where they are at least
     ``at_least`` bytes and, given the call's ``need`` in bytes, only where the device is
-    short of memory beside it; nothing here."""
+    short of memory beside it. Returns whether the device was short (False: the blocks
+    stay), or None where there is no pool (here)."""
+    return None
 
 
 def _reserve_workspace(self: ArrayAPIBackend, nbytes: int, need: int | None = None) -> None:

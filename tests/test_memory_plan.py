@@ -793,8 +793,10 @@ def test_lean_plan_hands_cached_memory_back_with_the_calls_estimate(small_device
     # forced by MPQR_MEMORY_PLAN=lean: None, always handed back
     backend = get_backend(np)
     calls = []
+    # a backend with a pool: short of memory where the plan is forced (no estimate)
     monkeypatch.setattr(type(backend), "release_cached_memory",
-                        lambda self, at_least=0, need=None: calls.append(("release", need)))
+                        lambda self, at_least=0, need=None:
+                        calls.append(("release", need)) or need is None)
     monkeypatch.setattr(type(backend), "reserve_workspace",
                         lambda self, nbytes, need=None: calls.append(("reserve", need)))
     monkeypatch.setenv("MPQR_MEMORY_PLAN", "1" if setting == "auto" else "lean")
@@ -802,8 +804,13 @@ def test_lean_plan_hands_cached_memory_back_with_the_calls_estimate(small_device
     lean = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", a.shape, 4,
                                       "lean")
     small_device["bytes"] = lean  # only the lean plan fits
-    q, r = mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
     want = lean if setting == "auto" else None
+    # the trace says what the backend did with its cached blocks
+    (ev,) = [e for e in trace.events if "lean plan (W" in str(e)]
+    assert ev.data["handed_back"] is (setting == "lean")
+    assert ("cached blocks kept" in str(ev)) is (setting == "auto")
     kinds = {k for k, _ in calls}
     assert kinds == {"release", "reserve"}, calls
     assert all(need == want for _, need in calls), (want, calls)
@@ -841,7 +848,8 @@ def test_cupy_hands_cached_memory_back_only_where_short():
             runtime=SimpleNamespace(memGetInfo=lambda: (driver_free, 1 << 40))))
         be = SimpleNamespace(_cp=cp)
         before = len(pool.calls)
-        cb._cupy_release_cached_memory(be, need=need)
+        short = cb._cupy_release_cached_memory(be, need=need)
+        assert short is bool(pool.calls[before:])  # what it says it did
         return pool.calls[before:]
 
     gib = 1 << 30

@@ -1169,13 +1169,14 @@ def _cupy_release_cached_memory(self, at_least=0, need=None):
     # workspace of the first would sit beside the factors of the second. Kept graphs hold
     # pools of their own: dropped too (memory is short where this is called)
     if _cupy_memory_ample(self, need):
-        return
+        return False
     from mpqr.backends.cupy import graphs
 
     graphs.clear()
     pool = self._cp.get_default_memory_pool()
     if at_least <= 0 or pool.free_bytes() >= at_least:
         pool.free_all_blocks()
+    return True
 
 
 def _cupy_reserve_workspace(self, nbytes, need=None):

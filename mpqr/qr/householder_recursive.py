@@ -341,9 +341,13 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
     if lean:
-        backend.release_cached_memory(need=lean_need())
+        short = backend.release_cached_memory(need=lean_need())
+        pool = {True: "; the memory pool's cached blocks handed back between its phases "
+                      "(the device is short of memory)",
+                False: "; the memory pool's cached blocks kept (the device has room "
+                       "beside the estimate)"}.get(short, "")
         record_event("memory", f"householder-recursive: lean plan (W {m} x {wk}, Q formed "
-                     "over the working copy)", width=wk)
+                     f"over the working copy){pool}", width=wk, handed_back=short)
     w_all = xp.zeros((*batch, m, wk), dtype=a.dtype, device=dev)
     # fp16: the rounded vectors as float16, explicit (zeros above: a diagonal block of Q's
     # formation may span leaves); the products with Y read these, not the working copy
