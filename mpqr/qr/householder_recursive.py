@@ -335,13 +335,14 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # the lean plan (docs/memory.md): W a block column of about k/LEAN_PARTS, the leaves'
     # T kept, Q formed over the working copy after R is taken out
     lean = lean_active()
+    need = lean_need()  # the plan's estimate: cached memory goes back only where short
     # fp16 on the fast plan: Ŷ in a float16 array of its own (explicit); on the lean plan
     # Ŷ replaces Y in the working copy (float32 numbers that are fp16 numbers)
     yx = f16 and not lean
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
     if lean:
-        short = backend.release_cached_memory(need=lean_need())
+        short = backend.release_cached_memory(need=need)
         pool = {True: "; the memory pool's cached blocks handed back between its phases "
                       "(the device is short of memory)",
                 False: "; the memory pool's cached blocks kept (the device has room "
@@ -539,7 +540,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if lean:
         # the factoring's workspace goes back before R and the formation of Q take theirs
         w_all = None
-        backend.release_cached_memory(need=lean_need())
+        backend.release_cached_memory(need=need)
         r = None if complete and m > n else _copy_r(xp, work, nb)
         if complete and m > n:
             # Q (m x m) over a copy of the vectors, the identity in its last m - n columns
@@ -565,11 +566,11 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                        0 if f16 else partials_limit(limit))
         _form_q_lean(backend, q, ts, precision=precision, pp=pp,
                      options=SPLIT_FP16 if f16 else None, chunk=chunk, reserve=reserve,
-                     need=lean_need())
+                     need=need)
         if complete and m > n:
             # R with its zero rows here, after Q's formation (the vectors' copy still
             # holds R): not a concatenation beside Q at the call's end
-            backend.release_cached_memory(need=lean_need())
+            backend.release_cached_memory(need=need)
             r = _copy_r(xp, work_r, nb, rows=m)
             work_r = None
         return q, r
