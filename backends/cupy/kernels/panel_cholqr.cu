@@ -20,10 +20,10 @@
 // otherwise cert[0] is incremented and the caller factors the matrix again by another
 // route (the panel's contents are then meaningless and must not be used).
 //
-// Layout: rows go through shared memory in tiles of 32 (one coalesced load each); thread t
-// owns entries (i, j) = (t / 32 + 8 e, t % 32), e = 0..3, of every 32 x 32 product, so the
-// sums run in parallel from shared memory (a warp per row with shuffles was latency-bound:
-// ~0.5 ms per panel, H100). The Cholesky and LU factorizations run in one warp of the last
+// Layout: rows go through shared memory in tiles of 32 (one coalesced load each); each
+// thread owns four entries of every 32 x 32 product of tiles (entry_row / entry_col), so the
+// sums run in parallel (a warp per row with shuffles was latency-bound: ~0.5 ms per panel,
+// H100). From sm_80 those products run on the FP64 tensor cores (mma.m8n8k4). The Cholesky and LU factorizations run in one warp of the last
 // block, lane j owning column j (a barrier-separated loop of the whole block per column
 // took ~0.1 ms per panel); the triangular inverses take the whole block, by blocks of
 // 1, 2, 4, 8, 16 combined pairwise. Partial Grams are summed in a fixed order, so results
@@ -197,11 +197,67 @@ __device__ __forceinline__ void load_tile(const T* a, long long lda, long long m
   }
 }
 
-// out = tile x (32 x 32 products, each sum in the order l = 0..31), this thread's entries
+// The 32 x 32 products of tiles (a tile times X1, P or P T; a tile's Gram matrix) on the
+// FP64 tensor cores where the GPU has them (sm_80 on: mma.m8n8k4, each thread four entries
+// of the warp's 8 x 16 block; the one launch's second Gram pass over 16384 x 32 took 13.2
+// against the loop's 19.4 us, H200, bench/probes/panel_mma.py), else by one FMA chain an
+// entry (thread t, entries (t / 32 + 8 e, t % 32)).
+// Every kernel of this file and panel_fused.cu takes these, so their factors stay the same
+// bits. entry_row / entry_col: where this thread's entry e sits.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PANEL_MMA 1
+#else
+#define PANEL_MMA 0
+#endif
+
+__device__ __forceinline__ int entry_row(int e) {
+#if PANEL_MMA
+  return 8 * (threadIdx.x >> 6) + ((threadIdx.x & 31) >> 2);
+#else
+  return (threadIdx.x >> 5) + 8 * e;
+#endif
+}
+
+__device__ __forceinline__ int entry_col(int e) {
+#if PANEL_MMA
+  return 16 * ((threadIdx.x >> 5) & 1) + 8 * (e >> 1) + 2 * (threadIdx.x & 3) + (e & 1);
+#else
+  return threadIdx.x & 31;
+#endif
+}
+
+#if PANEL_MMA
+// d (8 x 8, two entries a lane) += a (8 x 4) b (4 x 8), FP64 tensor cores
+__device__ __forceinline__ void dmma(double* d, double a, double b) {
+  asm("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+      : "+d"(d[0]), "+d"(d[1])
+      : "d"(a), "d"(b));
+}
+
+// out += op(A) B over k = 0..31, op(A) = A^T where TA (this thread's entries)
+template <bool TA>
+__device__ __forceinline__ void mma_acc(const Mat* am, const Mat* bm, double* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int r = 8 * (warp >> 1) + g;
+  const int c = 16 * (warp & 1) + g;
+#pragma unroll
+  for (int k0 = 0; k0 < PANEL_B; k0 += 4) {
+    const double av = TA ? am[k0 + t][r] : am[r][k0 + t];
+    dmma(out, av, bm[k0 + t][c]);
+    dmma(out + 2, av, bm[k0 + t][c + 8]);
+  }
+}
+#endif
+
+// out = tile x, this thread's entries
 __device__ __forceinline__ void tile_times(const Mat* tile, const Mat* x, double* out) {
-  const int j = threadIdx.x & 31;
 #pragma unroll
   for (int e = 0; e < TILE_ENTRIES; ++e) out[e] = 0.0;
+#if PANEL_MMA
+  mma_acc<false>(tile, x, out);
+#else
+  const int j = threadIdx.x & 31;
 #pragma unroll 8
   for (int l = 0; l < PANEL_B; ++l) {
     const double xl = x[l][j];
@@ -209,6 +265,28 @@ __device__ __forceinline__ void tile_times(const Mat* tile, const Mat* x, double
     for (int e = 0; e < TILE_ENTRIES; ++e)
       out[e] = fma(tile[(threadIdx.x >> 5) + 8 * e][l], xl, out[e]);
   }
+#endif
+}
+
+// acc += src^T src (a tile's Gram matrix), this thread's entries
+__device__ __forceinline__ void gram_acc(const Mat* src, double* acc) {
+#if PANEL_MMA
+  mma_acc<true>(src, src, acc);
+#else
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll 8
+  for (int r = 0; r < PANEL_B; ++r) {
+    const double v = src[r][lane];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = fma(src[r][warp + 8 * e], v, acc[e]);
+  }
+#endif
+}
+
+// out's entries from this thread's (tile_times's layout)
+__device__ __forceinline__ void store_entries(const double* q, Mat* out) {
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) out[entry_row(e)][entry_col(e)] = q[e];
 }
 
 // Whether this block is the last of the grid to get here (after its partial is written).
@@ -251,22 +329,17 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
     if (pass == 2) {  // the rows of Q1 = A X1
       double q[TILE_ENTRIES];
       tile_times(tile, x1, q);
-#pragma unroll
-      for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+      store_entries(q, qt);
       __syncthreads();
       src = qt;
     }
-#pragma unroll 8
-    for (int r = 0; r < PANEL_B; ++r) {
-      const double v = src[r][lane];
-#pragma unroll
-      for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = fma(src[r][warp + 8 * e], v, acc[e]);
-    }
+    gram_acc(src, acc);
   }
   double* part = ws + WS_PART;
 #pragma unroll
   for (int e = 0; e < TILE_ENTRIES; ++e)
-    part[(long long)blockIdx.x * PANEL_B * PANEL_B + (warp + 8 * e) * PANEL_B + lane] = acc[e];
+    part[(long long)blockIdx.x * PANEL_B * PANEL_B + entry_row(e) * PANEL_B + entry_col(e)] =
+        acc[e];
   if (!last_block(&cert[pass])) return;
 
   // the last block: G in block order (four entries per thread, loads in flight together)
@@ -364,15 +437,13 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   {
     double q[TILE_ENTRIES];
     tile_times(r1, x1, q);
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) red[warp + 8 * e][lane] = q[e];
+    store_entries(q, red);
   }
   __syncthreads();  // X1 is read: L\U may take its place
   {
     double q[TILE_ENTRIES];
     tile_times(red, x2, q);
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) lu[warp + 8 * e][lane] = q[e];
+    store_entries(q, lu);
   }
   __syncthreads();
   if (warp == 0) lu_signed_warp(lu, sv, n);
@@ -430,7 +501,6 @@ panel_apply(T* __restrict__ a, long long lda, long long m, int n,
     p[i][j] = ws[WS_P + i * PANEL_B + j];
     pt[i][j] = ws[WS_PT + i * PANEL_B + j];
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (long long row0 = n + (long long)blockIdx.x * PANEL_B; row0 < m;
        row0 += (long long)gridDim.x * PANEL_B) {
     __syncthreads();
@@ -438,21 +508,22 @@ panel_apply(T* __restrict__ a, long long lda, long long m, int n,
     __syncthreads();
     double q[TILE_ENTRIES];
     tile_times(tile, x1, q);
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+    store_entries(q, qt);
     __syncthreads();
     tile_times(qt, p, q);
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) {
-      const long long row = row0 + warp + 8 * e;
-      if (row < m && lane < n) a[row * lda + lane] = static_cast<T>(q[e]);
+      const long long row = row0 + entry_row(e);
+      const int col = entry_col(e);
+      if (row < m && col < n) a[row * lda + col] = static_cast<T>(q[e]);
     }
     if (w != nullptr) {
       tile_times(qt, pt, q);
 #pragma unroll
       for (int e = 0; e < TILE_ENTRIES; ++e) {
-        const long long row = row0 + warp + 8 * e;
-        if (row < m && lane < n) w[row * ldw + lane] = static_cast<T>(q[e]);
+        const long long row = row0 + entry_row(e);
+        const int col = entry_col(e);
+        if (row < m && col < n) w[row * ldw + col] = static_cast<T>(q[e]);
       }
     }
   }

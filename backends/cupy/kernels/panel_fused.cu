@@ -74,19 +74,25 @@ __device__ bool chol_block(Mat* __restrict__ g, int n) {
   bool ok = true;
   double prev = 0.0;  // R[k - 1][lane]
   for (int k = 0; k < n; ++k) {
+    // the step reads row k and rows below it and writes rows below it (and row k - 1,
+    // which it does not read): every load first, so that they are in flight together
+    // beside the square root and the division (the same operations on every entry)
+    const double d = g[k][k], gkl = g[k][lane];
+    double gki[TILE_ENTRIES], gil[TILE_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      gki[e] = g[k][warp + 8 * e];
+      gil[e] = g[warp + 8 * e][lane];
+    }
     if (k > 0 && ((k - 1) & 7) == warp && lane >= k - 1 && lane < n) g[k - 1][lane] = prev;
-    const double d = g[k][k];
     ok = ok && d > 0.0 && isfinite(d);
     const double rkk = sqrt(fmax(d, 0.0));
     const double rinv = 1.0 / rkk;
-    const double rkj = lane == k ? rkk : (lane > k && lane < n ? g[k][lane] * rinv : 0.0);
+    const double rkj = lane == k ? rkk : (lane > k && lane < n ? gkl * rinv : 0.0);
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) {
       const int i = warp + 8 * e;
-      if (i > k && i < n && i <= lane && lane < n) {
-        const double rki = g[k][i] * rinv;
-        g[i][lane] = fma(-rki, rkj, g[i][lane]);
-      }
+      if (i > k && i < n && i <= lane && lane < n) g[i][lane] = fma(-(gki[e] * rinv), rkj, gil[e]);
     }
     prev = rkj;
     __syncthreads();
@@ -104,6 +110,15 @@ __device__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
 #pragma unroll
   for (int e = 0; e < TILE_ENTRIES; ++e) prev_l[e] = 0.0;
   for (int k = 0; k < n; ++k) {
+    // loads first (as in chol_block): the step reads row k, column k and the entries it
+    // updates (rows and columns past k); the previous step's column k - 1 is written after
+    const double d = c[k][k], ukj = c[k][lane];
+    double cik[TILE_ENTRIES], cil[TILE_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      cik[e] = c[warp + 8 * e][k];
+      cil[e] = c[warp + 8 * e][lane];
+    }
     if (k > 0 && lane == k - 1) {
 #pragma unroll
       for (int e = 0; e < TILE_ENTRIES; ++e) {
@@ -112,16 +127,14 @@ __device__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
         if (i > k - 1 && i < n) c[i][k - 1] = prev_l[e];
       }
     }
-    const double d = c[k][k];
     const double sk = d < 0.0 ? 1.0 : -1.0;
     const double piv = d - sk;
     const double inv = 1.0 / piv;
-    const double ukj = c[k][lane];
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) {
       const int i = warp + 8 * e;
-      const double lik = (i > k && i < n) ? c[i][k] * inv : 0.0;
-      if (i > k && i < n && lane > k && lane < n) c[i][lane] = fma(-lik, ukj, c[i][lane]);
+      const double lik = (i > k && i < n) ? cik[e] * inv : 0.0;
+      if (i > k && i < n && lane > k && lane < n) c[i][lane] = fma(-lik, ukj, cil[e]);
       prev_l[e] = lik;
     }
     prev_piv = piv;
@@ -226,21 +239,16 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
       if (pass == 2) {
         double q[TILE_ENTRIES];
         tile_times(tile, x1, q);
-#pragma unroll
-        for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+        store_entries(q, qt);
         __syncthreads();
         src = qt;
       }
-#pragma unroll 8
-      for (int r = 0; r < PANEL_B; ++r) {
-        const double v = src[r][lane];
-#pragma unroll
-        for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = fma(src[r][warp + 8 * e], v, acc[e]);
-      }
+      gram_acc(src, acc);
     }
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e)
-      part[(long long)blockIdx.x * PANEL_B * PANEL_B + (warp + 8 * e) * PANEL_B + lane] = acc[e];
+      part[(long long)blockIdx.x * PANEL_B * PANEL_B + entry_row(e) * PANEL_B + entry_col(e)] =
+          acc[e];
     grid_sync(bar, ++k);
     if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
 
@@ -367,15 +375,13 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         {
           double q[TILE_ENTRIES];
           tile_times(r1, x1, q);
-#pragma unroll
-          for (int e2 = 0; e2 < TILE_ENTRIES; ++e2) red[warp + 8 * e2][lane] = q[e2];
+          store_entries(q, red);
         }
         __syncthreads();
         {
           double q[TILE_ENTRIES];
           tile_times(red, x2, q);
-#pragma unroll
-          for (int e2 = 0; e2 < TILE_ENTRIES; ++e2) lu[warp + 8 * e2][lane] = q[e2];
+          store_entries(q, lu);
         }
         __syncthreads();
         if (STEPS == 1) {
@@ -449,21 +455,22 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     if (row0 + stride < m) fetch_tile(a, lda, m, n, row0 + stride, nxt);
     double q[TILE_ENTRIES];
     tile_times(tile, x1, q);
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) qt[warp + 8 * e][lane] = q[e];
+    store_entries(q, qt);
     __syncthreads();
     tile_times(qt, p, q);
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) {
-      const long long row = row0 + warp + 8 * e;
-      if (row < m && lane < n) a[row * lda + lane] = static_cast<T>(q[e]);
+      const long long row = row0 + entry_row(e);
+      const int col = entry_col(e);
+      if (row < m && col < n) a[row * lda + col] = static_cast<T>(q[e]);
     }
     if (w != nullptr) {
       tile_times(qt, pt, q);
 #pragma unroll
       for (int e = 0; e < TILE_ENTRIES; ++e) {
-        const long long row = row0 + warp + 8 * e;
-        if (row < m && lane < n) w[row * ldw + lane] = static_cast<T>(q[e]);
+        const long long row = row0 + entry_row(e);
+        const int col = entry_col(e);
+        if (row < m && col < n) w[row * ldw + col] = static_cast<T>(q[e]);
       }
     }
   }
