@@ -23,11 +23,12 @@
 // Layout: rows go through shared memory in tiles of 32 (one coalesced load each); each
 // thread owns four entries of every 32 x 32 product of tiles (entry_row / entry_col), so the
 // sums run in parallel (a warp per row with shuffles was latency-bound: ~0.5 ms per panel,
-// H100). From sm_80 those products run on the FP64 tensor cores (mma.m8n8k4). The Cholesky and LU factorizations run in one warp of the last
-// block, lane j owning column j (a barrier-separated loop of the whole block per column
-// took ~0.1 ms per panel); the triangular inverses take the whole block, by blocks of
-// 1, 2, 4, 8, 16 combined pairwise. Partial Grams are summed in a fixed order, so results
-// do not depend on scheduling.
+// H100). From sm_80 those products run on the FP64 tensor cores (mma.m8n8k4), also the
+// n x n ones (R2 R1, X2 U^-1, P T: triangular factors, their other terms exact zeros). The
+// Cholesky and LU factorizations run in one warp of the last block, lane j owning column j
+// (a barrier-separated loop of the whole block per column took ~0.1 ms per panel); each
+// triangular inverse in one warp, by substitution. Partial Grams are summed in a fixed
+// order, so results do not depend on scheduling.
 
 #define PANEL_B 32
 #define PANEL_WARPS 8
@@ -122,64 +123,36 @@ __device__ void lu_signed_warp(Mat* __restrict__ c, double* s, int n) {
   }
 }
 
-// ---- the whole block: triangular inverses ----------------------------------------------
-// Diagonal blocks of 1, 2, 4, 8 and 16 are combined pairwise, the off-diagonal block from
-// two products: upper X12 = -X11 (R12 X22), lower X21 = -X22 (L21 X11). Five levels of two
-// parallel products each, where substitution takes n dependent steps of a warp (~0.45 us
-// each, H100: the one-block n x n steps were most of a panel's time). Beyond n the
-// diagonal is taken as 1, so every block is nonsingular; x is zero outside n x n at the
-// end. Every thread of the block calls (n is uniform); t is scratch.
+// ---- one warp: triangular inverses --------------------------------------------------
 
-// One level's product for this thread's entries (warp + 8 e, lane), e = 0..3, of the
-// blocks at this level: out = -? sum_s A[row][a0 + s] B[a0 + s][lane], s = 0..b-1, the
-// four sums interleaved (their loads in flight together). The triangular factor inside
-// the sum is zero outside its triangle, so the fixed trip count adds exact zeros only.
-// (am and out may be the same matrix: the entries read and written are disjoint.)
-__device__ __forceinline__ void level_product(const Mat* am, const Mat* bm, Mat* out,
-                                              const bool* act, const int* a0, int b, bool neg) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double v[TILE_ENTRIES];
-#pragma unroll
-  for (int e = 0; e < TILE_ENTRIES; ++e) v[e] = 0.0;
-  for (int s = 0; s < b; ++s) {
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e)
-      if (act[e]) v[e] = fma(am[warp + 8 * e][a0[e] + s], bm[a0[e] + s][lane], v[e]);
-  }
-#pragma unroll
-  for (int e = 0; e < TILE_ENTRIES; ++e)
-    if (act[e]) out[warp + 8 * e][lane] = neg ? -v[e] : v[e];
-}
-
-// x = A^-1 for upper A (LOWER false: only its upper triangle is read) or unit lower A
-// (LOWER true: only its strict lower triangle is read). At each level a thread's entries
-// (warp + 8 e, lane) in an off-diagonal block: upper (i, j) with i in [p, p + b) and j in
-// [p + b, p + 2b), T = A12 X22 then X12 = -X11 T; lower the transpose, T = A21 X11 then
-// X21 = -X22 T.
+// x = A^-1 by one warp: lane j holds column j of x in registers and solves for it by
+// substitution (upper: back, from the diagonal's reciprocals; unit lower: forward), four
+// partial sums a row so that the FMA chains overlap (the whole block by recursive doubling,
+// ten barriers, took ~5 us an inverse in the one-launch panel, H200,
+// bench/probes/panel_timeline.py); pass 2's two inverses run at once on two warps. Beyond n
+// the diagonal is taken as 1 and x is zero outside n x n; upper reads A's upper triangle
+// only, unit lower its strict lower triangle. dinv: PANEL_B doubles of scratch (upper).
 template <bool LOWER>
-__device__ void inv_triangular_block(const Mat* __restrict__ a, Mat* __restrict__ x,
-                                     Mat* __restrict__ t, int n) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  FOR_IJ(i, j) x[i][j] = i != j ? 0.0 : (LOWER ? 1.0 : (i < n ? 1.0 / a[i][i] : 1.0));
-  __syncthreads();
-  for (int b = 1; b < n; b *= 2) {  // blocks of 2b: the last level holds all n
-    bool act[TILE_ENTRIES];
-    int p[TILE_ENTRIES], q[TILE_ENTRIES];
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) {
-      const int i = warp + 8 * e;
-      const int diag = LOWER ? lane : i, off = LOWER ? i : lane;  // block row, column
-      p[e] = diag & ~(2 * b - 1);
-      q[e] = p[e] + b;
-      act[e] = diag < q[e] && off >= q[e] && off < q[e] + b;
-    }
-    level_product(a, x, t, act, LOWER ? p : q, b, false);  // T = A12 X22 / A21 X11
-    __syncthreads();
-    level_product(x, t, x, act, LOWER ? q : p, b, true);   // X12 = -X11 T / X21 = -X22 T
-    __syncthreads();
+__device__ void inv_triangular_warp(const Mat* __restrict__ a, Mat* __restrict__ x,
+                                    double* __restrict__ dinv, int n) {
+  const int j = threadIdx.x & 31;
+  if (!LOWER) {
+    dinv[j] = j < n ? 1.0 / a[j][j] : 1.0;
+    __syncwarp();
   }
-  FOR_IJ(i, j) if (i >= n || j >= n) x[i][j] = 0.0;
-  __syncthreads();
+  double c[PANEL_B];
+#pragma unroll
+  for (int t = 0; t < PANEL_B; ++t) {
+    const int i = LOWER ? t : PANEL_B - 1 - t;
+    double s[4] = {0.0, 0.0, 0.0, 0.0};
+#pragma unroll
+    for (int l = LOWER ? 0 : i + 1; l < (LOWER ? i : PANEL_B); ++l)
+      s[l & 3] = fma(a[i][l], c[l], s[l & 3]);
+    const double v = (i == j ? 1.0 : 0.0) - ((s[0] + s[1]) + (s[2] + s[3]));
+    c[i] = (LOWER ? i < j : i > j) ? 0.0 : (LOWER ? v : v * dinv[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < PANEL_B; ++i) x[i][j] = (i < n && j < n) ? c[i] : 0.0;
 }
 
 // ---- the block: tiles and products ----------------------------------------------------
@@ -314,7 +287,7 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   __shared__ Mat red[PANEL_B];
   __shared__ Mat tile[PANEL_B];
   __shared__ Mat qt[PANEL_B];
-  __shared__ Mat scratch[PANEL_B];  // the triangular inverses' products
+  __shared__ Mat scratch[PANEL_B];  // the inverses' reciprocals, then P
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (pass == 2) FOR_IJ(i, j) x1[i][j] = ws[WS_X1 + i * PANEL_B + j];
   double acc[TILE_ENTRIES];  // G[warp + 8 e][lane]
@@ -371,7 +344,8 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
       if (lane == 0) { atomicAdd(&cert[0], 1); cert[3] = 1; }
     }
     __syncthreads();
-    inv_triangular_block<false>(red, x1, scratch, n);
+    if (warp == 0) inv_triangular_warp<false>(red, x1, scratch[0], n);
+    __syncthreads();
     FOR_IJ(i, j) {
       ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
       ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
@@ -423,14 +397,15 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   }
   FOR_IJ(i, j) r1[i][j] = ws[WS_R1 + i * PANEL_B + j];
   __syncthreads();
-  if (!near_identity) inv_triangular_block<false>(red, x2, scratch, n);  // X2 (flag shared)
-  FOR_IJ(i, j) {  // R = R2 R1, to the workspace
-    double v = 0.0;
-    if (j < n)
-      for (int l = i; l <= j; ++l) v = fma(red[i][l], r1[l][j], v);
-    ws[WS_R + i * PANEL_B + j] = v;
+  if (!near_identity && warp == 0) inv_triangular_warp<false>(red, x2, scratch[0], n);  // X2
+  {  // R = R2 R1 (both upper: the product's other terms are exact zeros), to the workspace
+    double q[TILE_ENTRIES];
+    tile_times(red, r1, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e)
+      ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
   }
-  __syncthreads();  // R2 and R1 are read
+  __syncthreads();  // R2 and R1 are read, X2 is written
   // Q's top block (A[:n] X1) X2, Q1's rows made as in the passes
   load_tile(a, lda, n, n, 0, r1);
   __syncthreads();
@@ -448,15 +423,17 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   __syncthreads();
   if (warp == 0) lu_signed_warp(lu, sv, n);
   __syncthreads();
-  inv_triangular_block<false>(lu, red, scratch, n);  // U^-1 (into red)
-  inv_triangular_block<true>(lu, r1, scratch, n);    // L^-1 (into r1)
+  if (warp == 0) inv_triangular_warp<false>(lu, red, scratch[0], n);  // U^-1 (into red)
+  if (warp == 1) inv_triangular_warp<true>(lu, r1, nullptr, n);       // L^-1 (into r1)
+  __syncthreads();
   Mat* pm = scratch;  // P, also kept here for P T below
-  FOR_IJ(i, j) {  // P = X2 U^-1 (both upper)
-    double v = 0.0;
-    if (j < n)
-      for (int l = i; l <= j; ++l) v = fma(x2[i][l], red[l][j], v);
-    ws[WS_P + i * PANEL_B + j] = v;
-    pm[i][j] = v;
+  {  // P = X2 U^-1 (both upper)
+    double q[TILE_ENTRIES];
+    tile_times(x2, red, q);
+    store_entries(q, pm);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e)
+      ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
   }
   __syncthreads();  // U^-1 is read: T takes its place
   FOR_IJ(i, j) {  // T[i][j] = -sum_{i <= l <= j} U[i][l] s_l Linv[j][l]
@@ -466,11 +443,14 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
     red[i][j] = -v;
   }
   __syncthreads();
+  {  // P T (both upper)
+    double q[TILE_ENTRIES];
+    tile_times(pm, red, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e)
+      ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
+  }
   FOR_IJ(i, j) {
-    double v = 0.0;  // P T (both upper)
-    if (j < n)
-      for (int l = i; l <= j; ++l) v = fma(pm[i][l], red[l][j], v);
-    ws[WS_PT + i * PANEL_B + j] = v;
     if (i < n && j < n) {
       // the panel's top rows: S R on and above the diagonal, L below
       const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];

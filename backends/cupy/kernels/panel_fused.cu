@@ -302,7 +302,8 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         }
         if (threadIdx.x == 0) fail1 = !ok;
         __syncthreads();
-        inv_triangular_block<false>(red, x1, scratch, n);
+        if (warp == 0) inv_triangular_warp<false>(red, x1, scratch[0], n);
+        __syncthreads();
         FOR_IJ(i, j) {
           ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
           ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
@@ -362,12 +363,13 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           r1[i][j] = __ldcg(&ws[WS_R1 + i * PANEL_B + j]);
         }
         __syncthreads();
-        if (!near_identity) inv_triangular_block<false>(red, x2, scratch, n);
-        FOR_IJ(i, j) {  // R = R2 R1
-          double v = 0.0;
-          if (j < n)
-            for (int l = i; l <= j; ++l) v = fma(red[i][l], r1[l][j], v);
-          ws[WS_R + i * PANEL_B + j] = v;
+        if (!near_identity && warp == 0) inv_triangular_warp<false>(red, x2, scratch[0], n);
+        {  // R = R2 R1 (both upper)
+          double q[TILE_ENTRIES];
+          tile_times(red, r1, q);
+#pragma unroll
+          for (int e = 0; e < TILE_ENTRIES; ++e)
+            ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
         }
         __syncthreads();
         load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2
@@ -393,15 +395,17 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           if (warp == 0) lu_signed_warp(lu, sv, n);
           __syncthreads();
         }
-        inv_triangular_block<false>(lu, red, scratch, n);  // U^-1 (into red)
-        inv_triangular_block<true>(lu, r1, scratch, n);    // L^-1 (into r1)
+        if (warp == 0) inv_triangular_warp<false>(lu, red, scratch[0], n);  // U^-1 (into red)
+        if (warp == 1) inv_triangular_warp<true>(lu, r1, nullptr, n);       // L^-1 (into r1)
+        __syncthreads();
         Mat* pm = scratch;
-        FOR_IJ(i, j) {  // P = X2 U^-1
-          double v = 0.0;
-          if (j < n)
-            for (int l = i; l <= j; ++l) v = fma(x2[i][l], red[l][j], v);
-          ws[WS_P + i * PANEL_B + j] = v;
-          pm[i][j] = v;
+        {  // P = X2 U^-1 (both upper)
+          double q[TILE_ENTRIES];
+          tile_times(x2, red, q);
+          store_entries(q, pm);
+#pragma unroll
+          for (int e = 0; e < TILE_ENTRIES; ++e)
+            ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
         }
         __syncthreads();
         FOR_IJ(i, j) {  // T[i][j] = -sum_{i <= l <= j} U[i][l] s_l Linv[j][l]
@@ -411,11 +415,14 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           red[i][j] = -v;
         }
         __syncthreads();
+        {  // P T (both upper)
+          double q[TILE_ENTRIES];
+          tile_times(pm, red, q);
+#pragma unroll
+          for (int e = 0; e < TILE_ENTRIES; ++e)
+            ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
+        }
         FOR_IJ(i, j) {
-          double v = 0.0;  // P T
-          if (j < n)
-            for (int l = i; l <= j; ++l) v = fma(pm[i][l], red[l][j], v);
-          ws[WS_PT + i * PANEL_B + j] = v;
           if (i < n && j < n) {
             const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
             a[i * lda + j] = static_cast<T>(r);
