@@ -78,6 +78,23 @@ def test_warmup_stores_mpqr_kernels_by_file_and_reads_them_back_exactly():
     assert w._source_of(w._source_entry(other)) == other
 
 
+def test_warmup_stores_appended_kernel_files_by_name():
+    """A kernel file with another appended to it (``modules.functions(after=...)``) is
+    stored by both names, so that an edit of the appended file reaches the warm-up."""
+    from pathlib import Path
+
+    from mpqr.backends.cupy import warmup as w
+
+    kernels = Path(w.__file__).parent / "kernels"
+    first = (kernels / "panel_cholqr.cu").read_text()
+    second = (kernels / "panel_fused.cu").read_text()
+    source = "#include <cupy/carray.cuh>\n" + first + second + "\n// tail"
+    entry = w._source_entry(source)
+    assert (entry["file"], entry["after"]) == ("panel_cholqr.cu", ["panel_fused.cu"])
+    assert entry["tail"] == "\n// tail" and second not in entry["head"] + entry["tail"]
+    assert w._source_of(entry) == source
+
+
 def test_warmup_skips_a_list_it_cannot_use(tmp_path):
     """A missing or unreadable kernel list is reported, never an exception; without CuPy
     there is nothing to compile."""

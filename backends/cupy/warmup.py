@@ -74,19 +74,34 @@ def _split_options(options: tuple[str, ...]) -> tuple[str, ...] | None:
     return options[len(head):len(options) - len(tail)]
 
 
-def _source_entry(source: str) -> dict[str, str]:
-    """mpqr's own sources by file name (read again at warm-up), any other literally."""
-    for path in sorted(_KERNELS.glob("*.cu")):
-        text = path.read_text()
-        at = source.find(text)
-        if text and at >= 0:
-            return {"file": path.name, "head": source[:at], "tail": source[at + len(text):]}
-    return {"source": source}
+def _source_entry(source: str) -> dict[str, Any]:
+    """mpqr's own sources by file name (read again at warm-up), any other literally. A
+    kernel file with others appended to it (``modules.functions(..., after=...)``) is
+    stored as the first file and the names of those ``after`` it, so that none of their
+    texts is kept stale in the list."""
+    texts = {path.name: path.read_text() for path in sorted(_KERNELS.glob("*.cu"))}
+    found = [(source.find(text), name) for name, text in texts.items() if text]
+    found = [(at, name) for at, name in found if at >= 0]
+    if not found:
+        return {"source": source}
+    at, name = min(found)
+    end = at + len(texts[name])
+    after = []
+    while (nxt := next((n for n, t in texts.items() if t and source.startswith(t, end)),
+                       None)) is not None:
+        after.append(nxt)
+        end += len(texts[nxt])
+    entry: dict[str, Any] = {"file": name, "head": source[:at], "tail": source[end:]}
+    if after:
+        entry["after"] = after
+    return entry
 
 
 def _source_of(entry: dict[str, Any]) -> str:
     if "file" in entry:
-        return entry["head"] + (_KERNELS / entry["file"]).read_text() + entry["tail"]
+        files = (entry["file"], *entry.get("after", ()))
+        return entry["head"] + "".join((_KERNELS / f).read_text() for f in files) + \
+            entry["tail"]
     return entry["source"]
 
 
