@@ -165,6 +165,29 @@ def test_qr_with_w1_prepared_keeps_its_accuracy(monkeypatch):
     assert b1 <= 200 * u * 128 and o1 <= 200 * u * 128
 
 
+def _fp16_qr_both_ways(monkeypatch, a, xp=np):
+    """The fp16 scheme's QR with W1's shifts undone in ``W1^T B``'s product and in a pass
+    after it: ``(Q, R)`` each way and the labels that read a prepared left operand."""
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(hr, "WHB_SHIFTS_IN_PRODUCT", on)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(a, precision="fp16", method="householder-recursive")
+        out[on] = (q, r, {g.label for g in trace.gemms if "prepared=A" in str(g)})
+    return out
+
+
+def test_fp16_w1_shifts_in_the_product_give_the_pass_bits(monkeypatch):
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    a = np.random.default_rng(10).standard_normal((700, 600)).astype(np.float32)
+    a[:, 5] *= 2.0**40  # columns far apart in scale: shifts that differ from row to row
+    a[:, 9] *= 2.0**-40
+    out = _fp16_qr_both_ways(monkeypatch, a)
+    (q0, r0, lab0), (q1, r1, lab1) = out[False], out[True]
+    assert "rec-update-WhB" in lab1 and "rec-update-WhB" not in lab0
+    assert np.array_equal(q0, q1) and np.array_equal(r0, r1)
+
+
 def _cupy():
     try:
         import cupy as cp
@@ -216,3 +239,15 @@ def test_prepared_products_on_the_gpu_match_the_numpy_emulation():
     c_np = c0.copy()
     gemm_sub(c_np, w, d, precision=EMU)
     assert np.all(np.abs(cp.asnumpy(c_gpu) - c_np) <= _bound(w, d, 384))
+
+
+@gpu
+def test_fp16_w1_shifts_in_the_product_on_the_gpu(monkeypatch):
+    cp = _cupy()
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    a = cp.asarray(np.random.default_rng(11).standard_normal((2500, 2048)).astype(np.float32))
+    out = _fp16_qr_both_ways(monkeypatch, a)
+    (q0, r0, _), (q1, r1, lab1) = out[False], out[True]
+    assert "rec-update-WhB" in lab1
+    # the same roundings: the product's one unscaling by 2^-(s1_i + sb_j) against two
+    assert bool(cp.array_equal(q0, q1)) and bool(cp.array_equal(r0, r1))

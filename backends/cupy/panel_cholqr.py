@@ -52,6 +52,12 @@ FUSED_BLOCKS: int | None = None
 ONE_LAUNCH_ROWS: bool = True
 #: the one launch's ``stop`` that ends it before the rows (after its sixth grid barrier)
 _STOP_BEFORE_ROWS = 6
+#: most of a block's tiles the one launch keeps in shared memory from pass 1 to the rows
+#: (float64, 8448 bytes a tile beside the kernel's 42 KiB of its own; 0: every pass reads
+#: A); further tiles are read from A in every pass. Same factors to the last bit.
+FUSED_CACHE_TILES = 16
+#: bytes of one cached tile (32 rows of 33 doubles: the kernel's padded row)
+_TILE_BYTES = _TILE * (MAX_N + 1) * 8
 
 
 def supports(a) -> bool:
@@ -94,9 +100,14 @@ def _launch_fused(kernel, pa, lda, m: int, n: int, ws, cert, pw, ldw, ltop, tau,
     """The one launch (``stop``: return after that grid barrier, 0 all); with ``apply_k``
     (``panel_apply``) and :data:`ONE_LAUNCH_ROWS` False, the rows in a second launch."""
     apart = apply_k is not None and not ONE_LAUNCH_ROWS and stop == 0
-    kernel((fused_blocks(m),), (_THREADS,),
+    blocks = fused_blocks(m)
+    tiles = -(-m // _TILE)
+    smem = min(FUSED_CACHE_TILES, -(-tiles // blocks)) * _TILE_BYTES  # block 0's tiles
+    if smem and kernel.max_dynamic_shared_size_bytes < smem:
+        kernel.max_dynamic_shared_size_bytes = smem  # beside its static 42 KiB: opt in
+    kernel((blocks,), (_THREADS,),
            (pa, lda, cp.int64(m), cp.int32(n), ws, cert, pw, ldw, ltop, tau,
-            cp.int32(_STOP_BEFORE_ROWS if apart else stop)))
+            cp.int32(_STOP_BEFORE_ROWS if apart else stop)), shared_mem=smem)
     if apart and m > n:
         ab = max(1, min(4 * 132, -(-(m - n) // _TILE)))
         apply_k((ab,), (_THREADS,), (pa, lda, cp.int64(m), cp.int32(n), ws, pw, ldw))

@@ -2,7 +2,9 @@
 
 ``python3 bench/probes/panel_mma.py OUT.json OTHER_DIR [sections] [N ...]``: ``OTHER_DIR``
 holds other versions of some of ``backends/cupy/kernels/*.cu`` (the rest are the
-library's); each section runs both, alternated. Sections (comma-separated, default all):
+library's); each section runs both, alternated. ``PANEL_CACHE_TILES=16,6,...`` (environment)
+runs the library's kernels with each ``cupy.panel_cholqr.FUSED_CACHE_TILES`` (the first as
+"library", the others as "library-cacheN"). Sections (comma-separated, default all):
 
 * ``check``: the panel (``backend.certified_panel``) by both kernels and by the portable
   steps: the factorization's backward error and orthogonality in float64, the factors'
@@ -34,6 +36,7 @@ import numpy as np
 from mpqr.backends import get_backend
 from mpqr.backends._base import ArrayAPIBackend
 from mpqr.backends.cupy import modules
+from mpqr.backends.cupy import panel_cholqr as pc
 
 import mpqr
 from mpqr._array_api import array_namespace
@@ -43,19 +46,30 @@ B = get_backend(array_namespace(cp.empty(1)))
 LIBRARY = modules.KERNELS
 
 
-def versions(other: str) -> dict[str, Path]:
-    """The library's kernel folder and a copy of it with ``other``'s files put in."""
+def versions(other: str) -> dict[str, tuple[Path, int | None]]:
+    """The library's kernel folder (at each cache size asked) and a copy of it with
+    ``other``'s files put in."""
     tmp = Path(tempfile.mkdtemp(prefix="panel-kernels-"))
     for f in LIBRARY.iterdir():
         shutil.copy(f, tmp / f.name)
     for f in Path(other).iterdir():
         shutil.copy(f, tmp / f.name)
-    return {"library": LIBRARY, "other": tmp}
+    caps = [int(c) for c in os.environ.get("PANEL_CACHE_TILES", "").split(",") if c] or [None]
+    vers = {"library": (LIBRARY, caps[0])}
+    vers.update({f"library-cache{c}": (LIBRARY, c) for c in caps[1:]})
+    vers["other"] = (tmp, caps[0])
+    return vers
 
 
-def use(folder: Path) -> None:
-    modules.KERNELS = folder
-    modules.functions.cache_clear()
+_DEFAULT_CACHE = pc.FUSED_CACHE_TILES
+
+
+def use(version) -> None:
+    folder, cap = version if isinstance(version, tuple) else (version, None)
+    pc.FUSED_CACHE_TILES = _DEFAULT_CACHE if cap is None else cap
+    if modules.KERNELS != folder:
+        modules.KERNELS = folder
+        modules.functions.cache_clear()
 
 
 def panel_check(rows, vers):
@@ -75,10 +89,15 @@ def panel_check(rows, vers):
                     B.certified_panel(p[:, 2:2 + n], w[:, 2:2 + n], f)
                 out[which] = (p, w, int(f[0]))
             pp, wp, _ = out["portable"]
-            (pl, wl, _), (po, wo, _) = out["library"], out["other"]
-            rows.append({"check": "bitwise", "m": m, "n": n, "dtype": np.dtype(dt).name,
-                         "same_bits": bool(cp.array_equal(pl, po) and cp.array_equal(wl, wo))})
-            print(rows[-1], flush=True)
+            po, wo, _ = out["other"]
+            for which in vers:
+                if which != "other":
+                    pl, wl, _ = out[which]
+                    rows.append({"check": "bitwise", "kernels": which, "m": m, "n": n,
+                                 "dtype": np.dtype(dt).name,
+                                 "same_bits": bool(cp.array_equal(pl, po)
+                                                   and cp.array_equal(wl, wo))})
+                    print(rows[-1], flush=True)
             for which in vers:
                 pk, wk, fk = out[which]
                 y = cp.tril(pk[:, 2:2 + n].astype(cp.float64), -1) + cp.eye(m, n)

@@ -7,17 +7,23 @@ marks follow block barriers the kernel already has) and launches it as the libra
 (``ONE_LAUNCH`` ``"block"``, the library's grid), 16384 x 32 unless told, float32 and
 float64, 200 launches each; prints each step's median cycles and microseconds at the SM
 clock CuPy reports. The marks add a few global stores to block 0 only.
+``PANEL_KERNELS=DIR`` in the environment takes the two files from ``DIR``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import cupy as cp
 import numpy as np
 from mpqr.backends.cupy import panel_cholqr as k
 from mpqr.backends.cupy.modules import KERNELS, ctype
+
+#: the kernel files' folder (``PANEL_KERNELS`` in the environment, else the library's)
+FOLDER = Path(os.environ.get("PANEL_KERNELS", str(KERNELS)))
 
 _BAR = ("    grid_sync(bar, ++k);\n"
         "    if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }\n")
@@ -45,7 +51,7 @@ MARKS = (
      "R1 loaded"),
     ("            ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];\n        }" + _SYNC, 9,
      "X2 (where not first order), R = R2 R1"),
-    ("        load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2" + _SYNC, 10,
+    ("load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2" + _SYNC, 10,
      "top tile"),
     ("          store_entries(q, lu);\n        }" + _SYNC, 11, "two tile products"),
     ("          if (warp == 0) lu_signed_warp(lu, sv, n);\n          __syncthreads();\n        }",
@@ -62,7 +68,7 @@ MARKS = (
 
 
 def source() -> str:
-    text = (KERNELS / "panel_fused.cu").read_text()
+    text = (FOLDER / "panel_fused.cu").read_text()
     for anchor, off, _ in MARKS:
         assert text.count(anchor) == 1, anchor[:50]
         idx = "0" if off == 0 else f"pass * 20 + {off}"
@@ -76,7 +82,7 @@ def source() -> str:
     head = ("__device__ long long panel_dbg[64];\n"
             "#define MARK(i) do { if (blockIdx.x == 0 && threadIdx.x == 0) "
             "panel_dbg[(i)] = clock64(); } while (0)\n")
-    return (KERNELS / "panel_cholqr.cu").read_text() + head + text
+    return (FOLDER / "panel_cholqr.cu").read_text() + head + text
 
 
 def main() -> None:

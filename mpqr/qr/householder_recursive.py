@@ -50,7 +50,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
-from mpqr.engines.prepared import Prepared
+from mpqr.engines.prepared import Prepared, prepare
 from mpqr.engines.tc_fp16 import fp16_operand
 from mpqr.engines.tc_sgemm import partials_limit
 from mpqr.policy import (
@@ -90,6 +90,7 @@ __all__ = [
     "PREPARED_OPERANDS",
     "RECURSION_CUTOFF",
     "SPLIT_FP16",
+    "WHB_SHIFTS_IN_PRODUCT",
     "fp16_products",
     "fp16_scheme",
     "householder_recursive",
@@ -143,6 +144,10 @@ PREPARED_OPERANDS = True
 #: Q's formation in the lean plan hands the memory pool's cached blocks back before a
 #: block once they pass this share of Q's bytes
 LEAN_CACHED_SHARE = 0.02
+#: The fp16 scheme's ``W1^T B``: W1's column shifts (its fp16 copy's, kept for the merge)
+#: undone in the product's own unscaling, W1^T given as a prepared operand, rather than
+#: in a pass over the product afterwards (the same bits)
+WHB_SHIFTS_IN_PRODUCT = True
 _LEAN: ContextVar[tuple[int | None] | None] = ContextVar("mpqr_lean_qr", default=None)
 
 
@@ -465,10 +470,17 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         for j0 in range(cm, c1, step):
             j1 = min(c1, j0 + step)
             b = work[..., c0:, j0:j1]
-            if need_w and w16:
+            if need_w and w16 and w1.dtype != xp.float16 and WHB_SHIFTS_IN_PRODUCT:
                 # W1 rounded to fp16 once, its columns scaled (the engine's own rounding of
-                # W1^H's rows), for both products with it: C = S^-1 ((W1 S)^H B) here and
+                # W1^T's rows), for both products with it: C = S^-1 ((W1 S)^T B) here, S^-1
+                # applied in the product's unscaling (W1^T with those rows' shifts), and
                 # W2 -= (W1 S)(S^-1 D) in the merge (S = diag(2^s1): exact)
+                w1s = prepare(backend, w1, side="right", engine="tc-fp16")
+                s1, w1h = w1s.shift, w1s.hi
+                c = gemm(w1s.T, b, precision=precision, label="rec-update-WhB",
+                         options=opt_w, backend=backend)
+            elif need_w and w16:
+                # S^-1 in a pass of its own (a float16 W1 is taken at shift 0: S = I)
                 s1, w1h = fp16_operand(backend, w1, -2)
                 c = backend.ldexp(gemm(ct(xp, w1h), b, precision=precision,
                                        label="rec-update-WhB", options=opt_w, backend=backend),

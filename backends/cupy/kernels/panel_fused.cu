@@ -13,8 +13,12 @@
 //   phase 7: every block: y_i and w_i of its rows (panel_apply's loop)
 //
 // Same tiles, same block count and the same summation order as the three launches, so
-// the factors are the same to the last bit; each block's next tile is loaded into registers
-// while the current one is multiplied. STEPS, the Cholesky and signed LU factorizations:
+// the factors are the same to the last bit. A block's first tiles stay in shared memory
+// from pass 1 to the rows (as many as the launch's dynamic shared memory holds, in float64):
+// pass 1 loads them all at once, pass 2 turns each into Q1's rows in place, and the rows
+// phase multiplies those by P and P T without reading A again; each further tile is read
+// from A in every pass, the next one loaded into registers while the current one is
+// multiplied. STEPS, the Cholesky and signed LU factorizations:
 // 0 one warp's loops in shared memory (~0.45 us a step, H100); 1 the whole block (one
 // barrier per step, each thread its four entries); 2 one warp with the matrix in registers
 // (lane j holds column j, the pivot broadcast by shuffles, no barrier a step). Same
@@ -67,9 +71,48 @@ __device__ __forceinline__ void store_tile(const T* v, Mat* tile) {
     tile[(threadIdx.x >> 5) + 8 * e][threadIdx.x & 31] = static_cast<double>(v[e]);
 }
 
+// The threads that read a tile's rows in tile_times and write them in store_entries: the
+// pair of warps of an 8-row band (tensor cores), else the warp itself. A tile turned into
+// its product in place needs only them to wait for one another.
+__device__ __forceinline__ void row_band_sync() {
+#if PANEL_MMA
+  asm volatile("bar.sync %0, 64;" : : "r"(1 + static_cast<int>(threadIdx.x >> 6)) : "memory");
+#else
+  __syncwarp();
+#endif
+}
+
+// Rows row0 .. row0 + 31 of Y = Q1 P (over A) and W = Q1 (P T), rows n and below only;
+// q1: those rows of Q1 = A X1 (panel_apply's arithmetic)
+template <typename T>
+__device__ __forceinline__ void rows_out(const Mat* q1, const Mat* p, const Mat* pt,
+                                         long long row0, long long m, int n, T* a,
+                                         long long lda, T* w, long long ldw) {
+  double q[TILE_ENTRIES];
+  tile_times(q1, p, q);
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const long long row = row0 + entry_row(e);
+    const int col = entry_col(e);
+    if (row >= n && row < m && col < n) a[row * lda + col] = static_cast<T>(q[e]);
+  }
+  if (w != nullptr) {
+    tile_times(q1, pt, q);
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const long long row = row0 + entry_row(e);
+      const int col = entry_col(e);
+      if (row >= n && row < m && col < n) w[row * ldw + col] = static_cast<T>(q[e]);
+    }
+  }
+}
+
 // Upper Cholesky G = R^T R in place by the whole block (chol_warp's operations on every
 // entry): step k's row of R is written at step k + 1, when no thread reads it any more.
-__device__ bool chol_block(Mat* __restrict__ g, int n) {
+// Not inlined, here and in lu_signed_block: compiled apart from the kernel's tile loops,
+// each step's chain is scheduled as on its own (inlined, 8.5 and 10.4 us a panel against
+// 7.3 and 8.0, H200, bench/probes/panel_timeline.py).
+__device__ __noinline__ bool chol_block(Mat* __restrict__ g, int n) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   bool ok = true;
   double prev = 0.0;  // R[k - 1][lane]
@@ -104,7 +147,7 @@ __device__ bool chol_block(Mat* __restrict__ g, int n) {
 
 // Signed LU without pivoting by the whole block (lu_signed_warp's operations): step k's
 // pivot and multipliers are written at step k + 1.
-__device__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
+__device__ __noinline__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   double prev_piv = 0.0, prev_l[TILE_ENTRIES];
 #pragma unroll
@@ -217,24 +260,57 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
   __shared__ double sv[PANEL_B];
   __shared__ double e_sh;
   __shared__ int ok_sh, fail1, near_identity;
+  extern __shared__ Mat cache[];  // the block's first tiles (dynamic), PANEL_B rows each
   unsigned int* bar = reinterpret_cast<unsigned int*>(cert + 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   double* part = ws + WS_PART;
   unsigned int k = 0;  // barriers passed
+  // this block's tiles: rows first + t * stride, t < ntiles; the first ncache are cached
+  const long long first = (long long)blockIdx.x * PANEL_B;
+  const long long stride = (long long)gridDim.x * PANEL_B;
+  const int ntiles = first < m ? static_cast<int>((m - 1 - first) / stride) + 1 : 0;
+  unsigned int dyn_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
+  const int ncache = min(ntiles, static_cast<int>(dyn_bytes / (PANEL_B * sizeof(Mat))));
 
   for (int pass = 1; pass <= 2; ++pass) {
-    // ---- phase 1 / 4: partial Grams (panel_pass's loop) ----
+    // ---- phase 1 / 4: partial Grams (panel_pass's loop, tiles in the same order) ----
     double acc[TILE_ENTRIES];
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = 0.0;
-    const long long stride = (long long)gridDim.x * PANEL_B;
     T nxt[TILE_ENTRIES];
-    fetch_tile(a, lda, m, n, (long long)blockIdx.x * PANEL_B, nxt);
-    for (long long row0 = (long long)blockIdx.x * PANEL_B; row0 < m; row0 += stride) {
+    if (ncache < ntiles) fetch_tile(a, lda, m, n, first + ncache * stride, nxt);
+    if (pass == 1) {  // the cached tiles' loads in flight two tiles at a time (four, or
+                      // unrolled loops: more registers, the n x n steps slower)
+#pragma unroll 1
+      for (int t0 = 0; t0 < ncache; t0 += 2) {
+        T v[2][TILE_ENTRIES];
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          if (t0 + u < ncache) fetch_tile(a, lda, m, n, first + (t0 + u) * stride, v[u]);
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+          if (t0 + u < ncache) store_tile(v[u], cache + (t0 + u) * PANEL_B);
+      }
+    } else if (ncache > 0) {  // each cached tile becomes Q1's rows (A X1) in place
+      __syncthreads();  // X1 loaded
+#pragma unroll 1
+      for (int t = 0; t < ncache; ++t) {
+        double q[TILE_ENTRIES];
+        tile_times(cache + t * PANEL_B, x1, q);
+        row_band_sync();
+        store_entries(q, cache + t * PANEL_B);
+      }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int t = 0; t < ncache; ++t) gram_acc(cache + t * PANEL_B, acc);
+    for (int t = ncache; t < ntiles; ++t) {
+      const long long row0 = first + t * stride;
       __syncthreads();
       store_tile(nxt, tile);
       __syncthreads();
-      if (row0 + stride < m) fetch_tile(a, lda, m, n, row0 + stride, nxt);
+      if (t + 1 < ntiles) fetch_tile(a, lda, m, n, row0 + stride, nxt);
       const Mat* src = tile;
       if (pass == 2) {
         double q[TILE_ENTRIES];
@@ -372,12 +448,14 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
             ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
         }
         __syncthreads();
-        load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2
+        if (ncache == 0) load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2
         __syncthreads();
-        {
+        if (ncache == 0) {
           double q[TILE_ENTRIES];
           tile_times(r1, x1, q);
           store_entries(q, red);
+        } else {  // A[:n] X1: the top rows of block 0's first cached tile
+          FOR_IJ(i, j) red[i][j] = i < n ? cache[i][j] : 0.0;
         }
         __syncthreads();
         {
@@ -444,42 +522,31 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     }
   }
 
-  // ---- phase 7: rows i >= n (panel_apply's loop) ----
+  // ---- phase 7: rows i >= n (panel_apply's arithmetic), the Gram passes' tiles ----
   Mat* p = red;
   Mat* pt = scratch;
+  T nxt[TILE_ENTRIES];
+  if (ncache < ntiles) fetch_tile(a, lda, m, n, first + ncache * stride, nxt);
   FOR_IJ(i, j) {
-    x1[i][j] = __ldcg(&ws[WS_X1 + i * PANEL_B + j]);
+    if (ncache < ntiles) x1[i][j] = __ldcg(&ws[WS_X1 + i * PANEL_B + j]);
     p[i][j] = __ldcg(&ws[WS_P + i * PANEL_B + j]);
     pt[i][j] = __ldcg(&ws[WS_PT + i * PANEL_B + j]);
   }
-  const long long stride = (long long)gridDim.x * PANEL_B;
-  T nxt[TILE_ENTRIES];
-  fetch_tile(a, lda, m, n, n + (long long)blockIdx.x * PANEL_B, nxt);
-  for (long long row0 = n + (long long)blockIdx.x * PANEL_B; row0 < m; row0 += stride) {
+  __syncthreads();
+#pragma unroll 1
+  for (int t = 0; t < ncache; ++t)  // Q1's rows are in shared memory
+    rows_out(cache + t * PANEL_B, p, pt, first + t * stride, m, n, a, lda, w, ldw);
+  for (int t = ncache; t < ntiles; ++t) {  // Q1's rows again from A
+    const long long row0 = first + t * stride;
     __syncthreads();
     store_tile(nxt, tile);
     __syncthreads();
-    if (row0 + stride < m) fetch_tile(a, lda, m, n, row0 + stride, nxt);
+    if (t + 1 < ntiles) fetch_tile(a, lda, m, n, row0 + stride, nxt);
     double q[TILE_ENTRIES];
     tile_times(tile, x1, q);
     store_entries(q, qt);
     __syncthreads();
-    tile_times(qt, p, q);
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) {
-      const long long row = row0 + entry_row(e);
-      const int col = entry_col(e);
-      if (row < m && col < n) a[row * lda + col] = static_cast<T>(q[e]);
-    }
-    if (w != nullptr) {
-      tile_times(qt, pt, q);
-#pragma unroll
-      for (int e = 0; e < TILE_ENTRIES; ++e) {
-        const long long row = row0 + entry_row(e);
-        const int col = entry_col(e);
-        if (row < m && col < n) w[row * ldw + col] = static_cast<T>(q[e]);
-      }
-    }
+    rows_out(qt, p, pt, row0, m, n, a, lda, w, ldw);
   }
   grid_leave(bar, k);
 }

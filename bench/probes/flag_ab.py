@@ -1,0 +1,85 @@
+"""A module constant's values in the whole QR, alternated in one process.
+
+``python3 bench/probes/flag_ab.py OUT.json MODULE.NAME=V1,V2[,...] [--cases N:precision,...]
+[--mode reduced]`` (values as Python literals; cases default 16384:fp16; float64 input for
+``fp64-emulated``, float32 otherwise; ``N`` or ``MxN``): for each case, three rounds of
+4 calls per value (CUDA events, graphs dropped between values), the medians, backward
+error and orthogonality in float64, and whether Q and R are bitwise those of the first
+value.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import sys
+
+import cupy as cp
+from graphs_gpu import _ms  # the probe beside this one
+from mpqr.backends.cupy import graphs
+
+import mpqr
+from mpqr.bench._timing import environment, release_pool
+
+
+def main(argv):
+    target, _, values = argv[1].partition("=")
+    modname, _, attr = target.rpartition(".")
+    mod = importlib.import_module(modname)
+    vals = [ast.literal_eval(v) for v in values.split(",")]
+    cases = ["16384:fp16"]
+    if "--cases" in argv:
+        cases = argv[argv.index("--cases") + 1].split(",")
+    mode = argv[argv.index("--mode") + 1] if "--mode" in argv else "reduced"
+    keep = getattr(mod, attr)
+    rows = []
+    for case in cases:
+        shape, prec = case.split(":")
+        m, _, n = shape.partition("x")
+        m, n = int(m), int(n or m)
+        dt = cp.float64 if prec == "fp64-emulated" else cp.float32
+        a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
+
+        def call(a=a, prec=prec):
+            return mpqr.qr(a, precision=prec, method="householder-recursive", mode=mode)
+
+        times = {repr(v): [] for v in vals}
+        for _ in range(3):
+            for v in vals:
+                setattr(mod, attr, v)
+                graphs.clear()
+                call()
+                times[repr(v)] += _ms(call, 4)
+        row = {"case": case, "mode": mode, "flag": target}
+        first = None
+        for v in vals:
+            setattr(mod, attr, v)
+            graphs.clear()
+            q, r = call()
+            a64, q64, r64 = (x.astype(cp.float64) for x in (a, q, r))
+            t = sorted(times[repr(v)])
+            row[repr(v)] = {"ms": t[len(t) // 2], "all": [round(x, 2) for x in t],
+                            "backward": float(cp.linalg.norm(q64 @ r64 - a64)
+                                              / cp.linalg.norm(a64)),
+                            "orth": float(cp.linalg.norm(q64.T @ q64 - cp.eye(n)) / n)}
+            if first is None:
+                first = (q, r)
+            else:
+                row[repr(v)]["same_bits"] = bool(cp.array_equal(q, first[0])
+                                                 and cp.array_equal(r, first[1]))
+                del q, r
+            del a64, q64, r64
+        first = None
+        setattr(mod, attr, keep)
+        graphs.clear()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del a
+        release_pool(cp)
+    with open(argv[0], "w") as fh:
+        json.dump({"environment": environment(cp), "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
