@@ -53,11 +53,14 @@ ONE_LAUNCH_ROWS: bool = True
 #: the one launch's ``stop`` that ends it before the rows (after its sixth grid barrier)
 _STOP_BEFORE_ROWS = 6
 #: most of a block's tiles the one launch keeps in shared memory from pass 1 to the rows
-#: (float64, 8448 bytes a tile beside the kernel's 42 KiB of its own; 0: every pass reads
-#: A); further tiles are read from A in every pass. Same factors to the last bit.
-FUSED_CACHE_TILES = 16
-#: bytes of one cached tile (32 rows of 33 doubles: the kernel's padded row)
-_TILE_BYTES = _TILE * (MAX_N + 1) * 8
+#: (float64, 9216 bytes a tile beside the kernel's 45 KiB of its own; 0: every pass reads
+#: A); further tiles are read from A in every pass. Same factors to the last bit. 20, the
+#: most a block may take: a 65536 x 32 panel 96.8 against 100.8 us at 16, the QR at
+#: 65536 x 8192 fp16 157.1 against 158.4 ms (H200, bench/probes/flag_ab.py)
+FUSED_CACHE_TILES = 20
+#: doubles in a row of a shared tile (the kernels' PANEL_LD) and the bytes of a cached tile
+_LD = 36
+_TILE_BYTES = _TILE * _LD * 8
 
 
 def supports(a) -> bool:
@@ -87,6 +90,14 @@ def _sm_count(device: int) -> int:
     return int(cp.cuda.Device(device).attributes["MultiProcessorCount"])
 
 
+@functools.cache
+def _tiles_that_fit(device: int, static_bytes: int) -> int:
+    """Cached tiles a block of the one launch may hold on ``device`` beside its static
+    shared memory (227 KiB a block on an H100/H200, 163 KiB on an A100, 99 KiB on Ada)."""
+    optin = int(cp.cuda.Device(device).attributes["MaxSharedMemoryPerBlockOptin"])
+    return max(0, (optin - static_bytes) // _TILE_BYTES)
+
+
 def fused_blocks(m: int) -> int:
     """The one-launch panel's grid: the three launches' Gram-pass grid (same partial sums)
     or :data:`FUSED_BLOCKS`, at most one block per SM, so that every block is resident for
@@ -102,9 +113,10 @@ def _launch_fused(kernel, pa, lda, m: int, n: int, ws, cert, pw, ldw, ltop, tau,
     apart = apply_k is not None and not ONE_LAUNCH_ROWS and stop == 0
     blocks = fused_blocks(m)
     tiles = -(-m // _TILE)
-    smem = min(FUSED_CACHE_TILES, -(-tiles // blocks)) * _TILE_BYTES  # block 0's tiles
+    smem = min(FUSED_CACHE_TILES, -(-tiles // blocks),  # block 0's tiles
+               _tiles_that_fit(cp.cuda.Device().id, kernel.shared_size_bytes)) * _TILE_BYTES
     if smem and kernel.max_dynamic_shared_size_bytes < smem:
-        kernel.max_dynamic_shared_size_bytes = smem  # beside its static 42 KiB: opt in
+        kernel.max_dynamic_shared_size_bytes = smem  # beside its static 45 KiB: opt in
     kernel((blocks,), (_THREADS,),
            (pa, lda, cp.int64(m), cp.int32(n), ws, cert, pw, ldw, ltop, tau,
             cp.int32(_STOP_BEFORE_ROWS if apart else stop)), shared_mem=smem)

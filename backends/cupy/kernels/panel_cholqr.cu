@@ -52,7 +52,13 @@
   for (int idx_ = threadIdx.x, i = idx_ / PANEL_B, j = idx_ % PANEL_B; idx_ < PANEL_B * PANEL_B; \
        idx_ += PANEL_THREADS, i = idx_ / PANEL_B, j = idx_ % PANEL_B)
 
-typedef double Mat[PANEL_B + 1];  // a row of a shared 32 x 32 matrix (+1: no bank conflicts)
+// A row of a shared 32 x 32 matrix, padded to PANEL_LD doubles. With 36 (4 mod 16), a
+// half-warp's doubles fall in 16 distinct bank pairs for the tensor-core products' operand
+// loads (lane 4 g + t: row g, column t, or the transpose) and for a warp along a row; with
+// 33 (the usual +1) those operand loads were 4-way conflicts. A warp down a column (lane i:
+// row i) meets 4-way conflicts instead; only the three-launch form's one-warp steps do that.
+#define PANEL_LD 36
+typedef double Mat[PANEL_LD];
 
 // ---- one warp, lane j owning column j of shared matrices --------------------------------
 // Runtime loops, small code: fully unrolled register versions overflowed the instruction
