@@ -367,6 +367,11 @@ class ArrayAPIBackend:
     #: per-precision overrides of ``library_qr_square_max`` (a precision whose recursion
     #: was measured no faster than the library's QR up to a larger size)
     library_qr_square_max_by_precision: Mapping[str, int] = MappingProxyType({})
+    #: ``qr(method="auto")`` at the input's own precision (every product native) gives a
+    #: single real near-square matrix (``n <= m <= 2 n``) of more than the first and at
+    #: most the second many elements to the recursion in certified panels rather than
+    #: the library's QR ((0, 0): never; backends whose panels and GEMMs beat it set it)
+    native_recursion_square: tuple[int, int] = (0, 0)
     #: CholQR applies a well-conditioned R^-1 by GEMM from this many columns on (None:
     #: never). Measured on an H100 (fp64): 2^22 x 64 GEMM 1.7 ms vs substitution 3.2 ms,
     #: 2^24 x 32 4.0 vs 3.7 ms; every backend uses the GPU's value so CI runs that path.

@@ -127,7 +127,7 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
             res = res[()]  # SciPy gives a NumPy scalar for 1-D b
         if s is not None:
             s = np.asarray(s)
-        if not isinstance(rank, int):
+        if not isinstance(rank, (int, np.integer)):
             rank = np.asarray(rank)
         elif 0 not in np.shape(a1)[-2:] and rules.scipy_1_18_results():  # SciPy >= 1.18
             rank = np.int64(rank)

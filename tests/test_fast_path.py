@@ -226,7 +226,8 @@ class _GpuLike:
         self.small_max = 0
         self.library_qr_tall_max = nb.library_qr_tall_max
         self.library_qr_square_max = 2**27  # the CuPy backend's cuts
-        self.library_qr_square_max_by_precision = {"fp16": 2**25, "fp64-emulated": 2**25}
+        self.library_qr_square_max_by_precision = {"fp16": 2**25, "fp32-emulated": 3 * 2**24,
+                                                   "fp64-emulated": 2**25}
         self.batched_qr_fits = nb.batched_qr_fits
         self.stack_q_products_min_n = 65  # the CuPy backend's (stacks only)
 

@@ -103,7 +103,8 @@ def test_rank_deficient_like_scipy_float32_and_complex(xp, dtype, m, n, nrhs):
     cond = 1e-4 if np.finfo(dtype).eps > 1e-10 else 1e-10
     xs, ress, ranks, ss = sla.lstsq(a, b, cond=cond)
     x, res, rank, s = mpqr.lstsq(xp.asarray(a), xp.asarray(b), cond=cond)
-    assert rank == ranks == 3 and isinstance(rank, int)
+    assert rank == ranks == 3 and (type(rank) is type(ranks) if isinstance(x, np.ndarray)
+                                   else isinstance(rank, int))
     x, res, s = to_numpy(x), to_numpy(res), to_numpy(s)
     # residues: empty (not 0-D) with x's dtype for rank < N up to SciPy 1.17; NaN in the
     # full-rank shape from SciPy 1.18 on (the GPU machine's SciPy)
@@ -381,3 +382,25 @@ def test_complex_residues_and_rank_type_under_either_scipy_rule(xp, monkeypatch,
     _x2, res2, rank2, _ = mcs.lstsq(a, b)
     assert type(rank2) is (np.int64 if new else int) and rank2 == rank == 3
     assert np.asarray(res2).dtype == want
+
+
+@pytest.mark.parametrize("new", [False, True])
+def test_lstsq_rank_type_follows_the_installed_scipy(monkeypatch, new):
+    """``mpqr.lstsq`` itself gives NumPy input's rank as the installed SciPy does: a NumPy
+    int64 under SciPy >= 1.18 (small and general routes), a Python int before and for an
+    empty ``a``; batched ranks stay arrays. Checked against SciPy where its rule is the
+    installed one."""
+    from mpqr.lstsq import _scipy_rules as rules
+
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: new)
+    rng = np.random.default_rng(33)
+    want = np.int64 if new else int
+    for shape in ((9, 3), (3000, 40)):  # the small-input path and the general route
+        a, b = rng.standard_normal(shape), rng.standard_normal(shape[0])
+        rank = mpqr.lstsq(a, b)[2]
+        assert type(rank) is want and rank == shape[1]
+        if new == rules.nan_residues_when_rank_deficient():  # the installed SciPy's rule
+            assert type(rank) is type(sla.lstsq(a, b)[2])
+    assert type(mpqr.lstsq(np.zeros((0, 3)), np.zeros(0))[2]) is int
+    ranks = mpqr.lstsq(rng.standard_normal((2, 9, 3)), rng.standard_normal((2, 9, 1)))[2]
+    assert not isinstance(ranks, (int, np.integer)) and np.asarray(ranks).tolist() == [3, 3]

@@ -312,6 +312,18 @@ def test_certified_leaves_are_wider():
     cap = recursive.MAX_CERTIFIED_LEAF_WIDTH
     assert [lw(n, cap) for n in (4096, 8192, 16384, 32768, 65536)] == \
         [256, 512, 1024, 1024, 1024]
+    # few rows: up to FEW_LEAVES leaves while a leaf's rows x width stays within
+    # CERTIFIED_LEAF_ELEMENTS; many rows keep MAX_LEAVES
+    assert recursive.FEW_LEAVES < recursive.MAX_LEAVES
+    assert [lw(n, cap, rows=n) for n in (4096, 6144, 8192, 16384, 32768)] == \
+        [512, 1024, 1024, 1024, 1024]
+    assert lw(8192, cap, rows=16384) == 1024
+    assert lw(8192, cap, rows=65536) == 512
+    assert lw(4096, cap, rows=100000) == 256
+    for n, rows in ((8192, 8192), (8192, 16384), (6144, 12288), (4096, 4096)):
+        nb = lw(n, cap, rows=rows)
+        assert rows * nb <= recursive.CERTIFIED_LEAF_ELEMENTS or nb == lw(n, cap)
+        assert -(-n // nb) <= recursive.FEW_LEAVES
 
 
 def test_fused_leaf_matches_the_portable_loop(xp):

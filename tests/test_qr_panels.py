@@ -229,6 +229,70 @@ def test_choose_method_follows_the_update_gemms_engine(precision, want):
         ("householder-tiled" if want == "householder-recursive" else "geqrf")
 
 
+@pytest.mark.parametrize("precision, dtype, shape, batch, want", [
+    ("fp64", "float64", (8192, 8192), 1, "householder-recursive"),
+    ("fp32", "float32", (8192, 8192), 1, "householder-recursive"),
+    ("auto", "float64", (6144, 6144), 1, "householder-recursive"),
+    ("fp64-emulated", "float64", (8192, 8192), 1, "householder-recursive"),  # native there
+    ("fp64", "float64", (12288, 6144), 1, "householder-recursive"),  # m = 2 n
+    ("fp64", "float64", (4096, 4096), 1, "geqrf"),  # 2^24: at or below the range
+    ("fp64", "float64", (16384, 16384), 1, "geqrf"),  # above it
+    ("fp64", "float64", (16384, 4096), 1, "geqrf"),  # m > 2 n
+    ("fp64", "float64", (6144, 8192), 1, "geqrf"),  # wide
+    ("fp64", "complex128", (8192, 8192), 1, "geqrf"),  # complex: no certified panels
+])
+def test_native_near_square_takes_the_certified_recursion(monkeypatch, precision, dtype, shape,
+                                                          batch, want):
+    """At the input's own precision (every product native) a real near-square matrix
+    within ``native_recursion_square`` takes the recursion, others the library's QR."""
+    monkeypatch.setattr(_TensorCoreNumpy, "native_recursion_square", (2**25, 2**27),
+                        raising=False)
+    monkeypatch.setattr(_TensorCoreNumpy, "library_qr_square_max", 2**27, raising=False)
+    monkeypatch.setattr(_TensorCoreNumpy, "library_qr_square_max_by_precision",
+                        {"fp16": 2**25, "fp32-emulated": 3 * 2**24, "fp64-emulated": 2**25},
+                        raising=False)
+    ns = array_namespace(np.zeros(1))
+    method, why = api.choose_method(_TensorCoreNumpy(ns), precision, getattr(ns, dtype),
+                                    *shape, batch=batch)
+    assert method == want, why
+    if want == "householder-recursive":
+        assert why.startswith(f"precision={precision!r} runs every product natively")
+        assert f"near-square {shape[0]}x{shape[1]} of more than {2**25} and at most " \
+            f"{2**27} elements" in why
+    # the backend's default (0, 0): the library's QR
+    monkeypatch.setattr(_TensorCoreNumpy, "native_recursion_square", (0, 0), raising=False)
+    if precision != "fp64-emulated" and dtype != "complex128":
+        assert api.choose_method(_TensorCoreNumpy(ns), precision, getattr(ns, dtype), *shape,
+                                 batch=batch)[0] == "geqrf"
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_native_recursion_route_end_to_end(monkeypatch, dtype):
+    """The rule's route runs: ``qr`` at the input's own precision takes the certified
+    recursion where the backend's range says so, with the library QR's accuracy."""
+    from mpqr.backends.numpy.backend import NumpyBackend
+
+    monkeypatch.setattr(NumpyBackend, "native_recursion_square", (0, 2**20), raising=False)
+    a = np.random.default_rng(5).standard_normal((400, 300)).astype(dtype)  # past small_max
+    keep = a.copy()
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a)
+    assert [e.data["method"] for e in trace.events if e.kind == "method"] == \
+        ["householder-recursive"]
+    assert any(e.kind == "panel" for e in trace.events)  # certified panels
+    np.testing.assert_array_equal(a, keep)
+    u = float(np.finfo(dtype).eps) / 2
+    assert q.dtype == dtype and r.dtype == dtype
+    assert backward_error(a.astype(np.float64), q, r) <= np.sqrt(400 * 300) * u
+    assert orthogonality(q) <= np.sqrt(400) * u
+    assert np.all(np.diag(r) >= 0)
+    # outside the range: the library's QR, as before
+    monkeypatch.setattr(NumpyBackend, "native_recursion_square", (0, 0), raising=False)
+    with mpqr.explain() as trace:
+        mpqr.qr(a)
+    assert [e.data["method"] for e in trace.events if e.kind == "method"] == ["geqrf"]
+
+
 @pytest.mark.parametrize("precision, dtype, batch, want", [
     ("fp32", "float64", 1, "householder-tiled"),  # fp32 arithmetic on float64 data: ours
     ("fp64", "float32", 1, "householder-tiled"),

@@ -204,9 +204,20 @@ class CupyBackend(ArrayAPIBackend):
     #: 29.3 against 28.7 ms; recursion 6144^2 42.7 against 56.4, 8192^2 62.5 against 96.1,
     #: 16384^2 149 against 487; fp32-emulated 12288^2 162 against 232; the sweep rows of
     #: ``python bench/probes/smallgpu_gpu.py``)
+    #: fp32-emulated's cut moved down with the recursion's wider leaves of few rows (eager
+    #: calls, H200, one process: 6144^2 60.5 against cuSOLVER's 56.3 ms, 8192^2 80-88
+    #: against 96.3; ``python bench/probes/flag_ab.py``, householder_recursive.MAX_LEAVES)
     library_qr_square_max = 2**27
     library_qr_square_max_by_precision = MappingProxyType({"fp16": 2**25,
+                                                           "fp32-emulated": 3 * 2**24,
                                                            "fp64-emulated": 2**25})
+    #: the certified recursion with native GEMMs against cuSOLVER's geqrf, at the input's
+    #: own precision (H200, one process, medians of 9; float64 / float32, ms): 4096^2 42.0
+    #: / 27.3 against 30.0 / 28.6, 6144^2 38.1 / 42.4 against 58.1 / 56.3, 8192^2 70.7 /
+    #: 74.4 against 99.1 / 96.1, 12288^2 191.6 / 204.5 against 231.4 / 231.3, 16384^2
+    #: 420.5 / 429.8 against 484.8 / 489.0 (``bench/probes/native_recursion.py``). Above
+    #: 2^27 the 13-21 % it saves costs 3-4x cuSOLVER's memory: geqrf keeps those sizes.
+    native_recursion_square = (2**25, 2**27)
 
     def small(self, x, limit=None):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,

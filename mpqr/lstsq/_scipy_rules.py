@@ -18,7 +18,7 @@ import struct
 from importlib import metadata
 from typing import Any
 
-from mpqr._array_api import device
+from mpqr._array_api import array_namespace, device, is_numpy_namespace
 
 __all__ = [
     "DRIVERS",
@@ -35,6 +35,7 @@ __all__ = [
     "residues",
     "residues_empty",
     "scipy_1_18_results",
+    "scipy_rank",
 ]
 
 #: The LAPACK drivers SciPy accepts (``gelsd`` is its default).
@@ -171,6 +172,19 @@ def scipy_1_18_results() -> bool:
     ``residues`` in ``x``'s dtype (complex stays complex; before: real) and ``rank`` as a
     NumPy integer (before: a Python int). The same release as the NaN rule below."""
     return nan_residues_when_rank_deficient()
+
+
+def scipy_rank(x: Any, rank: Any, *, empty: bool) -> Any:
+    """``rank`` as the installed SciPy's lstsq gives it for a result ``x``: a NumPy
+    ``int64`` from SciPy 1.18 on for a non-empty single problem on the host (before, and
+    for an empty ``a``, a Python int); other libraries' results and batched ranks (already
+    arrays) as they are."""
+    if type(rank) is not int or empty or not scipy_1_18_results():
+        return rank
+    xp = array_namespace(x)
+    if not is_numpy_namespace(xp):
+        return rank
+    return xp.asarray(rank, dtype=xp.int64)[()]
 
 
 @functools.cache

@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpqr import _route
+from mpqr.lstsq._scipy_rules import scipy_rank
 from mpqr.lstsq.in_memory import REFINE, check_options, lstsq_2d
 
 __all__ = ["REFINE", "check_options", "lstsq", "lstsq_2d"]
@@ -126,7 +127,9 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
         residues of the full-rank shape instead, as ``scipy.linalg.lstsq`` does
         there.
     rank : int
-        Effective rank of ``a`` (an integer array for batched input).
+        Effective rank of ``a`` (an integer array for batched input). For NumPy
+        input with SciPy >= 1.18 installed, a NumPy ``int64``, as
+        ``scipy.linalg.lstsq`` returns it there (an empty ``a`` keeps a Python int).
     s : array, shape (min(M, N),) or None
         Singular values of ``a`` (descending), ``None`` for ``"gelsy"``.
 
@@ -159,6 +162,8 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> np.round(x, 6).tolist(), rank
     ([0.666667, 0.5], 2)
     """
-    return _route.lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite, lapack_driver,
-                        precision=precision, refine=refine, tol=tol, maxiter=maxiter,
-                        device=device, memory_budget=memory_budget, progress=progress)
+    x, res, rank, s = _route.lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite,
+                                   lapack_driver, precision=precision, refine=refine,
+                                   tol=tol, maxiter=maxiter, device=device,
+                                   memory_budget=memory_budget, progress=progress)
+    return x, res, scipy_rank(x, rank, empty=0 in getattr(a, "shape", (1,))[-2:]), s

@@ -17,7 +17,8 @@ large GEMMs rather than many small ones).
 
 The leaf width grows with ``n`` (:func:`leaf_width`) so that the tree has at
 most :data:`MAX_LEAVES` leaves: each leaf costs a fixed number of launches,
-and a large matrix would otherwise spend its time launching small kernels.
+and a large matrix would otherwise spend its time launching small kernels. Certified
+leaves of few rows widen further (:data:`FEW_LEAVES`), their rank-32 updates being cheap.
 W's merge is skipped where no later step reads it (``mode="r"``).
 W, Y and the R/work matrix are allocated once and filled in place.
 
@@ -78,7 +79,9 @@ from mpqr.qr._kernels import (
 from mpqr.qr.panel_blocked import certified_leaf, leaf_combines_w
 
 __all__ = [
+    "CERTIFIED_LEAF_ELEMENTS",
     "EXACT_FP16",
+    "FEW_LEAVES",
     "FP16_SCHEME",
     "FP16_SCHEMES",
     "LEAN_CACHED_SHARE",
@@ -122,6 +125,15 @@ MAX_CERTIFIED_LEAF_WIDTH = 1024
 #: The leaf width doubles (up to :data:`MAX_LEAF_WIDTH`) until ``n / nb <= MAX_LEAVES``
 #: (8192^2 fp16 on an H100: 988/428/140 ms with 128/32/16 leaves).
 MAX_LEAVES = 16
+#: Certified leaves widen further, to at most :data:`FEW_LEAVES` leaves, while a leaf's
+#: block (rows x width) stays within :data:`CERTIFIED_LEAF_ELEMENTS`: a leaf's rank-32
+#: updates grow with its rows, its fixed launches and host steps do not. H200, eager
+#: calls, 16 against 8 leaves (ms): 8192^2 fp16 63.7 / 39.7, fp32-emulated 125-187 /
+#: 80-117, fp64-emulated 103 / 77; 16384 x 8192 fp32-emulated 140 / 96; 65536 x 8192
+#: fp16 162 / 173, where the leaves' rows make them dearer
+#: (``python bench/probes/flag_ab.py OUT mpqr.qr.householder_recursive.MAX_LEAVES=16,8``)
+FEW_LEAVES = 8
+CERTIFIED_LEAF_ELEMENTS = 2**24
 #: The TRMM split stops at a quarter of the triangle: 7 GEMMs instead of ``2 k / 64``,
 #: for 12.5 % more flops on the triangular part.
 TRMM_DEPTH_FRACTION = 4
@@ -282,14 +294,19 @@ def rounded_wy(backend: Any, out: Any, y16: Any, t: Any, *, precision: str) -> N
                   label="panel-wy-rounded", backend=backend)
 
 
-def leaf_width(n: int, cap: int | None = None) -> int:
+def leaf_width(n: int, cap: int | None = None, rows: int | None = None) -> int:
     """Leaf width for ``n`` columns: a power of two times :data:`RECURSION_CUTOFF`,
     the smallest with at most :data:`MAX_LEAVES` leaves, capped at ``cap`` (default
-    :data:`MAX_LEAF_WIDTH`; :data:`MAX_CERTIFIED_LEAF_WIDTH` for certified panels)."""
+    :data:`MAX_LEAF_WIDTH`; :data:`MAX_CERTIFIED_LEAF_WIDTH` for certified panels).
+    With ``rows`` (certified leaves), doubled further towards :data:`FEW_LEAVES` leaves
+    while a leaf of ``rows x nb`` stays within :data:`CERTIFIED_LEAF_ELEMENTS`."""
     cap = MAX_LEAF_WIDTH if cap is None else cap
     nb = RECURSION_CUTOFF
     while nb < cap and n > MAX_LEAVES * nb:
         nb *= 2
+    if rows is not None:
+        while nb < cap and n > FEW_LEAVES * nb and rows * 2 * nb <= CERTIFIED_LEAF_ELEMENTS:
+            nb *= 2
     return nb
 
 
@@ -331,7 +348,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
 
     cert = certified_route(backend, a)
     if nb is None:
-        nb = leaf_width(n, MAX_CERTIFIED_LEAF_WIDTH if cert is not None else None)
+        nb = (leaf_width(n, MAX_CERTIFIED_LEAF_WIDTH, rows=m) if cert is not None
+              else leaf_width(n))
     if cert is not None:
         record_event("panel", f"householder-recursive: leaves of {nb} columns in "
                      f"{CERTIFIED_PANEL_MAX_N}-column panels by CholQR2 (float64 Gram) and "

@@ -162,7 +162,7 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     # factoring: the top level's C = W1^H A2 (k/2 x k/2), its triangular update and a
     # converted copy, or a leaf's panel copies; forming Q: a diagonal block of W Y1^H
     # (m x k/4)
-    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
+    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
     factoring = max(_HALF_PRODUCTS * (k // 2) ** 2, _LEAF_COPIES * m * min(nb, k))
     forming_q = m * max(TRMM_CUTOFF, k // 4)
     need += stack * max(factoring, forming_q) * itemsize
@@ -241,7 +241,7 @@ def _lean_bytes(prec_name: str, m: int, n: int, stack: int, itemsize: int) -> in
     of a block, the engines' scratch)."""
     k = min(m, n)
     nbytes = m * n * itemsize
-    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH)
+    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
     wk = min(k, lean_width(k, nb))
     qb = lean_q_width(k, nb)
     chunk = -(-n // LEAN_PARTS)
