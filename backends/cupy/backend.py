@@ -204,7 +204,7 @@ class CupyBackend(ArrayAPIBackend):
     #: 29.3 against 28.7 ms; recursion 6144^2 42.7 against 56.4, 8192^2 62.5 against 96.1,
     #: 16384^2 149 against 487; fp32-emulated 12288^2 162 against 232; the sweep rows of
     #: ``python bench/probes/smallgpu_gpu.py``)
-    #: fp32-emulated's cut moved down with the recursion's wider leaves of few rows (eager
+    #: fp32-emulated's cut lies between 6144^2 and 8192^2, with the recursion's 8 leaves (eager
     #: calls, H200, one process: 6144^2 60.5 against cuSOLVER's 56.3 ms, 8192^2 80-88
     #: against 96.3; ``python bench/probes/flag_ab.py``, householder_recursive.MAX_LEAVES)
     library_qr_square_max = 2**27
