@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from typing import Any
 
 import numpy as np
@@ -99,8 +100,8 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
         As SciPy; also a NaN or infinite ``cond`` (SciPy's drivers would silently
         count every singular value or use their default).
     TypeError
-        As SciPy: ``overwrite_a``/``overwrite_b`` true but no integer with
-        ``lapack_driver="gelss"``.
+        As SciPy up to 1.17: ``overwrite_a``/``overwrite_b`` true but no integer with
+        ``lapack_driver="gelss"`` (SciPy 1.18 hands no flag to LAPACK).
 
     Examples
     --------
@@ -113,7 +114,15 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     a1, b1 = _as_array(a, "a"), _as_array(b, "b")
     if lapack_driver is None:
         lapack_driver = getattr(original("lstsq"), "default_lapack_driver", "gelsd")
-    if _reaches_lapack(a1, b1, lapack_driver):  # SciPy reads the flags there; gelss takes them
+    if rules.scipy_1_18_results():
+        # SciPy >= 1.18 reads overwrite_a's truth value with its dtype cast (before the
+        # shape checks), overwrite_b's where the problem reaches LAPACK; neither goes to
+        # LAPACK as an integer
+        if lapack_driver in rules.DRIVERS and a1.ndim >= 2:
+            _args.check_flag(overwrite_a, to_lapack=False)
+        if _reaches_lapack(a1, b1, lapack_driver):
+            _args.check_flag(overwrite_b, to_lapack=False)
+    elif _reaches_lapack(a1, b1, lapack_driver):  # SciPy reads the flags there; gelss takes them
         for flag in (overwrite_a, overwrite_b):
             _args.check_flag(flag, to_lapack=False)
         for flag in (overwrite_a, overwrite_b):
@@ -152,7 +161,36 @@ def _reaches_lapack(a: Any, b: Any, driver: Any) -> bool:
 _QR_MODES = ("full", "qr", "r", "economic", "raw")
 
 
-def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_finite=True):
+def _scipy_default(name: str, param: str) -> Any:
+    """The installed SciPy's default of ``name``'s parameter ``param`` (SciPy 1.18's
+    ``lwork`` is a sentinel that tells "not given" from None), None where it has none."""
+    import inspect
+
+    try:
+        return inspect.signature(original(name)).parameters[param].default
+    except (KeyError, TypeError, ValueError):  # pragma: no cover - a SciPy without it
+        return None
+
+
+#: ``lwork``'s default as the installed SciPy has it: None up to 1.17, its "no value"
+#: sentinel from 1.18 (where giving ``lwork`` at all is deprecated)
+_LWORK = _scipy_default("qr", "lwork")
+_RQ_LWORK = _scipy_default("rq", "lwork")
+
+
+def _check_lwork_1_18(lwork: Any, m: int) -> None:
+    """SciPy 1.18's ``qr`` with ``lwork`` given: a ``ValueError`` below ``M + 1`` but
+    ``None`` and ``-1``, else its ``DeprecationWarning`` (it no longer uses it)."""
+    if lwork is _LWORK:
+        return
+    if lwork is not None and lwork != -1 and lwork <= m:
+        raise ValueError(f"lwork should be None, -1 or > M, got {lwork}")
+    warnings.warn("scipy.linalg: the `lwork` keyword is deprecated and no longer in use"
+                  " as of SciPy 1.18.0 and will be removed in SciPy 1.20.0",
+                  DeprecationWarning, stacklevel=3)
+
+
+def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_finite=True):
     """:func:`scipy.linalg.qr` computed by :func:`mpqr.qr`.
 
     Every mode runs on mpqr: ``"full"`` (also ``"qr"``), ``"economic"``, ``"r"``
@@ -194,7 +232,7 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     if mode not in _QR_MODES:
         raise ValueError("Mode argument should be one of ['full', 'r', 'economic', 'raw']")
     if (type(a) is np.ndarray and a.ndim == 2 and a.dtype.char in "fdFD" and 0 not in a.shape
-            and mode != "raw" and not pivoting and lwork is None and overwrite_a is False):
+            and mode != "raw" and not pivoting and lwork is _LWORK and overwrite_a is False):
         # a plain 2-D LAPACK-typed array with default options: none of the checks below
         # applies, so a small call reaches mpqr.qr's fast path without their cost
         if check_finite and not np.isfinite(a).all():
@@ -213,8 +251,18 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
             xp.astype(a1, xp.float64)
         if not bool(xp.all(xp.isfinite(fv))):
             raise ValueError("array must not contain infs or NaNs")
+    new = rules.scipy_1_18_results()
     if a1.ndim < 2:
-        raise ValueError("expected a 2-D array")
+        raise ValueError("Expected at least a 2-D array" if new else "expected a 2-D array")
+    if new:
+        # SciPy >= 1.18: lwork checked (or deprecated), overwrite_a's truth value read with
+        # the cast to the LAPACK dtype, then any empty input answered in that dtype
+        _check_lwork_1_18(lwork, a1.shape[-2])
+        _args.check_flag(overwrite_a, to_lapack=False)
+        if 0 in a1.shape:
+            wdt = rules.lapack_dtype(xp, a1.dtype)
+            return _empty_qr(xp, a1 if a1.dtype == wdt else xp.astype(a1, wdt), mode,
+                             pivoting)
     batch = a1.shape[:-2]
     if batch and 0 in batch:
         raise ValueError("`qr` does not support zero-size batches.")
@@ -225,9 +273,10 @@ def qr(a, overwrite_a=False, lwork=None, mode="full", pivoting=False, check_fini
     if m == 0 or n == 0:
         return _empty_qr(xp, a1, mode, pivoting)
     wdt = rules.lapack_dtype(xp, a1.dtype)
-    # what SciPy's LAPACK wrappers refuse (mpqr calls none): the overwrite flag, lwork
-    _args.check_flag(overwrite_a, to_lapack=True)
-    _args.check_qr_lwork(lwork, _args.lapack_prefix(xp, wdt), m, n, mode, pivoting)
+    if not new:
+        # what SciPy's LAPACK wrappers refuse (mpqr calls none): the overwrite flag, lwork
+        _args.check_flag(overwrite_a, to_lapack=True)
+        _args.check_qr_lwork(lwork, _args.lapack_prefix(xp, wdt), m, n, mode, pivoting)
     aw = a1 if a1.dtype == wdt else xp.astype(a1, wdt)
     prec = current_precision()
     if mode == "raw":
@@ -279,9 +328,9 @@ def _empty_qr(xp: Any, a: Any, mode: str, pivoting: bool = False) -> tuple[Any, 
                                        (*batch, n)), copy=True)
         return (*_empty_qr(xp, a, mode), p)
     if mode == "raw":
-        return ((xp.zeros((m, n), dtype=a.dtype, device=dev),
-                 xp.zeros((0,), dtype=a.dtype, device=dev)),
-                xp.zeros((k, n), dtype=a.dtype, device=dev))
+        return ((xp.zeros((*batch, m, n), dtype=a.dtype, device=dev),
+                 xp.zeros((*batch, k), dtype=a.dtype, device=dev)),
+                xp.zeros((*batch, k, n), dtype=a.dtype, device=dev))
     if mode != "economic":
         q = xp.zeros((*batch, m, m), dtype=a.dtype, device=dev) + \
             xp.astype(xp.eye(m, dtype=xp.float64, device=dev), a.dtype)
@@ -367,7 +416,7 @@ def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a
     return (xp.reshape(cq, (-1,)) if onedim else cq, *rest)
 
 
-def rq(a, overwrite_a=False, lwork=None, mode="full", check_finite=True):
+def rq(a, overwrite_a=False, lwork=_RQ_LWORK, mode="full", check_finite=True):
     """:func:`scipy.linalg.rq` from :func:`mpqr.qr` of the flipped conjugate transpose.
 
     ``A = R Q`` with ``R`` upper trapezoidal (``R = triu(R, N - M)``) and orthonormal

@@ -85,3 +85,65 @@ def test_lstsq_overwrite_flags_are_refused_as_scipy(driver):
     # SciPy's shape errors come first
     assert _outcome(mcs.lstsq, a, b[:5], overwrite_a="yes", lapack_driver="gelss") == \
         _outcome(sla.lstsq, a, b[:5], overwrite_a="yes", lapack_driver="gelss")
+
+
+@pytest.mark.parametrize("driver", ["gelsd", "gelss", "gelsy"])
+def test_lstsq_flags_under_scipy_1_18_rules(monkeypatch, driver):
+    """SciPy >= 1.18 reads the flags' truth values only (overwrite_a's before the shape
+    checks, overwrite_b's once the problem reaches LAPACK) and hands LAPACK none: a true
+    flag that is no integer passes with every driver; an array of several elements is
+    refused as its truth value is."""
+    from mpqr.lstsq import _scipy_rules as rules
+
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: True)
+    a = np.random.default_rng(1).standard_normal((6, 4))
+    b = np.ones(6)
+    for flag in ("yes", [1], 1.5, 1 + 0j):
+        for name in ("overwrite_a", "overwrite_b"):
+            x = mcs.lstsq(a, b, lapack_driver=driver, **{name: flag})[0]
+            np.testing.assert_allclose(x, sla.lstsq(a, b, lapack_driver=driver)[0],
+                                       rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="truth value of an array"):
+        mcs.lstsq(a, b[:5], overwrite_a=np.array([1, 2]), lapack_driver=driver)
+    with pytest.raises(ValueError, match="Shape mismatch|same number of rows"):
+        mcs.lstsq(a, b[:5], overwrite_b=np.array([1, 2]), lapack_driver=driver)
+    with pytest.raises(ValueError, match="truth value of an array"):
+        mcs.lstsq(a, b, overwrite_b=np.array([1, 2]), lapack_driver=driver)
+
+
+def test_qr_under_scipy_1_18_rules(monkeypatch):
+    """SciPy >= 1.18's ``qr`` (its source's order): ``lwork``, when given, refused at or
+    below ``M`` (but None and -1) and deprecated otherwise; ``overwrite_a`` read for its
+    truth value only; an empty input, zero-size batches included, answered in the LAPACK
+    dtype (an integer input's float64); a 1-D input's message."""
+    from mpqr.lstsq import _scipy_rules as rules
+
+    sentinel = object()  # SciPy 1.18's "lwork not given"
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: True)
+    monkeypatch.setattr(mcs, "_LWORK", sentinel)
+    a = np.random.default_rng(2).standard_normal((6, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q, r = mcs.qr(a, lwork=sentinel)
+        q2, r2 = mcs.qr(a, lwork=sentinel, overwrite_a="yes")  # a truth value only
+    np.testing.assert_allclose(q @ r, a, atol=1e-13)
+    np.testing.assert_array_equal(q2, q)
+    np.testing.assert_array_equal(r2, r)
+    for lwork in (-2, 0, 6):
+        with pytest.raises(ValueError, match=f"^lwork should be None, -1 or > M, got {lwork}$"):
+            mcs.qr(a, lwork=lwork)
+    for lwork in (None, -1, 7):
+        with pytest.warns(DeprecationWarning, match="the `lwork` keyword is deprecated"):
+            q3, _ = mcs.qr(a, lwork=lwork)
+        np.testing.assert_array_equal(q3, q)
+    with pytest.raises(ValueError, match="^Expected at least a 2-D array$"):
+        mcs.qr(np.ones(3), lwork=sentinel)
+    for mode in ("full", "economic", "r", "raw"):
+        out = mcs.qr(np.ones((0, 3), dtype=np.int64), lwork=sentinel, mode=mode)
+        leaves = [x for o in out for x in (o if isinstance(o, tuple) else (o,))]
+        assert all(x.dtype == np.float64 for x in leaves), mode
+    q, r = mcs.qr(np.ones((0, 3, 3), dtype=np.float32), lwork=sentinel)
+    assert q.shape == (0, 3, 3) and r.shape == (0, 3, 3) and q.dtype == np.float32
+    q, r = mcs.qr(np.ones((4, 0)), lwork=sentinel)
+    np.testing.assert_array_equal(q, np.eye(4))
+    assert r.shape == (4, 0)

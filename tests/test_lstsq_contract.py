@@ -404,3 +404,42 @@ def test_lstsq_rank_type_follows_the_installed_scipy(monkeypatch, new):
     assert type(mpqr.lstsq(np.zeros((0, 3)), np.zeros(0))[2]) is int
     ranks = mpqr.lstsq(rng.standard_normal((2, 9, 3)), rng.standard_normal((2, 9, 1)))[2]
     assert not isinstance(ranks, (int, np.integer)) and np.asarray(ranks).tolist() == [3, 3]
+
+
+@pytest.mark.parametrize("new", [False, True])
+def test_lstsq_dtype_follows_the_installed_scipy(monkeypatch, new):
+    """SciPy <= 1.17 solves in LAPACK's pick of the inputs' dtypes (small integers and bool
+    in float32); SciPy >= 1.18 first casts them to their common type, integers and bool to
+    float64 (``_ensure_dtype_cdsz``), also for an empty problem (bool then no longer
+    refused). Checked against SciPy itself where its rule is the installed one."""
+    from mpqr.lstsq import _scipy_rules as rules
+
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: new)
+    a0 = np.arange(12).reshape(4, 3) % 5 + np.eye(4, 3) * 3
+    small = np.float64 if new else np.float32
+    cases = [((np.int8, np.int8), small), ((np.bool_, np.bool_), small),
+             ((np.uint8, np.int16), small), ((np.float16, np.float16), np.float32),
+             ((np.float32, np.int8), np.float32), ((np.complex64, np.int8), np.complex64),
+             ((np.float32, np.int32), np.float64), ((np.int64, np.int64), np.float64)]
+    installed = new == rules.nan_residues_when_rank_deficient()
+    for (ta, tb), want in cases:
+        a, b = a0.astype(ta), (np.arange(4) % 2).astype(tb)
+        x, res, rank, s = mpqr.lstsq(a, b)
+        assert x.dtype == want and rank == 3, (ta, tb, x.dtype, rank)
+        if installed:
+            ref = sla.lstsq(a, b)
+            assert x.dtype == ref[0].dtype and s.dtype == ref[3].dtype
+            assert np.asarray(res).dtype == np.asarray(ref[1]).dtype
+            np.testing.assert_allclose(x, ref[0], rtol=1e-4, atol=1e-4)
+    # empty: x in the solving dtype from 1.18 on (float16 -> float32), numpy.common_type before
+    for ta, want in ((np.float16, np.float32 if new else np.float16),
+                     (np.int8, np.float64)):
+        x, res, _, _ = mpqr.lstsq(np.zeros((3, 0), dtype=ta), np.ones(3, dtype=ta))
+        assert x.dtype == want and x.shape == (0,)
+        assert float(res) == pytest.approx(3.0, rel=4 * 2.0**-11)  # float16 rounding
+    if new:
+        x = mpqr.lstsq(np.zeros((0, 2), dtype=np.bool_), np.zeros(0, dtype=np.bool_))[0]
+        assert x.dtype == np.float64 and x.shape == (2,)
+    else:
+        with pytest.raises(TypeError, match="can't get common type for non-numeric array"):
+            mpqr.lstsq(np.zeros((0, 2), dtype=np.bool_), np.zeros(0, dtype=np.bool_))

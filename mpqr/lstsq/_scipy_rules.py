@@ -30,6 +30,7 @@ __all__ = [
     "cutoff",
     "empty_result",
     "lapack_dtype",
+    "lstsq_dtype",
     "nan_residues_when_rank_deficient",
     "real_dtype",
     "residues",
@@ -64,6 +65,16 @@ def lapack_dtype(xp: Any, *dtypes: Any) -> Any:
     if best == 3 and 2 in scores:  # float64 with complex64 -> complex128
         best = 4
     return {1: xp.float32, 2: xp.float64, 3: xp.complex64, 4: xp.complex128}[best]
+
+
+def lstsq_dtype(xp: Any, *dtypes: Any) -> Any:
+    """The dtype SciPy's lstsq solves in: LAPACK's pick (:func:`lapack_dtype`); from SciPy
+    1.18 on (its ``_ensure_dtype_cdsz``, the inputs' common type first) float64 where no
+    input is floating, small integers and bool included (LAPACK's pick: float32)."""
+    if scipy_1_18_results() and not any(
+            xp.isdtype(dt, ("real floating", "complex floating")) for dt in dtypes):
+        return xp.float64
+    return lapack_dtype(xp, *dtypes)
 
 
 def common_type(xp: Any, *dtypes: Any) -> Any:
@@ -144,10 +155,16 @@ def check_shapes(a: Any, b: Any) -> None:
 
 
 def empty_result(xp: Any, a: Any, b: Any) -> tuple[Any, Any, int, Any]:
-    """SciPy's answer when ``M == 0`` or ``N == 0`` (LAPACK is not called)."""
+    """SciPy's answer when ``M == 0`` or ``N == 0`` (LAPACK is not called): ``x`` in
+    ``numpy.common_type`` of the inputs, from SciPy 1.18 on of the inputs cast to
+    :func:`lstsq_dtype` (which they are before it answers)."""
     n = a.shape[1]
     dev = device(a)
-    dt = common_type(xp, a.dtype, b.dtype)
+    if scipy_1_18_results():
+        dt = lstsq_dtype(xp, a.dtype, b.dtype)
+        b = b if b.dtype == dt else xp.astype(b, dt)
+    else:
+        dt = common_type(xp, a.dtype, b.dtype)
     x = xp.zeros((n, *b.shape[1:]), dtype=dt, device=dev)
     if n == 0:
         bf = b if xp.isdtype(b.dtype, ("real floating", "complex floating")) else \

@@ -80,7 +80,7 @@ def lstsq_2d(backend: Any, a: Any, b: Any, cond: Any, driver: Any, prec: str,
     if m == 0 or n == 0:  # SciPy answers before validating the driver
         return rules.empty_result(xp, a, b)
     driver = rules.check_driver(driver)
-    wdt = rules.lapack_dtype(xp, a.dtype, b.dtype)
+    wdt = rules.lstsq_dtype(xp, a.dtype, b.dtype)
     aw = a if a.dtype == wdt else xp.astype(a, wdt)
     bw = b if b.dtype == wdt else xp.astype(b, wdt)
     vec = bw.ndim == 1

@@ -89,7 +89,7 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     da, db = _Dims(a), _Dims(b)
     rules.check_shapes(da, db)
     m, n = da.shape
-    wdt = rules.lapack_dtype(hx, a.dtype, b.dtype)
+    wdt = rules.lstsq_dtype(hx, a.dtype, b.dtype)
     if m == 0 or n == 0:
         return rules.empty_result(hx, hx.asarray(a[...]), hx.asarray(b[...]))
     driver = rules.check_driver(lapack_driver)
