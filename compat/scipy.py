@@ -115,10 +115,14 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     if lapack_driver is None:
         lapack_driver = getattr(original("lstsq"), "default_lapack_driver", "gelsd")
     if rules.scipy_1_18_results():
-        # SciPy >= 1.18 reads overwrite_a's truth value with its dtype cast (before the
-        # shape checks), overwrite_b's where the problem reaches LAPACK; neither goes to
-        # LAPACK as an integer
+        # SciPy >= 1.18 warns of dtypes beyond LAPACK's (after its finiteness check),
+        # reads overwrite_a's truth value with its dtype cast (before the shape checks),
+        # overwrite_b's where the problem reaches LAPACK; neither goes to LAPACK as an
+        # integer
         if lapack_driver in rules.DRIVERS and a1.ndim >= 2:
+            if (_deprecated_dtype(a1) or _deprecated_dtype(b1)) and not (
+                    check_finite and _has_non_finite(a1, b1)):
+                _deprecate_dtypes_1_18("linalg.lstsq", a1, b1)
             _args.check_flag(overwrite_a, to_lapack=False)
         if _reaches_lapack(a1, b1, lapack_driver):
             _args.check_flag(overwrite_b, to_lapack=False)
@@ -148,6 +152,17 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
 
 
 lstsq.default_lapack_driver = "gelsd"  # SciPy's body reads this off the module global
+
+
+def _has_non_finite(*arrays: Any) -> bool:
+    """Whether a floating array among ``arrays`` holds NaN or Inf (SciPy's check comes
+    before its dtype warning)."""
+    for x in arrays:
+        xp = mpqr._array_api.array_namespace(x)
+        if xp.isdtype(x.dtype, ("real floating", "complex floating")) and \
+                not bool(xp.all(xp.isfinite(x))):
+            return True
+    return False
 
 
 def _reaches_lapack(a: Any, b: Any, driver: Any) -> bool:
@@ -188,6 +203,25 @@ def _check_lwork_1_18(lwork: Any, m: int) -> None:
     warnings.warn("scipy.linalg: the `lwork` keyword is deprecated and no longer in use"
                   " as of SciPy 1.18.0 and will be removed in SciPy 1.20.0",
                   DeprecationWarning, stacklevel=3)
+
+
+def _deprecated_dtype(x: Any) -> bool:
+    """Whether SciPy 1.18 deprecates ``x``'s dtype for its linalg functions: neither an
+    integer nor one of LAPACK's four (bool, float16, longdouble and the like)."""
+    return np.dtype(x.dtype).char not in np.typecodes["AllInteger"] + "fdFD"
+
+
+def _deprecate_dtypes_1_18(func_name: str, *arrays: Any) -> None:
+    """SciPy 1.18's warning for the first array of a deprecated dtype."""
+    for x in arrays:
+        if _deprecated_dtype(x):
+            char = np.dtype(x.dtype).char
+            warnings.warn(f"Calling {func_name} with arguments of dtype={np.dtype(x.dtype)} "
+                          f"(a.dtype.char = {char!r}) is deprecated in SciPy 1.18.0 and will "
+                          "be removed in SciPy 1.20.0. Please cast array inputs to one of "
+                          "np.float{32,64} or np.complex{64,128} manually.",
+                          DeprecationWarning, stacklevel=3)
+            return
 
 
 def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_finite=True):
@@ -252,6 +286,8 @@ def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_fi
         if not bool(xp.all(xp.isfinite(fv))):
             raise ValueError("array must not contain infs or NaNs")
     new = rules.scipy_1_18_results()
+    if new:
+        _deprecate_dtypes_1_18("linalg.qr", a1)
     if a1.ndim < 2:
         raise ValueError("Expected at least a 2-D array" if new else "expected a 2-D array")
     if new:

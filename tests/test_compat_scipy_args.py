@@ -147,3 +147,38 @@ def test_qr_under_scipy_1_18_rules(monkeypatch):
     q, r = mcs.qr(np.ones((4, 0)), lwork=sentinel)
     np.testing.assert_array_equal(q, np.eye(4))
     assert r.shape == (4, 0)
+
+
+def test_dtype_deprecation_under_scipy_1_18_rules(monkeypatch):
+    """SciPy 1.18 warns of dtypes beyond integers and LAPACK's four (bool, float16, ...)
+    in ``qr`` and ``lstsq`` (the first such array only, after the finiteness check); the
+    front ends follow it there and stay silent under SciPy 1.17."""
+    from mpqr.lstsq import _scipy_rules as rules
+
+    a16 = (np.eye(4, 3) * 2 + 1).astype(np.float16)
+    b16 = np.ones(4, dtype=np.float16)
+    for new in (False, True):
+        monkeypatch.setattr(rules, "scipy_1_18_results", lambda new=new: new)
+        monkeypatch.setattr(mcs, "_LWORK", None)
+        for call, name, char in ((lambda: mcs.qr(a16, lwork=None), "qr", "e"),
+                                 (lambda: mcs.qr(a16 > 1, lwork=None), "qr", "?"),
+                                 (lambda: mcs.lstsq(a16, b16), "lstsq", "e"),
+                                 (lambda: mcs.lstsq(a16.astype(np.int8), b16), "lstsq", "e")):
+            with warnings.catch_warnings(record=True) as got:
+                warnings.simplefilter("always")
+                call()
+            msgs = [str(w.message) for w in got if w.category is DeprecationWarning]
+            if new:
+                assert len(msgs) == 1 and msgs[0].startswith(
+                    f"Calling linalg.{name} with arguments of dtype=") and \
+                    f"(a.dtype.char = '{char}') is deprecated in SciPy 1.18.0" in msgs[0]
+            else:
+                assert not msgs
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            mcs.qr(a16.astype(np.int16), lwork=None)
+            mcs.lstsq(a16.astype(np.float32), b16.astype(np.float64))
+        with pytest.raises(ValueError, match="infs or NaNs"):  # before any warning
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                mcs.lstsq(a16, np.array([np.nan, 1, 1, 1], dtype=np.float16))
