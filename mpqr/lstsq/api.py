@@ -166,4 +166,6 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
                                    lapack_driver, precision=precision, refine=refine,
                                    tol=tol, maxiter=maxiter, device=device,
                                    memory_budget=memory_budget, progress=progress)
-    return x, res, scipy_rank(x, rank, empty=0 in getattr(a, "shape", (1,))[-2:]), s
+    # an empty problem (M or N zero: no singular value; gelsy gives None otherwise)
+    empty = s is not None and s.shape[-1] == 0
+    return x, res, scipy_rank(x, rank, empty=empty), s
