@@ -607,3 +607,37 @@ def test_recursive_qr_with_lookahead_and_combined_w(xp, monkeypatch, precision):
         assert np.abs(got - ref).max() <= 64 * u * np.abs(ref).max()
     assert backward_error(a, *out[1]) <= 2 * np.sqrt(256) * u
     assert orthogonality(out[1][0]) <= np.sqrt(256) * max(u, 2.0**-24) / 4
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_gpu_native_near_square_takes_the_certified_recursion(xp, monkeypatch, dtype):
+    """On CuPy, ``auto`` at the input's own precision gives a near-square matrix within
+    ``native_recursion_square`` to the recursion (native GEMMs, certified panels), others
+    to cuSOLVER; the route's factors at the precision's level (checked on a 600 x 500
+    matrix with the range moved down to it: the extended-precision reference of a
+    matrix in the range itself would take minutes on the host)."""
+    if not is_cupy_namespace(xp):
+        pytest.skip("the rule's range is the CuPy backend's")
+    from mpqr.qr.choice import choose_method
+
+    backend = get_backend(xp)
+    lo, hi = backend.native_recursion_square
+    dt = getattr(xp, dtype)
+    assert lo < 6144 * 6144 <= hi
+    assert choose_method(backend, "auto", dt, 6144, 6144)[0] == "householder-recursive"
+    assert choose_method(backend, "auto", dt, 8192, 6144)[0] == "householder-recursive"
+    assert choose_method(backend, "auto", dt, 4096, 4096)[0] == "geqrf"
+    assert choose_method(backend, "auto", dt, 16384, 16384)[0] == "geqrf"
+    monkeypatch.setattr(type(backend), "native_recursion_square", (0, 2**20))
+    a = np.random.default_rng(43).standard_normal((600, 500)).astype(dtype)
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(xp.asarray(a))
+    assert [e.data["method"] for e in trace.events if e.kind == "method"] == \
+        ["householder-recursive"]
+    assert any(e.kind == "panel" for e in trace.events)  # certified panels
+    assert {g.engine for g in trace.gemms} <= {"native-fp64", "native-fp32"}
+    qn, rn = to_numpy(q), to_numpy(r)
+    u = float(np.finfo(dtype).eps) / 2
+    assert qn.dtype == np.dtype(dtype) and np.all(np.diag(rn) >= 0)
+    assert backward_error(a.astype(np.float64), qn, rn) <= 4 * np.sqrt(500) * u
+    assert orthogonality(qn) <= 4 * np.sqrt(500) * u
