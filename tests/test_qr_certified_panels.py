@@ -623,15 +623,16 @@ def test_gpu_native_near_square_takes_the_certified_recursion(xp, monkeypatch, d
     backend = get_backend(xp)
     lo, hi = backend.native_recursion_square
     dt = getattr(xp, dtype)
+    own = "fp64" if dtype == "float64" else "fp32"  # every product native
     assert lo < 6144 * 6144 <= hi
-    assert choose_method(backend, "auto", dt, 6144, 6144)[0] == "householder-recursive"
-    assert choose_method(backend, "auto", dt, 8192, 6144)[0] == "householder-recursive"
-    assert choose_method(backend, "auto", dt, 4096, 4096)[0] == "geqrf"
-    assert choose_method(backend, "auto", dt, 16384, 16384)[0] == "geqrf"
+    assert choose_method(backend, own, dt, 6144, 6144)[0] == "householder-recursive"
+    assert choose_method(backend, own, dt, 8192, 6144)[0] == "householder-recursive"
+    assert choose_method(backend, own, dt, 4096, 4096)[0] == "geqrf"
+    assert choose_method(backend, own, dt, 16384, 16384)[0] == "geqrf"
     monkeypatch.setattr(type(backend), "native_recursion_square", (0, 2**20))
     a = np.random.default_rng(43).standard_normal((600, 500)).astype(dtype)
     with mpqr.explain() as trace:
-        q, r = mpqr.qr(xp.asarray(a))
+        q, r = mpqr.qr(xp.asarray(a), precision=own)
     assert [e.data["method"] for e in trace.events if e.kind == "method"] == \
         ["householder-recursive"]
     assert any(e.kind == "panel" for e in trace.events)  # certified panels
