@@ -205,18 +205,27 @@ def _check_lwork_1_18(lwork: Any, m: int) -> None:
                   DeprecationWarning, stacklevel=3)
 
 
+def _dtype_char(x: Any) -> str:
+    """NumPy's character code of ``x``'s dtype (also CuPy's); for a library whose dtypes
+    NumPy cannot read (array-api-strict), the one of the dtype of the same name."""
+    try:
+        return np.dtype(x.dtype).char
+    except TypeError:
+        return np.dtype(str(x.dtype).rpartition(".")[2]).char
+
+
 def _deprecated_dtype(x: Any) -> bool:
     """Whether SciPy 1.18 deprecates ``x``'s dtype for its linalg functions: neither an
     integer nor one of LAPACK's four (bool, float16, longdouble and the like)."""
-    return np.dtype(x.dtype).char not in np.typecodes["AllInteger"] + "fdFD"
+    return _dtype_char(x) not in np.typecodes["AllInteger"] + "fdFD"
 
 
 def _deprecate_dtypes_1_18(func_name: str, *arrays: Any) -> None:
     """SciPy 1.18's warning for the first array of a deprecated dtype."""
     for x in arrays:
         if _deprecated_dtype(x):
-            char = np.dtype(x.dtype).char
-            warnings.warn(f"Calling {func_name} with arguments of dtype={np.dtype(x.dtype)} "
+            char = _dtype_char(x)
+            warnings.warn(f"Calling {func_name} with arguments of dtype={np.dtype(char)} "
                           f"(a.dtype.char = {char!r}) is deprecated in SciPy 1.18.0 and will "
                           "be removed in SciPy 1.20.0. Please cast array inputs to one of "
                           "np.float{32,64} or np.complex{64,128} manually.",
