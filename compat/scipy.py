@@ -136,8 +136,8 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     if _is_numpy(x):
         x = np.asarray(x)
         res = np.asarray(res)
-        if res.ndim == 0:
-            res = res[()]  # SciPy gives a NumPy scalar for 1-D b
+        if res.ndim == 0 and not rules.scipy_1_18_results():
+            res = res[()]  # SciPy before 1.18 gives a NumPy scalar for 1-D b (1.18: 0-d)
         if s is not None:
             s = np.asarray(s)
         if not isinstance(rank, (int, np.integer)):

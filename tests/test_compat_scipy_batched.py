@@ -44,7 +44,9 @@ def test_batched_lstsq_values_match_scipy(kwargs):
     want, got = sla.lstsq(A, b, **kwargs), cs.lstsq(A, b, **kwargs)
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(got[2], want[2])
-    if kwargs:  # gelsy: no singular values, SciPy stacks its Nones
+    if kwargs and want[3] is None:  # gelsy: no singular values (SciPy >= 1.18)
+        assert got[3] is None
+    elif kwargs:  # gelsy: no singular values, SciPy before 1.18 stacks its Nones
         assert got[3].tolist() == want[3].tolist() == [None, None]
     else:
         np.testing.assert_allclose(got[3], want[3], rtol=1e-12)
@@ -79,11 +81,13 @@ def test_object_arrays_of_real_numbers_as_scipy_and_numpy_take_them():
     assert str(got.value).startswith(str(want.value))
 
 
-@pytest.mark.parametrize("name,msg", [("qr", "expected a 2-D array"), ("rq", "expected matrix")])
+@pytest.mark.parametrize("name,msg", [("qr", "xpected (at least )?a 2-D array"),
+                                      ("rq", "expected matrix")])
 def test_numpy_scalar_gets_scipys_error(name, msg):
     """A NumPy scalar is an array-like as for SciPy: the same ValueError, not a TypeError
     from namespace detection."""
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ValueError, match=msg) as theirs:
         getattr(sla, name)(np.float64(1.0))
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ValueError, match=msg) as ours:
         getattr(cs, name)(np.float64(1.0))
+    assert str(ours.value) == str(theirs.value)

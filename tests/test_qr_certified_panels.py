@@ -642,3 +642,86 @@ def test_gpu_native_near_square_takes_the_certified_recursion(xp, monkeypatch, d
     assert qn.dtype == np.dtype(dtype) and np.all(np.diag(rn) >= 0)
     assert backward_error(a.astype(np.float64), qn, rn) <= 4 * np.sqrt(500) * u
     assert orthogonality(qn) <= 4 * np.sqrt(500) * u
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_leaf_products_in_own_kernels_give_cublas_leaf(xp, monkeypatch, dtype, ahead):
+    """The leaf's rank-32 products in ``kernels/leaf_update.cu`` (``W^T B`` over row chunks
+    summed in a fixed order, ``B -= Y Z``, the combined W's ``G``) give the cuBLAS leaf's
+    factors to rounding (the sums in another order, over at most the leaf's rows, each
+    panel's update then factored by the next panel), and the same bits run to run."""
+    cupy_panels = _cupy_panels(xp)
+    own = importlib.import_module("mpqr.backends.cupy.leaf_update")
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    from mpqr.qr import panel_blocked
+
+    monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_LOOKAHEAD", ahead)
+    monkeypatch.setattr(own, "MIN_ROWS", 0)  # every product of this small leaf
+    monkeypatch.setattr(own, "MIN_COLUMNS", 0)
+    assert cupy_panels.LEAF_Z_LAYOUT in ("z", "zt")
+    # 3000 rows: W^T B in several row chunks; 250 columns: a last panel of 26
+    a = np.random.default_rng(73).standard_normal((3000, 300)).astype(dtype)
+    name = np.dtype(dtype).name
+    out = []
+    for on in (True, True, False):
+        monkeypatch.setattr(own, "UPDATE_KERNEL", (name,) if on else ())
+        monkeypatch.setattr(own, "JOIN_KERNEL", (name,) if on else ())
+        backend, work, w, cert = _working(xp, a)
+        tau = panel_blocked.certified_leaf(backend, work, w, 40, 290, cert=cert,
+                                           precision="fp64" if name == "float64" else "fp32",
+                                           combine=True)
+        out.append((to_numpy(work), to_numpy(tau), to_numpy(w), int(to_numpy(cert)[0])))
+    for x, y in zip(out[0], out[1], strict=True):
+        assert np.array_equal(x, y)
+    (wk1, t1, w1, f1), (wk2, t2, w2, f2) = out[0], out[2]
+    assert f1 == f2 == 0
+    tol = 64 * np.sqrt(3000) * _u(dtype)
+    assert np.abs(wk1 - wk2).max() <= tol * np.abs(wk2).max()
+    assert np.abs(t1 - t2).max() <= tol
+    assert np.abs(w1 - w2).max() <= tol * np.abs(w2).max()
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("r,nb,q", [(70000, 32, 1000), (300, 26, 33), (40, 32, 130), (5000, 1, 64)])
+def test_gpu_leaf_kernels_products_against_float64(xp, dtype, r, nb, q):
+    """``W^T B`` and ``B - Y Z`` of the leaf kernels on strided views, against the float64
+    products: within the dtype's rounding of sums of ``r`` (and ``nb``) terms; a second
+    launch on the same workspace gives the same bits."""
+    if not is_cupy_namespace(xp):
+        pytest.skip("the leaf kernels run on CuPy")
+    import cupy as cp
+
+    own = importlib.import_module("mpqr.backends.cupy.leaf_update")
+    rng = np.random.default_rng(r + q)
+    big = cp.asarray(rng.standard_normal((r + 3, q + 50)).astype(dtype))
+    wbig = cp.asarray(rng.standard_normal((r + 3, nb + 7)).astype(dtype))
+    l = cp.asarray(np.tril(rng.standard_normal((nb, nb)), -1).astype(dtype) + np.eye(nb,
+                                                                                   dtype=dtype))
+    b, w = big[3:, 5:5 + q], wbig[3:, 2:2 + nb]
+    margins = cp.asnumpy(big[:3]), cp.asnumpy(big[:, :5]), cp.asnumpy(big[:, 5 + q:])
+    it = big.itemsize
+    prod = own.LeafProducts(big.dtype, max(q, 32))
+    pb, ldb = big.data.ptr + (3 * big.shape[1] + 5) * it, big.shape[1]
+    pw, ldw = wbig.data.ptr + (3 * wbig.shape[1] + 2) * it, wbig.shape[1]
+    pz = prod.wtb(pb, ldb, pw, ldw, r, nb, q)
+    z = prod.z[:nb * q].reshape(nb, q).copy()
+    b64, w64 = cp.asnumpy(b).astype(np.float64), cp.asnumpy(w).astype(np.float64)
+    want = w64.T @ b64
+    bound = r * _u(dtype) * (np.abs(w64).T @ np.abs(b64))
+    assert np.all(np.abs(cp.asnumpy(z) - want) <= bound)
+    prod.wtb(pb, ldb, pw, ldw, r, nb, q)
+    assert cp.array_equal(prod.z[:nb * q].reshape(nb, q), z)
+    # B -= Y Z with Y = [L; rows of wbig from nb] (a strided Y2)
+    y2 = wbig[3 + nb:, 2:2 + nb]
+    before = b64.copy()
+    prod.apply(pb, ldb, l.data.ptr, y2.data.ptr, wbig.shape[1], pz, r, nb, q)
+    y64 = np.concatenate([cp.asnumpy(l), cp.asnumpy(y2)]).astype(np.float64)
+    z64 = cp.asnumpy(z).astype(np.float64)
+    want = before - y64 @ z64
+    bound = (nb + 1) * _u(dtype) * (np.abs(before) + np.abs(y64) @ np.abs(z64))
+    assert np.all(np.abs(cp.asnumpy(b).astype(np.float64) - want) <= bound)
+    # the margins of the strided views are untouched
+    for x, y in zip(margins, (big[:3], big[:, :5], big[:, 5 + q:]), strict=True):
+        assert np.array_equal(x, cp.asnumpy(y))

@@ -15,7 +15,7 @@ import functools
 
 import cupy as cp
 import numpy as np
-from mpqr.backends.cupy import blas
+from mpqr.backends.cupy import blas, leaf_update
 from mpqr.backends.cupy.modules import ctype, functions
 
 __all__ = ["LEAF_Z_LAYOUT", "LOOKAHEAD_STREAM", "MAX_N", "ONE_LAUNCH", "certified_leaf",
@@ -249,12 +249,18 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
             ab = max(1, min(4 * 132, -(-(mr - nn) // _TILE)))
             apply_k((ab,), (_THREADS,), (*args, ws, pw, np.int64(ldw)))
 
+    own, own_update, own_join = leaf_update.for_leaf(work.dtype, k)
+
     def update(c: int, e: int, lp: int, j0: int, j1: int) -> None:
         # columns j0:j1 <- (I - Y W^T) columns j0:j1, Y and W of the panel c:e
         nn, mr, q = e - c, m - c, j1 - j0
         if q <= 0:
             return
         pb, pw = a0 + (c * ld + j0) * it, w0 + (c * ldw + c) * it
+        if own_update and own.takes(mr, q):  # kernels of our own (leaf_update.py)
+            pz = own.wtb(pb, ld, pw, ldw, mr, nn, q)
+            own.apply(pb, ld, lp, a0 + (e * ld + c) * it, ld, pz, mr, nn, q)
+            return
         # Z^T (q x nn) = B^T W, B = work[c:, j0:j1], W = w_all[c:, c:e], as one GEMM
         # (split over 512-row chunks and summed, the QR was no faster: 16384^2 fp16
         # 299-320 ms against 296-299, H100, bench/NOTES.md 2026-11-24)
@@ -279,14 +285,18 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
         if c <= s0:
             return
         nn, mr = e - c, m - c
-        rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, atw(c, c), ldw, zero,
-                g.data.ptr, MAX_N)
+        if own_join and own.takes(mr, c - s0):  # G^T = W_j^T Y[c:, s0:c] (nn x (c - s0))
+            pg, lg, tg = own.wtb(at(a0, c, s0), ld, atw(c, c), ldw, mr, nn, c - s0), c - s0, True
+        else:
+            rm_gemm(True, False, c - s0, nn, mr, one, at(a0, c, s0), ld, atw(c, c), ldw,
+                    zero, g.data.ptr, MAX_N)
+            pg, lg, tg = g.data.ptr, MAX_N, False
         # W_j's rows above c are -W[s0:c, s0:c] G (beta 0: no pass that zeroes them first),
         # the rows from c on W_j - W[c:, s0:c] G
-        rm_gemm(False, False, c - s0, nn, c - s0, mone, atw(s0, s0), ldw, g.data.ptr,
-                MAX_N, zero, atw(s0, c), ldw)
-        rm_gemm(False, False, mr, nn, c - s0, mone, atw(c, s0), ldw, g.data.ptr,
-                MAX_N, one, atw(c, c), ldw)
+        rm_gemm(False, tg, c - s0, nn, c - s0, mone, atw(s0, s0), ldw, pg, lg, zero,
+                atw(s0, c), ldw)
+        rm_gemm(False, tg, mr, nn, c - s0, mone, atw(c, s0), ldw, pg, lg, one, atw(c, c),
+                ldw)
 
     if leaf_lookahead(k, m - c0):
         _leaf_lookahead(panel, update, c0, c1, l0, l0 + MAX_N * MAX_N * it,
