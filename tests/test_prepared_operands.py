@@ -226,6 +226,48 @@ def test_strided_split_kernel_matches_the_elementwise_one(monkeypatch, layout, d
 
 
 @gpu
+@pytest.mark.parametrize("layout", ["C", "view", "transposed"])
+@pytest.mark.parametrize("axis", [0, 1, None])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ldexp_kernel_gives_cupys_bits(monkeypatch, layout, axis, dtype):
+    """``backend.ldexp`` by a row's or a column's exponents (or one each) in one pass gives
+    CuPy's ``ldexp`` bit for bit, with overflow to Inf, results below the normal range, NaN
+    and Inf, in place too; a layout the kernel does not take goes to CuPy's."""
+    cp = _cupy()
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    be = get_backend(cp)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((300, 260)) * np.exp2(rng.integers(-60, 60, size=(300, 1)))
+    x[0, 0], x[1, 1], x[2, 2] = np.inf, np.nan, -np.inf
+    big = cp.asarray(x.astype(dtype))
+    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T}[layout]
+    lim = 200 if dtype == np.float32 else 1500  # past the overflow and subnormal ranges
+    shape = {0: (v.shape[0], 1), 1: (1, v.shape[1]), None: v.shape}[axis]
+    e = cp.asarray(rng.integers(-lim, lim, size=shape).astype(np.int32))
+    outs = []
+    for fast in (False, True):
+        monkeypatch.setattr(ek, "FAST_LDEXP", fast)
+        y = be.ldexp(v, e)
+        z = v.copy()
+        be.ldexp_in_place(z, e)
+        outs.append((y, z))
+    (y0, z0), (y1, z1) = outs
+    want = cp.ldexp(v, e)
+    for got in (y0, z0, y1, z1):
+        assert got.shape == v.shape and got.dtype == v.dtype
+        assert bool(cp.all(got.view(cp.uint32 if dtype == np.float32 else cp.uint64)
+                           == want.view(cp.uint32 if dtype == np.float32 else cp.uint64)))
+    assert bool(cp.any(cp.isinf(want) & cp.isfinite(v)))  # some overflowed
+    tiny = np.finfo(dtype).tiny
+    below = (cp.abs(v) > 0) & cp.isfinite(v) & (cp.abs(want) < tiny)  # past the normals
+    assert bool(cp.any(below))
+    if dtype == np.float64:  # some subnormal (CUDA's float32 ldexpf flushes them to zero,
+        assert bool(cp.any(below & (want != 0)))  # CuPy's ldexp and the kernel alike)
+    assert (ek.ldexp_2d(v, e) is None) == (layout == "transposed")
+
+
+@gpu
 def test_prepared_products_on_the_gpu_match_the_numpy_emulation():
     cp = _cupy()
     w, d = _ab(m=500, k=384, n=200, seed=8, graded=True)

@@ -172,10 +172,16 @@ class CupyBackend(ArrayAPIBackend):
         return self._cp.where(self._cp.isfinite(x) & (x > 0), e, 0).astype(self._cp.int32)
 
     def ldexp(self, x, e):
-        return self._cp.ldexp(x, e)
+        from mpqr.backends.cupy.engine_kernels import ldexp_2d
+
+        out = ldexp_2d(x, e) if getattr(e, "ndim", 0) == 2 else None  # a row or column's
+        return self._cp.ldexp(x, e) if out is None else out  # exponent read once
 
     def ldexp_in_place(self, x, e):
-        self._cp.ldexp(x, e, out=x)
+        from mpqr.backends.cupy.engine_kernels import ldexp_2d
+
+        if getattr(e, "ndim", 0) != 2 or ldexp_2d(x, e, out=x) is None:
+            self._cp.ldexp(x, e, out=x)
 
     # Fused single-pass versions of the engines' conversion steps.
     def all_finite(self, x):

@@ -24,8 +24,9 @@ import functools
 
 import cupy as cp
 
-__all__ = ["FAST_SPLIT", "FAST_UNSCALE_INTO", "all_finite", "max_abs_finite", "shift_of_max",
-           "split_fp16", "unit_lower_fp16", "unscale", "unscale_into"]
+__all__ = ["FAST_LDEXP", "FAST_SPLIT", "FAST_UNSCALE_INTO", "all_finite", "ldexp_2d",
+           "max_abs_finite", "shift_of_max", "split_fp16", "unit_lower_fp16", "unscale",
+           "unscale_into"]
 
 #: 2-D splits by a kernel that indexes rows and columns by their strides in 32 x 32 tiles
 #: (loads along the input's contiguous axis, stores along the parts') instead of CuPy's
@@ -35,6 +36,10 @@ __all__ = ["FAST_SPLIT", "FAST_UNSCALE_INTO", "all_finite", "max_abs_finite", "s
 #: ran at 1.35-1.39 TB/s against CuPy's 1.78, so there CuPy's kernel stays); ``True``:
 #: every 2-D split; ``False``: none
 FAST_SPLIT: bool | str = "transposed"
+#: ``ldexp`` of a 2-D float32/float64 array by exponents along its rows or columns in a
+#: kernel of one thread per column (:func:`ldexp_2d`) instead of CuPy's elementwise
+#: kernel, which indexes the broadcast exponents per element
+FAST_LDEXP = True
 #: ``c -= unscale(p)`` (and ``c = ``, ``c += ``) as one such pass over ``p`` and ``c``; the
 #: unscaling into a new array too (CuPy indexes its broadcast shifts per element)
 FAST_UNSCALE_INTO = True
@@ -288,6 +293,25 @@ __device__ void unscale2d(const float* __restrict__ c, long long m, long long n,
   unscale2d<T>(c, m, n, cr, cc, r, rr, s, sc, out, orr, oc, mode, rows); }
 UNSCALE(mpqr_unscale2d_f32, float)
 UNSCALE(mpqr_unscale2d_f64, double)
+
+// out = x * 2^e exactly (ldexp), e broadcast along rows or columns by a zero stride
+__device__ __forceinline__ float mpqr_ldexp(float x, int e) { return ldexpf(x, e); }
+__device__ __forceinline__ double mpqr_ldexp(double x, int e) { return ldexp(x, e); }
+template <typename T>
+__device__ void pow2d(const T* x, long long m, long long n, long long xr, const int* e,
+    long long er, long long ec, T* out, long long orr, long long rows) {  // out may be x
+  long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  long long i0 = blockIdx.y * rows, i1 = i0 + rows < m ? i0 + rows : m;
+#pragma unroll 4
+  for (long long i = i0; i < i1; ++i)
+    out[i * orr + j] = mpqr_ldexp(x[i * xr + j], e[i * er + j * ec]);
+}
+#define POW2D(NAME, T) extern "C" __global__ void NAME(const T* x, long long m, long long n, \
+    long long xr, const int* e, long long er, long long ec, T* out, long long orr, \
+    long long rows) { pow2d<T>(x, m, n, xr, e, er, ec, out, orr, rows); }
+POW2D(mpqr_pow2d_f32, float)
+POW2D(mpqr_pow2d_f64, double)
 """
 
 
@@ -409,6 +433,34 @@ def unscale_into(c, p, row_shift, col_shift, subtract):
          col_shift, i64(_el(col_shift, 1)), c, i64(_el(c, 0)), i64(_el(c, 1)), np.int32(mode),
          i64(rows)))
     return True
+
+
+def ldexp_2d(x, e, out=None):
+    """``x * 2**e`` (``ldexp``, the same bits as CuPy's) into ``out`` (a new C-contiguous
+    array where None) for a 2-D float32/float64 ``x`` with contiguous rows and an int32
+    ``e`` of shape ``(m, 1)``, ``(1, n)`` or ``(m, n)``, in one pass that reads a row's
+    exponent once per thread (:data:`FAST_LDEXP`); else None, nothing done."""
+    import numpy as np
+
+    if not (FAST_LDEXP and x.ndim == 2 and x.dtype in (cp.float32, cp.float64)
+            and e.ndim == 2 and e.dtype == cp.int32 and e.shape[0] in (1, x.shape[0])
+            and e.shape[1] in (1, x.shape[1]) and (x.shape[1] <= 1 or _el(x, 1) == 1)
+            and (out is None or (out.shape == x.shape and out.dtype == x.dtype
+                                 and (x.shape[1] <= 1 or _el(out, 1) == 1)))):
+        return None
+    m, n = x.shape
+    if out is None:
+        out = cp.empty((m, n), dtype=x.dtype)
+    if m == 0 or n == 0:
+        return out
+    fn = _fast_fn("mpqr_pow2d_f32" if x.dtype == cp.float32 else "mpqr_pow2d_f64")
+    if fn is None:
+        return None
+    grid, block, rows = _grid(m, n)
+    i64 = np.int64
+    fn(grid, block, (x, i64(m), i64(n), i64(_el(x, 0)), e, i64(_el(e, 0)), i64(_el(e, 1)),
+                     out, i64(_el(out, 0)), i64(rows)))
+    return out
 
 
 @functools.cache
