@@ -61,6 +61,25 @@ def _types(xp: Any, *arrays: Any) -> tuple[Any, Any]:
     return t, r
 
 
+def _no_loop(v: Any) -> bool:
+    """Whether NumPy's linalg gufuncs have no loop for ``v``'s dtype (object, strings,
+    dates, records: neither bool nor a number)."""
+    return isinstance(v, np.ndarray) and v.dtype.kind not in "biufc"
+
+
+def _check_loop(ufunc: str, *arrays: Any) -> None:
+    """NumPy's ``TypeError`` for the first input its gufunc ``ufunc`` has no loop for, with
+    the target dtype NumPy names (complex where another input is), and the argument."""
+    bad = [i for i, v in enumerate(arrays) if _no_loop(v)]
+    if not bad:
+        return
+    cplx = any(v.dtype.kind == "c" for v in arrays if not _no_loop(v) and hasattr(v, "dtype"))
+    i = bad[0]
+    to = "complex128" if cplx else "float64"
+    raise TypeError(f"Cannot cast ufunc '{ufunc}' input {i} from {arrays[i].dtype!r} to "
+                    f"dtype('{to}') with casting rule 'same_kind' (`{'ab'[i]}`)")
+
+
 def _real(xp: Any, dt: Any) -> Any:
     return {xp.complex128: xp.float64, xp.complex64: xp.float32}.get(dt, dt)
 
@@ -104,10 +123,7 @@ def lstsq(a, b, rcond=None):
     """
     rcond = check_cutoff(rcond, "rcond")
     a1, b1 = _as_array(a, "a"), _as_array(b, "b")
-    for i, (v, name) in enumerate(((a1, "a"), (b1, "b"))):
-        if getattr(v, "dtype", None) == np.dtype("O"):  # NumPy's gufunc has no object loop
-            raise TypeError(f"Cannot cast ufunc 'lstsq' input {i} from dtype('O') to "
-                            f"dtype('float64') with casting rule 'same_kind' (`{name}`)")
+    _check_loop("lstsq", a1, b1)
     wrap = _wrap(b)
     xp = array_namespace(a1, b1, names=("a", "b"))
     is_1d = b1.ndim == 1
@@ -228,7 +244,8 @@ def qr(a, mode="reduced"):
             f"{a1.ndim}-dimensional array given. Array must be at least two-dimensional")
     t, result_t = _types(xp, a1)
     if mode == "raw":
-        h, tau = _raw(xp, xp.astype(a1, t))
+        with np.errstate(all="ignore"):  # NaN/Inf pass through as NumPy's LAPACK call does
+            h, tau = _raw(xp, xp.astype(a1, t))
         return wrap(xp.astype(h, result_t)), xp.astype(tau, result_t)
     out = mpqr.qr(xp.astype(a1, t), mode=mode, precision=current_precision())
     if mode == "r":

@@ -131,6 +131,10 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
             _args.check_flag(flag, to_lapack=False)
         for flag in (overwrite_a, overwrite_b):
             _args.check_flag(flag, to_lapack=lapack_driver == "gelss")
+    # text arrays go to LAPACK's dtype as SciPy's wrappers take them: numbers written as
+    # text converted, other text refused with NumPy's ValueError
+    a1, b1 = (v.astype(np.float64) if _is_numpy(v) and v.dtype.kind in "US" else v
+              for v in (a1, b1))
     x, res, rank, s = mpqr.lstsq(a1, b1, cond, overwrite_a, overwrite_b, check_finite,
                                  lapack_driver, precision=current_precision())
     if _is_numpy(x):
@@ -494,10 +498,15 @@ def rq(a, overwrite_a=False, lwork=_RQ_LWORK, mode="full", check_finite=True):
     >>> bool(np.allclose(r @ q, a)), r.shape, q.shape
     (True, (2, 3), (3, 3))
     """
-    if mode not in ("full", "r", "economic"):
-        raise ValueError("Mode argument should be one of ['full', 'r', 'economic']")
     a1 = _as_array(a, "a", real_objects=True)
     xp = mpqr._array_api.array_namespace(a1, names=("a",))
+    # SciPy's batch decorator runs first: its dtype warning (1.18), the batch's size
+    if rules.scipy_1_18_results() and a1.ndim >= 1 and _deprecated_dtype(a1):
+        _deprecate_dtypes_1_18("rq", a1)
+    if a1.ndim > 2 and 0 in a1.shape[:-2]:
+        raise ValueError("`rq` does not support zero-size batches.")
+    if mode not in ("full", "r", "economic"):
+        raise ValueError("Mode argument should be one of ['full', 'r', 'economic']")
     if a1.ndim > 2:
         return _batched("rq", _over_batch(
             xp, lambda x: rq(x, mode=mode, check_finite=check_finite), a1, None, 2, None))

@@ -137,3 +137,41 @@ def test_rcond_that_lapack_reads_as_epsilon_cuts_at_2_to_the_minus_53_as_numpy(d
             np.testing.assert_allclose(s, sn, rtol=4 * u)
             np.testing.assert_allclose(x, xn, rtol=4 * u)
             assert res.shape == resn.shape
+
+
+def _numpy_error(f, *args):
+    with pytest.raises(TypeError) as theirs:
+        f(*args)
+    return str(theirs.value)
+
+
+@pytest.mark.parametrize("bad", [np.array([[1.0, 2.0], [3.0, 4.0]], dtype=object),
+                                 np.array([["a", "b"], ["c", "d"]])])
+@pytest.mark.parametrize("b", [np.ones(2), np.ones(2) + 1j, np.ones(2, dtype=np.float32)])
+def test_lstsq_without_a_numpy_loop_gets_numpys_type_error(bad, b):
+    """Object and text arrays: NumPy's ``TypeError`` (its gufunc has no loop), the dtype
+    it would cast to (complex where ``b`` is), the argument named after it."""
+    for args, name in (((bad, b), "a"), ((np.ones((2, 2)), bad[:, 0]), "b")):
+        want = _numpy_error(np.linalg.lstsq, *args)
+        with pytest.raises(TypeError) as ours:
+            mcn.lstsq(*args)
+        if want.startswith("Cannot cast ufunc"):  # NumPy's wording since 1.x
+            assert str(ours.value) == f"{want} (`{name}`)"
+        else:  # pragma: no cover - another NumPy's wording: the dtype is named
+            assert repr(args[name == "b"].dtype) in str(ours.value)
+
+
+def test_qr_raw_of_non_finite_input_warns_as_numpy_does():
+    """NaN and Inf pass through ``mode="raw"`` without NumPy's floating-point warnings,
+    as NumPy's own LAPACK call passes them."""
+    import warnings
+
+    a = np.array([[1.0, np.inf], [2.0, 3.0], [4.0, 5.0]])
+    with warnings.catch_warnings(record=True) as theirs:
+        warnings.simplefilter("always")
+        h0, _ = np.linalg.qr(a, mode="raw")
+    with warnings.catch_warnings(record=True) as ours:
+        warnings.simplefilter("always")
+        h, _tau = mcn.qr(a, mode="raw")
+    assert [w.category for w in ours] == [w.category for w in theirs] == []
+    assert h.shape == h0.shape and np.isnan(h).any()

@@ -156,3 +156,18 @@ def test_patch_thread_safe():
         t.join()
     assert not errors
     assert not _patch.is_patched() and scipy.linalg.lstsq is _patch.original("lstsq")
+
+
+def test_lstsq_of_text_arrays_as_scipy_takes_them():
+    """Numbers written as text are solved as SciPy's LAPACK wrappers take them (float64);
+    other text gets NumPy's ValueError, as in SciPy."""
+    a = np.array([["1", "2"], ["3", "4"], ["5", "7"]])
+    b = np.array(["1", "2", "3"])
+    want, got = sla.lstsq(a, b), mcs.lstsq(a, b)
+    assert got[0].dtype == want[0].dtype == np.float64
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    with pytest.raises(ValueError) as theirs:
+        sla.lstsq(np.array([["a", "b"], ["c", "d"]]), np.ones(2))
+    with pytest.raises(ValueError) as ours:
+        mcs.lstsq(np.array([["a", "b"], ["c", "d"]]), np.ones(2))
+    assert str(ours.value) == str(theirs.value)

@@ -91,3 +91,14 @@ def test_numpy_scalar_gets_scipys_error(name, msg):
     with pytest.raises(ValueError, match=msg) as ours:
         getattr(cs, name)(np.float64(1.0))
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("mode", ["full", "economic", "nope"])
+def test_rq_of_a_zero_size_batch_gets_scipys_error(mode):
+    """SciPy's batch decorator refuses a zero-size batch before ``rq`` reads ``mode``."""
+    a = np.zeros((0, 4, 3))
+    with pytest.raises(ValueError) as theirs:
+        sla.rq(a, mode=mode)
+    with pytest.raises(ValueError, match="^`rq` does not support zero-size batches.$") as ours:
+        cs.rq(a, mode=mode)
+    assert str(ours.value) == str(theirs.value)
