@@ -421,17 +421,25 @@ def unscale_into(c, p, row_shift, col_shift, subtract):
     m, n = c.shape
     if m == 0 or n == 0:
         return True
-    fn = _fast_fn("mpqr_unscale2d_f32" if c.dtype == cp.float32 else "mpqr_unscale2d_f64")
+    i64 = np.int64
+    mode = 0 if subtract is None else (1 if subtract else 2)
+    return _by_columns(
+        "mpqr_unscale2d", c.dtype, m, n,
+        (p, i64(m), i64(n), i64(_el(p, 0)), i64(_el(p, 1)), row_shift, i64(_el(row_shift, 0)),
+         col_shift, i64(_el(col_shift, 1)), c, i64(_el(c, 0)), i64(_el(c, 1)), np.int32(mode)))
+
+
+def _by_columns(name, dtype, m, n, args) -> bool:
+    """Launch the module's ``name`` for ``dtype`` (``_f32``/``_f64``) with one thread per
+    column and runs of rows (:func:`_grid`; the run's length its last argument); False
+    where the module did not load."""
+    import numpy as np
+
+    fn = _fast_fn(f"{name}_{'f32' if dtype == cp.float32 else 'f64'}")
     if fn is None:
         return False
     grid, block, rows = _grid(m, n)
-    i64 = np.int64
-    mode = 0 if subtract is None else (1 if subtract else 2)
-    fn(
-        grid, block,
-        (p, i64(m), i64(n), i64(_el(p, 0)), i64(_el(p, 1)), row_shift, i64(_el(row_shift, 0)),
-         col_shift, i64(_el(col_shift, 1)), c, i64(_el(c, 0)), i64(_el(c, 1)), np.int32(mode),
-         i64(rows)))
+    fn(grid, block, (*args, np.int64(rows)))
     return True
 
 
@@ -453,14 +461,11 @@ def ldexp_2d(x, e, out=None):
         out = cp.empty((m, n), dtype=x.dtype)
     if m == 0 or n == 0:
         return out
-    fn = _fast_fn("mpqr_pow2d_f32" if x.dtype == cp.float32 else "mpqr_pow2d_f64")
-    if fn is None:
-        return None
-    grid, block, rows = _grid(m, n)
     i64 = np.int64
-    fn(grid, block, (x, i64(m), i64(n), i64(_el(x, 0)), e, i64(_el(e, 0)), i64(_el(e, 1)),
-                     out, i64(_el(out, 0)), i64(rows)))
-    return out
+    done = _by_columns("mpqr_pow2d", x.dtype, m, n,
+                       (x, i64(m), i64(n), i64(_el(x, 0)), e, i64(_el(e, 0)), i64(_el(e, 1)),
+                        out, i64(_el(out, 0))))
+    return out if done else None
 
 
 @functools.cache

@@ -23,6 +23,16 @@ import mpqr
 from mpqr.bench._timing import environment, release_pool
 
 
+def case_matrix(case: str) -> tuple[int, str, cp.ndarray]:
+    """``(n, precision, A)`` of a case ``N:precision`` or ``MxN:precision``: a Gaussian
+    matrix (seed 0), float64 for ``fp64-emulated``, float32 otherwise."""
+    shape, prec = case.split(":")
+    m, _, n = shape.partition("x")
+    m, n = int(m), int(n or m)
+    dt = cp.float64 if prec == "fp64-emulated" else cp.float32
+    return n, prec, cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
+
+
 def main(argv):
     target, _, values = argv[1].partition("=")
     modname, _, attr = target.rpartition(".")
@@ -35,11 +45,7 @@ def main(argv):
     keep = getattr(mod, attr)
     rows = []
     for case in cases:
-        shape, prec = case.split(":")
-        m, _, n = shape.partition("x")
-        m, n = int(m), int(n or m)
-        dt = cp.float64 if prec == "fp64-emulated" else cp.float32
-        a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
+        n, prec, a = case_matrix(case)
 
         def call(a=a, prec=prec):
             return mpqr.qr(a, precision=prec, method="householder-recursive", mode=mode)

@@ -19,7 +19,8 @@ import json
 import sys
 
 import cupy as cp
-from graphs_gpu import _ms  # the probes beside this one
+from flag_ab import case_matrix  # the probes beside this one
+from graphs_gpu import _ms
 from kernel_time import profiled
 from mpqr.backends import get_backend
 from mpqr.backends.cupy import graphs, leaf_update, panel_cholqr
@@ -127,11 +128,7 @@ def leaf_rows(trace: bool = False) -> list[dict]:
 def qr_rows(cases: list[str]) -> list[dict]:
     rows = []
     for case in cases:
-        shape, prec = case.split(":")
-        m, _, n = shape.partition("x")
-        m, n = int(m), int(n or m)
-        dt = cp.float64 if prec == "fp64-emulated" else cp.float32
-        a = cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
+        n, prec, a = case_matrix(case)
 
         def call(a=a, prec=prec):
             return mpqr.qr(a, precision=prec, method="householder-recursive")
