@@ -241,7 +241,8 @@ def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_fi
     """:func:`scipy.linalg.qr` computed by :func:`mpqr.qr`.
 
     Every mode runs on mpqr: ``"full"`` (also ``"qr"``), ``"economic"``, ``"r"``
-    and ``"raw"`` (LAPACK's reflectors and ``tau``, for a 2-D ``a``), each with
+    and ``"raw"`` (LAPACK's reflectors and ``tau``; for a stack where the installed SciPy
+    gives them, 1.18 on), each with
     ``pivoting=True`` (``mpqr.qr(pivoting=True)``; ``P`` int32, as SciPy's).
     ``lwork`` and ``overwrite_a`` are checked as SciPy's LAPACK wrappers check them,
     with their exceptions and messages; ``lwork`` is otherwise unused. Results follow
@@ -316,7 +317,7 @@ def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_fi
     if batch and 0 in batch:
         raise ValueError("`qr` does not support zero-size batches.")
     m, n = a1.shape[-2:]
-    if mode == "raw" and batch:
+    if mode == "raw" and batch and not new:  # SciPy before 1.18 has no stack of these
         raise ValueError(f"mode='raw' needs a 2-D `a` (one set of reflectors); got shape "
                          f"{tuple(a1.shape)}")
     if m == 0 or n == 0:
@@ -329,7 +330,14 @@ def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_fi
     aw = a1 if a1.dtype == wdt else xp.astype(a1, wdt)
     prec = current_precision()
     if mode == "raw":
-        return _qr_raw(xp, aw, pivoting, prec)
+        if not batch:
+            return _qr_raw(xp, aw, pivoting, prec)
+        # SciPy >= 1.18: each matrix's ((h, tau), R[, P]), stacked over the batch
+        outs = [_qr_raw(xp, aw[idx], pivoting, prec) for idx in np.ndindex(*batch)]
+        parts = [(o[0][0], o[0][1], *o[1:]) for o in outs]
+        h, tau, *rest = (xp.reshape(xp.stack([p[i] for p in parts]), (*batch, *parts[0][i].shape))
+                         for i in range(len(parts[0])))
+        return ((h, tau), *rest)
     if mode == "r":
         r = mpqr.qr(aw, mode="r", precision=prec, overwrite_a=overwrite_a and aw is a1,
                     pivoting=bool(pivoting))

@@ -188,3 +188,32 @@ def test_dtype_deprecation_under_scipy_1_18_rules(monkeypatch):
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 mcs.lstsq(a16, np.array([np.nan, 1, 1, 1], dtype=np.float16))
+
+
+@pytest.mark.parametrize("pivoting", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 6, 4), (3, 4, 6)])
+def test_raw_qr_of_a_stack_under_scipy_1_18_rules(monkeypatch, shape, pivoting):
+    """SciPy 1.18 gives ``mode="raw"`` for stacks: each matrix's ``((h, tau), R[, P])``
+    stacked, the reflectors LAPACK's (its ``orgqr`` rebuilds Q); before, a clear error."""
+    from scipy.linalg import lapack
+
+    a = np.random.default_rng(5).standard_normal(shape)
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: False)
+    with pytest.raises(ValueError, match="mode='raw' needs a 2-D `a`"):
+        mcs.qr(a, mode="raw", pivoting=pivoting)
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: True)
+    out = mcs.qr(a, mode="raw", pivoting=pivoting)
+    (h, tau), r, *p = out
+    *batch, m, n = shape
+    k = min(m, n)
+    assert h.shape == a.shape and tau.shape == (*batch, k) and r.shape == (*batch, k, n)
+    for idx in np.ndindex(*batch):
+        (h1, t1), r1, *p1 = mcs.qr(a[idx], mode="raw", pivoting=pivoting)
+        assert np.array_equal(h[idx], h1) and np.array_equal(tau[idx], t1)
+        assert np.array_equal(r[idx], r1)
+        q, _, info = lapack.dorgqr(h1[:, :k] if m >= n else h1[:, :m], t1)
+        assert info == 0
+        cols = p1[0] if pivoting else np.arange(n)
+        assert np.allclose(q[:, :k] @ r1, a[idx][:, cols], atol=1e-13)
+        if pivoting:
+            assert np.array_equal(p[0][idx], p1[0]) and p[0].dtype == np.int32
