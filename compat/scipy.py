@@ -312,7 +312,7 @@ def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_fi
         if 0 in a1.shape:
             wdt = rules.lapack_dtype(xp, a1.dtype)
             return _empty_qr(xp, a1 if a1.dtype == wdt else xp.astype(a1, wdt), mode,
-                             pivoting)
+                             pivoting, new=True)
     batch = a1.shape[:-2]
     if batch and 0 in batch:
         raise ValueError("`qr` does not support zero-size batches.")
@@ -376,11 +376,19 @@ def _qr_raw(xp: Any, a: Any, pivoting: bool, prec: Any) -> tuple[Any, ...]:
     return ((h, tau), xp.triu(h[:k, :]), *extra)
 
 
-def _empty_qr(xp: Any, a: Any, mode: str, pivoting: bool = False) -> tuple[Any, ...]:
+def _empty_qr(xp: Any, a: Any, mode: str, pivoting: bool = False, *, new: bool = False
+              ) -> tuple[Any, ...]:
+    """The factors of an empty ``a`` (or of a stack of empty matrices) in ``mode``, as the
+    installed SciPy gives them (``new``: 1.18's rules)."""
     *batch, m, n = a.shape
     dev = mpqr._array_api.device(a)
     k = min(m, n)
-    if pivoting:
+    if pivoting and new:  # SciPy >= 1.18: one P of LAPACK's integer, whatever the batch
+        from scipy.linalg import lapack
+
+        p = xp.arange(n, dtype=xp.int64 if lapack.HAS_ILP64 else xp.int32, device=dev)
+        return (*_empty_qr(xp, a, mode), p)
+    if pivoting:  # before: one per matrix of the batch
         p = xp.asarray(xp.broadcast_to(xp.arange(n, dtype=xp.int32, device=dev),
                                        (*batch, n)), copy=True)
         return (*_empty_qr(xp, a, mode), p)

@@ -217,3 +217,23 @@ def test_raw_qr_of_a_stack_under_scipy_1_18_rules(monkeypatch, shape, pivoting):
         assert np.allclose(q[:, :k] @ r1, a[idx][:, cols], atol=1e-13)
         if pivoting:
             assert np.array_equal(p[0][idx], p1[0]) and p[0].dtype == np.int32
+
+
+@pytest.mark.parametrize("new", [False, True])
+def test_pivots_of_an_empty_stack_as_the_installed_scipy_gives_them(monkeypatch, new):
+    """An empty stack's ``P``: one per matrix before SciPy 1.18 (its batch decorator), one
+    ``arange(N)`` in LAPACK's integer from 1.18 on (its own empty-input branch)."""
+    from scipy.linalg import lapack
+
+    a = np.zeros((2, 0, 3))
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: new)
+    p = mcs.qr(a, pivoting=True)[-1]
+    if new:
+        assert p.shape == (3,) and p.dtype == (np.int64 if lapack.HAS_ILP64 else np.int32)
+    else:
+        installed_1_18 = rules.nan_residues_when_rank_deficient()  # the installed release
+        want = None if installed_1_18 else sla.qr(a, pivoting=True)[-1]
+        assert p.shape == (2, 3) and p.dtype == np.int32
+        if want is not None:
+            assert np.array_equal(p, want) and p.dtype == want.dtype
+    assert np.array_equal(p[..., :], np.broadcast_to(np.arange(3), p.shape))
