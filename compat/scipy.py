@@ -439,14 +439,18 @@ def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a
     >>> bool(np.allclose(qc, qr(a, mode="economic")[0]))
     True
     """
-    if mode not in ("left", "right"):
-        raise ValueError(f"Mode argument can only be 'left' or 'right' but not '{mode}'")
     a1, c1 = _as_array(a, "a", real_objects=True), _as_array(c, "c", real_objects=True)
     xp = mpqr._array_api.array_namespace(a1, c1, names=("a", "c"))
+    core_c = 2 if c1.ndim > 1 else 1
+    if (a1.ndim > 2 or c1.ndim > 2) and 0 in np.broadcast_shapes(
+            a1.shape[:-2], c1.shape[:c1.ndim - core_c]):  # SciPy's batch decorator, first
+        raise ValueError("`qr_multiply` does not support zero-size batches.")
+    if mode not in ("left", "right"):
+        raise ValueError(f"Mode argument can only be 'left' or 'right' but not '{mode}'")
     if a1.ndim > 2 or c1.ndim > 2:
         return _batched("qr_multiply", _over_batch(
-            xp, lambda x, y: qr_multiply(x, y, mode, pivoting, conjugate), a1, c1, 2,
-            2 if c1.ndim > 1 else 1))
+            xp, lambda x, y: qr_multiply(x, y, mode, pivoting, conjugate, overwrite_a,
+                                         overwrite_c), a1, c1, 2, core_c))
     cf = c1 if xp.isdtype(c1.dtype, ("real floating", "complex floating")) else \
         xp.astype(c1, xp.float64)
     if not bool(xp.all(xp.isfinite(cf))):
@@ -458,8 +462,9 @@ def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a
         a1 = xp.reshape(a1, (1, -1))
     m, n = a1.shape
     k = min(m, n)
-    wide_c = mode == "left" and overwrite_c and m > n and c1.shape[0] == m
-    if mode == "left" and c1.shape[0] != k and not wide_c:
+    # SciPy's rule: with overwrite_c, a left c holds all M rows (Q's full columns)
+    wide_c = mode == "left" and bool(overwrite_c) and m > n
+    if mode == "left" and c1.shape[0] != (m if wide_c else k):
         raise ValueError("Array shapes are not compatible for Q @ c operation: "
                          f"{tuple(a1.shape)} vs {tuple(c1.shape)}")
     if mode == "right" and c1.shape[1] != m:
@@ -469,9 +474,8 @@ def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a
     q, rest = out[0], tuple(out[1:])
     if wide_c:
         rest = (rest[0][:k, :], *rest[1:])
-    if 0 in c1.shape:
-        cq = xp.empty_like(c1)
-        return (xp.reshape(cq, (-1,)) if onedim else cq, *rest)
+    if 0 in c1.shape:  # SciPy answers an empty c in its 2-D form, a 1-D c too
+        return (xp.empty_like(c1), *rest)
     if conjugate:
         q = xp.conj(q)
     cw = c1 if c1.dtype == q.dtype else xp.astype(c1, q.dtype)

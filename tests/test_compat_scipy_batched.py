@@ -102,3 +102,43 @@ def test_rq_of_a_zero_size_batch_gets_scipys_error(mode):
     with pytest.raises(ValueError, match="^`rq` does not support zero-size batches.$") as ours:
         cs.rq(a, mode=mode)
     assert str(ours.value) == str(theirs.value)
+
+
+def test_qr_multiply_edges_as_scipy():
+    """``qr_multiply``: with ``overwrite_c`` a left ``c`` holds all M rows of a tall ``a``
+    (SciPy's ``min(M, N + overwrite_c (M - N))``), also per matrix of a stack; an empty
+    1-D ``c`` comes back in its 2-D form; a zero-size stack is refused before the mode."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((5, 3))
+    for c in (rng.standard_normal(3), rng.standard_normal((3, 2))):
+        with pytest.raises(ValueError) as theirs:
+            sla.qr_multiply(a, c, mode="left", overwrite_c=True)
+        with pytest.raises(ValueError) as ours:
+            cs.qr_multiply(a, c, mode="left", overwrite_c=True)
+        assert str(ours.value) == str(theirs.value)
+    c = rng.standard_normal((5, 2))
+    want, got = sla.qr_multiply(a, c.copy(), mode="left", overwrite_c=True), \
+        cs.qr_multiply(a, c, mode="left", overwrite_c=True)
+    assert got[0].shape == want[0].shape == (5, 2)
+    # Q's full columns times c: an orthogonal map (Q's columns past N are any orthonormal
+    # completion, so only what it preserves compares), R as SciPy's up to signs
+    np.testing.assert_allclose(got[0].T @ got[0], c.T @ c, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(np.abs(got[1]), np.abs(want[1]), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError) as theirs:
+        sla.qr_multiply(np.stack([a, a]), rng.standard_normal((2, 3)), mode="left",
+                        overwrite_c=True)
+    with pytest.raises(ValueError) as ours:
+        cs.qr_multiply(np.stack([a, a]), rng.standard_normal((2, 3)), mode="left",
+                       overwrite_c=True)
+    assert str(ours.value) == str(theirs.value)
+    for mode in ("left", "right"):
+        want = sla.qr_multiply(np.zeros((0, 3)), np.zeros(0), mode=mode)[0]
+        got = cs.qr_multiply(np.zeros((0, 3)), np.zeros(0), mode=mode)[0]
+        assert got.shape == want.shape and got.dtype == want.dtype
+    for mode in ("left", "nope"):
+        with pytest.raises(ValueError) as theirs:
+            sla.qr_multiply(np.zeros((0, 4, 3)), np.ones(3), mode=mode)
+        with pytest.raises(ValueError,
+                           match="^`qr_multiply` does not support zero-size batches.$") as ours:
+            cs.qr_multiply(np.zeros((0, 4, 3)), np.ones(3), mode=mode)
+        assert str(ours.value) == str(theirs.value)
