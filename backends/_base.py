@@ -112,6 +112,10 @@ class ArrayAPIBackend:
         x *= xp.pow(two, xp.astype(h, x.dtype))
         x *= xp.pow(two, xp.astype(e - h, x.dtype))
 
+    def mul_in_place(self, x: Any, f: Any) -> None:
+        """``x *= f`` (``f`` broadcasting against ``x``, of its dtype), in place."""
+        x *= f
+
     # --- fused conversions for the tensor-core engines (overridden on CuPy) ----
     def ignore_fp_warnings(self) -> Any:
         """Context in which IEEE overflow/underflow give inf/0 silently (an expected probe,

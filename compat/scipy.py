@@ -140,8 +140,10 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     if _is_numpy(x):
         x = np.asarray(x)
         res = np.asarray(res)
-        if res.ndim == 0 and not rules.scipy_1_18_results():
-            res = res[()]  # SciPy before 1.18 gives a NumPy scalar for 1-D b (1.18: 0-d)
+        if res.ndim == 0 and (0 in np.shape(a1)[-2:] or not rules.scipy_1_18_results()):
+            # a NumPy scalar for 1-D b (SciPy 1.18: a 0-d array, but for an empty a still
+            # the scalar of its early return)
+            res = res[()]
         if s is not None:
             s = np.asarray(s)
         if not isinstance(rank, (int, np.integer)):

@@ -56,6 +56,11 @@ def test_lstsq_residue_of_a_vector_as_the_installed_scipy_gives_it(monkeypatch, 
     res = mcs.lstsq(a, np.array([1.0, 1.0, 3.0]))[1]
     assert type(res) is (np.ndarray if new else np.float64) and np.shape(res) == ()
     assert np.isclose(res, 1 / 3, rtol=1e-13)
+    # an empty a: the scalar of SciPy's early return under either rule (||b||^2 for N = 0)
+    res = mcs.lstsq(np.ones((3, 0)), np.array([1.0, 2.0, 2.0]))[1]
+    assert type(res) is np.float64 and res == 9.0
+    res = mcs.lstsq(np.ones((0, 0)), np.ones(0))[1]
+    assert type(res) is np.float64 and res == 0.0
 
 
 @pytest.mark.parametrize("mode", ["full", "qr", "economic", "r"])

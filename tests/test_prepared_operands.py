@@ -202,27 +202,43 @@ gpu = pytest.mark.skipif(_cupy() is None, reason="needs a CUDA GPU with CuPy")
 
 
 @gpu
-@pytest.mark.parametrize("layout", ["C", "view", "transposed"])
+@pytest.mark.parametrize("layout", ["C", "view", "transposed", "F"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_strided_split_kernel_matches_the_elementwise_one(monkeypatch, layout, dtype):
+def test_split_kernels_match_the_elementwise_one(monkeypatch, layout, dtype):
+    """The tile kernel and the row-run kernel give the elementwise kernel's bits, for the
+    high part alone and for the three parts, with NaN/Inf, shifts past fp16's range and
+    parts written into a concatenation's halves."""
     cp = _cupy()
     from mpqr.backends.cupy import engine_kernels as ek
 
     be = get_backend(cp)
     rng = np.random.default_rng(7)
     x = rng.standard_normal((300, 260)) * np.exp2(rng.integers(-100, 100, size=(300, 1)))
-    x[0, 0], x[1, 1] = np.inf, np.nan
+    x[10, 10], x[20, 30] = np.inf, np.nan  # inside every layout's view
     big = cp.asarray(x.astype(dtype))
-    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T}[layout]
-    s = be.pow2_shift(v, -1, 14)
+    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T,
+         "F": cp.asfortranarray(big[3:250, 5:200])}[layout]
     outs = []
-    for fast in (False, True):
+    for fast, rows in ((False, False), (True, False), (False, True)):
         monkeypatch.setattr(ek, "FAST_SPLIT", fast)
-        hi = be.empty_for(v, v.shape, cp.float16)
-        cat = be.empty_for(v, (v.shape[0], 2 * v.shape[1]), cp.float16)
-        be.split_fp16(v, s, hi, hf=cat[:, :v.shape[1]], lo=cat[:, v.shape[1]:])
-        outs.append((hi.view(cp.uint16), cat.view(cp.uint16)))
-    assert all(bool(cp.all(p == q)) for p, q in zip(*outs, strict=True))
+        monkeypatch.setattr(ek, "FAST_SPLIT_ROWS", rows)
+        got = []
+        for axis in (-1, 0):
+            s = be.pow2_shift(v, axis, 14)
+            alone = be.empty_for(v, v.shape, cp.float16)
+            be.split_fp16(v, s, alone)
+            hi = be.empty_for(v, v.shape, cp.float16)
+            cat = be.empty_for(v, (v.shape[0], 2 * v.shape[1]), cp.float16)
+            be.split_fp16(v, s, hi, hf=cat[:, :v.shape[1]], lo=cat[:, v.shape[1]:])
+            got += [alone.view(cp.uint16), hi.view(cp.uint16), cat.view(cp.uint16)]
+        outs.append(got)
+    for other in outs[1:]:
+        assert all(bool(cp.all(p == q)) for p, q in zip(outs[0], other, strict=True))
+    hi = outs[0][0].view(cp.float16)
+    assert bool(cp.any(cp.isinf(hi))) and bool(cp.any(cp.isnan(hi)))  # carried through
+    assert bool(cp.any(outs[0][2] != 0))
+    name = "mpqr_splitrows_f32" if dtype == np.float32 else "mpqr_splitrows_f64"
+    assert ek._fast_fn(name) is not None  # the kernels ran, not the fallback
 
 
 @gpu
@@ -265,6 +281,105 @@ def test_ldexp_kernel_gives_cupys_bits(monkeypatch, layout, axis, dtype):
     if dtype == np.float64:  # some subnormal (CUDA's float32 ldexpf flushes them to zero,
         assert bool(cp.any(below & (want != 0)))  # CuPy's ldexp and the kernel alike)
     assert (ek.ldexp_2d(v, e) is None) == (layout == "transposed")
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["C", "view", "transposed"])
+@pytest.mark.parametrize("axis", [0, 1, None])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scale_kernel_gives_cupys_bits(layout, axis, dtype):
+    """``backend.mul_in_place`` by a row's or a column's factors (or one each) gives
+    CuPy's ``x * f`` bit for bit, NaN/Inf, signs and overflow included; a layout the
+    kernel does not take goes to CuPy's."""
+    cp = _cupy()
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    be = get_backend(cp)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((300, 260)) * np.exp2(rng.integers(-60, 60, size=(300, 1)))
+    x[10, 10], x[20, 30], x[40, 50] = np.inf, np.nan, -np.inf
+    big = cp.asarray(x.astype(dtype))
+    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T}[layout]
+    shape = {0: (v.shape[0], 1), 1: (1, v.shape[1]), None: v.shape}[axis]
+    huge = 2.0**100 if dtype == np.float32 else 2.0**1000  # past the range with x's scale
+    f = rng.choice([-1.0, 1.0, 0.5, -3.0, huge], size=shape).astype(dtype)
+    f = cp.asarray(f)
+    want = v * f
+    z = v.copy()
+    be.mul_in_place(z, f)
+    y = ek.scale_2d(v, f)
+    bits = cp.uint32 if dtype == np.float32 else cp.uint64
+    for got in (z, y) if y is not None else (z,):
+        assert bool(cp.all(got.view(bits) == want.view(bits)))
+    assert (y is None) == (layout == "transposed")
+    assert bool(cp.any(cp.isinf(want) & cp.isfinite(v)))  # some overflowed
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["C", "view"])
+@pytest.mark.parametrize("subtract", [None, True, False])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unscale_kernel_gives_the_elementwise_bits(monkeypatch, layout, subtract, dtype):
+    """``backend.unscale_into`` in one pass gives the elementwise unscaling's bits, then the
+    one rounded update: float32 results below the normal range rounded (not flushed),
+    overflow, NaN/Inf, a row count no multiple of the kernel's run."""
+    cp = _cupy()
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    be = get_backend(cp)
+    rng = np.random.default_rng(14)
+    m, n = (297, 195) if layout == "view" else (300, 260)
+    p = rng.standard_normal((m, n)).astype(np.float32)
+    p[10, 10], p[20, 30] = np.inf, np.nan
+    lim = 150 if dtype == np.float32 else 1100
+    rs = rng.integers(-lim, lim, size=(m, 1)).astype(np.int32)
+    cs = rng.integers(-10, 10, size=(1, n)).astype(np.int32)
+    c0 = rng.standard_normal((m + 3, n + 5)).astype(dtype)
+    outs = []
+    for fast in (False, True):
+        monkeypatch.setattr(ek, "FAST_UNSCALE_INTO", fast)
+        big = cp.asarray(c0)
+        c = big[3:, 5:] if layout == "view" else big[:m, :n]
+        be.unscale_into(c, cp.asarray(p), cp.asarray(rs), cp.asarray(cs), subtract=subtract)
+        outs.append(cp.asnumpy(big))
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    num = ~np.isnan(outs[0])
+    assert np.array_equal(np.isnan(outs[1]), ~num) and bool(np.any(~num))
+    assert np.array_equal(outs[0][num].view(bits), outs[1][num].view(bits))
+    if subtract is None and dtype == np.float32:
+        tiny = np.finfo(np.float32).tiny
+        got = outs[1][3:, 5:] if layout == "view" else outs[1][:m, :n]
+        assert bool(np.any((got != 0) & (np.abs(got) < tiny)))  # subnormals kept
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(500, 300), (33, 31)])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_add_partials_kernel_sums_in_the_portable_order(shape, offset):
+    """The partial products summed on the GPU give the NumPy reference backend's bits
+    (``c + p0``, then ``+ p1``, ...: each addition rounded to nearest), with four entries
+    a thread (aligned) or one (an odd size, an offset view), NaN/Inf carried."""
+    cp = _cupy()
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    rng = np.random.default_rng(13)
+    g = 7
+    parts = (rng.standard_normal((g, *shape)) * np.exp2(rng.integers(-30, 30, (g, 1, 1))))
+    parts = parts.astype(np.float32)
+    parts[3, 1, 2] = np.inf
+    c0 = rng.standard_normal((offset + shape[0], shape[1])).astype(np.float32)
+    c0[2, 4] = np.nan
+    want = c0[offset:].copy()
+    get_backend(np).add_partials(want, parts)
+    c_gpu = cp.asarray(c0)
+    c = c_gpu[offset:]  # an offset view: still C-contiguous
+    assert ek.add_partials(c, cp.asarray(parts))  # the kernel ran, not the fallback
+    # the same bits (NaN where NaN: the GPU's NaN has a payload of its own)
+    got = cp.asnumpy(c)
+    num = ~np.isnan(want)
+    assert np.array_equal(np.isnan(got), ~num) and bool(np.any(~num))
+    assert np.array_equal(got[num].view(np.uint32), want[num].view(np.uint32))
+    assert np.array_equal(cp.asnumpy(c_gpu[:offset]), c0[:offset])  # rows before untouched
 
 
 @gpu

@@ -183,6 +183,13 @@ class CupyBackend(ArrayAPIBackend):
         if getattr(e, "ndim", 0) != 2 or ldexp_2d(x, e, out=x) is None:
             self._cp.ldexp(x, e, out=x)
 
+    def mul_in_place(self, x, f):
+        from mpqr.backends.cupy.engine_kernels import scale_2d
+
+        # CuPy's multiply indexes a broadcast f per element; the kernel reads it once a row
+        if getattr(f, "ndim", 0) != 2 or scale_2d(x, f, out=x) is None:
+            x *= f
+
     # Fused single-pass versions of the engines' conversion steps.
     def all_finite(self, x):
         from mpqr.backends.cupy.engine_kernels import all_finite
@@ -499,6 +506,10 @@ class CupyBackend(ArrayAPIBackend):
                                         subtract=subtract)
 
     def add_partials(self, c, parts):
+        from mpqr.backends.cupy import engine_kernels as k
+
+        if k.add_partials(c, parts):  # one pass, the portable backends' order
+            return None
         cp = self._cp
         if not (c.flags.c_contiguous and parts.flags.c_contiguous and parts.ndim == 3
                 and c.dtype == parts.dtype == cp.float32 and parts.shape[0] > 0):

@@ -24,8 +24,9 @@ import functools
 
 import cupy as cp
 
-__all__ = ["FAST_LDEXP", "FAST_SPLIT", "FAST_UNSCALE_INTO", "all_finite", "ldexp_2d",
-           "max_abs_finite", "shift_of_max", "split_fp16", "unit_lower_fp16", "unscale",
+__all__ = ["FAST_ADD_PARTIALS", "FAST_LDEXP", "FAST_SCALE", "FAST_SPLIT", "FAST_SPLIT_ROWS",
+           "FAST_UNSCALE_INTO", "add_partials", "all_finite", "ldexp_2d", "max_abs_finite",
+           "scale_2d", "shift_of_max", "split_fp16", "unit_lower_fp16", "unscale",
            "unscale_into"]
 
 #: 2-D splits by a kernel that indexes rows and columns by their strides in 32 x 32 tiles
@@ -36,10 +37,22 @@ __all__ = ["FAST_LDEXP", "FAST_SPLIT", "FAST_UNSCALE_INTO", "all_finite", "ldexp
 #: ran at 1.35-1.39 TB/s against CuPy's 1.78, so there CuPy's kernel stays); ``True``:
 #: every 2-D split; ``False``: none
 FAST_SPLIT: bool | str = "transposed"
+#: the split where ``x`` and its parts have contiguous rows (the backend transposes
+#: F-order views first) by a kernel of one thread per column and a run of rows
+#: (:func:`_rows_split`) instead of CuPy's elementwise kernel, which indexes the
+#: broadcast shifts per element; the same roundings
+FAST_SPLIT_ROWS = True
 #: ``ldexp`` of a 2-D float32/float64 array by exponents along its rows or columns in a
 #: kernel of one thread per column (:func:`ldexp_2d`) instead of CuPy's elementwise
 #: kernel, which indexes the broadcast exponents per element
 FAST_LDEXP = True
+#: ``x * f`` for ``f`` along x's rows or columns (the QR's sign normalisation) by the same
+#: kind of kernel (:func:`scale_2d`) instead of CuPy's multiply
+FAST_SCALE = True
+#: the slices' partial products summed into ``c`` by a kernel of its own
+#: (:func:`add_partials`: the portable backends' order, four entries per thread) instead
+#: of cuBLAS's product with a row of ones (a GEMV that ran at about half the copy rate)
+FAST_ADD_PARTIALS = True
 #: ``c -= unscale(p)`` (and ``c = ``, ``c += ``) as one such pass over ``p`` and ``c``; the
 #: unscaling into a new array too (CuPy indexes its broadcast shifts per element)
 FAST_UNSCALE_INTO = True
@@ -270,6 +283,37 @@ __device__ void split2d(const T* __restrict__ x, long long m, long long n, long 
 SPLIT(mpqr_split2d_f32, float)
 SPLIT(mpqr_split2d_f64, double)
 
+// the split where x and its parts share their contiguous axis: one thread per column and
+// a run of rows, the row's shift read once per row (no per-element index arithmetic)
+template <typename T>
+__device__ void split_rows(const T* __restrict__ x, long long m, long long n, long long xr,
+    const int* __restrict__ s, long long sr, long long sc, int lo_shift,
+    unsigned short* __restrict__ hi, long long hr, unsigned short* __restrict__ hf,
+    long long fr, unsigned short* __restrict__ lo, long long lr, int has_lo, long long rows) {
+  long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  long long i0 = blockIdx.y * rows, i1 = i0 + rows < m ? i0 + rows : m;
+#pragma unroll 4
+  for (long long i = i0; i < i1; ++i) {
+    double y = ldexp(mpqr_f64(x[i * xr + j]), s[i * sr + j * sc]);
+    unsigned short h = mpqr_f2h(mpqr_odd_f32(y));
+    hi[i * hr + j] = h;
+    if (has_lo) {
+      float h32 = mpqr_h2f(h);
+      bool fin = h32 - h32 == 0.0f;  // finite
+      hf[i * fr + j] = mpqr_f2h(fin ? h32 : 0.0f);
+      lo[i * lr + j] = mpqr_f2h(fin ? mpqr_odd_f32(ldexp(y - (double)h32, lo_shift)) : 0.0f);
+    }
+  }
+}
+#define SPLIT_ROWS(NAME, T) extern "C" __global__ void NAME(const T* x, long long m, \
+    long long n, long long xr, const int* s, long long sr, long long sc, int lo_shift, \
+    unsigned short* hi, long long hr, unsigned short* hf, long long fr, unsigned short* lo, \
+    long long lr, int has_lo, long long rows) { \
+  split_rows<T>(x, m, n, xr, s, sr, sc, lo_shift, hi, hr, hf, fr, lo, lr, has_lo, rows); }
+SPLIT_ROWS(mpqr_splitrows_f32, float)
+SPLIT_ROWS(mpqr_splitrows_f64, double)
+
 template <typename T>
 __device__ void unscale2d(const float* __restrict__ c, long long m, long long n, long long cr,
     long long cc, const int* __restrict__ r, long long rr, const int* __restrict__ s,
@@ -278,13 +322,24 @@ __device__ void unscale2d(const float* __restrict__ c, long long m, long long n,
   if (j >= n) return;
   long long i0 = blockIdx.y * rows, i1 = i0 + rows < m ? i0 + rows : m;
   int sj = s[j * sc];
-#pragma unroll 4
-  for (long long i = i0; i < i1; ++i) {
-    T v = mpqr_narrow(ldexp(mpqr_f64(c[i * cr + j * cc]), -(r[i * rr] + sj)), (T)0);
-    T* o = out + i * orr + j * oc;
-    if (mode == 0) *o = v;
-    else if (mode == 1) *o = *o - v;
-    else *o = *o + v;
+  for (long long i = i0; i < i1; i += 4) {
+    // four rows' loads first (without __restrict__ each load would wait for the last store)
+    float cv[4];
+    int rv[4];
+    T ov[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bool in = i + k < i1;
+      cv[k] = in ? c[(i + k) * cr + j * cc] : 0.0f;
+      rv[k] = in ? r[(i + k) * rr] : 0;
+      ov[k] = in && mode != 0 ? out[(i + k) * orr + j * oc] : (T)0;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (i + k >= i1) break;
+      T v = mpqr_narrow(ldexp(mpqr_f64(cv[k]), -(rv[k] + sj)), (T)0);
+      out[(i + k) * orr + j * oc] = mode == 0 ? v : (mode == 1 ? ov[k] - v : ov[k] + v);
+    }
   }
 }
 #define UNSCALE(NAME, T) extern "C" __global__ void NAME(const float* c, long long m, \
@@ -303,15 +358,75 @@ __device__ void pow2d(const T* x, long long m, long long n, long long xr, const 
   long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (j >= n) return;
   long long i0 = blockIdx.y * rows, i1 = i0 + rows < m ? i0 + rows : m;
-#pragma unroll 4
-  for (long long i = i0; i < i1; ++i)
-    out[i * orr + j] = mpqr_ldexp(x[i * xr + j], e[i * er + j * ec]);
+  for (long long i = i0; i < i1; i += 4) {
+    T v[4];  // four rows' loads before any store (out may be x: the same entries only)
+    int ev[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bool in = i + k < i1;
+      v[k] = in ? x[(i + k) * xr + j] : (T)0;
+      ev[k] = in ? e[(i + k) * er + j * ec] : 0;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (i + k < i1) out[(i + k) * orr + j] = mpqr_ldexp(v[k], ev[k]);
+  }
 }
 #define POW2D(NAME, T) extern "C" __global__ void NAME(const T* x, long long m, long long n, \
     long long xr, const int* e, long long er, long long ec, T* out, long long orr, \
     long long rows) { pow2d<T>(x, m, n, xr, e, er, ec, out, orr, rows); }
 POW2D(mpqr_pow2d_f32, float)
 POW2D(mpqr_pow2d_f64, double)
+
+// out = x * f, f broadcast along rows or columns by a zero stride (CuPy's multiply's bits)
+template <typename T>
+__device__ void mul2d(const T* x, long long m, long long n, long long xr, const T* f,
+    long long fr, long long fc, T* out, long long orr, long long rows) {  // out may be x
+  long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  long long i0 = blockIdx.y * rows, i1 = i0 + rows < m ? i0 + rows : m;
+  for (long long i = i0; i < i1; i += 4) {
+    T v[4], fv[4];  // four rows' loads before any store, as in pow2d
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      bool in = i + k < i1;
+      v[k] = in ? x[(i + k) * xr + j] : (T)0;
+      fv[k] = in ? f[(i + k) * fr + j * fc] : (T)0;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (i + k < i1) out[(i + k) * orr + j] = v[k] * fv[k];
+  }
+}
+#define MUL2D(NAME, T) extern "C" __global__ void NAME(const T* x, long long m, long long n, \
+    long long xr, const T* f, long long fr, long long fc, T* out, long long orr, \
+    long long rows) { mul2d<T>(x, m, n, xr, f, fr, fc, out, orr, rows); }
+MUL2D(mpqr_mul2d_f32, float)
+MUL2D(mpqr_mul2d_f64, double)
+
+// c = (((c + p[0]) + p[1]) + ...) elementwise, each addition rounded to nearest: the
+// order of the portable backends' loop; four entries per thread (float4 where aligned)
+extern "C" __global__ void mpqr_add_partials_f32(float* __restrict__ c,
+    const float* __restrict__ p, long long total, long long g, int vec) {
+  long long i = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 4;
+  if (i >= total) return;
+  if (vec) {  // total % 4 == 0 and 16-byte aligned arrays
+    float4 acc = *reinterpret_cast<const float4*>(c + i);
+#pragma unroll 4
+    for (long long k = 0; k < g; ++k) {
+      float4 v = *reinterpret_cast<const float4*>(p + k * total + i);
+      acc.x += v.x; acc.y += v.y; acc.z += v.z; acc.w += v.w;
+    }
+    *reinterpret_cast<float4*>(c + i) = acc;
+    return;
+  }
+  long long e = i + 4 < total ? i + 4 : total;
+  for (long long j = i; j < e; ++j) {
+    float acc = c[j];
+    for (long long k = 0; k < g; ++k) acc += p[k * total + j];
+    c[j] = acc;
+  }
+}
 """
 
 
@@ -387,9 +502,37 @@ def _fast_ok(x, shift, *outs):
                     for o in outs))
 
 
+def _rows_split(x, shift, hi, hf, lo, lo_shift):
+    """The split by :data:`FAST_SPLIT_ROWS`'s kernel where ``x`` and every part have unit
+    stride along axis 1; else False (nothing done)."""
+    import numpy as np
+
+    outs = (hi,) if hf is None else (hi, hf, lo)
+    if not (FAST_SPLIT_ROWS and x.ndim == 2 and x.dtype in (cp.float32, cp.float64)
+            and shift.ndim == 2 and shift.dtype == cp.int32
+            and shift.shape[0] in (1, x.shape[0]) and shift.shape[1] in (1, x.shape[1])
+            and all(o.ndim == 2 and o.dtype == cp.float16 and o.shape == x.shape
+                    for o in outs)
+            and (x.shape[1] <= 1 or all(_el(v, 1) == 1 for v in (x, *outs)))):
+        return False
+    m, n = x.shape
+    if m == 0 or n == 0:
+        return True
+    i64 = np.int64
+    hf = hi if hf is None else hf
+    lo = hi if lo is None else lo
+    return _by_columns(
+        "mpqr_splitrows", x.dtype, m, n,
+        (x, i64(m), i64(n), i64(_el(x, 0)), shift, i64(_el(shift, 0)), i64(_el(shift, 1)),
+         np.int32(lo_shift), hi, i64(_el(hi, 0)), hf, i64(_el(hf, 0)), lo, i64(_el(lo, 0)),
+         np.int32(len(outs) == 3)))
+
+
 def split_fp16(x, shift, hi, hf=None, lo=None, lo_shift=11):
     if (hf is None) != (lo is None):
         raise ValueError("internal: split_fp16 writes hf and lo together")
+    if _rows_split(x, shift, hi, hf, lo, lo_shift):
+        return
     if _fast_ok(x, shift, hi, hf, lo) and _fast_split(x, shift, hi, hf, lo, lo_shift):
         return
     hi_only, split3 = _split_kernels()
@@ -443,29 +586,74 @@ def _by_columns(name, dtype, m, n, args) -> bool:
     return True
 
 
-def ldexp_2d(x, e, out=None):
-    """``x * 2**e`` (``ldexp``, the same bits as CuPy's) into ``out`` (a new C-contiguous
-    array where None) for a 2-D float32/float64 ``x`` with contiguous rows and an int32
-    ``e`` of shape ``(m, 1)``, ``(1, n)`` or ``(m, n)``, in one pass that reads a row's
-    exponent once per thread (:data:`FAST_LDEXP`); else None, nothing done."""
-    import numpy as np
-
-    if not (FAST_LDEXP and x.ndim == 2 and x.dtype in (cp.float32, cp.float64)
-            and e.ndim == 2 and e.dtype == cp.int32 and e.shape[0] in (1, x.shape[0])
+def _rows_operands_ok(x, e, out, e_dtypes):
+    """A 2-D float32/float64 ``x`` with contiguous rows, ``e`` of shape ``(m, 1)``,
+    ``(1, n)`` or ``(m, n)`` and a dtype in ``e_dtypes``, ``out`` None or like ``x``."""
+    return (x.ndim == 2 and x.dtype in (cp.float32, cp.float64)
+            and e.ndim == 2 and e.dtype in e_dtypes and e.shape[0] in (1, x.shape[0])
             and e.shape[1] in (1, x.shape[1]) and (x.shape[1] <= 1 or _el(x, 1) == 1)
             and (out is None or (out.shape == x.shape and out.dtype == x.dtype
-                                 and (x.shape[1] <= 1 or _el(out, 1) == 1)))):
-        return None
+                                 and (x.shape[1] <= 1 or _el(out, 1) == 1))))
+
+
+def _by_rows_into(name, x, e, out):
+    """``name``'s kernel over ``x`` and the broadcast ``e`` into ``out`` (new where None),
+    one thread per column; None where the module did not load."""
+    import numpy as np
+
     m, n = x.shape
     if out is None:
         out = cp.empty((m, n), dtype=x.dtype)
     if m == 0 or n == 0:
         return out
     i64 = np.int64
-    done = _by_columns("mpqr_pow2d", x.dtype, m, n,
+    done = _by_columns(name, x.dtype, m, n,
                        (x, i64(m), i64(n), i64(_el(x, 0)), e, i64(_el(e, 0)), i64(_el(e, 1)),
                         out, i64(_el(out, 0))))
     return out if done else None
+
+
+def scale_2d(x, f, out=None):
+    """``x * f`` (CuPy's bits) into ``out`` (a new array where None) for a 2-D
+    float32/float64 ``x`` with contiguous rows and ``f`` of ``x``'s dtype and shape
+    ``(m, 1)``, ``(1, n)`` or ``(m, n)``, in one pass (:data:`FAST_SCALE`); else None,
+    nothing done."""
+    if not (FAST_SCALE and _rows_operands_ok(x, f, out, (x.dtype,))):
+        return None
+    return _by_rows_into("mpqr_mul2d", x, f, out)
+
+
+def add_partials(c, parts):
+    """``c = (c + parts[0]) + parts[1] + ...`` for a C-contiguous float32 ``c`` and
+    ``parts`` of shape ``(g,) + c.shape``, in one pass (:data:`FAST_ADD_PARTIALS`), the
+    additions in that order; False where not taken (nothing done)."""
+    import numpy as np
+
+    if not (FAST_ADD_PARTIALS and c.dtype == parts.dtype == cp.float32
+            and c.flags.c_contiguous and parts.flags.c_contiguous
+            and parts.shape[1:] == c.shape and parts.shape[0] > 0):
+        return False
+    total = c.size
+    if total == 0:
+        return True
+    fn = _fast_fn("mpqr_add_partials_f32")
+    if fn is None:
+        return False
+    vec = total % 4 == 0 and c.data.ptr % 16 == 0 and parts.data.ptr % 16 == 0
+    threads = -(-total // 4)
+    fn(((threads + 255) // 256,), (256,),
+       (c, parts, np.int64(total), np.int64(parts.shape[0]), np.int32(vec)))
+    return True
+
+
+def ldexp_2d(x, e, out=None):
+    """``x * 2**e`` (``ldexp``, the same bits as CuPy's) into ``out`` (a new C-contiguous
+    array where None) for a 2-D float32/float64 ``x`` with contiguous rows and an int32
+    ``e`` of shape ``(m, 1)``, ``(1, n)`` or ``(m, n)``, in one pass that reads a row's
+    exponent once per thread (:data:`FAST_LDEXP`); else None, nothing done."""
+    if not (FAST_LDEXP and _rows_operands_ok(x, e, out, (cp.int32,))):
+        return None
+    return _by_rows_into("mpqr_pow2d", x, e, out)
 
 
 @functools.cache

@@ -366,7 +366,7 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
 
 
 def normalize_signs(xp: Any, q: Any | None, r: Any, *, check: bool = True,
-                    in_place: bool = False) -> tuple[Any | None, Any]:
+                    in_place: bool = False, backend: Any = None) -> tuple[Any | None, Any]:
     """Make ``diag(R)`` real and >= 0 by rescaling rows of R and columns of Q.
 
     Returns new arrays, or the inputs themselves when every diagonal entry is already
@@ -374,7 +374,7 @@ def normalize_signs(xp: Any, q: Any | None, r: Any, *, check: bool = True,
     that test (a host sync) and always rescales: for factors whose signs are mixed
     anyway (LAPACK's and cuSOLVER's Householder QR). ``in_place``: real factors are
     rescaled in their own storage (no copy of Q or R: the factors are the largest arrays
-    of a call).
+    of a call), by ``backend.mul_in_place`` where a backend is given.
     """
     k = min(r.shape[-2], r.shape[-1])
     if k == 0:
@@ -384,9 +384,15 @@ def normalize_signs(xp: Any, q: Any | None, r: Any, *, check: bool = True,
         return q, r  # already normalised (CholQR's R): skip a pass over Q (one host sync)
     p = phase(xp, d)
     if in_place and not is_complex(xp, r):
-        r[..., :k, :] *= xp.expand_dims(p, axis=-1)
-        if q is not None:
-            q[..., :, :k] *= xp.expand_dims(p, axis=-2)
+        rk, qk = r[..., :k, :], None if q is None else q[..., :, :k]
+        if backend is None:
+            rk *= xp.expand_dims(p, axis=-1)
+            if qk is not None:
+                qk *= xp.expand_dims(p, axis=-2)
+        else:
+            backend.mul_in_place(rk, xp.expand_dims(p, axis=-1))
+            if qk is not None:
+                backend.mul_in_place(qk, xp.expand_dims(p, axis=-2))
         return q, r
     pc = xp.conj(p) if is_complex(xp, r) else p
     rk = r[..., :k, :] * xp.expand_dims(pc, axis=-1)

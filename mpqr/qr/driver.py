@@ -405,7 +405,7 @@ def _factor_scaled(backend: Any, method: str, a: Any, *, precision: Any, prec_na
         # the recursion's factors are its own arrays (R the input itself only where the
         # caller allowed overwriting it)
         return normalize_signs(xp, q, r, check=check_signs,
-                               in_place=method == "householder-recursive")
+                               in_place=method == "householder-recursive", backend=backend)
 
     if m < n:
         # wide: factor the leading m x m block, then R2 = Q^H A2
