@@ -17,7 +17,7 @@ from typing import Any
 
 from mpqr.backends import panel_cholqr as _panel_cholqr
 
-from mpqr._array_api import device, namespace_name
+from mpqr._array_api import ct, device, namespace_name
 
 __all__ = ["ArrayAPIBackend", "EngineRates", "SerialLane"]
 
@@ -111,6 +111,15 @@ class ArrayAPIBackend:
         two = xp.asarray(2.0, dtype=x.dtype, device=device(x))
         x *= xp.pow(two, xp.astype(h, x.dtype))
         x *= xp.pow(two, xp.astype(e - h, x.dtype))
+
+    def assign_ct(self, dst: Any, src: Any) -> None:
+        """``dst[...] = src^H`` (the conjugate transpose of the last two axes)."""
+        dst[...] = ct(self.xp, src)
+
+    def finite_or_zero(self, x: Any) -> Any:
+        """``x`` with its NaN and infinite entries zeroed (a new array)."""
+        xp = self.xp
+        return xp.where(xp.isfinite(x), x, xp.zeros_like(x))
 
     def mul_in_place(self, x: Any, f: Any) -> None:
         """``x *= f`` (``f`` broadcasting against ``x``, of its dtype), in place."""

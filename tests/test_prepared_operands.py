@@ -353,6 +353,46 @@ def test_unscale_kernel_gives_the_elementwise_bits(monkeypatch, layout, subtract
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+@pytest.mark.parametrize("shape", [(300, 70), (1, 40), (50, 1)])
+def test_assign_ct_gives_the_transposed_copy(dtype, shape):
+    """``backend.assign_ct`` into a column block of a larger matrix (cuBLAS geam for real
+    float32/float64, the portable copy otherwise): exactly ``src^H``, nothing else
+    written."""
+    cp = _cupy()
+    be = get_backend(cp)
+    rng = np.random.default_rng(15)
+    m, k = shape
+    w0 = rng.standard_normal((m, k + 30)).astype(dtype)
+    src0 = rng.standard_normal((k, m)).astype(dtype)
+    if np.iscomplexobj(src0):
+        src0 = src0 + 1j * rng.standard_normal((k, m)).astype(dtype)
+    src0[0, 0] = np.nan
+    w = cp.asarray(w0)
+    be.assign_ct(w[:, 10:10 + k], cp.asarray(src0))
+    want = w0.copy()
+    want[:, 10:10 + k] = src0.conj().T
+    np.testing.assert_array_equal(cp.asnumpy(w), want)
+
+
+@gpu
+def test_finite_or_zero_on_fp16_bits():
+    """NaN and infinite fp16 entries zeroed, every other bit pattern (subnormals, -0)
+    kept: the portable ``where`` bit for bit."""
+    cp = _cupy()
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    be = get_backend(cp)
+    bits = cp.arange(2**16, dtype=cp.uint32).astype(cp.uint16).reshape(256, 256)
+    x = bits.view(cp.float16)
+    got = be.finite_or_zero(x)
+    want = cp.where(cp.isfinite(x), x, cp.zeros_like(x))
+    assert ek.finite_or_zero_fp16(x) is not None  # the kernel ran
+    assert bool(cp.all(got.view(cp.uint16) == want.view(cp.uint16)))
+    assert int(cp.count_nonzero(got.view(cp.uint16) != bits)) == 2 * 1024  # NaN and Inf
+
+
+@gpu
 @pytest.mark.parametrize("shape", [(500, 300), (33, 31)])
 @pytest.mark.parametrize("offset", [0, 1])
 def test_add_partials_kernel_sums_in_the_portable_order(shape, offset):

@@ -18,7 +18,11 @@ from mpqr.backends.cupy import blas, split_k
 
 from mpqr._errors import DeviceMemoryError, LinAlgError
 
-__all__ = ["CupyBackend"]
+__all__ = ["FAST_TRANSPOSE", "CupyBackend"]
+
+#: ``assign_ct`` of a real 2-D matrix by cuBLAS geam (a tiled transpose) instead of CuPy's
+#: copy of the transposed view
+FAST_TRANSPOSE = True
 
 # cudaDataType values; CuPy's runtime module does not export the integer ones.
 _CUDA_R_8I = 3
@@ -182,6 +186,33 @@ class CupyBackend(ArrayAPIBackend):
 
         if getattr(e, "ndim", 0) != 2 or ldexp_2d(x, e, out=x) is None:
             self._cp.ldexp(x, e, out=x)
+
+    def assign_ct(self, dst, src):
+        cp = self._cp
+        from cupy.cuda import cublas
+
+        # CuPy's copy of a transposed view reads it strided (~0.3 TB/s on an H200); cuBLAS
+        # geam transposes through tiles. Row-major dst (m x k) = src^T (src k x m) is, in
+        # cuBLAS's column-major terms, the k x m matrix op(S)^T of the m x k S.
+        if FAST_TRANSPOSE and dst.ndim == src.ndim == 2 and dst.dtype == src.dtype \
+                and dst.dtype in (cp.float32, cp.float64) and dst.shape == src.shape[::-1] \
+                and min(dst.shape) > 1 and dst.strides[1] == src.strides[1] == dst.itemsize:
+            m, k = dst.shape
+            ldd, lds = dst.strides[0] // dst.itemsize, src.strides[0] // src.itemsize
+            one, zero = np.ones(1, dtype=dst.dtype), np.zeros(1, dtype=dst.dtype)
+            handle = self._cublas_handle()
+            cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+            if blas.geam(handle, dst.dtype == cp.float64, cublas.CUBLAS_OP_T,
+                         cublas.CUBLAS_OP_N, k, m, one.ctypes.data, src.data.ptr, lds,
+                         zero.ctypes.data, dst.data.ptr, ldd, dst.data.ptr, ldd):
+                return
+        super().assign_ct(dst, src)
+
+    def finite_or_zero(self, x):
+        from mpqr.backends.cupy import engine_kernels as k
+
+        out = k.finite_or_zero_fp16(x)
+        return super().finite_or_zero(x) if out is None else out
 
     def mul_in_place(self, x, f):
         from mpqr.backends.cupy.engine_kernels import scale_2d

@@ -15,7 +15,8 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["available", "capturing", "gemm_ex", "gemm_strided_batched_ex", "is_capturing", "trsm"]
+__all__ = ["available", "capturing", "geam", "gemm_ex", "gemm_strided_batched_ex", "is_capturing",
+           "trsm"]
 
 _CAPTURING = contextvars.ContextVar("mpqr_cublas_capturing", default=False)
 #: nvmath's cuBLAS handle per device (its own library state: never CuPy's handle)
@@ -89,6 +90,24 @@ def gemm_strided_batched_ex(handle: int, ta: int, tb: int, m: int, n: int, k: in
 
     cublas.gemmStridedBatchedEx(handle, ta, tb, m, n, k, alpha, a, atype, lda, sa, b, btype,
                                 ldb, sb, beta, c, ctype, ldc, sc, count, compute, algo)
+
+
+def geam(handle: int, double: bool, ta: int, tb: int, m: int, n: int, alpha: int, a: int,
+         lda: int, beta: int, b: int, ldb: int, c: int, ldc: int) -> bool:
+    """``cublas{S,D}geam`` (``C = alpha op(A) + beta op(B)``, column-major) with host-pointer
+    scalars; False (nothing done) inside a capture whose bindings lack it."""
+    if _CAPTURING.get():
+        nv, h = _nv()
+        fn = getattr(nv, "dgeam" if double else "sgeam", None)
+        if fn is None:
+            return False
+        fn(h, ta, tb, m, n, alpha, a, lda, beta, b, ldb, c, ldc)
+        return True
+    from cupy.cuda import cublas
+
+    (cublas.dgeam if double else cublas.sgeam)(handle, ta, tb, m, n, alpha, a, lda, beta, b,
+                                               ldb, c, ldc)
+    return True
 
 
 def trsm(a: Any, b: Any, *, lower: bool, unit_diagonal: bool) -> Any:

@@ -25,17 +25,17 @@ import functools
 import cupy as cp
 
 __all__ = ["FAST_ADD_PARTIALS", "FAST_LDEXP", "FAST_SCALE", "FAST_SPLIT", "FAST_SPLIT_ROWS",
-           "FAST_UNSCALE_INTO", "add_partials", "all_finite", "ldexp_2d", "max_abs_finite",
-           "scale_2d", "shift_of_max", "split_fp16", "unit_lower_fp16", "unscale",
-           "unscale_into"]
+           "FAST_UNSCALE_INTO", "add_partials", "all_finite", "finite_or_zero_fp16", "ldexp_2d",
+           "max_abs_finite", "scale_2d", "shift_of_max", "split_fp16", "unit_lower_fp16",
+           "unscale", "unscale_into"]
 
 #: 2-D splits by a kernel that indexes rows and columns by their strides in 32 x 32 tiles
 #: (loads along the input's contiguous axis, stores along the parts') instead of CuPy's
 #: elementwise kernel; the same roundings. ``"transposed"``: only where the input's
 #: contiguous axis is not the parts' (H200, 16384 x 8192 float32: 1.29 against 1.24 TB/s
 #: for the split, 1.18 against 0.85 for the hi-only pass; where the axes agree the tiles
-#: ran at 1.35-1.39 TB/s against CuPy's 1.78, so there CuPy's kernel stays); ``True``:
-#: every 2-D split; ``False``: none
+#: ran at 1.35-1.39 TB/s against CuPy's 1.78, and :data:`FAST_SPLIT_ROWS`'s kernel takes
+#: that case first); ``True``: every 2-D split; ``False``: none
 FAST_SPLIT: bool | str = "transposed"
 #: the split where ``x`` and its parts have contiguous rows (the backend transposes
 #: F-order views first) by a kernel of one thread per column and a run of rows
@@ -404,6 +404,16 @@ __device__ void mul2d(const T* x, long long m, long long n, long long xr, const 
 MUL2D(mpqr_mul2d_f32, float)
 MUL2D(mpqr_mul2d_f64, double)
 
+// y = x with NaN and infinite fp16 entries (exponent bits all ones) zeroed, on the bits
+extern "C" __global__ void mpqr_finite_or_zero_fp16(const unsigned short* __restrict__ x,
+    unsigned short* __restrict__ y, long long total) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < total) {
+    unsigned short h = x[i];
+    y[i] = (h & 0x7c00u) == 0x7c00u ? (unsigned short)0 : h;
+  }
+}
+
 // c = (((c + p[0]) + p[1]) + ...) elementwise, each addition rounded to nearest: the
 // order of the portable backends' loop; four entries per thread (float4 where aligned)
 extern "C" __global__ void mpqr_add_partials_f32(float* __restrict__ c,
@@ -621,6 +631,23 @@ def scale_2d(x, f, out=None):
     if not (FAST_SCALE and _rows_operands_ok(x, f, out, (x.dtype,))):
         return None
     return _by_rows_into("mpqr_mul2d", x, f, out)
+
+
+def finite_or_zero_fp16(x):
+    """A C-contiguous float16 ``x`` with its NaN and infinite entries zeroed, as a new
+    array, in one pass on the bits (CuPy's ``where(isfinite(x), x, 0)`` takes two and a
+    mask); else None."""
+    import numpy as np
+
+    if not (x.dtype == cp.float16 and x.flags.c_contiguous):
+        return None
+    fn = _fast_fn("mpqr_finite_or_zero_fp16")
+    if fn is None:
+        return None
+    y = cp.empty_like(x)
+    if x.size:
+        fn(((x.size + 255) // 256,), (256,), (x, y, np.int64(x.size)))
+    return y
 
 
 def add_partials(c, parts):

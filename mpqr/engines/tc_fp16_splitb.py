@@ -43,7 +43,7 @@ def run_tc_fp16_splitb(backend: Any, a: Any, b: Any, *, out_dtype: Any) -> Any:
     sb = pow2_shift(backend, b, axis=-2, target=FP16_TARGET_EXP)
     if a.dtype == xp.float16:
         sa, a16 = fp16_operand(backend, a, -1)
-        a16f = xp.where(xp.isfinite(a16), a16, xp.zeros_like(a16))
+        a16f = backend.finite_or_zero(a16)
     else:
         sa = pow2_shift(backend, a, axis=-1, target=FP16_TARGET_EXP)
         a16 = backend.empty_for(a, a.shape, xp.float16)

@@ -825,7 +825,7 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
         blk = gemm(-(diag if explicit else unit_lower(xp, diag)), ct(xp, w[..., :, lo:hi]),
                    precision=precision, label="rec-formq-trmm", options=options,
                    backend=backend)
-        w[..., :, lo:hi] = ct(xp, blk)
+        backend.assign_ct(w[..., :, lo:hi], blk)
         return
     mid = lo + k // 2
     _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
