@@ -36,6 +36,7 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, check_finite: bool,
        overwrite_a: bool, device: Any, out: Any, memory_budget: Any, progress: Any,
        pivoting: bool | str, max_rank: Any, rtol: Any) -> Any:
     """:func:`mpqr.qr` on its route (arguments as there, ``pivoting``'s checked)."""
+    x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule), native order
     if not pivoting and device is None and out is None and memory_budget is None \
             and progress is None:  # small inputs: LAPACK directly (mpqr/_fast.py)
         res = _fast.qr(x, mode, precision, method, check_finite)
@@ -56,7 +57,6 @@ def qr(x: Any, mode: str, precision: Any, method: str, *, check_finite: bool,
         return bridge_call("qr", _qr_viewed, (x,), ("x",), mode=mode,
                            precision=precision, method=method, check_finite=check_finite,
                            overwrite_a=overwrite_a, **extra)
-    x = plain_array(x, "x")  # numpy.matrix: a plain ndarray (SciPy's rule)
     if _host_qr(x, device, out, memory_budget, progress):
         from mpqr.ooc.driver import qr as host_qr
 
@@ -83,6 +83,7 @@ def lstsq(a: Any, b: Any, cond: Any, overwrite_a: bool, overwrite_b: bool,
           maxiter: Any, device: Any, memory_budget: Any, progress: Any
           ) -> tuple[Any, Any, Any, Any]:
     """:func:`mpqr.lstsq` on its route (arguments as there)."""
+    a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     if device is None and memory_budget is None and progress is None:
         res = _fast.lstsq(a, b, cond, check_finite, lapack_driver, precision=precision,
                           refine=refine, tol=tol, maxiter=maxiter)
@@ -98,7 +99,6 @@ def lstsq(a: Any, b: Any, cond: Any, overwrite_a: bool, overwrite_b: bool,
                            overwrite_a=overwrite_a, overwrite_b=overwrite_b,
                            check_finite=check_finite, lapack_driver=lapack_driver,
                            precision=precision, refine=refine, tol=tol, maxiter=maxiter)
-    a, b = plain_array(a, "a"), plain_array(b, "b")  # numpy.matrix: a plain ndarray
     if _host_lstsq(a, b, device, memory_budget, progress):
         from mpqr.ooc.lstsq import lstsq as host_lstsq
 

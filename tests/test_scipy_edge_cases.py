@@ -503,3 +503,81 @@ def test_cond_that_lapack_reads_specially_cuts_as_scipys_driver(xp, dtype, drive
             got = mpqr.lstsq(from_numpy(xp, a), from_numpy(xp, b), cond=cond,
                              lapack_driver=driver)[2]
             assert got == want, (f, cond, got, want)
+
+
+# --- byte-swapped data --------------------------------------------------------
+
+SWAPPED = [np.dtype(">f4"), np.dtype(">f8"), np.dtype(">c8"), np.dtype(">c16")]
+if np.little_endian is False:  # pragma: no cover - a big-endian host swaps the other way
+    SWAPPED = [d.newbyteorder("<") for d in SWAPPED]
+
+
+def _swapped_problem(dtype):
+    rng = np.random.default_rng(31)
+    a = rng.standard_normal((7, 4))
+    if dtype.kind == "c":
+        a = a + 1j * rng.standard_normal((7, 4))
+    return a.astype(dtype), np.arange(7.0).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", SWAPPED)
+def test_byte_swapped_input_computes_as_native_like_scipy_and_numpy(dtype):
+    """Data in the other byte order (FITS files, network order) is factored in its own
+    precision, as NumPy and SciPy do: results in native order, of SciPy's and NumPy's
+    dtypes, close to theirs; the input untouched."""
+    a, b = _swapped_problem(dtype)
+    a0, b0 = a.copy(), b.copy()
+    native = dtype.newbyteorder("=")
+    u = float(np.finfo(native).eps) / 2
+    tol = 50 * u * 7
+    q, r = mpqr.qr(a)
+    assert q.dtype == r.dtype == native
+    assert np.linalg.norm(q @ r - a) <= tol * np.linalg.norm(a)
+    for ours, ref in ((mcs.qr(a), sla.qr(a)), (mcs.rq(a), sla.rq(a)),
+                      (mcn.qr(a), np.linalg.qr(a)),
+                      (mcs.qr(a, pivoting=True)[:2], sla.qr(a, pivoting=True)[:2])):
+        assert [(o.dtype, o.shape) for o in ours] == [(w.dtype, w.shape) for w in ref]
+        np.testing.assert_allclose(np.abs(np.diagonal(ours[-1] if len(ours) == 2 else ours[0],
+                                                      axis1=-2, axis2=-1)),
+                                   np.abs(np.diagonal(ref[-1] if len(ref) == 2 else ref[0],
+                                                      axis1=-2, axis2=-1)),
+                                   rtol=tol * 10)
+    for ours, ref in ((mcs.lstsq(a, b), sla.lstsq(a, b)),
+                      (mcn.lstsq(a, b, rcond=None), np.linalg.lstsq(a, b, rcond=None))):
+        assert ours[0].dtype == ref[0].dtype and ours[0].shape == ref[0].shape
+        np.testing.assert_allclose(ours[0], ref[0], rtol=tol * 100, atol=tol * 100)
+    x = mpqr.lstsq(a, b)[0]
+    assert x.dtype == native
+    assert a.tobytes() == a0.tobytes() and b.tobytes() == b0.tobytes()
+    assert a.dtype == dtype
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e200, 1e-300, 1e-310])
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (70, 40)])
+def test_raw_qr_far_from_one_stays_finite_and_orthogonal(scale, shape):
+    """``mode="raw"`` of a matrix near either end of float64's range: finite reflectors
+    (the squares of entries near 1e200 and up overflow), Q orthogonal to u n (subnormal
+    entries too), QR = A to u n ||A|| plus the subnormal spacing of R's entries; NumPy's
+    raw layout as well."""
+    from scipy.linalg import lapack
+
+    a = np.random.default_rng(32).standard_normal(shape) * scale
+    m, n = shape
+    k = min(shape)
+    u = np.finfo(np.float64).eps / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on the way
+        (h, tau), r = mcs.qr(a, mode="raw")
+        hn, taun = mcn.qr(a, mode="raw")
+    for hh, tt in ((h, tau), (hn.T, taun)):
+        assert np.all(np.isfinite(hh)) and np.all(np.isfinite(tt))
+        q, _, info = lapack.dorgqr(np.asfortranarray(hh[:, :k]), tt)
+        assert info == 0
+        assert np.max(np.abs(q.T @ q - np.eye(k))) <= 20 * u * m
+        # norms of the scaled difference (a's own norm would overflow near 1e300)
+        err = np.linalg.norm((q @ np.triu(hh[:k, :]) - a) / scale)
+        assert err <= 20 * u * m * np.linalg.norm(a / scale) + 20 * m * n * 5e-324 / scale
+    np.testing.assert_array_equal(r, np.triu(h[:k, :]))
+    ref = np.abs(np.diagonal(sla.qr(a, mode="r")[0]))
+    np.testing.assert_allclose(np.abs(np.diagonal(r)), ref, rtol=1e-10 if scale > 1e-305
+                               else 1e-6)

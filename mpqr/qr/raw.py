@@ -34,7 +34,12 @@ def householder_raw(backend: Any, a: Any, *, precision: Any, prec_name: str
     xp = backend.xp
     m, n = a.shape
     k = min(m, n)
-    h = xp.asarray(a, copy=True)
+    # a matrix far from 1 in magnitude is reflected at unit scale (a power of two: exact):
+    # squares and products of entries near the range's ends would overflow, and subnormal
+    # entries carry few bits; the reflectors do not depend on the scale, R is scaled back
+    mx = float(xp.max(xp.abs(a))) if a.size else 0.0
+    shift = -math.frexp(mx)[1] if 0.0 < mx < 2.0**-500 or 2.0**500 < mx < math.inf else 0
+    h = _times_pow2(xp, a, shift) if shift else xp.asarray(a, copy=True)
     pp = panel_precision(prec_name, a.dtype, xp)
     taus = []
     for j in range(0, k, PANEL):
@@ -51,7 +56,24 @@ def householder_raw(backend: Any, a: Any, *, precision: Any, prec_name: str
             gemm_sub(h[j:, e:], y, c, precision=precision, label="raw-update-YC",
                      backend=backend)
     tau = xp.concat(taus) if taus else xp.zeros((0,), dtype=a.dtype)
+    if shift:
+        upper = xp.triu(h[:k, :])
+        h[:k, :] = (h[:k, :] - upper) + _times_pow2(xp, upper, -shift)  # disjoint: exact
     return h, tau
+
+
+def _times_pow2(xp: Any, x: Any, e: int) -> Any:
+    """``x * 2**e`` (a new array) in two factors, each a float for any ``|e| <= 2200``."""
+    return (x * 2.0 ** (e // 2)) * 2.0 ** (e - e // 2)
+
+
+def _norm(xp: Any, x: Any) -> float:
+    """``||x||_2`` as a float, without the overflow (or underflow) of squaring entries far
+    from 1: scaled by the largest magnitude there (as LAPACK's ``xNRM2``)."""
+    mx = float(xp.max(xp.abs(x)))
+    if mx == 0.0 or not math.isfinite(mx) or 1e-150 < mx < 1e150:
+        return float(xp.linalg.vector_norm(x))
+    return mx * float(xp.linalg.vector_norm(x / mx))
 
 
 def _panel(xp: Any, h: Any, j: int, e: int) -> Any:
@@ -62,7 +84,7 @@ def _panel(xp: Any, h: Any, j: int, e: int) -> Any:
     for i in range(j, e):
         alpha = complex(h[i, i]) if cplx else float(h[i, i])
         x2 = h[i + 1:, i]
-        xn2 = float(xp.linalg.vector_norm(x2)) if i + 1 < m else 0.0
+        xn2 = _norm(xp, x2) if i + 1 < m else 0.0
         ar, ai = (alpha.real, alpha.imag) if cplx else (alpha, 0.0)
         if xn2 == 0.0 and ai == 0.0:
             if ar >= 0:
@@ -75,8 +97,10 @@ def _panel(xp: Any, h: Any, j: int, e: int) -> Any:
                 h[i:i + 1, i + 1:e] = -h[i:i + 1, i + 1:e]
             continue
         beta = math.hypot(abs(alpha), xn2)
-        # alpha - beta without cancellation when Re(alpha) > 0
-        dr = -(ai * ai + xn2 * xn2) / (ar + beta) if ar > 0 else ar - beta
+        # alpha - beta without cancellation when Re(alpha) > 0: -(ai^2 + xn2^2) / s with
+        # each square divided by s >= beta first, so that no square overflows
+        s = ar + beta
+        dr = -(ai * (ai / s) + xn2 * (xn2 / s)) if ar > 0 else ar - beta
         d = complex(dr, ai) if cplx else dr
         tau = (beta - alpha) / beta
         h[i + 1:, i] = x2 / d
