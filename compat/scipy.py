@@ -150,9 +150,10 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
             rank = np.asarray(rank)
         elif 0 not in np.shape(a1)[-2:] and rules.scipy_1_18_results():  # SciPy >= 1.18
             rank = np.int64(rank)
-    if a1.ndim > 2:
+    if a1.ndim > 2 or b1.ndim > 2:  # a batch from either argument
         if s is None and _is_numpy(x) and _batch_packing("lstsq")[0] is list:
-            s = np.full(a1.shape[:-2], None, dtype=object)  # SciPy stacks gelsy's Nones
+            batch = np.broadcast_shapes(np.shape(a1)[:-2], np.shape(b1)[:-2])
+            s = np.full(batch, None, dtype=object)  # SciPy stacks gelsy's Nones
         return _batched("lstsq", (x, res, rank, s))
     return x, res, rank, s
 

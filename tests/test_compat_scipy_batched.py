@@ -20,6 +20,11 @@ CASES = [
     ("qr_multiply", (A, RNG.standard_normal((2, 3, 2))), {"mode": "left"}),
     ("lstsq", (A, RNG.standard_normal((2, 5, 2))), {}),
     ("lstsq", (A, RNG.standard_normal((2, 5, 2))), {"lapack_driver": "gelsy"}),
+    # the batch from b alone (a 2-D a)
+    ("lstsq", (A[0], RNG.standard_normal((2, 5, 2))), {}),
+    ("lstsq", (A[0], RNG.standard_normal((3, 5, 2))), {"lapack_driver": "gelsy"}),
+    ("qr_multiply", (A[0], RNG.standard_normal((2, 4, 5))), {}),
+    ("qr_multiply", (A[0], RNG.standard_normal((2, 3, 2))), {"mode": "left"}),
 ]
 
 
