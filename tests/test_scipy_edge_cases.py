@@ -581,3 +581,20 @@ def test_raw_qr_far_from_one_stays_finite_and_orthogonal(scale, shape):
     ref = np.abs(np.diagonal(sla.qr(a, mode="r")[0]))
     np.testing.assert_allclose(np.abs(np.diagonal(r)), ref, rtol=1e-10 if scale > 1e-305
                                else 1e-6)
+
+
+@pytest.mark.parametrize("precision", ["auto", "fp16", "fp32-emulated", "fp64-emulated"])
+def test_square_lstsq_of_huge_entries_warns_of_nothing(precision):
+    """A square system with entries near 1e300: SciPy computes no residues (``M = N``) and
+    warns of nothing; neither does mpqr, at any precision (the refinement's residual is
+    not squared for residues nobody gets), and ``x`` is the solution."""
+    rng = np.random.default_rng(33)
+    a = rng.standard_normal((60, 60)) * 1e300
+    b = rng.standard_normal(60) * 1e300
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x, res, rank, _ = mpqr.lstsq(a, b, precision=precision)
+    want = np.linalg.solve(a / 1e300, b / 1e300)
+    cond = np.linalg.cond(a)
+    assert res.shape == (0,) and rank == 60
+    assert np.linalg.norm(x - want) <= 100 * 2**-53 * 60 * cond * np.linalg.norm(want)

@@ -194,7 +194,9 @@ class Solver:
         if done is not None:
             return done
         rsq = None
-        if out.residual is not None and self.need_s:  # gelsy returns no residues either
+        # residues only where SciPy gives them (M > N; gelsy none): a square system's
+        # residual of huge entries would square past the range for nothing
+        if out.residual is not None and self.need_s and self.m > self.n:
             rsq = self._column_sq(out.residual)
         return out.x, k, s, rsq
 
