@@ -598,3 +598,23 @@ def test_square_lstsq_of_huge_entries_warns_of_nothing(precision):
     cond = np.linalg.cond(a)
     assert res.shape == (0,) and rank == 60
     assert np.linalg.norm(x - want) <= 100 * 2**-53 * 60 * cond * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("scale", [1e300, 1e-150, 1e-310, 1.0])
+def test_fp32_products_of_float64_data_beyond_float32s_range(scale):
+    """``precision="fp32"`` on float64 data past float32's range (Inf after a cast) or
+    below it (zero after a cast): the product to FP32 accuracy, not Inf/NaN or a finite
+    zero; inside the range the plain cast's bits."""
+    rng = np.random.default_rng(34)
+    a = rng.standard_normal((50, 40)) * scale
+    b = rng.standard_normal((40, 30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = mpqr.matmul(a, b, precision="fp32")
+    want = (a / scale) @ b
+    bound = 40 * 2**-23 * (np.abs(a / scale) @ np.abs(b))
+    assert c.dtype == np.float64
+    assert np.all(np.abs(c / scale - want) <= bound)
+    if scale == 1.0:
+        plain = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float64)
+        np.testing.assert_array_equal(c, plain)
