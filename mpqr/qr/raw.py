@@ -70,9 +70,12 @@ def _times_pow2(xp: Any, x: Any, e: int) -> Any:
 def _norm(xp: Any, x: Any) -> float:
     """``||x||_2`` as a float, without the overflow (or underflow) of squaring entries far
     from 1: scaled by the largest magnitude there (as LAPACK's ``xNRM2``)."""
+    nrm = float(xp.linalg.vector_norm(x))
+    if 1e-100 < nrm < 1e150:
+        return nrm  # no square past the range (one reduction: the usual case)
     mx = float(xp.max(xp.abs(x)))
-    if mx == 0.0 or not math.isfinite(mx) or 1e-150 < mx < 1e150:
-        return float(xp.linalg.vector_norm(x))
+    if mx == 0.0 or not math.isfinite(mx):
+        return nrm
     return mx * float(xp.linalg.vector_norm(x / mx))
 
 
