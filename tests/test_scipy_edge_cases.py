@@ -618,3 +618,49 @@ def test_fp32_products_of_float64_data_beyond_float32s_range(scale):
     if scale == 1.0:
         plain = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float64)
         np.testing.assert_array_equal(c, plain)
+
+
+@pytest.mark.parametrize("dtype,exp", [(np.float64, 1000), (np.float64, -1000),
+                                       (np.complex128, 1000), (np.float32, 64),
+                                       (np.float32, -100), (np.float64, 300)])
+@pytest.mark.parametrize("shape", [(200, 30), (40, 40), (30, 90)])
+def test_pivoted_qr_is_scale_invariant_to_the_range_ends(dtype, exp, shape):
+    """``qr(pivoting=True)`` of ``A 2^e`` near either end of the range: the pivots of ``A``
+    and ``R(A) 2^e`` bit for bit (the column norms' squares of such a matrix overflow or
+    lose their digits: it is factored at unit scale), Q the same."""
+    rng = np.random.default_rng(35)
+    a = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(shape)
+    a = a.astype(dtype)
+    big = (a * np.asarray(2.0, dtype=a.real.dtype) ** exp).astype(dtype)
+    assert np.all(np.isfinite(big)) and np.all(big != 0)
+    q0, r0, p0 = mpqr.qr(a, pivoting=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q1, r1, p1 = mpqr.qr(big, pivoting=True)
+    np.testing.assert_array_equal(p1, p0)
+    np.testing.assert_array_equal(q1, q0)
+    np.testing.assert_array_equal(r1, (r0 * np.asarray(2.0, dtype=a.real.dtype) ** exp)
+                                  .astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_pivoted_qr_of_subnormal_data(dtype):
+    """Entries of ~1e-310 (subnormal): Q orthonormal, ``A P = Q R`` to the subnormal
+    spacing, ``|diag(R)|`` non-increasing (the norms' squares underflow entirely)."""
+    rng = np.random.default_rng(36)
+    a = rng.standard_normal((200, 30))
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal((200, 30))
+    a = (a * 1e-310).astype(dtype)
+    q, r, p = mpqr.qr(a, pivoting=True)
+    u = np.finfo(np.float64).eps / 2
+    assert np.linalg.norm(q.conj().T @ q - np.eye(30)) <= 100 * u * 200
+    def up(x):  # times 2^1030 in two exact steps (the check at unit scale)
+        return (x * 2.0**515) * 2.0**515
+
+    err = np.linalg.norm(up(q @ r) - up(a[:, p])) / np.linalg.norm(up(a))
+    assert err <= 1e-12  # ~ 5e-324 / 1e-310 per entry
+    d = np.abs(np.diagonal(r))
+    assert np.all(d[1:] <= d[:-1])
