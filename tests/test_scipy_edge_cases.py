@@ -664,3 +664,29 @@ def test_pivoted_qr_of_subnormal_data(dtype):
     assert err <= 1e-12  # ~ 5e-324 / 1e-310 per entry
     d = np.abs(np.diagonal(r))
     assert np.all(d[1:] <= d[:-1])
+
+
+@pytest.mark.parametrize("precision", ["auto", "fp16", "fp32-emulated"])
+@pytest.mark.parametrize("dtype,exp", [(np.complex64, -135), (np.float32, -135),
+                                       (np.complex64, 60), (np.complex128, -1040)])
+@pytest.mark.parametrize("m", [80, 60])
+def test_lstsq_near_the_range_ends_solved_at_unit_scale(precision, dtype, exp, m):
+    """A least-squares problem of entries near either end of the range (float32 data of
+    2^-135 is subnormal: at fp16 a square one's refactored direct solve divided by a
+    complex subnormal diagonal, ``1/|d|^2`` overflowed, x came back NaN): R solved at
+    unit scale, ``x`` finite and accurate, ``s`` of the unscaled problem."""
+    rng = np.random.default_rng(37)
+    a = rng.standard_normal((m, 60)) + 1j * rng.standard_normal((m, 60))
+    a = (a * 2.0 ** (exp // 2) * 2.0 ** (exp - exp // 2)).astype(dtype)
+    wide = np.complex128
+    b = (a.astype(wide) @ np.ones(60)).astype(dtype)
+    x, _, rank, s = mpqr.lstsq(a, b, precision=precision)
+    assert np.all(np.isfinite(x)) and rank == 60
+    u = np.finfo(dtype).eps / 2
+    # subnormal data carries fewer digits: the error of its own rounding, times cond
+    digits = u if exp > -126 or (dtype == np.complex128 and exp > -1022) else 2.0**-10
+    assert np.max(np.abs(x - 1)) <= 200 * 60 * digits * np.linalg.cond(a.astype(wide))
+    s_ref = np.linalg.svd((a.astype(wide) * 2.0 ** (-exp // 2)) * 2.0 ** (-exp + exp // 2),
+                          compute_uv=False)
+    got = (s.astype(np.float64) * 2.0 ** (-exp // 2)) * 2.0 ** (-exp + exp // 2)
+    np.testing.assert_allclose(got, s_ref, rtol=max(1e-3, 100 * digits))

@@ -21,7 +21,7 @@ from mpqr.lstsq.gram import (
 )
 from mpqr.lstsq.refine import cgls, iterative_refinement
 from mpqr.policy import gemm, record_event
-from mpqr.qr._kernels import ct, pow2_scale
+from mpqr.qr._kernels import ct, pow2_scale, times_pow2, unit_shift
 from mpqr.qr.choice import factor_precision
 from mpqr.qr.cholqr import reuse_first_gram
 from mpqr.qr.in_memory import qr
@@ -340,15 +340,21 @@ class Solver:
                          f"below {RESOLUTION:g} sqrt(n) u_f ||A|| are not resolved by a "
                          f"{prec} factorization", rank=rank, rank_cond=rank_cond)
         b = self.b
+        # R near either end of the range solved at unit scale, its right side times the same
+        # power of two (x unchanged): a complex triangular solve's 1/|d|^2 (and 1/s) would
+        # overflow with a subnormal diagonal
+        e = unit_shift(self.backend, r)
+        r = times_pow2(self.backend, r, e)
         if rank == k and solvable(s, self.cond, u_f):
             record_event("method", f"lstsq: direct QR solve at precision {prec!r}",
                          path="direct", precision=prec)
             if self.under:  # A = R^H Q^H: x = Q R^-H b
-                y = self.backend.solve_triangular(xp.asarray(ct(xp, r), copy=True), b,
-                                                  lower=True)
+                y = self.backend.solve_triangular(xp.asarray(ct(xp, r), copy=True),
+                                                  times_pow2(self.backend, b, e), lower=True)
                 x = self._gemm(q, y, "Qy")
             else:
-                x = self.backend.solve_triangular(r, self._qh_b(q))
+                x = self.backend.solve_triangular(
+                    r, times_pow2(self.backend, self._qh_b(q), e))
         else:
             what = (f"rank {rank} < {k}: minimum-norm solution" if rank < k else
                     f"rank {k}, but R is too close to singular for a triangular solve (its "
@@ -356,11 +362,12 @@ class Solver:
                     "of the cutoff): the solution")
             record_event("method", f"lstsq: {what} from the SVD of R", path="svd", rank=rank,
                          precision=prec)
-            x = self._svd_solve(q, r, rank)
+            x = self._svd_solve(q, r, rank, e)
         rsq = self._resid_sq(x) if (self.m > self.n and rank == k and self.need_s) else None
         return x, rank, s, rsq
 
-    def _svd_solve(self, q: Any, r: Any, rank: int) -> Any:
+    def _svd_solve(self, q: Any, r: Any, rank: int, e: int = 0) -> Any:
+        """The truncated-SVD solution for ``R 2^-e`` (``r`` times ``2^e``)."""
         xp = self.xp
         u, sv, vh = self.backend.svd(r, full_matrices=False)
         b = self.b
@@ -368,8 +375,8 @@ class Solver:
             return xp.zeros((self.n, b.shape[1]), dtype=b.dtype, device=device(r))
         inv = xp.astype(1.0 / sv[:rank], b.dtype)[:, None]
         if self.under:  # A = V S U^H Q^H  (R = U S V^H): x = Q U_k S_k^-1 V_k^H b
-            y = inv * self._gemm(vh[:rank, :], b, "svd-Vhb")
+            y = inv * self._gemm(vh[:rank, :], times_pow2(self.backend, b, e), "svd-Vhb")
             return self._gemm(q, self._gemm(u[:, :rank], y, "svd-Uy"), "svd-Qy")
-        c = self._qh_b(q)
+        c = times_pow2(self.backend, self._qh_b(q), e)
         y = inv * self._gemm(ct(xp, u[:, :rank]), c, "svd-UHc")
         return self._gemm(ct(xp, vh[:rank, :]), y, "svd-Vy")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -52,8 +53,10 @@ __all__ = [
     "pow2_scale",
     "safe_exponent",
     "scale_columns",
+    "times_pow2",
     "trmm_lower",
     "tsqr",
+    "unit_shift",
 ]
 
 #: Rows per block of the TSQR leaves (Leng et al. factor 256 x 32 tiles).
@@ -155,6 +158,30 @@ def panel_precision(prec: str, dtype: Any, xp: Any) -> str:
         return "auto"
     single = dtype in (xp.float32, xp.complex64)
     return "fp32" if single else "fp64"
+
+
+def unit_shift(backend: Any, x: Any) -> int:
+    """The power of two that brings ``x``'s largest magnitude into ``[1/2, 1)`` where it
+    lies beyond ``2**±``:func:`safe_exponent`, else 0 (also for NaN/Inf or an all-zero
+    ``x``; one host sync): one scale for the whole matrix, where :func:`scale_columns`'s
+    scale per column would change what is computed (the pivots of a QRCP, a least-squares
+    solution); squares and complex quotients then stay in range."""
+    xp = backend.xp
+    if not x.size:
+        return 0
+    mx = float(xp.max(xp.abs(x)))
+    lim = 2.0 ** safe_exponent(xp, x)
+    if not math.isfinite(mx) or mx == 0.0 or 1.0 / lim <= mx <= lim:
+        return 0
+    return -math.frexp(mx)[1]
+
+
+def times_pow2(backend: Any, x: Any, e: int) -> Any:
+    """``x * 2**e`` for a Python int ``e`` (a new array; ``x`` itself for ``e = 0``)."""
+    if not e:
+        return x
+    xp = backend.xp
+    return pow2_scale(backend, x, xp.asarray(e, dtype=xp.int32, device=device(x)))
 
 
 def pow2_scale(backend: Any, x: Any, e: Any, *, in_place: bool = False) -> Any:

@@ -10,26 +10,17 @@ the pass that makes ``abs(diag(R))`` non-increasing exactly (except
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
-from mpqr._array_api import device
 from mpqr.policy import record_event
 from mpqr.qr import pivoted
-from mpqr.qr._kernels import pow2_scale
+from mpqr.qr._kernels import times_pow2, unit_shift
 from mpqr.qr.pivoted_exact import blocked_qrcp, monotone_diagonal, unit_roundoff
 from mpqr.qr.pivoted_gram import gram_qrcp, take_columns
 from mpqr.qr.pivoted_repair import repair_diagonal
 
 __all__ = ["qr_pivoted"]
-
-
-#: ``log2`` of the largest magnitude a matrix may have, per real dtype, for the pivot
-#: rules' squared column norms to stay in range: above the upper end the squares (summed
-#: over up to 2^32 rows) overflow; below the lower one the largest square comes within
-#: the unit roundoff of the subnormal range, and the norms lose their digits
-UNIT_RANGE = {"float64": (-450, 480), "float32": (-40, 40)}
 
 
 def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]],
@@ -48,32 +39,17 @@ def qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]]
     ``"randomized"``: :func:`~mpqr.qr.pivoted.hqrrp` as it
     comes (rank-revealing, the diagonal not monotone).
 
-    A matrix whose largest magnitude lies outside :data:`UNIT_RANGE` is factored at unit
+    A matrix whose largest magnitude lies beyond ``2**±SAFE_EXPONENT`` (its column norms'
+    squares would overflow or lose their digits) is factored at unit
     scale (times a power of two: exact) and ``R`` scaled back; ``Q``, ``P`` and the rank
     decisions do not depend on the scale.
     """
-    xp = backend.xp
-    shift = _unit_shift(backend, a)
-    if shift:
-        a = pow2_scale(backend, a, xp.asarray(shift, dtype=xp.int32, device=device(a)))
-    q, r, p = _qr_pivoted(backend, a, factor=factor, precision=precision,
-                          prec_name=prec_name, want_q=want_q, complete=complete,
-                          max_rank=max_rank, rtol=rtol, ordering=ordering)
-    if shift:
-        r = pow2_scale(backend, r, xp.asarray(-shift, dtype=xp.int32, device=device(r)))
-    return q, r, p
-
-
-def _unit_shift(backend: Any, a: Any) -> int:
-    """The power of two that brings ``a``'s largest magnitude into ``[1/2, 1)`` where it
-    lies outside :data:`UNIT_RANGE`, else 0 (also for NaN/Inf or a zero matrix)."""
-    xp = backend.xp
-    real = "float32" if a.dtype in (xp.float32, xp.complex64) else "float64"
-    lo, hi = UNIT_RANGE[real]
-    mx = float(xp.max(xp.abs(a)))
-    if not math.isfinite(mx) or mx == 0.0 or 2.0**lo <= mx <= 2.0**hi:
-        return 0
-    return -math.frexp(mx)[1]
+    shift = unit_shift(backend, a)
+    q, r, p = _qr_pivoted(backend, times_pow2(backend, a, shift), factor=factor,
+                          precision=precision, prec_name=prec_name, want_q=want_q,
+                          complete=complete, max_rank=max_rank, rtol=rtol,
+                          ordering=ordering)
+    return q, times_pow2(backend, r, -shift), p
 
 
 def _qr_pivoted(backend: Any, a: Any, *, factor: Callable[[Any], tuple[Any, Any]],
