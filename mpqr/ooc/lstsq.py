@@ -59,7 +59,7 @@ from mpqr.ooc.gram_route import check_piece, gram_pass
 from mpqr.ooc.run import Run, progress_bar
 from mpqr.ooc.tall import tsqr_stream
 from mpqr.policy import double_double_gram, gemm, record_event
-from mpqr.qr._kernels import ct
+from mpqr.qr._kernels import ct, solve_upper
 from mpqr.qr.choice import factor_precision
 
 __all__ = ["lstsq"]
@@ -409,7 +409,7 @@ class _Problem:
             # full rank by the cutoff, but R too close to singular for its solves (an
             # exactly zero column of A: an exactly zero pivot): gelsd's SVD formula
             return self._min_norm(r, c, self.n), self.n, s, rsq
-        x = be.solve_triangular(r, c, lower=False)
+        x = solve_upper(be, r, c)
         if self.refine is None:
             return x, self.n, s, rsq
         return self._refine(run, plan, r, x, s, s1)
@@ -453,7 +453,9 @@ class _Problem:
             self.refinements += 1
             gn = be.column_norms(g)
             xn = be.column_norms(x)
-            omega = float(xp.max(gn / (s1 * (s1 * xn + xp.sqrt(rr)) + 1e-300)))
+            # in float64: for float32 data near its subnormals the denominator underflows
+            gn, xn, rn = (xp.astype(v, xp.float64) for v in (gn, xn, xp.sqrt(rr)))
+            omega = float(xp.max(gn / (s1 * (s1 * xn + rn) + 1e-300)))
             if best is None or omega < best[0]:
                 best = (omega, x, rr)
             converged = omega <= self.tol or (self.floor_tol is not None and it > 0
@@ -481,9 +483,7 @@ class _Problem:
                              residual=omega)
                 return x, self.n, s, rr
             if gram is None:
-                y = be.solve_triangular(ct(xp, r), g, lower=True)
-                d = be.solve_triangular(r, y, lower=False)
-                x1 = x + d
+                x1 = x + solve_upper(be, r, g, normal=True)
             x = x1
         omega, x, rr = best
         if self.refine != "auto":

@@ -53,6 +53,7 @@ __all__ = [
     "pow2_scale",
     "safe_exponent",
     "scale_columns",
+    "solve_upper",
     "times_pow2",
     "trmm_lower",
     "tsqr",
@@ -182,6 +183,20 @@ def times_pow2(backend: Any, x: Any, e: int) -> Any:
         return x
     xp = backend.xp
     return pow2_scale(backend, x, xp.asarray(e, dtype=xp.int32, device=device(x)))
+
+
+def solve_upper(backend: Any, r: Any, c: Any, *, normal: bool = False) -> Any:
+    """``R^-1 c`` (``normal``: ``(R^H R)^-1 c``) for an upper-triangular 2-D ``R``, solved
+    with ``R`` at unit scale (times ``2^e``, :func:`unit_shift`) and ``c`` times the same
+    power of two: the same solution, without the overflow of a complex quotient's
+    ``1/|d|^2`` where the diagonal lies near the subnormals."""
+    xp = backend.xp
+    e = unit_shift(backend, r)
+    rs = times_pow2(backend, r, e)
+    c = times_pow2(backend, c, e)
+    if normal:  # R^-1 R^-H c = Rs^-1 (Rs^-H (c 2^e)) 2^e
+        c = times_pow2(backend, backend.solve_triangular(ct(xp, rs), c, lower=True), e)
+    return backend.solve_triangular(rs, c, lower=False)
 
 
 def pow2_scale(backend: Any, x: Any, e: Any, *, in_place: bool = False) -> Any:
