@@ -600,24 +600,32 @@ def test_square_lstsq_of_huge_entries_warns_of_nothing(precision):
     assert np.linalg.norm(x - want) <= 100 * 2**-53 * 60 * cond * np.linalg.norm(want)
 
 
-@pytest.mark.parametrize("scale", [1e300, 1e-150, 1e-310, 1.0])
-def test_fp32_products_of_float64_data_beyond_float32s_range(scale):
-    """``precision="fp32"`` on float64 data past float32's range (Inf after a cast) or
-    below it (zero after a cast): the product to FP32 accuracy, not Inf/NaN or a finite
-    zero; inside the range the plain cast's bits."""
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("exp", [1000, -500, -1030, 0])
+def test_fp32_products_of_float64_data_beyond_float32s_range(exp, dtype):
+    """``precision="fp32"`` on float64 (complex128) data past float32's range (Inf after
+    a cast) or below it (zero after a cast): the product to FP32 accuracy, not Inf/NaN or
+    a finite zero; inside the range the plain cast's bits."""
     rng = np.random.default_rng(34)
-    a = rng.standard_normal((50, 40)) * scale
-    b = rng.standard_normal((40, 30))
+    a = rng.standard_normal((50, 40)).astype(dtype)
+    b = rng.standard_normal((40, 30)).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        a, b = a + 1j * rng.standard_normal(a.shape), b + 1j * rng.standard_normal(b.shape)
+    def times(x, e):  # x 2^e in two exact steps
+        return (x * 2.0 ** (e // 2)) * 2.0 ** (e - e // 2)
+
+    a0 = a
+    a = times(a, exp)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         c = mpqr.matmul(a, b, precision="fp32")
-    want = (a / scale) @ b
-    bound = 40 * 2**-23 * (np.abs(a / scale) @ np.abs(b))
-    assert c.dtype == np.float64
-    assert np.all(np.abs(c / scale - want) <= bound)
-    if scale == 1.0:
-        plain = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float64)
-        np.testing.assert_array_equal(c, plain)
+    want = times(a, -exp) @ b  # a's own rounding (subnormal at 2^-1030) included
+    bound = 80 * 2**-23 * (np.abs(a0) @ np.abs(b))
+    assert c.dtype == dtype
+    assert np.all(np.abs(times(c, -exp) - want) <= bound)
+    if exp == 0:
+        low = np.float32 if dtype == np.float64 else np.complex64
+        np.testing.assert_array_equal(c, (a.astype(low) @ b.astype(low)).astype(dtype))
 
 
 @pytest.mark.parametrize("dtype,exp", [(np.float64, 1000), (np.float64, -1000),

@@ -1,6 +1,6 @@
 """Native GEMMs: the library's own FP32/FP64 (or complex) GEMM, no tricks.
 
-float64 operands multiplied in FP32 (``precision="fp32"`` on float64 data) are first
+float64 (complex128) operands multiplied in FP32 (``precision="fp32"`` on float64 data) are first
 scaled by exact powers of two, rows of A and columns of B to unit magnitude, as the
 tensor-core engines scale theirs (:mod:`mpqr.engines.scaling`): a plain cast would turn
 entries beyond float32's range into Inf and entries below it into zero, a finite wrong
@@ -26,9 +26,35 @@ def run_native(backend: Any, a: Any, b: Any, *, compute_dtype: Any, out_dtype: A
         a = xp.astype(backend.ldexp(a, sa), compute_dtype)
         b = xp.astype(backend.ldexp(b, sb), compute_dtype)
         return unscale(backend, backend.gemm(a, b), sa, sb, out_dtype)
+    if compute_dtype == xp.complex64 and xp.complex128 in (a.dtype, b.dtype) \
+            and out_dtype == xp.complex128 and a.ndim == b.ndim == 2:
+        # the same for complex128 data (the engines' kernels take real data: array ops)
+        sa, sb = _unit_exponents(backend, a, -1), _unit_exponents(backend, b, -2)
+        a = xp.astype(_times_pow2(xp, a, sa), compute_dtype)
+        b = xp.astype(_times_pow2(xp, b, sb), compute_dtype)
+        c = xp.astype(backend.gemm(a, b), out_dtype)
+        return _times_pow2(xp, _times_pow2(xp, c, -sa), -sb)
     if a.dtype != compute_dtype:
         a = xp.astype(a, compute_dtype)
     if b.dtype != compute_dtype:
         b = xp.astype(b, compute_dtype)
     c = backend.gemm(a, b)
     return c if c.dtype == out_dtype else xp.astype(c, out_dtype)
+
+
+def _unit_exponents(backend: Any, x: Any, axis: int) -> Any:
+    """Int32 ``s`` (keepdims along ``axis``): each line's largest finite ``|x| 2^s`` in
+    ``[1, 2)``; 0 for lines with no finite nonzero entry."""
+    xp = backend.xp
+    ax = xp.abs(x)
+    mx = xp.max(xp.where(xp.isfinite(ax), ax, xp.zeros_like(ax)), axis=axis, keepdims=True)
+    return xp.where(mx > 0, -backend.exponent(mx), xp.zeros(mx.shape, dtype=xp.int32))
+
+
+def _times_pow2(xp: Any, x: Any, e: Any) -> Any:
+    """``x * 2**e`` (complex128 ``x``, int32 ``e`` broadcasting, ``|e| <= 2046``) in two
+    real float64 factors, each exact."""
+    two = xp.asarray(2.0, dtype=xp.float64)
+    h = e // 2
+    return (x * xp.pow(two, xp.astype(h, xp.float64))) * xp.pow(two, xp.astype(e - h,
+                                                                             xp.float64))
