@@ -19,7 +19,7 @@ from typing import Any
 
 from mpqr.backends._base import compact_wy_t
 from mpqr.policy import gemm, gemm_sub
-from mpqr.qr._kernels import ct, is_complex, panel_precision
+from mpqr.qr._kernels import ct, is_complex, panel_precision, times_pow2, unit_shift
 
 __all__ = ["PANEL", "householder_raw"]
 
@@ -37,9 +37,8 @@ def householder_raw(backend: Any, a: Any, *, precision: Any, prec_name: str
     # a matrix far from 1 in magnitude is reflected at unit scale (a power of two: exact):
     # squares and products of entries near the range's ends would overflow, and subnormal
     # entries carry few bits; the reflectors do not depend on the scale, R is scaled back
-    mx = float(xp.max(xp.abs(a))) if a.size else 0.0
-    shift = -math.frexp(mx)[1] if 0.0 < mx < 2.0**-500 or 2.0**500 < mx < math.inf else 0
-    h = _times_pow2(xp, a, shift) if shift else xp.asarray(a, copy=True)
+    shift = unit_shift(backend, a)
+    h = times_pow2(backend, a, shift) if shift else xp.asarray(a, copy=True)
     pp = panel_precision(prec_name, a.dtype, xp)
     taus = []
     for j in range(0, k, PANEL):
@@ -58,13 +57,8 @@ def householder_raw(backend: Any, a: Any, *, precision: Any, prec_name: str
     tau = xp.concat(taus) if taus else xp.zeros((0,), dtype=a.dtype)
     if shift:
         upper = xp.triu(h[:k, :])
-        h[:k, :] = (h[:k, :] - upper) + _times_pow2(xp, upper, -shift)  # disjoint: exact
+        h[:k, :] = (h[:k, :] - upper) + times_pow2(backend, upper, -shift)  # disjoint: exact
     return h, tau
-
-
-def _times_pow2(xp: Any, x: Any, e: int) -> Any:
-    """``x * 2**e`` (a new array) in two factors, each a float for any ``|e| <= 2200``."""
-    return (x * 2.0 ** (e // 2)) * 2.0 ** (e - e // 2)
 
 
 def _norm(xp: Any, x: Any) -> float:
