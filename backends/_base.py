@@ -103,6 +103,12 @@ class ArrayAPIBackend:
         two = xp.asarray(2.0, dtype=x.dtype, device=device(x))
         return (x * xp.pow(two, xp.astype(h, x.dtype))) * xp.pow(two, xp.astype(e - h, x.dtype))
 
+    def ldexp_wide(self, x: Any, e: Any) -> Any:
+        """``x * 2**e`` exactly in float64 (a float32 ``x`` widened first; float64 as
+        :meth:`ldexp`)."""
+        xp = self.xp
+        return self.ldexp(xp.astype(x, xp.float64) if x.dtype == xp.float32 else x, e)
+
     def ldexp_in_place(self, x: Any, e: Any) -> None:
         """``x *= 2**e`` exactly, in place (``e`` an int array broadcasting against ``x``,
         of ``x``'s shape or smaller): no temporary of ``x``'s size."""

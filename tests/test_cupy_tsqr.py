@@ -227,6 +227,32 @@ def _extremes(rng, dtype):
     return x
 
 
+@pytest.mark.parametrize("shape", [(5, 70), (300, 33), (40000, 3), (2000, 1100), (17, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_max_matches_numpy(shape, dtype):
+    """The maxima along a strided axis (runs of rows a thread, a block's runs combined,
+    one atomic a column and block) are NumPy's largest finite |x|, for runs shorter than
+    a block's and many blocks a column, C arrays and transposed views."""
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-30, 30, shape)).astype(dtype)
+    x.flat[::7] = -np.inf
+    x.flat[3::11] = np.nan
+    x[:, 0] = -0.0  # a column of negative zeros: maximum +0
+    if shape[1] > 2:
+        x[:, 2] = np.nan  # no finite entry: 0
+    x[-1, -1] = np.finfo(dtype).max
+    fin = np.where(np.isfinite(x), np.abs(x), 0.0).astype(np.float64)
+    for arr, ax in ((x, 0), (x.T, 1)):
+        got = ek.max_abs_finite(cp.asarray(x) if arr is x else cp.asarray(x).T, ax)
+        want = fin.max(axis=0)
+        assert got.dtype == cp.float64
+        assert got.shape == ((1, shape[1]) if ax == 0 else (shape[1], 1))
+        np.testing.assert_array_equal(got.get().ravel(), want)
+        assert not np.signbit(got.get()).any()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pow2_shift_bitwise_vs_numpy(dtype):
     """The fused shift (one reduction, one elementwise launch) is the NumPy backend's."""

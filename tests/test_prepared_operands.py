@@ -242,6 +242,42 @@ def test_split_kernels_match_the_elementwise_one(monkeypatch, layout, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_ldexp_wide_kernel_gives_the_exact_product(dtype):
+    """``backend.ldexp_wide`` (the widening and the scaling in one pass for float32) gives
+    NumPy's exact ``ldexp(float64(x), e)`` bit for bit (NaN as a NaN): subnormal float32 entries,
+    results past float32's range, NaN and Inf included; C arrays, views and transposed
+    views, exponents along rows and along columns."""
+    cp = _cupy()
+    from mpqr.backends.cupy import engine_kernels as ek
+
+    be = get_backend(cp)
+    rng = np.random.default_rng(13)
+    x = (rng.standard_normal((257, 130)) * np.exp2(rng.integers(-140, 120, size=(257, 130))))
+    x[0, 0], x[1, 1], x[2, 2], x[3, 3] = np.inf, np.nan, -np.inf, 1e-45
+    xh = x.astype(dtype)
+    xd = cp.asarray(xh)
+    if dtype == np.float32:
+        assert np.any((xh != 0) & (np.abs(xh) < np.finfo(np.float32).tiny))  # subnormals
+    for sl in ((slice(None), slice(None)), (slice(2, None), slice(3, 100)),
+               (slice(2, 200), slice(3, 100), "T")):
+        vh, v = xh[sl[:2]], xd[sl[:2]]
+        if len(sl) == 3:
+            vh, v = vh.T, v.T
+        for shape in ((v.shape[0], 1), (1, v.shape[1])):
+            eh = rng.integers(-300, 300, size=shape).astype(np.int32)
+            want = np.ldexp(vh.astype(np.float64), eh)
+            got = be.ldexp_wide(v, cp.asarray(eh))
+            assert got.dtype == cp.float64 and got.shape == v.shape
+            g = cp.asnumpy(got)
+            np.testing.assert_array_equal(np.isnan(g), np.isnan(want))  # NaN: any payload
+            fin = ~np.isnan(want)
+            np.testing.assert_array_equal(g[fin].view(np.uint64), want[fin].view(np.uint64))
+    taken = ek.ldexp_wide_2d(xd, cp.zeros((257, 1), dtype=cp.int32))
+    assert (taken is None) == (dtype == np.float64)
+
+
+@gpu
 @pytest.mark.parametrize("layout", ["C", "view", "transposed"])
 @pytest.mark.parametrize("axis", [0, 1, None])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

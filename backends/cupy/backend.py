@@ -181,6 +181,19 @@ class CupyBackend(ArrayAPIBackend):
         out = ldexp_2d(x, e) if getattr(e, "ndim", 0) == 2 else None  # a row or column's
         return self._cp.ldexp(x, e) if out is None else out  # exponent read once
 
+    def ldexp_wide(self, x, e):
+        from mpqr.backends.cupy.engine_kernels import ldexp_wide_2d
+
+        # the widening and the scaling in one pass (two in CuPy), by the transposes for a
+        # view contiguous along its columns
+        if getattr(e, "ndim", 0) == 2 and x.ndim == 2:
+            out = ldexp_wide_2d(x, e)
+            if out is None and (t := ldexp_wide_2d(x.T, e.T)) is not None:
+                out = t.T
+            if out is not None:
+                return out
+        return super().ldexp_wide(x, e)
+
     def ldexp_in_place(self, x, e):
         from mpqr.backends.cupy.engine_kernels import ldexp_2d
 

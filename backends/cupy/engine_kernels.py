@@ -25,9 +25,9 @@ import functools
 import cupy as cp
 
 __all__ = ["FAST_ADD_PARTIALS", "FAST_LDEXP", "FAST_SCALE", "FAST_SPLIT", "FAST_SPLIT_ROWS",
-           "FAST_UNSCALE_INTO", "add_partials", "all_finite", "finite_or_zero_fp16", "ldexp_2d",
-           "max_abs_finite", "scale_2d", "shift_of_max", "split_fp16", "unit_lower_fp16",
-           "unscale", "unscale_into"]
+           "FAST_UNSCALE_INTO", "add_partials", "all_finite", "finite_or_zero_fp16",
+           "ldexp_2d", "ldexp_wide_2d", "max_abs_finite", "scale_2d", "shift_of_max",
+           "split_fp16", "unit_lower_fp16", "unscale", "unscale_into"]
 
 #: 2-D splits by a kernel that indexes rows and columns by their strides in 32 x 32 tiles
 #: (loads along the input's contiguous axis, stores along the parts') instead of CuPy's
@@ -129,27 +129,49 @@ def _unscale_kernel():
 _STRIDED_MAX_SRC = _WIDEN + r"""
 template <typename T>
 __device__ void strided_max(const T* x, long long nred, long long nkeep, long long sred,
-                            long long skeep, long long chunk, double* out) {
-  // thread j of chunk c: max over rows [c*chunk, (c+1)*chunk) of kept index j;
-  // consecutive threads read consecutive kept indices (coalesced)
-  long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  long long c = blockIdx.y;
-  if (j >= nkeep) return;
-  long long r0 = c * chunk, r1 = r0 + chunk < nred ? r0 + chunk : nred;
+                            long long skeep, long long chunk, unsigned long long* out) {
+  // thread (tx, ty): the max over rows [c*chunk, (c+1)*chunk) (c = 8 blockIdx.y + ty) of
+  // kept index j = 32 blockIdx.x + tx (a warp reads consecutive kept indices: coalesced);
+  // the block's eight chunks combined in shared memory, then one atomicMax on the bits
+  // (non-negative doubles order as their bits do) a kept index and block
+  __shared__ double red[8][33];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  long long j = blockIdx.x * 32LL + tx;
+  long long r0 = (blockIdx.y * 8LL + ty) * chunk, r1 = r0 + chunk < nred ? r0 + chunk : nred;
   double m = 0.0;
-  for (long long r = r0; r < r1; ++r) {
-    double v = mpqr_f64(x[r * sred + j * skeep]);
-    double a = v < 0.0 ? -v : v;
-    if (v - v == 0.0 && a > m) m = a;  // finite entries only
+  if (j < nkeep) {
+    const T* col = x + j * skeep;
+    long long r = r0;
+    for (; r + 8 <= r1; r += 8) {  // eight loads in flight
+      double v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = mpqr_f64(col[(r + k) * sred]);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        double a = v[k] < 0.0 ? -v[k] : v[k];
+        if (v[k] - v[k] == 0.0 && a > m) m = a;  // finite entries only
+      }
+    }
+    for (; r < r1; ++r) {
+      double v = mpqr_f64(col[r * sred]);
+      double a = v < 0.0 ? -v : v;
+      if (v - v == 0.0 && a > m) m = a;
+    }
   }
-  out[c * nkeep + j] = m;
+  red[ty][tx] = m;
+  __syncthreads();
+  if (ty == 0 && j < nkeep) {
+#pragma unroll
+    for (int k = 1; k < 8; ++k) m = red[k][tx] > m ? red[k][tx] : m;
+    if (m > 0.0) atomicMax(out + j, (unsigned long long)__double_as_longlong(m));
+  }
 }
 extern "C" __global__ void mpqr_strided_max_f32(const float* x, long long nred, long long nkeep,
-    long long sred, long long skeep, long long chunk, double* out) {
+    long long sred, long long skeep, long long chunk, unsigned long long* out) {
   strided_max(x, nred, nkeep, sred, skeep, chunk, out);
 }
 extern "C" __global__ void mpqr_strided_max_f64(const double* x, long long nred, long long nkeep,
-    long long sred, long long skeep, long long chunk, double* out) {
+    long long sred, long long skeep, long long chunk, unsigned long long* out) {
   strided_max(x, nred, nkeep, sred, skeep, chunk, out);
 }
 """
@@ -176,17 +198,18 @@ def _strided_max(x, ax):
 
     nred, nkeep = x.shape[ax], x.shape[1 - ax]
     sred, skeep = x.strides[ax] // x.itemsize, x.strides[1 - ax] // x.itemsize
-    nchunks = max(1, min(65535, 2**20 // max(1, nkeep), nred))
+    groups = -(-nkeep // 32)
+    # about 2^18 threads, runs of at least 16 rows, eight runs a block
+    nchunks = max(1, min(2**18 // (32 * groups), -(-nred // 16)))
     chunk = -(-nred // nchunks)
     nchunks = -(-nred // chunk)
-    part = cp.empty((nchunks, nkeep), dtype=cp.float64)
+    out = cp.zeros(nkeep, dtype=cp.float64)  # a memset: +0.0 is all zero bits
     name = "mpqr_strided_max_f32" if x.dtype == cp.float32 else "mpqr_strided_max_f64"
     kern = _strided_max_module().get_function(name)
-    kern(((nkeep + 255) // 256, nchunks), (256,),
+    kern((groups, -(-nchunks // 8)), (32, 8),
          (x, np.int64(nred), np.int64(nkeep), np.int64(sred), np.int64(skeep),
-          np.int64(chunk), part))
-    mx = cp.max(part, axis=0)
-    return mx.reshape((nkeep, 1) if ax == 1 else (1, nkeep))
+          np.int64(chunk), out))
+    return out.reshape((nkeep, 1) if ax == 1 else (1, nkeep))
 
 
 @functools.cache
@@ -352,9 +375,12 @@ UNSCALE(mpqr_unscale2d_f64, double)
 // out = x * 2^e exactly (ldexp), e broadcast along rows or columns by a zero stride
 __device__ __forceinline__ float mpqr_ldexp(float x, int e) { return ldexpf(x, e); }
 __device__ __forceinline__ double mpqr_ldexp(double x, int e) { return ldexp(x, e); }
-template <typename T>
+__device__ __forceinline__ float mpqr_as(float v, float) { return v; }
+__device__ __forceinline__ double mpqr_as(double v, double) { return v; }
+__device__ __forceinline__ double mpqr_as(float v, double) { return mpqr_f64(v); }
+template <typename T, typename U>
 __device__ void pow2d(const T* x, long long m, long long n, long long xr, const int* e,
-    long long er, long long ec, T* out, long long orr, long long rows) {  // out may be x
+    long long er, long long ec, U* out, long long orr, long long rows) {  // out may be x
   long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (j >= n) return;
   long long i0 = blockIdx.y * rows, i1 = i0 + rows < m ? i0 + rows : m;
@@ -369,14 +395,16 @@ __device__ void pow2d(const T* x, long long m, long long n, long long xr, const 
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      if (i + k < i1) out[(i + k) * orr + j] = mpqr_ldexp(v[k], ev[k]);
+      if (i + k < i1) out[(i + k) * orr + j] = mpqr_ldexp(mpqr_as(v[k], (U)0), ev[k]);
   }
 }
-#define POW2D(NAME, T) extern "C" __global__ void NAME(const T* x, long long m, long long n, \
-    long long xr, const int* e, long long er, long long ec, T* out, long long orr, \
-    long long rows) { pow2d<T>(x, m, n, xr, e, er, ec, out, orr, rows); }
-POW2D(mpqr_pow2d_f32, float)
-POW2D(mpqr_pow2d_f64, double)
+#define POW2D(NAME, T, U) extern "C" __global__ void NAME(const T* x, long long m, \
+    long long n, long long xr, const int* e, long long er, long long ec, U* out, \
+    long long orr, long long rows) { pow2d<T, U>(x, m, n, xr, e, er, ec, out, orr, rows); }
+POW2D(mpqr_pow2d_f32, float, float)
+POW2D(mpqr_pow2d_f64, double, double)
+// float32 x widened to float64 (exactly, through its bits) and scaled: one pass
+POW2D(mpqr_pow2dw_f32, float, double)
 
 // out = x * f, f broadcast along rows or columns by a zero stride (CuPy's multiply's bits)
 template <typename T>
@@ -479,13 +507,13 @@ def _fast_split(x, shift, hi, hf, lo, lo_shift):
     m, n = x.shape
     if m == 0 or n == 0:
         return True
-    fn = _fast_fn("mpqr_split2d_f32" if x.dtype == cp.float32 else "mpqr_split2d_f64")
-    if fn is None:
-        return False
     i64, i32 = np.int64, np.int32
     has_lo = hf is not None
     hf = hi if hf is None else hf
     lo = hi if lo is None else lo
+    fn = _fast_fn("mpqr_split2d_f32" if x.dtype == cp.float32 else "mpqr_split2d_f64")
+    if fn is None:
+        return False
 
     fn(
         ((n + 31) // 32, (m + 31) // 32), (32, 8),
@@ -681,6 +709,26 @@ def ldexp_2d(x, e, out=None):
     if not (FAST_LDEXP and _rows_operands_ok(x, e, out, (cp.int32,))):
         return None
     return _by_rows_into("mpqr_pow2d", x, e, out)
+
+
+def ldexp_wide_2d(x, e):
+    """``float64(x) * 2**e`` exactly, as a new C-contiguous float64 array, for a 2-D
+    float32 ``x`` with contiguous rows and an int32 ``e`` of shape ``(m, 1)``, ``(1, n)``
+    or ``(m, n)``, in one pass (the widening and the scaling: two passes in CuPy);
+    else None, nothing done."""
+    if not (FAST_LDEXP and x.dtype == cp.float32 and _rows_operands_ok(x, e, None, (cp.int32,))):
+        return None
+    import numpy as np
+
+    m, n = x.shape
+    out = cp.empty((m, n), dtype=cp.float64)
+    if m == 0 or n == 0:
+        return out
+    i64 = np.int64
+    done = _by_columns("mpqr_pow2dw", x.dtype, m, n,
+                       (x, i64(m), i64(n), i64(_el(x, 0)), e, i64(_el(e, 0)), i64(_el(e, 1)),
+                        out, i64(n)))
+    return out if done else None
 
 
 @functools.cache

@@ -5,8 +5,9 @@
 elementwise kernel, the tile kernel and the row-run kernel, shifts by rows and by
 columns, beside a plain device copy of the input; medians of 20 calls (CUDA events).
 Then in-place ``ldexp`` and scaling by a row's factors and ``c -= unscale(p)``, by the
-one-pass kernels and by CuPy's elementwise ones. Bytes counted: each input read once,
-each output written once.
+one-pass kernels and by CuPy's elementwise ones; the split of a transposed view by the
+elementwise kernel and the tile kernel, the maxima along a strided axis, the widening
+with ``ldexp``. Bytes counted: each input read once, each output written once.
 """
 
 from __future__ import annotations
@@ -62,6 +63,43 @@ def _by_line_passes(be, x, y, m, n):
     return out
 
 
+def _transposed_passes(be, x, m, n):
+    """The split of a transposed view (parts contiguous along its rows) by the
+    elementwise kernel and the tile kernel; the maxima along a
+    strided axis (the shifts' reduction); the float32 -> float64 widening with ``ldexp``
+    in one pass against the two."""
+    out = []
+    xt = x[:, : n - 64].T  # (n - 64) x m, contiguous along axis 0: a column block's W^T
+    k, mm = xt.shape
+    hi, hf, lo = (cp.empty((k, mm), dtype=cp.float16) for _ in range(3))
+    s = be.pow2_shift(xt, -1, 14)
+    keep = ek.FAST_SPLIT
+    for name, fast in (("elementwise", False), ("tiles", "transposed")):
+        ek.FAST_SPLIT = fast
+        for parts in (1, 3):
+            def fn(parts=parts):
+                ek.split_fp16(xt, s, hi, *((hf, lo) if parts == 3 else ()))
+            ms = _ms(fn)
+            out.append({"shape": [k, mm], "pass": f"split{parts}-transposed", "kernel": name,
+                        "ms": ms, "TB/s": (4 + 2 * parts) * k * mm / ms / 1e9})
+            print(json.dumps(out[-1]), flush=True)
+    ek.FAST_SPLIT = keep
+    for arr, ax, label in ((x, 0, "C, down columns"), (x[:, :32], 0, "32 columns"),
+                           (xt, 1, "transposed, along rows")):
+        ms = _ms(lambda arr=arr, ax=ax: ek.max_abs_finite(arr, ax))
+        out.append({"shape": list(arr.shape), "pass": "strided max", "case": label, "ms": ms,
+                    "TB/s": arr.size * 4 / ms / 1e9})
+        print(json.dumps(out[-1]), flush=True)
+    e = cp.zeros((m, 1), dtype=cp.int32)
+    for label, fn in (("one pass", lambda: be.ldexp_wide(x, e)),
+                      ("astype + ldexp", lambda: be.ldexp(x.astype(cp.float64), e))):
+        ms = _ms(fn)
+        out.append({"shape": [m, n], "pass": "widen+ldexp", "kernel": label, "ms": ms,
+                    "TB/s": 12 * m * n / ms / 1e9})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
 def main(argv):
     shapes = [tuple(int(v) for v in s.split("x")) for s in argv[1:]] or \
         [(16384, 8192), (65536, 8192)]
@@ -93,6 +131,7 @@ def main(argv):
                     print(json.dumps(rows[-1]), flush=True)
         ek.FAST_SPLIT, ek.FAST_SPLIT_ROWS = keep
         rows += _by_line_passes(be, x, y, m, n)
+        rows += _transposed_passes(be, x, m, n)
         del x, hi, hf, lo, y
         cp.get_default_memory_pool().free_all_blocks()
     with open(argv[0], "w") as fh:

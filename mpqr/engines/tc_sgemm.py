@@ -133,9 +133,9 @@ def _parts(backend: Any, a: Any, b: Any) -> tuple[Any, Any, Any, Any]:
         pb = None  # two sets of inner shifts: the right operand's array instead
     a_arr, b_arr = operand(a), operand(b)
     if pa is not None and pa.inner("left"):
-        b_arr = backend.ldexp(_wide(xp, b_arr), -xp.reshape(pa.shift, (-1, 1)))
+        b_arr = backend.ldexp_wide(b_arr, -xp.reshape(pa.shift, (-1, 1)))
     if pb is not None and pb.inner("right"):
-        a_arr = backend.ldexp(_wide(xp, a_arr), -xp.reshape(pb.shift, (1, -1)))
+        a_arr = backend.ldexp_wide(a_arr, -xp.reshape(pb.shift, (1, -1)))
     if pa is None:
         pa = prepare(backend, a_arr, side="left", engine="tc-sgemm")
     if pb is None:
@@ -156,10 +156,6 @@ def _split_parts(backend: Any, pa: Any, pb: Any, *, slice_k: int,
                              partials_bytes=partials_bytes)
     return split_product(backend, pa.hi, None, pb.hi, None, slice_k=slice_k,
                          parts=(pa.hf, pa.lo, pb.hf, pb.lo), partials_bytes=partials_bytes)
-
-
-def _wide(xp: Any, x: Any) -> Any:
-    return xp.astype(x, xp.float64) if x.dtype == xp.float32 else x
 
 
 def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,

@@ -717,7 +717,9 @@ def _form_q_lean(backend: Any, work: Any, ts: dict[int, tuple[int, Any]], *,
                  backend=backend)
         gemm_into(work[..., c0:, c0:c1], yc, e, precision=precision,
                   label="formq-lean-YE", options=options, backend=backend)
-        yc = e = None
+        # no temporary outlives its block: a live one inside the held workspace block
+        # would make the next reserve take another
+        yc = e = tj = None
         work[..., :c0, c0:c1] = 0
         backend.add_identity(work[..., c0:c1, c0:c1])
 
