@@ -524,26 +524,32 @@ def _swapped_problem(dtype):
 def test_byte_swapped_input_computes_as_native_like_scipy_and_numpy(dtype):
     """Data in the other byte order (FITS files, network order) is factored in its own
     precision, as NumPy and SciPy do: results in native order, of SciPy's and NumPy's
-    dtypes, close to theirs; the input untouched."""
+    dtypes, close to theirs on the same values in native order (SciPy 1.18.1's ``qr``
+    reads a byte-swapped array's bytes as native ones: garbage of 1e200 and up, so the
+    references take a native copy) and bit for bit mpqr's own on that copy; the input
+    untouched."""
     a, b = _swapped_problem(dtype)
     a0, b0 = a.copy(), b.copy()
     native = dtype.newbyteorder("=")
+    an, bn = a.astype(native), b.astype(native)
     u = float(np.finfo(native).eps) / 2
     tol = 50 * u * 7
     q, r = mpqr.qr(a)
     assert q.dtype == r.dtype == native
     assert np.linalg.norm(q @ r - a) <= tol * np.linalg.norm(a)
-    for ours, ref in ((mcs.qr(a), sla.qr(a)), (mcs.rq(a), sla.rq(a)),
-                      (mcn.qr(a), np.linalg.qr(a)),
-                      (mcs.qr(a, pivoting=True)[:2], sla.qr(a, pivoting=True)[:2])):
+    qn, rn = mpqr.qr(an)
+    assert np.array_equal(q, qn) and np.array_equal(r, rn)
+    for ours, ref in ((mcs.qr(a), sla.qr(an)), (mcs.rq(a), sla.rq(an)),
+                      (mcn.qr(a), np.linalg.qr(an)),
+                      (mcs.qr(a, pivoting=True)[:2], sla.qr(an, pivoting=True)[:2])):
         assert [(o.dtype, o.shape) for o in ours] == [(w.dtype, w.shape) for w in ref]
         np.testing.assert_allclose(np.abs(np.diagonal(ours[-1] if len(ours) == 2 else ours[0],
                                                       axis1=-2, axis2=-1)),
                                    np.abs(np.diagonal(ref[-1] if len(ref) == 2 else ref[0],
                                                       axis1=-2, axis2=-1)),
                                    rtol=tol * 10)
-    for ours, ref in ((mcs.lstsq(a, b), sla.lstsq(a, b)),
-                      (mcn.lstsq(a, b, rcond=None), np.linalg.lstsq(a, b, rcond=None))):
+    for ours, ref in ((mcs.lstsq(a, b), sla.lstsq(an, bn)),
+                      (mcn.lstsq(a, b, rcond=None), np.linalg.lstsq(an, bn, rcond=None))):
         assert ours[0].dtype == ref[0].dtype and ours[0].shape == ref[0].shape
         np.testing.assert_allclose(ours[0], ref[0], rtol=tol * 100, atol=tol * 100)
     x = mpqr.lstsq(a, b)[0]
@@ -602,10 +608,11 @@ def test_square_lstsq_of_huge_entries_warns_of_nothing(precision):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 @pytest.mark.parametrize("exp", [1000, -500, -1030, 0])
-def test_fp32_products_of_float64_data_beyond_float32s_range(exp, dtype):
+def test_fp32_products_of_float64_data_beyond_float32s_range(xp, exp, dtype):
     """``precision="fp32"`` on float64 (complex128) data past float32's range (Inf after
     a cast) or below it (zero after a cast): the product to FP32 accuracy, not Inf/NaN or
-    a finite zero; inside the range the plain cast's bits."""
+    a finite zero; inside the range the plain cast's bits (the backend's own float32
+    product), on every backend."""
     rng = np.random.default_rng(34)
     a = rng.standard_normal((50, 40)).astype(dtype)
     b = rng.standard_normal((40, 30)).astype(dtype)
@@ -616,16 +623,47 @@ def test_fp32_products_of_float64_data_beyond_float32s_range(exp, dtype):
 
     a0 = a
     a = times(a, exp)
+    xa, xb = from_numpy(xp, a), from_numpy(xp, b)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        c = mpqr.matmul(a, b, precision="fp32")
+        c = to_numpy(mpqr.matmul(xa, xb, precision="fp32"))
     want = times(a, -exp) @ b  # a's own rounding (subnormal at 2^-1030) included
     bound = 80 * 2**-23 * (np.abs(a0) @ np.abs(b))
     assert c.dtype == dtype
     assert np.all(np.abs(times(c, -exp) - want) <= bound)
     if exp == 0:
-        low = np.float32 if dtype == np.float64 else np.complex64
-        np.testing.assert_array_equal(c, (a.astype(low) @ b.astype(low)).astype(dtype))
+        low = xp.float32 if dtype == np.float64 else xp.complex64
+        plain = xp.astype(xp.astype(xa, low) @ xp.astype(xb, low), xa.dtype)
+        np.testing.assert_array_equal(c, to_numpy(plain))
+
+
+@pytest.mark.parametrize("method", ["householder-recursive", "cholqr2", "auto"])
+def test_fp32_qr_of_float64_data_scales_once(monkeypatch, method):
+    """A QR at ``precision="fp32"`` of float64 data far from 1: the driver brings the
+    columns to unit magnitude once and the factorization's FP32 products cast their
+    operands as they are (no scaling of their own: its entries stay in float32's range);
+    the factors as accurate as FP32 products make them; a product outside a QR still
+    scales its operands."""
+    from mpqr.engines import native
+
+    calls = []
+    real = native.pow2_shift
+
+    def counted(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(native, "pow2_shift", counted)
+    rng = np.random.default_rng(36)
+    a = rng.standard_normal((400, 120)) * 2.0**900
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        q, r = mpqr.qr(a, precision="fp32", method=method)
+    assert not calls
+    assert np.linalg.norm(q @ r - a) <= 50 * 2**-24 * np.sqrt(400) * np.linalg.norm(a)
+    assert np.linalg.norm(q.T @ q - np.eye(120)) <= 50 * 2**-24 * 120
+    c = mpqr.matmul(a, rng.standard_normal((120, 30)), precision="fp32")
+    assert calls and np.all(np.isfinite(c))
 
 
 @pytest.mark.parametrize("dtype,exp", [(np.float64, 1000), (np.float64, -1000),

@@ -11,6 +11,7 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr._errors import BreakdownError
 from mpqr._gpu_errors import device_errors
+from mpqr.engines.native import operands_in_range
 from mpqr.policy import gemm_into, record_event
 from mpqr.qr._kernels import (
     CERTIFIED_PANEL_MAX_N,
@@ -370,10 +371,15 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
                           single=prec_name == "fp32") if scale else (a, None)
     kw = dict(precision=precision, prec_name=prec_name, want_q=want_q, complete=complete,
               check_signs=method != "geqrf" or backend.library_qr_positive)
+    # columns at unit magnitude, or checked within float32's safe range at "fp32": the
+    # factors' entries stay in float32's range, so FP32 products of float64 data need no
+    # scaling of their own
+    in_range = operands_in_range if scale and (e is not None or prec_name == "fp32") \
+        else contextlib.nullcontext
     # certified panels only where the input survives to be factored again
     redo = not (overwrite and a2 is a)
     try:
-        with certified_panels(redo):
+        with certified_panels(redo), in_range():
             q, r = _factor_scaled(backend, method, a2,
                                   overwrite=overwrite or a2 is not a,  # a scaled copy is ours
                                   **kw)
@@ -383,7 +389,7 @@ def factor_any(backend: Any, method: str, a: Any, *, precision: Any, prec_name: 
         if a2 is not a:  # the scaled copy was overwritten
             a2, e = scale_columns(backend, a, only_if_needed=only_if_needed,
                                   single=prec_name == "fp32")
-        with certified_panels(False):
+        with certified_panels(False), in_range():
             q, r = _factor_scaled(backend, method, a2, overwrite=a2 is not a, **kw)
     # R is the call's own array (of the scaled copy): scaled back in place, so that no
     # second R is alive beside Q and R at the call's end
