@@ -479,6 +479,10 @@ def qr_multiply(a, c, mode="right", pivoting=False, conjugate=False, overwrite_a
         rest = (rest[0][:k, :], *rest[1:])
     if 0 in c1.shape:  # SciPy answers an empty c in its 2-D form, a 1-D c too
         return (xp.empty_like(c1), *rest)
+    if n == 0:  # no reflectors: SciPy's LAPACK call refuses them (its wrapper raises)
+        raise ValueError(f"qr_multiply: `a` of shape {tuple(a1.shape)} has no columns, no "
+                         f"reflectors to apply to `c` of shape {tuple(c1.shape)} (SciPy's "
+                         "qr_multiply raises here too)")
     if conjugate:
         q = xp.conj(q)
     cw = c1 if c1.dtype == q.dtype else xp.astype(c1, q.dtype)

@@ -5,6 +5,8 @@ values; compared with SciPy itself on the same input."""
 
 from __future__ import annotations
 
+import itertools
+
 import mpqr.compat.scipy as cs
 import numpy as np
 import pytest
@@ -107,6 +109,29 @@ def test_rq_of_a_zero_size_batch_gets_scipys_error(mode):
     with pytest.raises(ValueError, match="^`rq` does not support zero-size batches.$") as ours:
         cs.rq(a, mode=mode)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("shape", [(2, 0), (3, 0), (0, 0), (0, 2), (1, 0)])
+def test_qr_multiply_of_no_columns_as_scipy(shape):
+    """``qr_multiply`` of an ``a`` without columns: where SciPy's LAPACK call refuses the
+    empty set of reflectors (any non-empty ``c``) a ``ValueError`` as SciPy's; empty
+    ``c``s and ``a`` without rows as SciPy answers them."""
+    rng = np.random.default_rng(10)
+    m, n = shape
+    a = rng.standard_normal(shape)
+    cs_ = [rng.standard_normal(m), rng.standard_normal(n), rng.standard_normal((m, 2)),
+           rng.standard_normal((2, m)), rng.standard_normal((n, 2)), rng.standard_normal((2, n))]
+    for c, mode, kw in itertools.product(cs_, ("left", "right"),
+                                         ({}, {"pivoting": True}, {"conjugate": True},
+                                          {"overwrite_c": True})):
+        try:
+            want = sla.qr_multiply(a.copy(), c.copy(), mode=mode, **kw)
+        except ValueError:
+            with pytest.raises(ValueError):
+                cs.qr_multiply(a, c, mode=mode, **kw)
+            continue
+        got = cs.qr_multiply(a, c, mode=mode, **kw)
+        assert [(x.shape, x.dtype) for x in got] == [(x.shape, x.dtype) for x in want]
 
 
 def test_qr_multiply_edges_as_scipy():
