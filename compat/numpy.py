@@ -10,6 +10,7 @@ for 1-D ``b`` and empty unless ``rank == N < M`` (real dtype); errors are
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import numpy as np
@@ -215,10 +216,14 @@ def qr(a, mode="reduced"):
     ----------
     a : (..., M, N) array_like
     mode : {"reduced", "complete", "r", "raw"}
+        NumPy's deprecated ``"full"``/``"f"`` (``"reduced"``) and ``"economic"``/``"e"``
+        (LAPACK's reflectors-and-R array, ``(..., M, N)``) too, with its
+        ``DeprecationWarning``.
 
     Returns
     -------
-    QRResult(Q, R), or R for ``mode="r"``, or ``(h, tau)`` for ``"raw"``.
+    QRResult(Q, R), or R for ``mode="r"``, or ``(h, tau)`` for ``"raw"``, or the
+    reflectors-and-R array for ``"economic"``.
 
     Raises
     ------
@@ -236,16 +241,34 @@ def qr(a, mode="reduced"):
     True
     """
     if mode not in _MODES:
-        raise ValueError(f"Unrecognized mode '{mode}'")
+        # NumPy's deprecated spellings, with its warnings: "full" is "reduced", "economic"
+        # LAPACK's reflectors-and-R array itself (the transpose of raw's ``h``); the
+        # installed NumPy says which it still takes (its ValueError where it does not)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            np.linalg.qr(np.zeros((1, 1)), mode=mode)
+        if mode in ("f", "full"):
+            warnings.warn("The 'full' option is deprecated in favor of 'reduced'.\n"
+                          "For backward compatibility let mode default.",
+                          DeprecationWarning, stacklevel=2)
+            mode = "reduced"
+        elif mode in ("e", "economic"):
+            warnings.warn("The 'economic' option is deprecated.", DeprecationWarning,
+                          stacklevel=2)
+            mode = "economic"
+        else:
+            raise ValueError(f"Unrecognized mode '{mode}'")
     a1, wrap = _as_array(a, "a"), _wrap(a)
     xp = array_namespace(a1, names=("a",))
     if a1.ndim < 2:
         raise np.linalg.LinAlgError(
             f"{a1.ndim}-dimensional array given. Array must be at least two-dimensional")
     t, result_t = _types(xp, a1)
-    if mode == "raw":
+    if mode in ("raw", "economic"):
         with np.errstate(all="ignore"):  # NaN/Inf pass through as NumPy's LAPACK call does
             h, tau = _raw(xp, xp.astype(a1, t))
+        if mode == "economic":
+            return wrap(xp.astype(xp.matrix_transpose(h), result_t))
         return wrap(xp.astype(h, result_t)), xp.astype(tau, result_t)
     out = mpqr.qr(xp.astype(a1, t), mode=mode, precision=current_precision())
     if mode == "r":

@@ -175,3 +175,26 @@ def test_qr_raw_of_non_finite_input_warns_as_numpy_does():
         h, _tau = mcn.qr(a, mode="raw")
     assert [w.category for w in ours] == [w.category for w in theirs] == []
     assert h.shape == h0.shape and np.isnan(h).any()
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (2, 4, 3), (0, 3)])
+@pytest.mark.parametrize("mode", ["full", "f", "economic", "e"])
+def test_deprecated_modes_as_numpy(mode, shape):
+    """NumPy's deprecated ``mode="full"``/``"f"`` (the reduced factors) and
+    ``"economic"``/``"e"`` (LAPACK's reflectors-and-R array): NumPy's
+    ``DeprecationWarning`` and message, its shapes and dtypes; the economic array's upper
+    triangle R up to the signs of its rows (mpqr's ``diag(R) >= 0``)."""
+    a = np.random.default_rng(12).standard_normal(shape)
+    with pytest.warns(DeprecationWarning) as theirs:
+        want = np.linalg.qr(a, mode=mode)
+    with pytest.warns(DeprecationWarning) as ours:
+        got = mcn.qr(a, mode=mode)
+    assert str(ours[0].message) == str(theirs[0].message)
+    if mode in ("full", "f"):
+        assert [(x.shape, x.dtype) for x in got] == [(x.shape, x.dtype) for x in want]
+        np.testing.assert_allclose(got[0] @ got[1], a, atol=1e-12)
+        return
+    assert got.shape == want.shape and got.dtype == want.dtype
+    k = min(shape[-2:])
+    r_got, r_want = np.triu(got[..., :k, :]), np.triu(want[..., :k, :])
+    np.testing.assert_allclose(np.abs(r_got), np.abs(r_want), atol=1e-12)
