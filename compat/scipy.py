@@ -137,6 +137,8 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
               for v in (a1, b1))
     x, res, rank, s = mpqr.lstsq(a1, b1, cond, overwrite_a, overwrite_b, check_finite,
                                  lapack_driver, precision=current_precision())
+    if rules.scipy_1_18_results() and (overwrite_a or overwrite_b):
+        x = _overwrite_as_scipy(a, b, a1, b1, x, overwrite_a, overwrite_b)
     if _is_numpy(x):
         x = np.asarray(x)
         res = np.asarray(res)
@@ -332,27 +334,74 @@ def qr(a, overwrite_a=False, lwork=_LWORK, mode="full", pivoting=False, check_fi
         _args.check_qr_lwork(lwork, _args.lapack_prefix(xp, wdt), m, n, mode, pivoting)
     aw = a1 if a1.dtype == wdt else xp.astype(a1, wdt)
     prec = current_precision()
+    # SciPy >= 1.18 factors a 2-D F-ordered `a` of LAPACK's dtype in place where
+    # overwrite_a is set: the raw reflectors, R (modes "r", "full") or Q ("economic")
+    # are returned in `a`'s memory
+    into_a = (new and bool(overwrite_a) and a1 is a and _is_numpy(a1) and not batch
+              and aw is a1 and a1.flags.f_contiguous and a1.flags.writeable)
+    # no other result in `a`'s memory (SciPy 1.18 shares none): mpqr.qr gets no
+    # permission to overwrite it there
+    lend = bool(overwrite_a) and aw is a1 and not new
     if mode == "raw":
         if not batch:
-            return _qr_raw(xp, aw, pivoting, prec)
+            (h, tau), *rest = _qr_raw(xp, aw, pivoting, prec)
+            if _is_numpy(h):  # LAPACK's layout: F-ordered
+                h = np.asfortranarray(h)
+            if into_a:
+                a1[...] = h
+                h = a1
+            return ((h, tau), *rest)
         # SciPy >= 1.18: each matrix's ((h, tau), R[, P]), stacked over the batch
         outs = [_qr_raw(xp, aw[idx], pivoting, prec) for idx in np.ndindex(*batch)]
         parts = [(o[0][0], o[0][1], *o[1:]) for o in outs]
         h, tau, *rest = (xp.reshape(xp.stack([p[i] for p in parts]), (*batch, *parts[0][i].shape))
                          for i in range(len(parts[0])))
+        if _is_numpy(h):  # each matrix F-ordered, as LAPACK leaves it
+            h = np.swapaxes(np.ascontiguousarray(np.swapaxes(h, -1, -2)), -1, -2)
         return ((h, tau), *rest)
     if mode == "r":
-        r = mpqr.qr(aw, mode="r", precision=prec, overwrite_a=overwrite_a and aw is a1,
-                    pivoting=bool(pivoting))
+        r = mpqr.qr(aw, mode="r", precision=prec, overwrite_a=lend, pivoting=bool(pivoting))
         r, extra = (r[0], (r[1],)) if pivoting else (r, ())
         if m > n:  # SciPy's mode='r' R is (M, N)
             pad = xp.zeros((*batch, m - n, n), dtype=r.dtype, device=mpqr._array_api.device(r))
             r = xp.concat([r, pad], axis=-2)
+        if into_a:
+            a1[...] = r
+            r = a1
         return _batched("qr", (r, *extra)) if batch else (r, *extra)
-    out = mpqr.qr(aw, mode="complete" if mode in ("full", "qr") else "reduced",
-                  precision=prec, overwrite_a=overwrite_a and aw is a1,
-                  pivoting=bool(pivoting))
-    return _batched("qr", tuple(out)) if batch else tuple(out)
+    out = tuple(mpqr.qr(aw, mode="complete" if mode in ("full", "qr") else "reduced",
+                        precision=prec, overwrite_a=lend, pivoting=bool(pivoting)))
+    if into_a and mode == "economic":  # Q (M x K) in a's first K columns
+        k = min(m, n)
+        a1[:, :k] = out[0]
+        out = (a1[:, :k], *out[1:])
+    elif into_a:  # R (M x N)
+        a1[...] = out[1]
+        out = (out[0], a1, *out[2:])
+    return _batched("qr", out) if batch else out
+
+
+def _overwrite_as_scipy(a: Any, b: Any, a1: Any, b1: Any, x: Any, overwrite_a: Any,
+                        overwrite_b: Any) -> Any:
+    """SciPy >= 1.18's lstsq side effects: where LAPACK works in the caller's arrays (a
+    2-D F-ordered NumPy array of the problem's LAPACK dtype, no batch), ``overwrite_a``
+    leaves ``a`` destroyed (zeroed here: LAPACK leaves its factorization's work there,
+    no result) and ``overwrite_b`` (``M >= N``) puts ``x`` into ``b``'s first ``N`` rows,
+    the ``x`` returned being that view; ``x`` unchanged elsewhere."""
+    if not (_is_numpy(a1) and _is_numpy(b1) and _is_numpy(x) and a1.ndim == 2
+            and b1.ndim <= 2 and 0 not in a1.shape):
+        return x
+    m, n = a1.shape
+    wdt = x.dtype
+    if (overwrite_a and a1 is a and a1.dtype == wdt and a1.flags.f_contiguous
+            and a1.flags.writeable):
+        a1[...] = 0
+    b2 = b1[:, None] if b1.ndim == 1 else b1
+    if (overwrite_b and b1 is b and b1.dtype == wdt and b2.flags.f_contiguous
+            and b2.flags.writeable and m >= n and b2.shape[0] == m):
+        b2[:n] = x if x.ndim == 2 else x[:, None]
+        return b2[:n] if b1.ndim == 2 else b1[:n]
+    return x
 
 
 def _qr_raw(xp: Any, a: Any, pivoting: bool, prec: Any) -> tuple[Any, ...]:

@@ -110,7 +110,7 @@ def test_lstsq_flags_under_scipy_1_18_rules(monkeypatch, driver):
     b = np.ones(6)
     for flag in ("yes", [1], 1.5, 1 + 0j):
         for name in ("overwrite_a", "overwrite_b"):
-            x = mcs.lstsq(a, b, lapack_driver=driver, **{name: flag})[0]
+            x = mcs.lstsq(a, b.copy(), lapack_driver=driver, **{name: flag})[0]
             np.testing.assert_allclose(x, sla.lstsq(a, b, lapack_driver=driver)[0],
                                        rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="truth value of an array"):
@@ -237,3 +237,71 @@ def test_pivots_of_an_empty_stack_as_the_installed_scipy_gives_them(monkeypatch,
         if want is not None:
             assert np.array_equal(p, want) and p.dtype == want.dtype
     assert np.array_equal(p[..., :], np.broadcast_to(np.arange(3), p.shape))
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (3, 4)])
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("dtype", [int, float])
+@pytest.mark.parametrize("pivoting", [False, True])
+@pytest.mark.parametrize("mode", ["raw", "r", "economic", "full"])
+def test_qr_overwrite_a_under_scipy_1_18_rules(monkeypatch, shape, order, dtype, pivoting, mode):
+    """SciPy >= 1.18 factors a 2-D F-ordered float ``a`` in place under ``overwrite_a``:
+    the raw reflectors, R (modes "r", "full") or Q ("economic") in ``a``'s memory, the
+    factors right; any other ``a`` shares no memory with the results. Before 1.18 the
+    input is never touched. The raw reflectors F-ordered, as LAPACK leaves them."""
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=shape[::-1] if order == "F" else shape).astype(dtype)
+    for new in (True, False):
+        monkeypatch.setattr(rules, "scipy_1_18_results", lambda new=new: new)
+        a = base.T if order == "F" else base.copy()
+        a = a.copy(order=order)
+        a_ref = a.copy()
+        out = mcs.qr(a, mode=mode, pivoting=pivoting, overwrite_a=True)
+        shared = new and order == "F" and dtype is float
+        if mode == "raw":
+            (h, tau), r, *p = out
+            assert h.flags.f_contiguous
+            q = sla.lapack.dorgqr(h[:, :min(shape)], tau)[0]
+            cols = p[0] if pivoting else slice(None)
+            np.testing.assert_allclose(q @ r, a_ref[:, cols], atol=1e-12)
+            assert np.shares_memory(a, h) == shared
+            continue
+        if mode == "r":  # R^T R is the Gram matrix of a's (permuted) columns
+            assert np.shares_memory(a, out[0]) == shared
+            ap = a_ref[:, out[1]] if pivoting else a_ref
+            np.testing.assert_allclose(out[0].T @ out[0], ap.T @ ap, atol=1e-10)
+            continue
+        q, r = out[0], out[1]
+        cols = out[2] if pivoting else slice(None)
+        np.testing.assert_allclose(q @ r, a_ref[:, cols], atol=1e-12)
+        assert np.shares_memory(a, out[0 if mode == "economic" else 1]) == shared
+        if not shared:
+            assert np.array_equal(a, a_ref)
+
+
+@pytest.mark.parametrize("shape", [(4, 3), (3, 4)])
+@pytest.mark.parametrize("order", ["C", "F"])
+@pytest.mark.parametrize("nrhs", [None, 1, 5])
+@pytest.mark.parametrize("driver", ["gelsd", "gelss", "gelsy"])
+def test_lstsq_overwrite_under_scipy_1_18_rules(monkeypatch, shape, order, nrhs, driver):
+    """SciPy >= 1.18's lstsq under ``overwrite_a``/``overwrite_b``: a 2-D F-ordered ``a``
+    of the problem's dtype is destroyed (LAPACK works in it), an F-ordered ``b`` with
+    ``M >= N`` holds ``x`` in its first ``N`` rows and the ``x`` returned is that view;
+    anything else untouched, ``x`` its own array; the solution right either way. Before
+    1.18 neither input is touched."""
+    rng = np.random.default_rng(6)
+    m, n = shape
+    for new in (True, False):
+        monkeypatch.setattr(rules, "scipy_1_18_results", lambda new=new: new)
+        a = np.asarray(rng.normal(size=shape), order=order)
+        b = rng.normal(size=m if nrhs is None else (m, nrhs))
+        b = np.asarray(b, order=order)
+        a_ref, b_ref = a.copy(), b.copy()
+        x = mcs.lstsq(a, b, overwrite_a=True, overwrite_b=True, lapack_driver=driver)[0]
+        want = sla.lstsq(a_ref, b_ref, lapack_driver=driver)[0]
+        np.testing.assert_allclose(x, want, atol=1e-10)
+        over_a = new and order == "F"
+        over_b = new and (b.ndim == 1 or b.flags.f_contiguous) and m >= n
+        assert np.array_equal(a, a_ref) != over_a
+        assert np.array_equal(b, b_ref) != over_b
+        assert np.shares_memory(x, b) == over_b
