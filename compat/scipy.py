@@ -111,9 +111,11 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     >>> np.round(x, 12).tolist(), rank
     ([1.0, 1.0], 2)
     """
-    a1, b1 = _as_array(a, "a"), _as_array(b, "b")
     if lapack_driver is None:
         lapack_driver = getattr(original("lstsq"), "default_lapack_driver", "gelsd")
+    if rules.scipy_1_18_results():  # SciPy >= 1.18 reads the driver before anything else
+        rules.check_driver(lapack_driver)
+    a1, b1 = _as_array(a, "a"), _as_array(b, "b")
     if rules.scipy_1_18_results():
         # SciPy >= 1.18 warns of dtypes beyond LAPACK's (after its finiteness check),
         # reads overwrite_a's truth value with its dtype cast (before the shape checks),

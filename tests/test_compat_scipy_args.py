@@ -251,7 +251,7 @@ def test_qr_overwrite_a_under_scipy_1_18_rules(monkeypatch, shape, order, dtype,
     input is never touched. The raw reflectors F-ordered, as LAPACK leaves them."""
     rng = np.random.default_rng(5)
     base = rng.normal(size=shape[::-1] if order == "F" else shape).astype(dtype)
-    for new in (True, False):
+    for new in sorted({True, rules.scipy_1_18_results()}):  # the installed rules and 1.18's
         monkeypatch.setattr(rules, "scipy_1_18_results", lambda new=new: new)
         a = base.T if order == "F" else base.copy()
         a = a.copy(order=order)
@@ -291,7 +291,7 @@ def test_lstsq_overwrite_under_scipy_1_18_rules(monkeypatch, shape, order, nrhs,
     1.18 neither input is touched."""
     rng = np.random.default_rng(6)
     m, n = shape
-    for new in (True, False):
+    for new in sorted({True, rules.scipy_1_18_results()}):  # the installed rules and 1.18's
         monkeypatch.setattr(rules, "scipy_1_18_results", lambda new=new: new)
         a = np.asarray(rng.normal(size=shape), order=order)
         b = rng.normal(size=m if nrhs is None else (m, nrhs))
@@ -305,3 +305,19 @@ def test_lstsq_overwrite_under_scipy_1_18_rules(monkeypatch, shape, order, nrhs,
         assert np.array_equal(a, a_ref) != over_a
         assert np.array_equal(b, b_ref) != over_b
         assert np.shares_memory(x, b) == over_b
+
+
+def test_lstsq_driver_read_first_under_scipy_1_18_rules(monkeypatch):
+    """SciPy >= 1.18 validates ``lapack_driver`` before anything else (a shape mismatch
+    too); the installed SciPy's order otherwise (before 1.18 the shapes first)."""
+    a, b = np.ones((3, 4)), np.ones(4)
+    installed = rules.scipy_1_18_results()
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: True)
+    with pytest.raises(ValueError, match='LAPACK driver "krampus" is not found'):
+        mcs.lstsq(a, b, lapack_driver="krampus")
+    monkeypatch.setattr(rules, "scipy_1_18_results", lambda: installed)
+    with pytest.raises(ValueError) as theirs:
+        sla.lstsq(a, b, lapack_driver="krampus")
+    with pytest.raises(ValueError) as ours:
+        mcs.lstsq(a, b, lapack_driver="krampus")
+    assert str(ours.value) == str(theirs.value)
