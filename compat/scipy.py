@@ -108,7 +108,7 @@ def lstsq(a, b, cond=None, overwrite_a=False, overwrite_b=False, check_finite=Tr
     >>> import numpy as np
     >>> from mpqr.compat.scipy import lstsq
     >>> x, res, rank, s = lstsq([[1, 0], [0, 1], [1, 1]], [1, 1, 2])
-    >>> np.round(x, 12).tolist(), rank
+    >>> np.round(x, 12).tolist(), int(rank)
     ([1.0, 1.0], 2)
     """
     if lapack_driver is None:

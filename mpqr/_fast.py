@@ -190,4 +190,4 @@ def lstsq(a: Any, b: Any, cond: Any, check_finite: bool, lapack_driver: Any, *,
     vec = b.ndim == 1
     res = rules.residues(be.xp, rsq, x.dtype, m=m, n=n, rank=rank,
                          driver=driver, vec=vec, k=1 if vec else b.shape[1], dev=device(x))
-    return x, res, rank, s
+    return x, res, rules.scipy_rank(x, rank, empty=a.size == 0), s

@@ -99,8 +99,9 @@ def general_lstsq_route(monkeypatch):
 
 @pytest.fixture
 def dask_threads():
-    """Dask's threaded scheduler for the test (no distributed client)."""
-    import dask
+    """Dask's threaded scheduler for the test (no distributed client); skipped where
+    Dask (an optional extra) is not installed."""
+    dask = pytest.importorskip("dask")
 
     with dask.config.set(scheduler="threads"):
         yield

@@ -22,6 +22,7 @@ def _load(name):
     return mod
 
 
+pytest.importorskip("griffe")  # the docs extra, which the hook extends
 roles = _load("sphinx_roles")
 
 

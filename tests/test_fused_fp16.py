@@ -141,6 +141,30 @@ def test_float64_and_other_engines_never_fuse(fused):
     assert all("kernel" not in d.params for d in tr.gemms)
 
 
+@pytest.mark.parametrize("subtract", [None, True])
+def test_one_unscaling_pass_without_a_kernel_gives_the_separate_bits(monkeypatch, subtract):
+    """Without a fused kernel ``c -= A B`` is the GEMM and one pass unscaling into ``c``
+    (``tc_fp16.FUSED_UNSCALE``): the bits of an unscaled product and an update."""
+    from mpqr.engines import tc_fp16
+
+    a, b, c = _operands(seed=8)
+    be = get_backend(array_namespace(a))
+    passes = []
+    into = be.unscale_into
+    monkeypatch.setattr(be, "unscale_into", lambda *args, **kw: (passes.append(1),
+                                                                 into(*args, **kw))[1])
+    got = {}
+    for one_pass in (False, True):
+        monkeypatch.setattr(tc_fp16, "FUSED_UNSCALE", one_pass)
+        got[one_pass] = c.copy()
+        (gemm_sub if subtract else gemm_into)(got[one_pass], a, b, precision="fp16",
+                                              options=FP16)
+    assert passes == [1]
+    np.testing.assert_array_equal(got[True], got[False])
+    want = c - _separate(a, b) if subtract else _separate(a, b)
+    np.testing.assert_array_equal(got[True], want)
+
+
 def _fp16_qr(a, mode="reduced"):
     return mpqr.qr(a, precision="fp16", method="householder-recursive", mode=mode)
 
@@ -185,6 +209,34 @@ def _check_gpu(cp, a, b, c0, sub=True):
     assert bool(cp.all(cp.where(fin, cp.abs(on.astype(cp.float64) - off) <= bound, True)))
     assert bool(cp.all(cp.isnan(on) == cp.isnan(off)))
     assert bool(cp.all(cp.where(cp.isinf(off), on == off, ~cp.isinf(on))))
+
+
+@gpu
+def test_products_past_the_kernels_k_take_cublas_and_one_pass(monkeypatch):
+    """Past ``triton_gemm.MAX_K`` the policy picks no kernel: cuBLAS's product and one
+    unscaling pass into ``C``, within the float32 accumulation's bound of the kernel's."""
+    cp = _triton_cupy()
+    from mpqr.backends.cupy import triton_gemm as tg
+
+    rng = cp.random.default_rng(9)
+    m, n, k = 2000, 1500, 777
+    a = rng.standard_normal((m, k), dtype=cp.float32)
+    b = rng.standard_normal((k, n), dtype=cp.float32) * 2.0**-30  # shifts past fp16's range
+    c0 = rng.standard_normal((m, n), dtype=cp.float32) * 2.0**-30
+    got = {}
+    for cap in (None, 512):
+        monkeypatch.setattr(tg, "MAX_K", cap)
+        c = c0.copy()
+        with mpqr.explain() as tr:
+            gemm_sub(c, a, b, precision="fp16", options=FP16)
+        assert ("kernel" in tr.gemms[0].params) == (cap is None)
+        got[cap] = c
+    a64, b64 = a.astype(cp.float64), b.astype(cp.float64)
+    bound = 2 * k * 2.0**-24 * (cp.abs(a64) @ cp.abs(b64)) + 2.0**-23 * cp.abs(c0)
+    assert bool(cp.all(cp.abs(got[512].astype(cp.float64) - got[None]) <= bound))
+    exact = c0.astype(cp.float64) - a64 @ b64
+    assert bool(cp.all(cp.abs(got[512] - exact) <= 2.0**-9 * (cp.abs(a64) @ cp.abs(b64))
+                       + bound))
 
 
 @gpu

@@ -401,6 +401,12 @@ def test_lstsq_rank_type_follows_the_installed_scipy(monkeypatch, new):
         assert type(rank) is want and rank == shape[1]
         if new == rules.nan_residues_when_rank_deficient():  # the installed SciPy's rule
             assert type(rank) is type(sla.lstsq(a, b)[2])
+    from mpqr import _fast
+
+    a, b = rng.standard_normal((600, 8)), rng.standard_normal(600)  # its augmented QR
+    fast = _fast.lstsq(a, b, None, True, None, precision=None, refine="auto", tol=None,
+                       maxiter=None)
+    assert fast is not _fast.MISS and type(fast[2]) is want and fast[2] == 8
     assert type(mpqr.lstsq(np.zeros((0, 3)), np.zeros(0))[2]) is int
     ranks = mpqr.lstsq(rng.standard_normal((2, 9, 3)), rng.standard_normal((2, 9, 1)))[2]
     assert not isinstance(ranks, (int, np.integer)) and np.asarray(ranks).tolist() == [3, 3]

@@ -218,10 +218,18 @@ def test_split_kernels_match_the_elementwise_one(monkeypatch, layout, dtype):
     big = cp.asarray(x.astype(dtype))
     v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T,
          "F": cp.asfortranarray(big[3:250, 5:200])}[layout]
+    from mpqr.backends.cupy import backend as cb
+
     outs = []
-    for fast, rows in ((False, False), (True, False), (False, True)):
+    for fast, rows, views in ((False, False, True), (True, False, True), (False, True, True),
+                              (True, True, False), (True, True, True)):
         monkeypatch.setattr(ek, "FAST_SPLIT", fast)
         monkeypatch.setattr(ek, "FAST_SPLIT_ROWS", rows)
+        monkeypatch.setattr(cb, "COLUMN_VIEW_PARTS", views)
+        # a block of a transposed matrix gets parts in F order (the row-run kernel's
+        # layout) only with COLUMN_VIEW_PARTS; a whole transposed matrix always
+        f_parts = layout == "F" or (layout == "transposed" and views)
+        assert be.empty_for(v, v.shape, cp.float16).flags.f_contiguous == f_parts
         got = []
         for axis in (-1, 0):
             s = be.pow2_shift(v, axis, 14)
@@ -484,3 +492,38 @@ def test_fp16_w1_shifts_in_the_product_on_the_gpu(monkeypatch):
     assert "rec-update-WhB" in lab1
     # the same roundings: the product's one unscaling by 2^-(s1_i + sb_j) against two
     assert bool(cp.array_equal(q0, q1)) and bool(cp.array_equal(r0, r1))
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(2048, 1536, 2048), (96, 4096, 80), (600, 2100, 500)])
+@pytest.mark.parametrize("path", ["fused", "batched", "slices"])
+def test_products_of_a_transposed_block_on_the_gpu(monkeypatch, shape, path):
+    """tc-sgemm of a left operand that is a block of a transposed matrix (the recursion's
+    ``W1^T``), its parts in F order (``COLUMN_VIEW_PARTS``) or in C order: each within the
+    engine's bound of the float64 product, by the Triton kernel, the batched slices and
+    the loop of slices."""
+    cp = _cupy()
+    from mpqr.backends.cupy import backend as cb
+
+    from mpqr._array_api import array_namespace
+
+    m, k, n = shape
+    rng = np.random.default_rng(21)
+    w = rng.standard_normal((k + 3, m + 7)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    a = cp.asarray(w)[3:, 5:5 + m].T  # m x k, unit stride along axis 0, not F-contiguous
+    assert not a.flags.f_contiguous and a.strides[0] == 4
+    be = get_backend(array_namespace(a))
+    monkeypatch.setattr(tc_sgemm, "FUSED_KERNEL", path == "fused")
+    exact = w[3:, 5:5 + m].T.astype(np.float64) @ b.astype(np.float64)
+    bound = _bound(w[3:, 5:5 + m].T, b, k)
+    got = {}
+    for views in (False, True):
+        monkeypatch.setattr(cb, "COLUMN_VIEW_PARTS", views)
+        p = prepare(be, a, side="left", engine="tc-sgemm")
+        assert p.hi.flags.f_contiguous == views and p.cat.flags.f_contiguous == views
+        got[views] = cp.asnumpy(tc_sgemm.run_tc_sgemm(
+            be, p, cp.asarray(b), out_dtype=cp.float32, slice_k=128,
+            partials_bytes=0 if path == "slices" else tc_sgemm.BATCHED_PARTIALS_BYTES))
+        assert np.all(np.abs(got[views] - exact) <= bound)
+    assert np.all(np.abs(got[True] - got[False]) <= 2 * bound)

@@ -42,7 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CONFIGS", "ENABLED", "MIN_TILES", "WIDE_FROM", "available", "cache_dir",
+__all__ = ["CONFIGS", "ENABLED", "MAX_K", "MIN_TILES", "WIDE_FROM", "available", "cache_dir",
            "fp16_gemm", "kernel_name"]
 
 #: Switch for A/B measurements (and a way out should a Triton release misbehave).
@@ -54,6 +54,13 @@ MIN_TILES = 132
 #: :data:`MIN_TILES` tiles runs. H200, ``python3 bench/probes/fused_gemm.py OUT configs``:
 #: 16384 x 8192 x 8192 in 4.96-5.15 ms with the first, 4.90-5.31 with (128, 256, 64, 8, 3|4).
 CONFIGS = ((128, 128, 64, 8, 4), (64, 128, 64, 4, 4))
+#: Longest inner dimension the kernel takes (None: any). Its main loop runs at ~430 TFLOP/s
+#: against cuBLAS's ~600; past this ``k`` cuBLAS's product and one unscaling pass over it
+#: (``backend.unscale_into``: 8 more bytes an output entry) are faster: fp16 QR 32768^2
+#: 472 ms against 523 with no cap, 65536 x 8192 139 against 141, 8192^2 33.7 against
+#: 34.1; a cap of 1024 lost at 65536 x 8192 (145) (H200, ``python3 bench/probes/flag_ab.py
+#: OUT mpqr.backends.cupy.triton_gemm.MAX_K=None,1024,4096 --cases 32768:fp16,...``)
+MAX_K: int | None = 4096
 #: Operands reaching this many elements take 64-bit offsets.
 WIDE_FROM = 2**31
 
@@ -256,7 +263,7 @@ def kernel_name(m: int, n: int, k: int, dtype: Any) -> str | None:
     import numpy as np
 
     if not (ENABLED and 0 < k < 2**31 and max(m, n) < 2**31 and np.dtype(dtype) == np.float32
-            and _config(m, n) is not None and available()):
+            and (MAX_K is None or k <= MAX_K) and _config(m, n) is not None and available()):
         return None
     return "triton-epilogue"
 

@@ -33,9 +33,6 @@ __all__ = ["CONFIGS", "ENABLED", "FLATTEN", "MAX_SLICE", "MIN_TILES", "config", 
 ENABLED = True
 #: Fewest output tiles (as the fp16 kernel's: fewer leave SMs idle).
 MIN_TILES = 132
-#: Tile shapes, widest first: (BM, BN, BK, num_warps, num_stages); the first whose grid has
-#: :data:`MIN_TILES` tiles and whose ``BK`` divides ``slice_k`` runs. Two float32
-#: accumulators live during the slices (the product and the slice's sum).
 #: Longest ``slice_k`` the kernel takes (None: any). Its main loop ran at ~370 TFLOP/s of
 #: fp16 work against cuBLAS's ~570 (H200, 16384 x 8192 x 8192: 17.7 against 11.6 ms with
 #: operands prepared); what it saves is the cuBLAS path's per-slice partials (written,
@@ -47,7 +44,14 @@ MAX_SLICE: int | None = 512
 #: the slices' loop nest flattened into one pipelined loop (``tl.range(flatten=True)``)
 #: rather than a pipeline per slice
 FLATTEN = True
-CONFIGS = ((128, 128, 32, 8, 3), (128, 64, 64, 8, 3), (64, 64, 64, 4, 3))
+#: Tile shapes, widest first: (BM, BN, BK, num_warps, num_stages); the first whose grid has
+#: :data:`MIN_TILES` tiles and whose ``BK`` divides ``slice_k`` runs. Two float32
+#: accumulators live during the slices (the product and the slice's sum). Four stages
+#: of the first: fp32-emulated QR 65536 x 8192 267.4 against 269.2 ms with three, 16384^2
+#: 202.3 against 204.4, the same bits; (128, 128, 64, 8, 2) 274.6 / 204.8, starting
+#: from (128, 64, 64, 8, 3) 272.1 / 221.3 (H200, ``python3 bench/probes/flag_ab.py OUT
+#: "mpqr.backends.cupy.triton_sgemm.CONFIGS=[...]" --cases 65536x8192:fp32-emulated,...``)
+CONFIGS = ((128, 128, 32, 8, 4), (128, 64, 64, 8, 3), (64, 64, 64, 4, 3))
 
 _PTRS = ("ah_ptr", "af_ptr", "al_ptr", "bh_ptr", "bf_ptr", "bl_ptr", "c_ptr", "sa_ptr",
          "sb_ptr")

@@ -1,7 +1,8 @@
 """A module constant's values in the whole QR, alternated in one process.
 
 ``python3 bench/probes/flag_ab.py OUT.json MODULE.NAME=V1,V2[,...] [--cases N:precision,...]
-[--mode reduced]`` (values as Python literals; cases default 16384:fp16; float64 input for
+[--mode reduced]`` (values as Python literals, or one list literal ``"[V1, V2]"``; cases
+default 16384:fp16; float64 input for
 ``fp64-emulated``, float32 otherwise; ``N`` or ``MxN``): for each case, three rounds of
 4 calls per value (CUDA events, graphs dropped between values), the medians, backward
 error and orthogonality in float64, and whether Q and R are bitwise those of the first
@@ -37,7 +38,9 @@ def main(argv):
     target, _, values = argv[1].partition("=")
     modname, _, attr = target.rpartition(".")
     mod = importlib.import_module(modname)
-    vals = [ast.literal_eval(v) for v in values.split(",")]
+    # "[v1, v2]": one list literal (values with commas of their own, such as tuples)
+    vals = (ast.literal_eval(values) if values.lstrip().startswith("[")
+            else [ast.literal_eval(v) for v in values.split(",")])
     cases = ["16384:fp16"]
     if "--cases" in argv:
         cases = argv[argv.index("--cases") + 1].split(",")

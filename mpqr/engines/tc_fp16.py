@@ -25,8 +25,13 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr.engines.scaling import FP16_TARGET_EXP, unscale
 
-__all__ = ["FP16_TARGET_EXP", "accumulate_tc_fp16", "fp16_operand", "run_tc_fp16",
-           "tc_fp16_params"]
+__all__ = ["FP16_TARGET_EXP", "FUSED_UNSCALE", "accumulate_tc_fp16", "fp16_operand",
+           "run_tc_fp16", "tc_fp16_params"]
+
+#: ``c -= A B`` / ``c = A B`` without a fused kernel: the GEMM, then the unscaling and the
+#: update of ``c`` in one pass over the product (``backend.unscale_into``) instead of an
+#: unscaled copy and a second pass; the same roundings
+FUSED_UNSCALE = True
 
 
 def tc_fp16_params(backend: Any, m: int, n: int, k: int, dtype: Any, options: Any
@@ -39,21 +44,18 @@ def tc_fp16_params(backend: Any, m: int, n: int, k: int, dtype: Any, options: An
 def accumulate_tc_fp16(backend: Any, a: Any, b: Any, c: Any, *, subtract: bool | None,
                        out_dtype: Any, kernel: str | None = None) -> bool:
     """``c = P`` (``subtract=None``), ``c -= P`` or ``c += P`` for the ``tc-fp16`` product
-    ``P = a @ b`` (2-D) with the backend's fused epilogue; False, doing nothing, where the
-    policy picked no fused kernel (``kernel``). Operands the kernel declines after the
-    split (an output view it does not take) finish from the split parts, not split again."""
-    if kernel is None or a.ndim != 2 or b.ndim != 2 or c.dtype != out_dtype:
+    ``P = a @ b`` (2-D) with the backend's fused epilogue (``kernel``), else the GEMM and
+    one unscaling pass into ``c`` (:data:`FUSED_UNSCALE`; the same roundings as an
+    unscaled product and an update); False, doing nothing, where neither applies.
+    Operands the kernel declines after the split (an output view it does not take) finish
+    from the split parts, not split again."""
+    if (kernel is None and not FUSED_UNSCALE) or a.ndim != 2 or b.ndim != 2 \
+            or c.dtype != out_dtype:
         return False
     sa, sb, a16, b16 = _scaled(backend, a, b)
-    if not backend.fused_fp16_gemm(a16, b16, sa, sb, c, accumulate=subtract is not None,
-                                   subtract=bool(subtract)):
-        p = unscale(backend, backend.gemm_fp16(a16, b16), sa, sb, out_dtype)
-        if subtract is None:
-            c[...] = p
-        elif subtract:
-            c -= p
-        else:
-            c += p
+    if kernel is None or not backend.fused_fp16_gemm(
+            a16, b16, sa, sb, c, accumulate=subtract is not None, subtract=bool(subtract)):
+        backend.unscale_into(c, backend.gemm_fp16(a16, b16), sa, sb, subtract=subtract)
     return True
 
 

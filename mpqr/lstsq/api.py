@@ -159,7 +159,7 @@ def lstsq(a: Any, b: Any, cond: float | None = None, overwrite_a: bool = False,
     >>> import numpy as np, mpqr
     >>> a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     >>> x, res, rank, s = mpqr.lstsq(a, np.array([1.0, 2.0, 2.0]))
-    >>> np.round(x, 6).tolist(), rank
+    >>> np.round(x, 6).tolist(), int(rank)
     ([0.666667, 0.5], 2)
     """
     x, res, rank, s = _route.lstsq(a, b, cond, overwrite_a, overwrite_b, check_finite,
