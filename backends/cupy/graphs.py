@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FAILED", "HOLD_FRACTION", "MAX_GRAPHS", "clear", "enabled", "held_bytes", "replay"]
+__all__ = ["FAILED", "HOLD_FRACTION", "MAX_GRAPHS", "clear", "enabled", "held_bytes", "kept",
+           "replay"]
 
 #: graphs kept at once (each holds its route's workspace in a pool of its own)
 MAX_GRAPHS = 2
@@ -65,6 +66,11 @@ def enabled() -> bool:
 def held_bytes() -> int:
     """Device bytes the kept graphs' pools hold."""
     return sum(g.pool.total_bytes() for g in _GRAPHS.values())
+
+
+def kept() -> list[tuple]:
+    """The keys of the kept graphs (device, input shape, dtype, the route's own key)."""
+    return list(_GRAPHS)
 
 
 def clear() -> None:

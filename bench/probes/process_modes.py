@@ -5,8 +5,10 @@
 the case (``N:precision`` or ``MxN:precision`` as in ``flag_ab.py``, mode reduced, after a
 warm call: the median of 5 calls to full device sync) and records beside it what could
 differ between processes: the CPU it ran on, the SM clock before and after, the device
-addresses of its first pool block and of the input, the CUDA graphs' memory, and the GPU time
-of the call (CUDA events) against its host time (how long the call took to return). A
+addresses of its first pool block and of the input, the CUDA graphs kept, their memory and
+any capture that failed, and the GPU time of the call (CUDA events) against its host time
+(how long the call took to return). ``--env K=V`` sets a variable in every process
+(``MPQR_GRAPHS=0``: no replays). A
 bimodal time that follows one of these points at the cause; one that follows none of them
 points at the device.
 """
@@ -64,6 +66,9 @@ def child(case: str) -> dict:
             "host_return_ms": round(host[2], 2), "cpu": _cpu(), "clock_before": clock0,
             "clock_after": clock(), "first_block": hex(first.data.ptr),
             "input": hex(a.data.ptr), "graph_bytes": graphs.held_bytes(),
+            # a capture that failed in this process (another thread's call during a
+            # global-mode capture, say) leaves its calls launched from Python: slower
+            "graphs_kept": len(graphs._GRAPHS), "graph_failures": dict(graphs.FAILED),
             "hash_seed": os.environ.get("PYTHONHASHSEED")}
 
 
@@ -80,9 +85,10 @@ def main(argv: list[str]) -> None:
     out = argv[0]
     procs = int(argv[argv.index("--procs") + 1]) if "--procs" in argv else 8
     case = argv[argv.index("--case") + 1] if "--case" in argv else "16384:fp16"
+    extra = dict(v.split("=", 1) for i, v in enumerate(argv) if i and argv[i - 1] == "--env")
     rows = []
     for i in range(procs):
-        env = {**os.environ, "PYTHONHASHSEED": str(i)}
+        env = {**os.environ, **extra, "PYTHONHASHSEED": str(i)}
         res = subprocess.run([sys.executable, __file__, "--child", case], env=env,
                              capture_output=True, text=True, timeout=300,
                              cwd=os.path.dirname(os.path.abspath(__file__)))
@@ -91,7 +97,7 @@ def main(argv: list[str]) -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     with open(out, "w") as fh:
-        json.dump({"case": case, "rows": rows}, fh, indent=1)
+        json.dump({"case": case, "env": extra, "rows": rows}, fh, indent=1)
 
 
 if __name__ == "__main__":

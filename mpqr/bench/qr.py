@@ -266,6 +266,7 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
                    "method": method, "engines": engines}
             if worst:
                 row["backward_error_worst_member"], row["orthogonality_worst_member"] = worst
+            row.update(_graph_state(xp, a))
             if base.get(dt):
                 row["speedup_vs_cusolver"] = base[dt] / t
             rows.append(row)
@@ -273,9 +274,22 @@ def _shape_rows(xp, rng, m, n, batch, cond, precisions, modes, bandwidth, peak_o
             er = f"err {res:.1e} orth {orth:.1e}" if res is not None else ""
             print(f"{label:>18} {prec + ' ' + mode:<28} {t * 1e3:10.3f} ms {sp:>8} "
                   f"{row['tflops']:8.2f} TFLOP/s ({100 * row['engine_rate_fraction']:4.1f}% "
-                  f"of the engine) floor {100 * row['floor_fraction']:5.1f}% {er} {route}")
+                  f"of the engine) floor {100 * row['floor_fraction']:5.1f}% {er} {route}"
+                  + (" [graph capture failed]" if row.get("graph_failures") else ""))
     del data
     return rows
+
+
+def _graph_state(xp, a) -> dict[str, Any]:
+    """Whether the timed calls of ``a`` replayed a CUDA graph (CuPy), and why a capture of
+    its shape failed: a process whose capture failed launches every kernel from Python."""
+    if not is_cupy(xp):
+        return {}
+    from mpqr.backends.cupy import graphs
+
+    sig = (tuple(a.shape), str(a.dtype))
+    return {"graph_replayed": any(k[1:3] == sig for k in graphs.kept()),
+            "graph_failures": sorted({v for k, v in graphs.FAILED.items() if k[1:3] == sig})}
 
 
 def run_pivoted(shapes, precisions, geqp3_shapes, *, xp, repeat: int,
