@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["device_errors"]
+__all__ = ["as_device_error", "device_errors"]
 
 
 @contextlib.contextmanager
@@ -39,3 +39,12 @@ def device_errors(backend: Any, what: str) -> Iterator[None]:
         traceback.clear_frames(exc.__traceback__)
         exc.__traceback__ = None
         raise new from None
+
+
+def as_device_error(backend: Any, exc: BaseException, what: str) -> BaseException:
+    """``exc`` (an error mpqr raises itself, e.g. the memory plan's refusal) as the
+    backend raises its device faults, or ``exc`` unchanged: a caller catching the array
+    library's out-of-memory error catches mpqr's too."""
+    translate = getattr(backend, "translate_error", None)
+    new = translate(exc, what) if translate is not None else None
+    return exc if new is None else new

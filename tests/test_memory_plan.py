@@ -56,6 +56,27 @@ def test_oversize_input_raises_device_memory_error(small_device):
     assert (back.needed, back.free, str(back)) == (err.needed, err.free, msg)
 
 
+def test_refusal_raised_as_the_backend_raises_device_faults(small_device, monkeypatch):
+    # the plan's refusal goes through the backend's translate_error hook (on CuPy it is
+    # CuPy's OutOfMemoryError as well), its message, needed and free kept
+    class Translated(mpqr.DeviceMemoryError):
+        pass
+
+    def translate(self, exc, what):
+        if isinstance(exc, mpqr.DeviceMemoryError) and not isinstance(exc, Translated):
+            return Translated(f"{what}: {exc}", needed=exc.needed, free=exc.free)
+        return None
+
+    monkeypatch.setattr(type(get_backend(np)), "translate_error", translate)
+    a = np.random.default_rng(0).standard_normal((96, 96))
+    small_device["bytes"] = a.nbytes
+    with pytest.raises(Translated, match=r"^mpqr\.qr: mpqr\.qr of a 96 x 96 float64 array "
+                                         r"at precision='fp64-emulated'") as info:
+        mpqr.qr(a, precision="fp64-emulated", method="householder-recursive")
+    assert info.value.free == a.nbytes and info.value.needed > a.nbytes
+    assert info.value.__cause__ is None
+
+
 def test_hint_names_a_precision_that_fits(small_device):
     a = np.random.default_rng(1).standard_normal((96, 96)).astype(np.float32)
     need = {p: memory_plan.estimate_bytes("householder-recursive", p, a.shape, 4, "lean")

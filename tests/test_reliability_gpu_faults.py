@@ -92,15 +92,17 @@ def capped_pool():
     pool.free_all_blocks()
 
 
-@needs_gpu
-@pytest.mark.parametrize("call,what", [
+_CALLS = [
     (lambda a: mpqr.qr(a, precision="fp64"), "mpqr.qr"),
     (lambda a: mpqr.qr(a, precision="fp32-emulated", method="householder-recursive"), "mpqr.qr"),
     (lambda a: mpqr.matmul(a, a.T, precision="fp32-emulated"), "mpqr.matmul"),
     (lambda a: mpqr.svd(a), "mpqr.qr"),  # svd's QR fails first
-])
-def test_device_oom_is_a_clear_memoryerror_and_the_pool_drains(capped_pool, call, what):
-    cp, pool = capped_pool
+]
+
+
+def _capped_call(cp, pool, call):
+    """``call`` of a 4096 x 1024 float64 array under a pool capped at half its size above
+    what is in use; the bytes in use before it."""
     a = cp.random.default_rng(0).standard_normal((4096, 1024))  # 32 MiB
     call(a[:512, :128])  # warm-up: kernels compiled, library handles and their buffers made
     cp.cuda.get_current_stream().synchronize()
@@ -109,11 +111,24 @@ def test_device_oom_is_a_clear_memoryerror_and_the_pool_drains(capped_pool, call
     gc.collect()
     before = pool.used_bytes()
     pool.set_limit(size=before + a.nbytes // 2)  # less than any method's workspace
+    return a, before
+
+
+@needs_gpu
+@pytest.mark.parametrize("call,what", _CALLS)
+def test_device_oom_is_a_clear_memoryerror_and_the_pool_drains(capped_pool, call, what,
+                                                               monkeypatch):
+    # the memory plan off: the device's own error from inside the call, translated
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "0")
+    cp, pool = capped_pool
+    a, before = _capped_call(cp, pool, call)
     with pytest.raises(MemoryError, match=rf"^{what} ran out of device memory: its workspace "
                                           r"needed [\d,]+ bytes more \([\d,]+ bytes in use, "
                                           r"pool limit [\d,]+ bytes\); lower the workspace "
-                                          r"with mpqr\.gemm_options\(workspace_limit=\.\.\.\)"):
+                                          r"with mpqr\.gemm_options\(workspace_limit=\.\.\.\)"
+                       ) as info:
         call(a)
+    assert isinstance(info.value, (cp.cuda.memory.OutOfMemoryError, mpqr.DeviceMemoryError))
     cp.cuda.get_current_stream().synchronize()
     assert pool.used_bytes() == before, "the failed call left device memory allocated"
     pool.set_limit(size=0)
@@ -122,12 +137,40 @@ def test_device_oom_is_a_clear_memoryerror_and_the_pool_drains(capped_pool, call
 
 
 @needs_gpu
-def test_oom_error_is_also_cupys_outofmemoryerror(capped_pool):
+@pytest.mark.parametrize("call,what", [c for c in _CALLS if c[1] == "mpqr.qr"])
+def test_memory_plan_refuses_before_the_work_with_cupys_error(capped_pool, call, what):
+    # the plan on (the default): refused up front, what was needed and is free, as an
+    # mpqr.DeviceMemoryError that is CuPy's OutOfMemoryError too
     cp, pool = capped_pool
-    a = cp.ones((2048, 512))
+    a, before = _capped_call(cp, pool, call)
+    with pytest.raises(cp.cuda.memory.OutOfMemoryError,
+                       match=r"^mpqr\.qr of a 4096 x 1024 float64 array at precision=\S+ "
+                             r"\([\w-]+\) needs about [\d,]+ bytes of device memory beyond "
+                             r"the input and [\d,]+ are free; .*memory_budget=") as info:
+        call(a)
+    err = info.value
+    assert isinstance(err, mpqr.DeviceMemoryError) and err.needed > err.free >= 0
+    assert f"{err.needed:,} bytes" in str(err) and f"{err.free:,} are free" in str(err)
+    cp.cuda.get_current_stream().synchronize()
+    assert pool.used_bytes() == before, "the refused call left device memory allocated"
+
+
+@needs_gpu
+@pytest.mark.parametrize("plan", ["0", "1"])
+def test_oom_error_is_also_cupys_outofmemoryerror(capped_pool, plan, monkeypatch):
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", plan)
+    cp, pool = capped_pool
+    # a chunk that a live array pins keeps its free part cached after free_all_blocks,
+    # and the pool serves from it under any limit: the input outgrows that part
+    n = 512
+    m = max(2048, -(-pool.free_bytes() // (n * 8)) + 256)
+    a = cp.ones((m, n))
     pool.set_limit(size=pool.used_bytes() + 1024)
-    with pytest.raises(cp.cuda.memory.OutOfMemoryError, match=r"^mpqr\.qr ran out"):
+    with pytest.raises(cp.cuda.memory.OutOfMemoryError,
+                       match=r"^mpqr\.qr ran out" if plan == "0" else
+                       rf"^mpqr\.qr of a {m} x {n} float64 array .* needs about") as info:
         mpqr.qr(a)
+    assert isinstance(info.value, mpqr.DeviceMemoryError)
 
 
 @needs_gpu

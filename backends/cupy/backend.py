@@ -1163,6 +1163,8 @@ def _cupy_translate_error(self, exc, what):
 
     if isinstance(exc, _oom_class()):  # already translated by an inner mpqr call
         return None
+    if isinstance(exc, DeviceMemoryError):  # the memory plan's refusal: also CuPy's error
+        return _oom_class()(str(exc), needed=exc.needed, free=exc.free)
     if isinstance(exc, memory.OutOfMemoryError) or (
             isinstance(exc, runtime.CUDARuntimeError) and getattr(exc, "status", None) == 2):
         pool = cp.get_default_memory_pool()

@@ -8,7 +8,8 @@ differ between processes: the CPU it ran on, the SM clock before and after, the 
 addresses of its first pool block and of the input, the CUDA graphs kept, their memory and
 any capture that failed, and the GPU time of the call (CUDA events) against its host time
 (how long the call took to return). ``--env K=V`` sets a variable in every process
-(``MPQR_GRAPHS=0``: no replays). A
+(``MPQR_GRAPHS=0``: no replays; ``PROBE_KERNELS=1``: each process also profiles one
+call, GPU milliseconds per kernel name). A
 bimodal time that follows one of these points at the cause; one that follows none of them
 points at the device.
 """
@@ -62,6 +63,8 @@ def child(case: str) -> dict:
     host.sort()
     from mpqr.backends.cupy import graphs
 
+    kernels = _kernel_table(call) if os.environ.get("PROBE_KERNELS") == "1" else None
+
     return {"case": case, "ms": gpu[2], "all_ms": [round(t, 2) for t in gpu],
             "host_return_ms": round(host[2], 2), "cpu": _cpu(), "clock_before": clock0,
             "clock_after": clock(), "first_block": hex(first.data.ptr),
@@ -69,7 +72,28 @@ def child(case: str) -> dict:
             # a capture that failed in this process (another thread's call during a
             # global-mode capture, say) leaves its calls launched from Python: slower
             "graphs_kept": len(graphs._GRAPHS), "graph_failures": dict(graphs.FAILED),
-            "hash_seed": os.environ.get("PYTHONHASHSEED")}
+            "hash_seed": os.environ.get("PYTHONHASHSEED"), "kernels": kernels}
+
+
+def _kernel_table(call, top: int = 25) -> dict:
+    """GPU milliseconds and launches per kernel name of one call (PyTorch's profiler,
+    CUPTI): which kernels a slow process spends its extra time in."""
+    from collections import defaultdict
+
+    import cupy as cp
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        cp.cuda.Device().synchronize()
+    table: dict = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type.name == "CUDA":
+            table[ev.name[:90]][0] += ev.time_range.elapsed_us() / 1e3
+            table[ev.name[:90]][1] += 1
+    rows = sorted(table.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"total_ms": round(sum(v[0] for v in table.values()), 2),
+            "top": [[k, round(v[0], 3), v[1]] for k, v in rows]}
 
 
 def _cpu() -> int:

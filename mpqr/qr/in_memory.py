@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from mpqr._array_api import device
 from mpqr._errors import DeviceMemoryError
-from mpqr._gpu_errors import device_errors
+from mpqr._gpu_errors import as_device_error, device_errors
 from mpqr._validation import check_choice, check_dtype, check_ndim, namespace_of
 from mpqr._validation import check_finite as _check_finite
 from mpqr.backends import get_backend
@@ -93,7 +93,10 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
     if m == 0 or n == 0 or math.prod(batch) == 0:
         q, r = driver.empty(xp, a, want_q=want_q, complete=complete)
     else:
-        plan = memory_plan.check_fits(backend, a, method, prec_name, complete, want_q)
+        try:
+            plan = memory_plan.check_fits(backend, a, method, prec_name, complete, want_q)
+        except DeviceMemoryError as exc:
+            raise as_device_error(backend, exc, "mpqr.qr") from None
         again = False
         try:
             with memory_plan.workspace_scope(backend, a, prec_name, method, plan, complete):
@@ -108,8 +111,8 @@ def qr(x: Any, mode: str = "reduced", precision: str | None = None, method: str 
                 if isinstance(exc, DeviceMemoryError) or backend.device_memory_free() is None:
                     raise
                 # never the device library's raw error: what was needed and is free
-                raise memory_plan.out_of_memory(backend, a, method, prec_name, plan,
-                                                complete) from exc
+                raise as_device_error(backend, memory_plan.out_of_memory(
+                    backend, a, method, prec_name, plan, complete), "mpqr.qr") from exc
             again = True
         if again:  # outside the handler: the failed attempt's arrays are gone by now
             record_event("memory", f"qr: out of device memory on the {plan} plan; "
