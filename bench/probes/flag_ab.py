@@ -1,9 +1,9 @@
 """A module constant's values in the whole QR, alternated in one process.
 
 ``python3 bench/probes/flag_ab.py OUT.json MODULE.NAME=V1,V2[,...] [--cases N:precision,...]
-[--mode reduced]`` (values as Python literals, or one list literal ``"[V1, V2]"``; cases
-default 16384:fp16; float64 input for
-``fp64-emulated``, float32 otherwise; ``N`` or ``MxN``): for each case, three rounds of
+[--mode reduced] [--rounds 3]`` (values as Python literals, or one list literal
+``"[V1, V2]"``; cases default 16384:fp16; float64 input for ``fp64-emulated``, float32
+otherwise; ``N`` or ``MxN``): for each case, ``--rounds`` of
 4 calls per value (CUDA events, graphs dropped between values), the medians, backward
 error and orthogonality in float64, and whether Q and R are bitwise those of the first
 value.
@@ -45,6 +45,7 @@ def main(argv):
     if "--cases" in argv:
         cases = argv[argv.index("--cases") + 1].split(",")
     mode = argv[argv.index("--mode") + 1] if "--mode" in argv else "reduced"
+    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 3
     keep = getattr(mod, attr)
     rows = []
     for case in cases:
@@ -54,7 +55,7 @@ def main(argv):
             return mpqr.qr(a, precision=prec, method="householder-recursive", mode=mode)
 
         times = {repr(v): [] for v in vals}
-        for _ in range(3):
+        for _ in range(rounds):
             for v in vals:
                 setattr(mod, attr, v)
                 graphs.clear()
