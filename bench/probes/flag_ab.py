@@ -34,6 +34,19 @@ def case_matrix(case: str) -> tuple[int, str, cp.ndarray]:
     return n, prec, cp.random.default_rng(0).standard_normal((m, n), dtype=cp.float64).astype(dt)
 
 
+def warm_call(case: str):
+    """``(A, call)`` of a case (:func:`case_matrix`): ``call()`` factors ``A`` by the
+    recursive QR at the case's precision (mode reduced); called once and synchronized."""
+    _, prec, a = case_matrix(case)
+
+    def call():
+        return mpqr.qr(a, precision=prec, method="householder-recursive")
+
+    call()
+    cp.cuda.Device().synchronize()
+    return a, call
+
+
 def main(argv):
     target, _, values = argv[1].partition("=")
     modname, _, attr = target.rpartition(".")

@@ -19,9 +19,8 @@ import sys
 import time
 
 import cupy as cp
-from flag_ab import case_matrix  # the probe beside this one
+from flag_ab import warm_call  # the probe beside this one
 
-import mpqr
 from mpqr.bench._timing import environment
 
 _EVENTS: list[tuple[int, float]] = []
@@ -57,13 +56,7 @@ def main(argv: list[str]) -> None:
     gc.callbacks.append(_callback)
     result = {"environment": environment(cp), "objects": len(gc.get_objects()), "rows": []}
     for case in cases:
-        _, prec, a = case_matrix(case)
-
-        def call(a=a, prec=prec):
-            return mpqr.qr(a, precision=prec, method="householder-recursive")
-
-        call()
-        cp.cuda.Device().synchronize()
+        _, call = warm_call(case)
         row = {"case": case, "objects": len(gc.get_objects())}
         row["as_is"] = _calls(call, count)
         gc.collect()

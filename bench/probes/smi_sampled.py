@@ -17,9 +17,7 @@ import threading
 import time
 
 import cupy as cp
-from flag_ab import case_matrix  # the probe beside this one
-
-import mpqr
+from flag_ab import warm_call  # the probe beside this one
 
 _QUERY = ("--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,"
           "clocks_event_reasons.active,utilization.gpu")
@@ -40,13 +38,7 @@ def main(argv: list[str]) -> None:
     calls = {}
     try:
         for case in cases:
-            _, prec, a = case_matrix(case)
-
-            def call(a=a, prec=prec):
-                return mpqr.qr(a, precision=prec, method="householder-recursive")
-
-            call()
-            cp.cuda.Device().synchronize()
+            a, call = warm_call(case)
             got = []
             for _ in range(count):
                 s, e = cp.cuda.Event(), cp.cuda.Event()
