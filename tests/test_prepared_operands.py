@@ -285,6 +285,21 @@ def test_ldexp_wide_kernel_gives_the_exact_product(dtype):
     assert (taken is None) == (dtype == np.float64)
 
 
+def _scaled_case(cp, seed, specials, layout, axis, dtype):
+    """``(backend, rng, v, shape)``: a 300 x 260 matrix of rows scaled over 2^+-60 with Inf,
+    NaN and -Inf at ``specials``, as ``v`` in ``layout`` (C-contiguous, a strided view, a
+    transposed view), and the shape of a row's (``axis`` 0), a column's (1) or one per
+    entry (None) factors."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((300, 260)) * np.exp2(rng.integers(-60, 60, size=(300, 1)))
+    for (i, j), val in zip(specials, (np.inf, np.nan, -np.inf), strict=True):
+        x[i, j] = val
+    big = cp.asarray(x.astype(dtype))
+    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T}[layout]
+    shape = {0: (v.shape[0], 1), 1: (1, v.shape[1]), None: v.shape}[axis]
+    return get_backend(cp), rng, v, shape
+
+
 @gpu
 @pytest.mark.parametrize("layout", ["C", "view", "transposed"])
 @pytest.mark.parametrize("axis", [0, 1, None])
@@ -296,14 +311,8 @@ def test_ldexp_kernel_gives_cupys_bits(monkeypatch, layout, axis, dtype):
     cp = _cupy()
     from mpqr.backends.cupy import engine_kernels as ek
 
-    be = get_backend(cp)
-    rng = np.random.default_rng(11)
-    x = rng.standard_normal((300, 260)) * np.exp2(rng.integers(-60, 60, size=(300, 1)))
-    x[0, 0], x[1, 1], x[2, 2] = np.inf, np.nan, -np.inf
-    big = cp.asarray(x.astype(dtype))
-    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T}[layout]
+    be, rng, v, shape = _scaled_case(cp, 11, ((0, 0), (1, 1), (2, 2)), layout, axis, dtype)
     lim = 200 if dtype == np.float32 else 1500  # past the overflow and subnormal ranges
-    shape = {0: (v.shape[0], 1), 1: (1, v.shape[1]), None: v.shape}[axis]
     e = cp.asarray(rng.integers(-lim, lim, size=shape).astype(np.int32))
     outs = []
     for fast in (False, True):
@@ -338,13 +347,8 @@ def test_scale_kernel_gives_cupys_bits(layout, axis, dtype):
     cp = _cupy()
     from mpqr.backends.cupy import engine_kernels as ek
 
-    be = get_backend(cp)
-    rng = np.random.default_rng(12)
-    x = rng.standard_normal((300, 260)) * np.exp2(rng.integers(-60, 60, size=(300, 1)))
-    x[10, 10], x[20, 30], x[40, 50] = np.inf, np.nan, -np.inf
-    big = cp.asarray(x.astype(dtype))
-    v = {"C": big, "view": big[3:, 5:200], "transposed": big[3:250, 5:200].T}[layout]
-    shape = {0: (v.shape[0], 1), 1: (1, v.shape[1]), None: v.shape}[axis]
+    be, rng, v, shape = _scaled_case(cp, 12, ((10, 10), (20, 30), (40, 50)), layout, axis,
+                                     dtype)
     huge = 2.0**100 if dtype == np.float32 else 2.0**1000  # past the range with x's scale
     f = rng.choice([-1.0, 1.0, 0.5, -3.0, huge], size=shape).astype(dtype)
     f = cp.asarray(f)
