@@ -547,9 +547,12 @@ def rq(a, overwrite_a=False, lwork=_RQ_LWORK, mode="full", check_finite=True):
     """:func:`scipy.linalg.rq` from :func:`mpqr.qr` of the flipped conjugate transpose.
 
     ``A = R Q`` with ``R`` upper trapezoidal (``R = triu(R, N - M)``) and orthonormal
-    rows of ``Q``: with ``J`` the row reversal, the QR ``A^H J = Q1 R1`` gives
-    ``R = J R1^H J`` and ``Q = J Q1^H``, so ``R``'s diagonal (``R[i, i + N - M]``) is
-    real and ``>= 0``, mpqr's convention. ``lwork`` is accepted and unused.
+    rows of ``Q``: with ``J`` the reversal of rows or columns, the QR ``J A^H J = Q1 R1``
+    (A's rows taken from the last, as LAPACK's ``gerqf`` takes them) gives
+    ``R = J R1^H J`` and ``Q = J Q1^H J``, so ``R``'s diagonal (``R[i, i + N - M]``) is
+    real and ``>= 0``, mpqr's convention, and a zero ``A`` gets LAPACK's ``Q`` (the
+    identity's last rows).
+    ``lwork`` is accepted and unused.
 
     Parameters
     ----------
@@ -609,9 +612,10 @@ def rq(a, overwrite_a=False, lwork=_RQ_LWORK, mode="full", check_finite=True):
             q = xp.eye(n, dtype=wdt, device=dev)
         return r if mode == "r" else (r, q)
     econ = mode == "economic" and n >= m
-    # B = A^H J (rows of A reversed, conjugate transposed): B = Q1 R1
+    # B = J A^H J (A conjugate transposed, its rows and columns reversed): B = Q1 R1, the
+    # order in which LAPACK's gerqf takes A's rows (from the last); a zero A gives Q = I
     b = xp.flip(xp.conj(xp.matrix_transpose(aw)) if xp.isdtype(wdt, "complex floating")
-                else xp.matrix_transpose(aw), axis=-1)
+                else xp.matrix_transpose(aw), axis=(-2, -1))
     prec = current_precision()
     if mode == "r":
         r1 = mpqr.qr(b, mode="complete", precision=prec)[1]
@@ -623,10 +627,10 @@ def rq(a, overwrite_a=False, lwork=_RQ_LWORK, mode="full", check_finite=True):
         t = xp.matrix_transpose(x)
         return xp.conj(t) if xp.isdtype(wdt, "complex floating") else t
 
-    r = xp.flip(xp.flip(ht(r1), axis=0), axis=1)  # J R1^H J
+    r = xp.flip(ht(r1), axis=(-2, -1))  # J R1^H J
     if mode == "r":
         return r
-    return r, xp.flip(ht(q1), axis=0)  # J Q1^H
+    return r, xp.flip(ht(q1), axis=(-2, -1))  # J Q1^H J
 
 
 def _over_batch(xp: Any, func: Any, a: Any, c: Any, core_a: int, core_c: int | None

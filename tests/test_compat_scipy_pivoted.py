@@ -204,6 +204,28 @@ def test_rq_matches_scipy(shape, mode, dtype):
         assert np.linalg.norm(q @ q.conj().T - np.eye(q.shape[0])) <= 50 * max(shape) * u
 
 
+@pytest.mark.parametrize("a", [np.zeros((2, 2)), np.zeros((2, 4)), np.zeros((4, 2)),
+                               np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]]), np.ones((3, 5)),
+                               np.random.default_rng(6).standard_normal((3, 5))],
+                         ids=["zero", "zero-wide", "zero-tall", "rank-one", "ones-wide",
+                              "wide"])
+@pytest.mark.parametrize("mode", ["full", "economic"])
+def test_rq_takes_rows_from_the_last_as_lapack(a, mode):
+    # where RQ is not unique (a zero or rank-deficient A, or the rows of a wide A's full Q
+    # beyond its rank) the rows are taken from the last, as LAPACK's gerqf takes them: a
+    # zero A gets SciPy's Q exactly (I's last rows), other Q SciPy's up to row signs
+    r, q = mcs.rq(a, mode=mode)
+    rr, qq = sla.rq(a, mode=mode)
+    u = np.finfo(np.float64).eps / 2
+    assert r.shape == rr.shape and q.shape == qq.shape
+    if not a.any():
+        np.testing.assert_array_equal(np.abs(q), np.abs(qq))
+        np.testing.assert_array_equal(np.abs(q), np.eye(q.shape[1])[-q.shape[0]:])
+    assert np.abs(np.abs(q) - np.abs(qq)).max() <= 50 * max(a.shape) * u
+    assert np.abs(np.abs(r) - np.abs(rr)).max() <= 50 * max(a.shape) * u * max(1, np.abs(a).max())
+    assert np.abs(r @ q - a).max() <= 50 * max(a.shape) * u * max(1, np.abs(a).max())
+
+
 def test_rq_errors_as_scipy():
     for f in (mcs.rq, sla.rq):
         with pytest.raises(ValueError, match="expected matrix"):
