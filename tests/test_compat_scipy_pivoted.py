@@ -205,15 +205,14 @@ def test_rq_matches_scipy(shape, mode, dtype):
 
 
 @pytest.mark.parametrize("a", [np.zeros((2, 2)), np.zeros((2, 4)), np.zeros((4, 2)),
-                               np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0]]), np.ones((3, 5)),
                                np.random.default_rng(6).standard_normal((3, 5))],
-                         ids=["zero", "zero-wide", "zero-tall", "rank-one", "ones-wide",
-                              "wide"])
+                         ids=["zero", "zero-wide", "zero-tall", "wide"])
 @pytest.mark.parametrize("mode", ["full", "economic"])
 def test_rq_takes_rows_from_the_last_as_lapack(a, mode):
-    # where RQ is not unique (a zero or rank-deficient A, or the rows of a wide A's full Q
-    # beyond its rank) the rows are taken from the last, as LAPACK's gerqf takes them: a
-    # zero A gets SciPy's Q exactly (I's last rows), other Q SciPy's up to row signs
+    # where RQ is not unique (a zero A, or the rows of a wide A's full Q beyond its rank)
+    # the rows are taken from the last, as LAPACK's gerqf takes them: a zero A gets SciPy's
+    # Q exactly (I's last rows), a wide A's full Q SciPy's up to row signs. (Where rounding
+    # decides, a rank-deficient A, LAPACK builds differ among themselves: not compared.)
     r, q = mcs.rq(a, mode=mode)
     rr, qq = sla.rq(a, mode=mode)
     u = np.finfo(np.float64).eps / 2
