@@ -1,4 +1,7 @@
-"""Whether a whole process runs a QR at one of two speeds, and what goes with the slow one.
+"""Whether a whole process runs a QR at one of two speeds, and what goes with the slow calls.
+
+(On the H200 machine the slow calls came in episodes within a process, with the same
+summed kernel time: see ``gc_pauses.py`` and ``smi_sampled.py`` beside this probe.)
 
 ``python3 bench/probes/process_modes.py OUT.json [--procs 8] [--case 16384:fp16]`` starts
 ``--procs`` processes one after another, each with its own ``PYTHONHASHSEED``; each times
