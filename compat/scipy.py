@@ -613,7 +613,7 @@ def rq(a, overwrite_a=False, lwork=_RQ_LWORK, mode="full", check_finite=True):
         return r if mode == "r" else (r, q)
     econ = mode == "economic" and n >= m
     # B = J A^H J (A conjugate transposed, its rows and columns reversed): B = Q1 R1, the
-    # order in which LAPACK's gerqf takes A's rows (from the last); a zero A gives Q = I
+    # order in which LAPACK's gerqf takes A's rows (from the last): a zero A gets its Q
     b = xp.flip(xp.conj(xp.matrix_transpose(aw)) if xp.isdtype(wdt, "complex floating")
                 else xp.matrix_transpose(aw), axis=(-2, -1))
     prec = current_precision()

@@ -31,9 +31,8 @@ def device_errors(backend: Any, what: str) -> Iterator[None]:
         with scope() if scope is not None else contextlib.nullcontext():
             yield
     except Exception as exc:
-        translate = getattr(backend, "translate_error", None)
-        new = translate(exc, what) if translate is not None else None
-        if new is None:
+        new = as_device_error(backend, exc, what)
+        if new is exc:
             raise
         # the failed call's temporaries live in the traceback's frames: free them now
         traceback.clear_frames(exc.__traceback__)
