@@ -19,7 +19,7 @@ import contextvars
 from collections.abc import Iterator
 from typing import Any
 
-from mpqr.engines.scaling import pow2_shift, unscale
+from mpqr.engines.scaling import pow2_scale, pow2_shift, unscale
 
 __all__ = ["operands_in_range", "run_native"]
 
@@ -54,10 +54,10 @@ def run_native(backend: Any, a: Any, b: Any, *, compute_dtype: Any, out_dtype: A
             and out_dtype == xp.complex128 and a.ndim == b.ndim == 2:
         # the same for complex128 data (the engines' kernels take real data: array ops)
         sa, sb = _unit_exponents(backend, a, -1), _unit_exponents(backend, b, -2)
-        a = xp.astype(_times_pow2(xp, a, sa), compute_dtype)
-        b = xp.astype(_times_pow2(xp, b, sb), compute_dtype)
+        a = xp.astype(pow2_scale(backend, a, sa), compute_dtype)
+        b = xp.astype(pow2_scale(backend, b, sb), compute_dtype)
         c = xp.astype(backend.gemm(a, b), out_dtype)
-        return _times_pow2(xp, _times_pow2(xp, c, -sa), -sb)
+        return pow2_scale(backend, pow2_scale(backend, c, -sa), -sb)
     if a.dtype != compute_dtype:
         a = xp.astype(a, compute_dtype)
     if b.dtype != compute_dtype:
@@ -73,12 +73,3 @@ def _unit_exponents(backend: Any, x: Any, axis: int) -> Any:
     ax = xp.abs(x)
     mx = xp.max(xp.where(xp.isfinite(ax), ax, xp.zeros_like(ax)), axis=axis, keepdims=True)
     return xp.where(mx > 0, -backend.exponent(mx), xp.zeros(mx.shape, dtype=xp.int32))
-
-
-def _times_pow2(xp: Any, x: Any, e: Any) -> Any:
-    """``x * 2**e`` (complex128 ``x``, int32 ``e`` broadcasting, ``|e| <= 2046``) in two
-    real float64 factors, each exact."""
-    two = xp.asarray(2.0, dtype=xp.float64)
-    h = e // 2
-    return (x * xp.pow(two, xp.astype(h, xp.float64))) * xp.pow(two, xp.astype(e - h,
-                                                                             xp.float64))

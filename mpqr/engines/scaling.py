@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FP16_TARGET_EXP", "LO_SHIFT", "pow2_shift", "unscale"]
+from mpqr._array_api import device, is_complex
+
+__all__ = ["FP16_TARGET_EXP", "LO_SHIFT", "pow2_scale", "pow2_shift", "unscale"]
 
 #: the exponent an operand line's largest entry is scaled to before its fp16 rounding
 FP16_TARGET_EXP = 14
@@ -30,3 +32,20 @@ def pow2_shift(backend: Any, x: Any, *, axis: int, target: int) -> Any:
 def unscale(backend: Any, c: Any, row_shift: Any, col_shift: Any, out_dtype: Any) -> Any:
     """``c * 2**-(row_shift + col_shift)`` in ``out_dtype``, in one exact step."""
     return backend.unscale(c, row_shift, col_shift, out_dtype)
+
+
+def pow2_scale(backend: Any, x: Any, e: Any, *, in_place: bool = False) -> Any:
+    """``x * 2**e`` exactly (``e`` int32, broadcasting against ``x``), complex too;
+    ``in_place``: into ``x`` (real ``x``; no temporary of its size), returned."""
+    xp = backend.xp
+    if not is_complex(xp, x):
+        if in_place:
+            backend.ldexp_in_place(x, e)
+            return x
+        return backend.ldexp(x, e)
+    # ldexp is real-only: real powers of two (each part scaled alone, an infinite one
+    # kept), in two halves so that each stays finite
+    rdt = xp.float64 if x.dtype == xp.complex128 else xp.float32
+    two = xp.asarray(2.0, dtype=rdt, device=device(x))
+    h = e // 2
+    return x * xp.pow(two, xp.astype(h, rdt)) * xp.pow(two, xp.astype(e - h, rdt))

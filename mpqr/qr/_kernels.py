@@ -28,6 +28,7 @@ from typing import Any
 from mpqr._array_api import ct, device, is_complex
 from mpqr.backends._base import phase  # one definition, shared with the backends
 from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
+from mpqr.engines.scaling import pow2_scale  # here too: the QR routes' import point
 from mpqr.policy import gemm
 from mpqr.policy.trace import record_event
 
@@ -197,24 +198,6 @@ def solve_upper(backend: Any, r: Any, c: Any, *, normal: bool = False) -> Any:
     if normal:  # R^-1 R^-H c = Rs^-1 (Rs^-H (c 2^e)) 2^e
         c = times_pow2(backend, backend.solve_triangular(ct(xp, rs), c, lower=True), e)
     return backend.solve_triangular(rs, c, lower=False)
-
-
-def pow2_scale(backend: Any, x: Any, e: Any, *, in_place: bool = False) -> Any:
-    """``x * 2**e`` exactly (``e`` int32, broadcasting against ``x``), complex too;
-    ``in_place``: into ``x`` (real ``x``; no temporary of its size), returned."""
-    xp = backend.xp
-    if not is_complex(xp, x):
-        if in_place:
-            backend.ldexp_in_place(x, e)
-            return x
-        return backend.ldexp(x, e)
-    # ldexp is real-only: multiply by real powers of two, in two halves so each stays finite
-    rdt = xp.float64 if x.dtype == xp.complex128 else xp.float32
-    two = xp.asarray(2.0, dtype=rdt, device=device(x))
-    h = e // 2
-    f1 = xp.astype(xp.pow(two, xp.astype(h, rdt)), x.dtype)
-    f2 = xp.astype(xp.pow(two, xp.astype(e - h, rdt)), x.dtype)
-    return x * f1 * f2
 
 
 #: ``scale_columns(only_if_needed=True)`` leaves columns whose largest entry is within
