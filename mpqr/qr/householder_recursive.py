@@ -19,7 +19,10 @@ The leaf width grows with ``n`` (:func:`leaf_width`) so that the tree has at
 most :data:`MAX_LEAVES` leaves: each leaf costs a fixed number of launches,
 and a large matrix would otherwise spend its time launching small kernels. Certified
 leaves of few rows widen further (:data:`FEW_LEAVES`), their rank-32 updates being cheap.
-W's merge is skipped where no later step reads it (``mode="r"``).
+W's merge is skipped where no later step reads it (``mode="r"``), and on the right spine
+(the root and its right child: their W only Q and their parents' merges read) it is
+folded into Q's formation (:data:`FOLD_SPINE`): ``W2 -= W1 D`` never runs; Q's
+``W1 U12`` product reads ``U12 - D U22`` instead.
 W, Y and the R/work matrix are allocated once and filled in place.
 
 At ``precision="fp16"`` (:func:`fp16_scheme`) rounding every operand of every
@@ -82,6 +85,7 @@ __all__ = [
     "CERTIFIED_LEAF_ELEMENTS",
     "EXACT_FP16",
     "FEW_LEAVES",
+    "FOLD_SPINE",
     "FP16_SCHEME",
     "FP16_SCHEMES",
     "LEAN_CACHED_SHARE",
@@ -153,6 +157,15 @@ LEAN_Q_BLOCK = 1024
 #: ``W2 -= W1 D`` with ``W1``'s shifts moved onto ``D`` (the same bound), where the policy
 #: gives both to an engine that splits its operands (``tc-sgemm``, ``tc-fp16``)
 PREPARED_OPERANDS = True
+#: The recursion's right spine (the nodes whose ``W`` only Q's formation and their parents'
+#: merges read): its first this many nodes keep ``W = [W1 | W2]`` unmerged with their
+#: ``D = Y1^H W2``, and Q's formation takes the merge ``W2 -= W1 D`` (an ``m x k1 x k2``
+#: product, the root's alone an eighth of a square QR's products) as ``U12 - D U22``
+#: (``k1 x k2 x k2``). H200, fp32-emulated, 0 / 1 / 2 / 4 nodes alternated in one
+#: process, medians (ms): 32768^2 1121 / 1055 / 1061 / 1056, 65536 x 8192 272 / 260 / 259 /
+#: 260, 16384^2 fastest calls 205 / 196 / 197 / 195
+#: (``python3 bench/probes/flag_ab.py OUT mpqr.qr.householder_recursive.FOLD_SPINE=0,1,2,4``)
+FOLD_SPINE = 2
 #: Q's formation in the lean plan hands the memory pool's cached blocks back before a
 #: block once they pass this share of Q's bytes
 LEAN_CACHED_SHARE = 0.02
@@ -458,6 +471,31 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             elif need_w:
                 wv(off, c0, c0, c1)[...] = w
 
+    # the right spine's merges folded into Q's formation (:data:`FOLD_SPINE`): node's
+    # first column -> (its split, D = Y1^H W2)
+    # the spine's first FOLD_SPINE nodes wider than Q's formation's diagonal blocks (a
+    # narrower one would be split there for the fold alone)
+    fold_at = set()
+    if want_q and not (lean or complete or f16):
+        c = 0
+        while len(fold_at) < FOLD_SPINE and n - c > max(nb, TRMM_CUTOFF,
+                                                         n // TRMM_DEPTH_FRACTION):
+            fold_at.add(c)
+            c += nb * ((-(-(n - c) // nb) + 1) // 2)  # rec's split
+    folds: dict[int, tuple[int, Any]] = {}
+
+    def _unfold(g: Any, lo: int) -> None:
+        # g = X^H W[:, lo:] from W's stored (unmerged) right spine -> from the merged W:
+        # the spine's folds from the innermost out, G2 <- G2 - G1 D
+        chain = []
+        c = lo
+        while c in folds:
+            chain.append((c, *folds[c]))
+            c = folds[c][0]
+        for c, cm, d in reversed(chain):
+            gemm_sub(g[..., cm - lo:], g[..., c - lo:cm - lo], d, precision=precision,
+                     label="rec-merge-fold", backend=backend)
+
     def rec(c0: int, c1: int, need_w: bool, off: int) -> None:
         # need_w: a later step reads this block's W (an update of the right
         # sibling, a parent's merge, or Q); W's block is stored from (off, off) on
@@ -482,7 +520,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # W1 prepared once for the update and the merge (fast plan; the lean plan keeps no
         # operand across the right half's recursion)
         w1p = None
-        if PREPARED_OPERANDS and need_w and not (lean or f16) and not is_complex(xp, a):
+        # (a folded spine node other than the root reads W1 in the update alone)
+        if (PREPARED_OPERANDS and need_w and not (lean or f16) and not is_complex(xp, a)
+                and not (c0 in fold_at and c1 == n and c0 > 0)):
             w1p = prepare_operand(ct(xp, w1), side="left", m=k1, n=c1 - cm, k=m - c0,
                                   precision=precision, options=opt_w, backend=backend)
         for j0 in range(cm, c1, step):
@@ -540,6 +580,16 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         w2 = wv(off, c0, cm, c1)
         d = gemm(ct(xp, ysrc[..., cm:, c0:cm]), w2[..., cm - c0:, :], precision=precision,
                  label="rec-merge-YhW", options=opt_y, backend=backend)
+        if c0 in fold_at and c1 == n:
+            # the right spine: W stays [W1 | W2] with D kept; Q's formation takes the merge
+            # in a product of D's size (:func:`_times_unit_upper`). W2 is stored unmerged
+            # too, so D = Y1^H W2 gets its columns' merges by small products
+            _unfold(d, cm)
+            folds[c0] = (cm, d)
+            if isinstance(w1p, Prepared) and c0 == 0:
+                kept["root"] = (cm, w1p)
+            w1p = None
+            return
         if w1h is not None:
             gemm_sub(w2, w1h, backend.ldexp(d, -ct(xp, s1)),
                      precision=precision, label="rec-merge-WD", options=opt_w,
@@ -627,7 +677,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # (the kept W1 passed without a name here: the callee drops it after its one product)
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
                       options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
-                      explicit=yx, prepared=kept.pop("root", None))
+                      explicit=yx, prepared=kept.pop("root", None), folds=folds)
     # Y1 was their last use: free them before the sign normalisation copies Q
     ysrc = yh_all = None
     if r is None:
@@ -806,7 +856,8 @@ def _copy_r(xp: Any, work: Any, nb: int, rows: int | None = None) -> Any:
 
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
                       options: Any, cutoff: int, explicit: bool = False,
-                      prepared: tuple[int, Any] | None = None) -> None:
+                      prepared: tuple[int, Any] | None = None,
+                      folds: dict[int, tuple[int, Any]] | None = None) -> None:
     """``W[:, lo:hi] <- -W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
     with its vectors below the diagonal of ``y1`` (R above is not read), or ``y1`` itself
     where ``explicit`` (unit diagonal and zeros stored). Negated, so that the reduced Q is
@@ -819,20 +870,42 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     the vectors are the left operand, as the fp16 scheme's engines expect.
     ``prepared = (mid, W1^H prepared)``: the recursion's root ``W1`` (columns ``lo:mid``)
     with its parts, read by the first product ``W2 -= W1 U12`` where its split is ``mid``.
+
+    ``folds``: the recursion's right spine left unmerged (:data:`FOLD_SPINE`), a node's
+    first column -> ``(mid, D)``: its ``W`` is ``[W1, W2 - W1 D]`` with ``[W1 | W2]``
+    stored, so ``-W Y1^H = [-W1 U11, -W2 U22 - W1 (U12 - D U22)]``: the merge's
+    ``m x k1 x k2`` product becomes ``D U22`` (``k1 x k2 x k2``, triangular), and ``W2 U22``
+    recurses with ``W2``'s own fold.
     """
     xp = backend.xp
     k = hi - lo
-    if k <= cutoff:
+    fold = folds.pop(lo, None) if folds and hi == y1.shape[-1] else None
+    if fold is None and k <= cutoff:
         diag = y1[..., lo:hi, lo:hi]
         blk = gemm(-(diag if explicit else unit_lower(xp, diag)), ct(xp, w[..., :, lo:hi]),
                    precision=precision, label="rec-formq-trmm", options=options,
                    backend=backend)
         backend.assign_ct(w[..., :, lo:hi], blk)
         return
-    mid = lo + k // 2
+    mid = lo + k // 2 if fold is None else fold[0]
     _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
-                      cutoff=cutoff, explicit=explicit)
-    if explicit:
+                      cutoff=cutoff, explicit=explicit, folds=folds)
+    if fold is not None:
+        # (U12 - D U22)^H = Y12 - Y22 D^H, k2 x k1, in the product's storage; Y22 unit
+        # lower below R (not read)
+        u = _trmm(y1[..., mid:hi, mid:hi], ct(xp, fold[1]), precision=precision,
+                  label="rec-formq-fold", backend=backend)
+        fold = None  # D's last use
+        u *= -1
+        u += y1[..., mid:hi, lo:mid]
+        w1 = w[..., :, lo:mid]
+        if prepared is not None and prepared[0] == mid and lo == 0:
+            w1 = prepared[1].T
+        prepared = None
+        gemm_sub(w[..., :, mid:hi], w1, ct(xp, u), precision=precision,
+                 label="rec-formq-trmm-gemm", options=options, backend=backend)
+        w1 = u = None
+    elif explicit:
         # W2^H -= Y12 W1^H in the GEMM's epilogue, the vectors still the left operand
         gemm_sub(ct(xp, w[..., :, mid:hi]), y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
                  precision=precision, label="rec-formq-trmm-gemm", options=options,
