@@ -471,10 +471,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             elif need_w:
                 wv(off, c0, c0, c1)[...] = w
 
-    # the right spine's merges folded into Q's formation (:data:`FOLD_SPINE`): node's
-    # first column -> (its split, D = Y1^H W2)
-    # the spine's first FOLD_SPINE nodes wider than Q's formation's diagonal blocks (a
-    # narrower one would be split there for the fold alone)
+    # the right spine's merges folded into Q's formation (:data:`FOLD_SPINE`): its first
+    # FOLD_SPINE nodes wider than Q's formation's diagonal blocks (a narrower one would be
+    # split there for the fold alone)
     fold_at = set()
     if want_q and not (lean or complete or f16):
         c = 0
@@ -482,7 +481,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
                                                          n // TRMM_DEPTH_FRACTION):
             fold_at.add(c)
             c += nb * ((-(-(n - c) // nb) + 1) // 2)  # rec's split
-    folds: dict[int, tuple[int, Any]] = {}
+    folds: dict[int, tuple[int, Any]] = {}  # node's first column -> (its split, Y1^H W2)
 
     def _unfold(g: Any, lo: int) -> None:
         # g = X^H W[:, lo:] from W's stored (unmerged) right spine -> from the merged W:
