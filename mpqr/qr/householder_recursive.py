@@ -889,22 +889,7 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     mid = lo + k // 2 if fold is None else fold[0]
     _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit, folds=folds)
-    if fold is not None:
-        # (U12 - D U22)^H = Y12 - Y22 D^H, k2 x k1, in the product's storage; Y22 unit
-        # lower below R (not read)
-        u = _trmm(y1[..., mid:hi, mid:hi], ct(xp, fold[1]), precision=precision,
-                  label="rec-formq-fold", backend=backend)
-        fold = None  # D's last use
-        u *= -1
-        u += y1[..., mid:hi, lo:mid]
-        w1 = w[..., :, lo:mid]
-        if prepared is not None and prepared[0] == mid and lo == 0:
-            w1 = prepared[1].T
-        prepared = None
-        gemm_sub(w[..., :, mid:hi], w1, ct(xp, u), precision=precision,
-                 label="rec-formq-trmm-gemm", options=options, backend=backend)
-        w1 = u = None
-    elif explicit:
+    if explicit:
         # W2^H -= Y12 W1^H in the GEMM's epilogue, the vectors still the left operand
         gemm_sub(ct(xp, w[..., :, mid:hi]), y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
                  precision=precision, label="rec-formq-trmm-gemm", options=options,
@@ -912,13 +897,21 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     else:
         # W2 -= W1 Y12^H into W's rows (the vectors of Y12 lie below the diagonal: no R);
         # a native GEMM accumulates in place, with no temporary of half of W
+        y12 = y1[..., mid:hi, lo:mid]
+        if fold is not None:
+            # folded: Y12 - Y22 D^H = (U12 - D U22)^H in the product's storage; Y22 unit
+            # lower below R (not read)
+            y12 = _trmm(y1[..., mid:hi, mid:hi], ct(xp, fold[1]), precision=precision,
+                        label="rec-formq-fold", backend=backend)
+            fold = None  # D's last use
+            y12 *= -1
+            y12 += y1[..., mid:hi, lo:mid]
         w1 = w[..., :, lo:mid]
         if prepared is not None and prepared[0] == mid and lo == 0:
             w1 = prepared[1].T  # the recursion's parts of W1 (its shifts go onto Y12^H)
         prepared = None
-        gemm_sub(w[..., :, mid:hi], w1, ct(xp, y1[..., mid:hi, lo:mid]),
-                 precision=precision, label="rec-formq-trmm-gemm", options=options,
-                 backend=backend)
-        w1 = None
+        gemm_sub(w[..., :, mid:hi], w1, ct(xp, y12), precision=precision,
+                 label="rec-formq-trmm-gemm", options=options, backend=backend)
+        w1 = y12 = None
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
                       cutoff=cutoff, explicit=explicit)
