@@ -30,7 +30,7 @@ from typing import Any
 from mpqr._array_api import device
 
 __all__ = ["CERTIFIED_LEAF_COMBINED_W", "CERTIFIED_LEAF_LOOKAHEAD",
-           "CERTIFIED_LEAF_SCHEDULE_MIN_ROWS", "CERTIFIED_LEAF_SUB",
+           "CERTIFIED_LEAF_RECURSIVE", "CERTIFIED_LEAF_SCHEDULE_MIN_ROWS", "CERTIFIED_LEAF_SUB",
            "CERTIFIED_PANEL_MAX_N", "NEAR_IDENTITY",
            "certificate_failed", "certified_leaf", "certified_panel", "new_certificate"]
 
@@ -57,6 +57,16 @@ CERTIFIED_LEAF_LOOKAHEAD: bool = True
 #: the next panel), so that the leaf's ``W = Y T`` needs no ``Y^H Y``, ``T`` and ``Y T`` of
 #: its own afterwards. Where the caller asks for it (the leaf's W read later, its T not).
 CERTIFIED_LEAF_COMBINED_W: bool = True
+#: A certified leaf whose ``W`` is combined (:data:`CERTIFIED_LEAF_COMBINED_W`) factored by
+#: halves, as the recursion above it is, down to single panels: the left half, the right
+#: half's update ``B - Y1 (W1^H B)``, the right half, then ``W2 <- W2 - W1 (Y1^H W2)``.
+#: The same flops as panel after panel, in products of up to half the leaf's width on each
+#: side instead of rank-32 updates whose ``W^H B`` has a 32-row output. (Read at each call,
+#: by the portable loop and CuPy's.) H200, the QR's medians off / on, alternated in one
+#: process: 16384² fp32-emulated 196.0 / 191.3 ms, 65536 x 8192 255.0 / 237.1, 32768²
+#: 1045.6 / 1013.6 (``python bench/probes/flag_ab.py OUT
+#: mpqr.backends.panel_cholqr.CERTIFIED_LEAF_RECURSIVE=False,True``).
+CERTIFIED_LEAF_RECURSIVE: bool = True
 #: :data:`CERTIFIED_LEAF_LOOKAHEAD` and :data:`CERTIFIED_LEAF_COMBINED_W` only for leaves of
 #: at least this many rows: where the GPU waits on the host their extra launches cost more
 #: than they overlap (H200, the QR at 8192² with both against without: fp16 69.1 / 58.7 ms,

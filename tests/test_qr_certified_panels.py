@@ -589,6 +589,62 @@ def test_leaf_combines_its_w_into_the_compact_wy_factor(xp, monkeypatch, ahead):
 
 @pytest.mark.skip_xp_backend("array_api_strict", reason="the NumPy loop's steps: numpy")
 @pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy loop's steps: numpy")
+@pytest.mark.parametrize("ahead", [False, True])
+@pytest.mark.parametrize("cols", [(6, 262), (0, 300), (32, 96)])
+def test_leaf_by_halves_gives_the_leaf_panel_after_panel(xp, monkeypatch, cols, ahead):
+    """The leaf by halves (``CERTIFIED_LEAF_RECURSIVE``: left half, the right half's
+    update, right half, W joined; with lookahead the right half's first panel factored
+    before the rest of the half is updated) leaves the right-looking combined leaf's R, Y
+    and tau to rounding and the leaf's ``W = Y T`` (T from ``Y`` and ``tau`` by the UT
+    transform), W's rows above the leaf and the columns outside the leaf untouched, on
+    every backend's own loop."""
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    from mpqr.qr import panel_blocked
+
+    monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_COMBINED_W", True)
+    monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_LOOKAHEAD", ahead)
+    m = 500
+    a = np.random.default_rng(79).standard_normal((m, 300))
+    c0, c1 = cols
+    out = []
+    runs = [(True, True), (False, True)]
+    if ahead and is_cupy_namespace(xp):
+        runs.append((True, False))  # the panels on the caller's stream
+    for by_halves, stream in runs:
+        monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_RECURSIVE", by_halves)
+        if is_cupy_namespace(xp):
+            monkeypatch.setattr(_cupy_panels(xp), "LOOKAHEAD_STREAM", stream)
+        assert panel_blocked.leaf_recursive(c1 - c0, m - c0) is by_halves
+        backend, work, w, cert = _working(xp, a)
+        w[...] = 7.0  # W's storage as the recursion leaves it: not zero
+        tau = panel_blocked.certified_leaf(backend, work, w, c0, c1, cert=cert,
+                                           precision="fp64", combine=True)
+        out.append((to_numpy(work), to_numpy(tau), to_numpy(w), int(to_numpy(cert)[0])))
+    if len(out) == 3:  # the side stream changes no bit
+        for x, y in zip(out[0], out[2], strict=True):
+            assert np.array_equal(x, y)
+    (wk1, t1, w1, f1), (wk2, t2, w2, f2) = out[:2]
+    assert f1 == f2 == 0
+    u = 2.0**-53
+    assert np.abs(wk1 - wk2).max() <= 200 * u * np.abs(wk2).max()
+    assert np.abs(t1 - t2).max() <= 200 * u
+    assert np.array_equal(wk1[:, c1:], a[:, c1:]) and np.array_equal(wk1[:, :c0], a[:, :c0])
+    y = np.tril(wk1[c0:, c0:c1], -1) + np.eye(m - c0, c1 - c0)
+    ref = y @ to_numpy(compact_wy_t(get_backend(np), y, t1))
+    assert np.abs(w1[c0:, c0:c1] - ref).max() <= 200 * u * np.abs(ref).max()
+    assert np.abs(w1[c0:, c0:c1] - w2[c0:, c0:c1]).max() <= 200 * u * np.abs(ref).max()
+    assert np.all(w1[:c0, c0:c1] == 7.0) and np.all(w1[:, c1:] == 7.0)
+    # the leaf's Householder QR itself: A's leaf columns = (I - Y T Y^T)[:, :k] R
+    k = c1 - c0
+    r = np.triu(wk1[c0:c1, c0:c1])
+    qk = (np.eye(m - c0) - ref @ y.T)[:, :k]
+    panel = a[c0:, c0:c1]
+    assert np.abs(qk @ r - panel).max() <= 100 * np.sqrt(m) * u * np.abs(panel).max()
+
+
+@pytest.mark.skip_xp_backend("array_api_strict", reason="the NumPy loop's steps: numpy")
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy loop's steps: numpy")
 @pytest.mark.parametrize("precision", ["fp32-emulated"])
 def test_recursive_qr_with_lookahead_and_combined_w(xp, monkeypatch, precision):
     """The recursive QR with its leaves' lookahead and combined W gives the factorization

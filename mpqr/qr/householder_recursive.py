@@ -4,10 +4,11 @@
 halves, factor the left half, apply ``(I - W1 Y1^H)^H`` to the right half,
 factor it, and merge ``W = [W1 | W2 - W1 (Y1^H W2)]``. At the leaf width the
 leaf is factored at the working precision: for one real matrix, where the driver can
-factor it again (:func:`~mpqr.qr._kernels.certified_route`), left to right in certified
-32-column panels (:func:`~mpqr.qr.panel_blocked.certified_leaf`: CholQR2 with float64
-Gram matrices and the reconstruction of the reflectors, checked once at the end, when a
-failed check raises :class:`~mpqr.qr._kernels.UncertifiedPanels`); otherwise by
+factor it again (:func:`~mpqr.qr._kernels.certified_route`), in certified 32-column
+panels (:func:`~mpqr.qr.panel_blocked.certified_leaf`: CholQR2 with float64 Gram matrices
+and the reconstruction of the reflectors, checked once at the end, when a failed check
+raises :class:`~mpqr.qr._kernels.UncertifiedPanels`), by halves as here down to single
+panels where the leaf's W is read later, else left to right; otherwise by
 :func:`~mpqr.qr._kernels.householder_panel` (``geqrf`` in compact WY form, or TSQR for
 very tall-skinny panels). The update and merge GEMMs have inner dimension ``m`` and outer
 dimensions of half the current width — large and square where the tiled
@@ -427,8 +428,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             # W's storage is reused: its rows above the block are read by merges as zeros
             w_all[..., :c0 - off, c0 - off:c1 - off] = 0
         if cert is not None:
-            # certified 32-column panels in place, right-looking at the panel's precision
-            # (the certificate is read once, at the end)
+            # certified 32-column panels in place at the panel's precision (the
+            # certificate is read once, at the end)
             # the leaf's W combined panel by panel where only W is read later (no T, no
             # rounded vectors): no Y^H Y, T and Y T of the whole leaf afterwards
             combine = need_w and not need_t and not f16 and leaf_combines_w(k, work.shape[-2] - c0)

@@ -1,4 +1,5 @@
-"""Leaf panels factored in narrow sub-panels: right-looking blocked Householder QR.
+"""Leaf panels factored in narrow sub-panels: blocked Householder QR, right-looking or by
+halves.
 
 On a GPU, LAPACK-style ``geqrf`` spends a fixed latency on every column (cuSOLVER: about
 11 us per column at any panel width, H100), which bounds the
@@ -33,7 +34,7 @@ from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm, gemm_sub
 
 __all__ = ["blocked_householder_panel", "certified_leaf", "leaf_combines_w", "leaf_lookahead",
-           "leaf_sub"]
+           "leaf_recursive", "leaf_sub"]
 
 
 def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: str
@@ -76,7 +77,8 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     combined ``W``), and each sub-block updates the leaf's later columns at once.
     With ``combine`` and :func:`leaf_combines_w` (whole-leaf updates), each panel's ``W``
     joins the leaf's the same way after its updates, so that ``w_all`` holds the leaf's
-    ``W = Y T`` at the end.
+    ``W = Y T`` at the end; and with :func:`leaf_recursive`, the leaf goes by halves
+    instead (:func:`_recursive_leaf`), with the same result.
     Returns the leaf's ``tau`` (for its ``T``: :func:`~mpqr.backends._base.compact_wy_t`).
     W's entry ``(i, j)`` lives at ``w_all[..., i - woff, j - woff]`` (a W narrower than
     ``work``: the lean plan of docs/memory.md).
@@ -87,6 +89,9 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
         return tau
     xp = backend.xp
     m = work.shape[-2]
+    if combine and leaf_recursive(c1 - c0, m - c0):
+        return _recursive_leaf(backend, work, w_all, c0, c1, cert=cert, precision=precision,
+                               woff=woff)
     nb = CERTIFIED_PANEL_MAX_N
     sub = leaf_sub(c1 - c0)
     ahead = leaf_lookahead(c1 - c0, m - c0)
@@ -139,6 +144,68 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
     return xp.concat(taus)
 
 
+def _recursive_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cert: Any,
+                    precision: str, woff: int = 0) -> Any:
+    """The leaf ``work[c0:, c0:c1]`` by halves down to single certified panels (Elmroth and
+    Gustavson's recursion, W kept as the recursive QR above keeps it): the left half, the
+    right half's update ``B <- B - Y1 (W1^H B)``, the right half, then the right half's W
+    joined, ``W2 <- W2 - W1 (Y1^H W2)``. With :func:`leaf_lookahead`, the right half's
+    first panel's columns are updated first and that panel factored before the rest of
+    the half is updated (on CuPy beside it). ``w_all`` holds the leaf's ``W = Y T`` at the
+    end, as :func:`certified_leaf` with ``combine``; returns the leaf's ``tau``."""
+    xp = backend.xp
+    m = work.shape[-2]
+    nb = CERTIFIED_PANEL_MAX_N
+    ahead = leaf_lookahead(c1 - c0, m - c0)
+    taus = []
+
+    def w(r0: int, r1: int, j0: int, j1: int) -> Any:  # W's rows r0:r1, columns j0:j1
+        return w_all[r0 - woff:r1 - woff, j0 - woff:j1 - woff]
+
+    def panel(c: int, e: int) -> Any:
+        l, tau = backend.certified_panel(work[c:, c:e], w(c, m, c, e), cert)
+        taus.append(tau)
+        return l
+
+    def update(c: int, h: int, l1: Any, j0: int, j1: int) -> None:
+        # columns j0:j1 <- B - Y1 (W1^H B), Y1 and W1 of the columns c:h
+        z = gemm(ct(xp, w(c, m, c, h)), work[c:, j0:j1], precision=precision,
+                 label="panel-update-WhB", backend=backend)
+        gemm_sub(work[c:h, j0:j1], l1, z, precision=precision, label="panel-update-YZ",
+                 backend=backend)
+        gemm_sub(work[h:, j0:j1], work[h:, c:h], z, precision=precision,
+                 label="panel-update-YZ", backend=backend)
+
+    def rec(c: int, e: int, first: Any = None) -> Any:
+        # factor columns c:e (``first``: Y's top block of their first panel, factored
+        # already); returns Y's top block (explicit unit lower) of a single panel
+        if e - c <= nb:
+            return panel(c, e) if first is None else first
+        h = c + nb * ((-(-(e - c) // nb) + 1) // 2)  # half the panels, rounded up
+        l1 = rec(c, h, first)
+        if h - c > nb:  # Y1's top block: unit lower, R above it in the working copy
+            l1 = xp.tril(work[c:h, c:h], k=-1) + xp.eye(h - c, dtype=work.dtype,
+                                                        device=device(work))
+        first, j0 = None, h
+        if ahead:  # the right half's first panel: its columns, then the panel
+            j0 = min(h + nb, e)
+            update(c, h, l1, h, j0)
+            first = panel(h, j0)
+        if j0 < e:
+            update(c, h, l1, j0, e)
+        rec(h, e, first)
+        # W2's rows above h are -W1[c:h] G: zeroed first, then the same product as below
+        w_all[c - woff:h - woff, h - woff:e - woff] = 0
+        g = gemm(ct(xp, work[h:, c:h]), w(h, m, h, e), precision=precision,
+                 label="panel-combine-YhW", backend=backend)
+        gemm_sub(w(c, m, h, e), w(c, m, c, h), g, precision=precision,
+                 label="panel-combine-WG", backend=backend)
+        return None
+
+    rec(c0, c1)
+    return xp.concat(taus)
+
+
 def leaf_sub(k: int) -> int:
     """The sub-block width of a certified leaf of ``k`` columns
     (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_SUB`, whole-leaf when None)."""
@@ -159,6 +226,13 @@ def leaf_combines_w(k: int, rows: int | None = None) -> bool:
     rows or more)."""
     return (bool(_panel_cholqr.CERTIFIED_LEAF_COMBINED_W) and leaf_sub(k) >= k
             and _scheduled(rows))
+
+
+def leaf_recursive(k: int, rows: int | None = None) -> bool:
+    """Whether a certified leaf of ``k`` columns (and ``rows`` rows) that combines its
+    ``W`` (:func:`leaf_combines_w`) goes by halves
+    (:data:`~mpqr.backends.panel_cholqr.CERTIFIED_LEAF_RECURSIVE`)."""
+    return bool(_panel_cholqr.CERTIFIED_LEAF_RECURSIVE) and leaf_combines_w(k, rows)
 
 
 def leaf_lookahead(k: int, rows: int | None = None) -> bool:
