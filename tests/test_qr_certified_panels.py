@@ -27,10 +27,13 @@ from tests._support import from_numpy, to_numpy
 @pytest.fixture(autouse=True)
 def _leaf_schedules_at_every_size(monkeypatch):
     """The leaf's lookahead and combined W run from this module's small leaves on (the
-    library takes them only for tall leaves: CERTIFIED_LEAF_SCHEDULE_MIN_ROWS)."""
+    library takes them only for tall leaves: CERTIFIED_LEAF_SCHEDULE_MIN_ROWS); the leaf
+    panel after panel unless a test asks for the halves (CERTIFIED_LEAF_RECURSIVE), so that
+    the right-looking loop's tests keep their subject (the library's below those rows)."""
     from mpqr.backends import panel_cholqr
 
     monkeypatch.setattr(panel_cholqr, "CERTIFIED_LEAF_SCHEDULE_MIN_ROWS", 0)
+    monkeypatch.setattr(panel_cholqr, "CERTIFIED_LEAF_RECURSIVE", False)
 
 
 def test_leaf_schedules_only_for_tall_leaves(monkeypatch):
@@ -661,6 +664,39 @@ def test_recursive_qr_with_lookahead_and_combined_w(xp, monkeypatch, precision):
     u = unit_roundoff(precision, np.float64)
     for got, ref in zip(out[1], out[0], strict=True):
         assert np.abs(got - ref).max() <= 64 * u * np.abs(ref).max()
+    assert backward_error(a, *out[1]) <= 2 * np.sqrt(256) * u
+    assert orthogonality(out[1][0]) <= np.sqrt(256) * max(u, 2.0**-24) / 4
+
+
+@pytest.mark.skip_xp_backend("array_api_strict", reason="the NumPy loop's steps: numpy")
+@pytest.mark.skip_xp_backend("numpy_readonly", reason="the NumPy loop's steps: numpy")
+@pytest.mark.parametrize("precision", ["fp32-emulated", "fp64"])
+def test_recursive_qr_with_leaves_by_halves(xp, monkeypatch, precision):
+    """The recursive QR with its leaves by halves (where their W is read later) gives the
+    factorization with leaves panel after panel to the precision's rounding, and meets its
+    bounds."""
+    from mpqr.backends import panel_cholqr as portable_panels
+
+    from mpqr.qr import panel_blocked
+
+    a, ax, _ = two_leaf_case(xp, monkeypatch, precision)
+    asked = panel_blocked.leaf_recursive
+    halves = []  # the leaves that went by halves (the portable loop's and CuPy's ask this)
+    monkeypatch.setattr(panel_blocked, "leaf_recursive",
+                        lambda *args: halves.append(asked(*args)) or halves[-1])
+    out = []
+    for on in (False, True):
+        monkeypatch.setattr(portable_panels, "CERTIFIED_LEAF_RECURSIVE", on)
+        halves.clear()
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(ax, precision=precision, method="householder-recursive")
+        assert any(e.kind == "panel" for e in trace.events)  # certified panels
+        assert halves == [on, on]  # both leaves
+        out.append((to_numpy(q), to_numpy(r)))
+    u = unit_roundoff(precision, np.float64)
+    lo = max(u, 2.0**-53)
+    for got, ref in zip(out[1], out[0], strict=True):
+        assert np.abs(got - ref).max() <= 64 * np.sqrt(256) * lo * np.abs(ref).max()
     assert backward_error(a, *out[1]) <= 2 * np.sqrt(256) * u
     assert orthogonality(out[1][0]) <= np.sqrt(256) * max(u, 2.0**-24) / 4
 
