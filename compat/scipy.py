@@ -603,13 +603,14 @@ def rq(a, overwrite_a=False, lwork=_RQ_LWORK, mode="full", check_finite=True):
     m, n = aw.shape
     k = min(m, n)
     dev = mpqr._array_api.device(aw)
-    if m == 0 or n == 0:
+    if m == 0 or n == 0:  # as SciPy: the input's own dtype (no LAPACK call to cast for)
+        dt = a1.dtype
         if mode == "economic":
-            r, q = xp.zeros((m, k), dtype=wdt, device=dev), xp.zeros((k, n), dtype=wdt,
-                                                                       device=dev)
+            r, q = xp.zeros((m, k), dtype=dt, device=dev), xp.zeros((k, n), dtype=dt,
+                                                                      device=dev)
         else:
-            r = xp.zeros((m, n), dtype=wdt, device=dev)
-            q = xp.eye(n, dtype=wdt, device=dev)
+            r = xp.zeros((m, n), dtype=dt, device=dev)
+            q = xp.astype(xp.eye(n, dtype=xp.float64, device=dev), dt)
         return r if mode == "r" else (r, q)
     econ = mode == "economic" and n >= m
     # B = J A^H J (A conjugate transposed, its rows and columns reversed): B = Q1 R1, the

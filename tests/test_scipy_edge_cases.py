@@ -758,3 +758,19 @@ def test_out_of_core_lstsq_near_the_range_ends(dtype, exp):
     u = np.finfo(dtype).eps / 2
     sub = exp < (-126 if dtype == np.complex64 else -1022)
     assert np.max(np.abs(x - 1)) <= (1e-3 if sub else 1000 * u)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.bool_, np.float16, np.complex64, np.float32])
+@pytest.mark.parametrize("shape", [(0, 0), (0, 3), (3, 0)])
+@pytest.mark.parametrize("mode", ["full", "economic", "r"])
+def test_rq_of_an_empty_matrix_keeps_its_dtype_as_scipy(dtype, shape, mode):
+    """An empty ``a`` reaches no LAPACK routine in SciPy's ``rq``: its factors come in
+    ``a``'s own dtype (an integer, boolean or float16 ``a`` too), ``Q`` the identity in
+    the full mode, as the installed SciPy gives them."""
+    a = np.ones(shape, dtype=dtype)
+    ours, ref = mcs.rq(a, mode=mode), sla.rq(a, mode=mode)
+    ours, ref = ((ours,), (ref,)) if mode == "r" else (ours, ref)
+    assert [(o.dtype, o.shape) for o in ours] == [(w.dtype, w.shape) for w in ref]
+    for o, w in zip(ours, ref, strict=True):
+        if w.size and o is ours[-1]:  # Q (R has no elements; SciPy's is uninitialised)
+            assert np.array_equal(o, w)
