@@ -154,14 +154,14 @@ def lstsq(a, b, rcond=None):
     try:
         # NumPy's driver is gelsd, which sets the cut of rcond <= 0 and rcond >= 1; a
         # negative rcond goes on as 0, which gelsd reads the same (newer SciPy refuses < 0)
-        x, _, rank, s = mpqr.lstsq(xp.astype(a1, t), xp.astype(b2, t), max(rcond, 0.0),
-                                   check_finite=False, lapack_driver="gelsd",
-                                   precision=current_precision())
+        x, res, rank, s = mpqr.lstsq(xp.astype(a1, t), xp.astype(b2, t), max(rcond, 0.0),
+                                     check_finite=False, lapack_driver="gelsd",
+                                     precision=current_precision())
     except mpqr.LinAlgError as exc:
         raise np.linalg.LinAlgError("SVD did not converge in Linear Least Squares") from exc
-    if rank == n and m > n:
-        r = xp.astype(b2, t) - mpqr.matmul(xp.astype(a1, t), x, precision="fp64")
-        res = xp.astype(xp.linalg.vector_norm(r, axis=0) ** 2, real_t)
+    if rank == n and m > n:  # the solver's squared residual norms, as SciPy's front end's
+        res = xp.astype(xp.real(res) if xp.isdtype(res.dtype, "complex floating") else res,
+                        real_t)
     else:
         res = xp.zeros((0,), dtype=real_t, device=dev)
     x = xp.astype(x, result_t)

@@ -210,3 +210,19 @@ def test_deprecated_modes_as_numpy(mode, shape):
     k = min(shape[-2:])
     r_got, r_want = np.triu(got[..., :k, :]), np.triu(want[..., :k, :])
     np.testing.assert_allclose(np.abs(r_got), np.abs(r_want), atol=1e-12)
+
+
+def test_lstsq_residuals_are_the_solvers_where_x_overflows():
+    """The residuals are the solver's squared residual norms (SciPy's front end's), not
+    ``||b - a x||^2`` of the returned ``x``: where ``x`` overflows (a subnormal ``a``)
+    NumPy still reports the finite residual of the problem, and so does the front end."""
+    a = np.random.default_rng(4).standard_normal((6, 4)) * 1e-310
+    b = np.ones(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = np.linalg.lstsq(a, b, rcond=None)
+        got = mcn.lstsq(a, b, rcond=None)
+    assert not np.isfinite(want[0]).any() and not np.isfinite(got[0]).any()
+    assert got[1].dtype == want[1].dtype and got[1].shape == want[1].shape == (1,)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-10)
+    assert int(got[2]) == int(want[2]) == 4
