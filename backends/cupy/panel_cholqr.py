@@ -299,8 +299,7 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
                 ldw)
 
     if combine and leaf_recursive(k, m - c0):
-        _by_halves(work, c0, c1, panel, rm_gemm, at, atw, l0, ldw, (one, zero, mone),
-                   leaf_lookahead(k, m - c0))
+        _by_halves(work, c0, c1, panel, rm_gemm, at, atw, l0, ldw, (one, zero, mone))
         return tau
     if leaf_lookahead(k, m - c0):
         _leaf_lookahead(panel, update, c0, c1, l0, l0 + MAX_N * MAX_N * it,
@@ -334,72 +333,37 @@ def certified_leaf(backend, work, w_all, c0: int, c1: int, cert, woff: int = 0,
 
 
 def _by_halves(work, c0: int, c1: int, panel, rm_gemm, at, atw, l0: int, ldw: int,
-               scalars, ahead: bool) -> None:
+               scalars) -> None:
     """:func:`mpqr.qr.panel_blocked._recursive_leaf` on raw pointers: the leaf by halves
     down to single panels, its products as direct cuBLAS calls (row-major, ``rm_gemm``),
     one ``k/2 x k/2`` buffer for each node's ``Z = W1^T B`` and then ``G = Y1^T W2``, one
-    for Y1's explicit unit-lower top block. ``ahead``: the right half's first panel
-    launched once its columns are updated, on the side stream (:data:`LOOKAHEAD_STREAM`)
-    while the rest of the half is updated; panels alternate between two L buffers."""
+    for Y1's explicit unit-lower top block."""
     one, zero, mone = scalars
     m, ld = work.shape
-    it = work.itemsize
     kh = MAX_N * ((-(-(c1 - c0) // MAX_N) + 1) // 2)  # the widest left half
     zbuf = cp.empty((kh, kh), dtype=work.dtype)
     lbuf = cp.empty(kh * kh, dtype=work.dtype)
     pz, a0 = zbuf.data.ptr, work.data.ptr
-    main = cp.cuda.get_current_stream()
-    side = _side_stream(cp.cuda.Device().id) if ahead and LOOKAHEAD_STREAM else None
-    if side is not None:
-        ready, done = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
 
-    def lp(c: int) -> int:  # the L buffer of the panel at column c
-        return l0 + ((c - c0) // MAX_N % 2) * MAX_N * MAX_N * it
-
-    def launch(c: int, e: int) -> None:
-        # the panel c:e after the main stream's work so far, beside its later work
-        if side is None:
-            panel(c, e, lp(c))
-            return
-        main.record(ready)
-        side.wait_event(ready)
-        with side:
-            panel(c, e, lp(c))
-        side.record(done)
-
-    def update(c: int, h: int, pl: int, ll: int, j0: int, j1: int) -> None:
-        # Z = W1^T B; B's top rows -= L1 Z, the rows below -= Y1 Z (B: columns j0:j1)
-        k1, q = h - c, j1 - j0
-        rm_gemm(True, False, k1, q, m - c, one, atw(c, c), ldw, at(a0, c, j0), ld, zero, pz,
-                kh)
-        rm_gemm(False, False, k1, q, k1, mone, pl, ll, pz, kh, one, at(a0, c, j0), ld)
-        rm_gemm(False, False, m - h, q, k1, mone, at(a0, h, c), ld, pz, kh, one,
-                at(a0, h, j0), ld)
-
-    def rec(c: int, e: int, launched: bool = False) -> None:
-        # factor columns c:e (``launched``: their first panel is on its way already)
+    def rec(c: int, e: int) -> None:
         if e - c <= MAX_N:
-            if not launched:
-                panel(c, e, lp(c))
-            elif side is not None:
-                main.wait_event(done)
+            panel(c, e, l0)  # Y's top block (explicit unit lower) to l0
             return
         h = c + MAX_N * ((-(-(e - c) // MAX_N) + 1) // 2)  # half the panels, rounded up
         k1, k2 = h - c, e - h
-        rec(c, h, launched)
+        rec(c, h)
         if k1 > MAX_N:  # Y1's top block from the working copy (R above it)
             _unit_lower(cp.uint64(at(a0, c, c)), cp.int64(ld), cp.int32(k1), lbuf[:k1 * k1])
             pl, ll = lbuf.data.ptr, k1
         else:
-            pl, ll = lp(c), MAX_N
-        j0 = h
-        if ahead:  # the right half's first panel: its columns, then the panel
-            j0 = min(h + MAX_N, e)
-            update(c, h, pl, ll, h, j0)
-            launch(h, j0)
-        if j0 < e:
-            update(c, h, pl, ll, j0, e)
-        rec(h, e, ahead)
+            pl, ll = l0, MAX_N
+        # Z = W1^T B; B's top rows -= L1 Z, the rows below -= Y1 Z
+        rm_gemm(True, False, k1, k2, m - c, one, atw(c, c), ldw, at(a0, c, h), ld, zero, pz,
+                kh)
+        rm_gemm(False, False, k1, k2, k1, mone, pl, ll, pz, kh, one, at(a0, c, h), ld)
+        rm_gemm(False, False, m - h, k2, k1, mone, at(a0, h, c), ld, pz, kh, one,
+                at(a0, h, h), ld)
+        rec(h, e)
         # G = Y1^T W2 (W2 zero above row h); W2 <- W2 - W1 G, its rows c:h written (beta 0)
         rm_gemm(True, False, k1, k2, m - h, one, at(a0, h, c), ld, atw(h, h), ldw, zero, pz,
                 kh)

@@ -149,51 +149,36 @@ def _recursive_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, ce
     """The leaf ``work[c0:, c0:c1]`` by halves down to single certified panels (Elmroth and
     Gustavson's recursion, W kept as the recursive QR above keeps it): the left half, the
     right half's update ``B <- B - Y1 (W1^H B)``, the right half, then the right half's W
-    joined, ``W2 <- W2 - W1 (Y1^H W2)``. With :func:`leaf_lookahead`, the right half's
-    first panel's columns are updated first and that panel factored before the rest of
-    the half is updated (on CuPy beside it). ``w_all`` holds the leaf's ``W = Y T`` at the
-    end, as :func:`certified_leaf` with ``combine``; returns the leaf's ``tau``."""
+    joined, ``W2 <- W2 - W1 (Y1^H W2)``. ``w_all`` holds the leaf's ``W = Y T`` at the
+    end, as :func:`certified_leaf` with ``combine``; returns the leaf's ``tau``. (No
+    lookahead: the right half's first panel factored beside the rest of its update was no
+    faster on the GPU, bench/NOTES.md 2026-11-29.)"""
     xp = backend.xp
     m = work.shape[-2]
     nb = CERTIFIED_PANEL_MAX_N
-    ahead = leaf_lookahead(c1 - c0, m - c0)
     taus = []
 
     def w(r0: int, r1: int, j0: int, j1: int) -> Any:  # W's rows r0:r1, columns j0:j1
         return w_all[r0 - woff:r1 - woff, j0 - woff:j1 - woff]
 
-    def panel(c: int, e: int) -> Any:
-        l, tau = backend.certified_panel(work[c:, c:e], w(c, m, c, e), cert)
-        taus.append(tau)
-        return l
-
-    def update(c: int, h: int, l1: Any, j0: int, j1: int) -> None:
-        # columns j0:j1 <- B - Y1 (W1^H B), Y1 and W1 of the columns c:h
-        z = gemm(ct(xp, w(c, m, c, h)), work[c:, j0:j1], precision=precision,
-                 label="panel-update-WhB", backend=backend)
-        gemm_sub(work[c:h, j0:j1], l1, z, precision=precision, label="panel-update-YZ",
-                 backend=backend)
-        gemm_sub(work[h:, j0:j1], work[h:, c:h], z, precision=precision,
-                 label="panel-update-YZ", backend=backend)
-
-    def rec(c: int, e: int, first: Any = None) -> Any:
-        # factor columns c:e (``first``: Y's top block of their first panel, factored
-        # already); returns Y's top block (explicit unit lower) of a single panel
+    def rec(c: int, e: int) -> Any:
+        # factor columns c:e; returns Y's top block (explicit unit lower) of a single panel
         if e - c <= nb:
-            return panel(c, e) if first is None else first
+            l, tau = backend.certified_panel(work[c:, c:e], w(c, m, c, e), cert)
+            taus.append(tau)
+            return l
         h = c + nb * ((-(-(e - c) // nb) + 1) // 2)  # half the panels, rounded up
-        l1 = rec(c, h, first)
+        l1 = rec(c, h)
         if h - c > nb:  # Y1's top block: unit lower, R above it in the working copy
             l1 = xp.tril(work[c:h, c:h], k=-1) + xp.eye(h - c, dtype=work.dtype,
                                                         device=device(work))
-        first, j0 = None, h
-        if ahead:  # the right half's first panel: its columns, then the panel
-            j0 = min(h + nb, e)
-            update(c, h, l1, h, j0)
-            first = panel(h, j0)
-        if j0 < e:
-            update(c, h, l1, j0, e)
-        rec(h, e, first)
+        z = gemm(ct(xp, w(c, m, c, h)), work[c:, h:e], precision=precision,
+                 label="panel-update-WhB", backend=backend)
+        gemm_sub(work[c:h, h:e], l1, z, precision=precision, label="panel-update-YZ",
+                 backend=backend)
+        gemm_sub(work[h:, h:e], work[h:, c:h], z, precision=precision,
+                 label="panel-update-YZ", backend=backend)
+        rec(h, e)
         # W2's rows above h are -W1[c:h] G: zeroed first, then the same product as below
         w_all[c - woff:h - woff, h - woff:e - woff] = 0
         g = gemm(ct(xp, work[h:, c:h]), w(h, m, h, e), precision=precision,
