@@ -110,38 +110,51 @@ def certified_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cer
         # column slices)
         parts = ((e, min(e + nb, se)), (min(e + nb, se), se)) if ahead else ((e, se),)
         for j0, j1 in parts:
-            if j0 >= j1:
-                continue
-            z = gemm(ct(xp, w(c, m, c, e)), work[c:, j0:j1], precision=precision,
-                     label="panel-update-WhB", backend=backend)
-            gemm_sub(work[c:e, j0:j1], l, z, precision=precision, label="panel-update-YZ",
-                     backend=backend)
-            if e < m:
-                gemm_sub(work[e:, j0:j1], work[e:, c:e], z, precision=precision,
-                         label="panel-update-YZ", backend=backend)
+            if j0 < j1:
+                _update(backend, work, w, l, c, e, j0, j1, precision)
         whole = se == c1  # the last sub-block (the leaf where it has none): no update after
         if whole and not combine:
             continue
-        if c > s0:  # the sub-block's W so far: W_j <- W_j - W[:, s0:c] (Y[:, s0:c]^H W_j)
-            w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
-            g = gemm(ct(xp, work[c:, s0:c]), w(c, m, c, e), precision=precision,
-                     label="panel-combine-YhW", backend=backend)
-            gemm_sub(w(s0, m, c, e), w(s0, m, s0, c), g, precision=precision,
-                     label="panel-combine-WG", backend=backend)
+        if c > s0:  # the sub-block's W so far
+            _join(backend, work, w_all, w, woff, s0, c, e, precision)
         if e < se or whole:
             continue
-        # the sub-block is factored: the leaf's later columns B <- B - Y (W^H B), Y's top
-        # block explicit (unit lower), the rows below it in place
-        lblk = xp.tril(work[s0:se, s0:se], k=-1) + xp.eye(se - s0, dtype=work.dtype,
-                                                          device=device(work))
-        z = gemm(ct(xp, w(s0, m, s0, se)), work[s0:, se:c1], precision=precision,
-                 label="panel-update-WhB", backend=backend)
-        gemm_sub(work[s0:se, se:c1], lblk, z, precision=precision, label="panel-update-YZ",
-                 backend=backend)
-        if se < m:
-            gemm_sub(work[se:, se:c1], work[se:, s0:se], z, precision=precision,
-                     label="panel-update-YZ", backend=backend)
+        # the sub-block is factored: the leaf's later columns B <- B - Y (W^H B)
+        _update(backend, work, w, _unit_lower(xp, work, s0, se), s0, se, se, c1, precision)
     return xp.concat(taus)
+
+
+def _unit_lower(xp: Any, work: Any, c: int, h: int) -> Any:
+    """Y's top block of the columns ``c:h``, explicit: unit lower (R above it in place)."""
+    return xp.tril(work[c:h, c:h], k=-1) + xp.eye(h - c, dtype=work.dtype, device=device(work))
+
+
+def _update(backend: Any, work: Any, w: Any, l: Any, c: int, h: int, j0: int, j1: int,
+            precision: str) -> None:
+    """``work``'s columns ``j0:j1`` (rows ``c:``) ``<- B - Y (W^H B)``, ``Y`` and ``W`` of
+    the columns ``c:h`` (``w(r0, r1, j0, j1)``: W's block), ``l`` Y's top block explicit;
+    the rows below it in place."""
+    xp = backend.xp
+    m = work.shape[-2]
+    z = gemm(ct(xp, w(c, m, c, h)), work[c:, j0:j1], precision=precision,
+             label="panel-update-WhB", backend=backend)
+    gemm_sub(work[c:h, j0:j1], l, z, precision=precision, label="panel-update-YZ",
+             backend=backend)
+    if h < m:
+        gemm_sub(work[h:, j0:j1], work[h:, c:h], z, precision=precision,
+                 label="panel-update-YZ", backend=backend)
+
+
+def _join(backend: Any, work: Any, w_all: Any, w: Any, woff: int, s0: int, c: int, e: int,
+          precision: str) -> None:
+    """W's columns ``c:e`` joined to those of ``s0:c``: ``W_j <- W_j - W[:, s0:c]
+    (Y[:, s0:c]^H W_j)``, W_j's rows ``s0:c`` (zero before) written."""
+    m = work.shape[-2]
+    w_all[s0 - woff:c - woff, c - woff:e - woff] = 0
+    g = gemm(ct(backend.xp, work[c:, s0:c]), w(c, m, c, e), precision=precision,
+             label="panel-combine-YhW", backend=backend)
+    gemm_sub(w(s0, m, c, e), w(s0, m, s0, c), g, precision=precision,
+             label="panel-combine-WG", backend=backend)
 
 
 def _recursive_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, cert: Any,
@@ -169,22 +182,10 @@ def _recursive_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, ce
             return l
         h = c + nb * ((-(-(e - c) // nb) + 1) // 2)  # half the panels, rounded up
         l1 = rec(c, h)
-        if h - c > nb:  # Y1's top block: unit lower, R above it in the working copy
-            l1 = xp.tril(work[c:h, c:h], k=-1) + xp.eye(h - c, dtype=work.dtype,
-                                                        device=device(work))
-        z = gemm(ct(xp, w(c, m, c, h)), work[c:, h:e], precision=precision,
-                 label="panel-update-WhB", backend=backend)
-        gemm_sub(work[c:h, h:e], l1, z, precision=precision, label="panel-update-YZ",
-                 backend=backend)
-        gemm_sub(work[h:, h:e], work[h:, c:h], z, precision=precision,
-                 label="panel-update-YZ", backend=backend)
+        _update(backend, work, w, l1 if h - c <= nb else _unit_lower(xp, work, c, h),
+                c, h, h, e, precision)
         rec(h, e)
-        # W2's rows above h are -W1[c:h] G: zeroed first, then the same product as below
-        w_all[c - woff:h - woff, h - woff:e - woff] = 0
-        g = gemm(ct(xp, work[h:, c:h]), w(h, m, h, e), precision=precision,
-                 label="panel-combine-YhW", backend=backend)
-        gemm_sub(w(c, m, h, e), w(c, m, c, h), g, precision=precision,
-                 label="panel-combine-WG", backend=backend)
+        _join(backend, work, w_all, w, woff, c, h, e, precision)
         return None
 
     rec(c0, c1)
