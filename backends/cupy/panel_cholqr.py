@@ -340,7 +340,9 @@ def _by_halves(work, c0: int, c1: int, panel, rm_gemm, at, atw, l0: int, ldw: in
     for Y1's explicit unit-lower top block."""
     one, zero, mone = scalars
     m, ld = work.shape
-    kh = MAX_N * ((-(-(c1 - c0) // MAX_N) + 1) // 2)  # the widest left half
+    from mpqr.qr.panel_blocked import left_half
+
+    kh = left_half(c1 - c0, MAX_N)  # the widest left half
     zbuf = cp.empty((kh, kh), dtype=work.dtype)
     lbuf = cp.empty(kh * kh, dtype=work.dtype)
     pz, a0 = zbuf.data.ptr, work.data.ptr
@@ -349,7 +351,7 @@ def _by_halves(work, c0: int, c1: int, panel, rm_gemm, at, atw, l0: int, ldw: in
         if e - c <= MAX_N:
             panel(c, e, l0)  # Y's top block (explicit unit lower) to l0
             return
-        h = c + MAX_N * ((-(-(e - c) // MAX_N) + 1) // 2)  # half the panels, rounded up
+        h = c + left_half(e - c, MAX_N)
         k1, k2 = h - c, e - h
         rec(c, h)
         if k1 > MAX_N:  # Y1's top block from the working copy (R above it)

@@ -80,7 +80,7 @@ from mpqr.qr._kernels import (
     trmm_lower,
     unit_lower,
 )
-from mpqr.qr.panel_blocked import certified_leaf, leaf_combines_w
+from mpqr.qr.panel_blocked import certified_leaf, leaf_combines_w, left_half
 
 __all__ = [
     "CERTIFIED_LEAF_ELEMENTS",
@@ -481,7 +481,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         while len(fold_at) < FOLD_SPINE and n - c > max(nb, TRMM_CUTOFF,
                                                          n // TRMM_DEPTH_FRACTION):
             fold_at.add(c)
-            c += nb * ((-(-(n - c) // nb) + 1) // 2)  # rec's split
+            c += left_half(n - c, nb)  # rec's split
     folds: dict[int, tuple[int, Any]] = {}  # node's first column -> (its split, Y1^H W2)
 
     def _unfold(g: Any, lo: int) -> None:
@@ -503,8 +503,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         if k <= nb:
             leaf(c0, c1, need_w, off if need_w or not lean else c0)
             return
-        panels = -(-k // nb)
-        k1 = nb * ((panels + 1) // 2)  # half the panels, rounded up
+        k1 = left_half(k, nb)
         if lean and not need_w:
             k1 = min(k1, wk)  # lean: the left block no wider than W's storage
         cm = c0 + k1

@@ -34,7 +34,13 @@ from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.policy import gemm, gemm_sub
 
 __all__ = ["blocked_householder_panel", "certified_leaf", "leaf_combines_w", "leaf_lookahead",
-           "leaf_recursive", "leaf_sub"]
+           "leaf_recursive", "leaf_sub", "left_half"]
+
+
+def left_half(k: int, nb: int) -> int:
+    """The left half's width where a recursion splits ``k`` columns of blocks of ``nb``:
+    half the blocks, rounded up (the recursive QR's split, and its leaves' by halves)."""
+    return nb * ((-(-k // nb) + 1) // 2)
 
 
 def blocked_householder_panel(backend: Any, a: Any, *, block: int, precision: str
@@ -180,7 +186,7 @@ def _recursive_leaf(backend: Any, work: Any, w_all: Any, c0: int, c1: int, *, ce
             l, tau = backend.certified_panel(work[c:, c:e], w(c, m, c, e), cert)
             taus.append(tau)
             return l
-        h = c + nb * ((-(-(e - c) // nb) + 1) // 2)  # half the panels, rounded up
+        h = c + left_half(e - c, nb)
         l1 = rec(c, h)
         _update(backend, work, w, l1 if h - c <= nb else _unit_lower(xp, work, c, h),
                 c, h, h, e, precision)
