@@ -47,10 +47,13 @@ def _householder_tiled(backend, a, **kw):
 #: 86.0 against 101.0, fp32-emulated 134.8 against 176.6 (cuSOLVER 231.2). fp64-emulated
 #: is not listed: the Ozaki engine reads its operands' ranges to the host
 REPLAYED = frozenset({"fp16", "fp32-emulated"})
-#: the largest input (elements) replayed: at 16384^2 the GPU's work hides the host's
-#: launches (fp16 139.4 against 140.5 ms, fp32-emulated 237.5 against 239.5), while a kept
-#: graph holds the route's workspace, 3.8x (fp16) to 6.6x the input, between calls
-REPLAY_MAX_ELEMENTS = 12288 * 12288
+#: the largest input (elements) replayed. H200, float32, alternated in one process,
+#: medians of 10 (``python bench/probes/replay_large.py``): 16384^2 fp16 110.1 against
+#: 149.4 ms run as it is (its calls 109-153: the host's slow stretches), fp32-emulated 184.9
+#: against 188.7, the graph holding 4.6 / 5.2 GiB; past it the GPU's work hides the
+#: launches (32768^2 fp32-emulated 991 against 1007 ms for 21.9 GiB held, 65536 x 8192
+#: 232.7 against 233.7)
+REPLAY_MAX_ELEMENTS = 16384 * 16384
 
 
 def _householder_recursive(backend, a, *, precision, prec_name, want_q, complete, overwrite):
