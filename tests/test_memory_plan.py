@@ -1,6 +1,7 @@
 """The workspace check before a device call and the NumPy backend's peak memory."""
 
 import math
+import os
 import pickle
 import tracemalloc
 
@@ -188,19 +189,41 @@ def test_gpu_oversize_input_raises_device_memory_error(plan, monkeypatch):
         assert "are free" in str(info.value)
 
 
+@pytest.mark.parametrize("before", [None, "1", "off"])
+def test_memory_measured_on_calls_as_they_run(monkeypatch, before):
+    # a replayed call (or the capture, the second call of a shape) runs in a CUDA graph's
+    # pool of its own, which the default pool's high-water would not count
+    from mpqr.bench.memory import calls_as_they_run
+
+    if before is None:
+        monkeypatch.delenv("MPQR_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("MPQR_GRAPHS", before)
+    with pytest.raises(RuntimeError, match="inside"):
+        with calls_as_they_run():
+            assert os.environ["MPQR_GRAPHS"] == "0"
+            raise RuntimeError("inside")
+    assert os.environ.get("MPQR_GRAPHS") == before
+
+
 def test_gpu_pool_high_water_within_plan():
     # the estimate the check uses is at least what one call takes from the pool: with room
     # on the device the fp16 engines' products are whole (the untiled estimate); under a
     # pool limit that only the tiled plan fits, the call tiles them and stays within it
     cp = _cupy()
+    from mpqr.backends.cupy import graphs
+
     from mpqr.bench.memory import measure_call
     from mpqr.qr.memory_plan import estimate_bytes
 
     pool = cp.get_default_memory_pool()
+    graphs.clear()
     for dt, prec in (("float32", "fp32-emulated"), ("float32", "fp16"),
                      ("float64", "fp64-emulated")):
         a = cp.random.default_rng(1).standard_normal((4096, 4096)).astype(dt)
         got = measure_call(cp, lambda x, pr=prec: mpqr.qr(x, precision=pr), a)
+        # both calls ran as they are: no graph of this shape captured, none replayed
+        assert not [k for k in graphs.kept() if k[1] == a.shape], graphs.kept()
         whole = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize, "fast")
         assert got["pool_multiple"] * a.nbytes <= whole, (prec, got, whole / a.nbytes)
         tiled = estimate_bytes("householder-recursive", prec, a.shape, a.itemsize)

@@ -16,13 +16,17 @@ factors, by bisection on ``n`` (multiples of 256). ``--quick``: smaller shapes.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from mpqr.bench._timing import environment, write_json
 
-__all__ = ["allocation_log", "largest_n", "main", "measure_call", "target_multiple"]
+__all__ = ["allocation_log", "calls_as_they_run", "largest_n", "main", "measure_call",
+           "target_multiple"]
 
 #: (m, n, dtype, precision); the shapes of the targets, and quick ones
 ROWS = [(1 << 24, 64, "float64", "auto"), (16384, 16384, "float32", "fp16"),
@@ -89,7 +93,13 @@ def allocation_log(cp: Any, fn: Any, a: Any, min_bytes: int = 1 << 20) -> dict[s
     the blocks the pool took from the device in order (bytes, the pool's total after,
     origin), and at the high-water the live allocations (bytes, origin) of at least
     ``min_bytes`` and the pool's cached bytes beside them. Bytes as multiples of
-    ``a.nbytes`` too. Slow (a stack per allocation): for one call, not for timing."""
+    ``a.nbytes`` too. Slow (a stack per allocation): for one call, not for timing. Both
+    calls run as they are (:func:`calls_as_they_run`)."""
+    with calls_as_they_run():
+        return _allocation_log(cp, fn, a, min_bytes)
+
+
+def _allocation_log(cp: Any, fn: Any, a: Any, min_bytes: int) -> dict[str, Any]:
     from cupy.cuda import memory_hook
 
     pool = cp.get_default_memory_pool()
@@ -146,14 +156,36 @@ def allocation_log(cp: Any, fn: Any, a: Any, min_bytes: int = 1 << 20) -> dict[s
             "new_blocks": [(sz / x, tot / x, org) for sz, tot, org in log.new]}
 
 
+@contextlib.contextmanager
+def calls_as_they_run() -> Iterator[None]:
+    """Repeated calls run as they are inside (``MPQR_GRAPHS=0``, restored after): a
+    replayed call runs from a CUDA graph's memory pool of its own, and the second call of
+    a shape is its capture, neither of which the default pool counts."""
+    old = os.environ.get("MPQR_GRAPHS")
+    os.environ["MPQR_GRAPHS"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MPQR_GRAPHS", None)
+        else:
+            os.environ["MPQR_GRAPHS"] = old
+
+
 def measure_call(cp: Any, fn: Any, a: Any, keep: bool = False,
                  budget: float | None = None) -> Any:
     """Pool growth and live-bytes peak of ``fn(a)`` beyond the input, as multiples of
-    ``a.nbytes``, and its seconds (one call, after a warm-up call); with ``keep``, a pair
-    of that and the call's result (of the warm-up call, held outside the count). With
-    ``budget``, both calls run with the pool limited to the input and ``budget`` times its
-    bytes beyond it (``"fits"``: whether the measured one ran within them; the warm-up
-    call takes the same plan, so that its first-use costs are not measured)."""
+    ``a.nbytes``, and its seconds (one call, after a warm-up call, both run as they are:
+    :func:`calls_as_they_run`); with ``keep``, a pair of that and the call's result (of
+    the warm-up call, held outside the count). With ``budget``, both calls run with the
+    pool limited to the input and ``budget`` times its bytes beyond it (``"fits"``:
+    whether the measured one ran within them; the warm-up call takes the same plan, so
+    that its first-use costs are not measured)."""
+    with calls_as_they_run():
+        return _measure_call(cp, fn, a, keep, budget)
+
+
+def _measure_call(cp: Any, fn: Any, a: Any, keep: bool, budget: float | None) -> Any:
     pool = cp.get_default_memory_pool()
     if budget is not None:
         pool.free_all_blocks()
