@@ -154,6 +154,13 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         # the top level's update W1^H A2 (operands m x k/2) unsplit, or tiles within the cap
         per = 2 if prec_name == "fp16" else 6
         whole = stack * (per * m * k + 8 * (k // 2) ** 2)
+        if prec_name == "fp32-emulated":
+            # then its B -= Y1 C: W1's parts (kept for Q's formation) beside those of Y1's
+            # rows below its triangle and their whole product, subtracted after (the
+            # larger of the two on tall inputs: 65536 x 8192 float32, live peak 4.33x the
+            # input against 4.05x before this term, H200, bench/results/probes/alloc_log_*)
+            h = k // 2
+            whole = max(whole, stack * (3 * m * k + 10 * (m - h) * h))
         need += whole if plan == "fast" else min(split_cap(nbytes), whole)
     elif prec_name == "fp64-emulated":  # the top level's trailing product, within the cap
         h = -(-k // 2)
