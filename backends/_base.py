@@ -290,6 +290,14 @@ class ArrayAPIBackend:
         has none (the engine's GEMMs run)."""
         return False
 
+    def add_hi_slices(self, a_hi: Any, b_hi: Any, c: Any, slice_k: int) -> bool:
+        """``c += a_hi @ b_hi`` for ``tc-sgemm``'s ``hi hi`` term (fp16 ``m x k``, ``k x
+        n``; ``c`` float32, the corrections' product) summed ``slice_k`` at a time on the
+        tensor cores, the slices added with round-to-nearest in one kernel; returns whether
+        it ran. The portable version has none (the engine's slices run, each added to
+        ``c``)."""
+        return False
+
     def add_partials(self, c: Any, parts: Any) -> None:
         """``c[...] = c + sum(parts, axis=0)`` for float32 partial products ``parts``
         (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest: here one

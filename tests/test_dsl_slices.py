@@ -3,11 +3,50 @@ the CuTe DSL installed; against float64 and against the cuBLAS slices it replace
 
 import numpy as np
 import pytest
+from mpqr.backends import get_backend
 
-cp = pytest.importorskip("cupy")
+from mpqr.engines import tc_sgemm
+
+
+def test_split_product_hands_the_slices_to_the_backend(monkeypatch):
+    # a backend with the kernel gets the hi*hi term after the corrections (c holds them)
+    # and no slice of it runs as a GEMM; one without it runs the slices as before
+    be = get_backend(np)
+    rng = np.random.default_rng(0)
+    m, n, k, width = 8, 6, 64, 16
+    parts = [rng.standard_normal(s).astype(np.float16) for s in ((m, k), (m, k), (k, n), (k, n))]
+    a_hf, a_lo, b_hf, b_lo = parts
+    a_hi, b_hi = a_hf, b_hf
+    plain = tc_sgemm.split_product(be, a_hi, None, b_hi, None, slice_k=width,
+                                   parts=(a_hf, a_lo, b_hf, b_lo))
+    seen, gemms = [], []
+    real = type(be).gemm_fp16
+
+    def counted(self, a, b, *args, **kw):
+        gemms.append(a.shape)
+        return real(self, a, b, *args, **kw)
+
+    def kernel(self, a, b, c, slice_k):
+        seen.append((a.shape, b.shape, slice_k))
+        c += (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+        return True
+
+    monkeypatch.setattr(type(be), "gemm_fp16", counted)
+    monkeypatch.setattr(type(be), "add_hi_slices", kernel)
+    got = tc_sgemm.split_product(be, a_hi, None, b_hi, None, slice_k=width,
+                                 parts=(a_hf, a_lo, b_hf, b_lo))
+    assert seen == [((m, k), (k, n), width)]
+    assert len(gemms) == 2  # the two correction products only
+    exact = a_hi.astype(np.float64) @ b_hi.astype(np.float64) + 2.0**-11 * (
+        a_hf.astype(np.float64) @ b_lo.astype(np.float64)
+        + a_lo.astype(np.float64) @ b_hf.astype(np.float64))
+    scale = np.abs(a_hi.astype(np.float64)) @ np.abs(b_hi.astype(np.float64))
+    for c in (plain, got):
+        assert np.all(np.abs(c - exact) <= 8 * 2.0**-23 * scale)
 
 
 def _dsl():
+    cp = pytest.importorskip("cupy")
     from mpqr.backends.cupy import dsl_slices
 
     why = dsl_slices.available()
@@ -21,7 +60,7 @@ def _dsl():
 
 
 def _cublas_slices(a16, b16, c, width):
-    from mpqr.backends import get_backend
+    import cupy as cp
 
     be = get_backend(cp)
     for s in range(0, a16.shape[1], width):
@@ -33,6 +72,8 @@ def _cublas_slices(a16, b16, c, width):
 @pytest.mark.parametrize("kind", ["gaussian", "uniform"])
 def test_gpu_slices_in_registers_against_float64_and_cublas(a_order, b_order, kind):
     dsl = _dsl()
+    import cupy as cp
+
     m, n, k, width = 256, 384, 4096 + 64, 1024  # a last, shorter slice
     rng = np.random.default_rng(3)
     draw = rng.standard_normal if kind == "gaussian" else rng.random
@@ -58,6 +99,8 @@ def test_gpu_slices_in_registers_against_float64_and_cublas(a_order, b_order, ki
 
 def test_gpu_declines_what_it_does_not_take():
     dsl = _dsl()
+    import cupy as cp
+
     a = cp.ones((100, 128), dtype=cp.float16)  # m not a tile multiple
     b = cp.ones((128, 128), dtype=cp.float16)
     c = cp.zeros((100, 128), dtype=cp.float32)

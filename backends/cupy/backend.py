@@ -544,6 +544,13 @@ class CupyBackend(ArrayAPIBackend):
 
         return triton_sgemm.kernel_name(m, n, k, slice_k)
 
+    def add_hi_slices(self, a_hi, b_hi, c, slice_k):
+        # the slices added in registers by a CuTe DSL kernel (optional: nvidia-cutlass-dsl)
+        from mpqr.backends.cupy import dsl_slices
+
+        return dsl_slices.ENABLED and dsl_slices.add_hi_product(self._cp, a_hi, b_hi, c,
+                                                                  slice_k)
+
     def fused_sgemm(self, a_hi, a_hf, a_lo, b_hi, b_hf, b_lo, sa, sb, c, *, slice_k,
                     accumulate, subtract):
         # tc-sgemm's slices, corrections and unscaling in one Triton kernel (optional: Triton)

@@ -18,10 +18,12 @@ two warpgroups (64 float32 registers each accumulator); ``m``, ``n`` multiples o
 import functools
 from typing import Any
 
-__all__ = ["TILE", "SlicedHiGemm", "available", "compiled"]
+__all__ = ["ENABLED", "TILE", "SlicedHiGemm", "add_hi_product", "available", "compiled"]
 
 #: the CTA tile (m, n); k per pipeline stage is the MMA's k times 4
 TILE = (128, 128)
+#: ``backend.add_hi_slices`` runs the kernel (off until it is measured on a GPU)
+ENABLED = False
 
 
 def available() -> str | None:
