@@ -9,9 +9,10 @@ with round-to-nearest and cleared; the epilogue adds the second to C once
 terms, the last additions in another order).
 
 Status: built against ``nvidia-cutlass-dsl`` 4.8 and compiled for ``sm_90a`` on a host
-without a GPU; not yet run on a GPU, not wired into the engine. Tiles 128 x 128 x 64 on
-two warpgroups (64 float32 registers each accumulator); ``m``, ``n`` multiples of 128,
-``k`` of 64; A with k or m contiguous, B (``k x n``) with n or k contiguous, C row-major.
+without a GPU; not yet run on a GPU (``ENABLED`` off). Tiles of :data:`TILE` (or 256 x
+128) x 64, one warpgroup per 64 rows (64 float32 registers each accumulator at 128
+columns); ``m``, ``n`` multiples of the tile, ``k`` of 64; A with k or m contiguous, B
+(``k x n``) with n or k contiguous, C row-major.
 """
 
 # (no postponed annotations: the DSL reads the kernels' annotations as objects)
@@ -52,9 +53,10 @@ def _kernel_class():
             self.tile_mn = tile_mn
             self.slice_k = slice_k
             self.acc_dtype = cutlass.Float32
-            # two warpgroups along m: 64 x n of the tile each (two accumulators fit)
-            self.atom_layout_mnk = (2, 1, 1)
-            self.threads = 256
+            # one warpgroup per 64 rows of the tile, 64 x n each: at n = 128 the two
+            # accumulators take 64 registers each
+            self.atom_layout_mnk = (tile_mn[0] // 64, 1, 1)
+            self.threads = 128 * self.atom_layout_mnk[0]
             self.smem_bytes = utils.get_smem_capacity_in_bytes("sm_90")
 
         def _layouts(self, a, b):
@@ -137,7 +139,8 @@ def _kernel_class():
             gc = cute.local_tile(mc, self.tile_mnk, where, proj=(1, 1, None))
 
             wg = cute.arch.make_warp_uniform(tidx // 128)
-            thr = tiled_mma.get_slice(cute.make_layout(2, stride=128)(wg))
+            thr = tiled_mma.get_slice(
+                cute.make_layout(self.atom_layout_mnk[0], stride=128)(wg))
             tcgc = thr.partition_C(gc)
             tasa, taga = cute.nvgpu.cpasync.tma_partition(
                 tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
@@ -227,23 +230,23 @@ def _class():
     return _kernel_class()
 
 
-def SlicedHiGemm(slice_k: int):  # the kernel class, built on first use
-    return _class()(slice_k)
+def SlicedHiGemm(slice_k: int, tile_mn: tuple[int, int] = TILE):  # built on first use
+    return _class()(slice_k, tile_mn)
 
 
 _COMPILED: dict[tuple, Any] = {}
 
 
-def compiled(a, b, c, slice_k: int, stream):
+def compiled(a, b, c, slice_k: int, stream, tile_mn: tuple[int, int] = TILE):
     """The kernel compiled for these operands' dtypes and layouts (shapes dynamic):
     ``a``, ``b``, ``c`` are DSL tensors (``m x k x 1``, ``n x k x 1``, ``m x n x 1``)."""
     import cutlass.cute as cute
 
-    key = (slice_k, str(a.type) if hasattr(a, "type") else repr(a.layout),
+    key = (slice_k, tile_mn, str(a.type) if hasattr(a, "type") else repr(a.layout),
            str(b.type) if hasattr(b, "type") else repr(b.layout))
     fn = _COMPILED.get(key)
     if fn is None:
-        fn = _COMPILED[key] = cute.compile(SlicedHiGemm(slice_k), a, b, c, stream)
+        fn = _COMPILED[key] = cute.compile(SlicedHiGemm(slice_k, tile_mn), a, b, c, stream)
     return fn
 
 
