@@ -237,13 +237,14 @@ def SlicedHiGemm(slice_k: int, tile_mn: tuple[int, int] = TILE):  # built on fir
 _COMPILED: dict[tuple, Any] = {}
 
 
-def compiled(a, b, c, slice_k: int, stream, tile_mn: tuple[int, int] = TILE):
-    """The kernel compiled for these operands' dtypes and layouts (shapes dynamic):
-    ``a``, ``b``, ``c`` are DSL tensors (``m x k x 1``, ``n x k x 1``, ``m x n x 1``)."""
+def compiled(a, b, c, slice_k: int, stream, tile_mn: tuple[int, int] = TILE,
+             leading: tuple[int, int] = (1, 0)):
+    """The kernel compiled for these operands' layouts (shapes dynamic): ``a``, ``b``,
+    ``c`` are DSL tensors (``m x k x 1``, ``n x k x 1``, ``m x n x 1``, fp16, fp16,
+    float32), ``leading`` the unit-stride modes of ``a`` and ``b``."""
     import cutlass.cute as cute
 
-    key = (slice_k, tile_mn, str(a.type) if hasattr(a, "type") else repr(a.layout),
-           str(b.type) if hasattr(b, "type") else repr(b.layout))
+    key = (slice_k, tile_mn, leading)
     fn = _COMPILED.get(key)
     if fn is None:
         fn = _COMPILED[key] = cute.compile(SlicedHiGemm(slice_k, tile_mn), a, b, c, stream)
@@ -272,6 +273,10 @@ def add_hi_product(cp, a16, b16, c, slice_k: int) -> bool:
     if m % TILE[0] or n % TILE[1] or k % 64 or c.dtype != cp.float32 \
             or not c.flags.c_contiguous or slice_k % 64:
         return False
+    # TMA: base addresses and the strides of the other modes in multiples of 16 bytes
+    for x in (a16, b16, c):
+        if x.data.ptr % 16 or any(st % 16 for st in x.strides if st != x.itemsize):
+            return False
     item = a16.itemsize
     if a16.strides[1] == item:
         a_lead = 1  # k contiguous
@@ -290,5 +295,5 @@ def add_hi_product(cp, a16, b16, c, slice_k: int) -> bool:
 
     ta, tb, tc = _tensor(cp, a16, a_lead), _tensor(cp, bt, b_lead), _tensor(cp, c, 1)
     stream = cuda.CUstream(cp.cuda.get_current_stream().ptr)
-    compiled(ta, tb, tc, slice_k, stream)(ta, tb, tc, stream)
+    compiled(ta, tb, tc, slice_k, stream, leading=(a_lead, b_lead))(ta, tb, tc, stream)
     return True
