@@ -295,5 +295,6 @@ def add_hi_product(cp, a16, b16, c, slice_k: int) -> bool:
 
     ta, tb, tc = _tensor(cp, a16, a_lead), _tensor(cp, bt, b_lead), _tensor(cp, c, 1)
     stream = cuda.CUstream(cp.cuda.get_current_stream().ptr)
-    compiled(ta, tb, tc, slice_k, stream, leading=(a_lead, b_lead))(ta, tb, tc, stream)
+    compiled(ta, tb, tc, slice_k, stream, tile_mn=TILE, leading=(a_lead, b_lead))(
+        ta, tb, tc, stream)
     return True
