@@ -504,12 +504,16 @@ def test_placement_remembered_and_a_moved_block_asked_again(client, monkeypatch)
     real = type(client).who_has
     monkeypatch.setattr(type(client), "who_has",
                         lambda self, *args, **kw: asked.append(1) or real(self, *args, **kw))
-    collective.cholqr2(x, want_q=False)
-    collective.cholqr2(x, want_q=False)  # the same blocks: the scheduler is not asked
-    assert len(asked) == 1
+    froms = []
+    for _ in range(2):  # a fresh array: the workers find its holders, then remembered
+        with mpqr.explain() as trace:
+            collective.cholqr2(x, want_q=False)
+        (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+        froms.append(ev.data["holders_from"])
+    assert froms == ["workers", "remembered"] and not asked
     # the remembered holders gone stale (as after a block moved): the worker sent to read
-    # a block it does not hold fails the call at once, which runs again on the
-    # scheduler's answer, even without retries; the result as before
+    # a block it does not hold fails the call at once, which runs again with the holders
+    # found afresh, even without retries; the result as before
     key = (client.id, tuple(f.key for f in collective._block_futures(client, x)))
     states, where = collective._PLACED[key]
     workers = collective.cluster_workers(client)
@@ -519,9 +523,61 @@ def test_placement_remembered_and_a_moved_block_asked_again(client, monkeypatch)
     with mpqr.explain() as trace:
         q, r = collective.cholqr2(x, retries=0)
     (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
-    assert ev.data["attempts"] == 2 and len(asked) == 2
+    assert ev.data["attempts"] == 2 and ev.data["holders_from"] == "workers"
     u = np.finfo(np.float64).eps
     assert backward_error(a, q.compute(), r) <= 20 * u * 6
+    # without the workers' search, the scheduler is asked once, then remembered
+    monkeypatch.setattr(collective, "FIND", False)
+    y = _placed(client, a, 200, (1, 3))
+    froms = []
+    for _ in range(2):
+        with mpqr.explain() as trace:
+            _q2, r2 = collective.cholqr2(y)
+        (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+        froms.append(ev.data["holders_from"])
+    assert froms == ["scheduler", "remembered"] and len(asked) == 1
+    assert ev.data["blocks_per_worker"] == [1, 3]
+    np.testing.assert_allclose(r2, r, rtol=0, atol=100 * u * np.linalg.norm(a, 2))
+
+
+def test_workers_find_replicated_blocks_once_each(client):
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((1200, 7))
+    x = _placed(client, a, 200, (4, 2))
+    futs = collective._block_futures(client, x)
+    client.replicate(futs[:3], n=2)  # blocks 0-2 on both workers
+    assert all(len(v) == 2 for v in client.who_has(futs[:3]).values())
+    with mpqr.explain() as trace:
+        q, r = collective.cholqr2(x)
+    (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+    # the blocks held once counted first, the replicas to the worker with fewer rows
+    assert ev.data["holders_from"] == "workers" and ev.data["blocks_per_worker"] == [3, 3]
+    assert ev.data["q_blocks"] == 6
+    qh = q.compute()
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, qh, r) <= 20 * u * 7 and orthogonality(qh) <= 20 * u * 7
+
+
+def test_a_block_on_no_rank_is_asked_of_the_scheduler():
+    # a worker joined after the communicator was made holds a block: the workers' search
+    # finds it on no rank, the call asks the scheduler and runs on a new communicator
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((600, 5))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None, silence_logs=50) as cluster, \
+            distributed.Client(cluster) as c:
+        h0 = collective.communicator(c, "thread")
+        cluster.scale(3)
+        c.wait_for_workers(3)
+        x = _placed(c, a, 200, (1, 1, 1))
+        with mpqr.explain() as trace:
+            q, r = collective.cholqr2(x, client=c, retries=0)
+        (ev,) = [e.data for e in trace.events if e.kind == "dask-collective"]
+        assert ev["holders_from"] == "scheduler" and ev["attempts"] == 2
+        assert ev["workers"] == 3 and ev["blocks_per_worker"] == [1, 1, 1]
+        assert collective.communicator(c, "thread", check=False) is not h0
+        u = np.finfo(np.float64).eps
+        assert backward_error(a, q.compute(), r) <= 20 * u * 5
 
 
 def test_bench_spreads_blocks_evenly_and_logs_each_calls_placement(client):

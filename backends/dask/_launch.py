@@ -9,6 +9,13 @@ to its own memory under new keys, which the client announced to the scheduler as
 own beside the call (as ``Client.scatter`` does for data it places). Only the small results
 come back to the client; they come back worker by worker, so that a worker that fails or
 leaves is seen while the others still wait for it at an all-reduce.
+
+Where the client does not know where the blocks are (a fresh array), it need not ask the
+scheduler first (a trip on the call's path): :func:`launch` with ``find`` sends every
+worker all the keys, each worker takes the ones it holds, and the body decides with the
+other ranks which blocks each reads (one small all-reduce of who holds what); each worker
+then announces its own blocks of ``Q`` to the scheduler as the client's, from its event
+loop while its body runs, and answers only after the scheduler has them.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import functools
 import time
 from typing import Any
 
-__all__ = ["REGISTRY", "Lost", "MissingBlock", "launch", "register", "release", "settle",
+__all__ = ["REGISTRY", "Closing", "Lost", "MissingBlock", "launch", "register", "release", "settle",
            "timeline"]
 
 #: worker-side registry of communicators: (communicator id, worker address) -> communicator
@@ -41,36 +48,81 @@ class MissingBlock(RuntimeError):
     """A worker was sent to read a block it does not hold (the block moved away)."""
 
 
+class Closing(RuntimeError):
+    """The worker is leaving the cluster (its blocks of ``Q`` would go with it)."""
+
+
+_CLOSING = ("closing", "closing_gracefully", "closed", "failed")
+
+
 async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
-                     args: tuple[Any, ...], dask_worker: Any = None) -> Any:
+                     args: tuple[Any, ...], find: dict[str, Any] | None = None,
+                     dask_worker: Any = None) -> bytes:
     """The worker's side: its blocks by key, ``body(comm, blocks, *args)`` in the task
-    thread, ``Q``'s blocks (the body's second result) kept here under ``qkeys``."""
+    thread, ``Q``'s blocks (the body's second result) kept here under ``qkeys``.
+
+    ``find`` (the client's id ``"client"``, each result block's bytes ``"nbytes"``):
+    ``keys`` and ``qkeys`` are every block's; the body is called as ``body(comm, held,
+    announce, *args)`` with ``held`` the blocks this worker holds by index, and calls
+    ``announce(indices)`` with the blocks it will keep, which this side tells the
+    scheduler while the body runs; it returns ``info["kept"]``, those indices.
+
+    The answer is the body's ``info`` pickled here (plain bytes travel through the comm
+    without dask's per-object serialization)."""
     t_in = time.time()
     comm = REGISTRY[cid, dask_worker.address]
-    try:
-        blocks = tuple(dask_worker.data[k] for k in keys)
-    except KeyError as exc:
-        comm.abort()  # the other ranks would wait for this one at their first sum
-        raise MissingBlock(f"block {exc} is no longer on worker {dask_worker.address}") \
-            from None
     loop = asyncio.get_running_loop()
+    told: list[Any] = []
+    if find is None:
+        try:
+            blocks = tuple(dask_worker.data[k] for k in keys)
+        except KeyError as exc:
+            comm.abort()  # the other ranks would wait for this one at their first sum
+            raise MissingBlock(f"block {exc} is no longer on worker "
+                               f"{dask_worker.address}") from None
+        call = functools.partial(body, comm, blocks, *args)
+    else:
+        data = dask_worker.data
+        held = {i: data[k] for i, k in enumerate(keys) if k in data}
+
+        def announce(idx: list[int]) -> None:  # called from the task thread
+            who = {qkeys[i]: [dask_worker.address] for i in idx}
+            told.append(asyncio.run_coroutine_threadsafe(_tell(
+                dask_worker, who, {qkeys[i]: find["nbytes"][i] for i in idx},
+                find["client"]), loop))
+
+        call = functools.partial(body, comm, held, announce, *args)
     t_body = time.time()
-    info, out = await loop.run_in_executor(dask_worker.executors["default"],
-                                           functools.partial(body, comm, blocks, *args))
+    info, out = await loop.run_in_executor(dask_worker.executors["default"], call)
     t_done = time.time()
-    if dask_worker.status.name in ("closing", "closing_gracefully", "closed", "failed"):
+    try:
+        for f in told:  # the scheduler has this worker's blocks of Q before the client
+            await asyncio.wrap_future(f)
+    except Exception:
+        if dask_worker.status.name not in _CLOSING:
+            raise
+    if dask_worker.status.name in _CLOSING:
         # a worker leaving would take the call's blocks of Q with it: the call fails
-        raise RuntimeError(f"worker {dask_worker.address} is closing")
-    if out:  # the scheduler knows them already (announced by the client with the call)
-        dask_worker.update_data(data=dict(zip(qkeys, out)),
+        raise Closing(f"worker {dask_worker.address} is closing")
+    if out:  # the scheduler knows them already (announced with the call)
+        kept = qkeys if find is None else [qkeys[i] for i in info["kept"]]
+        dask_worker.update_data(data=dict(zip(kept, out)),
                                 stimulus_id=f"mpqr-collective-{t_done}")
     info["wall"] = (t_in, t_body, t_done, time.time())
-    return info
+    from distributed.protocol import pickle
+
+    return pickle.dumps(info)
+
+
+async def _tell(dask_worker: Any, who_has: dict[Any, list[str]], nbytes: dict[Any, int],
+                client: str) -> None:
+    """This worker's blocks of ``Q`` announced to the scheduler as ``client``'s data."""
+    await dask_worker.scheduler.update_data(who_has=who_has, nbytes=nbytes, client=client)
 
 
 def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], list[Any]]],
            args: tuple[Any, ...], timeout: float,
-           nbytes: dict[Any, int] | None = None) -> dict[str, Any]:
+           nbytes: dict[Any, int] | None = None, find: bool = False) -> dict[str, Any]:
     """Run ``body(comm, blocks, *args)`` on every worker of ``work`` (worker -> its block
     keys and the keys of its result blocks) at once; return each worker's first result.
 
@@ -80,21 +132,33 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
     hands out their futures (:func:`register`); where the call fails, :func:`release`
     drops them, and where a body keeps fewer blocks (a breakdown) too.
 
+    ``find``: ``work`` gives every worker all the keys; the bodies choose which blocks
+    each reads and the workers announce the result blocks they keep (see
+    :func:`_on_worker`).
+
     Raises :class:`Lost` as soon as a worker's call fails (the worker left, or the body
     raised) or a worker of ``work`` has left the cluster, or after ``timeout`` seconds.
     """
     from distributed.protocol import pickle
 
-    fn = pickle.dumps(_on_worker)
+    fn = _pickled_on_worker()
     loop = client.loop.asyncio_loop
     # pickled here, before the loop sends any: the messages leave back to back
-    msgs = {w: pickle.dumps((cid, body, keys, qkeys, args)) for w, (keys, qkeys) in work.items()}
+    if find:
+        keys, qkeys = next(iter(work.values()))
+        sizes = [(nbytes or {}).get(k, -1) for k in qkeys]
+        one_msg = pickle.dumps((cid, body, keys, qkeys, args,
+                                {"client": client.id, "nbytes": sizes}))
+        msgs = dict.fromkeys(work, one_msg)
+    else:
+        msgs = {w: pickle.dumps((cid, body, keys, qkeys, args))
+                for w, (keys, qkeys) in work.items()}
 
     async def one(addr: str) -> Any:
         return await client.rpc(addr).run(function=fn, args=msgs[addr], wait=True)
 
     calls = {asyncio.run_coroutine_threadsafe(one(w), loop): w for w in work}
-    who_has = {k: [w] for w, (_, qk) in work.items() for k in qk}
+    who_has = {} if find else {k: [w] for w, (_, qk) in work.items() for k in qk}
     told = asyncio.run_coroutine_threadsafe(client.scheduler.update_data(
         who_has=who_has, nbytes=nbytes or {}, client=client.id), loop) if who_has else None
     deadline = time.monotonic() + timeout
@@ -131,6 +195,18 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
     return out
 
 
+_ON_WORKER: list[bytes] = []
+
+
+def _pickled_on_worker() -> bytes:
+    """:func:`_on_worker` pickled once (by reference: the same bytes every call)."""
+    if not _ON_WORKER:
+        from distributed.protocol import pickle
+
+        _ON_WORKER.append(pickle.dumps(_on_worker))
+    return _ON_WORKER[0]
+
+
 def settle(exc: Lost, timeout: float = 10.0) -> None:
     """Wait (up to ``timeout`` s) for the calls still running when ``exc`` was raised, once
     their all-reduces were aborted: a worker that finished meanwhile has kept its blocks
@@ -156,9 +232,12 @@ def _unpack(f: Any, addr: str) -> Any:
         raise Lost(f"worker {addr} failed during the call: {type(exc).__name__}: {exc}",
                    {addr}) from exc
     if resp.get("status") == "OK":
-        return resp["result"]
+        from distributed.protocol import pickle
+
+        return pickle.loads(resp["result"])
     _, exc, _tb = clean_exception(**resp)
     raise Lost(f"a worker's call failed ({addr}): {type(exc).__name__}: {exc}",
+               {addr} if isinstance(exc, Closing) else None,
                missing=isinstance(exc, MissingBlock)) from exc
 
 

@@ -395,6 +395,44 @@ def _cholqr2_task(comm: Any, blocks: tuple[Any, ...], n: int, dtype: str, like: 
     return info, q
 
 
+def _found_task(comm: Any, held: dict[int, Any], announce: Any, plan: dict[str, Any],
+                *args: Any) -> tuple[dict[str, Any], list[Any]]:
+    """``plan["body"](comm, blocks, *args)`` over the blocks this rank reads, chosen here
+    (``plan``: the blocks' ``rows``, the communicator's ``ranks``, the workers'
+    ``limits``, ``bytes_per_row`` of ``A`` and ``Q`` a worker holds, ``keep`` whether
+    ``Q`` is kept, ``like`` an array of the blocks' kind): every
+    rank's holdings (``held``: index -> block) summed by one all-reduce, so that every
+    rank sees the same holders and makes the same :func:`assign`. The blocks of ``Q``
+    it will keep (``keep``) are announced (``announce``) before the body runs. Where a
+    block is held by no rank, or a worker's memory limit is below its share, every rank
+    returns that (``unplaced`` / ``memory``) and nothing runs."""
+    import numpy as np
+
+    rows, ranks, like = plan["rows"], plan["ranks"], plan["like"]
+    backend = block_backend(next(iter(held.values())) if held else like)
+    mine = np.zeros((comm.size, len(rows)), dtype=str(like.dtype))
+    mine[comm.rank, list(held)] = 1
+    total = to_host(comm.allreduce_sum(backend.from_small(mine, like)))
+    by_rank = {r: w for w, r in ranks.items()}
+    holders = [[by_rank[r] for r in range(comm.size) if total[r, i] > 0]
+               for i in range(len(rows))]
+    info: dict[str, Any] = {"rank": comm.rank, "holders": holders}
+    if not all(holders):
+        return {**info, "unplaced": [i for i, h in enumerate(holders) if not h]}, []
+    per = assign(holders, rows, ranks)
+    try:
+        check_memory(plan["limits"], {w: plan["bytes_per_row"] * sum(rows[i] for i in idx)
+                                      for w, idx in per.items()})
+    except MemoryError as exc:
+        return {**info, "memory": str(exc)}, []
+    idx = per[by_rank[comm.rank]]
+    if plan["keep"]:
+        announce(idx)
+    res, out = plan["body"](comm, tuple(held[i] for i in idx), *args)
+    res.update(info, per=per, kept=idx if out else [])
+    return res, out
+
+
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
                   want_q: bool, prec: str, check: bool, t0: float, calls0: int,
                   first_gram: Any = None, r_everywhere: bool = False,
@@ -630,20 +668,30 @@ _PLACED: dict[tuple[str, tuple[Any, ...]], tuple[list[Any], dict[Any, Any]]] = {
 _PLACED_MAX = 16
 
 
-def placement(client: Any, futs: list[Any]) -> tuple[dict[Any, Any], bool]:
+def placement(client: Any, futs: list[Any], ask: bool = True
+              ) -> tuple[dict[Any, Any] | None, bool]:
     """``(key -> holders, remembered)`` for the finished futures ``futs``: the holders
-    found for the same futures before, else the scheduler's (one trip), remembered."""
+    found for the same futures before, else the scheduler's (one trip), remembered;
+    ``ask=False``: None where not remembered (the workers find them, :func:`remember`)."""
     key = (client.id, tuple(f.key for f in futs))
     seen = _PLACED.get(key)
     states = [client.futures.get(f.key) for f in futs]
     if seen is not None and all(a is b for a, b in zip(seen[0], states)) \
             and all(st is not None and st.status == "finished" for st in states):
         return seen[1], True
+    if not ask:
+        return None, False
     where = client.who_has(futs)
+    remember(client, futs, where)
+    return where, False
+
+
+def remember(client: Any, futs: list[Any], where: dict[Any, Any]) -> None:
+    """Keep ``where`` (key -> holders) for the next call on the same futures."""
     if len(_PLACED) >= _PLACED_MAX:
         del _PLACED[next(iter(_PLACED))]
-    _PLACED[key] = (states, where)
-    return where, False
+    _PLACED[client.id, tuple(f.key for f in futs)] = (
+        [client.futures.get(f.key) for f in futs], where)
 
 
 def forget_placement(client: Any, futs: list[Any]) -> None:
@@ -752,6 +800,10 @@ def _same(block: Any) -> Any:
     return block
 
 
+#: where True, a call on an array whose holders the client does not know lets the
+#: workers find them (one all-reduce in the call) instead of asking the scheduler first
+FIND = True
+
 #: where True, each call's worker bodies synchronise the device after each step and
 #: report the step's milliseconds (the trace's ``phases_ms``): for profiling only
 PHASES = False
@@ -815,10 +867,11 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
     t_start, start = time.perf_counter(), time.time()
     lost: set[str] = set()
     attempt, tries = -1, retries + 1
+    ask = again = False  # ask: the scheduler for the holders; again: no run was lost
     while attempt + 1 < tries:
         attempt += 1
         try:
-            h = communicator(client, kind, renew=attempt > 0, check=False,
+            h = communicator(client, kind, renew=attempt > 0 and not again, check=False,
                              exclude=frozenset(lost))
         except CollectiveError as exc:
             if not attempt:
@@ -827,25 +880,42 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             continue
         futs = _block_futures(client, x)
         _ready(futs)
-        where, remembered = placement(client, futs)
-        placed = futs
-        if any(w not in h.ranks for f in futs for w in where[f.key]):
-            h = communicator(client, kind)  # the cluster changed: asks the scheduler
-        per = assign([where[f.key] for f in futs], x.chunks[0], h.ranks)
+        # a fresh array's holders are found by the workers in the call itself (no trip
+        # to the scheduler before it); after a loss, or where a block was held by none
+        # of the ranks, the scheduler is asked
+        where, remembered = placement(client, futs, ask=bool(lost) or ask or not FIND)
+        found = "workers" if where is None else "remembered" if remembered else "scheduler"
+        placed, again = futs, False
         rowbytes = n * x.dtype.itemsize
-        check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i] for i in idx)
-                                for w, idx in per.items()})
-        futs = _on_their_workers(client, futs, where, per)
         name = "collective-q-" + uuid.uuid4().hex
         qkeys = [(name, i, 0) for i in range(len(futs))] if want_q else []
-        work = {w: ([futs[i].key for i in idx], [qkeys[i] for i in idx] if want_q else [])
-                for w, idx in per.items()}
-        args = (n, str(x.dtype), meta, want_q, precision, check_finite, PHASES)
+        args: tuple[Any, ...] = (n, str(x.dtype), meta, want_q, precision, check_finite,
+                                 PHASES)
+        body = bind(_cholqr2_task)
+        per: dict[str, list[int]] | None = None
+        if where is None:
+            plan = {"body": body, "rows": x.chunks[0], "ranks": h.ranks, "limits": h.limits,
+                    "bytes_per_row": (1 + want_q) * rowbytes, "keep": want_q, "like": meta}
+            body, args = _found_task, (plan, *args)
+            work = {w: ([f.key for f in futs], qkeys) for w in h.ranks}
+        else:
+            if lost:  # a worker seen lost may still be listed as a holder while it closes
+                where = {k: [w for w in hs if w not in lost] for k, hs in where.items()}
+            if any(w not in h.ranks for f in futs for w in where[f.key]):
+                # the cluster changed: asks the scheduler
+                h = communicator(client, kind, exclude=frozenset(lost))
+            per = assign([where[f.key] for f in futs], x.chunks[0], h.ranks)
+            check_memory(h.limits, {w: (1 + want_q) * rowbytes * sum(x.chunks[0][i]
+                                                                      for i in idx)
+                                    for w, idx in per.items()})
+            futs = _on_their_workers(client, futs, where, per)
+            work = {w: ([futs[i].key for i in idx], [qkeys[i] for i in idx] if want_q
+                        else []) for w, idx in per.items()}
         sent = time.time()
         try:
-            res = _launch.launch(client, h.cid, bind(_cholqr2_task), work, args,
-                                 TIMEOUT + 10, {k: x.chunks[0][k[1]] * rowbytes
-                                                for k in qkeys})
+            res = _launch.launch(client, h.cid, body, work, args, TIMEOUT + 10,
+                                 {k: x.chunks[0][k[1]] * rowbytes for k in qkeys},
+                                 find=per is None)
             back = time.time()
         except _launch.Lost as exc:  # a lost worker, a timeout, an aborted all-reduce
             lost |= exc.gone
@@ -860,6 +930,17 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
             continue
         infos = list(res.values())
         r0 = next(v for v in infos if v["rank"] == 0)
+        if per is None:  # the workers found the holders
+            if "unplaced" in r0:  # a block on no rank: the scheduler's view, once more
+                _launch.release(client, qkeys)
+                ask = again = True
+                tries += 1
+                continue
+            if "memory" in r0:
+                _launch.release(client, qkeys)
+                raise MemoryError(r0["memory"])
+            per = r0["per"]
+            remember(client, futs, {f.key: r0["holders"][i] for i, f in enumerate(futs)})
         if want_q and (r0.get("nonfinite") or "breakdown" in r0 or r0["cert"] > 0.5):
             _launch.release(client, qkeys)  # announced, never kept
         if r0.get("nonfinite"):
@@ -890,7 +971,7 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
                      collectives=r0["collectives"], fused_gram=r0["fused"],
                      nxn_steps=r0.get("nxn_steps"),
                      q_by=r0.get("q_by"), attempts=attempt + 1, workers=len(per),
-                     **spread,
+                     holders_from=found, **spread,
                      seconds=max(v["seconds"] for v in infos),
                      call_seconds=time.perf_counter() - t_start,
                      timeline_ms=_launch.timeline(start, sent, back, walls, time.time()),

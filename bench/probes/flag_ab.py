@@ -1,6 +1,6 @@
 """A module constant's values in the whole QR, alternated in one process.
 
-``python3 bench/probes/flag_ab.py OUT.json MODULE.NAME=V1,V2[,...] [--cases N:precision,...]
+``python3 bench/probes/flag_ab.py OUT.json MODULE[.CLASS].NAME=V1,V2[,...] [--cases N:precision,...]
 [--mode reduced] [--rounds 3]`` (values as Python literals, or one list literal
 ``"[V1, V2]"``; cases default 16384:fp16; float64 input for ``fp64-emulated``, float32
 otherwise; ``N`` or ``MxN``): for each case, ``--rounds`` of
@@ -47,10 +47,25 @@ def warm_call(case: str):
     return a, call
 
 
+def owner(target: str):
+    """``(object, name)`` of ``MODULE.NAME`` or ``MODULE.CLASS.NAME`` (a class attribute,
+    such as a backend's default)."""
+    path, _, attr = target.rpartition(".")
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj, attr
+    raise ImportError(f"no module in {target!r}")
+
+
 def main(argv):
     target, _, values = argv[1].partition("=")
-    modname, _, attr = target.rpartition(".")
-    mod = importlib.import_module(modname)
+    mod, attr = owner(target)
     # "[v1, v2]": one list literal (values with commas of their own, such as tuples)
     vals = (ast.literal_eval(values) if values.lstrip().startswith("[")
             else [ast.literal_eval(v) for v in values.split(",")])

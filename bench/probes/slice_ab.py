@@ -1,17 +1,20 @@
 """tc-sgemm's k-slices: each product's error and time by slice length, then the QR by
 the backend's default slices.
 
-``python3 bench/probes/slice_ab.py OUT.json [--qr CASE,...] [--rounds 2]``
+``python3 bench/probes/slice_ab.py OUT.json``
 
 1. Products: ``mpqr.matmul(a, b, "fp32-emulated", options={"slice_k": L})`` at the shapes
    the square QR runs (``TN``: ``a`` a transposed view, as ``W^T B``), Gaussian and
    uniform [0, 1) operands (same-sign sums: where the tensor cores' truncation adds up),
    the largest error relative to ``|a| |b|`` (float64 products) beside native SGEMM's,
    and the time (CUDA events, median of 3).
-2. The QR (``flag_ab.py``'s cases) with the backend's ``tc_sgemm_slice_large`` (products
-   of at least ``tc_sgemm_small_mn`` outputs) at each value of ``--large`` (default
-   1024,2048,4096), alternated in rounds of 4 calls: medians, backward error and
-   orthogonality in float64.
+2. The QR with the backend's ``tc_sgemm_slice_large`` (products of at least
+   ``tc_sgemm_small_mn`` outputs) at each value is ``flag_ab.py``'s A/B of a class
+   attribute: ``python3 bench/probes/flag_ab.py OUT.json
+   mpqr.backends._base.ArrayAPIBackend.tc_sgemm_slice_large=1024,2048,4096 --cases
+   32768:fp32-emulated,16384:fp32-emulated --rounds 2`` (the committed
+   ``slice_ab_H200_2026-11-29.json`` ran both parts in this probe's first form, the
+   same loop).
 """
 
 from __future__ import annotations
@@ -20,10 +23,7 @@ import json
 import sys
 
 import cupy as cp
-from flag_ab import case_matrix  # the probe beside this one
 from graphs_gpu import _ms
-from mpqr.backends._base import ArrayAPIBackend
-from mpqr.backends.cupy import graphs
 
 import mpqr
 from mpqr.bench._timing import environment, release_pool
@@ -72,53 +72,10 @@ def products(slices):
     return rows
 
 
-def qr(cases, larges, rounds):
-    keep = ArrayAPIBackend.tc_sgemm_slice_large
-    rows = []
-    for case in cases:
-        n, prec, a = case_matrix(case)
-
-        def call(a=a, prec=prec):
-            return mpqr.qr(a, precision=prec, method="householder-recursive")
-
-        times = {v: [] for v in larges}
-        for _ in range(rounds):
-            for v in larges:
-                ArrayAPIBackend.tc_sgemm_slice_large = v
-                graphs.clear()
-                call()
-                times[v] += _ms(call, 4)
-        row = {"case": case}
-        for v in larges:
-            ArrayAPIBackend.tc_sgemm_slice_large = v
-            graphs.clear()
-            q, r = call()
-            a64, q64, r64 = (x.astype(cp.float64) for x in (a, q, r))
-            t = sorted(times[v])
-            row[str(v)] = {"ms": t[len(t) // 2], "all": [round(x, 2) for x in t],
-                           "backward": float(cp.linalg.norm(q64 @ r64 - a64)
-                                             / cp.linalg.norm(a64)),
-                           "orth": float(cp.linalg.norm(q64.T @ q64 - cp.eye(n)) / n)}
-            del q, r, a64, q64, r64
-        ArrayAPIBackend.tc_sgemm_slice_large = keep
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del a
-        release_pool(cp)
-    return rows
-
-
 def main(argv):
-    out = argv[0]
-    cases = argv[argv.index("--qr") + 1].split(",") if "--qr" in argv else []
-    rounds = int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else 2
-    larges = [int(v) for v in argv[argv.index("--large") + 1].split(",")] \
-        if "--large" in argv else [1024, 2048, 4096]
-    res = {"environment": environment(cp)}
-    if "--no-products" not in argv:
-        res["products"] = products([128, 256, 512, 1024, 2048, 4096])
-    res["qr"] = qr(cases, larges, rounds)
-    with open(out, "w") as fh:
+    res = {"environment": environment(cp),
+           "products": products([128, 256, 512, 1024, 2048, 4096])}
+    with open(argv[0], "w") as fh:
         json.dump(res, fh, indent=1)
 
 

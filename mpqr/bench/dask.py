@@ -246,7 +246,9 @@ def _persisted(client: Any, x: Any) -> Any:
     have = {f.key: f for f in futures_of(x)}
     keys = list(flatten(x.__dask_keys__()))
     if all(k in have for k in keys):
-        wait([have[k] for k in keys])
+        # blocks the client knows finished need no wait (a trip through its event loop)
+        if any(have[k].status != "finished" for k in keys):
+            wait([have[k] for k in keys])
         return x
     return _run(client, x)[0]
 
