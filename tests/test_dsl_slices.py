@@ -68,11 +68,27 @@ def _cublas_slices(a16, b16, c, width):
     return c
 
 
-@pytest.mark.parametrize("a_order,b_order", [("C", "C"), ("F", "C"), ("C", "F")])
+def test_tile_and_gate_by_output_shape(monkeypatch):
+    from mpqr.backends.cupy import dsl_slices as dsl
+
+    assert dsl.tile_for(8192, 8192) == (256, 128) and dsl.tile_for(4096, 16384) == (256, 128)
+    assert dsl.tile_for(4096, 4096) == (128, 128) and dsl.tile_for(8192 + 128, 8192) == (128, 128)
+    monkeypatch.setattr(dsl, "TILE", (128, 128))
+    assert dsl.tile_for(16384, 16384) == (128, 128)
+    # tall outputs stay with cuBLAS's slices
+    assert not dsl.takes(32768, 16384) and not dsl.takes(65536, 2048)
+    assert dsl.takes(32768, 32768) and dsl.takes(24576, 8192) and dsl.takes(512, 512)
+
+
+@pytest.mark.parametrize("tile", [(128, 128), (256, 128)])
+@pytest.mark.parametrize("a_order,b_order", [("C", "C"), ("F", "C"), ("C", "F"), ("F", "F")])
 @pytest.mark.parametrize("kind", ["gaussian", "uniform"])
-def test_gpu_slices_in_registers_against_float64_and_cublas(a_order, b_order, kind):
+def test_gpu_slices_in_registers_against_float64_and_cublas(a_order, b_order, kind, tile,
+                                                            monkeypatch):
     dsl = _dsl()
     import cupy as cp
+
+    monkeypatch.setattr(dsl, "TILE", tile)
 
     m, n, k, width = 256, 384, 4096 + 64, 1024  # a last, shorter slice
     rng = np.random.default_rng(3)

@@ -8,22 +8,31 @@ with round-to-nearest and cleared; the epilogue adds the second to C once
 (``C + sum of slices``, where the cuBLAS path adds each slice to C in turn: the same
 terms, the last additions in another order).
 
-Status: built against ``nvidia-cutlass-dsl`` 4.8 and compiled for ``sm_90a`` on a host
-without a GPU; not yet run on a GPU (``ENABLED`` off). Tiles of :data:`TILE` (or 256 x
-128) x 64, one warpgroup per 64 rows (64 float32 registers each accumulator at 128
-columns); ``m``, ``n`` multiples of the tile, ``k`` of 64; A with k or m contiguous, B
-(``k x n``) with n or k contiguous, C row-major.
+Status: verified on an H200 (``tests/test_dsl_slices.py``: every operand layout, both
+tiles, against float64 and against the cuBLAS slices); off by default (:data:`ENABLED`).
+Per product it is faster than cuBLAS's slices (a 32768^2 fp32-emulated QR's hi*hi
+products: 298 against 374 ms of GPU time, ``bench/probes/dsl_slices_shadow.py``), but each
+call costs ~0.15 ms of host time in the DSL's launch, and the QR, partly host-bound, kept
+only 988 -> 971 ms of it (16384^2 252 -> 247, 65536 x 8192 234 -> 236; H200,
+``bench/probes/flag_ab.py ... dsl_slices.ENABLED=False,True``). Tiles of 128 x 128 or 256 x
+128 (:func:`tile_for`) x 64, one warpgroup per 64 rows (64 float32 registers each
+accumulator at 128 columns); ``m``, ``n`` multiples of the tile, ``k`` of 64; A with k or m
+contiguous, B (``k x n``) with n or k contiguous, C row-major; tall outputs left to cuBLAS
+(:func:`takes`).
 """
 
 # (no postponed annotations: the DSL reads the kernels' annotations as objects)
 import functools
 from typing import Any
 
-__all__ = ["ENABLED", "TILE", "SlicedHiGemm", "add_hi_product", "available", "compiled"]
+__all__ = ["ENABLED", "TILE", "SlicedHiGemm", "add_hi_product", "available", "compiled",
+           "takes", "tile_for"]
 
-#: the CTA tile (m, n); k per pipeline stage is the MMA's k times 4
-TILE = (128, 128)
-#: ``backend.add_hi_slices`` runs the kernel (off until it is measured on a GPU)
+#: the CTA tile (m, n) where set, else :func:`tile_for` chooses; k per pipeline stage is
+#: the MMA's k times 4
+TILE = None
+#: ``backend.add_hi_slices`` runs the kernel: off, since its host cost per call takes
+#: most of what it saves on the GPU (module docstring)
 ENABLED = False
 
 
@@ -49,9 +58,11 @@ def _kernel_class():
         are), ``A B^T`` summed on the tensor cores ``slice_k`` at a time, the slices added
         in float32 registers."""
 
-        def __init__(self, slice_k: int, tile_mn: tuple[int, int] = TILE):
+        def __init__(self, slice_k: int, tile_mn: tuple[int, int] = (128, 128),
+                     leading: tuple[int, int] = (1, 0)):
             self.tile_mn = tile_mn
             self.slice_k = slice_k
+            self.leading = leading  # unit-stride modes of A (m x k) and B (n x k)
             self.acc_dtype = cutlass.Float32
             # one warpgroup per 64 rows of the tile, 64 x n each: at n = 128 the two
             # accumulators take 64 registers each
@@ -80,7 +91,20 @@ def _kernel_class():
                                                      self.b_dtype, self.stages)
 
         @cute.jit
-        def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream):
+        def __call__(self, pa: cute.Pointer, pb: cute.Pointer, pc: cute.Pointer,
+                     m: cutlass.Int32, n: cutlass.Int32, k: cutlass.Int32,
+                     lda: cutlass.Int32, ldb: cutlass.Int32, ldc: cutlass.Int32, stream):
+            # the operands from raw pointers and their row strides (no DLPack on the call's
+            # path); the batch mode a static 1 with stride 0, as CUTLASS's L = 1 GEMMs
+            sa = (lda, 1, 0) if cutlass.const_expr(self.leading[0] == 1) else (1, lda, 0)
+            sb = (1, ldb, 0) if cutlass.const_expr(self.leading[1] == 0) else (ldb, 1, 0)
+            a = cute.make_tensor(pa, cute.make_layout((m, k, 1), stride=sa))
+            b = cute.make_tensor(pb, cute.make_layout((n, k, 1), stride=sb))
+            c = cute.make_tensor(pc, cute.make_layout((m, n, 1), stride=(ldc, 1, 0)))
+            self._gemm(a, b, c, stream)
+
+        @cute.jit
+        def _gemm(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, stream):
             self._layouts(a, b)
             load = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
             tma_a, ta = cute.nvgpu.cpasync.make_tiled_tma_atom(
@@ -138,10 +162,12 @@ def _kernel_class():
             gb = cute.local_tile(mb, self.tile_mnk, where, proj=(None, 1, 1))
             gc = cute.local_tile(mc, self.tile_mnk, where, proj=(1, 1, None))
 
+            # the warpgroup's slice for the operands' descriptors (a warpgroup's MMAs read
+            # shared memory together); this thread's own slice for its entries of C
             wg = cute.arch.make_warp_uniform(tidx // 128)
             thr = tiled_mma.get_slice(
                 cute.make_layout(self.atom_layout_mnk[0], stride=128)(wg))
-            tcgc = thr.partition_C(gc)
+            tcgc = tiled_mma.get_slice(tidx).partition_C(gc)
             tasa, taga = cute.nvgpu.cpasync.tma_partition(
                 tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
                 cute.group_modes(ga, 0, 2))
@@ -219,8 +245,7 @@ def _kernel_class():
                 for i in cutlass.range_constexpr(cute.size(total)):
                     total[i] = total[i] + part[i]
             # C += the slices' sum (each thread its own entries; tile-aligned shapes)
-            for i in cutlass.range_constexpr(cute.size(total)):
-                tcgc[i] = tcgc[i] + total[i]
+            tcgc.store(tcgc.load() + total.load())
 
     return SlicedHiGemm
 
@@ -230,35 +255,50 @@ def _class():
     return _kernel_class()
 
 
-def SlicedHiGemm(slice_k: int, tile_mn: tuple[int, int] = TILE):  # built on first use
-    return _class()(slice_k, tile_mn)
+def SlicedHiGemm(slice_k: int, tile_mn: tuple[int, int] = (128, 128),  # built on first use
+                 leading: tuple[int, int] = (1, 0)):
+    return _class()(slice_k, tile_mn, leading)
 
 
 _COMPILED: dict[tuple, Any] = {}
 
 
-def compiled(a, b, c, slice_k: int, stream, tile_mn: tuple[int, int] = TILE,
-             leading: tuple[int, int] = (1, 0)):
-    """The kernel compiled for these operands' layouts (shapes dynamic): ``a``, ``b``,
-    ``c`` are DSL tensors (``m x k x 1``, ``n x k x 1``, ``m x n x 1``, fp16, fp16,
-    float32), ``leading`` the unit-stride modes of ``a`` and ``b``."""
+def compiled(slice_k: int, tile_mn: tuple[int, int], leading: tuple[int, int]):
+    """The kernel compiled for a slice, tile and operand layout (``leading``: the
+    unit-stride modes of A, ``m x k``, and of B, ``n x k``); shapes and strides are its
+    arguments."""
+    import cutlass
     import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream, make_ptr
 
     key = (slice_k, tile_mn, leading)
     fn = _COMPILED.get(key)
     if fn is None:
-        fn = _COMPILED[key] = cute.compile(SlicedHiGemm(slice_k, tile_mn), a, b, c, stream)
+        gmem = cute.AddressSpace.gmem
+        ptrs = [make_ptr(t, 1024, gmem, assumed_align=16)
+                for t in (cutlass.Float16, cutlass.Float16, cutlass.Float32)]
+        dims = [cutlass.Int32(1024)] * 6
+        fn = _COMPILED[key] = cute.compile(SlicedHiGemm(slice_k, tile_mn, leading), *ptrs,
+                                           *dims, make_fake_stream())
     return fn
 
 
-def _tensor(cp, x, leading: int):
-    """A DSL tensor of the 2-D CuPy array ``x`` with a batch mode of one appended (the
-    kernel's ``(rows, cols, 1)``), shapes dynamic, ``leading`` its unit-stride mode."""
-    from cutlass.cute.runtime import from_dlpack
+def tile_for(m: int, n: int) -> tuple[int, int]:
+    """The CTA tile: 256 x 128 for outputs of at least 8192 x 8192, else 128 x 128
+    (:data:`TILE` where set). H200, ``bench/probes/dsl_slices_shadow.py``: 256-row tiles
+    took 302.7 ms of a 32768^2 QR's products against 333.2 for 128-row ones, which win on
+    the small outputs (512 x 512 x 65536: 0.51 against 1.27 ms)."""
+    if TILE is not None:
+        return TILE
+    return (256, 128) if m * n >= 8192 * 8192 and m % 256 == 0 else (128, 128)
 
-    r, c = x.shape
-    x3 = cp.lib.stride_tricks.as_strided(x, (r, c, 1), (*x.strides, x.nbytes))
-    return from_dlpack(x3, assumed_align=16).mark_layout_dynamic(leading_dim=leading)
+
+def takes(m: int, n: int) -> bool:
+    """Whether the kernel is faster than cuBLAS's slices for an ``m x n`` output: not for
+    tall outputs of at least 32768 rows and twice as many rows as columns, where cuBLAS's
+    slices of 1024 were as fast or faster (H200, ``dsl_slices_shadow.py``: 32768 x 16384 x
+    16384 36.6 ms against 38.7, 65536 x 2048 x 2048 3.6 against 4.6)."""
+    return not (m >= 32768 and m >= 2 * n)
 
 
 def add_hi_product(cp, a16, b16, c, slice_k: int) -> bool:
@@ -270,31 +310,38 @@ def add_hi_product(cp, a16, b16, c, slice_k: int) -> bool:
         return False
     m, k = a16.shape
     n = b16.shape[1]
-    if m % TILE[0] or n % TILE[1] or k % 64 or c.dtype != cp.float32 \
-            or not c.flags.c_contiguous or slice_k % 64:
+    tile = tile_for(m, n)
+    if m % tile[0] or n % tile[1] or k % 64 or c.dtype != cp.float32 \
+            or not c.flags.c_contiguous or slice_k % 64 or not takes(m, n):
         return False
-    # TMA: base addresses and the strides of the other modes in multiples of 16 bytes
+    # TMA: base addresses and the strides of the other modes in multiples of 16 bytes;
+    # offsets within 32 bits (the strides are 32-bit arguments)
     for x in (a16, b16, c):
-        if x.data.ptr % 16 or any(st % 16 for st in x.strides if st != x.itemsize):
+        if x.data.ptr % 16 or any(st % 16 for st in x.strides if st != x.itemsize) \
+                or max(x.strides) * max(x.shape) >= 2**31 * x.itemsize:
             return False
     item = a16.itemsize
     if a16.strides[1] == item:
-        a_lead = 1  # k contiguous
+        a_lead, lda = 1, a16.strides[0] // item  # k contiguous
     elif a16.strides[0] == item:
-        a_lead = 0
+        a_lead, lda = 0, a16.strides[1] // item
     else:
         return False
-    bt = b16.T  # the kernel's B is n x k
-    if bt.strides[0] == item:
-        b_lead = 0  # n contiguous (b16 in C order)
-    elif bt.strides[1] == item:
-        b_lead = 1
+    if b16.strides[1] == item:
+        b_lead, ldb = 0, b16.strides[0] // item  # n contiguous (b16 in C order)
+    elif b16.strides[0] == item:
+        b_lead, ldb = 1, b16.strides[1] // item
     else:
         return False
     import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
 
-    ta, tb, tc = _tensor(cp, a16, a_lead), _tensor(cp, bt, b_lead), _tensor(cp, c, 1)
-    stream = cuda.CUstream(cp.cuda.get_current_stream().ptr)
-    compiled(ta, tb, tc, slice_k, stream, tile_mn=TILE, leading=(a_lead, b_lead))(
-        ta, tb, tc, stream)
+    gmem = cute.AddressSpace.gmem
+    fn = compiled(slice_k, tile, (a_lead, b_lead))
+    fn(make_ptr(cutlass.Float16, a16.data.ptr, gmem, assumed_align=16),
+       make_ptr(cutlass.Float16, b16.data.ptr, gmem, assumed_align=16),
+       make_ptr(cutlass.Float32, c.data.ptr, gmem, assumed_align=16),
+       m, n, k, lda, ldb, c.strides[0] // 4, cuda.CUstream(cp.cuda.get_current_stream().ptr))
     return True

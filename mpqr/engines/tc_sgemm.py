@@ -49,7 +49,7 @@ from mpqr._array_api import device
 from mpqr.engines.scaling import LO_SHIFT, unscale
 
 __all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_KERNEL", "FUSED_UNSCALE", "LO_SHIFT", "PARTIALS_SHARE",
-           "accumulate_tc_sgemm", "partials_limit",
+           "accumulate_tc_sgemm", "add_slices", "partials_limit",
            "run_tc_sgemm", "split_product"]
 
 #: per-slice partial products are batched in groups of at most this many bytes
@@ -168,9 +168,7 @@ def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
     rounded to nearest), the same terms. The slices' partial products are batched in
     groups of at most ``partials_bytes`` bytes (a workspace limit lowers it:
     :func:`partials_limit`)."""
-    xp = backend.xp
-    *batch, m, k = a_hi.shape
-    n = b_hi.shape[-1]
+    batch = a_hi.shape[:-2]
     if a_cat is None or b_cat is None:
         a_hf, a_lo, b_hf, b_lo = parts
         if out is None:
@@ -184,6 +182,17 @@ def split_product(backend: Any, a_hi: Any, a_cat: Any, b_hi: Any, b_cat: Any, *,
         c = backend.gemm_fp16(a_cat, b_cat, out=out, alpha=2.0**-LO_SHIFT, beta=0.0)
     if not batch and backend.add_hi_slices(a_hi, b_hi, c, slice_k):
         return c  # the slices added in the backend's one kernel
+    return add_slices(backend, a_hi, b_hi, c, slice_k, partials_bytes)
+
+
+def add_slices(backend: Any, a_hi: Any, b_hi: Any, c: Any, slice_k: int,
+               partials_bytes: int = BATCHED_PARTIALS_BYTES) -> Any:
+    """Step 4 by cuBLAS: ``c += a_hi @ b_hi`` summed ``slice_k`` at a time on the tensor
+    cores, each slice added to ``c`` with round-to-nearest (few outputs and many slices:
+    the slices as strided-batched GEMMs into partials, summed a group at a time)."""
+    xp = backend.xp
+    *batch, m, k = a_hi.shape
+    n = b_hi.shape[-1]
     nfull = k // slice_k
     group = partials_bytes // max(1, m * n * 4)
     start = 0
