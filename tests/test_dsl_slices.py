@@ -124,3 +124,24 @@ def test_gpu_declines_what_it_does_not_take():
     assert not bool(c.any())
     c2 = cp.zeros((128, 128), dtype=cp.float32)[:, ::1].T  # F order
     assert not dsl.add_hi_product(cp, cp.ones((128, 128), dtype=cp.float16), b, c2, 1024)
+
+
+def test_gpu_called_through_tvm_ffi_or_pointers_alike(monkeypatch):
+    # the two calling conventions run the same compiled kernel: the same bits
+    dsl = _dsl()
+    import cupy as cp
+
+    if not dsl._tvm_ffi():
+        pytest.skip("apache-tvm-ffi is not installed")
+    rng = np.random.default_rng(8)
+    a = cp.asarray(rng.standard_normal((256, 2048)), dtype=cp.float16)
+    b = cp.asarray(rng.standard_normal((2048, 256)), dtype=cp.float16)
+    c0 = cp.asarray(rng.standard_normal((256, 256)), dtype=cp.float32)
+    outs = []
+    for ffi in (True, False):
+        monkeypatch.setattr(dsl, "USE_TVM_FFI", ffi)
+        c = c0.copy()
+        assert dsl.add_hi_product(cp, a, b, c, 1024)
+        outs.append(c)
+    cp.testing.assert_array_equal(outs[0], outs[1])
+    assert not bool(cp.array_equal(outs[0], c0))

@@ -10,15 +10,15 @@ terms, the last additions in another order).
 
 Status: verified on an H200 (``tests/test_dsl_slices.py``: every operand layout, both
 tiles, against float64 and against the cuBLAS slices); off by default (:data:`ENABLED`).
-Per product it is faster than cuBLAS's slices (a 32768^2 fp32-emulated QR's hi*hi
-products: 298 against 374 ms of GPU time, ``bench/probes/dsl_slices_shadow.py``), but each
-call costs ~0.15 ms of host time in the DSL's launch, and the QR, partly host-bound, kept
-only 988 -> 971 ms of it (16384^2 252 -> 247, 65536 x 8192 234 -> 236; H200,
-``bench/probes/flag_ab.py ... dsl_slices.ENABLED=False,True``). Tiles of 128 x 128 or 256 x
-128 (:func:`tile_for`) x 64, one warpgroup per 64 rows (64 float32 registers each
-accumulator at 128 columns); ``m``, ``n`` multiples of the tile, ``k`` of 64; A with k or m
-contiguous, B (``k x n``) with n or k contiguous, C row-major; tall outputs left to cuBLAS
-(:func:`takes`).
+Timed alone, product by product, it beats cuBLAS's slices (a 32768^2 fp32-emulated QR's
+hi*hi products: 298 against 374 ms, ``bench/probes/dsl_slices_shadow.py``), but in the QR,
+where the slices run back to back, it gained 1000 -> 989 ms at 32768^2, 190 -> 187 at
+16384^2 and lost 235 -> 236 at 65536 x 8192 (H200, called through TVM-FFI at 15-20 us a
+call; ``bench/probes/flag_ab.py ... dsl_slices.ENABLED=False,True``). Tiles of 128 x 128 or
+256 x 128 (:func:`tile_for`) x 64, one tile per CTA, one warpgroup per 64 rows (64 float32
+registers each accumulator at 128 columns); ``m``, ``n`` multiples of the tile, ``k`` of
+64; A with k or m contiguous, B (``k x n``) with n or k contiguous, C row-major; tall
+outputs left to cuBLAS (:func:`takes`).
 """
 
 # (no postponed annotations: the DSL reads the kernels' annotations as objects)
@@ -28,11 +28,14 @@ from typing import Any
 __all__ = ["ENABLED", "TILE", "SlicedHiGemm", "add_hi_product", "available", "compiled",
            "takes", "tile_for"]
 
+#: TVM-FFI used where it imports (a test runs the kernel both ways)
+USE_TVM_FFI = True
+
 #: the CTA tile (m, n) where set, else :func:`tile_for` chooses; k per pipeline stage is
 #: the MMA's k times 4
 TILE = None
-#: ``backend.add_hi_slices`` runs the kernel: off, since its host cost per call takes
-#: most of what it saves on the GPU (module docstring)
+#: ``backend.add_hi_slices`` runs the kernel: off, since the QR gains 1 % at most with it
+#: (module docstring)
 ENABLED = False
 
 
@@ -263,24 +266,43 @@ def SlicedHiGemm(slice_k: int, tile_mn: tuple[int, int] = (128, 128),  # built o
 _COMPILED: dict[tuple, Any] = {}
 
 
+def _tvm_ffi() -> bool:
+    """Whether TVM-FFI (``apache-tvm-ffi``) is there: the compiled kernel is then called
+    through it, with plain integers, at a few microseconds a call."""
+    if not USE_TVM_FFI:
+        return False
+    try:
+        import tvm_ffi  # noqa: F401
+    except Exception:  # not installed, or broken
+        return False
+    return True
+
+
 def compiled(slice_k: int, tile_mn: tuple[int, int], leading: tuple[int, int]):
-    """The kernel compiled for a slice, tile and operand layout (``leading``: the
-    unit-stride modes of A, ``m x k``, and of B, ``n x k``); shapes and strides are its
-    arguments."""
+    """``(kernel, through TVM-FFI)``: the kernel compiled for a slice, tile and operand
+    layout (``leading``: the unit-stride modes of A, ``m x k``, and of B, ``n x k``);
+    shapes and strides are its arguments."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_stream, make_ptr
 
-    key = (slice_k, tile_mn, leading)
+    ffi = _tvm_ffi()
+    key = (slice_k, tile_mn, leading, ffi)
     fn = _COMPILED.get(key)
     if fn is None:
         gmem = cute.AddressSpace.gmem
         ptrs = [make_ptr(t, 1024, gmem, assumed_align=16)
                 for t in (cutlass.Float16, cutlass.Float16, cutlass.Float32)]
         dims = [cutlass.Int32(1024)] * 6
-        fn = _COMPILED[key] = cute.compile(SlicedHiGemm(slice_k, tile_mn, leading), *ptrs,
-                                           *dims, make_fake_stream())
-    return fn
+        kernel = SlicedHiGemm(slice_k, tile_mn, leading)
+        if ffi:
+            fn = cute.compile(kernel, *ptrs, *dims,
+                              make_fake_stream(use_tvm_ffi_env_stream=False),
+                              options="--enable-tvm-ffi")
+        else:
+            fn = cute.compile(kernel, *ptrs, *dims, make_fake_stream())
+        _COMPILED[key] = fn
+    return fn, ffi
 
 
 def tile_for(m: int, n: int) -> tuple[int, int]:
@@ -333,15 +355,20 @@ def add_hi_product(cp, a16, b16, c, slice_k: int) -> bool:
         b_lead, ldb = 1, b16.strides[1] // item
     else:
         return False
+    fn, ffi = compiled(slice_k, tile, (a_lead, b_lead))
+    stream = cp.cuda.get_current_stream().ptr
+    if ffi:  # integers straight through TVM-FFI's C calling convention
+        fn(a16.data.ptr, b16.data.ptr, c.data.ptr, m, n, k, lda, ldb, c.strides[0] // 4,
+           stream)
+        return True
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
     gmem = cute.AddressSpace.gmem
-    fn = compiled(slice_k, tile, (a_lead, b_lead))
     fn(make_ptr(cutlass.Float16, a16.data.ptr, gmem, assumed_align=16),
        make_ptr(cutlass.Float16, b16.data.ptr, gmem, assumed_align=16),
        make_ptr(cutlass.Float32, c.data.ptr, gmem, assumed_align=16),
-       m, n, k, lda, ldb, c.strides[0] // 4, cuda.CUstream(cp.cuda.get_current_stream().ptr))
+       m, n, k, lda, ldb, c.strides[0] // 4, cuda.CUstream(stream))
     return True
