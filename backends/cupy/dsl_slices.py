@@ -30,6 +30,8 @@ __all__ = ["ENABLED", "TILE", "SlicedHiGemm", "add_hi_product", "available", "co
 
 #: TVM-FFI used where it imports (a test runs the kernel both ways)
 USE_TVM_FFI = True
+#: pipeline stages at most (None: as many as shared memory holds, one CTA an SM)
+MAX_STAGES = None
 
 #: the CTA tile (m, n) where set, else :func:`tile_for` chooses; k per pipeline stage is
 #: the MMA's k times 4
@@ -88,6 +90,8 @@ def _kernel_class():
             stage_bytes = (self.tile_mnk[0] + self.tile_mnk[1]) * self.tile_mnk[2] \
                 * self.a_dtype.width // 8
             self.stages = (self.smem_bytes - 1024) // stage_bytes
+            if MAX_STAGES:  # leave shared memory to kernels of other streams
+                self.stages = min(self.stages, MAX_STAGES)
             self.sa_layout = sm90.make_smem_layout_a(self.a_major, self.tile_mnk,
                                                      self.a_dtype, self.stages)
             self.sb_layout = sm90.make_smem_layout_b(self.b_major, self.tile_mnk,
@@ -287,7 +291,7 @@ def compiled(slice_k: int, tile_mn: tuple[int, int], leading: tuple[int, int]):
     from cutlass.cute.runtime import make_fake_stream, make_ptr
 
     ffi = _tvm_ffi()
-    key = (slice_k, tile_mn, leading, ffi)
+    key = (slice_k, tile_mn, leading, ffi, MAX_STAGES)
     fn = _COMPILED.get(key)
     if fn is None:
         gmem = cute.AddressSpace.gmem
