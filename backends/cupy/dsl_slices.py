@@ -41,6 +41,7 @@ TILE = None
 ENABLED = False
 
 
+@functools.cache  # asked on every product: a failed import searches the path each time
 def available() -> str | None:
     """None where the DSL imports, else why not."""
     try:
@@ -273,8 +274,11 @@ _COMPILED: dict[tuple, Any] = {}
 def _tvm_ffi() -> bool:
     """Whether TVM-FFI (``apache-tvm-ffi``) is there: the compiled kernel is then called
     through it, with plain integers, at a few microseconds a call."""
-    if not USE_TVM_FFI:
-        return False
+    return USE_TVM_FFI and _tvm_ffi_imports()
+
+
+@functools.cache
+def _tvm_ffi_imports() -> bool:
     try:
         import tvm_ffi  # noqa: F401
     except Exception:  # not installed, or broken
