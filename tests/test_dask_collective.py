@@ -558,6 +558,44 @@ def test_workers_find_replicated_blocks_once_each(client):
     assert backward_error(a, qh, r) <= 20 * u * 7 and orthogonality(qh) <= 20 * u * 7
 
 
+@pytest.mark.parametrize("replicate", [False, True])
+def test_holdings_ride_on_the_first_sum(client, monkeypatch, replicate):
+    # the holdings found by the workers summed with the first Gram matrix: one all-reduce
+    # a rank fewer than summed on their own (a block held twice: the share read again,
+    # one more), the same R, bit for bit; NaN still refused
+    rng = np.random.default_rng(14)
+    a = rng.standard_normal((1000, 6))
+    x = _placed(client, a, 200, (3, 2))
+    if replicate:
+        client.replicate(collective._block_futures(client, x)[:2], n=2)
+    sums = []
+    real = collective.ThreadCommunicator.allreduce_sum
+    monkeypatch.setattr(collective.ThreadCommunicator, "allreduce_sum",
+                        lambda self, g: sums.append(g.shape) or real(self, g))
+    got = {}
+    for ride in (True, False):
+        monkeypatch.setattr(collective, "RIDE", ride)
+        collective._PLACED.clear()
+        sums.clear()
+        with mpqr.explain() as trace:
+            q, r = collective.cholqr2(x, check_finite=True)
+        (ev,) = [e for e in trace.events if e.kind == "dask-collective"]
+        assert ev.data["holders_from"] == "workers"
+        got[ride] = (r, q.compute(), len(sums) // 2, ev.data["blocks_per_worker"])
+    assert got[True][2] == got[False][2] - (0 if replicate else 1) == 2 + replicate
+    assert got[True][3] == got[False][3] == [3, 2]
+    np.testing.assert_array_equal(got[True][0], got[False][0])
+    np.testing.assert_array_equal(got[True][1], got[False][1])
+    u = np.finfo(np.float64).eps
+    assert backward_error(a, got[True][1], got[True][0]) <= 20 * u * 6
+    bad = a.copy()
+    bad[450, 2] = np.nan
+    y = _placed(client, bad, 200, (3, 2))
+    monkeypatch.setattr(collective, "RIDE", True)
+    with pytest.raises(ValueError, match="infs or NaNs"):
+        collective.cholqr2(y, check_finite=True)
+
+
 def test_a_block_on_no_rank_is_asked_of_the_scheduler():
     # a worker joined after the communicator was made holds a block: the workers' search
     # finds it on no rank, the call asks the scheduler and runs on a new communicator

@@ -52,12 +52,16 @@ class Closing(RuntimeError):
     """The worker is leaving the cluster (its blocks of ``Q`` would go with it)."""
 
 
+#: where True, a worker hands its blocks of ``Q`` to its memory just after it answers
+#: (see :func:`_on_worker`), else before
+STORE_LATE = True
+
 _CLOSING = ("closing", "closing_gracefully", "closed", "failed")
 
 
 async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
                      args: tuple[Any, ...], find: dict[str, Any] | None = None,
-                     dask_worker: Any = None) -> bytes:
+                     late: bool = False, dask_worker: Any = None) -> bytes:
     """The worker's side: its blocks by key, ``body(comm, blocks, *args)`` in the task
     thread, ``Q``'s blocks (the body's second result) kept here under ``qkeys``.
 
@@ -68,7 +72,10 @@ async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
     scheduler while the body runs; it returns ``info["kept"]``, those indices.
 
     The answer is the body's ``info`` pickled here (plain bytes travel through the comm
-    without dask's per-object serialization)."""
+    without dask's per-object serialization). ``late``: ``Q``'s blocks are handed to the
+    worker's memory just after the answer leaves, not before (off the call's path: the
+    loop runs the hand-over before it reads any later message, and no later message can
+    name them before the client has the answer)."""
     t_in = time.time()
     comm = REGISTRY[cid, dask_worker.address]
     loop = asyncio.get_running_loop()
@@ -106,8 +113,12 @@ async def _on_worker(cid: str, body: Any, keys: list[Any], qkeys: list[Any],
         raise Closing(f"worker {dask_worker.address} is closing")
     if out:  # the scheduler knows them already (announced with the call)
         kept = qkeys if find is None else [qkeys[i] for i in info["kept"]]
-        dask_worker.update_data(data=dict(zip(kept, out)),
-                                stimulus_id=f"mpqr-collective-{t_done}")
+        store = functools.partial(dask_worker.update_data, data=dict(zip(kept, out)),
+                                  stimulus_id=f"mpqr-collective-{t_done}")
+        if late:
+            loop.call_soon(store)
+        else:
+            store()
     info["wall"] = (t_in, t_body, t_done, time.time())
     from distributed.protocol import pickle
 
@@ -148,10 +159,10 @@ def launch(client: Any, cid: str, body: Any, work: dict[str, tuple[list[Any], li
         keys, qkeys = next(iter(work.values()))
         sizes = [(nbytes or {}).get(k, -1) for k in qkeys]
         one_msg = pickle.dumps((cid, body, keys, qkeys, args,
-                                {"client": client.id, "nbytes": sizes}))
+                                {"client": client.id, "nbytes": sizes}, STORE_LATE))
         msgs = dict.fromkeys(work, one_msg)
     else:
-        msgs = {w: pickle.dumps((cid, body, keys, qkeys, args))
+        msgs = {w: pickle.dumps((cid, body, keys, qkeys, args, None, STORE_LATE))
                 for w, (keys, qkeys) in work.items()}
 
     async def one(addr: str) -> Any:

@@ -379,17 +379,18 @@ def _chol(backend: Any, g: Any, which: str) -> Any:
 
 
 def _cholqr2_task(comm: Any, blocks: tuple[Any, ...], n: int, dtype: str, like: Any,
-                  want_q: bool, prec: str, check: bool, phases: bool
+                  want_q: bool, prec: str, check: bool, phases: bool, found: Any = None
                   ) -> tuple[dict[str, Any], list[Any]]:
     """CholQR2 over this worker's blocks, the Gram sums by all-reduce (the body a call
-    runs on each worker, :func:`mpqr.backends.dask._launch.launch`)."""
+    runs on each worker, :func:`mpqr.backends.dask._launch.launch`); ``found``: see
+    :func:`_cholqr2_body`."""
     backend = block_backend(blocks[0] if blocks else like)
     t0 = time.perf_counter()
     calls0 = comm.calls
     try:
         with backend.ignore_fp_warnings():  # a Gram matrix out of range breaks down below
             info, q = _cholqr2_body(comm, backend, n, dtype, blocks, want_q, prec, check, t0,
-                                    calls0, phases=phases)
+                                    calls0, phases=phases, found=found)
     except _Breakdown as exc:
         info, q = {"breakdown": str(exc), "rank": comm.rank, "cond": exc.args[1]}, []
     return info, q
@@ -397,49 +398,107 @@ def _cholqr2_task(comm: Any, blocks: tuple[Any, ...], n: int, dtype: str, like: 
 
 def _found_task(comm: Any, held: dict[int, Any], announce: Any, plan: dict[str, Any],
                 *args: Any) -> tuple[dict[str, Any], list[Any]]:
-    """``plan["body"](comm, blocks, *args)`` over the blocks this rank reads, chosen here
-    (``plan``: the blocks' ``rows``, the communicator's ``ranks``, the workers'
+    """``plan["body"](comm, blocks, *args)`` over the blocks this rank reads, chosen on
+    the ranks (``plan``: the blocks' ``rows``, the communicator's ``ranks``, the workers'
     ``limits``, ``bytes_per_row`` of ``A`` and ``Q`` a worker holds, ``keep`` whether
-    ``Q`` is kept, ``like`` an array of the blocks' kind): every
-    rank's holdings (``held``: index -> block) summed by one all-reduce, so that every
-    rank sees the same holders and makes the same :func:`assign`. The blocks of ``Q``
-    it will keep (``keep``) are announced (``announce``) before the body runs. Where a
-    block is held by no rank, or a worker's memory limit is below its share, every rank
-    returns that (``unplaced`` / ``memory``) and nothing runs."""
-    import numpy as np
-
-    rows, ranks, like = plan["rows"], plan["ranks"], plan["like"]
-    backend = block_backend(next(iter(held.values())) if held else like)
-    mine = np.zeros((comm.size, len(rows)), dtype=str(like.dtype))
-    mine[comm.rank, list(held)] = 1
-    total = to_host(comm.allreduce_sum(backend.from_small(mine, like)))
-    by_rank = {r: w for w, r in ranks.items()}
-    holders = [[by_rank[r] for r in range(comm.size) if total[r, i] > 0]
-               for i in range(len(rows))]
-    info: dict[str, Any] = {"rank": comm.rank, "holders": holders}
-    if not all(holders):
-        return {**info, "unplaced": [i for i, h in enumerate(holders) if not h]}, []
-    per = assign(holders, rows, ranks)
-    try:
-        check_memory(plan["limits"], {w: plan["bytes_per_row"] * sum(rows[i] for i in idx)
-                                      for w, idx in per.items()})
-    except MemoryError as exc:
-        return {**info, "memory": str(exc)}, []
-    idx = per[by_rank[comm.rank]]
-    if plan["keep"]:
-        announce(idx)
-    res, out = plan["body"](comm, tuple(held[i] for i in idx), *args)
-    res.update(info, per=per, kept=idx if out else [])
+    ``Q`` is kept, ``like`` an array of the blocks' kind, ``ride``): every rank's
+    holdings (``held``: index -> block) are summed by an all-reduce, so that every rank
+    sees the same holders and makes the same :func:`assign`. With ``ride`` they ride on
+    the body's first sum (its ``found``, a :class:`_Found`; the body reads every block it
+    holds, and reads its share again only where a block is held twice), else they are
+    summed by one all-reduce of their own first. The blocks of ``Q`` a rank will keep
+    are announced (``announce``) before its body makes them. Where a block is held by
+    no rank, or a worker's memory limit is below its share, every rank returns that
+    (``unplaced`` / ``memory``) and nothing more runs."""
+    found = _Found(comm, held, announce, plan)
+    if plan["ride"]:
+        res, out = plan["body"](comm, found.held, *args, found=found)
+        if found.stop:
+            return {**found.info, **res}, []
+    else:
+        backend = block_backend(found.held[0] if found.held else plan["like"])
+        total = comm.allreduce_sum(backend.from_small(found.holdings(), plan["like"]))
+        if found.settle(to_host(total)) is None:
+            return found.info, []
+        res, out = plan["body"](comm, found.blocks, *args)
+    res.update(found.info, kept=found.idx if out else [])
     return res, out
+
+
+class _Found:
+    """Which blocks a rank reads, from every rank's holdings (see :func:`_found_task`)."""
+
+    def __init__(self, comm: Any, held: dict[int, Any], announce: Any,
+                 plan: dict[str, Any]):
+        self.comm, self.announce, self.plan = comm, announce, plan
+        self.index = sorted(held)
+        self.held = tuple(held[i] for i in self.index)
+        self.blocks: tuple[Any, ...] = ()
+        self.idx: list[int] = []
+        self.stop = False
+        self.info: dict[str, Any] = {"rank": comm.rank}
+
+    def holdings(self, width: int | None = None) -> Any:
+        """This rank's row of the ``ranks x blocks`` 0/1 matrix (the others' rows 0), on
+        the host; ``width``: flattened, zero-padded and folded into rows of that width."""
+        import numpy as np
+
+        nb = len(self.plan["rows"])
+        mine = np.zeros((self.comm.size, nb), dtype=str(self.plan["like"].dtype))
+        mine[self.comm.rank, self.index] = 1
+        if width is None:
+            return mine
+        flat = np.zeros(-(-mine.size // width) * width, dtype=mine.dtype)
+        flat[:mine.size] = mine.ravel()
+        return flat.reshape(-1, width)
+
+    def settle(self, total: Any) -> tuple[Any, ...] | None:
+        """The blocks this rank reads, from the summed holdings (host; folded as
+        :meth:`holdings` folds them, or not); None where the call stops (``info`` says
+        why: ``unplaced`` or ``memory``). The blocks of ``Q`` it keeps are announced."""
+        rows, ranks = self.plan["rows"], self.plan["ranks"]
+        total = total.ravel()[:self.comm.size * len(rows)].reshape(self.comm.size, -1)
+        by_rank = {r: w for w, r in ranks.items()}
+        holders = [[by_rank[r] for r in range(self.comm.size) if total[r, i] > 0]
+                   for i in range(len(rows))]
+        self.info["holders"] = holders
+        if not all(holders):
+            self.stop = True
+            self.info["unplaced"] = [i for i, h in enumerate(holders) if not h]
+            return None
+        per = assign(holders, rows, ranks)
+        try:
+            check_memory(self.plan["limits"],
+                         {w: self.plan["bytes_per_row"] * sum(rows[i] for i in idx)
+                          for w, idx in per.items()})
+        except MemoryError as exc:
+            self.stop = True
+            self.info["memory"] = str(exc)
+            return None
+        self.info["per"] = per
+        self.idx = per[by_rank[self.comm.rank]]
+        if self.plan["keep"]:
+            self.announce(self.idx)
+        where = {i: j for j, i in enumerate(self.index)}
+        self.blocks = tuple(self.held[where[i]] for i in self.idx)
+        return self.blocks
+
+    @property
+    def replicated(self) -> bool:
+        """Some block is held by more than one rank (so a sum over every rank's
+        holdings counted it more than once)."""
+        return any(len(h) > 1 for h in self.info.get("holders", ()))
 
 
 def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any, ...],
                   want_q: bool, prec: str, check: bool, t0: float, calls0: int,
                   first_gram: Any = None, r_everywhere: bool = False,
-                  phases: bool = False) -> tuple[dict[str, Any], list[Any]]:
+                  phases: bool = False, found: Any = None) -> tuple[dict[str, Any], list[Any]]:
     """CholQR2's passes over ``blocks``; ``first_gram``: the summed ``A^H A`` already
     made (a host array, the same on every rank), in place of the first pass; ``phases``:
-    the device synchronised after each step and its time recorded (``phases_ms``)."""
+    the device synchronised after each step and its time recorded (``phases_ms``);
+    ``found`` (a :class:`_Found`): ``blocks`` are every block this rank holds, and which
+    of them it reads is settled from the holdings summed with the first Gram matrix."""
     from mpqr.backends.dask._blocks import _finite
 
     from mpqr.policy import fused_gemm
@@ -477,6 +536,9 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
     if check:  # a count of non-finite blocks rides on the first sum
         g = xp.concat([g, xp.full((1, n), float(bad), dtype=dt, device=dev)
                        if dev is not None else xp.full((1, n), float(bad), dtype=dt)])
+    if found is not None:  # who holds which block rides on the same sum
+        held = backend.from_small(found.holdings(n), g)
+        g = xp.concat([g, held])
     # pass 2's choice made now: nothing of it waits on the sums
     fused = (backend.fused_cholqr_max_n is not None and n <= backend.fused_cholqr_max_n
              and dtype == "float64" and fused_gemm(backend, g.dtype, (n, n, max(m, 1)),
@@ -484,6 +546,15 @@ def _cholqr2_body(comm: Any, backend: Any, n: int, dtype: str, blocks: tuple[Any
                                                    label="collective-gram2"))
     g = comm.allreduce_sum(g) if first_gram is None else backend.from_small(first_gram, g)
     mark("allreduce1")
+    if found is not None:
+        k = g.shape[0] - held.shape[0]
+        picked = found.settle(to_host(g[k:]))
+        if picked is None:  # a block on no rank, or short of memory: found.info says
+            return {}, []
+        if found.replicated:  # a block held twice was summed twice: the share read again
+            return _cholqr2_body(comm, backend, n, dtype, picked, want_q, prec, check, t0,
+                                 calls0, r_everywhere=r_everywhere, phases=phases)
+        g = g[:k]
     # the n x n steps in one launch where the backend has it (Cholesky, R^-1 and their
     # checks' numbers on the device, read back once with the non-finite count); where a
     # check fails, or the backend has none, the steps below redo them one by one
@@ -804,6 +875,10 @@ def _same(block: Any) -> Any:
 #: workers find them (one all-reduce in the call) instead of asking the scheduler first
 FIND = True
 
+#: where True, the holdings the workers find ride on the first Gram matrix's all-reduce
+#: (else they are summed by an all-reduce of their own before the body)
+RIDE = True
+
 #: where True, each call's worker bodies synchronise the device after each step and
 #: report the step's milliseconds (the trace's ``phases_ms``): for profiling only
 PHASES = False
@@ -895,7 +970,8 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         per: dict[str, list[int]] | None = None
         if where is None:
             plan = {"body": body, "rows": x.chunks[0], "ranks": h.ranks, "limits": h.limits,
-                    "bytes_per_row": (1 + want_q) * rowbytes, "keep": want_q, "like": meta}
+                    "bytes_per_row": (1 + want_q) * rowbytes, "keep": want_q, "like": meta,
+                    "ride": RIDE}
             body, args = _found_task, (plan, *args)
             work = {w: ([f.key for f in futs], qkeys) for w in h.ranks}
         else:
