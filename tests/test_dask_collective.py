@@ -596,6 +596,30 @@ def test_holdings_ride_on_the_first_sum(client, monkeypatch, replicate):
         collective.cholqr2(y, check_finite=True)
 
 
+@pytest.mark.parametrize("light", [True, False])
+def test_r_made_where_computed_and_the_blocks_kind_sent_light(client, monkeypatch, light):
+    # mpqr.qr's R is one task from the host's R (no copy to the device on the call's
+    # path), bitwise the route's R; the messages carry the blocks' kind as module and
+    # dtype (a rank without blocks makes its zero-size array from them) or as the array
+    monkeypatch.setattr(collective, "LIGHT_META", light)
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((600, 4)).astype(np.float32)
+    x = _placed(client, a, 150, (4, 0))
+    with dask.config.set({collective.CONFIG_KEY: "collective"}):
+        q, r = mpqr.qr(x)
+        _q2, r2 = collective.cholqr2(x)
+    assert len(r.__dask_graph__()) == 1
+    assert r.dtype == np.float32 and type(r._meta) is np.ndarray and r.shape == (4, 4)
+    rh = r.compute()
+    assert type(rh) is np.ndarray and rh.dtype == np.float32
+    np.testing.assert_array_equal(rh, r2)
+    meta = collective._Meta(np.empty((0, 4), dtype=np.float32))
+    made = collective._Meta.real(meta)
+    assert type(made) is np.ndarray and made.dtype == np.float32 and made.size == 0
+    u = np.finfo(np.float32).eps
+    assert backward_error(a, q.compute(), rh) <= 20 * u * 4
+
+
 def test_a_block_on_no_rank_is_asked_of_the_scheduler():
     # a worker joined after the communicator was made holds a block: the workers' search
     # finds it on no rank, the call asks the scheduler and runs on a new communicator

@@ -384,7 +384,7 @@ def _cholqr2_task(comm: Any, blocks: tuple[Any, ...], n: int, dtype: str, like: 
     """CholQR2 over this worker's blocks, the Gram sums by all-reduce (the body a call
     runs on each worker, :func:`mpqr.backends.dask._launch.launch`); ``found``: see
     :func:`_cholqr2_body`."""
-    backend = block_backend(blocks[0] if blocks else like)
+    backend = block_backend(blocks[0] if blocks else _Meta.real(like))
     t0 = time.perf_counter()
     calls0 = comm.calls
     try:
@@ -416,13 +416,34 @@ def _found_task(comm: Any, held: dict[int, Any], announce: Any, plan: dict[str, 
         if found.stop:
             return {**found.info, **res}, []
     else:
-        backend = block_backend(found.held[0] if found.held else plan["like"])
-        total = comm.allreduce_sum(backend.from_small(found.holdings(), plan["like"]))
+        like = found.held[0] if found.held else _Meta.real(plan["like"])
+        total = comm.allreduce_sum(block_backend(like).from_small(found.holdings(), like))
         if found.settle(to_host(total)) is None:
             return found.info, []
         res, out = plan["body"](comm, found.blocks, *args)
     res.update(found.info, kept=found.idx if out else [])
     return res, out
+
+
+class _Meta:
+    """A zero-size array of the blocks' kind as a call's messages carry it: its module
+    and dtype (a CuPy array pickles through the device on the client and back onto it
+    on the worker), made again on the worker only where a rank holds no block."""
+
+    __slots__ = ("dtype", "module")
+
+    def __init__(self, a: Any):
+        self.module = type(a).__module__.partition(".")[0]
+        self.dtype = str(a.dtype)
+
+    @staticmethod
+    def real(like: Any) -> Any:
+        """``like`` as an array (made here where it is a :class:`_Meta`)."""
+        if not isinstance(like, _Meta):
+            return like
+        import importlib
+
+        return importlib.import_module(like.module).empty((0, 0), dtype=like.dtype)
 
 
 class _Found:
@@ -879,6 +900,10 @@ FIND = True
 #: (else they are summed by an all-reduce of their own before the body)
 RIDE = True
 
+#: where True, a call's messages carry the blocks' kind as a :class:`_Meta` (module and
+#: dtype), else as a zero-size array of that kind
+LIGHT_META = True
+
 #: where True, each call's worker bodies synchronise the device after each step and
 #: report the step's milliseconds (the trace's ``phases_ms``): for profiling only
 PHASES = False
@@ -964,13 +989,14 @@ def cholqr2(x: Any, *, client: Any = None, kind: str | None = None, retries: int
         rowbytes = n * x.dtype.itemsize
         name = "collective-q-" + uuid.uuid4().hex
         qkeys = [(name, i, 0) for i in range(len(futs))] if want_q else []
-        args: tuple[Any, ...] = (n, str(x.dtype), meta, want_q, precision, check_finite,
+        like = _Meta(meta) if LIGHT_META else meta
+        args: tuple[Any, ...] = (n, str(x.dtype), like, want_q, precision, check_finite,
                                  PHASES)
         body = bind(_cholqr2_task)
         per: dict[str, list[int]] | None = None
         if where is None:
             plan = {"body": body, "rows": x.chunks[0], "ranks": h.ranks, "limits": h.limits,
-                    "bytes_per_row": (1 + want_q) * rowbytes, "keep": want_q, "like": meta,
+                    "bytes_per_row": (1 + want_q) * rowbytes, "keep": want_q, "like": like,
                     "ride": RIDE}
             body, args = _found_task, (plan, *args)
             work = {w: ([f.key for f in futs], qkeys) for w in h.ranks}

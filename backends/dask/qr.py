@@ -118,12 +118,18 @@ def _collective(x: Any, mode: str, precision: Any, method: str, check_finite: bo
                      "the scheduler route's fallbacks run", method="cholqr2",
                      fallback="scheduler", reason=str(exc))
         return None
-    r = backend.from_small(r, x._meta)
-    # one chunk under a fresh name (no hash of R's data: a trip to the host for a CuPy
-    # R), R itself the graph's one value
+    # one chunk under a fresh name (no hash of R's data), made from the host's R where
+    # it is computed (on a worker: no copy to the device on the client's call path)
     name = "collective-r-" + uuid.uuid4().hex
-    r = da.Array({(name, 0, 0): r}, name, tuple((k,) for k in r.shape), meta=r[:0, :0])
+    r = da.Array({(name, 0, 0): (r_block, r, x._meta)}, name, tuple((k,) for k in r.shape),
+                 dtype=r.dtype, meta=x._meta)
     return QRResult(q, r) if mode != "r" else r
+
+
+def r_block(r: Any, like: Any) -> Any:
+    """The host's ``R`` on ``like``'s kind of device (``R``'s one block, computed
+    where a task needs it)."""
+    return _blocks.block_backend(like).from_small(r, like)
 
 
 def factor(x: Any, *, want_q: bool, precision: Any, method: str = "auto",
