@@ -29,7 +29,7 @@ from mpqr._array_api import ct, device, is_complex
 from mpqr.backends._base import phase  # one definition, shared with the backends
 from mpqr.backends.panel_cholqr import CERTIFIED_PANEL_MAX_N
 from mpqr.engines.scaling import pow2_scale  # here too: the QR routes' import point
-from mpqr.policy import gemm
+from mpqr.policy import active_gemm_options, gemm
 from mpqr.policy.trace import record_event
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "scale_columns",
     "solve_upper",
     "times_pow2",
+    "TRMM_BATCHED",
     "trmm_lower",
     "tsqr",
     "unit_shift",
@@ -65,6 +66,11 @@ __all__ = [
 TSQR_BLOCK_ROWS = 256
 #: Width below which triangular products are done as one GEMM.
 TRMM_CUTOFF = 64
+#: Where True, :func:`trmm_lower` forms each level of its split in one stacked product
+#: (halves equal down to the diagonal blocks), else one product a block: 8192^2 float32
+#: fp32-emulated recursive QR 62.0 against 75.7 ms, 16384^2 to 65536 x 8192 within 1%
+#: (H200, ``bench/probes/flag_ab.py ... mpqr.qr._kernels.TRMM_BATCHED=False,True``)
+TRMM_BATCHED = True
 #: A panel with at least this many rows per column is "tall-skinny": TSQR (one
 #: pass over the rows, a reduction tree) beats a column-by-column ``geqrf`` there.
 TSQR_ASPECT = 64
@@ -368,6 +374,10 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
     vectors below R, LAPACK's layout); only the ``cutoff``-sized diagonal blocks
     are copied out with their unit diagonal. The result is one array filled in
     place: the temporaries are the recursion's half-size products.
+
+    Where the halves are equal down to the diagonal blocks (:data:`TRMM_BATCHED`, 2-D
+    operands, no ``workspace_limit``), each level's products are one stacked product
+    instead of one a block (:func:`_trmm_levels`).
     """
     xp = backend.xp
     k = l.shape[-1]
@@ -375,6 +385,17 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
         if unit_implicit:
             l = unit_lower(xp, l)
         return gemm(l, b, precision=precision, label=label, backend=backend)
+    opts = active_gemm_options()
+    # (under a workspace limit the products stay one a block: a stacked product is not
+    # tiled, and its stacked operands are copies)
+    if TRMM_BATCHED and l.ndim == 2 and b.ndim == 2 and (
+            opts is None or opts.workspace_limit is None):
+        s, levels = k, 0
+        while s > cutoff and s % 2 == 0:
+            s, levels = s // 2, levels + 1
+        if s <= cutoff and levels >= 1:
+            return _trmm_levels(l, b, s, levels, precision=precision, label=label,
+                                backend=backend, unit_implicit=unit_implicit)
     h = k // 2
     low = gemm(l[..., h:, :h], b[..., :h, :], precision=precision, label=label + "-gemm",
                backend=backend)
@@ -387,6 +408,41 @@ def trmm_lower(l: Any, b: Any, *, precision: Any, label: str, backend: Any,
     out[..., h:, :] += trmm_lower(l[..., h:, h:], b[..., h:, :], precision=precision,
                                   label=label, backend=backend, cutoff=cutoff,
                                   unit_implicit=unit_implicit)
+    return out
+
+
+def _trmm_levels(l: Any, b: Any, s: int, levels: int, *, precision: Any, label: str,
+                 backend: Any, unit_implicit: bool) -> Any:
+    """:func:`trmm_lower` of a ``k x k`` ``l`` with ``k = s 2^levels``, level by level:
+    the ``2^levels`` diagonal blocks (``s x s``) in one stacked product, then for each
+    width ``t = s, 2 s, ..., k / 2`` the ``k / 2t`` blocks ``l[(2i+1)t:(2i+2)t,
+    2it:(2i+1)t]`` below them in one more (the same products as the recursion's, fewer
+    and larger calls)."""
+    xp = backend.xp
+    k, nc = l.shape[-1], b.shape[-1]
+    nd = 2**levels
+    diag = [l[i * s:(i + 1) * s, i * s:(i + 1) * s] for i in range(nd)]
+    diag = xp.stack([unit_lower(xp, d) if unit_implicit else d for d in diag])
+    out = xp.reshape(gemm(diag, xp.reshape(b, (nd, s, nc)), precision=precision,
+                          label=label, backend=backend), (k, nc))
+    del diag
+    t = s
+    while t < k:
+        cnt = k // (2 * t)
+        if cnt == 1:
+            prod = gemm(l[t:, :t], b[:t, :], precision=precision, label=label + "-gemm",
+                        backend=backend)
+            out[t:, :] += prod
+        else:
+            lo = xp.stack([l[(2 * i + 1) * t:(2 * i + 2) * t, 2 * i * t:(2 * i + 1) * t]
+                           for i in range(cnt)])
+            bb = xp.reshape(b, (cnt, 2 * t, nc))[:, :t, :]  # a view where b is contiguous
+            prod = gemm(lo, bb, precision=precision, label=label + "-gemm", backend=backend)
+            del lo, bb
+            for i in range(cnt):
+                out[(2 * i + 1) * t:(2 * i + 2) * t, :] += prod[i, ...]
+        del prod
+        t *= 2
     return out
 
 
