@@ -34,6 +34,7 @@ from mpqr.policy.trace import record_event
 
 __all__ = [
     "CERTIFIED_PANEL_MAX_N",
+    "TRMM_BATCHED",
     "UncertifiedPanels",
     "certificate_failed",
     "certified_allowed",
@@ -56,7 +57,6 @@ __all__ = [
     "scale_columns",
     "solve_upper",
     "times_pow2",
-    "TRMM_BATCHED",
     "trmm_lower",
     "tsqr",
     "unit_shift",
