@@ -59,7 +59,7 @@ def call(client, x, mode):
     return 1e3 * (t1 - t0), 1e3 * (t1 - STAMP[-1]) if STAMP else None, (ev[0] if ev else {})
 
 
-def main() -> None:
+def main(out_name: str = "dask_call_ab.json") -> None:
     from distributed import Client
 
     argv = sys.argv[1:]
@@ -107,7 +107,7 @@ def main() -> None:
                 print(key, r["median_ms"], "ms; after cholqr2", r["after_cholqr2_ms"],
                       "ms;", r["timeline_median_ms"], flush=True)
     setting(first)
-    path = os.path.join(os.environ.get("OUT", "/tmp"), "dask_call_ab.json")
+    path = os.path.join(os.environ.get("OUT", "/tmp"), out_name)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
 
