@@ -68,7 +68,8 @@ TSQR_BLOCK_ROWS = 256
 TRMM_CUTOFF = 64
 #: Where True, :func:`trmm_lower` forms each level of its split in one stacked product
 #: (halves equal down to the diagonal blocks), else one product a block: 8192^2 float32
-#: fp32-emulated recursive QR 62.0 against 75.7 ms, 16384^2 to 65536 x 8192 within 1%
+#: fp32-emulated recursive QR launched eagerly 62.0 against 75.7 ms, 16384^2 to 65536 x
+#: 8192 within 1%; replayed as a CUDA graph (no launch cost to save) 49.8 against 49.3 ms
 #: (H200, ``bench/probes/flag_ab.py ... mpqr.qr._kernels.TRMM_BATCHED=False,True``)
 TRMM_BATCHED = True
 #: A panel with at least this many rows per column is "tall-skinny": TSQR (one
