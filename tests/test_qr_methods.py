@@ -370,3 +370,47 @@ def test_folded_spine_gives_the_merged_factors(xp, monkeypatch, shape, precision
     assert np.abs(q1 - q0).max() <= n * u
     assert np.abs(r1 - r0).max() <= n * u * np.abs(r0).max()
     assert flops[True] < 0.95 * flops[False]
+
+
+@pytest.mark.parametrize(("shape", "precision", "dtype"), [
+    ((512, 512), "fp32-emulated", "float32"), ((640, 512), "fp64-emulated", "float64"),
+    ((512, 512), "fp16", "float32")])
+def test_formq_diagonal_blocks_capped(xp, monkeypatch, shape, precision, dtype):
+    """Q's formation splits ``Y1``'s triangle until its diagonal blocks are at most
+    ``FORMQ_MAX_BLOCK`` wide (each block one GEMM over its triangle's zeros): capped, the
+    blocks are that wide, the products' flops fall, and Q and R stay within the
+    precision's accuracy bounds and agree with the uncapped split's to rounding."""
+    _needs_fp16(xp, precision)
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    a = np.random.default_rng(sum(shape)).standard_normal(shape).astype(dtype)
+    n = shape[1]
+    assert hr.formq_block(n) == n // hr.TRMM_DEPTH_FRACTION  # these sizes: under the cap
+    out, flops, widths = {}, {}, {}
+    full = hr.FORMQ_MAX_BLOCK
+    for cap in (full, n // 8):
+        monkeypatch.setattr(hr, "FORMQ_MAX_BLOCK", cap)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(xp.asarray(a), precision=precision, method="householder-recursive")
+        out[cap] = (to_numpy(q), to_numpy(r))
+        formq = [g for g in trace.gemms if g.label.startswith("rec-formq")]
+        flops[cap] = sum(2 * g.batch * g.shape[0] * g.shape[1] * g.shape[2] for g in formq)
+        widths[cap] = {g.shape[0] for g in formq if g.label == "rec-formq-trmm"}
+    assert widths[n // 8] == {n // 8}
+    assert widths[full] == {n // hr.TRMM_DEPTH_FRACTION}
+    assert flops[n // 8] < 0.95 * flops[full]
+    u = unit_roundoff(precision, a.dtype)
+    (q0, r0), (q1, r1) = out[full], out[n // 8]
+    assert backward_error(a, q1, r1) <= 2 * np.sqrt(n) * u
+    assert orthogonality(q1) <= np.sqrt(n) * u / 4
+    # R is computed before Q's formation: the same bits; Q to rounding
+    np.testing.assert_array_equal(r1, r0)
+    assert np.abs(q1 - q0).max() <= n * u
+
+
+def test_formq_block_rule():
+    """Q's diagonal blocks: a quarter of the columns, at least the TRMM split's cutoff and
+    at most ``FORMQ_MAX_BLOCK`` (4096)."""
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    assert [hr.formq_block(n) for n in (64, 1024, 8192, 16384, 32768, 65536)] == \
+        [hr.TRMM_CUTOFF, 256, 2048, 4096, 4096, 4096]

@@ -87,6 +87,7 @@ __all__ = [
     "EXACT_FP16",
     "FEW_LEAVES",
     "FOLD_SPINE",
+    "FORMQ_MAX_BLOCK",
     "FP16_SCHEME",
     "FP16_SCHEMES",
     "LEAN_CACHED_SHARE",
@@ -99,6 +100,7 @@ __all__ = [
     "RECURSION_CUTOFF",
     "SPLIT_FP16",
     "WHB_SHIFTS_IN_PRODUCT",
+    "formq_block",
     "fp16_products",
     "fp16_scheme",
     "householder_recursive",
@@ -142,6 +144,15 @@ CERTIFIED_LEAF_ELEMENTS = 2**24
 #: The TRMM split stops at a quarter of the triangle: 7 GEMMs instead of ``2 k / 64``,
 #: for 12.5 % more flops on the triangular part.
 TRMM_DEPTH_FRACTION = 4
+#: Q's formation (``W Y1^H``) splits ``Y1``'s triangle down to ``n / TRMM_DEPTH_FRACTION``
+#: columns, at most this many: each diagonal block is one GEMM over its triangle's zeros
+#: (half its flops wasted). H200, fp32-emulated, blocks of n/4 / n/8 / n/16 alternated,
+#: medians of 12 (ms): 32768^2 1002 / 988 / 985, 16384^2 189.3 / 188.1 / 188.8, 65536 x
+#: 8192 234.9 / 237.8 / 243.9 (blocks of 1024 and 512: short products), fp64-emulated
+#: 16384^2 340.2 / 341.7 / 346.9 (``python3 bench/probes/flag_ab.py OUT
+#: mpqr.qr.householder_recursive.FORMQ_DEPTH_FRACTION=4,8,16``, a form of this constant
+#: then)
+FORMQ_MAX_BLOCK = 4096
 #: ``Y1 C`` is one GEMM over all rows (the zeros above Y1's diagonal included)
 #: when Y1 has at least this many rows per column: at most 1/16 of its flops wasted.
 TRIANGLE_AS_GEMM = 8
@@ -324,6 +335,12 @@ def leaf_width(n: int, cap: int | None = None, rows: int | None = None) -> int:
     return nb
 
 
+def formq_block(n: int) -> int:
+    """The width of the diagonal blocks of Q's formation for ``n`` columns
+    (:data:`FORMQ_MAX_BLOCK`)."""
+    return max(TRMM_CUTOFF, min(n // TRMM_DEPTH_FRACTION, FORMQ_MAX_BLOCK))
+
+
 def _trmm(l: Any, b: Any, *, precision: Any, label: str, backend: Any) -> Any:
     # l: unit lower, stored below R in the working array (diagonal and above not read)
     cutoff = max(TRMM_CUTOFF, l.shape[-1] // TRMM_DEPTH_FRACTION)
@@ -479,7 +496,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if want_q and not (lean or complete or f16):
         c = 0
         while len(fold_at) < FOLD_SPINE and n - c > max(nb, TRMM_CUTOFF,
-                                                         n // TRMM_DEPTH_FRACTION):
+                                                         formq_block(n)):
             fold_at.add(c)
             c += left_half(n - c, nb)  # rec's split
     folds: dict[int, tuple[int, Any]] = {}  # node's first column -> (its split, Y1^H W2)
@@ -675,7 +692,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         work = None
     # (the kept W1 passed without a name here: the callee drops it after its one product)
     _times_unit_upper(backend, w_all, ysrc[..., :n, :n], 0, n, precision=precision,
-                      options=opt_y, cutoff=max(TRMM_CUTOFF, n // TRMM_DEPTH_FRACTION),
+                      options=opt_y, cutoff=formq_block(n),
                       explicit=yx, prepared=kept.pop("root", None), folds=folds)
     # Y1 was their last use: free them before the sign normalisation copies Q
     ysrc = yh_all = None

@@ -44,11 +44,11 @@ from mpqr._errors import DeviceMemoryError
 from mpqr.engines.ozaki import workspace_bytes
 from mpqr.engines.tc_sgemm import partials_limit
 from mpqr.policy import active_gemm_options, gemm_options, record_event
-from mpqr.qr._kernels import TRMM_CUTOFF
 from mpqr.qr.householder_recursive import (
     LEAN_PARTS,
     LEAN_Q_BLOCK,
     MAX_CERTIFIED_LEAF_WIDTH,
+    formq_block,
     leaf_width,
     lean_plan,
     lean_q_width,
@@ -168,11 +168,11 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         need += whole if plan == "fast" else min(ozaki_cap(nbytes), whole)
     # factoring: the top level's C = W1^H A2 (k/2 x k/2), its triangular update and a
     # converted copy, or a leaf's panel copies; forming Q: a diagonal block of W Y1^H
-    # (m x k/4), or where the right spine's merges are folded into it (not at fp16), the
-    # root's D and its product with Y22 (k/2 x k/2 each) beside the next node's D
+    # (m x formq_block(k)), or where the right spine's merges are folded into it (not at
+    # fp16), the root's D and its product with Y22 (k/2 x k/2 each) beside the next node's D
     nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
     factoring = max(_HALF_PRODUCTS * (k // 2) ** 2, _LEAF_COPIES * m * min(nb, k))
-    forming_q = m * max(TRMM_CUTOFF, k // 4)
+    forming_q = m * formq_block(k)
     if prec_name != "fp16":
         forming_q = max(forming_q, 2 * (k // 2) ** 2) + (k // 4) ** 2
     need += stack * max(factoring, forming_q) * itemsize
