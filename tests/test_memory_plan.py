@@ -1,5 +1,6 @@
 """The workspace check before a device call and the NumPy backend's peak memory."""
 
+import importlib
 import math
 import os
 import pickle
@@ -557,6 +558,36 @@ def test_plan_choice_follows_the_free_memory(small_device):
         np.testing.assert_allclose(q @ r, a, atol=1e-12 * np.linalg.norm(a))
 
 
+def test_gpu_lean_plan_reserve_bounds_the_pool_by_its_estimate(monkeypatch):
+    # fp64-emulated takes the lean plan first at 8192^2; with its estimate reserved at its
+    # start (the size threshold lowered to this input) one call grows CuPy's pool by at
+    # most the estimate (the pool's per-call blocks aside) and the factors are accurate
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+    from mpqr.qr.memory_plan import estimate_bytes
+
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.delenv("MPQR_MEMORY_PLAN", raising=False)
+    monkeypatch.setattr(hr, "LEAN_RESERVE_MIN_ELEMENTS", 0)
+    cp.get_default_memory_pool().free_all_blocks()
+    n = 8192
+    a = cp.random.default_rng(3).standard_normal((n, n))
+
+    def call(x):
+        return mpqr.qr(x, precision="fp64-emulated", method="householder-recursive")
+
+    with mpqr.explain() as trace:
+        call(a)
+    assert any("taken as one block of the pool" in str(e) for e in trace.events)
+    got = measure_call(cp, call, a)
+    lean = estimate_bytes("householder-recursive", "fp64-emulated", a.shape, 8, "lean")
+    assert got["pool_multiple"] * a.nbytes <= lean + (4 << 20), (got, lean / a.nbytes)
+    q, r = call(a)
+    be = float(cp.linalg.norm(q @ r - a) / cp.linalg.norm(a))
+    orth = float(cp.linalg.norm(q.T @ q - cp.eye(n)) / n)
+    assert be <= 32 * n**0.5 * 2.0**-53 and orth <= n**0.5 * 2.0**-53, (be, orth)
+
+
 def test_gpu_lean_plan_pool_within_its_estimate(monkeypatch):
     # forced lean: one call's pool growth (CuPy's allocator) within the lean estimate,
     # below the tiled estimate, and the factors as accurate as the precision's bounds; the
@@ -865,6 +896,46 @@ def test_lean_plan_hands_cached_memory_back_with_the_calls_estimate(small_device
     assert all(need == want for _, need in calls), (want, calls)
     be = np.linalg.norm(q.astype(np.float64) @ r - a) / np.linalg.norm(a)
     assert be <= 32 * 128**0.5 * 2.0**-24, be
+
+
+@pytest.mark.parametrize(("shape", "setting", "reserves"), [
+    ((160, 128), "auto", True), ((384, 128), "auto", False), ((160, 128), "lean", False)])
+def test_lean_plan_reserves_its_estimate_at_its_start(small_device, monkeypatch, shape,
+                                                     setting, reserves):
+    # with memory to spare (the cached blocks kept), the lean plan of an input of at most
+    # two rows a column takes its estimate (beyond the working copy) as one block of the
+    # pool before its first temporary; not for taller inputs, not where the device is short
+    # (the blocks are handed back between the phases instead)
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setattr(hr, "LEAN_RESERVE_MIN_ELEMENTS", 0)
+    backend = get_backend(np)
+    calls = []
+    monkeypatch.setattr(type(backend), "release_cached_memory",
+                        lambda self, at_least=0, need=None:
+                        calls.append(("release", need)) or need is None)
+    monkeypatch.setattr(type(backend), "reserve_workspace",
+                        lambda self, nbytes, need=None: calls.append(("reserve", nbytes,
+                                                                      need)))
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "1" if setting == "auto" else "lean")
+    a = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    lean = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", a.shape, 4,
+                                      "lean")
+    small_device["bytes"] = lean  # only the lean plan fits
+    with mpqr.explain() as trace:
+        q, r = mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+    assert calls[0][0] == "release"
+    first = calls[1] if len(calls) > 1 else None
+    if reserves:
+        assert first == ("reserve", lean - a.nbytes, None), calls
+    else:
+        assert first is None or first[0] != "reserve" or first[2] is not None, calls
+    (ev,) = [e for e in trace.events if "lean plan (W" in str(e)]
+    assert ("taken as one block of the pool" in str(ev)) is reserves
+    be = np.linalg.norm(q.astype(np.float64) @ r - a) / np.linalg.norm(a)
+    assert be <= 32 * shape[1]**0.5 * 2.0**-24, be
+    assert hr.lean_reserves(2 * shape[1], shape[1], lean)
+    assert not hr.lean_reserves(2 * shape[1] + 1, shape[1], lean)
+    assert not hr.lean_reserves(*shape, None)
 
 
 def test_cupy_hands_cached_memory_back_only_where_short():

@@ -93,6 +93,8 @@ __all__ = [
     "LEAN_CACHED_SHARE",
     "LEAN_PARTS",
     "LEAN_Q_BLOCK",
+    "LEAN_RESERVE",
+    "LEAN_RESERVE_MIN_ELEMENTS",
     "MAX_CERTIFIED_LEAF_WIDTH",
     "MAX_LEAF_WIDTH",
     "MAX_LEAVES",
@@ -110,6 +112,7 @@ __all__ = [
     "lean_plan",
     "lean_q_width",
     "lean_q_workspace",
+    "lean_reserves",
     "lean_width",
     "round_reflectors_fp16",
     "rounded_wy",
@@ -185,6 +188,16 @@ LEAN_CACHED_SHARE = 0.02
 #: undone in the product's own unscaling, W1^T given as a prepared operand, rather than
 #: in a pass over the product afterwards (the same bits)
 WHB_SHIFTS_IN_PRODUCT = True
+#: The lean plan with memory to spare (its cached blocks kept) takes its estimate as one
+#: block of the pool at its start for inputs of at most 2 rows a column and more than
+#: LEAN_RESERVE_MIN_ELEMENTS: their Q formation's temporaries, growing block after block,
+#: otherwise leave blocks beside blocks. H200, float64 fp64-emulated, pool growth without /
+#: with (times within 0.5%): 10240^2 3.50x / 2.95x, 12288^2 3.15x / 2.91x, 16384^2 3.45x /
+#: 2.86x, 20480^2 3.62x / 2.83x; where the plan fragments less than its estimate's
+#: headroom the block costs more: 8192^2 2.77x / 3.01x, 65536 x 8192 1.92x / 2.21x
+#: (``python3 bench/probes/lean_reserve.py OUT.json``)
+LEAN_RESERVE = True
+LEAN_RESERVE_MIN_ELEMENTS = 2**26
 _LEAN: ContextVar[tuple[int | None] | None] = ContextVar("mpqr_lean_qr", default=None)
 
 
@@ -213,6 +226,13 @@ def lean_plan(need: int | None = None) -> Iterator[None]:
         yield
     finally:
         _LEAN.reset(token)
+
+
+def lean_reserves(m: int, n: int, need: int | None) -> bool:
+    """Whether the lean plan of an ``m x n`` input, its estimate ``need`` bytes, takes that
+    as one block of the pool at its start (:data:`LEAN_RESERVE`)."""
+    return (LEAN_RESERVE and need is not None and m <= 2 * n
+            and m * n > LEAN_RESERVE_MIN_ELEMENTS)
 
 
 def lean_width(n: int, nb: int) -> int:
@@ -397,10 +417,17 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     wk = lean_width(n, nb) if lean else n
     if lean:
         short = backend.release_cached_memory(need=need)
+        reserve = short is False and lean_reserves(m, n, need)
+        if reserve:
+            # the estimate's other bytes as one block of the pool, from which the phases'
+            # temporaries are split and into which they merge back (:data:`LEAN_RESERVE`)
+            backend.reserve_workspace(need - math.prod(work.shape) * work.itemsize)
         pool = {True: "; the memory pool's cached blocks handed back between its phases "
                       "(the device is short of memory)",
                 False: "; the memory pool's cached blocks kept (the device has room "
                        "beside the estimate)"}.get(short, "")
+        if reserve:
+            pool += f", the estimate ({need} bytes) taken as one block of the pool"
         record_event("memory", f"householder-recursive: lean plan (W {m} x {wk}, Q formed "
                      f"over the working copy){pool}", width=wk, handed_back=short)
     w_all = xp.zeros((*batch, m, wk), dtype=a.dtype, device=dev)
