@@ -865,20 +865,28 @@ def test_out_of_memory_inside_a_call_is_a_device_memory_error(small_device, monk
     assert "memory_budget=" in str(err)
 
 
+def _pool_calls(monkeypatch):
+    """The NumPy backend as one with a memory pool: its hand-backs and reserves recorded
+    (``("release", need)``, ``("reserve", nbytes, need)``), short of memory where no
+    estimate is given (the plan forced)."""
+    backend = get_backend(np)
+    calls = []
+    monkeypatch.setattr(type(backend), "release_cached_memory",
+                        lambda self, at_least=0, need=None:
+                        calls.append(("release", need)) or need is None)
+    monkeypatch.setattr(type(backend), "reserve_workspace",
+                        lambda self, nbytes, need=None: calls.append(("reserve", nbytes,
+                                                                      need)))
+    return calls
+
+
 @pytest.mark.parametrize("setting", ["auto", "lean"])
 def test_lean_plan_hands_cached_memory_back_with_the_calls_estimate(small_device,
                                                                    monkeypatch, setting):
     # the lean plan tells the backend the call's estimate with every hand-back of cached
     # memory (the backend keeps the blocks where the device has ample room beside it);
     # forced by MPQR_MEMORY_PLAN=lean: None, always handed back
-    backend = get_backend(np)
-    calls = []
-    # a backend with a pool: short of memory where the plan is forced (no estimate)
-    monkeypatch.setattr(type(backend), "release_cached_memory",
-                        lambda self, at_least=0, need=None:
-                        calls.append(("release", need)) or need is None)
-    monkeypatch.setattr(type(backend), "reserve_workspace",
-                        lambda self, nbytes, need=None: calls.append(("reserve", need)))
+    calls = _pool_calls(monkeypatch)
     monkeypatch.setenv("MPQR_MEMORY_PLAN", "1" if setting == "auto" else "lean")
     a = np.random.default_rng(4).standard_normal((160, 128)).astype(np.float32)
     lean = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", a.shape, 4,
@@ -891,9 +899,9 @@ def test_lean_plan_hands_cached_memory_back_with_the_calls_estimate(small_device
     (ev,) = [e for e in trace.events if "lean plan (W" in str(e)]
     assert ev.data["handed_back"] is (setting == "lean")
     assert ("cached blocks kept" in str(ev)) is (setting == "auto")
-    kinds = {k for k, _ in calls}
+    kinds = {c[0] for c in calls}
     assert kinds == {"release", "reserve"}, calls
-    assert all(need == want for _, need in calls), (want, calls)
+    assert all(c[-1] == want for c in calls), (want, calls)
     be = np.linalg.norm(q.astype(np.float64) @ r - a) / np.linalg.norm(a)
     assert be <= 32 * 128**0.5 * 2.0**-24, be
 
@@ -908,14 +916,7 @@ def test_lean_plan_reserves_its_estimate_at_its_start(small_device, monkeypatch,
     # (the blocks are handed back between the phases instead)
     hr = importlib.import_module("mpqr.qr.householder_recursive")
     monkeypatch.setattr(hr, "LEAN_RESERVE_MIN_ELEMENTS", 0)
-    backend = get_backend(np)
-    calls = []
-    monkeypatch.setattr(type(backend), "release_cached_memory",
-                        lambda self, at_least=0, need=None:
-                        calls.append(("release", need)) or need is None)
-    monkeypatch.setattr(type(backend), "reserve_workspace",
-                        lambda self, nbytes, need=None: calls.append(("reserve", nbytes,
-                                                                      need)))
+    calls = _pool_calls(monkeypatch)
     monkeypatch.setenv("MPQR_MEMORY_PLAN", "1" if setting == "auto" else "lean")
     a = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
     lean = memory_plan.estimate_bytes("householder-recursive", "fp32-emulated", a.shape, 4,
