@@ -153,8 +153,8 @@ TRMM_DEPTH_FRACTION = 4
 #: medians of 12 (ms): 32768^2 1002 / 988 / 985, 16384^2 189.3 / 188.1 / 188.8, 65536 x
 #: 8192 234.9 / 237.8 / 243.9 (blocks of 1024 and 512: short products), fp64-emulated
 #: 16384^2 340.2 / 341.7 / 346.9 (``python3 bench/probes/flag_ab.py OUT
-#: mpqr.qr.householder_recursive.FORMQ_DEPTH_FRACTION=4,8,16``, a form of this constant
-#: then)
+#: mpqr.qr.householder_recursive.FORMQ_MAX_BLOCK=8192,4096,2048 --cases 32768:fp32-emulated``
+#: and the same three widths a shape)
 FORMQ_MAX_BLOCK = 4096
 #: ``Y1 C`` is one GEMM over all rows (the zeros above Y1's diagonal included)
 #: when Y1 has at least this many rows per column: at most 1/16 of its flops wasted.
