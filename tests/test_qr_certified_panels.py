@@ -711,7 +711,9 @@ def test_gpu_native_near_square_takes_the_certified_recursion(xp, monkeypatch, d
     assert choose_method(backend, own, dt, 6144, 6144)[0] == "householder-recursive"
     assert choose_method(backend, own, dt, 8192, 6144)[0] == "householder-recursive"
     assert choose_method(backend, own, dt, 4096, 4096)[0] == "geqrf"
-    assert choose_method(backend, own, dt, 16384, 16384)[0] == "geqrf"
+    assert choose_method(backend, own, dt, 16384, 16384)[0] == "householder-recursive"
+    assert choose_method(backend, own, dt, 20480, 20480)[0] == "householder-recursive"
+    assert choose_method(backend, own, dt, 24576, 24576)[0] == "geqrf"
     monkeypatch.setattr(type(backend), "native_recursion_square", (0, 2**20))
     a = np.random.default_rng(43).standard_normal((600, 500)).astype(dtype)
     with mpqr.explain() as trace:

@@ -408,6 +408,66 @@ def test_formq_diagonal_blocks_capped(xp, monkeypatch, shape, precision, dtype):
     assert np.abs(q1 - q0).max() <= n * u
 
 
+@pytest.mark.parametrize(("shape", "precision", "dtype", "block"), [
+    ((512, 512), "fp32-emulated", "float32", 64), ((700, 500), "fp64", "float64", 128),
+    ((512, 512), "fp64-emulated", "float64", 128), ((384, 384), "fp64", "complex128", 64)])
+def test_spine_in_blocks(xp, monkeypatch, shape, precision, dtype, block):
+    """The fast plan's spine in blocks (``SPINE_BLOCK``): each block factored by halves,
+    its W updating the columns right of it, and Q formed from the blocks' W's backward.
+    Q and R within the precision's bounds, equal to the halves' to rounding, fewer flops,
+    the input untouched; ``mode="r"`` gives R to rounding."""
+    _needs_fp16(xp, precision)
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    monkeypatch.setattr(hr, "SPINE_BLOCKS", 10**6)  # the width is SPINE_BLOCK's
+    rng = np.random.default_rng(sum(shape))
+    a = rng.standard_normal(shape)
+    if dtype == "complex128":
+        a = a + 1j * rng.standard_normal(shape)
+    a = a.astype(dtype)
+    n = shape[1]
+    out, flops, labels = {}, {}, {}
+    for sb in (None, block):
+        monkeypatch.setattr(hr, "SPINE_BLOCK", sb)
+        x = xp.asarray(a)
+        with mpqr.explain() as trace:
+            q, r = mpqr.qr(x, precision=precision, method="householder-recursive")
+        r_only = mpqr.qr(x, precision=precision, method="householder-recursive", mode="r")
+        np.testing.assert_array_equal(to_numpy(x), a)
+        out[sb] = (to_numpy(q), to_numpy(r), to_numpy(r_only))
+        flops[sb] = sum(2 * g.batch * g.shape[0] * g.shape[1] * g.shape[2]
+                        for g in trace.gemms)
+        labels[sb] = {g.label for g in trace.gemms}
+    assert "formq-blocked-YhQ" in labels[block] and "formq-blocked-YhQ" not in labels[None]
+    assert not any(lb.startswith("rec-merge") and "fold" in lb for lb in labels[block])
+    assert flops[block] < 0.9 * flops[None]
+    u = unit_roundoff(precision, a.dtype)
+    (q0, r0, _), (q1, r1, rr1) = out[None], out[block]
+    assert backward_error(a, q1, r1) <= 2 * np.sqrt(n) * u
+    assert orthogonality(q1) <= np.sqrt(n) * u / 4
+    # the same reflectors, other sums: Q and R equal to the halves' to rounding
+    assert np.abs(q1 - q0).max() <= n * u
+    assert np.abs(r1 - r0).max() <= n * u * np.abs(r0).max()
+    # mode "r": the same blocks (the last one's leaf may run another order without its W)
+    assert np.abs(rr1 - r1).max() <= n * u * np.abs(r1).max()
+
+
+def test_spine_block_rule(monkeypatch):
+    """The spine's blocks: ``max(SPINE_BLOCK, n / SPINE_BLOCKS)`` columns, a multiple of
+    the leaf width, where that leaves more than two blocks and the input has at most
+    ``SPINE_MAX_ASPECT`` rows a column; None (halves) otherwise or with the constant None."""
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    assert hr.spine_block(32768, 32768, 1024) == 4096
+    assert hr.spine_block(16384, 16384, 1024) == 2048
+    assert hr.spine_block(8192, 8192, 1024) == 2048
+    assert hr.spine_block(16384, 8192, 1024) == 2048
+    assert hr.spine_block(12288, 12288, 1536) == 1536  # a leaf's multiple
+    assert hr.spine_block(65536, 8192, 512) is None  # tall
+    assert hr.spine_block(4096, 4096, 512) is None  # two blocks
+    monkeypatch.setattr(hr, "SPINE_BLOCK", None)
+    assert hr.spine_block(32768, 32768, 1024) is None
+
+
 def test_formq_block_rule():
     """Q's diagonal blocks: a quarter of the columns, at least the TRMM split's cutoff and
     at most ``FORMQ_MAX_BLOCK`` (4096)."""

@@ -274,11 +274,14 @@ class CupyBackend(ArrayAPIBackend):
                                                            "fp64-emulated": 2**25})
     #: the certified recursion with native GEMMs against cuSOLVER's geqrf, at the input's
     #: own precision (H200, one process, medians of 9; float64 / float32, ms): 4096^2 42.0
-    #: / 27.3 against 30.0 / 28.6, 6144^2 38.1 / 42.4 against 58.1 / 56.3, 8192^2 70.7 /
-    #: 74.4 against 99.1 / 96.1, 12288^2 191.6 / 204.5 against 231.4 / 231.3, 16384^2
-    #: 420.5 / 429.8 against 484.8 / 489.0 (``bench/probes/native_recursion.py``). Above
-    #: 2^27 the 13-21 % it saves costs 3-4x cuSOLVER's memory: geqrf keeps those sizes.
-    native_recursion_square = (2**25, 2**27)
+    #: / 27.3 against 30.0 / 28.6, 6144^2 38.1 / 42.4 against 58.1 / 56.3
+    #: (``bench/probes/native_recursion.py``); with the spine in blocks
+    #: (``householder_recursive.SPINE_BLOCK``; medians of 6): 8192^2 60.5 / 63.5 against
+    #: 99.6 / 95.9, 11264^2 123.7 / 131.5 against 192.8 / 190.4, 16384^2 317.2 / 317.4
+    #: against 486.9 / 487.5, 20480^2 570.7 / 569.5 against 847.9 / 842.2
+    #: (``bench/probes/spine_native.py``), the pool 2.69x / 2.63x the input at 16384^2
+    #: (cuSOLVER's 2.07x). Larger sizes were not measured: geqrf keeps them.
+    native_recursion_square = (2**25, 20480 * 20480)
 
     def small(self, x, limit=None):
         # The n x n steps of a CholQR pass (symmetrise, checks, Cholesky, certificate,

@@ -26,6 +26,14 @@ folded into Q's formation (:data:`FOLD_SPINE`): ``W2 -= W1 D`` never runs; Q's
 ``W1 U12`` product reads ``U12 - D U22`` instead.
 W, Y and the R/work matrix are allocated once and filled in place.
 
+Halves all the way up cost products a QR does not need (each half's W updates every row
+below its first, W is merged across the whole width, Q is formed from that W): about
+3.7 n^3 for a square matrix against the 2.7 n^3 of LAPACK's ``geqrf`` and ``orgqr``. So
+on the fast plan the spine of a near-square input goes in blocks (:data:`SPINE_BLOCK`,
+Elmroth and Gustavson's hybrid): each block factored by the halves above, its W applied
+to the columns right of it, and Q formed from the blocks' W's backward
+(:func:`_form_q_blocked`), no merge across blocks: 2.8-2.9 n^3.
+
 At ``precision="fp16"`` (:func:`fp16_scheme`) rounding every operand of every
 product to fp16 costs about ``2.3 u16`` of backward error at ``n = 1024``, most of it
 because rounding W makes the applied block reflector non-orthogonal. Instead the
@@ -100,6 +108,9 @@ __all__ = [
     "MAX_LEAVES",
     "PREPARED_OPERANDS",
     "RECURSION_CUTOFF",
+    "SPINE_BLOCK",
+    "SPINE_BLOCKS",
+    "SPINE_MAX_ASPECT",
     "SPLIT_FP16",
     "WHB_SHIFTS_IN_PRODUCT",
     "formq_block",
@@ -116,6 +127,7 @@ __all__ = [
     "lean_width",
     "round_reflectors_fp16",
     "rounded_wy",
+    "spine_block",
 ]
 
 #: Narrowest leaf (Leng et al. use 32-wide tiles).
@@ -198,6 +210,19 @@ WHB_SHIFTS_IN_PRODUCT = True
 #: (``python3 bench/probes/lean_reserve.py OUT.json``)
 LEAN_RESERVE = True
 LEAN_RESERVE_MIN_ELEMENTS = 2**26
+#: The fast plan's spine in blocks (Elmroth and Gustavson's hybrid; None: halves all the
+#: way down) of ``max(SPINE_BLOCK, n / SPINE_BLOCKS)`` columns, for inputs of at most
+#: ``SPINE_MAX_ASPECT`` rows a column: the recursion by halves factors each block, whose W
+#: updates the columns right of it, and Q is formed from the blocks' W's backward, as
+#: LAPACK's ``orgqr`` does. No W is merged across blocks and no update reaches rows above
+#: its block: a square QR's products fall from 3.7 n^3 to 2.8-2.9 n^3. H200, float32
+#: fp32-emulated, halves / blocks of 1024 / 2048 / 4096 (ms): 32768^2 982 / - / 866 / 842,
+#: 16384^2 189 / 177 / 168 / 171, 8192^2 49.7 / 46.7 / 46.1 / -, 65536 x 8192 232 / 246 /
+#: 236 / - (``python3 bench/probes/flag_ab.py OUT
+#: mpqr.qr.householder_recursive.SPINE_BLOCK=None,1024,2048,4096 --cases ...``)
+SPINE_BLOCK: int | None = 2048
+SPINE_BLOCKS = 8
+SPINE_MAX_ASPECT = 2
 _LEAN: ContextVar[tuple[int | None] | None] = ContextVar("mpqr_lean_qr", default=None)
 
 
@@ -233,6 +258,16 @@ def lean_reserves(m: int, n: int, need: int | None) -> bool:
     as one block of the pool at its start (:data:`LEAN_RESERVE`)."""
     return (LEAN_RESERVE and need is not None and m <= 2 * n
             and m * n > LEAN_RESERVE_MIN_ELEMENTS)
+
+
+def spine_block(m: int, n: int, nb: int) -> int | None:
+    """The block width of the fast plan's spine (:data:`SPINE_BLOCK`, a multiple of the
+    leaf width ``nb``) for ``m x n`` inputs, or None where the spine goes by halves (two
+    blocks or fewer, or more than :data:`SPINE_MAX_ASPECT` rows a column)."""
+    if SPINE_BLOCK is None or m > SPINE_MAX_ASPECT * n:
+        return None
+    b = max(nb, max(SPINE_BLOCK, n // SPINE_BLOCKS) // nb * nb)
+    return b if n > 2 * b else None
 
 
 def lean_width(n: int, nb: int) -> int:
@@ -413,6 +448,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # fp16 on the fast plan: Ŷ in a float16 array of its own (explicit); on the lean plan
     # Ŷ replaces Y in the working copy (float32 numbers that are fp16 numbers)
     yx = f16 and not lean
+    # the fast plan's spine in blocks (:data:`SPINE_BLOCK`): their W's form Q backward
+    sb = None if (lean or complete or f16) else spine_block(m, n, nb)
+    qblocks: list[tuple[int, int]] = []  # the spine's blocks, left to right
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
     if lean:
@@ -520,7 +558,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # FOLD_SPINE nodes wider than Q's formation's diagonal blocks (a narrower one would be
     # split there for the fold alone)
     fold_at = set()
-    if want_q and not (lean or complete or f16):
+    if want_q and not (lean or complete or f16 or sb):
         c = 0
         while len(fold_at) < FOLD_SPINE and n - c > max(nb, TRMM_CUTOFF,
                                                          formq_block(n)):
@@ -544,12 +582,22 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # need_w: a later step reads this block's W (an update of the right
         # sibling, a parent's merge, or Q); W's block is stored from (off, off) on
         k = c1 - c0
+        if sb and not need_w and k <= sb:
+            # the spine's last block: its W forms its columns of Q
+            if want_q:
+                qblocks.append((c0, c1))
+            need_w = want_q
         if k <= nb:
             leaf(c0, c1, need_w, off if need_w or not lean else c0)
             return
         k1 = left_half(k, nb)
         if lean and not need_w:
             k1 = min(k1, wk)  # lean: the left block no wider than W's storage
+        spine = sb and not need_w
+        if spine:
+            k1 = min(k1, sb)  # a block of the spine: its W updates the rest, then Q
+            if want_q:
+                qblocks.append((c0, c0 + k1))
         cm = c0 + k1
         if lean and not need_w:
             off = c0  # no W of this block is read later: the left block's from its corner
@@ -559,7 +607,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # wk x wk (their k1 x (k - k1) whole were the factoring's largest workspace)
         w1 = wv(off, c0, c0, cm)
         w1h = s1 = None
-        step = wk if lean and not need_w else c1 - cm
+        # (the spine's blocks: in two chunks of the input's columns at most, the engines'
+        # scratch no larger than the halves' update's)
+        step = wk if lean and not need_w else -(-n // 2) if spine else c1 - cm
         # W1 prepared once for the update and the merge (fast plan; the lean plan keeps no
         # operand across the right half's recursion)
         w1p = None
@@ -651,7 +701,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     # after a failed certificate the rest runs on meaningless numbers that are thrown
     # away: no floating-point warnings from them (a certified run has none to give)
     with backend.ignore_fp_warnings() if cert is not None else contextlib.nullcontext():
-        rec(0, n, want_q and not lean, 0)
+        rec(0, n, want_q and not (lean or sb), 0)
     # rec refers to itself through its closure cell: unless that cycle is cut, the
     # working arrays outlive the return until a garbage collection (device memory too)
     rec = None
@@ -709,6 +759,11 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
             wy = gemm(w_all, ct(xp, y_all), precision=precision, label="rec-formq-WYh",
                       backend=backend)
         return xp.eye(m, dtype=a.dtype, device=dev) - wy, r
+    if sb:
+        # Q from the spine's blocks, backward, in W's storage; R after it (Y read until then)
+        _form_q_blocked(backend, w_all, work, qblocks, precision=precision,
+                        cutoff=formq_block(n), chunk=-(-n // 2))
+        return w_all, _take_r(xp, work, nb)
     # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there).
     # R is taken from the working copy when no later step reads its vectors: at once for
     # fp16 (Y1 has an array of its own), after Q otherwise; in place for a square input,
@@ -729,6 +784,30 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     q = w_all  # -W Y1^H already
     backend.add_identity(q)
     return q, r
+
+
+def _form_q_blocked(backend: Any, w: Any, work: Any, blocks: list[tuple[int, int]], *,
+                    precision: Any, cutoff: int, chunk: int) -> None:
+    """The reduced Q in W's storage from the spine's blocks (:data:`SPINE_BLOCK`), backward
+    like LAPACK's ``orgqr``: for the blocks ``c0:c1``, last to first,
+    ``Q[c0:, c1:] -= W_j (Y_j^H Q[c0:, c1:])`` (in column chunks of ``chunk``), then the
+    block's own columns ``E_j - W_j Y_j[c0:c1]^H`` over ``W_j`` in place
+    (:func:`_times_unit_upper`). ``W_j`` is stored from row ``c0`` on (zeros above), and
+    Q's rows ``c0:c1`` of the columns right of the block are still zero, so ``Y_j^H Q``
+    reads the vectors below the block only (no triangle, no R)."""
+    xp = backend.xp
+    n = w.shape[-1]
+    for c0, c1 in reversed(blocks):
+        for j0 in range(c1, n, chunk):
+            j1 = min(n, j0 + chunk)
+            d = gemm(ct(xp, work[..., c1:, c0:c1]), w[..., c1:, j0:j1], precision=precision,
+                     label="formq-blocked-YhQ", backend=backend)
+            gemm_sub(w[..., c0:, j0:j1], w[..., c0:, c0:c1], d, precision=precision,
+                     label="formq-blocked-WD", backend=backend)
+            d = None
+        _times_unit_upper(backend, w[..., c0:, :], work, c0, c1, precision=precision,
+                          options=None, cutoff=cutoff)
+        backend.add_identity(w[..., c0:c1, c0:c1])
 
 
 def lean_q_width(n: int, nb: int) -> int:
