@@ -1039,3 +1039,28 @@ def test_reserved_workspace_is_one_block_taken_again_only_where_needed():
     pool = Pool(free=0, kept=0, room=0)  # no room: the temporaries take what they find
     reserve(pool, 1024)
     assert pool.calls == ["release"] and pool.free == 0
+
+
+@pytest.mark.parametrize(("precision", "dtype", "shape"), [
+    ("fp32-emulated", "float32", (512, 512)), ("fp64", "float64", (768, 512))])
+def test_spine_in_blocks_takes_no_more_memory_than_the_halves(monkeypatch, precision, dtype,
+                                                              shape):
+    """The fast plan's spine in blocks (``householder_recursive.SPINE_BLOCK``) holds no
+    merge's temporaries and chunks its updates: the NumPy backend's peak beyond the input
+    is at most the halves' (docs/memory.md: the fast estimate bounds both)."""
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    monkeypatch.setattr(hr, "SPINE_BLOCKS", 10**6)
+    a = np.random.default_rng(11).standard_normal(shape).astype(dtype)
+    peaks = {}
+    for sb in (None, 64):
+        monkeypatch.setattr(hr, "SPINE_BLOCK", sb)
+
+        def call():
+            return mpqr.qr(a, precision=precision, method="householder-recursive")
+
+        with mpqr.explain() as trace:  # also the warm-up: first-use allocations
+            call()
+        assert ("formq-blocked-YhQ" in {g.label for g in trace.gemms}) == (sb is not None)
+        peaks[sb] = _peak_bytes(call)
+    assert peaks[64] <= peaks[None] * 1.01, {k: v / a.nbytes for k, v in peaks.items()}
