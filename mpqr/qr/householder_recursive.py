@@ -593,7 +593,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         k1 = left_half(k, nb)
         if lean and not need_w:
             k1 = min(k1, wk)  # lean: the left block no wider than W's storage
-        spine = sb and not need_w
+        spine = sb is not None and not need_w
         if spine:
             k1 = min(k1, sb)  # a block of the spine: its W updates the rest, then Q
             if want_q:
