@@ -303,9 +303,10 @@ class ArrayAPIBackend:
         (``(g, m, n)``) and ``c`` (``(m, n)``), every addition rounded to nearest: here one
         partial after the other, the order of the one-kernel product
         (:meth:`fused_sgemm`: C = corrections, C += slice, slice by slice), which the
-        portable backends so emulate."""
-        for i in range(parts.shape[0]):
-            c[...] = c + parts[i]
+        portable backends so emulate. Silent on non-finite sums, as a GEMM is."""
+        with self.ignore_fp_warnings():
+            for i in range(parts.shape[0]):
+                c[...] = c + parts[i]
 
     def add_identity(self, x: Any) -> None:
         """``x[..., i, i] += 1`` for ``i < min(m, n)``, in place."""

@@ -18,7 +18,7 @@ from mpqr.backends import get_backend
 
 import mpqr
 from mpqr.engines import tc_sgemm
-from mpqr.engines.prepared import Prepared, operand, prepare
+from mpqr.engines.prepared import Prepared, operand, prepare, shared_hi
 from mpqr.policy import gemm, gemm_into, gemm_options, gemm_sub, prepare_operand
 
 hr = importlib.import_module("mpqr.qr.householder_recursive")
@@ -51,6 +51,50 @@ def test_prepared_on_its_own_axis_gives_the_same_bits(side):
     both = gemm(prepare(BE, a, side="left", engine="tc-sgemm"),
                 prepare(BE, b, side="right", engine="tc-sgemm"), precision=EMU)
     assert np.array_equal(both, plain)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_shared_hi_parts_give_the_same_bits_in_two_thirds_the_bytes(side):
+    """Within ``shared_hi`` a tc-sgemm operand's ``hi`` is its correction buffer's ``hf``
+    half (4 bytes an element, not 6): finite operands give the product's bits."""
+    a, b = _ab()
+    x = a if side == "left" else b
+    with shared_hi():
+        p = prepare(BE, x, side=side, engine="tc-sgemm")
+    plain = prepare(BE, x, side=side, engine="tc-sgemm")
+    assert np.shares_memory(p.hi, p.cat) and p.hi is p.hf
+    assert not np.shares_memory(plain.hi, plain.cat)
+    assert np.array_equal(p.hi, plain.hi) and np.array_equal(p.lo, plain.lo)
+    # one buffer of 4 bytes an element (the plain parts: that and hi's 2 beside it)
+    assert p.cat.nbytes == 4 * x.size and plain.cat.nbytes + plain.hi.nbytes == 6 * x.size
+    args = (p, b) if side == "left" else (a, p)
+    assert np.array_equal(gemm(*args, precision=EMU), gemm(a, b, precision=EMU))
+
+
+def test_shared_hi_keeps_non_finite_outputs_non_finite():
+    """An Inf or NaN entry reaches the correction product too within ``shared_hi``: the
+    outputs it touches are non-finite exactly where the engine's are (Inf may become NaN),
+    the others keep their bits; the QR of such a matrix is non-finite either way."""
+    a, b = _ab()
+    a[3, 7], a[9, 11], b[20, 4] = np.inf, np.nan, -np.inf
+    plain = gemm(a, b, precision=EMU)
+    with shared_hi():
+        got = gemm(prepare(BE, a, side="left", engine="tc-sgemm"),
+                   prepare(BE, b, side="right", engine="tc-sgemm"), precision=EMU)
+    bad = ~np.isfinite(plain)
+    assert bad.any() and np.array_equal(~np.isfinite(got), bad)
+    assert np.array_equal(got[~bad], plain[~bad])
+    x = np.random.default_rng(3).standard_normal((200, 200)).astype(np.float32)
+    ref = mpqr.qr(x, precision=EMU, method="householder-recursive")
+    for flag in (False, True):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(hr, "SHARED_HI", flag)
+            got_q, got_r = mpqr.qr(x, precision=EMU, method="householder-recursive")
+            assert np.array_equal(got_q, ref[0]) and np.array_equal(got_r, ref[1])
+            y = x.copy()
+            y[50, 60] = np.inf
+            q, r = mpqr.qr(y, precision=EMU, method="householder-recursive")
+            assert not (np.isfinite(q).all() and np.isfinite(r).all())
 
 
 def test_tc_fp16_prepared_gives_the_same_bits():
@@ -238,7 +282,14 @@ def test_split_kernels_match_the_elementwise_one(monkeypatch, layout, dtype):
             hi = be.empty_for(v, v.shape, cp.float16)
             cat = be.empty_for(v, (v.shape[0], 2 * v.shape[1]), cp.float16)
             be.split_fp16(v, s, hi, hf=cat[:, :v.shape[1]], lo=cat[:, v.shape[1]:])
-            got += [alone.view(cp.uint16), hi.view(cp.uint16), cat.view(cp.uint16)]
+            # the shared layout (``prepared.shared_hi``): hi where hf would be, and lo
+            sh = be.empty_for(v, (v.shape[0], 2 * v.shape[1]), cp.float16)
+            be.split_fp16(v, s, sh[:, :v.shape[1]], lo=sh[:, v.shape[1]:])
+            got += [alone.view(cp.uint16), hi.view(cp.uint16), cat.view(cp.uint16),
+                    sh.view(cp.uint16)]
+            n = v.shape[1]
+            assert bool(cp.all(got[-1][:, :n] == got[-4])), "shared hi: hi's bits, Inf kept"
+            assert bool(cp.all(got[-1][:, n:] == got[-2][:, n:])), "shared hi: lo's bits"
         outs.append(got)
     for other in outs[1:]:
         assert all(bool(cp.all(p == q)) for p, q in zip(outs[0], other, strict=True))

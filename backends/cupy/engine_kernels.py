@@ -290,7 +290,7 @@ __device__ void split2d(const T* __restrict__ x, long long m, long long n, long 
     if (i < m && j < n) {
       hi[i * hr + j * hc] = th[a][b];
       if (has_lo) {
-        hf[i * fr + j * fc] = tf[a][b];
+        if (has_lo == 1) hf[i * fr + j * fc] = tf[a][b];  // 2: hf is hi, not written
         lo[i * lr + j * lc] = tl[a][b];
       }
     }
@@ -324,7 +324,7 @@ __device__ void split_rows(const T* __restrict__ x, long long m, long long n, lo
     if (has_lo) {
       float h32 = mpqr_h2f(h);
       bool fin = h32 - h32 == 0.0f;  // finite
-      hf[i * fr + j] = mpqr_f2h(fin ? h32 : 0.0f);
+      if (has_lo == 1) hf[i * fr + j] = mpqr_f2h(fin ? h32 : 0.0f);  // 2: hf is hi
       lo[i * lr + j] = mpqr_f2h(fin ? mpqr_odd_f32(ldexp(y - (double)h32, lo_shift)) : 0.0f);
     }
   }
@@ -508,7 +508,8 @@ def _fast_split(x, shift, hi, hf, lo, lo_shift):
     if m == 0 or n == 0:
         return True
     i64, i32 = np.int64, np.int32
-    has_lo = hf is not None
+    # 1: hi, hf and lo; 2: hi and lo (hf is hi); 0: hi alone
+    has_lo = 0 if lo is None else 1 if hf is not None else 2
     hf = hi if hf is None else hf
     lo = hi if lo is None else lo
     fn = _fast_fn("mpqr_split2d_f32" if x.dtype == cp.float32 else "mpqr_split2d_f64")
@@ -545,7 +546,7 @@ def _rows_split(x, shift, hi, hf, lo, lo_shift):
     stride along axis 1; else False (nothing done)."""
     import numpy as np
 
-    outs = (hi,) if hf is None else (hi, hf, lo)
+    outs = tuple(o for o in (hi, hf, lo) if o is not None)
     if not (FAST_SPLIT_ROWS and x.ndim == 2 and x.dtype in (cp.float32, cp.float64)
             and shift.ndim == 2 and shift.dtype == cp.int32
             and shift.shape[0] in (1, x.shape[0]) and shift.shape[1] in (1, x.shape[1])
@@ -563,23 +564,23 @@ def _rows_split(x, shift, hi, hf, lo, lo_shift):
         "mpqr_splitrows", x.dtype, m, n,
         (x, i64(m), i64(n), i64(_el(x, 0)), shift, i64(_el(shift, 0)), i64(_el(shift, 1)),
          np.int32(lo_shift), hi, i64(_el(hi, 0)), hf, i64(_el(hf, 0)), lo, i64(_el(lo, 0)),
-         np.int32(len(outs) == 3)))
+         np.int32(0 if len(outs) == 1 else 1 if len(outs) == 3 else 2)))
 
 
 def split_fp16(x, shift, hi, hf=None, lo=None, lo_shift=11):
-    if (hf is None) != (lo is None):
-        raise ValueError("internal: split_fp16 writes hf and lo together")
+    # hf None with lo: hi and lo alone (the caller reads hi where hf would be)
+    if hf is not None and lo is None:
+        raise ValueError("internal: split_fp16 writes hf with lo")
     if _rows_split(x, shift, hi, hf, lo, lo_shift):
         return
     if _fast_ok(x, shift, hi, hf, lo) and _fast_split(x, shift, hi, hf, lo, lo_shift):
         return
     hi_only, split3 = _split_kernels()
-    if hf is None and lo is None:
+    if lo is None:
         hi_only(x, shift, hi)
         return
-    if hf is None or lo is None:
-        raise ValueError("internal: split_fp16 writes hf and lo together")
-    split3(x, shift, lo_shift, hi, hf, lo)
+    # (the general kernel writes hf too: a scratch one here, a rare layout)
+    split3(x, shift, lo_shift, hi, cp.empty_like(hi) if hf is None else hf, lo)
 
 
 def unscale(c, row_shift, col_shift, out_dtype):

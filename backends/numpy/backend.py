@@ -129,15 +129,15 @@ class NumpyBackend(ArrayAPIBackend):
     def gemm_fp16(self, a16, b16, out=None, alpha=1.0, beta=0.0):
         with np.errstate(over="ignore", invalid="ignore"):  # as gemm: IEEE, no flags
             prod = np.matmul(a16.astype(np.float32), b16.astype(np.float32))
-        if alpha != 1.0:
-            prod *= np.float32(alpha)
-        if out is None:
-            return prod
-        if beta == 0.0:
-            out[...] = prod
-        else:
-            out *= np.float32(beta)
-            out += prod
+            if alpha != 1.0:
+                prod *= np.float32(alpha)
+            if out is None:
+                return prod
+            if beta == 0.0:
+                out[...] = prod
+            else:
+                out *= np.float32(beta)
+                out += prod
         return out
 
     def add_identity(self, x):
