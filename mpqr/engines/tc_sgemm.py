@@ -52,8 +52,14 @@ __all__ = ["BATCHED_PARTIALS_BYTES", "FUSED_KERNEL", "FUSED_UNSCALE", "LO_SHIFT"
            "accumulate_tc_sgemm", "add_slices", "partials_limit",
            "run_tc_sgemm", "split_product"]
 
-#: per-slice partial products are batched in groups of at most this many bytes
-BATCHED_PARTIALS_BYTES = 256 * 2**20
+#: per-slice partial products are batched in groups of at most this many bytes. H200,
+#: 256 / 64 / 16 MiB, the same bits: ``matmul`` 512 x 512 x 2^20 13.43 / 13.38 / 13.41 ms,
+#: 2048 x 8192 x 16384 4.07 / 3.95 / 3.99; the fp32-emulated QR 16384^2 169.0 / 169.2 /
+#: 169.1, 32768^2 860 / 856 / 863, 65536 x 8192 235.2 / 235.1 / 235.2 (its products'
+#: partials, 0.25x a 16384^2 float32 input at 256 MiB, were the QR's largest temporary
+#: after the operands' parts; ``python3 bench/probes/flag_ab.py OUT
+#: mpqr.engines.tc_sgemm.BATCHED_PARTIALS_BYTES=268435456,67108864,16777216``)
+BATCHED_PARTIALS_BYTES = 16 * 2**20
 #: ``c -= A B`` / ``c = A B`` (:func:`accumulate_tc_sgemm`): the unscaling and the update
 #: of ``c`` in one pass over the product (``backend.unscale_into``) instead of an unscaled
 #: copy and a second pass; the same roundings
