@@ -462,7 +462,8 @@ def test_spine_block_rule(monkeypatch):
     assert hr.spine_block(8192, 8192, 1024) == 2048
     assert hr.spine_block(16384, 8192, 1024) == 2048
     assert hr.spine_block(12288, 12288, 1536) == 1536  # a leaf's multiple
-    assert hr.spine_block(65536, 8192, 512) is None  # tall
+    assert hr.spine_block(65536, 8192, 512) == 2048  # 8 rows a column
+    assert hr.spine_block(131072, 8192, 512) is None  # taller
     assert hr.spine_block(4096, 4096, 512) is None  # two blocks
     monkeypatch.setattr(hr, "SPINE_BLOCK", None)
     assert hr.spine_block(32768, 32768, 1024) is None

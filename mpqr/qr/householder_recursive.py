@@ -63,7 +63,7 @@ from typing import Any
 
 from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
-from mpqr.engines.prepared import Prepared, prepare
+from mpqr.engines.prepared import Prepared, prepare, shared_hi
 from mpqr.engines.tc_fp16 import fp16_operand
 from mpqr.engines.tc_sgemm import partials_limit
 from mpqr.policy import (
@@ -108,8 +108,10 @@ __all__ = [
     "MAX_LEAVES",
     "PREPARED_OPERANDS",
     "RECURSION_CUTOFF",
+    "SHARED_HI",
     "SPINE_BLOCK",
     "SPINE_BLOCKS",
+    "SPINE_CHUNKS",
     "SPINE_MAX_ASPECT",
     "SPLIT_FP16",
     "WHB_SHIFTS_IN_PRODUCT",
@@ -222,7 +224,25 @@ LEAN_RESERVE_MIN_ELEMENTS = 2**26
 #: mpqr.qr.householder_recursive.SPINE_BLOCK=None,1024,2048,4096 --cases ...``)
 SPINE_BLOCK: int | None = 2048
 SPINE_BLOCKS = 8
-SPINE_MAX_ASPECT = 2
+#: At 8 rows a column the blocks cost a little time for less memory: 65536 x 8192
+#: fp32-emulated 235.1 -> 238.0 ms, the pool's growth 4.69x -> 3.67x the input (live
+#: 3.60x -> 2.78x), backward error 1.32e-6 -> 9.2e-7 (H200, ``flag_ab.py OUT
+#: mpqr.qr.householder_recursive.SPINE_MAX_ASPECT=2,8``, ``spine_memory.py``)
+SPINE_MAX_ASPECT = 8
+#: The spine's updates and Q's backward formation run in this many column chunks of the
+#: input (each chunk's operand parts are the call's largest temporary). H200, fp32-emulated,
+#: 2 / 4 chunks: 16384^2 169.1 / 177.1 ms, pool 2.88x / 3.07x (live 2.77x / 2.46x), 32768^2
+#: 863 / 892 ms, pool 3.50x / 2.47x; 8 chunks 188 against 169 ms at 16384^2 in an earlier
+#: run (``flag_ab.py OUT mpqr.qr.householder_recursive.SPINE_CHUNKS=2,4,8``,
+#: ``spine_memory.py``)
+SPINE_CHUNKS = 2
+#: The QR's ``tc-sgemm`` operands keep one fp16 copy of their high part
+#: (:func:`mpqr.engines.prepared.shared_hi`): a third fewer bytes of parts, the same bits
+#: for finite data; a non-finite input gives non-finite factors either way. H200,
+#: fp32-emulated, off / on: 16384^2 169.1 / 168.5 ms, pool 3.41x / 3.06x the input (live
+#: 3.25x / 2.93x), 32768^2 848 / 856 ms, 65536 x 8192 235.5 / 235.8 ms, the same bits
+#: (``flag_ab.py OUT mpqr.qr.householder_recursive.SHARED_HI=False,True``)
+SHARED_HI = True
 _LEAN: ContextVar[tuple[int | None] | None] = ContextVar("mpqr_lean_qr", default=None)
 
 
@@ -411,6 +431,8 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
 
     ``nb`` is the leaf width (default :func:`leaf_width`). Returns ``(Q, R)``
     before sign normalisation (Q is None unless ``want_q``).
+    The ``tc-sgemm`` products keep one fp16 copy of each operand's high part
+    (:data:`SHARED_HI`).
 
     Storage is LAPACK's: the working copy holds R on and above its diagonal and the
     Householder vectors Y (unit diagonal implied) below it; W has an array of its own,
@@ -419,6 +441,13 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     factors are the only arrays of the input's size left; the other workspace is
     bounded by the memory plan (docs/memory.md).
     """
+    with shared_hi(SHARED_HI):
+        return _factor(backend, a, precision=precision, prec_name=prec_name, want_q=want_q,
+                       complete=complete, nb=nb, overwrite=overwrite)
+
+
+def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: bool,
+            complete: bool, nb: int | None, overwrite: bool) -> tuple[Any | None, Any]:
     xp = backend.xp
     *batch, m, n = a.shape
     dev = device(a)
@@ -607,9 +636,9 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
         # wk x wk (their k1 x (k - k1) whole were the factoring's largest workspace)
         w1 = wv(off, c0, c0, cm)
         w1h = s1 = None
-        # (the spine's blocks: in two chunks of the input's columns at most, the engines'
+        # (the spine's blocks: in SPINE_CHUNKS chunks of the input's columns, the engines'
         # scratch no larger than the halves' update's)
-        step = wk if lean and not need_w else -(-n // 2) if spine else c1 - cm
+        step = wk if lean and not need_w else -(-n // SPINE_CHUNKS) if spine else c1 - cm
         # W1 prepared once for the update and the merge (fast plan; the lean plan keeps no
         # operand across the right half's recursion)
         w1p = None
@@ -762,7 +791,7 @@ def householder_recursive(backend: Any, a: Any, *, precision: Any, prec_name: st
     if sb:
         # Q from the spine's blocks, backward, in W's storage; R after it (Y read until then)
         _form_q_blocked(backend, w_all, work, qblocks, precision=precision,
-                        cutoff=formq_block(n), chunk=-(-n // 2))
+                        cutoff=formq_block(n), chunk=-(-n // SPINE_CHUNKS))
         return w_all, _take_r(xp, work, nb)
     # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there).
     # R is taken from the working copy when no later step reads its vectors: at once for
