@@ -1,0 +1,114 @@
+"""Where a QR call's device memory peaks: the live allocations at the peak of live bytes
+and at the pool's high-water, by the library frames that asked for them.
+
+``python3 bench/probes/live_peak.py OUT.json CASE [CASE ...] [--set MODULE.NAME=V ...]``
+(cases ``N:precision`` or ``MxN:precision``, as ``flag_ab.py``'s; ``--set`` a module
+constant for every case, a Python literal): one warm-up call and one measured call
+(the memory plan as it chooses), the allocations of at least 16 MiB alive at each peak
+(multiples of the input's bytes, with their origin), and the label of the last matrix
+product the policy ran before each peak.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+
+import cupy as cp
+from cupy.cuda import memory_hook
+from flag_ab import case_matrix, owner  # the probe beside this one
+
+import mpqr
+from mpqr.bench.memory import _origin, calls_as_they_run
+from mpqr.policy import policy as ptrace  # where gemm records its decisions
+
+MIN_BYTES = 16 << 20
+
+
+def where(prec, a):
+    pool = cp.get_default_memory_pool()
+
+    def call():
+        return mpqr.qr(a, precision=prec, method="householder-recursive")
+
+    with calls_as_they_run():
+        del_ = call()
+        del del_
+        cp.cuda.Device().synchronize()
+        pool.free_all_blocks()
+        base = pool.total_bytes()
+        last = {"label": ""}
+        record = ptrace.record_gemm
+
+        def spy(d):  # the policy's last product, by label
+            last["label"] = d.label
+            return record(d)
+
+        class Log(memory_hook.MemoryHook):
+            name = "mpqr-live-peak"
+
+            def __init__(self):
+                self.live, self.now, self.peak, self.high = {}, 0, 0, base
+                self.at_peak, self.at_high = {}, {}
+
+            def snap(self):
+                return {"label": last["label"], "live": sorted(
+                    ((sz / a.nbytes, org) for sz, org in self.live.values()
+                     if sz >= MIN_BYTES), reverse=True)}
+
+            def alloc_postprocess(self, device_id, mem_size, mem_ptr):
+                if pool.total_bytes() > self.high:
+                    self.high = pool.total_bytes()
+                    self.at_high = {"pool": (self.high - base) / a.nbytes, **self.snap()}
+
+            def malloc_postprocess(self, device_id, size, mem_size, mem_ptr, pmem_id):
+                self.live[mem_ptr] = (mem_size, _origin() if mem_size >= MIN_BYTES else "")
+                self.now += mem_size
+                if self.now > self.peak:
+                    self.peak = self.now
+                    self.at_peak = {"live": self.now / a.nbytes, **self.snap()}
+
+            def free_postprocess(self, device_id, mem_size, mem_ptr, pmem_id):
+                sz, _ = self.live.pop(mem_ptr, (mem_size, ""))
+                self.now -= sz
+
+        ptrace.record_gemm = spy
+        log = Log()
+        try:
+            with mpqr.explain(), log:
+                res = call()
+                cp.cuda.Device().synchronize()
+        finally:
+            ptrace.record_gemm = record
+        del res
+        pool.free_all_blocks()
+    return {"pool_multiple": (log.high - base) / a.nbytes,
+            "live_peak_multiple": log.peak / a.nbytes, "at_live_peak": log.at_peak,
+            "at_pool_high": log.at_high}
+
+
+def main(argv):
+    sets = {}
+    while "--set" in argv:
+        i = argv.index("--set")
+        target, _, value = argv[i + 1].partition("=")
+        sets[target] = ast.literal_eval(value)
+        argv = argv[:i] + argv[i + 2:]
+    for target, value in sets.items():
+        obj, name = owner(target)
+        setattr(obj, name, value)
+    out, cases = argv[0], argv[1:]
+    rows = []
+    for case in cases:
+        _, prec, a = case_matrix(case)
+        rows.append({"case": case, "set": sets, **where(prec, a)})
+        print(json.dumps(rows[-1], default=str)[:3000], flush=True)
+        del a
+    with open(out, "w") as f:
+        json.dump({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                   "rows": rows}, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
