@@ -20,6 +20,7 @@ from cupy.cuda import memory_hook
 from flag_ab import case_matrix, owner  # the probe beside this one
 
 import mpqr
+from mpqr.bench._timing import environment, write_json
 from mpqr.bench.memory import _origin, calls_as_they_run
 from mpqr.policy import policy as ptrace  # where gemm records its decisions
 
@@ -105,9 +106,7 @@ def main(argv):
         rows.append({"case": case, "set": sets, **where(prec, a)})
         print(json.dumps(rows[-1], default=str)[:3000], flush=True)
         del a
-    with open(out, "w") as f:
-        json.dump({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                   "rows": rows}, f, indent=1, default=str)
+    write_json(out, {"environment": environment(cp), "rows": rows})
 
 
 if __name__ == "__main__":
