@@ -452,6 +452,33 @@ def test_spine_in_blocks(xp, monkeypatch, shape, precision, dtype, block):
     assert np.abs(rr1 - r1).max() <= n * u * np.abs(r1).max()
 
 
+@pytest.mark.parametrize("chunks", [2, 3, 5])
+def test_spine_chunks_split_the_updates(monkeypatch, chunks):
+    """``SPINE_CHUNKS``: the spine's updates and Q's backward formation take column chunks
+    of ``ceil(n / SPINE_CHUNKS)``; Q and R within the precision's bounds and equal to
+    those of two chunks to rounding."""
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    monkeypatch.setattr(hr, "SPINE_BLOCKS", 10**6)
+    monkeypatch.setattr(hr, "SPINE_BLOCK", 64)
+    a = np.random.default_rng(5).standard_normal((448, 384)).astype(np.float32)
+    n, step = a.shape[1], -(-a.shape[1] // chunks)
+    out = {}
+    for c in (2, chunks):
+        monkeypatch.setattr(hr, "SPINE_CHUNKS", c)
+        with mpqr.explain() as trace:
+            out[c] = mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+        widths = {g.shape[1] for g in trace.gemms if g.label == "formq-blocked-YhQ"}
+        assert max(widths) == -(-n // c)
+    q, r = out[chunks]
+    u = unit_roundoff("fp32-emulated", a.dtype)
+    assert backward_error(a, q, r) <= 2 * np.sqrt(n) * u
+    assert orthogonality(q) <= np.sqrt(n) * u / 4
+    assert max(g.shape[1] for g in trace.gemms if g.label == "formq-blocked-WD") <= step
+    assert np.abs(q - out[2][0]).max() <= n * u
+    assert np.abs(r - out[2][1]).max() <= n * u * np.abs(r).max()
+
+
 def test_spine_block_rule(monkeypatch):
     """The spine's blocks: ``max(SPINE_BLOCK, n / SPINE_BLOCKS)`` columns, a multiple of
     the leaf width, where that leaves more than two blocks and the input has at most
