@@ -38,7 +38,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["PREPARED_ENGINES", "Prepared", "operand", "prepare", "shared_hi", "shares_hi"]
+__all__ = ["PREPARED_ENGINES", "Prepared", "operand", "prepare", "shared_hi"]
 
 #: the engines whose operands :func:`prepare` makes parts for
 PREPARED_ENGINES = ("tc-sgemm", "tc-fp16")
@@ -54,11 +54,6 @@ def shared_hi(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _SHARED_HI.reset(token)
-
-
-def shares_hi() -> bool:
-    """Whether :func:`shared_hi` is in force."""
-    return _SHARED_HI.get()
 
 
 @dataclass(frozen=True)
