@@ -21,9 +21,9 @@ SHAPES = [(1024, 1024, 1024), (2048, 1024, 2048), (2048, 2048, 2048), (3000, 150
           (2048, 64, 2048)]
 
 
-def dd_product(a, b, chunk=64):
-    """``a @ b`` in double-double on the GPU: each k-chunk's float64 product with its
-    error by Dekker's split (exact two-products summed by FMA-free TwoSum)."""
+def dd_product(a, b):
+    """``a @ b`` in double-double on the GPU, one rank-1 term at a time: each product's
+    rounding error by Dekker's split (no FMA), the sum's by TwoSum."""
     a, b = cp.asarray(a), cp.asarray(b)
     hi = cp.zeros((a.shape[0], b.shape[1]))
     lo = cp.zeros_like(hi)
