@@ -1161,6 +1161,13 @@ def _reserve_workspace(self: ArrayAPIBackend, nbytes: int, need: int | None = No
     beside it; nothing here."""
 
 
+def _reserve_scratch(self: ArrayAPIBackend, nbytes: int) -> None:
+    """Make sure the array library's memory pool holds a free block of ``nbytes`` for the
+    temporaries that follow (split from it and merged back into it, rather than blocks
+    of each size beside each other); the pool's other cached blocks are kept. Nothing
+    here."""
+
+
 def _replay(self: ArrayAPIBackend, key: tuple, fn: Any, a: Any, *, overwrite: bool,
             hold_bytes: int) -> tuple:
     """``fn(a, overwrite)``, a route the core marks as free of host reads between its
@@ -1174,4 +1181,5 @@ ArrayAPIBackend.device_memory_free = _device_memory_free
 ArrayAPIBackend.replay = _replay
 ArrayAPIBackend.release_cached_memory = _release_cached_memory
 ArrayAPIBackend.reserve_workspace = _reserve_workspace
+ArrayAPIBackend.reserve_scratch = _reserve_scratch
 ArrayAPIBackend.host_staging = _host_staging

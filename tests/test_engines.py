@@ -72,6 +72,26 @@ def test_tc_fp16_within_documented_bound(xp, k):
     assert err > 8 * U32
 
 
+def test_tc_fp16_unscales_its_product_in_place_with_the_same_bits(xp, monkeypatch):
+    # UNSCALE_IN_PLACE: the float32 product unscaled in its own storage, the bits of the
+    # unscaled copy; graded rows and columns (their shifts differ), an Inf kept
+    from mpqr.engines import tc_fp16
+
+    rng = np.random.default_rng(12)
+    a = (rng.standard_normal((96, 200)) * np.exp2(rng.integers(-30, 30, (96, 1))))
+    b = (rng.standard_normal((200, 80)) * np.exp2(rng.integers(-30, 30, (1, 80))))
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    a[3, 7] = np.inf
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(tc_fp16, "UNSCALE_IN_PLACE", on)
+        with mpqr.gemm_options(engine="tc-fp16"), np.errstate(invalid="ignore"):
+            out[on] = to_numpy(mpqr.matmul(xp.asarray(a), xp.asarray(b),
+                                           precision="fp16"))
+    np.testing.assert_array_equal(out[True], out[False])
+    assert not np.isfinite(out[True][3]).any() and np.isfinite(out[True][4]).all()
+
+
 @pytest.mark.parametrize("precision", ["fp16", "fp32-emulated"])
 def test_scaling_keeps_extreme_magnitudes_finite_and_accurate(xp, precision):
     rng = np.random.default_rng(7)

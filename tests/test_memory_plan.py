@@ -207,6 +207,32 @@ def test_memory_measured_on_calls_as_they_run(monkeypatch, before):
     assert os.environ.get("MPQR_GRAPHS") == before
 
 
+@pytest.mark.parametrize("precision", ["fp16", "fp32-emulated"])
+def test_gpu_spine_reserve_bounds_the_pool(monkeypatch, precision):
+    # the fast plan's spine takes its estimate as one block of the pool first: one call's
+    # growth of the pool (from an empty pool) is then the factors and that block, and no
+    # more than without it
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    monkeypatch.setattr(hr, "SPINE_BLOCKS", 10**6)
+    monkeypatch.setattr(hr, "SPINE_BLOCK", 512)
+    n = 4096
+    a = cp.random.default_rng(0).standard_normal((n, n), dtype=cp.float32)
+    grew = {}
+    factor = hr.SPINE_RESERVE[precision]
+    for on in (False, True):
+        monkeypatch.setattr(hr, "SPINE_RESERVE", {precision: factor} if on else {})
+        got = measure_call(cp, lambda x: mpqr.qr(x, precision=precision,
+                                                 method="householder-recursive"), a)
+        grew[on] = got["pool_multiple"] * a.nbytes
+    est = factor * hr.spine_scratch(n, n, 512, fp16=precision == "fp16")
+    assert grew[True] <= grew[False] + (1 << 20), grew
+    assert grew[True] <= 2 * a.nbytes + est + 0.05 * a.nbytes, (grew, est / a.nbytes)
+
+
 def test_gpu_pool_high_water_within_plan():
     # the estimate the check uses is at least what one call takes from the pool: with room
     # on the device the fp16 engines' products are whole (the untiled estimate); under a

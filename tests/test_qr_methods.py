@@ -410,7 +410,8 @@ def test_formq_diagonal_blocks_capped(xp, monkeypatch, shape, precision, dtype):
 
 @pytest.mark.parametrize(("shape", "precision", "dtype", "block"), [
     ((512, 512), "fp32-emulated", "float32", 64), ((700, 500), "fp64", "float64", 128),
-    ((512, 512), "fp64-emulated", "float64", 128), ((384, 384), "fp64", "complex128", 64)])
+    ((512, 512), "fp64-emulated", "float64", 128), ((384, 384), "fp64", "complex128", 64),
+    ((512, 448), "fp16", "float32", 64)])
 def test_spine_in_blocks(xp, monkeypatch, shape, precision, dtype, block):
     """The fast plan's spine in blocks (``SPINE_BLOCK``): each block factored by halves,
     its W updating the columns right of it, and Q formed from the blocks' W's backward.
@@ -477,6 +478,38 @@ def test_spine_chunks_split_the_updates(monkeypatch, chunks):
     assert max(g.shape[1] for g in trace.gemms if g.label == "formq-blocked-WD") <= step
     assert np.abs(q - out[2][0]).max() <= n * u
     assert np.abs(r - out[2][1]).max() <= n * u * np.abs(r).max()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32-emulated", "fp64-emulated"])
+def test_spine_reserves_its_scratch(monkeypatch, precision):
+    """``SPINE_RESERVE``: the fast plan's spine (float32, fp16 or fp32-emulated) asks the
+    backend once for a free block of its multiple of :func:`spine_scratch` bytes before it
+    factors; the factors are those of a run without it."""
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    backend = mpqr.backends.get_backend(mpqr._array_api.array_namespace(np.zeros(1)))
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    monkeypatch.setattr(hr, "SPINE_BLOCKS", 10**6)
+    monkeypatch.setattr(hr, "SPINE_BLOCK", 64)
+    dtype = np.float64 if precision == "fp64-emulated" else np.float32
+    a = np.random.default_rng(3).standard_normal((320, 256)).astype(dtype)
+    asked = []
+    monkeypatch.setattr(type(backend), "reserve_scratch",
+                        lambda self, nbytes: asked.append(nbytes))
+    out = {}
+    for on in (False, True):
+        monkeypatch.setattr(hr, "SPINE_RESERVE", {precision: 1.5} if on else {})
+        asked.clear()
+        out[on] = mpqr.qr(a, precision=precision, method="householder-recursive")
+        if on and precision != "fp64-emulated":
+            est = hr.spine_scratch(320, 256, 64, fp16=precision == "fp16")
+            assert asked == [int(1.5 * est)]
+        else:
+            assert asked == []
+    for x, y in zip(out[True], out[False], strict=True):
+        np.testing.assert_array_equal(x, y)
+    # the fp16 scheme's estimate: the chunk and W as fp16, the vectors, the product
+    w = -(-256 // hr.SPINE_CHUNKS)
+    assert hr.spine_scratch(320, 256, 64, fp16=True) == 2 * 320 * w + 4 * 320 * 64 + 4 * 64 * w
 
 
 def test_spine_block_rule(monkeypatch):

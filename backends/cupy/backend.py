@@ -1304,8 +1304,25 @@ def _cupy_reserve_workspace(self, nbytes, need=None):
     del mem
 
 
+def _cupy_reserve_scratch(self, nbytes):
+    # one block taken from the current allocator (a graph's capture pool included) and
+    # given back at once: a pool that holds none as large gets it from the device, and
+    # the temporaries after are split from it (best fit) and merge back; one that holds
+    # one already splits it and merges it back. Not while a stream is captured (no device
+    # allocation there) and not where the device has no room for it.
+    cp = self._cp
+    if nbytes <= 0 or cp.cuda.get_current_stream().is_capturing():
+        return
+    try:
+        mem = cp.cuda.alloc(int(nbytes))
+    except cp.cuda.memory.OutOfMemoryError:
+        return
+    del mem
+
+
 CupyBackend.device_memory_free = _cupy_device_memory_free
 CupyBackend.release_cached_memory = _cupy_release_cached_memory
 CupyBackend.replay = _cupy_replay
 CupyBackend.reserve_workspace = _cupy_reserve_workspace
+CupyBackend.reserve_scratch = _cupy_reserve_scratch
 CupyBackend.host_staging = _cupy_host_staging

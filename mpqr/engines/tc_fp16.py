@@ -25,13 +25,17 @@ from typing import Any
 from mpqr._array_api import device
 from mpqr.engines.scaling import FP16_TARGET_EXP, unscale
 
-__all__ = ["FP16_TARGET_EXP", "FUSED_UNSCALE", "accumulate_tc_fp16", "fp16_operand",
-           "run_tc_fp16", "tc_fp16_params"]
+__all__ = ["FP16_TARGET_EXP", "FUSED_UNSCALE", "UNSCALE_IN_PLACE", "accumulate_tc_fp16",
+           "fp16_operand", "run_tc_fp16", "tc_fp16_params"]
 
 #: ``c -= A B`` / ``c = A B`` without a fused kernel: the GEMM, then the unscaling and the
 #: update of ``c`` in one pass over the product (``backend.unscale_into``) instead of an
 #: unscaled copy and a second pass; the same roundings
 FUSED_UNSCALE = True
+#: ``c = A B`` without a fused kernel: the GEMM's float32 product unscaled in its own
+#: storage where it is already the output's dtype (no second array of its size; the same
+#: bits)
+UNSCALE_IN_PLACE = True
 
 
 def tc_fp16_params(backend: Any, m: int, n: int, k: int, dtype: Any, options: Any
@@ -93,4 +97,8 @@ def run_tc_fp16(backend: Any, a: Any, b: Any, *, out_dtype: Any, kernel: str | N
         c = backend.xp.empty((a.shape[0], b.shape[1]), dtype=out_dtype, device=device(a16))
         if backend.fused_fp16_gemm(a16, b16, sa, sb, c, accumulate=False, subtract=False):
             return c
-    return unscale(backend, backend.gemm_fp16(a16, b16), sa, sb, out_dtype)
+    p = backend.gemm_fp16(a16, b16)
+    if UNSCALE_IN_PLACE and p.dtype == out_dtype:
+        backend.unscale_into(p, p, sa, sb, subtract=None)
+        return p
+    return unscale(backend, p, sa, sb, out_dtype)

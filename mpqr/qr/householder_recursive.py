@@ -43,7 +43,9 @@ orthogonal in working precision. ``Ŷ`` is kept as a float16 array of its own (e
 unit diagonal, zeros above): the products read it as it is (no conversion pass, no swap
 of R's triangle out of the way, and no TRMM split: ``C -= Y1 C'`` is one GEMM over the
 stored zeros with the subtraction in its epilogue), at a quarter of the working copy's
-bytes for float32 input. The products then run on plain ``tc-fp16`` (one FP16
+bytes for float32 input; where the spine goes in blocks, for the current block only, and
+rounded again from Y (which the working copy keeps) when Q's formation reads a block's
+vectors. The products then run on plain ``tc-fp16`` (one FP16
 GEMM each; :data:`FP16_SCHEME`): backward error 1.3-1.7 ``u16`` and orthogonality
 ``<= 4 u16 / sqrt(n)`` from 1024^2 to 32768^2, inside the TC-QR table's ``1e-3`` and
 ``2e-4``. Keeping the other operand of every product with ``Ŷ`` to 22 bits
@@ -65,7 +67,7 @@ from mpqr._array_api import device
 from mpqr.backends._base import compact_wy_t
 from mpqr.engines.prepared import Prepared, prepare, shared_hi
 from mpqr.engines.tc_fp16 import fp16_operand
-from mpqr.engines.tc_sgemm import partials_limit
+from mpqr.engines.tc_sgemm import BATCHED_PARTIALS_BYTES, partials_limit
 from mpqr.policy import (
     active_gemm_options,
     gemm,
@@ -112,7 +114,9 @@ __all__ = [
     "SPINE_BLOCK",
     "SPINE_BLOCKS",
     "SPINE_CHUNKS",
+    "SPINE_FP16",
     "SPINE_MAX_ASPECT",
+    "SPINE_RESERVE",
     "SPLIT_FP16",
     "WHB_SHIFTS_IN_PRODUCT",
     "formq_block",
@@ -130,6 +134,7 @@ __all__ = [
     "round_reflectors_fp16",
     "rounded_wy",
     "spine_block",
+    "spine_scratch",
 ]
 
 #: Narrowest leaf (Leng et al. use 32-wide tiles).
@@ -236,6 +241,23 @@ SPINE_MAX_ASPECT = 8
 #: run (``flag_ab.py OUT mpqr.qr.householder_recursive.SPINE_CHUNKS=2,4,8``,
 #: ``spine_memory.py``)
 SPINE_CHUNKS = 2
+#: The fp16 scheme's spine in blocks too: each block's rounded vectors in an array of the
+#: block's size (rounded again for Q's formation) rather than all of them beside W. H200,
+#: float32, halves / blocks: 16384^2 110.3 / 101.8 ms, 32768^2 485 / 417, 65536 x 8192
+#: 139.8 / 137.3, 8192^2 32.9 / 32.7, backward errors 8.3e-4 / 7.2e-4 at 16384^2; the pool's
+#: growth 4.59x -> 2.72x the input at 16384^2 (``python3 bench/probes/flag_ab.py OUT
+#: mpqr.qr.householder_recursive.SPINE_FP16=False,True --cases 16384:fp16,...``)
+SPINE_FP16 = True
+#: The fast plan's spine takes one block of the memory pool for its temporaries first
+#: (``backend.reserve_scratch``), this multiple of :func:`spine_scratch` by precision
+#: (float32 input; a precision not named: none): they are split from it and merge back,
+#: where blocks of each size would otherwise sit beside each other. H200, the pool's
+#: growth in one call, none / the multiples: fp16 16384^2 2.66x / 2.44x, 32768^2 2.67 /
+#: 2.44, 65536 x 8192 2.83 / 2.52; fp32-emulated (whose blocks split less evenly: at 1.0
+#: 16384^2 grows to 3.27x) at 1.1: 8192^2 3.78 / 3.17, 16384^2 2.88 / 2.84, 32768^2 3.09 /
+#: 2.84, 65536 x 8192 3.80 / 2.87 (``python3 bench/probes/live_peak.py OUT CASES --set
+#: "mpqr.qr.householder_recursive.SPINE_RESERVE={...}"``)
+SPINE_RESERVE: dict[str, float] = {"fp16": 1.0, "fp32-emulated": 1.1}
 #: The QR's ``tc-sgemm`` operands keep one fp16 copy of their high part
 #: (:func:`mpqr.engines.prepared.shared_hi`): a third fewer bytes of parts, the same bits
 #: for finite data; a non-finite input gives non-finite factors either way. H200,
@@ -288,6 +310,21 @@ def spine_block(m: int, n: int, nb: int) -> int | None:
         return None
     b = max(nb, max(SPINE_BLOCK, n // SPINE_BLOCKS) // nb * nb)
     return b if n > 2 * b else None
+
+
+def spine_scratch(m: int, n: int, sb: int, *, fp16: bool) -> int:
+    """Bytes of the fast plan's spine temporaries at their largest, for a float32 ``m x n``
+    input in blocks of ``sb`` columns: the first block's update of a column chunk of
+    ``ceil(n / SPINE_CHUNKS)`` (Q's backward formation reads operands of the same sizes).
+    ``fp16``: the chunk and the block's W as fp16, the block's rounded vectors and the
+    product ``W^T B`` in float32; else (``tc-sgemm``, one fp16 copy of the high part) the
+    update's float32 product ``Y C``, the parts of ``Y``, ``C = W^T B`` with its parts and
+    R's triangle set aside (or the chunk's parts, W's and the slices' partials before)."""
+    w = -(-n // SPINE_CHUNKS)
+    if fp16:
+        return 2 * m * w + 4 * m * sb + 4 * sb * w
+    return max(4 * m * w + 4 * m * sb + 8 * sb * w + 4 * sb * sb,
+               4 * m * w + 4 * m * sb + 4 * sb * w + BATCHED_PARTIALS_BYTES)
 
 
 def lean_width(n: int, nb: int) -> int:
@@ -478,7 +515,7 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     # Ŷ replaces Y in the working copy (float32 numbers that are fp16 numbers)
     yx = f16 and not lean
     # the fast plan's spine in blocks (:data:`SPINE_BLOCK`): their W's form Q backward
-    sb = None if (lean or complete or f16) else spine_block(m, n, nb)
+    sb = None if (lean or complete or (f16 and not SPINE_FP16)) else spine_block(m, n, nb)
     qblocks: list[tuple[int, int]] = []  # the spine's blocks, left to right
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
@@ -500,12 +537,18 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     w_all = xp.zeros((*batch, m, wk), dtype=a.dtype, device=dev)
     # fp16: the rounded vectors as float16, explicit (zeros above: a diagonal block of Q's
     # formation may span leaves); the products with Y read these, not the working copy
-    yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if yx else None
-    ysrc = yh_all if yx else work
+    # (the spine in blocks: the current block's only, rows and columns from its first;
+    # Q's formation rounds each block's vectors again from the working copy)
+    yh_all = xp.zeros((*batch, m, n), dtype=xp.float16, device=dev) if yx and not sb else None
+    ycur: list[Any] = [yh_all, 0]  # the rounded vectors' array and its first row and column
     # lean: each leaf's T by its first column (Q's formation reads them), stored in one
     # array taken before the factoring's workspace: kept T's carved out of the pool's
     # cached blocks would pin those blocks (a block is handed back only whole)
     ts: dict[int, tuple[int, Any]] = {}
+    reserve = SPINE_RESERVE.get(prec_name) if sb and not batch else None
+    if (reserve and getattr(a.dtype, "itemsize", 0) == 4 and not is_complex(xp, a)
+            and (yx or prec_name == "fp32-emulated")):
+        backend.reserve_scratch(int(reserve * spine_scratch(m, n, sb, fp16=yx)))
     # the root's prepared W1, kept for the first product of Q's formation that reads it
     kept: dict[str, tuple[int, Any]] = {}
     t_all = xp.zeros((*batch, n, nb), dtype=a.dtype, device=dev) if lean and want_q else None
@@ -519,6 +562,18 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     def wv(off: int, r0: int, c0: int, c1: int) -> Any:
         # W's rows r0: and columns c0:c1, stored from (off, off) on
         return w_all[..., r0 - off:m - off, c0 - off:c1 - off]
+
+    def yv(r0: int, c0: int, c1: int) -> Any:
+        # the rounded vectors' rows r0: of columns c0:c1 (float16, explicit)
+        arr, b0 = ycur
+        return arr[..., r0 - b0:, c0 - b0:c1 - b0]
+
+    def begin_block(c0: int, k: int) -> None:
+        # a block of the spine at fp16: its rounded vectors in an array of their own (the
+        # previous block's are read by no later step of the factoring)
+        if yx and sb:
+            ycur[0] = None
+            ycur[:] = [xp.zeros((*batch, m - c0, k), dtype=xp.float16, device=dev), c0]
 
     def lean_fp16(w: Any, y: Any, tau: Any, c0: int, c1: int, need_w: bool,
                   off: int) -> None:
@@ -551,7 +606,7 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
             if yx:  # Ŷ into its float16 array; the working copy keeps the unrounded Y
                 y16, t = round_reflectors_fp16(backend, None, work[..., c0:, c0:c1],
                                                precision=pp, tau=tau,
-                                               out=yh_all[..., c0:, c0:c1])
+                                               out=yv(c0, c0, c1))
                 rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
                 return
             if f16:  # lean: Ŷ over Y in the working copy
@@ -578,7 +633,7 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
                                                         lower=True, unit_diagonal=True))
             if f16 and need_w:  # Y and W are read later: round Y once, rebuild T and W
                 y16, t = round_reflectors_fp16(backend, w, y, precision=pp,
-                                               out=yh_all[..., c0:, c0:c1])
+                                               out=yv(c0, c0, c1))
                 rounded_wy(backend, wv(off, c0, c0, c1), y16, t, precision=pp)
             elif need_w:
                 wv(off, c0, c0, c1)[...] = w
@@ -615,6 +670,7 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
             # the spine's last block: its W forms its columns of Q
             if want_q:
                 qblocks.append((c0, c1))
+            begin_block(c0, k)
             need_w = want_q
         if k <= nb:
             leaf(c0, c1, need_w, off if need_w or not lean else c0)
@@ -627,6 +683,7 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
             k1 = min(k1, sb)  # a block of the spine: its W updates the rest, then Q
             if want_q:
                 qblocks.append((c0, c0 + k1))
+            begin_block(c0, k1)
         cm = c0 + k1
         if lean and not need_w:
             off = c0  # no W of this block is read later: the left block's from its corner
@@ -643,7 +700,9 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
         # operand across the right half's recursion)
         w1p = None
         # (a folded spine node other than the root reads W1 in the update alone)
-        if (PREPARED_OPERANDS and need_w and not (lean or f16) and not is_complex(xp, a)
+        # (fp16: on the spine only, where no merge reads W1's fp16 copy with its own shifts)
+        if (PREPARED_OPERANDS and not lean and ((need_w and not f16) or (f16 and spine))
+                and not is_complex(xp, a)
                 and not (c0 in fold_at and c1 == n and c0 > 0)):
             w1p = prepare_operand(ct(xp, w1), side="left", m=k1, n=c1 - cm, k=m - c0,
                                   precision=precision, options=opt_w, backend=backend)
@@ -672,7 +731,7 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
                 # one GEMM over all of Y1 from the explicit fp16 vectors, at any share of the
                 # triangle's zeros: C -= Y1 C' in the GEMM's epilogue, where the TRMM split
                 # below would add half-size products and copies of them
-                gemm_sub(work[..., c0:, j0:j1], yh_all[..., c0:, c0:cm], c, precision=precision,
+                gemm_sub(work[..., c0:, j0:j1], yv(c0, c0, cm), c, precision=precision,
                          label="rec-update-YC", options=opt_y, backend=backend)
             elif TRIANGLE_AS_GEMM * k1 <= m - c0:
                 # Y1's triangular top is a small share of its rows: one GEMM over all of Y1,
@@ -695,12 +754,15 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
                 gemm_sub(work[..., cm:, j0:j1], work[..., cm:, c0:cm], c, precision=precision,
                          label="rec-update-YC", options=opt_y, backend=backend)
         c = b = w1 = None
+        if not need_w:
+            w1p = None  # its last product is queued: not held through the right part
         rec(cm, c1, need_w, off)
         if not need_w:
             return
         # merge: W2 <- W2 - W1 (Y1^H W2); rows cm: of Y1 lie below the diagonal
         w2 = wv(off, c0, cm, c1)
-        d = gemm(ct(xp, ysrc[..., cm:, c0:cm]), w2[..., cm - c0:, :], precision=precision,
+        y1 = yv(cm, c0, cm) if yx else work[..., cm:, c0:cm]
+        d = gemm(ct(xp, y1), w2[..., cm - c0:, :], precision=precision,
                  label="rec-merge-YhW", options=opt_y, backend=backend)
         if c0 in fold_at and c1 == n:
             # the right spine: W stays [W1 | W2] with D kept; Q's formation takes the merge
@@ -734,6 +796,8 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     # rec refers to itself through its closure cell: unless that cycle is cut, the
     # working arrays outlive the return until a garbage collection (device memory too)
     rec = None
+    if sb:
+        ycur[:] = [None, 0]  # the spine's last block's rounded vectors
     if cert is not None and certificate_failed(backend, cert):
         raise UncertifiedPanels(f"householder-recursive: a {CERTIFIED_PANEL_MAX_N}-column "
                                 "panel failed CholQR2's certificate (cond >= ~1e7)")
@@ -791,13 +855,15 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     if sb:
         # Q from the spine's blocks, backward, in W's storage; R after it (Y read until then)
         _form_q_blocked(backend, w_all, work, qblocks, precision=precision,
-                        cutoff=formq_block(n), chunk=-(-n // SPINE_CHUNKS))
+                        cutoff=formq_block(n), chunk=-(-n // SPINE_CHUNKS),
+                        fp16=(opt_y, opt_w) if yx else None)
         return w_all, _take_r(xp, work, nb)
     # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there).
     # R is taken from the working copy when no later step reads its vectors: at once for
     # fp16 (Y1 has an array of its own), after Q otherwise; in place for a square input,
     # so that Q and R are the only arrays of the input's size left
     r = None
+    ysrc = yh_all if yx else work
     if yx:
         r = _take_r(xp, work, nb)
         work = None
@@ -816,26 +882,45 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
 
 
 def _form_q_blocked(backend: Any, w: Any, work: Any, blocks: list[tuple[int, int]], *,
-                    precision: Any, cutoff: int, chunk: int) -> None:
+                    precision: Any, cutoff: int, chunk: int,
+                    fp16: tuple[Any, Any] | None = None) -> None:
     """The reduced Q in W's storage from the spine's blocks (:data:`SPINE_BLOCK`), backward
     like LAPACK's ``orgqr``: for the blocks ``c0:c1``, last to first,
     ``Q[c0:, c1:] -= W_j (Y_j^H Q[c0:, c1:])`` (in column chunks of ``chunk``), then the
     block's own columns ``E_j - W_j Y_j[c0:c1]^H`` over ``W_j`` in place
     (:func:`_times_unit_upper`). ``W_j`` is stored from row ``c0`` on (zeros above), and
     Q's rows ``c0:c1`` of the columns right of the block are still zero, so ``Y_j^H Q``
-    reads the vectors below the block only (no triangle, no R)."""
+    reads the vectors below the block only (no triangle, no R).
+
+    ``fp16 = (options with Ŷ, options with W)``: the fp16 scheme (module docstring), the
+    block's vectors rounded again from the working copy (the same fp16 numbers as the
+    factoring's: one rounding of the same Y) into an explicit array of the block's size."""
     xp = backend.xp
-    n = w.shape[-1]
+    *batch, m, n = w.shape
+    opt_y, opt_w = fp16 if fp16 is not None else (None, None)
     for c0, c1 in reversed(blocks):
+        k = c1 - c0
+        if fp16 is not None:
+            y16 = xp.empty((*batch, m - c0, k), dtype=xp.float16, device=device(w))
+            backend.unit_lower_fp16(work[..., c0:, c0:c1], y16)
+            below = y16[..., k:, :]
+        else:
+            below = work[..., c1:, c0:c1]
         for j0 in range(c1, n, chunk):
             j1 = min(n, j0 + chunk)
-            d = gemm(ct(xp, work[..., c1:, c0:c1]), w[..., c1:, j0:j1], precision=precision,
-                     label="formq-blocked-YhQ", backend=backend)
+            d = gemm(ct(xp, below), w[..., c1:, j0:j1], precision=precision,
+                     label="formq-blocked-YhQ", options=opt_y, backend=backend)
             gemm_sub(w[..., c0:, j0:j1], w[..., c0:, c0:c1], d, precision=precision,
-                     label="formq-blocked-WD", backend=backend)
+                     label="formq-blocked-WD", options=opt_w, backend=backend)
             d = None
-        _times_unit_upper(backend, w[..., c0:, :], work, c0, c1, precision=precision,
-                          options=None, cutoff=cutoff)
+        if fp16 is not None:
+            _times_unit_upper(backend, w[..., c0:, c0:c1], y16[..., :k, :], 0, k,
+                              precision=precision, options=opt_y, cutoff=cutoff,
+                              explicit=True)
+        else:
+            _times_unit_upper(backend, w[..., c0:, :], work, c0, c1, precision=precision,
+                              options=None, cutoff=cutoff)
+        below = y16 = None
         backend.add_identity(w[..., c0:c1, c0:c1])
 
 

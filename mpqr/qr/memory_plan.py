@@ -44,6 +44,7 @@ from mpqr._errors import DeviceMemoryError
 from mpqr.engines.ozaki import workspace_bytes
 from mpqr.engines.tc_sgemm import partials_limit
 from mpqr.policy import active_gemm_options, gemm_options, record_event
+from mpqr.qr import householder_recursive as _recursive
 from mpqr.qr.householder_recursive import (
     LEAN_PARTS,
     LEAN_Q_BLOCK,
@@ -54,6 +55,7 @@ from mpqr.qr.householder_recursive import (
     lean_q_width,
     lean_q_workspace,
     lean_width,
+    spine_block,
 )
 
 __all__ = ["LEAN_FIRST_MIN_N", "LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR",
@@ -148,8 +150,11 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         return _lean_bytes(prec_name, m, n, stack, itemsize)
     # the working copy (R in its storage where square) and W (Q in its storage)
     need = 2 * nbytes + (stack * k * k * itemsize if m != n else 0)
-    if prec_name == "fp16":  # the rounded vectors as float16
-        need += stack * m * k * 2
+    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
+    if prec_name == "fp16":  # the rounded vectors as float16 (a block's where the spine
+        # goes in blocks)
+        sb = spine_block(m, n, nb) if _recursive.SPINE_FP16 else None
+        need += stack * m * (k if sb is None else sb) * 2
     if prec_name in ("fp16", "fp32-emulated"):
         # the top level's update W1^H A2 (operands m x k/2) unsplit, or tiles within the cap
         per = 2 if prec_name == "fp16" else 6
@@ -170,7 +175,6 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     # converted copy, or a leaf's panel copies; forming Q: a diagonal block of W Y1^H
     # (m x formq_block(k)), or where the right spine's merges are folded into it (not at
     # fp16), the root's D and its product with Y22 (k/2 x k/2 each) beside the next node's D
-    nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
     factoring = max(_HALF_PRODUCTS * (k // 2) ** 2, _LEAF_COPIES * m * min(nb, k))
     forming_q = m * formq_block(k)
     if prec_name != "fp16":
