@@ -144,22 +144,23 @@ def test_float64_and_other_engines_never_fuse(fused):
 @pytest.mark.parametrize("subtract", [None, True])
 def test_one_unscaling_pass_without_a_kernel_gives_the_separate_bits(monkeypatch, subtract):
     """Without a fused kernel ``c -= A B`` is the GEMM and one pass unscaling into ``c``
-    (``tc_fp16.FUSED_UNSCALE``): the bits of an unscaled product and an update."""
+    (``tc_fp16.FUSED_UNSCALE``): the bits of an unscaled product and an update (which
+    unscales the product in its own storage, ``UNSCALE_IN_PLACE``, then updates ``c``)."""
     from mpqr.engines import tc_fp16
 
     a, b, c = _operands(seed=8)
     be = get_backend(array_namespace(a))
     passes = []
     into = be.unscale_into
-    monkeypatch.setattr(be, "unscale_into", lambda *args, **kw: (passes.append(1),
-                                                                 into(*args, **kw))[1])
+    monkeypatch.setattr(be, "unscale_into", lambda dst, p, *args, **kw: (
+        passes.append("in place" if dst is p else "into c"), into(dst, p, *args, **kw))[1])
     got = {}
     for one_pass in (False, True):
         monkeypatch.setattr(tc_fp16, "FUSED_UNSCALE", one_pass)
         got[one_pass] = c.copy()
         (gemm_sub if subtract else gemm_into)(got[one_pass], a, b, precision="fp16",
                                               options=FP16)
-    assert passes == [1]
+    assert passes == ["in place", "into c"]
     np.testing.assert_array_equal(got[True], got[False])
     want = c - _separate(a, b) if subtract else _separate(a, b)
     np.testing.assert_array_equal(got[True], want)
