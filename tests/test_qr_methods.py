@@ -507,6 +507,12 @@ def test_spine_reserves_its_scratch(monkeypatch, precision):
             assert asked == []
     for x, y in zip(out[True], out[False], strict=True):
         np.testing.assert_array_equal(x, y)
+    if precision != "fp64-emulated":
+        # a taller input: at least R's bytes (R is copied out at the end, split from it)
+        monkeypatch.setattr(hr, "SPINE_RESERVE", {precision: 0.01})
+        asked.clear()
+        mpqr.qr(a, precision=precision, method="householder-recursive")
+        assert asked == [4 * 256 * 256]
     # the fp16 scheme's estimate: the chunk and W as fp16, the vectors, the product
     w = -(-256 // hr.SPINE_CHUNKS)
     assert hr.spine_scratch(320, 256, 64, fp16=True) == 2 * 320 * w + 4 * 320 * 64 + 4 * 64 * w

@@ -250,8 +250,9 @@ SPINE_CHUNKS = 2
 SPINE_FP16 = True
 #: The fast plan's spine takes one block of the memory pool for its temporaries first
 #: (``backend.reserve_scratch``), this multiple of :func:`spine_scratch` by precision
-#: (float32 input; a precision not named: none): they are split from it and merge back,
-#: where blocks of each size would otherwise sit beside each other. H200, the pool's
+#: (float32 input; a precision not named: none; at least a taller input's R, which is
+#: copied out at the end): they are split from it and merge back, where blocks of each
+#: size would otherwise sit beside each other. H200, the pool's
 #: growth in one call, none / the multiples: fp16 16384^2 2.66x / 2.44x, 32768^2 2.67 /
 #: 2.44, 65536 x 8192 2.83 / 2.52; fp32-emulated (whose blocks split less evenly: at 1.0
 #: 16384^2 grows to 3.27x) at 1.1: 8192^2 3.78 / 3.17, 16384^2 2.88 / 2.84, 32768^2 3.09 /
@@ -548,7 +549,10 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     reserve = SPINE_RESERVE.get(prec_name) if sb and not batch else None
     if (reserve and getattr(a.dtype, "itemsize", 0) == 4 and not is_complex(xp, a)
             and (yx or prec_name == "fp32-emulated")):
-        backend.reserve_scratch(int(reserve * spine_scratch(m, n, sb, fp16=yx)))
+        # (a taller input's R, copied out of the working copy at the end beside Q, is
+        # split from the same block: no block of its own beside it)
+        backend.reserve_scratch(max(int(reserve * spine_scratch(m, n, sb, fp16=yx)),
+                                    4 * n * n if m > n else 0))
     # the root's prepared W1, kept for the first product of Q's formation that reads it
     kept: dict[str, tuple[int, Any]] = {}
     t_all = xp.zeros((*batch, n, nb), dtype=a.dtype, device=dev) if lean and want_q else None
