@@ -233,6 +233,51 @@ def test_gpu_spine_reserve_bounds_the_pool(monkeypatch, precision):
     assert grew[True] <= 2 * a.nbytes + est + 0.05 * a.nbytes, (grew, est / a.nbytes)
 
 
+def test_spine_estimate_where_the_spine_reserves(monkeypatch):
+    # the fast plan's estimate is the spine's where it goes in blocks with a reserved
+    # block (float32, fp16 / fp32-emulated, one matrix, at most SPINE_MAX_ASPECT rows a
+    # column): the working copy, W, the block (at least a taller input's R), a leaf's
+    # copies and the slack; elsewhere the halves' terms
+    from mpqr.qr import householder_recursive as hr
+    from mpqr.qr.memory_plan import _spine_bytes
+
+    est = memory_plan.estimate_bytes
+    n = 16384
+    nb = hr.leaf_width(n, hr.MAX_CERTIFIED_LEAF_WIDTH, rows=n)
+    block = hr.SPINE_RESERVE["fp16"] * hr.spine_scratch(n, n, hr.spine_block(n, n, nb),
+                                                         fp16=True)
+    want = math.ceil(2 * 4 * n * n + int(block) + 4 * n * nb * 4 + 0.1 * 4 * n * n)
+    assert est("householder-recursive", "fp16", (n, n), 4, "fast") == want
+    m2 = 2 * n  # taller: R (n x n) is larger than the fp16 block
+    nb2 = hr.leaf_width(n, hr.MAX_CERTIFIED_LEAF_WIDTH, rows=m2)
+    assert _spine_bytes("householder-recursive", "fp16", m2, n, 1, 4) == math.ceil(
+        2 * 4 * m2 * n + max(int(hr.spine_scratch(m2, n, 2048, fp16=True)), 4 * n * n)
+        + 4 * m2 * nb2 * 4 + 0.1 * 4 * m2 * n)
+    for args in (("fp64-emulated", n, n, 1, 8), ("fp16", n, n, 2, 4), ("fp16", n, n, 1, 8),
+                 ("fp16", 16 * n, n, 1, 4), ("fp16", 4096, 4096, 1, 4)):
+        assert _spine_bytes("householder-recursive", *args) is None, args
+    monkeypatch.setattr(hr, "SPINE_RESERVE", {})
+    assert _spine_bytes("householder-recursive", "fp16", n, n, 1, 4) is None
+    assert est("householder-recursive", "fp16", (n, n), 4, "fast") > want
+
+
+@pytest.mark.parametrize("shape,precision", [
+    ((8192, 8192), "fp16"), ((8192, 8192), "fp32-emulated"), ((16384, 8192), "fp16")])
+def test_gpu_spine_pool_within_its_estimate(shape, precision):
+    # where the fast plan's spine goes in blocks, the estimate is its own (the working
+    # copy, W, the reserved block, a leaf's copies, the slack): at least what one call
+    # takes from the pool, and below the halves' terms
+    cp = _cupy()
+    from mpqr.bench.memory import measure_call
+    from mpqr.qr.memory_plan import _spine_bytes, estimate_bytes
+
+    a = cp.random.default_rng(2).standard_normal(shape, dtype=cp.float32)
+    got = measure_call(cp, lambda x: mpqr.qr(x, precision=precision), a)
+    est = estimate_bytes("householder-recursive", precision, shape, 4, "fast")
+    assert est == _spine_bytes("householder-recursive", precision, *shape, 1, 4)
+    assert got["pool_multiple"] * a.nbytes <= est, (got, est / a.nbytes)
+
+
 def test_gpu_pool_high_water_within_plan():
     # the estimate the check uses is at least what one call takes from the pool: with room
     # on the device the fp16 engines' products are whole (the untiled estimate); under a

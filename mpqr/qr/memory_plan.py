@@ -56,6 +56,7 @@ from mpqr.qr.householder_recursive import (
     lean_q_workspace,
     lean_width,
     spine_block,
+    spine_scratch,
 )
 
 __all__ = ["LEAN_FIRST_MIN_N", "LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR",
@@ -148,6 +149,9 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
     stack = math.prod(batch)
     if plan == "lean" and method == "householder-recursive":
         return _lean_bytes(prec_name, m, n, stack, itemsize)
+    spine = _spine_bytes(method, prec_name, m, n, stack, itemsize) if plan == "fast" else None
+    if spine is not None:
+        return spine
     # the working copy (R in its storage where square) and W (Q in its storage)
     need = 2 * nbytes + (stack * k * k * itemsize if m != n else 0)
     nb = leaf_width(k, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
@@ -181,6 +185,31 @@ def estimate_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize
         forming_q = max(forming_q, 2 * (k // 2) ** 2) + (k // 4) ** 2
     need += stack * max(factoring, forming_q) * itemsize
     return math.ceil(need + _SLACK * nbytes)
+
+
+def _spine_bytes(method: str, prec_name: str, m: int, n: int, stack: int,
+                 itemsize: int) -> int | None:
+    """The fast plan's bytes where the recursion's spine goes in blocks with its
+    temporaries in one reserved block of the pool (``householder_recursive.SPINE_RESERVE``:
+    one float32 matrix, ``m >= n``), or None: the working copy and W (Q), that block (at
+    least a taller input's R), a leaf's panel copies beside it (the pool may not fit them
+    into the block's free part) and the slack."""
+    if method != "householder-recursive" or stack != 1 or itemsize != 4 or m < n:
+        return None
+    factor = _recursive.SPINE_RESERVE.get(prec_name)
+    fp16 = prec_name == "fp16"
+    if not factor or not (fp16 or prec_name == "fp32-emulated") \
+            or (fp16 and not _recursive.SPINE_FP16):
+        return None
+    nb = leaf_width(n, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
+    sb = spine_block(m, n, nb)
+    if sb is None:
+        return None
+    nbytes = m * n * itemsize
+    block = max(int(factor * spine_scratch(m, n, sb, fp16=fp16)),
+                n * n * itemsize if m > n else 0)
+    leaf = _LEAF_COPIES * m * nb * itemsize
+    return math.ceil(2 * nbytes + block + leaf + _SLACK * nbytes)
 
 
 def _wide_bytes(method: str, prec_name: str, shape: tuple[int, ...], itemsize: int,
