@@ -266,7 +266,7 @@ def test_spine_estimate_where_the_spine_reserves(monkeypatch):
 def test_gpu_spine_pool_within_its_estimate(shape, precision):
     # where the fast plan's spine goes in blocks, the estimate is its own (the working
     # copy, W, the reserved block, a leaf's copies, the slack): at least what one call
-    # takes from the pool, and below the halves' terms
+    # takes from the pool
     cp = _cupy()
     from mpqr.bench.memory import measure_call
     from mpqr.qr.memory_plan import _spine_bytes, estimate_bytes
