@@ -134,6 +134,7 @@ __all__ = [
     "round_reflectors_fp16",
     "rounded_wy",
     "spine_block",
+    "spine_reserve",
     "spine_scratch",
 ]
 
@@ -326,6 +327,19 @@ def spine_scratch(m: int, n: int, sb: int, *, fp16: bool) -> int:
         return 2 * m * w + 4 * m * sb + 4 * sb * w
     return max(4 * m * w + 4 * m * sb + 8 * sb * w + 4 * sb * sb,
                4 * m * w + 4 * m * sb + 4 * sb * w + BATCHED_PARTIALS_BYTES)
+
+
+def spine_reserve(m: int, n: int, sb: int, prec_name: str) -> int:
+    """Bytes of the block the fast plan's spine takes from the memory pool first
+    (:data:`SPINE_RESERVE`) for a float32 ``m x n`` input in blocks of ``sb`` columns at
+    ``prec_name`` (the fp16 scheme at ``fp16``); 0 where it takes none. At least a taller
+    input's R: copied out of the working copy at the end, beside Q, it is split from the
+    same block rather than given one of its own."""
+    factor = SPINE_RESERVE.get(prec_name)
+    if not factor or prec_name not in ("fp16", "fp32-emulated"):
+        return 0
+    scratch = spine_scratch(m, n, sb, fp16=prec_name == "fp16")
+    return max(int(factor * scratch), 4 * n * n if m > n else 0)
 
 
 def lean_width(n: int, nb: int) -> int:
@@ -546,13 +560,11 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     # array taken before the factoring's workspace: kept T's carved out of the pool's
     # cached blocks would pin those blocks (a block is handed back only whole)
     ts: dict[int, tuple[int, Any]] = {}
-    reserve = SPINE_RESERVE.get(prec_name) if sb and not batch else None
-    if (reserve and getattr(a.dtype, "itemsize", 0) == 4 and not is_complex(xp, a)
-            and (yx or prec_name == "fp32-emulated")):
-        # (a taller input's R, copied out of the working copy at the end beside Q, is
-        # split from the same block: no block of its own beside it)
-        backend.reserve_scratch(max(int(reserve * spine_scratch(m, n, sb, fp16=yx)),
-                                    4 * n * n if m > n else 0))
+    if (sb and not batch and getattr(a.dtype, "itemsize", 0) == 4
+            and not is_complex(xp, a) and (yx or prec_name != "fp16")):
+        reserve = spine_reserve(m, n, sb, prec_name)
+        if reserve:
+            backend.reserve_scratch(reserve)
     # the root's prepared W1, kept for the first product of Q's formation that reads it
     kept: dict[str, tuple[int, Any]] = {}
     t_all = xp.zeros((*batch, n, nb), dtype=a.dtype, device=dev) if lean and want_q else None

@@ -56,7 +56,7 @@ from mpqr.qr.householder_recursive import (
     lean_q_workspace,
     lean_width,
     spine_block,
-    spine_scratch,
+    spine_reserve,
 )
 
 __all__ = ["LEAN_FIRST_MIN_N", "LEAN_OZAKI_FRACTION", "LEAN_SPLIT_FRACTION", "OZAKI_FLOOR",
@@ -196,18 +196,14 @@ def _spine_bytes(method: str, prec_name: str, m: int, n: int, stack: int,
     into the block's free part) and the slack."""
     if method != "householder-recursive" or stack != 1 or itemsize != 4 or m < n:
         return None
-    factor = _recursive.SPINE_RESERVE.get(prec_name)
-    fp16 = prec_name == "fp16"
-    if not factor or not (fp16 or prec_name == "fp32-emulated") \
-            or (fp16 and not _recursive.SPINE_FP16):
+    if prec_name == "fp16" and not _recursive.SPINE_FP16:
         return None
     nb = leaf_width(n, MAX_CERTIFIED_LEAF_WIDTH, rows=m)
     sb = spine_block(m, n, nb)
-    if sb is None:
+    block = spine_reserve(m, n, sb, prec_name) if sb else 0
+    if not block:
         return None
     nbytes = m * n * itemsize
-    block = max(int(factor * spine_scratch(m, n, sb, fp16=fp16)),
-                n * n * itemsize if m > n else 0)
     leaf = _LEAF_COPIES * m * nb * itemsize
     return math.ceil(2 * nbytes + block + leaf + _SLACK * nbytes)
 
