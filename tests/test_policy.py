@@ -173,3 +173,45 @@ def test_gemm_sub_updates_a_column_block_in_place(xp, dtype):
         got = scratch.astype(np.float64)
         assert np.all(np.abs(got[:, 5:] - want) <= bound)
         assert np.array_equal(got[:, :5], big[:, :5].astype(np.float64))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp32-emulated", "fp16"])
+def test_gemm_add_accumulates_into_a_column_block(xp, precision):
+    """``c += a @ b`` on a column block of a wider matrix at native and emulated
+    precisions: the block grows by the product (the precision's bound, against exact
+    products), the columns beside it and the operands do not change, and the trace
+    records the product like :func:`gemm`."""
+    from mpqr.backends import get_backend
+
+    from mpqr._array_api import array_namespace
+    from mpqr.policy import gemm_add
+    from tests._support import exact_matmul, from_numpy, to_numpy
+
+    if precision != "fp32" and getattr(xp, "__name__", "").startswith("array_api_strict"):
+        pytest.skip("the standard-only backend has no emulated engines")
+    rng = np.random.default_rng(22)
+    m, k, n = 70, 300, 30
+    big = rng.standard_normal((m, n + 5)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    ax, bx = from_numpy(xp, a), from_numpy(xp, b)
+    backend = get_backend(array_namespace(ax))
+    bigx = backend.xp.asarray(from_numpy(xp, big), copy=True)
+    engine = {"fp32": None, "fp32-emulated": "tc-sgemm", "fp16": "tc-fp16"}[precision]
+    opts = None if engine is None else {"engine": engine}
+    with mpqr.explain() as trace:
+        gemm_add(bigx[:, 5:], ax, bx, precision=precision, label="acc", options=opts,
+                 backend=backend)
+    [g] = trace.gemms
+    assert g.label == "acc" and g.shape == (m, n, k)
+    assert g.engine == (engine or "native-fp32")
+    got = to_numpy(bigx).astype(np.float64)
+    want = big[:, 5:].astype(np.float64) + exact_matmul(a.astype(np.float64),
+                                                        b.astype(np.float64))
+    u = {"fp32": 2.0**-24, "fp32-emulated": 2.0**-24, "fp16": 2.0**-11}[precision]
+    bound = (k + 2) * u * (np.abs(big[:, 5:]) + np.abs(a) @ np.abs(b))
+    assert np.all(np.abs(got[:, 5:] - want) <= bound)
+    # not a product that ignores c: the block holds c's part too
+    assert np.abs(got[:, 5:] - (want - big[:, 5:])).max() > 0.5
+    assert np.array_equal(got[:, :5], big[:, :5].astype(np.float64))
+    assert np.array_equal(to_numpy(ax), a) and np.array_equal(to_numpy(bx), b)

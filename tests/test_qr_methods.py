@@ -480,6 +480,87 @@ def test_spine_chunks_split_the_updates(monkeypatch, chunks):
     assert np.abs(r - out[2][1]).max() <= n * u * np.abs(r).max()
 
 
+def test_spine_products_in_stretches(monkeypatch):
+    """``SPINE_STRETCH``: at fp32-emulated the spine's updates and Q's backward formation
+    run each chunk's products in stretches of rows: ``W^H B`` and ``Y^H Q`` along their
+    inner dimension (the stretches' products added), ``B -= Y C`` and ``Q -= W D`` along
+    their output's rows with the right operand's parts prepared once, and Q's diagonal
+    blocks along W's rows. Every product's
+    stretch within the budget, Q and R within the precision's bounds and equal to those
+    of whole chunks to rounding, the input untouched."""
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    monkeypatch.setattr(hr, "SPINE_BLOCKS", 10**6)
+    monkeypatch.setattr(hr, "SPINE_BLOCK", 64)
+    monkeypatch.setattr(hr, "STRETCH_UNIT", 32)
+    monkeypatch.setattr(hr, "STRETCH_MIN_ROWS", 32)
+    a = np.random.default_rng(5).standard_normal((448, 384)).astype(np.float32)
+    m, n = a.shape
+    before = a.copy()
+    out, gemms = {}, {}
+    for share in (None, 0.05):
+        monkeypatch.setattr(hr, "SPINE_STRETCH", {"fp32-emulated": share} if share else {})
+        with mpqr.explain() as trace:
+            out[share] = mpqr.qr(a, precision="fp32-emulated", method="householder-recursive")
+        gemms[share] = [g for g in trace.gemms
+                        if g.label.startswith(("rec-update", "formq", "rec-formq"))]
+    np.testing.assert_array_equal(a, before)
+    budget = hr.spine_stretch(m, n, "fp32-emulated")
+    assert budget == int(0.05 * m * n)
+    inner = [g for g in gemms[0.05] if g.label in ("rec-update-WhB", "formq-blocked-YhQ")]
+    outer = [g for g in gemms[0.05] if g.label in ("rec-update-YC", "formq-blocked-WD")]
+    # a stretch's rows: whole units within the budget over the row's elements (the
+    # chunk's columns and the block's), or all the rows where one stretch holds them
+    for g in inner:
+        rows, width = g.shape[2], g.shape[1] + g.shape[0]
+        assert rows <= max(32, budget // width // 32 * 32), g
+    for g in outer:
+        rows, width = g.shape[0], g.shape[1] + g.shape[2]
+        assert rows <= max(32, budget // width // 32 * 32), g
+        assert g.params.get("prepared") == "B" or g.engine != "tc-sgemm", g
+    # Q's diagonal blocks (-U W^H, U the block's unit upper triangle): W's rows in
+    # stretches (a row's split, the product's column and its unscaled copy), U prepared
+    diag = [g for g in gemms[0.05] if g.label == "rec-formq-trmm"]
+    assert diag and all(g.shape[1] <= max(32, budget // (3 * g.shape[0]) // 32 * 32)
+                        and g.params.get("prepared") == "A" for g in diag), diag
+    assert max(g.shape[1] for g in gemms[None] if g.label == "rec-formq-trmm") == m
+    assert len(inner) > len([g for g in gemms[None] if g.label.endswith(("WhB", "YhQ"))])
+    assert max(g.shape[2] for g in gemms[None] if g.label == "rec-update-WhB") > 32
+    # the same flops in more, smaller products
+    flops = {k: sum(2 * g.shape[0] * g.shape[1] * g.shape[2] for g in v)
+             for k, v in gemms.items()}
+    assert flops[0.05] == flops[None]
+    u = unit_roundoff("fp32-emulated", a.dtype)
+    (q0, r0), (q1, r1) = out[None], out[0.05]
+    assert backward_error(a, q1, r1) <= 2 * np.sqrt(n) * u
+    assert orthogonality(q1) <= np.sqrt(n) * u / 4
+    assert np.abs(q1 - q0).max() <= n * u
+    assert np.abs(r1 - r0).max() <= n * u * np.abs(r0).max()
+
+
+def test_spine_stretch_rows(monkeypatch):
+    """A stretch's rows: whole units within the budget over a row's elements, at least
+    ``STRETCH_MIN_ROWS``, all the rows where one stretch holds them or there is no
+    budget; the spine's estimate counts a stretch at that floor."""
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setattr(hr, "STRETCH_UNIT", 1024)
+    monkeypatch.setattr(hr, "STRETCH_MIN_ROWS", 2048)
+    assert hr._stretch_rows(None, 100, 5000) == 5000
+    assert hr._stretch_rows(3 * 1024 * 100 + 5, 100, 16384) == 3072
+    assert hr._stretch_rows(10, 100, 16384) == 2048
+    assert hr._stretch_rows(10**9, 100, 16384) == 16384
+    assert hr.spine_stretch(16384, 16384, "fp32-emulated") == int(
+        hr.SPINE_STRETCH["fp32-emulated"] * 16384**2)
+    assert hr.spine_stretch(16384, 16384, "fp64-emulated") is None
+    w, sb = 8192, 2048
+    tail = 8 * sb * w + max(hr.BATCHED_PARTIALS_BYTES, 4 * sb * sb)
+    assert hr.spine_scratch(16384, 16384, sb, fp16=False, stretch=2**25) == 4 * 2**25 + tail
+    assert hr.spine_scratch(16384, 16384, sb, fp16=False, stretch=10) == \
+        4 * 2048 * (w + sb) + tail
+    # many rows: a block's own first update over all of them is the larger
+    assert hr.spine_scratch(65536, 8192, sb, fp16=False, stretch=2**26) == 6 * 65536 * sb
+
+
 @pytest.mark.parametrize("precision", ["fp16", "fp32-emulated", "fp64-emulated"])
 def test_spine_reserves_its_scratch(monkeypatch, precision):
     """``SPINE_RESERVE``: the fast plan's spine (float32, fp16 or fp32-emulated) asks the
@@ -501,7 +582,8 @@ def test_spine_reserves_its_scratch(monkeypatch, precision):
         asked.clear()
         out[on] = mpqr.qr(a, precision=precision, method="householder-recursive")
         if on and precision != "fp64-emulated":
-            est = hr.spine_scratch(320, 256, 64, fp16=precision == "fp16")
+            est = hr.spine_scratch(320, 256, 64, fp16=precision == "fp16",
+                                   stretch=hr.spine_stretch(320, 256, precision))
             assert asked == [int(1.5 * est)]
         else:
             assert asked == []

@@ -41,7 +41,7 @@ from mpqr.policy.precision import resolve_precision
 from mpqr.policy.trace import GemmDecision, record_gemm, tracing
 
 __all__ = ["Decision", "active_gemm_options", "decide", "double_double_gram", "fused_gemm",
-           "gemm", "gemm_into", "gemm_options", "gemm_sub", "gram", "prepare_operand",
+           "gemm", "gemm_add", "gemm_into", "gemm_options", "gemm_sub", "gram", "prepare_operand",
            "result_dtype"]
 
 _ctx_options: contextvars.ContextVar[GemmOptions | None] = contextvars.ContextVar(
@@ -392,6 +392,21 @@ def gemm_sub(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str
         _into(backend, d, out_dtype, c, a, b, subtract=True)
         return
     _tiled(backend, d, out_dtype, c, a, b, tiles, subtract=True)
+
+
+def gemm_add(c: Any, a: Any, b: Any, *, precision: str | None = None, label: str = "",
+             options: Any = None, backend: Any = None) -> None:
+    """``c += a @ b`` in place (2-D operands; ``c`` a writable array or view of the
+    product's dtype), with the decision and trace entry of :func:`gemm`: the engine's
+    one pass over ``c`` where it has one (the emulated engines unscale their product into
+    it), else the product formed, then added."""
+    backend, d, out_dtype = _plan(a, b, precision, label, options, backend)
+    tiles = _tiles(backend, d, options, a, b)
+    a, b = _operands(d, a, b, tiles)
+    if tiles is None:
+        _into(backend, d, out_dtype, c, a, b, subtract=False)
+        return
+    _tiled(backend, d, out_dtype, c, a, b, tiles, subtract=False)
 
 
 def gemm_into(out: Any, a: Any, b: Any, *, precision: str | None = None, label: str = "",

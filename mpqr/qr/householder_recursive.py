@@ -71,6 +71,7 @@ from mpqr.engines.tc_sgemm import BATCHED_PARTIALS_BYTES, partials_limit
 from mpqr.policy import (
     active_gemm_options,
     gemm,
+    gemm_add,
     gemm_into,
     gemm_options,
     gemm_sub,
@@ -117,7 +118,10 @@ __all__ = [
     "SPINE_FP16",
     "SPINE_MAX_ASPECT",
     "SPINE_RESERVE",
+    "SPINE_STRETCH",
     "SPLIT_FP16",
+    "STRETCH_MIN_ROWS",
+    "STRETCH_UNIT",
     "WHB_SHIFTS_IN_PRODUCT",
     "formq_block",
     "fp16_products",
@@ -136,6 +140,7 @@ __all__ = [
     "spine_block",
     "spine_reserve",
     "spine_scratch",
+    "spine_stretch",
 ]
 
 #: Narrowest leaf (Leng et al. use 32-wide tiles).
@@ -253,13 +258,27 @@ SPINE_FP16 = True
 #: (``backend.reserve_scratch``), this multiple of :func:`spine_scratch` by precision
 #: (float32 input; a precision not named: none; at least a taller input's R, which is
 #: copied out at the end): they are split from it and merge back, where blocks of each
-#: size would otherwise sit beside each other. H200, the pool's
-#: growth in one call, none / the multiples: fp16 16384^2 2.66x / 2.44x, 32768^2 2.67 /
-#: 2.44, 65536 x 8192 2.83 / 2.52; fp32-emulated (whose blocks split less evenly: at 1.0
-#: 16384^2 grows to 3.27x) at 1.1: 8192^2 3.78 / 3.17, 16384^2 2.88 / 2.84, 32768^2 3.09 /
-#: 2.84, 65536 x 8192 3.80 / 2.87 (``python3 bench/probes/live_peak.py OUT CASES --set
-#: "mpqr.qr.householder_recursive.SPINE_RESERVE={...}"``)
-SPINE_RESERVE: dict[str, float] = {"fp16": 1.0, "fp32-emulated": 1.1}
+#: size would otherwise sit beside each other. H200, the pool's growth in one call, none /
+#: the multiples: fp16 16384^2 2.66x / 2.44x, 32768^2 2.67 / 2.44, 65536 x 8192 2.83 / 2.52
+#: (``python3 bench/probes/live_peak.py OUT CASES --set
+#: "mpqr.qr.householder_recursive.SPINE_RESERVE={...}"``); fp32-emulated with its products
+#: in stretches (:data:`SPINE_STRETCH`) at 1.0 / 1.25 / 1.5: 16384^2 2.30 / 2.37 / 2.45,
+#: 32768^2 2.42 / 2.44 / 2.40, 65536 x 8192 2.38 / 2.59 / 2.56
+SPINE_RESERVE: dict[str, float] = {"fp16": 1.0, "fp32-emulated": 1.0}
+#: The spine's updates and Q's backward formation at these precisions run each chunk's
+#: products in stretches of rows, no stretch's split operands (or float32 product) above
+#: this share of the input's elements: ``W^H B`` along B's rows (the stretches' products
+#: added into one), ``B -= Y C`` along the rows of B and Y (C's parts prepared once), Q's
+#: diagonal blocks along W's rows. The engines' temporaries then no longer scale with the
+#: chunk (a chunk's split operands and the update's product were half the input each). A
+#: precision not named: whole chunks. H200, fp32-emulated, whole / 0.125 (the reserved
+#: block at 1.1 / 1.0 of its estimate): 16384^2 167.6 /
+#: 171.5 ms, the pool's growth 2.84x / 2.30x the input; 32768^2 840.9 / 854.0 ms, 2.84x /
+#: 2.42x; 65536 x 8192 238.5 / 241.3 ms, 2.87x / 2.38x; 8192^2 45.9 / 46.6 ms, backward
+#: errors no larger (``python3 bench/probes/flag_ab.py OUT
+#: "mpqr.qr.householder_recursive.SPINE_STRETCH=[{}, {'fp32-emulated': 0.125}]"``,
+#: ``live_peak.py``); 0.25: 2.43x at 16384^2 and 32768^2, 2.56x at 65536 x 8192
+SPINE_STRETCH: dict[str, float] = {"fp32-emulated": 0.125}
 #: The QR's ``tc-sgemm`` operands keep one fp16 copy of their high part
 #: (:func:`mpqr.engines.prepared.shared_hi`): a third fewer bytes of parts, the same bits
 #: for finite data; a non-finite input gives non-finite factors either way. H200,
@@ -314,19 +333,86 @@ def spine_block(m: int, n: int, nb: int) -> int | None:
     return b if n > 2 * b else None
 
 
-def spine_scratch(m: int, n: int, sb: int, *, fp16: bool) -> int:
+def spine_scratch(m: int, n: int, sb: int, *, fp16: bool, stretch: int | None = None) -> int:
     """Bytes of the fast plan's spine temporaries at their largest, for a float32 ``m x n``
     input in blocks of ``sb`` columns: the first block's update of a column chunk of
     ``ceil(n / SPINE_CHUNKS)`` (Q's backward formation reads operands of the same sizes).
     ``fp16``: the chunk and the block's W as fp16, the block's rounded vectors and the
     product ``W^T B`` in float32; else (``tc-sgemm``, one fp16 copy of the high part) the
     update's float32 product ``Y C``, the parts of ``Y``, ``C = W^T B`` with its parts and
-    R's triangle set aside (or the chunk's parts, W's and the slices' partials before)."""
+    R's triangle set aside (or the chunk's parts, W's and the slices' partials before).
+    ``stretch`` (:func:`spine_stretch`): the products in stretches of rows, each splitting
+    at most that many elements (or :data:`STRETCH_MIN_ROWS` rows): a stretch's parts (and,
+    for ``Y C``, its product) beside ``C``, its parts or a stretch's share of it, and the
+    larger of the partials and R's triangle; or, where that is more, a block's own first
+    update by halves over all its rows (``W1``'s parts, ``Y``'s and their product)."""
     w = -(-n // SPINE_CHUNKS)
     if fp16:
         return 2 * m * w + 4 * m * sb + 4 * sb * w
+    if stretch is not None:
+        part = min(m * (w + sb), max(stretch, STRETCH_MIN_ROWS * (w + sb)))
+        # or a block's own first update (halves of sb / 2 over all the rows): W1's parts,
+        # kept for the merge, beside Y's and the product
+        return max(4 * part + 8 * sb * w + max(BATCHED_PARTIALS_BYTES, 4 * sb * sb),
+                   6 * m * sb)
     return max(4 * m * w + 4 * m * sb + 8 * sb * w + 4 * sb * sb,
                4 * m * w + 4 * m * sb + 4 * sb * w + BATCHED_PARTIALS_BYTES)
+
+
+#: a stretch's rows in whole multiples of this (``tc-sgemm``'s longest k-slice: a
+#: stretch of the inner dimension keeps the engine's slices whole)
+STRETCH_UNIT = 1024
+#: the fewest rows of a stretch: shorter ones cost more in launches and passes over the
+#: product than they save (H200, fp32-emulated 8192^2, stretches of 1024 rows: +3-7 %;
+#: ``flag_ab.py OUT "mpqr.qr.householder_recursive.SPINE_STRETCH=[{}, ...]"``)
+STRETCH_MIN_ROWS = 4096
+
+
+def spine_stretch(m: int, n: int, prec_name: str) -> int | None:
+    """Elements of the input's ``m x n`` that a stretch of the spine's products may split
+    (:data:`SPINE_STRETCH`) at ``prec_name``, or None for whole chunks."""
+    share = SPINE_STRETCH.get(prec_name)
+    return None if not share else max(1, int(share * m * n))
+
+
+def _stretch_rows(budget: int | None, width: int, total: int) -> int:
+    """Rows of a stretch whose ``width`` elements a row fit ``budget``: a whole multiple
+    of :data:`STRETCH_UNIT`, at least :data:`STRETCH_MIN_ROWS`; ``total`` where there is
+    no budget or one stretch holds them all."""
+    if budget is None:
+        return total
+    rows = max(STRETCH_MIN_ROWS, budget // max(1, width) // STRETCH_UNIT * STRETCH_UNIT)
+    return total if rows >= total else rows
+
+
+def _product_in_stretches(a: Any, b: Any, rows: int, *, precision: Any, label: str,
+                          options: Any, backend: Any) -> Any:
+    """``a @ b`` with the inner dimension in stretches of ``rows``: each stretch's product
+    added into the first's (the engines split a stretch's operands alone)."""
+    k = a.shape[-1]
+    c = gemm(a[..., :rows], b[..., :rows, :], precision=precision, label=label,
+             options=options, backend=backend)
+    for s0 in range(rows, k, rows):
+        s1 = min(k, s0 + rows)
+        gemm_add(c, a[..., s0:s1], b[..., s0:s1, :], precision=precision, label=label,
+                 options=options, backend=backend)
+    return c
+
+
+def _sub_in_stretches(c: Any, a: Any, b: Any, rows: int, *, precision: Any, label: str,
+                      options: Any, backend: Any) -> None:
+    """``c -= a @ b`` in stretches of ``rows`` rows of ``c`` and ``a``, ``b``'s parts
+    prepared once for all of them (each stretch's product as large as its rows only)."""
+    m = a.shape[-2]
+    if rows >= m:
+        gemm_sub(c, a, b, precision=precision, label=label, options=options, backend=backend)
+        return
+    bp = prepare_operand(b, side="right", m=rows, n=b.shape[-1], k=b.shape[-2],
+                         precision=precision, options=options, backend=backend)
+    for r0 in range(0, m, rows):
+        r1 = min(m, r0 + rows)
+        gemm_sub(c[..., r0:r1, :], a[..., r0:r1, :], bp, precision=precision, label=label,
+                 options=options, backend=backend)
 
 
 def spine_reserve(m: int, n: int, sb: int, prec_name: str) -> int:
@@ -338,7 +424,8 @@ def spine_reserve(m: int, n: int, sb: int, prec_name: str) -> int:
     factor = SPINE_RESERVE.get(prec_name)
     if not factor or prec_name not in ("fp16", "fp32-emulated"):
         return 0
-    scratch = spine_scratch(m, n, sb, fp16=prec_name == "fp16")
+    scratch = spine_scratch(m, n, sb, fp16=prec_name == "fp16",
+                            stretch=spine_stretch(m, n, prec_name))
     return max(int(factor * scratch), 4 * n * n if m > n else 0)
 
 
@@ -532,6 +619,9 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
     # the fast plan's spine in blocks (:data:`SPINE_BLOCK`): their W's form Q backward
     sb = None if (lean or complete or (f16 and not SPINE_FP16)) else spine_block(m, n, nb)
     qblocks: list[tuple[int, int]] = []  # the spine's blocks, left to right
+    # elements a stretch of the spine's products splits (one real matrix), or None
+    stretch = (spine_stretch(m, n, prec_name)
+               if sb and not batch and not is_complex(xp, a) else None)
     work = a if overwrite else xp.asarray(a, copy=True)
     wk = lean_width(n, nb) if lean else n
     if lean:
@@ -722,6 +812,8 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
                 and not (c0 in fold_at and c1 == n and c0 > 0)):
             w1p = prepare_operand(ct(xp, w1), side="left", m=k1, n=c1 - cm, k=m - c0,
                                   precision=precision, options=opt_w, backend=backend)
+        # the spine's products in stretches of rows (:data:`SPINE_STRETCH`)
+        budget = stretch if spine and w1p is None and not (w16 or yx) else None
         for j0 in range(cm, c1, step):
             j1 = min(c1, j0 + step)
             b = work[..., c0:, j0:j1]
@@ -740,6 +832,11 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
                 c = backend.ldexp(gemm(ct(xp, w1h), b, precision=precision,
                                        label="rec-update-WhB", options=opt_w, backend=backend),
                                   -ct(xp, s1))
+            elif budget is not None:
+                c = _product_in_stretches(
+                    ct(xp, w1), b, _stretch_rows(budget, j1 - j0 + k1, m - c0),
+                    precision=precision, label="rec-update-WhB", options=opt_w,
+                    backend=backend)
             else:
                 c = gemm(ct(xp, w1) if w1p is None else w1p, b, precision=precision,
                          label="rec-update-WhB", options=opt_w, backend=backend)
@@ -757,8 +854,10 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
                 work[..., c0:cm, c0:cm] = unit_lower(xp, work[..., c0:cm, c0:cm])
                 # in place (one fused pass where the engine has one; a view where the
                 # library has them)
-                gemm_sub(work[..., c0:, j0:j1], work[..., c0:, c0:cm], c, precision=precision,
-                         label="rec-update-YC", options=opt_y, backend=backend)
+                _sub_in_stretches(work[..., c0:, j0:j1], work[..., c0:, c0:cm], c,
+                                  _stretch_rows(budget, j1 - j0 + k1, m - c0),
+                                  precision=precision, label="rec-update-YC", options=opt_y,
+                                  backend=backend)
                 work[..., c0:cm, c0:cm] = r1 + xp.tril(work[..., c0:cm, c0:cm], k=-1)
                 r1 = None
             else:
@@ -767,8 +866,10 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
                                 label="rec-update-trmm", backend=backend)
                 work[..., c0:cm, j0:j1] -= upd
                 upd = None
-                gemm_sub(work[..., cm:, j0:j1], work[..., cm:, c0:cm], c, precision=precision,
-                         label="rec-update-YC", options=opt_y, backend=backend)
+                _sub_in_stretches(work[..., cm:, j0:j1], work[..., cm:, c0:cm], c,
+                                  _stretch_rows(budget, j1 - j0 + k1, m - cm),
+                                  precision=precision, label="rec-update-YC", options=opt_y,
+                                  backend=backend)
         c = b = w1 = None
         if not need_w:
             w1p = None  # its last product is queued: not held through the right part
@@ -872,7 +973,8 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
         # Q from the spine's blocks, backward, in W's storage; R after it (Y read until then)
         _form_q_blocked(backend, w_all, work, qblocks, precision=precision,
                         cutoff=formq_block(n), chunk=-(-n // SPINE_CHUNKS),
-                        fp16=(opt_y, opt_w) if yx else None)
+                        fp16=(opt_y, opt_w) if yx else None,
+                        stretch=None if yx else stretch)
         return w_all, _take_r(xp, work, nb)
     # Q = E - W Y1^H with Y1 = Y[:n, :n] unit lower, formed in W's storage (negated there).
     # R is taken from the working copy when no later step reads its vectors: at once for
@@ -899,7 +1001,7 @@ def _factor(backend: Any, a: Any, *, precision: Any, prec_name: str, want_q: boo
 
 def _form_q_blocked(backend: Any, w: Any, work: Any, blocks: list[tuple[int, int]], *,
                     precision: Any, cutoff: int, chunk: int,
-                    fp16: tuple[Any, Any] | None = None) -> None:
+                    fp16: tuple[Any, Any] | None = None, stretch: int | None = None) -> None:
     """The reduced Q in W's storage from the spine's blocks (:data:`SPINE_BLOCK`), backward
     like LAPACK's ``orgqr``: for the blocks ``c0:c1``, last to first,
     ``Q[c0:, c1:] -= W_j (Y_j^H Q[c0:, c1:])`` (in column chunks of ``chunk``), then the
@@ -910,7 +1012,10 @@ def _form_q_blocked(backend: Any, w: Any, work: Any, blocks: list[tuple[int, int
 
     ``fp16 = (options with Ŷ, options with W)``: the fp16 scheme (module docstring), the
     block's vectors rounded again from the working copy (the same fp16 numbers as the
-    factoring's: one rounding of the same Y) into an explicit array of the block's size."""
+    factoring's: one rounding of the same Y) into an explicit array of the block's size.
+
+    ``stretch``: the products in stretches of rows splitting at most that many elements
+    (:data:`SPINE_STRETCH`), as the factoring's spine."""
     xp = backend.xp
     *batch, m, n = w.shape
     opt_y, opt_w = fp16 if fp16 is not None else (None, None)
@@ -924,10 +1029,15 @@ def _form_q_blocked(backend: Any, w: Any, work: Any, blocks: list[tuple[int, int
             below = work[..., c1:, c0:c1]
         for j0 in range(c1, n, chunk):
             j1 = min(n, j0 + chunk)
-            d = gemm(ct(xp, below), w[..., c1:, j0:j1], precision=precision,
-                     label="formq-blocked-YhQ", options=opt_y, backend=backend)
-            gemm_sub(w[..., c0:, j0:j1], w[..., c0:, c0:c1], d, precision=precision,
-                     label="formq-blocked-WD", options=opt_w, backend=backend)
+            width = j1 - j0 + k
+            d = _product_in_stretches(
+                ct(xp, below), w[..., c1:, j0:j1],
+                _stretch_rows(stretch, width, m - c1), precision=precision,
+                label="formq-blocked-YhQ", options=opt_y, backend=backend)
+            _sub_in_stretches(w[..., c0:, j0:j1], w[..., c0:, c0:c1], d,
+                              _stretch_rows(stretch, width, m - c0),
+                              precision=precision, label="formq-blocked-WD", options=opt_w,
+                              backend=backend)
             d = None
         if fp16 is not None:
             _times_unit_upper(backend, w[..., c0:, c0:c1], y16[..., :k, :], 0, k,
@@ -935,7 +1045,7 @@ def _form_q_blocked(backend: Any, w: Any, work: Any, blocks: list[tuple[int, int
                               explicit=True)
         else:
             _times_unit_upper(backend, w[..., c0:, :], work, c0, c1, precision=precision,
-                              options=None, cutoff=cutoff)
+                              options=None, cutoff=cutoff, stretch=stretch)
         below = y16 = None
         backend.add_identity(w[..., c0:c1, c0:c1])
 
@@ -1109,7 +1219,8 @@ def _copy_r(xp: Any, work: Any, nb: int, rows: int | None = None) -> Any:
 def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precision: Any,
                       options: Any, cutoff: int, explicit: bool = False,
                       prepared: tuple[int, Any] | None = None,
-                      folds: dict[int, tuple[int, Any]] | None = None) -> None:
+                      folds: dict[int, tuple[int, Any]] | None = None,
+                      stretch: int | None = None) -> None:
     """``W[:, lo:hi] <- -W[:, lo:hi] Y1[lo:hi, lo:hi]^H`` in place, ``Y1`` unit lower
     with its vectors below the diagonal of ``y1`` (R above is not read), or ``y1`` itself
     where ``explicit`` (unit diagonal and zeros stored). Negated, so that the reduced Q is
@@ -1128,20 +1239,32 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
     stored, so ``-W Y1^H = [-W1 U11, -W2 U22 - W1 (U12 - D U22)]``: the merge's
     ``m x k1 x k2`` product becomes ``D U22`` (``k1 x k2 x k2``, triangular), and ``W2 U22``
     recurses with ``W2``'s own fold.
+
+    ``stretch``: the products in stretches of W's rows (each row of the result reads its
+    own row of W), splitting at most that many elements (:data:`SPINE_STRETCH`).
     """
     xp = backend.xp
     k = hi - lo
     fold = folds.pop(lo, None) if folds and hi == y1.shape[-1] else None
     if fold is None and k <= cutoff:
         diag = y1[..., lo:hi, lo:hi]
-        blk = gemm(-(diag if explicit else unit_lower(xp, diag)), ct(xp, w[..., :, lo:hi]),
-                   precision=precision, label="rec-formq-trmm", options=options,
-                   backend=backend)
-        backend.assign_ct(w[..., :, lo:hi], blk)
+        neg = -(diag if explicit else unit_lower(xp, diag))
+        m = w.shape[-2]
+        # a stretch's row of W: its split, the product's column and its unscaled copy
+        rows = _stretch_rows(stretch, 3 * k, m)
+        if rows < m:
+            neg = prepare_operand(neg, side="left", m=k, n=rows, k=k, precision=precision,
+                                  options=options, backend=backend)
+        for r0 in range(0, m, rows):
+            r1 = min(m, r0 + rows)
+            blk = gemm(neg, ct(xp, w[..., r0:r1, lo:hi]), precision=precision,
+                       label="rec-formq-trmm", options=options, backend=backend)
+            backend.assign_ct(w[..., r0:r1, lo:hi], blk)
+            blk = None
         return
     mid = lo + k // 2 if fold is None else fold[0]
     _times_unit_upper(backend, w, y1, mid, hi, precision=precision, options=options,
-                      cutoff=cutoff, explicit=explicit, folds=folds)
+                      cutoff=cutoff, explicit=explicit, folds=folds, stretch=stretch)
     if explicit:
         # W2^H -= Y12 W1^H in the GEMM's epilogue, the vectors still the left operand
         gemm_sub(ct(xp, w[..., :, mid:hi]), y1[..., mid:hi, lo:mid], ct(xp, w[..., :, lo:mid]),
@@ -1163,8 +1286,10 @@ def _times_unit_upper(backend: Any, w: Any, y1: Any, lo: int, hi: int, *, precis
         if prepared is not None and prepared[0] == mid and lo == 0:
             w1 = prepared[1].T  # the recursion's parts of W1 (its shifts go onto Y12^H)
         prepared = None
-        gemm_sub(w[..., :, mid:hi], w1, ct(xp, y12), precision=precision,
-                 label="rec-formq-trmm-gemm", options=options, backend=backend)
+        _sub_in_stretches(w[..., :, mid:hi], w1, ct(xp, y12),
+                          _stretch_rows(stretch, hi - lo, w.shape[-2]),
+                          precision=precision, label="rec-formq-trmm-gemm", options=options,
+                          backend=backend)
         w1 = y12 = None
     _times_unit_upper(backend, w, y1, lo, mid, precision=precision, options=options,
-                      cutoff=cutoff, explicit=explicit)
+                      cutoff=cutoff, explicit=explicit, stretch=stretch)
