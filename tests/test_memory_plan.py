@@ -234,6 +234,37 @@ def test_gpu_spine_reserve_bounds_the_pool(monkeypatch, precision):
     assert grew[True] <= 2 * a.nbytes + est + 0.05 * a.nbytes, (grew, est / a.nbytes)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "fp32-emulated"])
+def test_gpu_repeated_calls_keep_the_pool_and_the_bits(monkeypatch, precision):
+    # the fast plan's spine in blocks, with its reserved block and (fp32-emulated) its
+    # products in stretches: 300 calls in a row take no more of the pool than the first
+    # few (the reserve is taken from cached memory, not again), and every call gives the
+    # first call's bits
+    cp = _cupy()
+    hr = importlib.import_module("mpqr.qr.householder_recursive")
+    monkeypatch.setenv("MPQR_MEMORY_PLAN", "fast")
+    monkeypatch.setattr(hr, "SPINE_BLOCKS", 10**6)
+    monkeypatch.setattr(hr, "SPINE_BLOCK", 512)
+    monkeypatch.setattr(hr, "STRETCH_MIN_ROWS", 1024)
+    pool = cp.get_default_memory_pool()
+    a = cp.random.default_rng(2).standard_normal((4096, 4096), dtype=cp.float32)
+    with mpqr.explain() as trace:
+        q0, r0 = mpqr.qr(a, precision=precision, method="householder-recursive")
+    if precision == "fp32-emulated":  # the stretches ran
+        assert max(g.shape[2] for g in trace.gemms if g.label == "rec-update-WhB") < 4096
+    for _ in range(2):
+        q, r = mpqr.qr(a, precision=precision, method="householder-recursive")
+    cp.cuda.Device().synchronize()
+    held = pool.total_bytes()
+    for i in range(300):
+        q, r = mpqr.qr(a, precision=precision, method="householder-recursive")
+        if i % 60 == 0 or i == 299:
+            assert bool(cp.array_equal(q, q0)) and bool(cp.array_equal(r, r0)), i
+    cp.cuda.Device().synchronize()
+    assert pool.total_bytes() <= held, (pool.total_bytes(), held)
+    del q, r, q0, r0
+
+
 def test_spine_estimate_where_the_spine_reserves(monkeypatch):
     # the fast plan's estimate is the spine's where it goes in blocks with a reserved
     # block (float32, fp16 / fp32-emulated, one matrix, at most SPINE_MAX_ASPECT rows a
