@@ -272,10 +272,10 @@ SPINE_RESERVE: dict[str, float] = {"fp16": 1.0, "fp32-emulated": 1.0}
 #: diagonal blocks along W's rows. The engines' temporaries then no longer scale with the
 #: chunk (a chunk's split operands and the update's product were half the input each). A
 #: precision not named: whole chunks. H200, fp32-emulated, whole / 0.125 (the reserved
-#: block at 1.1 / 1.0 of its estimate): 16384^2 167.6 /
-#: 171.5 ms, the pool's growth 2.84x / 2.30x the input; 32768^2 840.9 / 854.0 ms, 2.84x /
-#: 2.42x; 65536 x 8192 238.5 / 241.3 ms, 2.87x / 2.38x; 8192^2 45.9 / 46.6 ms, backward
-#: errors no larger (``python3 bench/probes/flag_ab.py OUT
+#: block at 1.1 / 1.0 of its estimate): 16384^2 167.6 / 171.5 ms, the pool's growth 2.84x /
+#: 2.30x the input; 32768^2 840.9 / 854.0 ms, 2.84x / 2.42x; 65536 x 8192 238.5 / 241.3
+#: ms, 2.87x / 2.38x; 8192^2 45.9 / 46.6 ms, backward errors no larger
+#: (``python3 bench/probes/flag_ab.py OUT
 #: "mpqr.qr.householder_recursive.SPINE_STRETCH=[{}, {'fp32-emulated': 0.125}]"``,
 #: ``live_peak.py``); 0.25: 2.43x at 16384^2 and 32768^2, 2.56x at 65536 x 8192
 SPINE_STRETCH: dict[str, float] = {"fp32-emulated": 0.125}
