@@ -365,12 +365,12 @@ def _cupy_panels(xp):
     return importlib.import_module("mpqr.backends.cupy.panel_cholqr")
 
 
-@pytest.mark.parametrize("steps", ["warp", "block", "block, rows apart", "registers"])
+@pytest.mark.parametrize("steps", ["warp", "block", "block, rows apart"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(5000, 40), (33, 40), (40000, 40)])
 def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, steps, dtype, shape):
     """``kernels/panel_fused.cu`` (the three launches as phases of one grid, the n x n steps
-    in one warp, in registers or by the whole block) takes the same tiles, block count and summation order
+    in one warp or by the whole block) takes the same tiles, block count and summation order
     as the three launches: the same factors to the last bit, the barrier counter left at
     zero."""
     cupy_panels = _cupy_panels(xp)
@@ -387,15 +387,15 @@ def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, step
     assert out[1][4].tolist() == [0, 0, 0, 0]
 
 
-@pytest.mark.parametrize("n", [1, 13, 31])
-def test_register_steps_give_the_three_launches_factors_for_narrow_panels(xp, monkeypatch, n):
-    """The n x n steps in registers (lane j holds column j) for panels of fewer than 32
-    columns, a NaN entry included: the three launches' bits (NaN where they give NaN) and
-    the same failed certificate."""
+@pytest.mark.parametrize("n", [1, 2, 13, 31])
+def test_one_launch_gives_the_three_launches_factors_for_narrow_panels(xp, monkeypatch, n):
+    """The one launch (the whole block's n x n steps, pass 1's in every block) for panels
+    of fewer than 32 columns, a NaN entry included: the three launches' bits (NaN where
+    they give NaN) and the same failed certificate."""
     cupy_panels = _cupy_panels(xp)
     a = np.random.default_rng(53).standard_normal((3000, 40))
     out = []
-    for one in (None, "registers"):
+    for one in (None, "block"):
         monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", one)
         for bad in (False, True):
             b = a.copy()
@@ -410,7 +410,7 @@ def test_register_steps_give_the_three_launches_factors_for_narrow_panels(xp, mo
     assert out[3][4][0] == 1  # the NaN fails the certificate: the caller factors again
 
 
-@pytest.mark.parametrize("steps", ["warp", "block", "registers"])
+@pytest.mark.parametrize("steps", ["warp", "block"])
 def test_one_launch_panel_counts_a_failed_certificate(xp, monkeypatch, steps):
     cupy_panels = _cupy_panels(xp)
     monkeypatch.setattr(cupy_panels, "ONE_LAUNCH", steps)

@@ -34,14 +34,15 @@ _WS_FIXED = 5 * MAX_N * MAX_N
 #: The panel in one launch (``kernels/panel_fused.cu``: the three launches' phases in one
 #: persistent grid with grid barriers, the partial Grams summed by the whole grid): None
 #: keeps the three launches; ``"warp"`` takes their one-warp Cholesky and LU steps,
-#: ``"block"`` the whole block's (one barrier a step), ``"registers"`` one warp's with the
-#: n x n matrix in registers (shuffles, no barrier a step). Same factors to the last bit.
+#: ``"block"`` the whole block's (one barrier a step). Same factors to the last bit.
 #: ``"block"``: 16384 x 32 float32 120 against 119 us a panel, float64 109 against 122;
 #: the QR at 16384² fp16 145 against 155 ms, fp64-emulated 409 against 415, 8192² fp16
-#: 58 against 62 (H200, one process, bench/NOTES.md 2026-11-28).
+#: 58 against 62 (H200, one process, bench/NOTES.md 2026-11-28). Alone, a 32 x 32
+#: Cholesky / signed LU: the block's 6.6 / 6.4 us, one warp's loops 15.6 / 12.4, one warp
+#: in registers 10.2 / 7.2 (that form removed since; H200, bench/probes/panel_floors.py).
 ONE_LAUNCH: str | None = "block"
 #: the one launch's kernel for each way of doing the n x n steps
-_STEPS = {"warp": 0, "block": 1, "registers": 2}
+_STEPS = {"warp": 0, "block": 1}
 #: the one launch's grid: None takes the three launches' (the same partial Grams, the same
 #: bits); a number of blocks up to one per SM (more tiles in flight; other partial sums)
 FUSED_BLOCKS: int | None = None
@@ -50,8 +51,8 @@ FUSED_BLOCKS: int | None = None
 #: (the one launch's rows phase, on at most one block per SM, took 20 us at 16384 x 32
 #: against ~9 for the separate launch, H200)
 ONE_LAUNCH_ROWS: bool = True
-#: the one launch's ``stop`` that ends it before the rows (after its sixth grid barrier)
-_STOP_BEFORE_ROWS = 6
+#: the one launch's ``stop`` that ends it before the rows (after its fifth grid barrier)
+_STOP_BEFORE_ROWS = 5
 #: most of a block's tiles the one launch keeps in shared memory from pass 1 to the rows
 #: (float64, 9216 bytes a tile beside the kernel's 45 KiB of its own; 0: every pass reads
 #: A); further tiles are read from A in every pass. Same factors to the last bit. 20, the
@@ -78,8 +79,7 @@ def _module(dtype_name: str):
 
 
 def _fused_kernel(dtype_name: str, way: str):
-    """The one launch for ``way`` (a key of :data:`_STEPS`), each form compiled apart (the
-    registers form's unrolled steps take NVRTC several times the others' time)."""
+    """The one launch for ``way`` (a key of :data:`_STEPS`), each form compiled apart."""
     t = ctype(dtype_name)
     return functions("panel_cholqr.cu", (f"panel_fused<{t}, {_STEPS[way]}>",),
                      after=("panel_fused.cu",))[0]

@@ -38,13 +38,14 @@ MARKS = (
     ("unsigned int k = 0;  // barriers passed", 0, "start"),
     (_BAR + "\n    // ---- phase 2 / 5: G in block order, one thread per entry ----", 1,
      "partial Grams + barrier"),
-    ("      g_out[idx] = s;\n    }\n    grid_sync(bar, ++k);", 2, "sum + barrier"),
+    ("        g_out[idx] = s;\n      }\n    }\n    grid_sync(bar, ++k);", 2, "sum + barrier"),
     ("      FOR_IJ(i, j) red[i][j] = __ldcg(&g_out[i * PANEL_B + j]);\n      __syncthreads();",
      3, "G loaded"),
     ("        if (threadIdx.x == 0) fail1 = !ok;" + _SYNC, 4, "Cholesky 1"),
-    ("          ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;\n        }",
-     5, "X1 = R1^-1, stored"),
-    ("          if (lane == 0) e_sh = e;\n        }" + _SYNC, 5, "||G2 - I||"),
+    ("            ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;\n"
+     "          }\n        }", 5, "X1 = R1^-1, stored"),
+    ("        const double e = dist_identity_sq(red, n, sv);  // ||G2 - I||_F^2", 5,
+     "||G2 - I||"),
     ("        __syncthreads();  // every thread's entries of R2 written, fail1 read", 6,
      "Cholesky 2 / first order"),
     ("          r1[i][j] = __ldcg(&ws[WS_R1 + i * PANEL_B + j]);\n        }" + _SYNC, 7,
@@ -60,10 +61,11 @@ MARKS = (
      + _SYNC, 13, "U^-1, L^-1"),
     ("            ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];\n        }" + _SYNC, 14,
      "P"),
-    ("          red[i][j] = -v;\n        }" + _SYNC, 15, "T"),
+    ("        t_and_w_top(lu, sv, r1, red, x2, n, wtop);", 15, "T, W's top rows"),
     ("            if (i == j) tau[i] = static_cast<T>(red[i][i]);\n          }\n        }", 16,
      "P T, outputs"),
-    (_BAR + "    if (pass == 1) {  // every block: X1 for pass 2", 17, "n x n barrier"),
+    ("      grid_sync(bar, ++k);\n      if (stop == static_cast<int>(k)) { grid_leave(bar, k); "
+     "return; }\n    }\n  }", 17, "n x n barrier (pass 2)"),
 )
 
 

@@ -50,7 +50,7 @@ def times(launch, versions, host, stages: bool) -> list[dict]:
                 c[...] = a
             it = iter(copies)
             got[name].append(_queued(lambda: launch(name, next(it), bufs)))  # noqa: B023
-            for stop in (1, 2, 3, 4, 5, 6) if stages else ():
+            for stop in (1, 2, 3, 4, 5) if stages else ():
                 stops.setdefault((name, stop), []).append(
                     _queued(lambda: launch(name, copies[0], bufs, stop)))  # noqa: B023
     rows = []

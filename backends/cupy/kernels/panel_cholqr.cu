@@ -229,10 +229,8 @@ __device__ __forceinline__ void mma_acc(const Mat* am, const Mat* bm, double* ou
 }
 #endif
 
-// out = tile x, this thread's entries
-__device__ __forceinline__ void tile_times(const Mat* tile, const Mat* x, double* out) {
-#pragma unroll
-  for (int e = 0; e < TILE_ENTRIES; ++e) out[e] = 0.0;
+// out += tile x, this thread's entries (one FMA an entry a term, the terms in order)
+__device__ __forceinline__ void tile_times_acc(const Mat* tile, const Mat* x, double* out) {
 #if PANEL_MMA
   mma_acc<false>(tile, x, out);
 #else
@@ -245,6 +243,13 @@ __device__ __forceinline__ void tile_times(const Mat* tile, const Mat* x, double
       out[e] = fma(tile[(threadIdx.x >> 5) + 8 * e][l], xl, out[e]);
   }
 #endif
+}
+
+// out = tile x, this thread's entries
+__device__ __forceinline__ void tile_times(const Mat* tile, const Mat* x, double* out) {
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) out[e] = 0.0;
+  tile_times_acc(tile, x, out);
 }
 
 // acc += src^T src (a tile's Gram matrix), this thread's entries
@@ -266,6 +271,65 @@ __device__ __forceinline__ void gram_acc(const Mat* src, double* acc) {
 __device__ __forceinline__ void store_entries(const double* q, Mat* out) {
 #pragma unroll
   for (int e = 0; e < TILE_ENTRIES; ++e) out[entry_row(e)][entry_col(e)] = q[e];
+}
+
+// T = -U S L^-T into t, and W's top rows L T (L's unit diagonal) into wtop, this thread's
+// entries: both as tile products (a loop an entry, T's and W's: ~4.5 us of the one launch's
+// block 0, as products 1.5, H200, bench/probes/panel_timeline.py) with each entry's terms in
+// the loop's order (the same bits: the FP64 tensor cores' steps are the FMAs'), the
+// products' other terms exact zeros: T[i][j] from l = i up, (L T)[i][j] from T[i][j] then
+// l = 0 up. lu: L\U; linv: L^-1 (zero above the diagonal and outside n x n); tmp: scratch.
+// Every thread calls; the block is synced after t is written.
+__device__ __forceinline__ void t_and_w_top(const Mat* lu, const double* sv, const Mat* linv,
+                                            Mat* t, Mat* tmp, int n, double* wtop) {
+  FOR_IJ(i, j) {
+    tmp[i][j] = (i <= j && j < n) ? lu[i][j] * sv[j] : 0.0;  // U S
+    t[i][j] = linv[j][i];                                    // L^-T
+  }
+  __syncthreads();
+  double q[TILE_ENTRIES];
+  tile_times(tmp, t, q);
+  __syncthreads();
+  FOR_IJ(i, j) tmp[i][j] = (j < i && i < n) ? lu[i][j] : 0.0;  // L below its diagonal
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    q[e] = -q[e];
+    wtop[e] = q[e];
+  }
+  store_entries(q, t);
+  __syncthreads();
+  tile_times_acc(tmp, t, wtop);
+}
+
+// W's top rows from t_and_w_top's entries
+template <typename T>
+__device__ __forceinline__ void store_w_top(const double* wtop, int n, T* w, long long ldw) {
+  if (w == nullptr) return;
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const int i = entry_row(e), j = entry_col(e);
+    if (i < n && j < n) w[i * ldw + j] = static_cast<T>(wtop[e]);
+  }
+}
+
+// ||G - I||_F^2 over G's leading n x n block by the whole block, in a fixed order: each
+// thread its entries, each warp's by a butterfly (every lane the same sum), the warps' in
+// order (one warp over the rows took ~1 us of the one launch's block 0, H200,
+// bench/probes/panel_timeline.py). sums: PANEL_WARPS doubles of scratch.
+__device__ double dist_identity_sq(const Mat* g, int n, double* sums) {
+  double e = 0.0;
+  FOR_IJ(i, j) {
+    const double d = g[i][j] - (i == j ? 1.0 : 0.0);
+    if (i < n && j < n) e = fma(d, d, e);
+  }
+  for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(FULL_MASK, e, o);
+  __syncthreads();  // sums free
+  if ((threadIdx.x & 31) == 0) sums[threadIdx.x >> 5] = e;
+  __syncthreads();
+  double s = 0.0;
+  for (int w = 0; w < PANEL_WARPS; ++w) s += sums[w];
+  __syncthreads();  // sums read
+  return s;
 }
 
 // Whether this block is the last of the grid to get here (after its partial is written).
@@ -366,13 +430,8 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   Mat* lu = x1;
   __shared__ double sv[PANEL_B];
   __shared__ int near_identity;
+  const double e = dist_identity_sq(red, n, sv);  // ||G2 - I||_F^2
   if (warp == 0) {
-    double e = 0.0;  // ||G2 - I||_F^2
-    for (int i = 0; i < n; ++i) {
-      const double d = red[i][lane] - (i == lane ? 1.0 : 0.0);
-      if (lane < n) e = fma(d, d, e);
-    }
-    for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(FULL_MASK, e, o);
     // G2 = I + E with ||E||_F^2 <= u: R2 = I + F and X2 = I - F, F the upper triangle
     // of E with half its diagonal (R2^T R2 and X2 R2 are I to O(||E||^2) <= u)
     const bool near = e <= PANEL_NEAR_IDENTITY;
@@ -441,14 +500,9 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
     for (int e = 0; e < TILE_ENTRIES; ++e)
       ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
   }
-  __syncthreads();  // U^-1 is read: T takes its place
-  FOR_IJ(i, j) {  // T[i][j] = -sum_{i <= l <= j} U[i][l] s_l Linv[j][l]
-    double v = 0.0;
-    if (j < n)
-      for (int l = i; l <= j; ++l) v = fma(lu[i][l] * sv[l], r1[j][l], v);
-    red[i][j] = -v;
-  }
-  __syncthreads();
+  __syncthreads();  // U^-1 and X2 are read: T (into red) and its operands (x2)
+  double wtop[TILE_ENTRIES];
+  t_and_w_top(lu, sv, r1, red, x2, n, wtop);
   {  // P T (both upper)
     double q[TILE_ENTRIES];
     tile_times(pm, red, q);
@@ -456,17 +510,13 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
     for (int e = 0; e < TILE_ENTRIES; ++e)
       ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
   }
+  store_w_top(wtop, n, w, ldw);
   FOR_IJ(i, j) {
     if (i < n && j < n) {
       // the panel's top rows: S R on and above the diagonal, L below
       const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
       a[i * lda + j] = static_cast<T>(r);
       ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
-      if (w != nullptr) {  // W's top rows: L T (L's unit diagonal)
-        double s = red[i][j];
-        for (int l = 0; l < i; ++l) s = fma(lu[i][l], red[l][j], s);
-        w[i * ldw + j] = static_cast<T>(s);
-      }
       if (i == j) tau[i] = static_cast<T>(red[i][i]);  // diag(T) = -u_ii s_i
     }
   }

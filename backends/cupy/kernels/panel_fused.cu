@@ -1,14 +1,14 @@
 // A certified panel in one launch: panel_cholqr.cu's three launches (pass 1, pass 2, apply)
 // as phases of one persistent grid, separated by grid barriers, with no host step between.
-// Appended to panel_cholqr.cu (its helpers, unchanged, so that its text and prebuilt
-// binaries stay as they are).
+// Appended to panel_cholqr.cu (its helpers).
 //
 //   phase 1: every block's partial Gram of its tiles (pass 1: A^T A)        | barrier
-//   phase 2: the partials summed in block order by the whole grid (one
-//            thread per entry; the last-block sum read 96 partials through
-//            one SM, ~10 us)                                                 | barrier
-//   phase 3: block 0: R1 = chol(G), X1 = R1^-1                               | barrier
-//   phases 4-6: the same for pass 2 (Q1 = A X1 on the fly), block 0 then does
+//   phase 2: the partials summed in block order by the whole grid (each
+//            block its share of the entries, all its loads at once; the
+//            last-block sum read 96 partials through one SM, ~10 us)        | barrier
+//   phase 3: every block: R1 = chol(G), X1 = R1^-1 (the same bits in each;
+//            no barrier: each goes on with its own X1)
+//   phases 4-6: the same for pass 2 (Q1 = A X1 on the fly); block 0 alone does
 //            the certificate, R2, R = R2 R1, the signed LU and T             | barrier
 //   phase 7: every block: y_i and w_i of its rows (panel_apply's loop)
 //
@@ -20,9 +20,8 @@
 // from A in every pass, the next one loaded into registers while the current one is
 // multiplied. STEPS, the Cholesky and signed LU factorizations:
 // 0 one warp's loops in shared memory (~0.45 us a step, H100); 1 the whole block (one
-// barrier per step, each thread its four entries); 2 one warp with the matrix in registers
-// (lane j holds column j, the pivot broadcast by shuffles, no barrier a step). Same
-// operations on every entry, same results.
+// barrier per step, each thread its four entries). Same operations on every entry, same
+// results.
 //
 // The grid barrier needs every block resident at once: the caller launches at most one
 // block per SM (the kernel's resources allow one). It counts arrivals cumulatively in
@@ -32,6 +31,9 @@
 
 #define FUSED_G1 WS_P   // the reduced Gram of pass 1 (P is written after its last read)
 #define FUSED_G2 WS_PT  // the reduced Gram of pass 2 (read before P T is written)
+// the partials' loads a thread issues at once in the grid's sum (up to 1280 = 256 x 5: 1024
+// entries summed over up to 96 blocks, 11 entries a block)
+#define SUM_LOADS 5
 
 __device__ __forceinline__ void grid_sync(unsigned int* bar, unsigned int k) {
   __threadfence();
@@ -188,65 +190,6 @@ __device__ __noinline__ void lu_signed_block(Mat* __restrict__ c, double* s, int
   __syncthreads();
 }
 
-// Upper Cholesky G = R^T R in place by warp 0 with G in registers (lane j holds column j,
-// the pivot's row broadcast by shuffles; no block barrier a step): chol_block's operations
-// on every entry in the same order, so the same bits. The caller syncs the block after.
-__device__ __noinline__ bool chol_reg(Mat* __restrict__ g, int n) {
-  const int lane = threadIdx.x & 31;
-  double c[PANEL_B];
-#pragma unroll
-  for (int i = 0; i < PANEL_B; ++i) c[i] = g[i][lane];
-  bool ok = true;
-#pragma unroll
-  for (int k = 0; k < PANEL_B; ++k) {
-    if (k < n) {
-      const double d = __shfl_sync(FULL_MASK, c[k], k);
-      ok = ok && d > 0.0 && isfinite(d);
-      const double rkk = sqrt(fmax(d, 0.0));
-      const double rinv = 1.0 / rkk;
-      const double rkj = lane == k ? rkk : (lane > k && lane < n ? c[k] * rinv : 0.0);
-#pragma unroll
-      for (int i = k + 1; i < PANEL_B; ++i) {
-        const double rki = __shfl_sync(FULL_MASK, rkj, i);  // g[k][i] * rinv, lane i's
-        if (i < n && i <= lane && lane < n) c[i] = fma(-rki, rkj, c[i]);
-      }
-      if (lane >= k && lane < n) c[k] = rkj;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < PANEL_B; ++i) g[i][lane] = c[i];
-  return ok;
-}
-
-// Signed LU without pivoting by warp 0 in registers (lane j holds column j; the pivot
-// column broadcast from lane k): lu_signed_block's operations in the same order.
-__device__ __noinline__ void lu_signed_reg(Mat* __restrict__ a, double* s, int n) {
-  const int lane = threadIdx.x & 31;
-  double c[PANEL_B];
-#pragma unroll
-  for (int i = 0; i < PANEL_B; ++i) c[i] = a[i][lane];
-#pragma unroll
-  for (int k = 0; k < PANEL_B; ++k) {
-    if (k < n) {
-      const double d = __shfl_sync(FULL_MASK, c[k], k);
-      const double sk = d < 0.0 ? 1.0 : -1.0;
-      const double piv = d - sk;
-      const double inv = 1.0 / piv;
-      const double ukj = c[k];
-#pragma unroll
-      for (int i = k + 1; i < PANEL_B; ++i) {
-        const double lik = i < n ? __shfl_sync(FULL_MASK, c[i], k) * inv : 0.0;
-        if (i < n && lane > k && lane < n) c[i] = fma(-lik, ukj, c[i]);
-        if (i < n && lane == k) c[i] = lik;
-      }
-      if (lane == k) c[k] = piv;
-      if (lane == 0) s[k] = sk;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < PANEL_B; ++i) a[i][lane] = c[i];
-}
-
 template <typename T, int STEPS>
 __global__ void __launch_bounds__(PANEL_THREADS)
 panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __restrict__ ws,
@@ -258,7 +201,6 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
   __shared__ Mat qt[PANEL_B];
   __shared__ Mat scratch[PANEL_B];
   __shared__ double sv[PANEL_B];
-  __shared__ double e_sh;
   __shared__ int ok_sh, fail1, near_identity;
   extern __shared__ Mat cache[];  // the block's first tiles (dynamic), PANEL_B rows each
   unsigned int* bar = reinterpret_cast<unsigned int*>(cert + 1);
@@ -330,40 +272,64 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
 
     // ---- phase 2 / 5: G in block order, one thread per entry ----
     double* g_out = ws + (pass == 1 ? FUSED_G1 : FUSED_G2);
-    for (int idx = blockIdx.x * PANEL_THREADS + threadIdx.x; idx < PANEL_B * PANEL_B;
-         idx += gridDim.x * PANEL_THREADS) {
-      const double* p = part + idx;
-      const int nb = static_cast<int>(gridDim.x);
-      double s = 0.0;
-      int b = 0;
-      for (; b + 16 <= nb; b += 16) {
-        double v[16];
+    const int nb = static_cast<int>(gridDim.x);
+    const int per = (PANEL_B * PANEL_B + nb - 1) / nb;  // entries a block sums
+    if (per * nb <= SUM_LOADS * PANEL_THREADS && per * nb <= PANEL_B * PANEL_LD) {
+      // every block its own entries: their partials loaded into shared memory at once
+      // (one round trip; a thread an entry over all blocks' partials took six, ~3.9 us at
+      // 96 blocks, H200), then one thread an entry sums them in block order
+      double* buf = &tile[0][0];
+      const int e0 = blockIdx.x * per;
+      const int cnt = max(0, min(per, PANEL_B * PANEL_B - e0));
+      double v[SUM_LOADS];
 #pragma unroll
-        for (int u = 0; u < 16; ++u) v[u] = __ldcg(p + (long long)(b + u) * PANEL_B * PANEL_B);
-#pragma unroll
-        for (int u = 0; u < 16; ++u) s += v[u];
+      for (int u = 0; u < SUM_LOADS; ++u) {
+        const int q = threadIdx.x + u * PANEL_THREADS;
+        const int b = cnt > 0 ? q / cnt : 0;
+        v[u] = q < cnt * nb ? __ldcg(part + (long long)b * PANEL_B * PANEL_B + e0 + q - b * cnt)
+                            : 0.0;
       }
-      for (; b < nb; ++b) s += __ldcg(p + (long long)b * PANEL_B * PANEL_B);
-      g_out[idx] = s;
+#pragma unroll
+      for (int u = 0; u < SUM_LOADS; ++u) {
+        const int q = threadIdx.x + u * PANEL_THREADS;
+        if (q < cnt * nb) buf[q] = v[u];
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < cnt; e += PANEL_THREADS) {
+        double s = 0.0;
+        for (int b = 0; b < nb; ++b) s += buf[b * cnt + e];
+        g_out[e0 + e] = s;
+      }
+    } else {  // more blocks than that: one thread an entry, over all partials
+      for (int idx = blockIdx.x * PANEL_THREADS + threadIdx.x; idx < PANEL_B * PANEL_B;
+           idx += gridDim.x * PANEL_THREADS) {
+        const double* p = part + idx;
+        double s = 0.0;
+        int b = 0;
+        for (; b + 16 <= nb; b += 16) {
+          double v[16];
+#pragma unroll
+          for (int u = 0; u < 16; ++u) v[u] = __ldcg(p + (long long)(b + u) * PANEL_B * PANEL_B);
+#pragma unroll
+          for (int u = 0; u < 16; ++u) s += v[u];
+        }
+        for (; b < nb; ++b) s += __ldcg(p + (long long)b * PANEL_B * PANEL_B);
+        g_out[idx] = s;
+      }
     }
     grid_sync(bar, ++k);
     if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
 
-    // ---- phase 3 / 6: the n x n steps in block 0 ----
-    if (blockIdx.x == 0) {
+    // ---- phase 3 / 6: the n x n steps; pass 1's in every block, each its own X1 (the same
+    // operations on the same G: the same bits), so that no barrier and no round trip
+    // through the workspace stand between them and pass 2; pass 2's in block 0 ----
+    if (pass == 1 || blockIdx.x == 0) {
       FOR_IJ(i, j) red[i][j] = __ldcg(&g_out[i * PANEL_B + j]);
       __syncthreads();
       if (pass == 1) {
         bool ok;
         if (STEPS == 1) {
           ok = chol_block(red, n);
-        } else if (STEPS == 2) {
-          if (warp == 0) {
-            const bool okw = chol_reg(red, n);
-            if (lane == 0) ok_sh = okw;
-          }
-          __syncthreads();
-          ok = ok_sh != 0;
         } else {
           if (warp == 0) {
             const bool okw = chol_warp(red, n);
@@ -374,32 +340,24 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         }
         if (!ok) {  // X1 = I keeps pass 2 finite; the caller factors again
           FOR_IJ(i, j) red[i][j] = i == j ? 1.0 : 0.0;
-          if (threadIdx.x == 0) atomicAdd(&cert[0], 1);
+          if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&cert[0], 1);
         }
         if (threadIdx.x == 0) fail1 = !ok;
         __syncthreads();
         if (warp == 0) inv_triangular_warp<false>(red, x1, scratch[0], n);
         __syncthreads();
-        FOR_IJ(i, j) {
-          ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
-          ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
+        if (blockIdx.x == 0) {  // for pass 2's tail (R1) and the rows (X1)
+          FOR_IJ(i, j) {
+            ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
+            ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
+          }
         }
       } else {
         // pass 2 (panel_pass's tail): X2 in `tile`, R1 and later L^-1 in `qt`, L\U over X1
         Mat* x2 = tile;
         Mat* r1 = qt;
         Mat* lu = x1;
-        if (warp == 0) {
-          double e = 0.0;  // ||G2 - I||_F^2
-          for (int i = 0; i < n; ++i) {
-            const double d = red[i][lane] - (i == lane ? 1.0 : 0.0);
-            if (lane < n) e = fma(d, d, e);
-          }
-          for (int o = 16; o > 0; o >>= 1) e += __shfl_xor_sync(FULL_MASK, e, o);
-          if (lane == 0) e_sh = e;
-        }
-        __syncthreads();
-        const double e = e_sh;
+        const double e = dist_identity_sq(red, n, sv);  // ||G2 - I||_F^2
         const bool near = e <= PANEL_NEAR_IDENTITY;
         bool ok = true;
         if (near) {  // R2 = I + F, X2 = I - F (panel_pass's first order)
@@ -412,13 +370,6 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           }
         } else if (STEPS == 1) {
           ok = chol_block(red, n);
-        } else if (STEPS == 2) {
-          if (warp == 0) {
-            const bool okw = chol_reg(red, n);
-            if (lane == 0) ok_sh = okw;
-          }
-          __syncthreads();
-          ok = ok_sh != 0;
         } else {
           if (warp == 0) {
             const bool okw = chol_warp(red, n);
@@ -466,9 +417,6 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         __syncthreads();
         if (STEPS == 1) {
           lu_signed_block(lu, sv, n);
-        } else if (STEPS == 2) {
-          if (warp == 0) lu_signed_reg(lu, sv, n);
-          __syncthreads();
         } else {
           if (warp == 0) lu_signed_warp(lu, sv, n);
           __syncthreads();
@@ -485,14 +433,9 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           for (int e = 0; e < TILE_ENTRIES; ++e)
             ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
         }
-        __syncthreads();
-        FOR_IJ(i, j) {  // T[i][j] = -sum_{i <= l <= j} U[i][l] s_l Linv[j][l]
-          double v = 0.0;
-          if (j < n)
-            for (int l = i; l <= j; ++l) v = fma(lu[i][l] * sv[l], r1[j][l], v);
-          red[i][j] = -v;
-        }
-        __syncthreads();
+        __syncthreads();  // U^-1 and X2 are read: T (into red) and its operands (x2)
+        double wtop[TILE_ENTRIES];
+        t_and_w_top(lu, sv, r1, red, x2, n, wtop);
         {  // P T (both upper)
           double q[TILE_ENTRIES];
           tile_times(pm, red, q);
@@ -500,25 +443,20 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           for (int e = 0; e < TILE_ENTRIES; ++e)
             ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
         }
+        store_w_top(wtop, n, w, ldw);
         FOR_IJ(i, j) {
           if (i < n && j < n) {
             const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
             a[i * lda + j] = static_cast<T>(r);
             ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
-            if (w != nullptr) {
-              double s = red[i][j];
-              for (int l = 0; l < i; ++l) s = fma(lu[i][l], red[l][j], s);
-              w[i * ldw + j] = static_cast<T>(s);
-            }
             if (i == j) tau[i] = static_cast<T>(red[i][i]);
           }
         }
       }
     }
-    grid_sync(bar, ++k);
-    if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
-    if (pass == 1) {  // every block: X1 for pass 2
-      FOR_IJ(i, j) x1[i][j] = __ldcg(&ws[WS_X1 + i * PANEL_B + j]);
+    if (pass == 2) {
+      grid_sync(bar, ++k);
+      if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
     }
   }
 
