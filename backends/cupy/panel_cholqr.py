@@ -29,7 +29,7 @@ _WARPS = _THREADS // 32
 _TILE = 32
 #: most blocks of a pass: the last block sums one partial Gram per block
 _MAX_BLOCKS = 96
-_WS_FIXED = 5 * MAX_N * MAX_N
+_WS_FIXED = 6 * MAX_N * MAX_N
 
 #: The panel in one launch (``kernels/panel_fused.cu``: the three launches' phases in one
 #: persistent grid with grid barriers, the partial Grams summed by the whole grid): None
@@ -51,7 +51,7 @@ FUSED_BLOCKS: int | None = None
 #: (the one launch's rows phase, on at most one block per SM, took 20 us at 16384 x 32
 #: against ~9 for the separate launch, H200)
 ONE_LAUNCH_ROWS: bool = True
-#: the one launch's ``stop`` that ends it before the rows (after its fifth grid barrier)
+#: the one launch's ``stop`` that ends it before the rows (past its four grid barriers)
 _STOP_BEFORE_ROWS = 5
 #: most of a block's tiles the one launch keeps in shared memory from pass 1 to the rows
 #: (float64, 9216 bytes a tile beside the kernel's 45 KiB of its own; 0: every pass reads

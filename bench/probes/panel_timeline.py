@@ -52,20 +52,16 @@ MARKS = (
      "R1 loaded"),
     ("            ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];\n        }" + _SYNC, 9,
      "X2 (where not first order), R = R2 R1"),
-    ("load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2" + _SYNC, 10,
-     "top tile"),
+    ("store_tile(top_v, r1);  // Q's top block (A[:n] X1) X2" + _SYNC, 10, "top tile"),
     ("          store_entries(q, lu);\n        }" + _SYNC, 11, "two tile products"),
     ("          if (warp == 0) lu_signed_warp(lu, sv, n);\n          __syncthreads();\n        }",
      12, "signed LU"),
     ("        if (warp == 1) inv_triangular_warp<true>(lu, r1, nullptr, n);       // L^-1 (into r1)"
      + _SYNC, 13, "U^-1, L^-1"),
-    ("            ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];\n        }" + _SYNC, 14,
-     "P"),
+    ("              ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];\n          }\n"
+     "        }" + _SYNC, 14, "P"),
     ("        t_and_w_top(lu, sv, r1, red, x2, n, wtop);", 15, "T, W's top rows"),
-    ("            if (i == j) tau[i] = static_cast<T>(red[i][i]);\n          }\n        }", 16,
-     "P T, outputs"),
-    ("      grid_sync(bar, ++k);\n      if (stop == static_cast<int>(k)) { grid_leave(bar, k); "
-     "return; }\n    }\n  }", 17, "n x n barrier (pass 2)"),
+    ("        store_entries(pt, red);", 16, "P T, outputs"),
 )
 
 
@@ -74,10 +70,6 @@ def source() -> str:
     for anchor, off, _ in MARKS:
         assert text.count(anchor) == 1, anchor[:50]
         idx = "0" if off == 0 else f"pass * 20 + {off}"
-        if off == 17:  # before the line that opens a block
-            head, _, tail = anchor.rpartition("\n")
-            text = text.replace(anchor, head + f"\n    MARK({idx});\n" + tail)
-            continue
         sync = "__syncthreads(); " if off == 5 and "ws[WS_R1" in anchor else ""
         text = text.replace(anchor, anchor + f"\n    {sync}MARK({idx});")
     text = text.replace("  grid_leave(bar, k);\n}", "  MARK(60);\n  grid_leave(bar, k);\n}")

@@ -39,13 +39,15 @@
 // (2^-53, float64's unit roundoff)
 #define PANEL_NEAR_IDENTITY 1.1102230246251565e-16
 
-// workspace (double), each PANEL_B x PANEL_B row-major: X1, R1, P, PT, R, then the partials
+// workspace (double), each PANEL_B x PANEL_B row-major: X1, R1, P, PT, R, the one launch's
+// second Gram matrix, then the partials
 #define WS_X1 0
 #define WS_R1 (PANEL_B * PANEL_B)
 #define WS_P (2 * PANEL_B * PANEL_B)
 #define WS_PT (3 * PANEL_B * PANEL_B)
 #define WS_R (4 * PANEL_B * PANEL_B)
-#define WS_PART (5 * PANEL_B * PANEL_B)
+#define WS_G2 (5 * PANEL_B * PANEL_B)
+#define WS_PART (6 * PANEL_B * PANEL_B)
 
 // this thread's entries (i, j) of a 32 x 32 matrix
 #define FOR_IJ(i, j) \

@@ -8,9 +8,13 @@
 //            last-block sum read 96 partials through one SM, ~10 us)        | barrier
 //   phase 3: every block: R1 = chol(G), X1 = R1^-1 (the same bits in each;
 //            no barrier: each goes on with its own X1)
-//   phases 4-6: the same for pass 2 (Q1 = A X1 on the fly); block 0 alone does
-//            the certificate, R2, R = R2 R1, the signed LU and T             | barrier
-//   phase 7: every block: y_i and w_i of its rows (panel_apply's loop)
+//   phases 4-6: the same for pass 2 (Q1 = A X1 on the fly); every block then
+//            does the certificate, R2, the signed LU, T, P and P T (the same
+//            bits in each; Q's top rows read before pass 2's first barrier,
+//            when no block writes A), block 0 alone writes the panel's top
+//            rows, R, L and tau
+//   phase 7: every block: y_i and w_i of its rows (panel_apply's loop), with
+//            its own P and P T
 //
 // Same tiles, same block count and the same summation order as the three launches, so
 // the factors are the same to the last bit. A block's first tiles stay in shared memory
@@ -30,7 +34,8 @@
 // counter to zero. `stop` > 0 returns after barrier `stop` (the stages' timing); 0 runs all.
 
 #define FUSED_G1 WS_P   // the reduced Gram of pass 1 (P is written after its last read)
-#define FUSED_G2 WS_PT  // the reduced Gram of pass 2 (read before P T is written)
+#define FUSED_G2 WS_G2  // the reduced Gram of pass 2 (every block reads it while block 0
+                        // writes P and P T)
 // the partials' loads a thread issues at once in the grid's sum (up to 1280 = 256 x 5: 1024
 // entries summed over up to 96 blocks, 11 entries a block)
 #define SUM_LOADS 5
@@ -214,6 +219,10 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
   unsigned int dyn_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_bytes));
   const int ncache = min(ntiles, static_cast<int>(dyn_bytes / (PANEL_B * sizeof(Mat))));
+  // A[:n] X1, Q1's top rows, from block 0's first kept tile, else from A's top rows read
+  // at pass 2's start (block 0 writes them after pass 2's last barrier)
+  const bool top_cached = blockIdx.x == 0 && ncache > 0;
+  T top_v[TILE_ENTRIES];
 
   for (int pass = 1; pass <= 2; ++pass) {
     // ---- phase 1 / 4: partial Grams (panel_pass's loop, tiles in the same order) ----
@@ -222,6 +231,7 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     for (int e = 0; e < TILE_ENTRIES; ++e) acc[e] = 0.0;
     T nxt[TILE_ENTRIES];
     if (ncache < ntiles) fetch_tile(a, lda, m, n, first + ncache * stride, nxt);
+    if (pass == 2 && !top_cached) fetch_tile(a, lda, n, n, 0, top_v);
     if (pass == 1) {  // the cached tiles' loads in flight two tiles at a time (four, or
                       // unrolled loops: more registers, the n x n steps slower)
 #pragma unroll 1
@@ -320,10 +330,11 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     grid_sync(bar, ++k);
     if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
 
-    // ---- phase 3 / 6: the n x n steps; pass 1's in every block, each its own X1 (the same
-    // operations on the same G: the same bits), so that no barrier and no round trip
-    // through the workspace stand between them and pass 2; pass 2's in block 0 ----
-    if (pass == 1 || blockIdx.x == 0) {
+    // ---- phase 3 / 6: the n x n steps in every block, each its own X1, P and P T (the
+    // same operations on the same G: the same bits), so that no barrier and no round trip
+    // through the workspace stand between them and what follows; block 0 alone counts a
+    // failed certificate and writes what later phases or launches read ----
+    {
       FOR_IJ(i, j) red[i][j] = __ldcg(&g_out[i * PANEL_B + j]);
       __syncthreads();
       if (pass == 1) {
@@ -380,7 +391,7 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         }
         const bool good = ok && e <= 0.25 && fail1 == 0;  // a NaN fails e <= 0.25
         if (threadIdx.x == 0) {
-          if (!good && fail1 == 0) atomicAdd(&cert[0], 1);
+          if (!good && fail1 == 0 && blockIdx.x == 0) atomicAdd(&cert[0], 1);
           near_identity = near && good;
         }
         __syncthreads();  // every thread's entries of R2 written, fail1 read
@@ -391,7 +402,7 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         }
         __syncthreads();
         if (!near_identity && warp == 0) inv_triangular_warp<false>(red, x2, scratch[0], n);
-        {  // R = R2 R1 (both upper)
+        if (blockIdx.x == 0) {  // R = R2 R1 (both upper)
           double q[TILE_ENTRIES];
           tile_times(red, r1, q);
 #pragma unroll
@@ -399,9 +410,9 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
             ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
         }
         __syncthreads();
-        if (ncache == 0) load_tile(a, lda, n, n, 0, r1);  // Q's top block (A[:n] X1) X2
+        if (!top_cached) store_tile(top_v, r1);  // Q's top block (A[:n] X1) X2
         __syncthreads();
-        if (ncache == 0) {
+        if (!top_cached) {
           double q[TILE_ENTRIES];
           tile_times(r1, x1, q);
           store_entries(q, red);
@@ -429,46 +440,46 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           double q[TILE_ENTRIES];
           tile_times(x2, red, q);
           store_entries(q, pm);
+          if (blockIdx.x == 0) {  // for the rows in a launch of their own
 #pragma unroll
-          for (int e = 0; e < TILE_ENTRIES; ++e)
-            ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
+            for (int e = 0; e < TILE_ENTRIES; ++e)
+              ws[WS_P + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
+          }
         }
         __syncthreads();  // U^-1 and X2 are read: T (into red) and its operands (x2)
         double wtop[TILE_ENTRIES];
         t_and_w_top(lu, sv, r1, red, x2, n, wtop);
-        {  // P T (both upper)
-          double q[TILE_ENTRIES];
-          tile_times(pm, red, q);
+        double pt[TILE_ENTRIES];  // P T (both upper), into red after T's last read
+        tile_times(pm, red, pt);
+        if (blockIdx.x == 0) {
 #pragma unroll
           for (int e = 0; e < TILE_ENTRIES; ++e)
-            ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
-        }
-        store_w_top(wtop, n, w, ldw);
-        FOR_IJ(i, j) {
-          if (i < n && j < n) {
-            const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
-            a[i * lda + j] = static_cast<T>(r);
-            ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
-            if (i == j) tau[i] = static_cast<T>(red[i][i]);
+            ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = pt[e];
+          store_w_top(wtop, n, w, ldw);
+          FOR_IJ(i, j) {
+            if (i < n && j < n) {
+              const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
+              a[i * lda + j] = static_cast<T>(r);
+              ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
+              if (i == j) tau[i] = static_cast<T>(red[i][i]);
+            }
           }
         }
+        __syncthreads();
+        store_entries(pt, red);
       }
     }
-    if (pass == 2) {
-      grid_sync(bar, ++k);
-      if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
-    }
   }
+  // a stop past the barriers passed: end before the rows (they run in a launch of their own)
+  if (stop > static_cast<int>(k)) { grid_leave(bar, k); return; }
 
   // ---- phase 7: rows i >= n (panel_apply's arithmetic), the Gram passes' tiles ----
-  Mat* p = red;
-  Mat* pt = scratch;
+  Mat* p = scratch;
+  Mat* pt = red;
   T nxt[TILE_ENTRIES];
   if (ncache < ntiles) fetch_tile(a, lda, m, n, first + ncache * stride, nxt);
-  FOR_IJ(i, j) {
-    if (ncache < ntiles) x1[i][j] = __ldcg(&ws[WS_X1 + i * PANEL_B + j]);
-    p[i][j] = __ldcg(&ws[WS_P + i * PANEL_B + j]);
-    pt[i][j] = __ldcg(&ws[WS_PT + i * PANEL_B + j]);
+  if (ncache < ntiles) {  // X1 again (L\U took its place)
+    FOR_IJ(i, j) x1[i][j] = __ldcg(&ws[WS_X1 + i * PANEL_B + j]);
   }
   __syncthreads();
 #pragma unroll 1
