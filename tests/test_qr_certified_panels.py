@@ -389,9 +389,9 @@ def test_one_launch_panel_gives_the_three_launches_factors(xp, monkeypatch, step
 
 @pytest.mark.parametrize("n", [1, 2, 13, 31])
 def test_one_launch_gives_the_three_launches_factors_for_narrow_panels(xp, monkeypatch, n):
-    """The one launch (the whole block's n x n steps, pass 1's in every block) for panels
-    of fewer than 32 columns, a NaN entry included: the three launches' bits (NaN where
-    they give NaN) and the same failed certificate."""
+    """The one launch (the whole block's n x n steps, each pass's in every block) for
+    panels of fewer than 32 columns, a NaN entry included: the three launches' bits (NaN
+    where they give NaN) and the same failed certificate, counted once."""
     cupy_panels = _cupy_panels(xp)
     a = np.random.default_rng(53).standard_normal((3000, 40))
     out = []
