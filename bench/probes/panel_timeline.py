@@ -42,15 +42,14 @@ MARKS = (
     ("      FOR_IJ(i, j) red[i][j] = __ldcg(&g_out[i * PANEL_B + j]);\n      __syncthreads();",
      3, "G loaded"),
     ("        if (threadIdx.x == 0) fail1 = !ok;" + _SYNC, 4, "Cholesky 1"),
-    ("            ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;\n"
-     "          }\n        }", 5, "X1 = R1^-1, stored"),
+    ("          if (blockIdx.x == 0) ws[WS_X1 + i * PANEL_B + j] = x1[i][j];\n        }", 5,
+     "X1 = R1^-1, stored; R1 kept"),
     ("        const double e = dist_identity_sq(red, n, sv);  // ||G2 - I||_F^2", 5,
      "||G2 - I||"),
     ("        __syncthreads();  // every thread's entries of R2 written, fail1 read", 6,
      "Cholesky 2 / first order"),
-    ("          r1[i][j] = __ldcg(&ws[WS_R1 + i * PANEL_B + j]);\n        }" + _SYNC, 7,
-     "R1 loaded"),
-    ("            ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];\n        }" + _SYNC, 9,
+    ("          r1[i][j] = scratch[i][j];\n        }" + _SYNC, 7, "R1 copied"),
+    ("          store_entries_global(q, ws + WS_R);\n        }" + _SYNC, 9,
      "X2 (where not first order), R = R2 R1"),
     ("store_tile(top_v, r1);  // Q's top block (A[:n] X1) X2" + _SYNC, 10, "top tile"),
     ("          store_entries(q, lu);\n        }" + _SYNC, 11, "two tile products"),
@@ -70,7 +69,7 @@ def source() -> str:
     for anchor, off, _ in MARKS:
         assert text.count(anchor) == 1, anchor[:50]
         idx = "0" if off == 0 else f"pass * 20 + {off}"
-        sync = "__syncthreads(); " if off == 5 and "ws[WS_R1" in anchor else ""
+        sync = "__syncthreads(); " if off == 5 and "ws[WS_X1" in anchor else ""
         text = text.replace(anchor, anchor + f"\n    {sync}MARK({idx});")
     text = text.replace("  grid_leave(bar, k);\n}", "  MARK(60);\n  grid_leave(bar, k);\n}")
     head = ("__device__ long long panel_dbg[64];\n"

@@ -140,9 +140,15 @@ __device__ void lu_signed_warp(Mat* __restrict__ c, double* s, int n) {
 // bench/probes/panel_timeline.py); pass 2's two inverses run at once on two warps. Beyond n
 // the diagonal is taken as 1 and x is zero outside n x n; upper reads A's upper triangle
 // only, unit lower its strict lower triangle. dinv: PANEL_B doubles of scratch (upper).
+// Not inlined: one copy of its ~20 KB of unrolled code. The one launch's ~125 KB of code runs
+// each phase once, fetched cold, and its four inlined copies ran at half speed (an inverse
+// 4.1 us in the panel, 2.0 alone; not inlined 2.7, the panel ~2 us faster, H200,
+// bench/probes/panel_timeline.py, panel_variants.py). A's entries two a load (shared Mats
+// are declared 16-byte aligned, rows 288 bytes): 1.8 us alone.
 template <bool LOWER>
-__device__ void inv_triangular_warp(const Mat* __restrict__ a, Mat* __restrict__ x,
-                                    double* __restrict__ dinv, int n) {
+__device__ __noinline__ void inv_triangular_warp(const Mat* __restrict__ a,
+                                                 Mat* __restrict__ x,
+                                                 double* __restrict__ dinv, int n) {
   const int j = threadIdx.x & 31;
   if (!LOWER) {
     dinv[j] = j < n ? 1.0 / a[j][j] : 1.0;
@@ -153,9 +159,20 @@ __device__ void inv_triangular_warp(const Mat* __restrict__ a, Mat* __restrict__
   for (int t = 0; t < PANEL_B; ++t) {
     const int i = LOWER ? t : PANEL_B - 1 - t;
     double s[4] = {0.0, 0.0, 0.0, 0.0};
+    const int lo = LOWER ? 0 : i + 1, hi = LOWER ? i : PANEL_B;
+    double odd = 0.0;  // a[i][l] for an odd l, from the pair loaded at l - 1
 #pragma unroll
-    for (int l = LOWER ? 0 : i + 1; l < (LOWER ? i : PANEL_B); ++l)
-      s[l & 3] = fma(a[i][l], c[l], s[l & 3]);
+    for (int l = lo; l < hi; ++l) {
+      double al;
+      if ((l & 1) == 0 && l + 1 < hi) {  // two of A's entries a load (rows 16-byte aligned)
+        const double2 p = *reinterpret_cast<const double2*>(&a[i][l]);
+        al = p.x;
+        odd = p.y;
+      } else {
+        al = (l & 1) && l > lo ? odd : a[i][l];
+      }
+      s[l & 3] = fma(al, c[l], s[l & 3]);
+    }
     const double v = (i == j ? 1.0 : 0.0) - ((s[0] + s[1]) + (s[2] + s[3]));
     c[i] = (LOWER ? i < j : i > j) ? 0.0 : (LOWER ? v : v * dinv[i]);
   }
@@ -275,6 +292,18 @@ __device__ __forceinline__ void store_entries(const double* q, Mat* out) {
   for (int e = 0; e < TILE_ENTRIES; ++e) out[entry_row(e)][entry_col(e)] = q[e];
 }
 
+// the same with a row-major PANEL_B x PANEL_B array in global memory (the workspace)
+__device__ __forceinline__ void store_entries_global(const double* q, double* out) {
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) out[entry_row(e) * PANEL_B + entry_col(e)] = q[e];
+}
+
+// this thread's entries (tile_times's layout) of such an array, written earlier in the launch
+__device__ __forceinline__ void load_entries_global(const double* src, double* q) {
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) q[e] = __ldcg(&src[entry_row(e) * PANEL_B + entry_col(e)]);
+}
+
 // T = -U S L^-T into t, and W's top rows L T (L's unit diagonal) into wtop, this thread's
 // entries: both as tile products (a loop an entry, T's and W's: ~4.5 us of the one launch's
 // block 0, as products 1.5, H200, bench/probes/panel_timeline.py) with each entry's terms in
@@ -311,6 +340,25 @@ __device__ __forceinline__ void store_w_top(const double* wtop, int n, T* w, lon
   for (int e = 0; e < TILE_ENTRIES; ++e) {
     const int i = entry_row(e), j = entry_col(e);
     if (i < n && j < n) w[i * ldw + j] = static_cast<T>(wtop[e]);
+  }
+}
+
+// The panel's top rows (S R on and above the diagonal, L below), L with its unit diagonal
+// and tau = diag(T) = -u_ii s_i. lu: L\U; r: this thread's entries of R (tile_times's
+// layout, kept in registers); t: T.
+template <typename T>
+__device__ __forceinline__ void store_top(const Mat* lu, const double* sv, const double* r,
+                                          const Mat* t, int n, T* a, long long lda, T* ltop,
+                                          T* tau) {
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const int i = entry_row(e), j = entry_col(e);
+    if (i < n && j < n) {
+      const double v = j >= i ? sv[i] * r[e] : lu[i][j];
+      a[i * lda + j] = static_cast<T>(v);
+      ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
+      if (i == j) tau[i] = static_cast<T>(t[i][i]);
+    }
   }
 }
 
@@ -355,11 +403,11 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
            T* __restrict__ ltop, T* __restrict__ tau) {
   // cert: [0] failures (the caller's count), [1], [2] the passes' block counters (reset
   // by their last block), [3] pass 1 failed (read and reset by pass 2)
-  __shared__ Mat x1[PANEL_B];
-  __shared__ Mat red[PANEL_B];
-  __shared__ Mat tile[PANEL_B];
-  __shared__ Mat qt[PANEL_B];
-  __shared__ Mat scratch[PANEL_B];  // the inverses' reciprocals, then P
+  __shared__ __align__(16) Mat x1[PANEL_B];
+  __shared__ __align__(16) Mat red[PANEL_B];
+  __shared__ __align__(16) Mat tile[PANEL_B];
+  __shared__ __align__(16) Mat qt[PANEL_B];
+  __shared__ __align__(16) Mat scratch[PANEL_B];  // the inverses' reciprocals, then P
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (pass == 2) FOR_IJ(i, j) x1[i][j] = ws[WS_X1 + i * PANEL_B + j];
   double acc[TILE_ENTRIES];  // G[warp + 8 e][lane]
@@ -468,9 +516,7 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
   {  // R = R2 R1 (both upper: the product's other terms are exact zeros), to the workspace
     double q[TILE_ENTRIES];
     tile_times(red, r1, q);
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e)
-      ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
+    store_entries_global(q, ws + WS_R);
   }
   __syncthreads();  // R2 and R1 are read, X2 is written
   // Q's top block (A[:n] X1) X2, Q1's rows made as in the passes
@@ -513,15 +559,9 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
       ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
   }
   store_w_top(wtop, n, w, ldw);
-  FOR_IJ(i, j) {
-    if (i < n && j < n) {
-      // the panel's top rows: S R on and above the diagonal, L below
-      const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
-      a[i * lda + j] = static_cast<T>(r);
-      ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
-      if (i == j) tau[i] = static_cast<T>(red[i][i]);  // diag(T) = -u_ii s_i
-    }
-  }
+  double rq[TILE_ENTRIES];
+  load_entries_global(ws + WS_R, rq);
+  store_top(lu, sv, rq, red, n, a, lda, ltop, tau);
 }
 
 // rows i >= n: y_i = (a_i X1) P over a_i, w_i = (a_i X1) (P T), a tile of 32 rows at a time
@@ -529,11 +569,11 @@ template <typename T>
 __global__ void __launch_bounds__(PANEL_THREADS)
 panel_apply(T* __restrict__ a, long long lda, long long m, int n,
             const double* __restrict__ ws, T* __restrict__ w, long long ldw) {
-  __shared__ Mat x1[PANEL_B];
-  __shared__ Mat p[PANEL_B];
-  __shared__ Mat pt[PANEL_B];
-  __shared__ Mat tile[PANEL_B];
-  __shared__ Mat qt[PANEL_B];
+  __shared__ __align__(16) Mat x1[PANEL_B];
+  __shared__ __align__(16) Mat p[PANEL_B];
+  __shared__ __align__(16) Mat pt[PANEL_B];
+  __shared__ __align__(16) Mat tile[PANEL_B];
+  __shared__ __align__(16) Mat qt[PANEL_B];
   FOR_IJ(i, j) {
     x1[i][j] = ws[WS_X1 + i * PANEL_B + j];
     p[i][j] = ws[WS_P + i * PANEL_B + j];

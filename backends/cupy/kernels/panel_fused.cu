@@ -23,9 +23,9 @@
 // phase multiplies those by P and P T without reading A again; each further tile is read
 // from A in every pass, the next one loaded into registers while the current one is
 // multiplied. STEPS, the Cholesky and signed LU factorizations:
-// 0 one warp's loops in shared memory (~0.45 us a step, H100); 1 the whole block (one
-// barrier per step, each thread its four entries). Same operations on every entry, same
-// results.
+// 0 one warp's loops in shared memory (~0.45 us a step, H100); 1 the whole block (each
+// thread its four entries; a barrier a step, the LU's a pair of steps). Same operations on
+// every entry, same results.
 //
 // The grid barrier needs every block resident at once: the caller launches at most one
 // block per SM (the kernel's resources allow one). It counts arrivals cumulatively in
@@ -152,46 +152,83 @@ __device__ __noinline__ bool chol_block(Mat* __restrict__ g, int n) {
   return ok;
 }
 
-// Signed LU without pivoting by the whole block (lu_signed_warp's operations): step k's
-// pivot and multipliers are written at step k + 1.
+// Signed LU without pivoting by the whole block (lu_signed_warp's operations on every
+// entry), two steps a barrier: every thread makes the pair's second pivot and the entries of
+// row k + 1 and column k + 1 it needs itself, by the same FMAs in the same order (the same
+// bits). The pair's pivots, multipliers and row k + 1 of U are written a pair later, when no
+// thread reads them, one predicated store an entry (branches by lane took 9.9 us). Alone
+// 5.7 against 6.4 us a step a barrier, the panel ~0.9 us faster (H200,
+// bench/probes/panel_floors.py, panel_variants.py); pairs in the Cholesky, 5.7 against 6.6
+// alone, were no faster in the panel.
 __device__ __noinline__ void lu_signed_block(Mat* __restrict__ c, double* s, int n) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double prev_piv = 0.0, prev_l[TILE_ENTRIES];
+  double piv_prev0 = 0.0, piv_prev1 = 0.0, u_prev = 0.0;  // pivots k - 2, k - 1; U[k - 1][lane]
+  double l_prev0[TILE_ENTRIES], l_prev1[TILE_ENTRIES];      // L[i][k - 2], L[i][k - 1]
 #pragma unroll
-  for (int e = 0; e < TILE_ENTRIES; ++e) prev_l[e] = 0.0;
-  for (int k = 0; k < n; ++k) {
-    // loads first (as in chol_block): the step reads row k, column k and the entries it
-    // updates (rows and columns past k); the previous step's column k - 1 is written after
-    const double d = c[k][k], ukj = c[k][lane];
-    double cik[TILE_ENTRIES], cil[TILE_ENTRIES];
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) {
-      cik[e] = c[warp + 8 * e][k];
-      cil[e] = c[warp + 8 * e][lane];
-    }
-    if (k > 0 && lane == k - 1) {
-#pragma unroll
-      for (int e = 0; e < TILE_ENTRIES; ++e) {
-        const int i = warp + 8 * e;
-        if (i == k - 1) c[i][i] = prev_piv;
-        if (i > k - 1 && i < n) c[i][k - 1] = prev_l[e];
-      }
-    }
-    const double sk = d < 0.0 ? 1.0 : -1.0;
-    const double piv = d - sk;
-    const double inv = 1.0 / piv;
+  for (int e = 0; e < TILE_ENTRIES; ++e) l_prev0[e] = l_prev1[e] = 0.0;
+  int k = 0;
+  // the previous pair's columns of L, its pivots and row k - 1 of U, one predicated store
+  // an entry (no branches)
+  const auto write_pair = [&]() {
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) {
       const int i = warp + 8 * e;
-      const double lik = (i > k && i < n) ? cik[e] * inv : 0.0;
-      if (i > k && i < n && lane > k && lane < n) c[i][lane] = fma(-lik, ukj, cil[e]);
-      prev_l[e] = lik;
+      const bool first = lane == k - 2;
+      const double v = first ? (i == k - 2 ? piv_prev0 : l_prev0[e])
+                             : (i == k - 1 ? piv_prev1 : l_prev1[e]);
+      if ((first || lane == k - 1) && i >= lane && i < n) c[i][lane] = v;
     }
-    prev_piv = piv;
-    if (threadIdx.x == 0) s[k] = sk;
+    if (((k - 1) & 7) == warp && lane > k - 1 && lane < n) c[k - 1][lane] = u_prev;
+  };
+  for (; k + 1 < n; k += 2) {
+    // loads first: rows k and k + 1, columns k and k + 1 and this thread's entries
+    const double d0 = c[k][k], u01 = c[k][k + 1], c10 = c[k + 1][k], d1r = c[k + 1][k + 1];
+    const double ukl = c[k][lane], uk1l = c[k + 1][lane];
+    double cik[TILE_ENTRIES], cik1[TILE_ENTRIES], cil[TILE_ENTRIES];
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      cik[e] = c[warp + 8 * e][k];
+      cik1[e] = c[warp + 8 * e][k + 1];
+      cil[e] = c[warp + 8 * e][lane];
+    }
+    if (k > 0) write_pair();
+    // step k
+    const double s0 = d0 < 0.0 ? 1.0 : -1.0;
+    const double piv0 = d0 - s0;
+    const double inv0 = 1.0 / piv0;
+    const double l10 = c10 * inv0;                     // L[k + 1][k]
+    const double u1l = fma(-l10, ukl, uk1l);           // U[k + 1][lane] (lane > k + 1)
+    // step k + 1
+    const double d1 = fma(-l10, u01, d1r);             // C[k + 1][k + 1] after step k
+    const double s1 = d1 < 0.0 ? 1.0 : -1.0;
+    const double piv1 = d1 - s1;
+    const double inv1 = 1.0 / piv1;
+#pragma unroll
+    for (int e = 0; e < TILE_ENTRIES; ++e) {
+      const int i = warp + 8 * e;
+      const double lik = (i > k && i < n) ? cik[e] * inv0 : 0.0;
+      const double lik1 = (i > k + 1 && i < n) ? fma(-lik, u01, cik1[e]) * inv1 : 0.0;
+      if (i > k + 1 && i < n && lane > k + 1 && lane < n)
+        c[i][lane] = fma(-lik1, u1l, fma(-lik, ukl, cil[e]));
+      l_prev0[e] = lik;
+      l_prev1[e] = lik1;
+    }
+    piv_prev0 = piv0;
+    piv_prev1 = piv1;
+    u_prev = u1l;
+    if (threadIdx.x == 0) {
+      s[k] = s0;
+      s[k + 1] = s1;
+    }
     __syncthreads();
   }
-  if (n > 0 && lane == n - 1 && warp == ((n - 1) & 7)) c[n - 1][n - 1] = prev_piv;
+  if (k > 0) write_pair();
+  if (k < n) {  // n odd: the last pivot alone, no multipliers below it
+    const double d = c[k][k];
+    const double sk = d < 0.0 ? 1.0 : -1.0;
+    if ((k & 7) == warp && lane == k) c[k][k] = d - sk;
+    if (threadIdx.x == 0) s[k] = sk;
+  }
   __syncthreads();
 }
 
@@ -200,14 +237,15 @@ __global__ void __launch_bounds__(PANEL_THREADS)
 panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __restrict__ ws,
             int* __restrict__ cert, T* __restrict__ w, long long ldw, T* __restrict__ ltop,
             T* __restrict__ tau, int stop) {
-  __shared__ Mat x1[PANEL_B];
-  __shared__ Mat red[PANEL_B];
-  __shared__ Mat tile[PANEL_B];
-  __shared__ Mat qt[PANEL_B];
-  __shared__ Mat scratch[PANEL_B];
+  __shared__ __align__(16) Mat x1[PANEL_B];
+  __shared__ __align__(16) Mat red[PANEL_B];
+  __shared__ __align__(16) Mat tile[PANEL_B];
+  __shared__ __align__(16) Mat qt[PANEL_B];
+  __shared__ __align__(16) Mat scratch[PANEL_B];
   __shared__ double sv[PANEL_B];
   __shared__ int ok_sh, fail1, near_identity;
-  extern __shared__ Mat cache[];  // the block's first tiles (dynamic), PANEL_B rows each
+  // the block's first tiles (dynamic), PANEL_B rows each
+  extern __shared__ __align__(16) Mat cache[];
   unsigned int* bar = reinterpret_cast<unsigned int*>(cert + 1);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   double* part = ws + WS_PART;
@@ -232,16 +270,16 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     T nxt[TILE_ENTRIES];
     if (ncache < ntiles) fetch_tile(a, lda, m, n, first + ncache * stride, nxt);
     if (pass == 2 && !top_cached) fetch_tile(a, lda, n, n, 0, top_v);
-    if (pass == 1) {  // the cached tiles' loads in flight two tiles at a time (four, or
-                      // unrolled loops: more registers, the n x n steps slower)
+    if (pass == 1) {  // the cached tiles' loads in flight four tiles at a time (two: the
+                      // panel ~1 us slower at 16384 rows, 3 at 65536, H200, panel_variants.py)
 #pragma unroll 1
-      for (int t0 = 0; t0 < ncache; t0 += 2) {
-        T v[2][TILE_ENTRIES];
+      for (int t0 = 0; t0 < ncache; t0 += 4) {
+        T v[4][TILE_ENTRIES];
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
+        for (int u = 0; u < 4; ++u)
           if (t0 + u < ncache) fetch_tile(a, lda, m, n, first + (t0 + u) * stride, v[u]);
 #pragma unroll
-        for (int u = 0; u < 2; ++u)
+        for (int u = 0; u < 4; ++u)
           if (t0 + u < ncache) store_tile(v[u], cache + (t0 + u) * PANEL_B);
       }
     } else if (ncache > 0) {  // each cached tile becomes Q1's rows (A X1) in place
@@ -357,11 +395,9 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         __syncthreads();
         if (warp == 0) inv_triangular_warp<false>(red, x1, scratch[0], n);
         __syncthreads();
-        if (blockIdx.x == 0) {  // for pass 2's tail (R1) and the rows (X1)
-          FOR_IJ(i, j) {
-            ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
-            ws[WS_R1 + i * PANEL_B + j] = (i <= j && j < n) ? red[i][j] : 0.0;
-          }
+        FOR_IJ(i, j) {  // R1 kept in `scratch` (free until pass 2's tail); X1 for the rows
+          scratch[i][j] = (i <= j && j < n) ? red[i][j] : 0.0;
+          if (blockIdx.x == 0) ws[WS_X1 + i * PANEL_B + j] = x1[i][j];
         }
       } else {
         // pass 2 (panel_pass's tail): X2 in `tile`, R1 and later L^-1 in `qt`, L\U over X1
@@ -398,16 +434,14 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         FOR_IJ(i, j) {  // R2: identity on failure, zero below the diagonal
           if (!good) red[i][j] = i == j ? 1.0 : 0.0;
           if (i > j) red[i][j] = 0.0;
-          r1[i][j] = __ldcg(&ws[WS_R1 + i * PANEL_B + j]);
+          r1[i][j] = scratch[i][j];
         }
         __syncthreads();
         if (!near_identity && warp == 0) inv_triangular_warp<false>(red, x2, scratch[0], n);
         if (blockIdx.x == 0) {  // R = R2 R1 (both upper)
           double q[TILE_ENTRIES];
           tile_times(red, r1, q);
-#pragma unroll
-          for (int e = 0; e < TILE_ENTRIES; ++e)
-            ws[WS_R + entry_row(e) * PANEL_B + entry_col(e)] = q[e];
+          store_entries_global(q, ws + WS_R);
         }
         __syncthreads();
         if (!top_cached) store_tile(top_v, r1);  // Q's top block (A[:n] X1) X2
@@ -448,6 +482,8 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         }
         __syncthreads();  // U^-1 and X2 are read: T (into red) and its operands (x2)
         double wtop[TILE_ENTRIES];
+        double rq[TILE_ENTRIES];  // R's entries back from the workspace, in flight during T
+        if (blockIdx.x == 0) load_entries_global(ws + WS_R, rq);
         t_and_w_top(lu, sv, r1, red, x2, n, wtop);
         double pt[TILE_ENTRIES];  // P T (both upper), into red after T's last read
         tile_times(pm, red, pt);
@@ -456,14 +492,7 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
           for (int e = 0; e < TILE_ENTRIES; ++e)
             ws[WS_PT + entry_row(e) * PANEL_B + entry_col(e)] = pt[e];
           store_w_top(wtop, n, w, ldw);
-          FOR_IJ(i, j) {
-            if (i < n && j < n) {
-              const double r = j >= i ? sv[i] * ws[WS_R + i * PANEL_B + j] : lu[i][j];
-              a[i * lda + j] = static_cast<T>(r);
-              ltop[i * n + j] = static_cast<T>(j < i ? lu[i][j] : (i == j ? 1.0 : 0.0));
-              if (i == j) tau[i] = static_cast<T>(red[i][i]);
-            }
-          }
+          store_top(lu, sv, rq, red, n, a, lda, ltop, tau);
         }
         __syncthreads();
         store_entries(pt, red);
