@@ -36,9 +36,10 @@ _SYNC = "\n        __syncthreads();"
 #: what ends there); a mark's index is ``pass * 20 + offset`` inside the pass loop
 MARKS = (
     ("unsigned int k = 0;  // barriers passed", 0, "start"),
-    (_BAR + "\n    // ---- phase 2 / 5: G in block order, one thread per entry ----", 1,
+    (_BAR + "\n    // ---- phase 2 / 5: G, the partials summed (sum_partials' order) ----", 1,
      "partial Grams + barrier"),
-    ("        g_out[idx] = s;\n      }\n    }\n    grid_sync(bar, ++k);", 2, "sum + barrier"),
+    ("        g_out[idx] = sum_partials(part + idx, PANEL_B * PANEL_B, nb);\n    }\n"
+     "    grid_sync(bar, ++k);", 2, "sum + barrier"),
     ("      FOR_IJ(i, j) red[i][j] = __ldcg(&g_out[i * PANEL_B + j]);\n      __syncthreads();",
      3, "G loaded"),
     ("        if (threadIdx.x == 0) fail1 = !ok;" + _SYNC, 4, "Cholesky 1"),

@@ -8,11 +8,16 @@ asks for even where the launch takes less. For each version: the kernel's regist
 (spilled) and static shared bytes (float32 and float64, the library's ``"block"`` steps);
 then, alternated, one panel's GPU time (50 launches on distinct copies behind a spin
 kernel, medians of 7) at 8192 / 16384 / 65536 x 32 float32 and 16384 x 32 float64, and
-16384 x 32 float32 stopped after each grid barrier (``stop``).
+16384 x 32 float32 stopped after each grid barrier (``stop``). First, ``bits``: each
+version's one launch on the same panels (m = 33 .. 65536, n = 1 / 17 / 32, float32 and
+float64) against the first version's and against its own three launches (``panel_pass``
+twice, ``panel_apply``): whether the factors, W, L, tau and the certificate are the same
+bits.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -34,6 +39,78 @@ def kernel(folder: Path, dtype) -> object:
     name = f"panel_fused<{ctype(np.dtype(dtype).name)}, 1>"
     mod = cp.RawModule(code=text, options=("--std=c++17",), name_expressions=[name])
     return mod.get_function(name)
+
+
+def three_launches(folder: Path, dtype):
+    """The version's ``panel_pass`` and ``panel_apply`` for ``dtype``."""
+    text = "".join(((folder / f) if (folder / f).exists() else (KERNELS / f)).read_text()
+                   for f in FILES[:1])
+    t = ctype(np.dtype(dtype).name)
+    names = [f"panel_pass<{t}>", f"panel_apply<{t}>"]
+    mod = cp.RawModule(code=text, options=("--std=c++17",), name_expressions=names)
+    return [mod.get_function(nm) for nm in names]
+
+
+def outputs(run, host, n: int):
+    """(A, W, L, tau, certificate) after ``run(a, m, n, bufs)`` on ``host``'s first n
+    columns."""
+    a = cp.asarray(np.ascontiguousarray(host[:, :n]))
+    bufs = (cp.zeros_like(a), k._workspace(), cp.zeros(4, cp.int32),
+            cp.zeros((n, n), a.dtype), cp.zeros(n, a.dtype))
+    run(a, a.shape[0], n, bufs)
+    return [cp.asnumpy(x) for x in (a, bufs[0], bufs[3], bufs[4], bufs[2])]
+
+
+def one_launch(kern, cache, a, m, n, bufs) -> None:
+    w, ws, cert, ltop, tau = bufs
+    k.FUSED_CACHE_TILES = cache
+    lda = cp.int64(n)
+    k._launch_fused(kern, a, lda, m, n, ws, cert, w, lda, ltop, tau)
+
+
+def three_launches_run(kerns, a, m, n, bufs) -> None:
+    w, ws, cert, ltop, tau = bufs
+    pass_k, apply_k = kerns
+    blocks = max(1, min(k._MAX_BLOCKS, -(-m // k._TILE)))
+    args = (a, cp.int64(n), cp.int64(m), cp.int32(n))
+    for p in (1, 2):
+        pass_k((blocks,), (k._THREADS,), (*args, cp.int32(p), ws, cert, w, cp.int64(n), ltop,
+                                          tau))
+    if m > n:
+        ab = max(1, min(4 * 132, -(-(m - n) // k._TILE)))
+        apply_k((ab,), (k._THREADS,), (*args, ws, w, cp.int64(n)))
+
+
+def same(x, y) -> bool:
+    return all(np.array_equal(u, v, equal_nan=True) for u, v in zip(x, y))
+
+
+def bits(kerns, versions) -> list[dict]:
+    """Each version's one launch against the first version's and its own three launches."""
+    rows = []
+    rng = np.random.default_rng(5)
+    names = list(versions)
+    for dt in (np.float32, np.float64):
+        dn = np.dtype(dt).name
+        threes = {nm: three_launches(v["dir"], dt) for nm, v in versions.items()}
+        for m in (33, 100, 4097, 16384, 65536):
+            host = rng.standard_normal((m, 32)).astype(dt)
+            for n in (1, 17, 32):
+                got = {}
+                for nm in names:
+                    one = functools.partial(one_launch, kerns[nm, dn], versions[nm]["cache"])
+                    got[nm] = outputs(one, host, n)
+                    three = functools.partial(three_launches_run, threes[nm])
+                    rows.append({"check": "bits", "version": nm, "dtype": dn, "m": m, "n": n,
+                                 "same_as_first": same(got[nm], got[names[0]]),
+                                 "same_as_three_launches": same(got[nm],
+                                                                outputs(three, host, n))})
+                    if not (rows[-1]["same_as_first"] and rows[-1]["same_as_three_launches"]):
+                        print(rows[-1], flush=True)
+    print("bits:", {nm: (all(r["same_as_first"] for r in rows if r["version"] == nm),
+                         all(r["same_as_three_launches"] for r in rows if r["version"] == nm))
+                    for nm in names}, flush=True)
+    return rows
 
 
 def times(launch, versions, host, stages: bool) -> list[dict]:
@@ -87,6 +164,8 @@ def main() -> None:
                          "registers": kern.num_regs, "local_bytes": kern.local_size_bytes,
                          "static_shared": kern.shared_size_bytes})
             print(rows[-1], flush=True)
+
+    rows += bits(kerns, versions)
 
     def launch(name, work, bufs, stop=0):
         w, ws, cert, ltop, tau = bufs

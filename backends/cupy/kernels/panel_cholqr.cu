@@ -3,7 +3,7 @@
 // double storage.
 //
 //   pass 1 (panel_pass, pass = 1): G = A^T A; the last block to finish sums the blocks'
-//          partial Grams in block order and computes R1 = chol(G), X1 = R1^-1.
+//          partial Grams (sum_partials' order) and computes R1 = chol(G), X1 = R1^-1.
 //   pass 2 (panel_pass, pass = 2): G2 = Q1^T Q1 with the rows of Q1 = A X1 made on the fly
 //          (never stored); the last block computes R2 = chol(G2), X2 = R2^-1 (to first
 //          order where ||G2 - I||_F^2 <= 2^-53: R2 = I + F, X2 = I - F), R = R2 R1,
@@ -28,7 +28,7 @@
 // Cholesky and LU factorizations run in one warp of the last block, lane j owning column j
 // (a barrier-separated loop of the whole block per column took ~0.1 ms per panel); each
 // triangular inverse in one warp, by substitution. Partial Grams are summed in a fixed
-// order, so results do not depend on scheduling.
+// order (sum_partials'), so results do not depend on scheduling.
 
 #define PANEL_B 32
 #define PANEL_WARPS 8
@@ -345,7 +345,7 @@ __device__ __forceinline__ void store_w_top(const double* wtop, int n, T* w, lon
 
 // The panel's top rows (S R on and above the diagonal, L below), L with its unit diagonal
 // and tau = diag(T) = -u_ii s_i. lu: L\U; r: this thread's entries of R (tile_times's
-// layout, kept in registers); t: T.
+// layout, read back from the workspace); t: T.
 template <typename T>
 __device__ __forceinline__ void store_top(const Mat* lu, const double* sv, const double* r,
                                           const Mat* t, int n, T* a, long long lda, T* ltop,
@@ -382,6 +382,34 @@ __device__ double dist_identity_sq(const Mat* g, int n, double* sums) {
   return s;
 }
 
+// The blocks' partial Gram matrices are summed in one order by every kernel of these files:
+// an entry's partials b = g, g + 8, g + 16, ... in that order into group g's sum, then the
+// eight groups' sums pairwise, ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)): a chain of
+// nb / 8 + 3 additions instead of nb (in block order, each of the one launch's two sums took
+// 2.7 against 2.3 us, H200, bench/probes/panel_timeline.py).
+#define SUM_GROUPS 8
+__device__ __forceinline__ double sum_of_groups(const double* s) {
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// the sum of p[b * stride] over b < nb, in that order
+__device__ __forceinline__ double sum_partials(const double* p, int stride, int nb) {
+  double s[SUM_GROUPS];
+#pragma unroll
+  for (int g = 0; g < SUM_GROUPS; ++g) s[g] = 0.0;
+#pragma unroll 1
+  for (int b0 = 0; b0 < nb; b0 += SUM_GROUPS) {
+    double v[SUM_GROUPS];
+#pragma unroll
+    for (int g = 0; g < SUM_GROUPS; ++g)
+      v[g] = b0 + g < nb ? __ldcg(p + (b0 + g) * stride) : 0.0;
+#pragma unroll
+    for (int g = 0; g < SUM_GROUPS; ++g)
+      if (b0 + g < nb) s[g] += v[g];
+  }
+  return sum_of_groups(s);
+}
+
 // Whether this block is the last of the grid to get here (after its partial is written).
 __device__ bool last_block(int* counter) {
   __shared__ int last;
@@ -397,7 +425,9 @@ __device__ bool last_block(int* counter) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(PANEL_THREADS)
+// one block an SM at most (96 blocks): the registers it lets the kernel take keep the
+// last block's sums out of local memory
+__global__ void __launch_bounds__(PANEL_THREADS, 1)
 panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
            double* __restrict__ ws, int* __restrict__ cert, T* __restrict__ w, long long ldw,
            T* __restrict__ ltop, T* __restrict__ tau) {
@@ -435,25 +465,12 @@ panel_pass(T* __restrict__ a, long long lda, long long m, int n, int pass,
         acc[e];
   if (!last_block(&cert[pass])) return;
 
-  // the last block: G in block order (four entries per thread, loads in flight together)
-  {
-    double sum[TILE_ENTRIES];
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) sum[e] = 0.0;
-#pragma unroll 8
-    for (int b = 0; b < static_cast<int>(gridDim.x); ++b) {
-      double v[TILE_ENTRIES];
-#pragma unroll
-      for (int e = 0; e < TILE_ENTRIES; ++e)
-        v[e] = __ldcg(&part[(long long)b * PANEL_B * PANEL_B + e * PANEL_THREADS + threadIdx.x]);
-#pragma unroll
-      for (int e = 0; e < TILE_ENTRIES; ++e) sum[e] += v[e];
-    }
-#pragma unroll
-    for (int e = 0; e < TILE_ENTRIES; ++e) {
-      const int idx = e * PANEL_THREADS + threadIdx.x;
-      red[idx / PANEL_B][idx % PANEL_B] = sum[e];
-    }
+  // the last block: G, four entries a thread (sum_partials' order)
+#pragma unroll 1
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const int idx = e * PANEL_THREADS + threadIdx.x;
+    red[idx / PANEL_B][idx % PANEL_B] =
+        sum_partials(part + idx, PANEL_B * PANEL_B, static_cast<int>(gridDim.x));
   }
   if (threadIdx.x == 0) cert[pass] = 0;
   __syncthreads();

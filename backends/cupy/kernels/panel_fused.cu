@@ -3,7 +3,7 @@
 // Appended to panel_cholqr.cu (its helpers).
 //
 //   phase 1: every block's partial Gram of its tiles (pass 1: A^T A)        | barrier
-//   phase 2: the partials summed in block order by the whole grid (each
+//   phase 2: the partials summed by the whole grid (sum_partials' order; each
 //            block its share of the entries, all its loads at once; the
 //            last-block sum read 96 partials through one SM, ~10 us)        | barrier
 //   phase 3: every block: R1 = chol(G), X1 = R1^-1 (the same bits in each;
@@ -331,14 +331,14 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
     grid_sync(bar, ++k);
     if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
 
-    // ---- phase 2 / 5: G in block order, one thread per entry ----
+    // ---- phase 2 / 5: G, the partials summed (sum_partials' order) ----
     double* g_out = ws + (pass == 1 ? FUSED_G1 : FUSED_G2);
     const int nb = static_cast<int>(gridDim.x);
     const int per = (PANEL_B * PANEL_B + nb - 1) / nb;  // entries a block sums
     if (per * nb <= SUM_LOADS * PANEL_THREADS && per * nb <= PANEL_B * PANEL_LD) {
       // every block its own entries: their partials loaded into shared memory at once
       // (one round trip; a thread an entry over all blocks' partials took six, ~3.9 us at
-      // 96 blocks, H200), then one thread an entry sums them in block order
+      // 96 blocks, H200), then summed
       double* buf = &tile[0][0];
       const int e0 = blockIdx.x * per;
       const int cnt = max(0, min(per, PANEL_B * PANEL_B - e0));
@@ -356,27 +356,23 @@ panel_fused(T* __restrict__ a, long long lda, long long m, int n, double* __rest
         if (q < cnt * nb) buf[q] = v[u];
       }
       __syncthreads();
-      for (int e = threadIdx.x; e < cnt; e += PANEL_THREADS) {
+      // sum_partials' order: eight threads an entry, thread g its group's partials, then
+      // the groups' sums by a butterfly across those lanes (a + b is b + a, to the bit)
+      for (int q0 = 0; q0 < cnt * SUM_GROUPS; q0 += PANEL_THREADS) {
+        const int e = (q0 + threadIdx.x) / SUM_GROUPS, g = threadIdx.x % SUM_GROUPS;
         double s = 0.0;
-        for (int b = 0; b < nb; ++b) s += buf[b * cnt + e];
-        g_out[e0 + e] = s;
+        if (e < cnt) {
+          for (int b = g; b < nb; b += SUM_GROUPS) s += buf[b * cnt + e];
+        }
+        s += __shfl_xor_sync(FULL_MASK, s, 1);
+        s += __shfl_xor_sync(FULL_MASK, s, 2);
+        s += __shfl_xor_sync(FULL_MASK, s, 4);
+        if (e < cnt && g == 0) g_out[e0 + e] = s;
       }
     } else {  // more blocks than that: one thread an entry, over all partials
       for (int idx = blockIdx.x * PANEL_THREADS + threadIdx.x; idx < PANEL_B * PANEL_B;
-           idx += gridDim.x * PANEL_THREADS) {
-        const double* p = part + idx;
-        double s = 0.0;
-        int b = 0;
-        for (; b + 16 <= nb; b += 16) {
-          double v[16];
-#pragma unroll
-          for (int u = 0; u < 16; ++u) v[u] = __ldcg(p + (long long)(b + u) * PANEL_B * PANEL_B);
-#pragma unroll
-          for (int u = 0; u < 16; ++u) s += v[u];
-        }
-        for (; b < nb; ++b) s += __ldcg(p + (long long)b * PANEL_B * PANEL_B);
-        g_out[idx] = s;
-      }
+           idx += gridDim.x * PANEL_THREADS)
+        g_out[idx] = sum_partials(part + idx, PANEL_B * PANEL_B, nb);
     }
     grid_sync(bar, ++k);
     if (stop == static_cast<int>(k)) { grid_leave(bar, k); return; }
