@@ -39,8 +39,9 @@ _WS_FIXED = 6 * MAX_N * MAX_N
 #: ``"block"``: 16384 x 32 float32 120 against 119 us a panel, float64 109 against 122;
 #: the QR at 16384² fp16 145 against 155 ms, fp64-emulated 409 against 415, 8192² fp16
 #: 58 against 62 (H200, one process, bench/NOTES.md 2026-11-28). Alone, a 32 x 32
-#: Cholesky / signed LU: the block's 6.6 / 5.7 us, one warp's loops 15.6 / 12.4, one warp
-#: in registers 10.2 / 7.2 (that form removed since; H200, bench/probes/panel_floors.py).
+#: Cholesky / signed LU: the block's 5.0 / 5.7 us (the Cholesky by LDL^T's steps; 6.6 with
+#: a square root a step), one warp's loops 14.3 / 12.4, one warp in registers 10.2 / 7.2
+#: (the square root's steps; that form removed since; H200, bench/probes/panel_floors.py).
 ONE_LAUNCH: str | None = "block"
 #: the one launch's kernel for each way of doing the n x n steps
 _STEPS = {"warp": 0, "block": 1}

@@ -128,18 +128,19 @@ __device__ __forceinline__ void rows_out(const Mat* q1, const Mat* p, const Mat*
 }
 
 // Upper Cholesky G = R^T R in place by the whole block (chol_warp's operations on every
-// entry): step k's row of R is written at step k + 1, when no thread reads it any more.
+// entry: LDL^T's steps, then R = D^1/2 L^T): step k's row of L^T is written at step k + 1,
+// when no thread reads it any more.
 // Not inlined, here and in lu_signed_block: compiled apart from the kernel's tile loops,
 // each step's chain is scheduled as on its own (inlined, 8.5 and 10.4 us a panel against
 // 7.3 and 8.0, H200, bench/probes/panel_timeline.py).
 __device__ __noinline__ bool chol_block(Mat* __restrict__ g, int n) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   bool ok = true;
-  double prev = 0.0;  // R[k - 1][lane]
+  double prev = 0.0;  // L^T[k - 1][lane] (D on the diagonal)
   for (int k = 0; k < n; ++k) {
     // the step reads row k and rows below it and writes rows below it (and row k - 1,
     // which it does not read): every load first, so that they are in flight together
-    // beside the square root and the division (the same operations on every entry)
+    // beside the division (the same operations on every entry)
     const double d = g[k][k], gkl = g[k][lane];
     double gki[TILE_ENTRIES], gil[TILE_ENTRIES];
 #pragma unroll
@@ -149,18 +150,32 @@ __device__ __noinline__ bool chol_block(Mat* __restrict__ g, int n) {
     }
     if (k > 0 && ((k - 1) & 7) == warp && lane >= k - 1 && lane < n) g[k - 1][lane] = prev;
     ok = ok && d > 0.0 && isfinite(d);
-    const double rkk = sqrt(fmax(d, 0.0));
-    const double rinv = 1.0 / rkk;
-    const double rkj = lane == k ? rkk : (lane > k && lane < n ? gkl * rinv : 0.0);
+    const double dinv = 1.0 / d;
+    const double lkj = lane == k ? d : (lane > k && lane < n ? gkl * dinv : 0.0);
 #pragma unroll
     for (int e = 0; e < TILE_ENTRIES; ++e) {
       const int i = warp + 8 * e;
-      if (i > k && i < n && i <= lane && lane < n) g[i][lane] = fma(-(gki[e] * rinv), rkj, gil[e]);
+      if (i > k && i < n && i <= lane && lane < n) g[i][lane] = fma(-gki[e], lkj, gil[e]);
     }
-    prev = rkj;
+    prev = lkj;
     __syncthreads();
   }
   if (n > 0 && ((n - 1) & 7) == warp && lane == n - 1) g[n - 1][lane] = prev;
+  __syncthreads();
+  // R = D^1/2 L^T: row i times the square root of its pivot
+  double v[TILE_ENTRIES];
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const int i = warp + 8 * e;
+    const double si = sqrt(fmax(g[i][i], 0.0));
+    v[e] = i == lane ? si : si * g[i][lane];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int e = 0; e < TILE_ENTRIES; ++e) {
+    const int i = warp + 8 * e;
+    if (i <= lane && lane < n) g[i][lane] = v[e];
+  }
   __syncthreads();
   return ok;
 }
